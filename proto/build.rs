@@ -1,0 +1,23 @@
+//! Compiles `loader/v1/*.proto` with protox (pure Rust, no system protoc).
+
+use std::path::PathBuf;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let files = [
+        "loader/v1/common.proto",
+        "loader/v1/coordinator.proto",
+        "loader/v1/worker.proto",
+    ];
+    for file in &files {
+        println!("cargo:rerun-if-changed={file}");
+    }
+    let fds = protox::compile(files, ["."])?;
+    let out = PathBuf::from(std::env::var("OUT_DIR")?);
+    let descriptor_path = out.join("loader_descriptor.bin");
+    std::fs::write(&descriptor_path, prost::Message::encode_to_vec(&fds))?;
+    tonic_prost_build::configure()
+        // Batch payloads stay `bytes::Bytes` end to end: no copy on decode.
+        .bytes(".loader.v1.BatchFrame.data")
+        .compile_fds(fds)?;
+    Ok(())
+}

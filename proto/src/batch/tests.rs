@@ -1,0 +1,171 @@
+use super::*;
+use proptest::prelude::*;
+
+fn sample_layout() -> BatchLayout {
+    BatchLayout::new(
+        3,
+        vec![
+            TensorDesc { name: "data".into(), dtype: Dtype::U8, shape: vec![3, 2, 5] },
+            TensorDesc { name: "label".into(), dtype: Dtype::I64, shape: vec![3] },
+        ],
+    )
+    .expect("layout")
+}
+
+fn sample_batch() -> Vec<u8> {
+    let layout = sample_layout();
+    let mut buf = vec![0u8; layout.total_len()];
+    let meta = BatchMeta { job_id: 7, epoch: 1, consumer: 2, seq: 42 };
+    let mut payloads = layout.write(&meta, &[5, 9, 11], &mut buf).expect("write");
+    payloads[0].iter_mut().enumerate().for_each(|(i, b)| *b = i as u8);
+    payloads[1].copy_from_slice(&[1i64, 2, 3].map(i64::to_le_bytes).concat());
+    buf
+}
+
+#[test]
+fn round_trip() {
+    let buf = sample_batch();
+    let view = BatchView::parse(&buf).expect("parse");
+    let h = view.header();
+    assert_eq!(h.meta, BatchMeta { job_id: 7, epoch: 1, consumer: 2, seq: 42 });
+    assert_eq!(h.indices, vec![5, 9, 11]);
+    assert_eq!(h.tensors.len(), 2);
+    assert_eq!(h.tensors[0].shape, vec![3, 2, 5]);
+    assert!(h.tensors.iter().all(|t| t.offset % ALIGN == 0));
+    assert_eq!(view.payload_by_name("data").expect("data"), (0..30).map(|i| i as u8).collect::<Vec<_>>());
+    assert_eq!(view.payload(1).expect("label")[8..16], 2i64.to_le_bytes());
+}
+
+#[test]
+fn slot_larger_than_batch_is_fine() {
+    let mut buf = sample_batch();
+    let len = buf.len();
+    buf.resize(len + 1000, 0xAB);
+    let view = BatchView::parse(&buf).expect("parse");
+    assert_eq!(view.header().total_len, len);
+}
+
+#[test]
+fn write_rejects_small_buffer_and_wrong_index_count() {
+    let layout = sample_layout();
+    let meta = BatchMeta { job_id: 1, epoch: 0, consumer: 0, seq: 0 };
+    let mut small = vec![0u8; layout.total_len() - 1];
+    assert!(matches!(layout.write(&meta, &[1, 2, 3], &mut small), Err(BatchError::Layout(_))));
+    let mut buf = vec![0u8; layout.total_len()];
+    assert!(matches!(layout.write(&meta, &[1, 2], &mut buf), Err(BatchError::Layout(_))));
+}
+
+fn table_entry(buf: &[u8], i: usize) -> usize {
+    // Entries of the sample layout: "data" (3 dims, name 4) then "label".
+    let table = FIXED_HEADER_LEN + 8 * 3;
+    if i == 0 { table } else { table + entry_len(3, 4) }
+        .min(buf.len())
+}
+
+#[test]
+fn truncated_buffers_are_rejected() {
+    let buf = sample_batch();
+    for cut in 0..buf.len() {
+        let err = BatchView::parse(&buf[..cut]).expect_err("truncated must fail");
+        // One line, says what is wrong.
+        assert!(!err.to_string().contains('\n'));
+    }
+}
+
+#[test]
+fn lying_headers_are_rejected() {
+    let good = sample_batch();
+    let e1 = table_entry(&good, 1);
+    let cases: Vec<(&str, Box<dyn Fn(&mut Vec<u8>)>)> = vec![
+        ("magic", Box::new(|b| b[0] = b'X')),
+        ("version", Box::new(|b| b[4] = 9)),
+        ("total_len past buffer", Box::new(|b| b[8..16].copy_from_slice(&u64::MAX.to_le_bytes()))),
+        ("sample_count", Box::new(|b| b[40..44].copy_from_slice(&1000u32.to_le_bytes()))),
+        ("tensor_count", Box::new(|b| b[44..48].copy_from_slice(&3u32.to_le_bytes()))),
+        ("table_offset", Box::new(|b| b[48..56].copy_from_slice(&8u64.to_le_bytes()))),
+        ("offset past end", Box::new(move |b| b[e1..e1 + 8].copy_from_slice(&(1u64 << 40).to_le_bytes()))),
+        ("offset overflow", Box::new(move |b| b[e1..e1 + 8].copy_from_slice(&(u64::MAX - 63).to_le_bytes()))),
+        ("length lies", Box::new(move |b| b[e1 + 8..e1 + 16].copy_from_slice(&4096u64.to_le_bytes()))),
+        ("dtype", Box::new(move |b| b[e1 + 16] = 200)),
+        ("ndim", Box::new(move |b| b[e1 + 17] = 40)),
+        ("misaligned", Box::new(move |b| {
+            let off = u64::from_le_bytes(b[e1..e1 + 8].try_into().unwrap());
+            b[e1..e1 + 8].copy_from_slice(&(off + 1).to_le_bytes());
+        })),
+        ("overlap", Box::new(move |b| {
+            let first = table_entry(b, 0);
+            let off0 = b[first..first + 8].to_vec();
+            b[e1..e1 + 8].copy_from_slice(&off0);
+        })),
+    ];
+    for (what, mutate) in cases {
+        let mut buf = good.clone();
+        mutate(&mut buf);
+        let err = BatchView::parse(&buf).expect_err(what);
+        assert!(!err.to_string().contains('\n'), "{what}: {err}");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    #[test]
+    fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+        let _ = BatchView::parse(&bytes);
+    }
+
+    #[test]
+    fn random_bytes_after_valid_magic_never_panic(tail in proptest::collection::vec(any::<u8>(), 0..512)) {
+        let mut bytes = MAGIC.to_vec();
+        bytes.extend_from_slice(&VERSION.to_le_bytes());
+        bytes.extend_from_slice(&tail);
+        if let Ok(view) = BatchView::parse(&bytes) {
+            for (i, t) in view.header().tensors.iter().enumerate() {
+                prop_assert_eq!(view.payload(i).map(<[u8]>::len), Some(t.len));
+            }
+        }
+    }
+
+    #[test]
+    fn mutated_valid_batches_parse_within_bounds(
+        flips in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8)
+    ) {
+        let mut buf = sample_batch();
+        for (at, v) in flips {
+            let i = at.index(buf.len());
+            buf[i] = v;
+        }
+        if let Ok(view) = BatchView::parse(&buf) {
+            let total = view.header().total_len;
+            prop_assert!(total <= buf.len());
+            for t in &view.header().tensors {
+                prop_assert!(t.offset + t.len <= total);
+                prop_assert_eq!(t.offset % ALIGN, 0);
+            }
+        }
+    }
+
+    #[test]
+    fn any_layout_round_trips(
+        samples in 0usize..40,
+        dims in proptest::collection::vec(proptest::collection::vec(0u64..6, 0..4), 1..5),
+    ) {
+        let tensors: Vec<TensorDesc> = dims.iter().enumerate().map(|(i, d)| {
+            let mut shape = vec![samples as u64];
+            shape.extend(d);
+            TensorDesc { name: format!("t{i}"), dtype: Dtype::F32, shape }
+        }).collect();
+        let layout = BatchLayout::new(samples, tensors.clone()).expect("layout");
+        let mut buf = vec![0u8; layout.total_len()];
+        let idx: Vec<u64> = (0..samples as u64).map(|i| i * 3).collect();
+        let meta = BatchMeta { job_id: 1, epoch: 2, consumer: 3, seq: 4 };
+        let payloads = layout.write(&meta, &idx, &mut buf).expect("write");
+        for p in payloads { p.fill(0x5A); }
+        let view = BatchView::parse(&buf).expect("parse");
+        prop_assert_eq!(&view.header().indices, &idx);
+        for (i, t) in tensors.iter().enumerate() {
+            prop_assert_eq!(&view.header().tensors[i].shape, &t.shape);
+            prop_assert!(view.payload(i).expect("payload").iter().all(|&b| b == 0x5A));
+        }
+    }
+}

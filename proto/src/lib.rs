@@ -1,0 +1,30 @@
+//! Loader's protocol, defined once.
+//!
+//! # Layout
+//! - [`pb`]: the generated gRPC services and messages of `loader/v1/*.proto`.
+//! - [`batch`]: the batch wire format — the same bytes in a shared-memory slot
+//!   and in a gRPC frame — with a writer that collates in place and a parser
+//!   that validates every offset before anything is read.
+//! - [`sampler`]: the seeded per-epoch permutation and the `DistributedSampler`
+//!   split of batches between data-parallel consumers.
+//! - [`spec`]: validation of job specs, one error message per bad field.
+//! - [`dtype`]: sizes and names of element types.
+
+pub mod batch;
+pub mod dtype;
+pub mod sampler;
+pub mod spec;
+
+/// Generated protobuf and gRPC code for `loader.v1`.
+#[allow(missing_docs, unreachable_pub, clippy::all, missing_debug_implementations)]
+pub mod pb {
+    tonic::include_proto!("loader.v1");
+
+    /// Encoded file descriptor set, for gRPC reflection.
+    pub const FILE_DESCRIPTOR_SET: &[u8] =
+        include_bytes!(concat!(env!("OUT_DIR"), "/loader_descriptor.bin"));
+}
+
+/// Version of the coordinator/worker/trainer protocol. A peer speaking another
+/// version is rejected with `FailedPrecondition`.
+pub const PROTOCOL_VERSION: u32 = 1;

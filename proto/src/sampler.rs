@@ -1,0 +1,258 @@
+//! The sampler: which dataset indices make up each batch of each consumer.
+//!
+//! Two pieces, both pure functions of the job spec so that the coordinator,
+//! every worker and the trainer agree without sending index lists:
+//!
+//! - [`Permutation`]: a seeded bijection of `[0, N)` per epoch, evaluated at
+//!   any position in O(1) memory (a balanced Feistel network on the smallest
+//!   even-bit power of two >= N, with cycle walking back into range).
+//! - [`Plan`]: `DistributedSampler`'s split of one epoch between `W`
+//!   consumers (pad by wrapping around when `drop_last` is false, truncate
+//!   when true), cut into batches of `batch_size` like `DataLoader` does.
+//!
+//! Consumer-local sequence numbers run across epochs:
+//! `seq = epoch * batches_per_epoch + batch`.
+
+use std::ops::Range;
+
+const ROUNDS: usize = 8;
+
+/// SplitMix64's finalizer: a fast bijective 64-bit mixer.
+fn mix64(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// A seeded permutation of `[0, n)` for one epoch.
+#[derive(Debug, Clone)]
+pub struct Permutation {
+    n: u64,
+    shuffle: bool,
+    half_bits: u32,
+    keys: [u64; ROUNDS],
+}
+
+impl Permutation {
+    /// The permutation for `(seed, epoch)`; the identity when `shuffle` is false.
+    pub fn new(n: u64, seed: u64, epoch: u64, shuffle: bool) -> Self {
+        let bits = if n <= 1 { 0 } else { 64 - (n - 1).leading_zeros() };
+        let half_bits = bits.div_ceil(2).max(1);
+        let mut state = mix64(seed ^ 0x4c6f_6164_6572_2121) ^ mix64(epoch.wrapping_add(0x9e37_79b9_7f4a_7c15));
+        let keys = std::array::from_fn(|_| {
+            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            mix64(state)
+        });
+        Self { n, shuffle, half_bits, keys }
+    }
+
+    /// Number of elements permuted.
+    pub fn len(&self) -> u64 {
+        self.n
+    }
+
+    /// True when there is nothing to permute.
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+
+    fn encrypt(&self, x: u64) -> u64 {
+        let mask = (1u64 << self.half_bits) - 1;
+        let (mut left, mut right) = (x >> self.half_bits, x & mask);
+        for key in &self.keys {
+            let f = mix64(right ^ key) & mask;
+            (left, right) = (right, left ^ f);
+        }
+        (left << self.half_bits) | right
+    }
+
+    /// The element at position `i` (`i < len()`).
+    pub fn at(&self, i: u64) -> u64 {
+        debug_assert!(i < self.n, "position {i} outside permutation of {}", self.n);
+        if !self.shuffle || self.n <= 1 {
+            return i;
+        }
+        // Cycle walking: the Feistel domain is < 4n, so this ends after a few
+        // steps on average, and always ends because encrypt is a bijection
+        // whose cycle through i returns to i, which is < n.
+        let mut x = self.encrypt(i);
+        while x >= self.n {
+            x = self.encrypt(x);
+        }
+        x
+    }
+}
+
+/// A job's split into consumers and batches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Plan {
+    /// Samples in the dataset (N).
+    pub num_samples: u64,
+    /// Samples per batch.
+    pub batch_size: u64,
+    /// Data-parallel consumers (W).
+    pub consumers: u32,
+    /// Shuffle each epoch.
+    pub shuffle: bool,
+    /// Seed of the permutation.
+    pub seed: u64,
+    /// Truncate instead of padding, and drop an incomplete last batch.
+    pub drop_last: bool,
+    /// Number of epochs.
+    pub epochs: u32,
+}
+
+impl Plan {
+    /// Samples each consumer gets per epoch (`DistributedSampler.num_samples`).
+    pub fn samples_per_consumer(&self) -> u64 {
+        let (n, w) = (self.num_samples, u64::from(self.consumers.max(1)));
+        if self.drop_last { n / w } else { n.div_ceil(w) }
+    }
+
+    /// Batches each consumer gets per epoch (`len(DataLoader)`).
+    pub fn batches_per_epoch(&self) -> u64 {
+        let per = self.samples_per_consumer();
+        let b = self.batch_size.max(1);
+        if self.drop_last { per / b } else { per.div_ceil(b) }
+    }
+
+    /// Batches each consumer gets over all epochs.
+    pub fn total_batches(&self) -> u64 {
+        self.batches_per_epoch() * u64::from(self.epochs)
+    }
+
+    /// `(epoch, batch within epoch)` of a consumer-local sequence number.
+    pub fn locate(&self, seq: u64) -> (u32, u64) {
+        let per = self.batches_per_epoch().max(1);
+        ((seq / per) as u32, seq % per)
+    }
+
+    /// The permutation of one epoch.
+    pub fn permutation(&self, epoch: u32) -> Permutation {
+        Permutation::new(self.num_samples, self.seed, u64::from(epoch), self.shuffle)
+    }
+
+    /// Consumer-local sample positions of batch `batch` (within an epoch).
+    pub fn batch_positions(&self, batch: u64) -> Range<u64> {
+        let per = self.samples_per_consumer();
+        let start = (batch * self.batch_size).min(per);
+        start..(start + self.batch_size).min(per)
+    }
+
+    /// Dataset index of the sample at consumer-local `position` of `consumer`.
+    pub fn index_at(&self, perm: &Permutation, consumer: u32, position: u64) -> u64 {
+        // DistributedSampler: rank r takes indices[r::W] of the padded list,
+        // and the padding repeats the list from its start.
+        let global = u64::from(consumer) + position * u64::from(self.consumers);
+        perm.at(global % self.num_samples)
+    }
+
+    /// Dataset indices of the batch with sequence number `seq` of `consumer`.
+    pub fn batch_indices(&self, consumer: u32, seq: u64) -> Vec<u64> {
+        let (epoch, batch) = self.locate(seq);
+        let perm = self.permutation(epoch);
+        self.batch_positions(batch)
+            .map(|p| self.index_at(&perm, consumer, p))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn plan(n: u64, b: u64, w: u32, drop_last: bool, shuffle: bool) -> Plan {
+        Plan { num_samples: n, batch_size: b, consumers: w, shuffle, seed: 17, drop_last, epochs: 2 }
+    }
+
+    /// torch's DistributedSampler + DataLoader, written out literally from
+    /// torch/utils/data/distributed.py for shuffle=False.
+    fn torch_reference(n: u64, b: u64, w: u64, rank: u64, drop_last: bool) -> Vec<Vec<u64>> {
+        let mut indices: Vec<u64> = (0..n).collect();
+        let num_samples = if drop_last && n % w != 0 {
+            ((n as f64 - w as f64) / w as f64).ceil().max(0.0) as u64
+        } else {
+            n.div_ceil(w)
+        };
+        let total = num_samples * w;
+        if !drop_last {
+            let padding = total - n;
+            let mut pad = Vec::new();
+            while (pad.len() as u64) < padding {
+                pad.extend_from_slice(&indices);
+            }
+            indices.extend_from_slice(&pad[..padding as usize]);
+        } else {
+            indices.truncate(total as usize);
+        }
+        let mine: Vec<u64> = indices.iter().copied().skip(rank as usize).step_by(w as usize).collect();
+        let mut batches: Vec<Vec<u64>> = mine.chunks(b as usize).map(<[u64]>::to_vec).collect();
+        if drop_last && batches.last().is_some_and(|l| (l.len() as u64) < b) {
+            batches.pop();
+        }
+        batches
+    }
+
+    #[test]
+    fn matches_distributed_sampler_without_shuffle() {
+        for &(n, b, w) in &[(10u64, 3u64, 3u32), (10_007, 64, 2), (5, 4, 8), (64, 64, 1), (1, 1, 3), (100, 7, 4)] {
+            for drop_last in [false, true] {
+                let p = plan(n, b, w, drop_last, false);
+                for r in 0..w {
+                    let expect = torch_reference(n, b, u64::from(w), u64::from(r), drop_last);
+                    assert_eq!(p.batches_per_epoch(), expect.len() as u64, "n={n} b={b} w={w} drop={drop_last}");
+                    let got: Vec<Vec<u64>> = (0..p.batches_per_epoch()).map(|s| p.batch_indices(r, s)).collect();
+                    assert_eq!(got, expect, "n={n} b={b} w={w} r={r} drop={drop_last}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn epochs_differ_and_seed_repeats() {
+        let p = plan(10_007, 64, 2, false, true);
+        let e0 = p.batch_indices(0, 0);
+        let e1 = p.batch_indices(0, p.batches_per_epoch());
+        assert_ne!(e0, e1);
+        assert_eq!(e0, p.batch_indices(0, 0));
+        let other_seed = Plan { seed: 18, ..p };
+        assert_ne!(e0, other_seed.batch_indices(0, 0));
+    }
+
+    #[test]
+    fn shuffled_epoch_covers_dataset_plus_padding() {
+        let p = plan(10_007, 64, 2, false, true);
+        let mut all: Vec<u64> = (0..2)
+            .flat_map(|r| (0..p.batches_per_epoch()).flat_map(move |s| p.batch_indices(r, s)))
+            .collect();
+        assert_eq!(all.len(), 10_008);
+        all.sort_unstable();
+        let mut dedup = all.clone();
+        dedup.dedup();
+        assert_eq!(dedup, (0..10_007).collect::<Vec<_>>());
+    }
+
+    proptest! {
+        #[test]
+        fn permutation_is_a_bijection(n in 0u64..3000, seed: u64, epoch in 0u64..10) {
+            let perm = Permutation::new(n, seed, epoch, true);
+            let mut seen = vec![false; n as usize];
+            for i in 0..n {
+                let x = perm.at(i);
+                prop_assert!(x < n);
+                prop_assert!(!seen[x as usize], "duplicate {}", x);
+                seen[x as usize] = true;
+            }
+        }
+
+        #[test]
+        fn every_rank_gets_the_same_number_of_batches(n in 1u64..5000, b in 1u64..100, w in 1u32..9, drop_last: bool) {
+            let p = plan(n, b, w, drop_last, true);
+            let counts: Vec<usize> = (0..w).map(|r| {
+                (0..p.batches_per_epoch()).map(|s| p.batch_indices(r, s).len()).sum()
+            }).collect();
+            prop_assert!(counts.windows(2).all(|c| c[0] == c[1]));
+        }
+    }
+}
