@@ -9,9 +9,11 @@
 //!   split of batches between data-parallel consumers.
 //! - [`spec`]: validation of job specs, one error message per bad field.
 //! - [`dtype`]: sizes and names of element types.
+//! - [`node`]: the node identity that decides co-location.
 
 pub mod batch;
 pub mod dtype;
+pub mod node;
 pub mod sampler;
 pub mod spec;
 

@@ -1,1 +1,76 @@
-//! placeholder
+//! `loader-server`: the coordinator of a Loader deployment.
+//!
+//! It owns the registered jobs and the split of each into consumers and
+//! batches, the table of workers and trainer sessions, the per-consumer
+//! queues of batch ranges, and the delivery progress of every batch. Workers
+//! pull ranges with their heartbeats; trainers learn where to fetch from.
+//!
+//! # Layout
+//! - [`config`]: [`ServerConfig`], the settings tests and the CLI fill.
+//! - `coordinator`: the state and the operations on it (assignment, reports).
+//! - `jobs`, `workers`, `sessions`, `range_queue`: the tables it keeps.
+//! - `service`: the gRPC services, thin adapters over the coordinator.
+//! - [`error`]: errors and their single mapping to gRPC codes.
+//! - [`cli`]: the `loader-server` command line.
+
+pub mod cli;
+pub mod config;
+mod coordinator;
+pub mod error;
+mod jobs;
+mod range_queue;
+mod service;
+mod sessions;
+mod workers;
+
+use std::future::Future;
+
+use loader_proto::pb::{
+    admin_service_server::AdminServiceServer, trainer_service_server::TrainerServiceServer,
+    worker_service_server::WorkerServiceServer,
+};
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+
+pub use config::ServerConfig;
+
+use crate::coordinator::Coordinator;
+use crate::service::{admin::AdminApi, trainer::TrainerApi, worker::WorkerApi};
+
+/// Why the coordinator could not serve.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// The gRPC server failed.
+    #[error("gRPC server failed: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    /// The reflection service could not be built from the descriptors.
+    #[error("cannot build gRPC reflection: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+}
+
+/// Serves the coordinator on `listener` until `shutdown` resolves.
+pub async fn serve(
+    listener: TcpListener,
+    config: ServerConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServerError> {
+    let coordinator = Coordinator::new(config);
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_serving::<WorkerServiceServer<WorkerApi>>().await;
+    health.set_serving::<TrainerServiceServer<TrainerApi>>().await;
+    health.set_serving::<AdminServiceServer<AdminApi>>().await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(loader_proto::pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(WorkerServiceServer::new(WorkerApi(coordinator.clone())))
+        .add_service(TrainerServiceServer::new(TrainerApi(coordinator.clone())))
+        .add_service(AdminServiceServer::new(AdminApi(coordinator)))
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .await?;
+    Ok(())
+}

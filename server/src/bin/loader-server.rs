@@ -1,1 +1,5 @@
-fn main() {}
+//! `loader-server`: the coordinator binary.
+
+fn main() -> std::process::ExitCode {
+    loader_server::cli::main_with_args(std::env::args_os())
+}

@@ -1,0 +1,89 @@
+//! The `loader-server` command line: parse flags, bind, announce, serve.
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+
+use crate::ServerConfig;
+
+/// Loader's coordinator: hands out batch ranges to workers and tracks every
+/// batch until it is delivered.
+#[derive(Debug, Parser)]
+#[command(name = "loader-server", version)]
+struct Args {
+    /// Address to listen on; port 0 picks a free one (printed as `listening <addr>`).
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    listen: String,
+    /// Lease length of workers and trainer sessions, in milliseconds.
+    #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(100..))]
+    lease_ttl_ms: u64,
+    /// Batches per task handed to a worker.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..))]
+    range_len: u64,
+}
+
+/// Runs the CLI with `args` (including the program name); returns the exit code.
+pub fn main_with_args<I, T>(args: I) -> ExitCode
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let args = match Args::try_parse_from(args) {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { ExitCode::from(2) } else { ExitCode::SUCCESS };
+        }
+    };
+    init_tracing();
+    match run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("loader-server: error: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}
+
+fn run(args: Args) -> Result<(), String> {
+    let addr: SocketAddr = args
+        .listen
+        .parse()
+        .map_err(|e| format!("invalid --listen address {:?}: {e} (expected HOST:PORT, e.g. 127.0.0.1:7070)", args.listen))?;
+    let ttl = Duration::from_millis(args.lease_ttl_ms);
+    let config = ServerConfig { lease_ttl: ttl, heartbeat_interval: ttl / 3, range_len: args.range_len };
+    let runtime = tokio::runtime::Runtime::new().map_err(|e| format!("cannot start runtime: {e}"))?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+        let local = listener.local_addr().map_err(|e| format!("cannot read listening address: {e}"))?;
+        println!("listening {local}");
+        let _ = std::io::stdout().flush();
+        crate::serve(listener, config, shutdown_signal()).await.map_err(|e| e.to_string())
+    })
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        // Without signal handlers the process still stops on the default
+        // action of the signal; just never resolve.
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {},
+        _ = int.recv() => {},
+    }
+}

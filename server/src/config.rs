@@ -1,0 +1,27 @@
+//! Coordinator settings, filled by the CLI or directly by tests and the
+//! embedded mode (never read from the process environment here).
+
+use std::time::Duration;
+
+/// How the coordinator hands out work and how long leases last.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Lease length of workers and sessions: a process that does not renew
+    /// within it is considered gone.
+    pub lease_ttl: Duration,
+    /// How often workers and trainers are asked to heartbeat (about TTL/3).
+    pub heartbeat_interval: Duration,
+    /// Batches per task. Small ranges keep one slow worker from holding up
+    /// the in-order stream for long.
+    pub range_len: u64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            lease_ttl: Duration::from_secs(5),
+            heartbeat_interval: Duration::from_millis(1666),
+            range_len: 2,
+        }
+    }
+}

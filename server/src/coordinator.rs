@@ -1,0 +1,249 @@
+//! The coordinator's state and the operations the gRPC services call.
+//!
+//! One mutex guards all tables: every operation is a few map updates, far
+//! cheaper than the RPC around it, and one lock keeps the bookkeeping of a
+//! batch (queue -> worker -> delivered) consistent without ordering rules.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use loader_proto::pb;
+use tokio::sync::Notify;
+
+use crate::config::ServerConfig;
+use crate::error::CoordinatorError;
+use crate::jobs::JobTable;
+use crate::sessions::SessionTable;
+use crate::workers::WorkerTable;
+
+#[derive(Debug, Default)]
+struct Tables {
+    jobs: JobTable,
+    workers: WorkerTable,
+    sessions: SessionTable,
+}
+
+/// Shared coordinator state; cheap to clone.
+#[derive(Debug, Clone)]
+pub(crate) struct Coordinator {
+    tables: Arc<Mutex<Tables>>,
+    /// Wakes long-polling worker heartbeats when work may have appeared.
+    work_available: Arc<Notify>,
+    pub(crate) config: Arc<ServerConfig>,
+}
+
+/// Outcome of a worker heartbeat.
+#[derive(Debug)]
+pub(crate) enum HeartbeatOutcome {
+    /// The worker is unknown: it must register again.
+    Reregister,
+    /// Tasks for it (possibly none).
+    Tasks(Vec<pb::Task>),
+}
+
+impl Coordinator {
+    pub(crate) fn new(config: ServerConfig) -> Self {
+        Self { tables: Arc::default(), work_available: Arc::new(Notify::new()), config: Arc::new(config) }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Tables> {
+        // A panic while holding the lock would be a bug in this module; the
+        // tables stay usable, so recover rather than poison every request.
+        self.tables.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn create_or_attach(&self, spec: pb::JobSpec) -> Result<(pb::Job, bool), CoordinatorError> {
+        let out = self.lock().jobs.create_or_attach(spec)?;
+        if !out.1 {
+            tracing::info!(job_id = out.0.job_id, "job created");
+            self.work_available.notify_waiters();
+        }
+        Ok(out)
+    }
+
+    pub(crate) fn open_session(&self, job_id: u64, consumer: u32, node: String) -> Result<(u64, pb::Job), CoordinatorError> {
+        let mut t = self.lock();
+        let job = t.jobs.get(job_id)?;
+        let consumers = job.plan.consumers;
+        if consumer >= consumers {
+            return Err(CoordinatorError::BadConsumer { consumer, consumers });
+        }
+        let job = job.job.clone();
+        let id = t.sessions.open(job_id, consumer, node);
+        Ok((id, job))
+    }
+
+    /// Renews a session and records its watermark; returns the job's error
+    /// if it failed, or None when the session is unknown.
+    pub(crate) fn session_heartbeat(&self, session_id: u64, consumed: u64, stall_ms: u64) -> Option<String> {
+        let mut t = self.lock();
+        let s = t.sessions.sessions.get_mut(&session_id)?;
+        s.last_seen = Instant::now();
+        s.stall_ms = stall_ms;
+        let (job_id, consumer) = (s.job_id, s.consumer);
+        let job = t.jobs.get_mut(job_id)?;
+        if let Some(c) = job.consumers.get_mut(consumer as usize) {
+            c.consumed = c.consumed.max(consumed);
+        }
+        Some(job.error.clone().unwrap_or_default())
+    }
+
+    /// Workers that can serve a session, and the job's error if it failed.
+    pub(crate) fn routes(&self, session_id: u64) -> Result<(Vec<pb::Route>, String), CoordinatorError> {
+        let t = self.lock();
+        let s = t.sessions.sessions.get(&session_id).ok_or(CoordinatorError::UnknownSession(session_id))?;
+        let error = t.jobs.get(s.job_id)?.error.clone().unwrap_or_default();
+        let routes = t
+            .workers
+            .workers
+            .iter()
+            .map(|(&id, w)| pb::Route { worker_id: id, address: w.address.clone(), colocated: w.node == s.node })
+            .collect();
+        Ok((routes, error))
+    }
+
+    pub(crate) fn register_worker(&self, address: String, node: String, max_outstanding: u32) -> u64 {
+        let id = self.lock().workers.register(address.clone(), node, u64::from(max_outstanding));
+        tracing::info!(worker_id = id, %address, "worker registered");
+        id
+    }
+
+    /// Applies a worker's report, then hands it tasks; waits up to `wait`
+    /// for work when there is none to give.
+    pub(crate) async fn worker_heartbeat(
+        &self,
+        worker_id: u64,
+        delivered: Vec<pb::Delivered>,
+        failed: Vec<pb::Failed>,
+        wait: Duration,
+    ) -> HeartbeatOutcome {
+        if !self.apply_report(worker_id, delivered, failed) {
+            return HeartbeatOutcome::Reregister;
+        }
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            // Register interest before looking, so a job created between the
+            // look and the wait still wakes us.
+            let notified = self.work_available.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            match self.assign(worker_id) {
+                None => return HeartbeatOutcome::Reregister,
+                Some(tasks) if !tasks.is_empty() => return HeartbeatOutcome::Tasks(tasks),
+                Some(_) => {}
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return HeartbeatOutcome::Tasks(Vec::new());
+            }
+        }
+    }
+
+    /// Records delivered and failed batches; false when the worker is unknown.
+    fn apply_report(&self, worker_id: u64, delivered: Vec<pb::Delivered>, failed: Vec<pb::Failed>) -> bool {
+        let mut guard = self.lock();
+        let t = &mut *guard;
+        let Some(w) = t.workers.workers.get_mut(&worker_id) else {
+            return false;
+        };
+        w.last_seen = Instant::now();
+        for d in delivered {
+            let key = (d.job_id, d.consumer);
+            let Some(held) = w.outstanding.get_mut(&key) else { continue };
+            // Only batches this worker was holding count: a report can
+            // never deliver a batch twice.
+            let n = d.seqs.iter().filter(|s| held.remove(s)).count() as u64;
+            w.delivered += n;
+            if let Some(c) = t.jobs.get_mut(d.job_id).and_then(|j| j.consumers.get_mut(d.consumer as usize)) {
+                c.delivered += n;
+            }
+        }
+        for f in failed {
+            if let Some(held) = w.outstanding.get_mut(&(f.job_id, f.consumer)) {
+                held.retain(|s| !(f.start_seq..f.end_seq).contains(s));
+            }
+            if let Some(job) = t.jobs.get_mut(f.job_id)
+                && job.error.is_none()
+            {
+                tracing::warn!(job_id = f.job_id, error = %f.error, "job failed");
+                job.error = Some(f.error);
+            }
+        }
+        true
+    }
+
+    /// Hands the worker ranges of every consumer it has room for, lowest
+    /// sequence numbers first, one range per consumer per round so that all
+    /// consumers progress together. None when the worker is unknown.
+    fn assign(&self, worker_id: u64) -> Option<Vec<pb::Task>> {
+        let range_len = self.config.range_len.max(1);
+        let mut guard = self.lock();
+        let t = &mut *guard;
+        let w = t.workers.workers.get_mut(&worker_id)?;
+        let mut tasks = Vec::new();
+        loop {
+            let mut progressed = false;
+            for job in t.jobs.iter_mut().filter(|j| j.error.is_none()) {
+                let job_id = job.job.job_id;
+                for (c, consumer) in job.consumers.iter_mut().enumerate() {
+                    let key = (job_id, c as u32);
+                    let room = w.max_outstanding.saturating_sub(w.outstanding_for(key));
+                    let Some(range) = consumer.queue.take(room.min(range_len)) else { continue };
+                    w.outstanding.entry(key).or_default().extend(range.clone());
+                    tasks.push(pb::Task {
+                        job: Some(job.job.clone()),
+                        consumer: c as u32,
+                        start_seq: range.start,
+                        end_seq: range.end,
+                    });
+                    progressed = true;
+                }
+            }
+            if !progressed {
+                return Some(tasks);
+            }
+        }
+    }
+
+    pub(crate) fn list_workers(&self) -> Vec<pb::WorkerInfo> {
+        let t = self.lock();
+        let now = Instant::now();
+        t.workers
+            .workers
+            .iter()
+            .map(|(&id, w)| pb::WorkerInfo {
+                worker_id: id,
+                address: w.address.clone(),
+                node: w.node.clone(),
+                outstanding: w.outstanding_total(),
+                delivered: w.delivered,
+                last_seen_ms: now.duration_since(w.last_seen).as_millis() as u64,
+            })
+            .collect()
+    }
+
+    pub(crate) fn list_jobs(&self) -> Vec<pb::JobInfo> {
+        let t = self.lock();
+        t.jobs
+            .iter()
+            .map(|j| pb::JobInfo {
+                job: Some(j.job.clone()),
+                consumers: j
+                    .consumers
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| pb::ConsumerProgress {
+                        consumer: i as u32,
+                        assigned: c.queue.handed_out(),
+                        delivered: c.delivered,
+                        consumed: c.consumed,
+                        total: j.plan.total_batches(),
+                    })
+                    .collect(),
+                error: j.error.clone().unwrap_or_default(),
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,137 @@
+use super::*;
+use loader_proto::pb::{DatasetSpec, Dtype, JobSpec, SyntheticSpec, dataset_spec::Kind};
+
+fn spec(name: &str, n: u64, batch: u32, consumers: u32) -> JobSpec {
+    JobSpec {
+        name: name.into(),
+        dataset: Some(DatasetSpec {
+            kind: Some(Kind::Synthetic(SyntheticSpec { num_samples: n, shape: vec![4], dtype: Dtype::U8 as i32, cost_ns: 0 })),
+        }),
+        batch_size: batch,
+        epochs: 1,
+        consumers,
+        ..Default::default()
+    }
+}
+
+fn coordinator() -> Coordinator {
+    Coordinator::new(ServerConfig { range_len: 2, ..ServerConfig::default() })
+}
+
+fn seqs(tasks: &[pb::Task], consumer: u32) -> Vec<u64> {
+    tasks.iter().filter(|t| t.consumer == consumer).flat_map(|t| t.start_seq..t.end_seq).collect()
+}
+
+async fn tasks(c: &Coordinator, worker: u64, delivered: Vec<pb::Delivered>) -> Vec<pb::Task> {
+    match c.worker_heartbeat(worker, delivered, Vec::new(), Duration::ZERO).await {
+        HeartbeatOutcome::Tasks(t) => t,
+        HeartbeatOutcome::Reregister => panic!("worker unknown"),
+    }
+}
+
+#[tokio::test]
+async fn assignment_is_bounded_per_consumer_and_resumes_on_delivery() {
+    let c = coordinator();
+    let (job, _) = c.create_or_attach(spec("", 200, 10, 2)).expect("job");
+    let w = c.register_worker("http://w".into(), "n".into(), 4);
+    let t = tasks(&c, w, Vec::new()).await;
+    assert_eq!(seqs(&t, 0), vec![0, 1, 2, 3]);
+    assert_eq!(seqs(&t, 1), vec![0, 1, 2, 3]);
+    assert!(tasks(&c, w, Vec::new()).await.is_empty(), "no room left");
+    let report = vec![pb::Delivered { job_id: job.job_id, consumer: 0, seqs: vec![0, 1, 0] }];
+    let t = tasks(&c, w, report).await;
+    assert_eq!(seqs(&t, 0), vec![4, 5]);
+    assert!(seqs(&t, 1).is_empty());
+    let jobs = c.list_jobs();
+    assert_eq!(jobs[0].consumers[0].delivered, 2, "a duplicate report counts once");
+    assert_eq!(c.list_workers()[0].outstanding, 8);
+}
+
+#[tokio::test]
+async fn two_workers_split_the_sequence() {
+    let c = coordinator();
+    c.create_or_attach(spec("", 64, 8, 1)).expect("job");
+    let a = c.register_worker("http://a".into(), "n".into(), 2);
+    let b = c.register_worker("http://b".into(), "n".into(), 2);
+    let ta = tasks(&c, a, Vec::new()).await;
+    let tb = tasks(&c, b, Vec::new()).await;
+    assert_eq!(seqs(&ta, 0), vec![0, 1]);
+    assert_eq!(seqs(&tb, 0), vec![2, 3]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn idle_heartbeat_waits_for_work_and_wakes_on_new_job() {
+    let c = coordinator();
+    let w = c.register_worker("http://w".into(), "n".into(), 4);
+    let waiting = {
+        let c = c.clone();
+        tokio::spawn(async move { c.worker_heartbeat(w, Vec::new(), Vec::new(), Duration::from_secs(1)).await })
+    };
+    tokio::time::advance(Duration::from_millis(100)).await;
+    c.create_or_attach(spec("", 10, 5, 1)).expect("job");
+    match waiting.await.expect("join") {
+        HeartbeatOutcome::Tasks(t) => assert_eq!(seqs(&t, 0), vec![0, 1]),
+        HeartbeatOutcome::Reregister => panic!("worker unknown"),
+    }
+    // With nothing to do the call ends at its deadline, empty.
+    let start = tokio::time::Instant::now();
+    match c.worker_heartbeat(w, Vec::new(), Vec::new(), Duration::from_millis(300)).await {
+        HeartbeatOutcome::Tasks(t) => assert!(t.is_empty()),
+        HeartbeatOutcome::Reregister => panic!("worker unknown"),
+    }
+    assert_eq!(start.elapsed(), Duration::from_millis(300));
+}
+
+#[tokio::test]
+async fn unknown_worker_is_told_to_reregister() {
+    let c = coordinator();
+    assert!(matches!(
+        c.worker_heartbeat(42, Vec::new(), Vec::new(), Duration::ZERO).await,
+        HeartbeatOutcome::Reregister
+    ));
+}
+
+#[tokio::test]
+async fn failed_task_fails_the_job_and_stops_assignment() {
+    let c = coordinator();
+    let (job, _) = c.create_or_attach(spec("", 10, 2, 1)).expect("job");
+    let (session, _) = c.open_session(job.job_id, 0, "n".into()).expect("session");
+    let w = c.register_worker("http://w".into(), "n".into(), 2);
+    let t = tasks(&c, w, Vec::new()).await;
+    assert_eq!(t.len(), 1);
+    let failed = vec![pb::Failed { job_id: job.job_id, consumer: 0, start_seq: 0, end_seq: 2, error: "bad file /x".into() }];
+    match c.worker_heartbeat(w, Vec::new(), failed, Duration::ZERO).await {
+        HeartbeatOutcome::Tasks(t) => assert!(t.is_empty()),
+        HeartbeatOutcome::Reregister => panic!("worker unknown"),
+    }
+    assert_eq!(c.session_heartbeat(session, 0, 0).as_deref(), Some("bad file /x"));
+    assert_eq!(c.routes(session).expect("routes").1, "bad file /x");
+}
+
+#[test]
+fn named_jobs_attach_and_reject_other_specs() {
+    let c = coordinator();
+    let (a, attached) = c.create_or_attach(spec("train", 10, 2, 1)).expect("job");
+    assert!(!attached);
+    let (b, attached) = c.create_or_attach(spec("train", 10, 2, 1)).expect("attach");
+    assert!(attached);
+    assert_eq!(a.job_id, b.job_id);
+    let err = c.create_or_attach(spec("train", 11, 2, 1)).expect_err("different spec");
+    assert_eq!(tonic::Status::from(err).code(), tonic::Code::AlreadyExists);
+}
+
+#[test]
+fn bad_requests_map_to_fatal_codes() {
+    let c = coordinator();
+    let err = c.create_or_attach(spec("", 10, 0, 1)).expect_err("batch 0");
+    let status = tonic::Status::from(err);
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(status.message().contains("batch_size"));
+    let (job, _) = c.create_or_attach(spec("", 10, 2, 2)).expect("job");
+    let err = c.open_session(job.job_id, 2, "n".into()).expect_err("consumer 2 of 2");
+    assert_eq!(tonic::Status::from(err).code(), tonic::Code::InvalidArgument);
+    let err = c.open_session(99, 0, "n".into()).expect_err("no job");
+    assert_eq!(tonic::Status::from(err).code(), tonic::Code::NotFound);
+    let err = crate::error::check_version(99).expect_err("version");
+    assert_eq!(tonic::Status::from(err).code(), tonic::Code::FailedPrecondition);
+}

@@ -1,0 +1,61 @@
+//! The coordinator's errors and their one mapping to gRPC status codes, so a
+//! client can tell what to retry from what to fix.
+
+use loader_proto::spec::SpecError;
+use tonic::{Code, Status};
+
+/// Why the coordinator refused a request.
+#[derive(Debug, thiserror::Error)]
+pub enum CoordinatorError {
+    /// The peer speaks another protocol version.
+    #[error("protocol version {got} is not supported (coordinator speaks {want})")]
+    ProtocolMismatch {
+        /// Version the peer sent.
+        got: u32,
+        /// Version this coordinator speaks.
+        want: u32,
+    },
+    /// The job spec is invalid.
+    #[error(transparent)]
+    InvalidSpec(#[from] SpecError),
+    /// A request named a job the coordinator does not have.
+    #[error("no job with id {0}")]
+    UnknownJob(u64),
+    /// A request named a session the coordinator does not have.
+    #[error("no session with id {0}; open a new session")]
+    UnknownSession(u64),
+    /// A consumer index outside the job's world size.
+    #[error("consumer {consumer} is out of range: the job has {consumers} consumers")]
+    BadConsumer {
+        /// The consumer asked for.
+        consumer: u32,
+        /// The job's number of consumers.
+        consumers: u32,
+    },
+    /// A named job exists with a different spec.
+    #[error("a job named {0:?} already exists with a different spec; pick another name or submit the same spec")]
+    NameTaken(String),
+    /// A required message field is missing.
+    #[error("request is missing {0}")]
+    Missing(&'static str),
+}
+
+impl From<CoordinatorError> for Status {
+    fn from(e: CoordinatorError) -> Self {
+        let code = match &e {
+            CoordinatorError::ProtocolMismatch { .. } => Code::FailedPrecondition,
+            CoordinatorError::InvalidSpec(_)
+            | CoordinatorError::BadConsumer { .. }
+            | CoordinatorError::Missing(_) => Code::InvalidArgument,
+            CoordinatorError::UnknownJob(_) | CoordinatorError::UnknownSession(_) => Code::NotFound,
+            CoordinatorError::NameTaken(_) => Code::AlreadyExists,
+        };
+        Status::new(code, e.to_string())
+    }
+}
+
+/// Rejects a peer of another protocol version.
+pub(crate) fn check_version(got: u32) -> Result<(), CoordinatorError> {
+    let want = loader_proto::PROTOCOL_VERSION;
+    if got == want { Ok(()) } else { Err(CoordinatorError::ProtocolMismatch { got, want }) }
+}

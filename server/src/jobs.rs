@@ -1,0 +1,92 @@
+//! Jobs, their consumers' queues and delivery progress.
+
+use std::collections::{BTreeMap, HashMap};
+
+use loader_proto::pb;
+use loader_proto::sampler::Plan;
+
+use crate::error::CoordinatorError;
+use crate::range_queue::RangeQueue;
+
+/// What the coordinator tracks for one consumer (data-parallel rank).
+#[derive(Debug)]
+pub(crate) struct ConsumerState {
+    /// Batches still to be handed to workers.
+    pub(crate) queue: RangeQueue,
+    /// Batches workers reported handed to this consumer's stream.
+    pub(crate) delivered: u64,
+    /// Watermark the trainer acknowledged: every seq below it was consumed.
+    pub(crate) consumed: u64,
+}
+
+/// A job and its progress.
+#[derive(Debug)]
+pub(crate) struct JobState {
+    /// The job as trainers and workers see it.
+    pub(crate) job: pb::Job,
+    /// Its split into consumers and batches.
+    pub(crate) plan: Plan,
+    /// One entry per consumer.
+    pub(crate) consumers: Vec<ConsumerState>,
+    /// Set when a worker could not produce a batch; the job is stopped.
+    pub(crate) error: Option<String>,
+}
+
+/// Every job, by id, and named jobs by name.
+#[derive(Debug, Default)]
+pub(crate) struct JobTable {
+    next_id: u64,
+    jobs: BTreeMap<u64, JobState>,
+    names: HashMap<String, u64>,
+}
+
+impl JobTable {
+    /// Creates the job, or attaches to the one with the same name and spec.
+    /// Returns the job and whether it was attached.
+    pub(crate) fn create_or_attach(&mut self, spec: pb::JobSpec) -> Result<(pb::Job, bool), CoordinatorError> {
+        let plan = loader_proto::spec::plan(&spec)?;
+        if !spec.name.is_empty()
+            && let Some(id) = self.names.get(&spec.name)
+        {
+            let existing = &self.jobs[id];
+            if existing.job.spec.as_ref() != Some(&spec) {
+                return Err(CoordinatorError::NameTaken(spec.name));
+            }
+            return Ok((existing.job.clone(), true));
+        }
+        self.next_id += 1;
+        let id = self.next_id;
+        let job = pb::Job {
+            job_id: id,
+            num_samples: plan.num_samples,
+            batches_per_epoch: plan.batches_per_epoch(),
+            spec: Some(spec),
+        };
+        let consumers = (0..plan.consumers)
+            .map(|_| ConsumerState { queue: RangeQueue::new(plan.total_batches()), delivered: 0, consumed: 0 })
+            .collect();
+        if let Some(spec) = &job.spec
+            && !spec.name.is_empty()
+        {
+            self.names.insert(spec.name.clone(), id);
+        }
+        self.jobs.insert(id, JobState { job: job.clone(), plan, consumers, error: None });
+        Ok((job, false))
+    }
+
+    pub(crate) fn get(&self, id: u64) -> Result<&JobState, CoordinatorError> {
+        self.jobs.get(&id).ok_or(CoordinatorError::UnknownJob(id))
+    }
+
+    pub(crate) fn get_mut(&mut self, id: u64) -> Option<&mut JobState> {
+        self.jobs.get_mut(&id)
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &JobState> {
+        self.jobs.values()
+    }
+
+    pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = &mut JobState> {
+        self.jobs.values_mut()
+    }
+}

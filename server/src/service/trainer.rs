@@ -1,0 +1,57 @@
+//! `TrainerService`: jobs, sessions, heartbeats and routes for trainers.
+
+use loader_proto::pb::{self, trainer_service_server::TrainerService};
+use tonic::{Request, Response, Status};
+
+use crate::coordinator::Coordinator;
+use crate::error::{CoordinatorError, check_version};
+
+#[derive(Debug)]
+pub(crate) struct TrainerApi(pub(crate) Coordinator);
+
+#[tonic::async_trait]
+impl TrainerService for TrainerApi {
+    async fn create_or_attach_job(
+        &self,
+        request: Request<pb::CreateOrAttachJobRequest>,
+    ) -> Result<Response<pb::CreateOrAttachJobResponse>, Status> {
+        let r = request.into_inner();
+        check_version(r.protocol_version)?;
+        let spec = r.spec.ok_or(CoordinatorError::Missing("spec"))?;
+        let (job, attached) = self.0.create_or_attach(spec)?;
+        Ok(Response::new(pb::CreateOrAttachJobResponse { job: Some(job), attached }))
+    }
+
+    async fn open_session(
+        &self,
+        request: Request<pb::OpenSessionRequest>,
+    ) -> Result<Response<pb::OpenSessionResponse>, Status> {
+        let r = request.into_inner();
+        check_version(r.protocol_version)?;
+        let (session_id, job) = self.0.open_session(r.job_id, r.consumer, r.node)?;
+        Ok(Response::new(pb::OpenSessionResponse {
+            session_id,
+            job: Some(job),
+            lease_ttl_ms: self.0.config.lease_ttl.as_millis() as u64,
+            heartbeat_interval_ms: self.0.config.heartbeat_interval.as_millis() as u64,
+        }))
+    }
+
+    async fn heartbeat(
+        &self,
+        request: Request<pb::SessionHeartbeatRequest>,
+    ) -> Result<Response<pb::SessionHeartbeatResponse>, Status> {
+        let r = request.into_inner();
+        check_version(r.protocol_version)?;
+        let response = match self.0.session_heartbeat(r.session_id, r.consumed, r.stall_ms) {
+            Some(job_error) => pb::SessionHeartbeatResponse { reopen: false, job_error },
+            None => pb::SessionHeartbeatResponse { reopen: true, job_error: String::new() },
+        };
+        Ok(Response::new(response))
+    }
+
+    async fn routes(&self, request: Request<pb::RoutesRequest>) -> Result<Response<pb::RoutesResponse>, Status> {
+        let (routes, job_error) = self.0.routes(request.into_inner().session_id)?;
+        Ok(Response::new(pb::RoutesResponse { routes, job_error }))
+    }
+}

@@ -1,0 +1,49 @@
+//! `WorkerService`: registration, heartbeats and task pulls.
+
+use std::time::Duration;
+
+use loader_proto::pb::{self, worker_service_server::WorkerService};
+use tonic::{Request, Response, Status};
+
+use crate::coordinator::{Coordinator, HeartbeatOutcome};
+use crate::error::check_version;
+
+/// Longest a heartbeat may be held open: well inside a lease, so a waiting
+/// worker still renews in time.
+const MAX_WAIT: Duration = Duration::from_secs(1);
+
+#[derive(Debug)]
+pub(crate) struct WorkerApi(pub(crate) Coordinator);
+
+#[tonic::async_trait]
+impl WorkerService for WorkerApi {
+    async fn register_worker(
+        &self,
+        request: Request<pb::RegisterWorkerRequest>,
+    ) -> Result<Response<pb::RegisterWorkerResponse>, Status> {
+        let r = request.into_inner();
+        check_version(r.protocol_version)?;
+        let worker_id = self.0.register_worker(r.address, r.node, r.max_outstanding);
+        Ok(Response::new(pb::RegisterWorkerResponse {
+            worker_id,
+            lease_ttl_ms: self.0.config.lease_ttl.as_millis() as u64,
+            heartbeat_interval_ms: self.0.config.heartbeat_interval.as_millis() as u64,
+        }))
+    }
+
+    async fn heartbeat(
+        &self,
+        request: Request<pb::WorkerHeartbeatRequest>,
+    ) -> Result<Response<pb::WorkerHeartbeatResponse>, Status> {
+        let r = request.into_inner();
+        check_version(r.protocol_version)?;
+        let wait = Duration::from_millis(r.wait_ms)
+            .min(MAX_WAIT)
+            .min(self.0.config.heartbeat_interval);
+        let response = match self.0.worker_heartbeat(r.worker_id, r.delivered, r.failed, wait).await {
+            HeartbeatOutcome::Reregister => pb::WorkerHeartbeatResponse { tasks: Vec::new(), reregister: true },
+            HeartbeatOutcome::Tasks(tasks) => pb::WorkerHeartbeatResponse { tasks, reregister: false },
+        };
+        Ok(Response::new(response))
+    }
+}

@@ -1,0 +1,58 @@
+//! Registered workers and the batches each one holds undelivered.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Instant;
+
+/// Key of one consumer of one job.
+pub(crate) type ConsumerKey = (u64, u32);
+
+/// A registered worker.
+#[derive(Debug)]
+pub(crate) struct WorkerState {
+    /// URL of its BatchService.
+    pub(crate) address: String,
+    /// Node identity, for co-location with trainers.
+    pub(crate) node: String,
+    /// Batches it may hold undelivered per consumer.
+    pub(crate) max_outstanding: u64,
+    /// Last time it heartbeated (or registered).
+    pub(crate) last_seen: Instant,
+    /// Sequence numbers assigned to it and not yet delivered, per consumer:
+    /// every batch is tracked until a worker reports it delivered.
+    pub(crate) outstanding: BTreeMap<ConsumerKey, BTreeSet<u64>>,
+    /// Batches it delivered since it registered.
+    pub(crate) delivered: u64,
+}
+
+impl WorkerState {
+    pub(crate) fn outstanding_for(&self, key: ConsumerKey) -> u64 {
+        self.outstanding.get(&key).map_or(0, |s| s.len() as u64)
+    }
+
+    pub(crate) fn outstanding_total(&self) -> u64 {
+        self.outstanding.values().map(|s| s.len() as u64).sum()
+    }
+}
+
+/// Every registered worker, by id.
+#[derive(Debug, Default)]
+pub(crate) struct WorkerTable {
+    next_id: u64,
+    pub(crate) workers: BTreeMap<u64, WorkerState>,
+}
+
+impl WorkerTable {
+    pub(crate) fn register(&mut self, address: String, node: String, max_outstanding: u64) -> u64 {
+        self.next_id += 1;
+        let state = WorkerState {
+            address,
+            node,
+            max_outstanding: max_outstanding.max(1),
+            last_seen: Instant::now(),
+            outstanding: BTreeMap::new(),
+            delivered: 0,
+        };
+        self.workers.insert(self.next_id, state);
+        self.next_id
+    }
+}
