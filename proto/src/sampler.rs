@@ -170,7 +170,7 @@ mod tests {
     /// torch/utils/data/distributed.py for shuffle=False.
     fn torch_reference(n: u64, b: u64, w: u64, rank: u64, drop_last: bool) -> Vec<Vec<u64>> {
         let mut indices: Vec<u64> = (0..n).collect();
-        let num_samples = if drop_last && n % w != 0 {
+        let num_samples = if drop_last && !n.is_multiple_of(w) {
             ((n as f64 - w as f64) / w as f64).ceil().max(0.0) as u64
         } else {
             n.div_ceil(w)

@@ -1,1 +1,110 @@
-//! placeholder
+//! Loader's worker: pulls tasks from the coordinator, builds batches, and
+//! serves them to trainers.
+//!
+//! # Layout
+//! - [`config`]: [`WorkerConfig`], the settings a CLI or an embedding
+//!   program fills in.
+//! - [`cli`]: the `loader-worker` command line ([`main_with_args`]).
+//! - `link`: the coordinator link — registration with bounded retry, the
+//!   heartbeat loop (lease, reports, tasks) and self-fencing.
+//! - `producer`: the thread that turns tasks into batches, FIFO, one batch
+//!   at a time, with a per-job cache of opened datasets.
+//! - [`dataset`]: the [`Dataset`](dataset::Dataset) trait and the built-in
+//!   `synthetic` and `tokens` datasets.
+//! - [`collate`]: one batch written in place into one buffer in the wire
+//!   format of `loader_proto::batch`.
+//! - `outbox`: per-consumer queues of produced batches, handed out one per
+//!   credit to the consumer's current `Fetch` stream.
+//! - `service`: the `BatchService` gRPC server (with health and reflection).
+//! - [`error`]: [`WorkerError`], and the one mapping of errors to gRPC
+//!   statuses.
+
+pub mod cli;
+pub mod collate;
+pub mod config;
+pub mod dataset;
+pub mod error;
+mod link;
+mod outbox;
+mod producer;
+mod service;
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+pub use cli::main_with_args;
+pub use config::WorkerConfig;
+pub use error::WorkerError;
+
+use crate::link::Link;
+use crate::outbox::Outboxes;
+use crate::producer::Producer;
+
+/// How long open connections get to close after the worker stops (their
+/// streams have already ended).
+const GRACE: Duration = Duration::from_secs(2);
+
+/// Runs a worker on `listener` until `shutdown` resolves (`Ok`) or a fatal
+/// error: the coordinator cannot be reached within `connect_timeout`, refuses
+/// the worker, or the lease is lost.
+pub async fn run(
+    listener: TcpListener,
+    config: WorkerConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), WorkerError> {
+    let local = listener
+        .local_addr()
+        .map_err(|source| WorkerError::Listen { addr: "the given listener".into(), source })?;
+    let advertise = config.advertise.clone().unwrap_or_else(|| format!("http://{local}"));
+    if config.advertise.is_none() && local.ip().is_unspecified() {
+        tracing::warn!("advertising {advertise}, which trainers cannot reach; set --advertise");
+    }
+    let node = config.node.clone().unwrap_or_else(loader_proto::node::local_node);
+    let outboxes = Outboxes::new();
+    let producer = Producer::spawn(outboxes.clone()).map_err(WorkerError::Thread)?;
+    let mut link = match Link::new(
+        &config.coordinator,
+        advertise,
+        node,
+        config.max_outstanding,
+        producer.clone(),
+        outboxes.clone(),
+    ) {
+        Ok(link) => link,
+        Err(e) => {
+            producer.stop();
+            return Err(e);
+        }
+    };
+
+    let stop = CancellationToken::new();
+    let mut server = tokio::spawn(service::serve(listener, outboxes.clone(), stop.clone()));
+    let work = async {
+        let reg = link
+            .register(Instant::now() + config.connect_timeout, config.connect_timeout)
+            .await?;
+        link.run(reg).await.map(|never| match never {})
+    };
+    let outcome = tokio::select! {
+        () = shutdown => Ok(()),
+        r = work => r,
+        r = &mut server => match r {
+            Ok(Ok(())) => Err(WorkerError::Serve("server stopped".into())),
+            Ok(Err(e)) => Err(e),
+            Err(e) => Err(WorkerError::Serve(e.to_string())),
+        },
+    };
+
+    producer.stop();
+    outboxes.close();
+    stop.cancel();
+    if !server.is_finished() && tokio::time::timeout(GRACE, &mut server).await.is_err() {
+        tracing::info!("connections still open after {GRACE:?}; closing them");
+        server.abort();
+    }
+    outcome
+}

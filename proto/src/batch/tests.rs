@@ -76,7 +76,8 @@ fn truncated_buffers_are_rejected() {
 fn lying_headers_are_rejected() {
     let good = sample_batch();
     let e1 = table_entry(&good, 1);
-    let cases: Vec<(&str, Box<dyn Fn(&mut Vec<u8>)>)> = vec![
+    type Mutation = Box<dyn Fn(&mut Vec<u8>)>;
+    let cases: Vec<(&str, Mutation)> = vec![
         ("magic", Box::new(|b| b[0] = b'X')),
         ("version", Box::new(|b| b[4] = 9)),
         ("total_len past buffer", Box::new(|b| b[8..16].copy_from_slice(&u64::MAX.to_le_bytes()))),
@@ -89,7 +90,7 @@ fn lying_headers_are_rejected() {
         ("dtype", Box::new(move |b| b[e1 + 16] = 200)),
         ("ndim", Box::new(move |b| b[e1 + 17] = 40)),
         ("misaligned", Box::new(move |b| {
-            let off = u64::from_le_bytes(b[e1..e1 + 8].try_into().unwrap());
+            let off = u64::from_le_bytes(b[e1..e1 + 8].try_into().expect("8 bytes"));
             b[e1..e1 + 8].copy_from_slice(&(off + 1).to_le_bytes());
         })),
         ("overlap", Box::new(move |b| {

@@ -1,1 +1,7 @@
-fn main() {}
+//! `loader-worker`: see [`loader_worker::main_with_args`].
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    loader_worker::main_with_args(std::env::args_os())
+}

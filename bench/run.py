@@ -1,0 +1,146 @@
+"""Runs Loader and its anchors side by side, in one run on the same data, and
+writes docs/benchmarks.md and docs/benchmarks.png.
+
+Each system runs as its own process, repeated (--repeats, default 3),
+interleaved so that drift on the machine hits every system alike; the table
+reports medians and ratios against the anchors measured in this same run."""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+LOADERCTL = ROOT / "target" / "release" / "loaderctl"
+PY = sys.executable
+
+
+def scenarios(samples):
+    """name -> list of (label, command, role). role marks anchors for ratios."""
+    shape = "3,224,224"
+    common = ["--samples", str(samples), "--batch-size", "64", "--workers", "2"]
+    loader = [str(LOADERCTL), "run", "--dataset", "synthetic", "--shape", shape,
+              "--dtype", "uint8", "--json"] + common
+    return {
+        "zero-compute 3x224x224 uint8 (transport only)": [
+            ("Loader (gRPC, loopback)", loader + ["--transport", "grpc"], "loader"),
+            ("Loader (shared memory)", loader + ["--transport", "shm"], "loader"),
+            ("torch DataLoader", [PY, str(BENCH / "anchors" / "torch_synthetic.py"),
+                                  "--shape", shape] + common, "anchor"),
+            ("tf.data service (in-process workers)",
+             [PY, str(BENCH / "anchors" / "tfdata_synthetic.py"), "--shape", shape,
+              "--mode", "inprocess"] + common, "anchor"),
+            ("tf.data service (worker processes)",
+             [PY, str(BENCH / "anchors" / "tfdata_synthetic.py"), "--shape", shape,
+              "--mode", "processes"] + common, "anchor"),
+        ],
+    }
+
+
+def run_one(cmd):
+    env = dict(os.environ)
+    # numpy/torch threads would fight the loaders for 2 cores.
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env["PYTHONPATH"] = str(BENCH / "anchors")
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    if out.returncode != 0:
+        raise RuntimeError(f"{cmd[0]} failed ({out.returncode}): {out.stderr.strip()[-2000:]}")
+    lines = [l for l in out.stdout.splitlines() if l.startswith("{")]
+    return json.loads(lines[-1])
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--samples", type=int, default=32000)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--only", default=None, help="run only scenarios whose name contains this")
+    a = p.parse_args()
+    results = {}
+    for name, systems in scenarios(a.samples).items():
+        if a.only and a.only not in name:
+            continue
+        runs = {label: [] for label, _, _ in systems}
+        for r in range(a.repeats):
+            for label, cmd, _ in systems:
+                res = run_one(cmd)
+                print(f"[{name}] run {r + 1}: {label}: {res['samples_per_s']:.0f} samples/s, "
+                      f"{res['mb_per_s']:.0f} MB/s, first batch {res['first_batch_s'] * 1000:.0f} ms",
+                      flush=True)
+                runs[label].append(res)
+        results[name] = [(label, role, runs[label]) for label, _, role in systems]
+    write_report(results, a)
+
+
+def med(runs, key):
+    vals = [r[key] for r in runs if r.get(key) is not None]
+    return statistics.median(vals) if vals else None
+
+
+def write_report(results, a):
+    docs = ROOT / "docs"
+    lines = [
+        "# Benchmarks",
+        "",
+        "Measured by one command, which builds Loader, creates its own Python environment",
+        "with torch, torchvision and tensorflow-cpu, and runs every system in the same run",
+        "on the same data, interleaved, medians of the repeats:",
+        "",
+        "```",
+        f"bench/run.sh --samples {a.samples} --repeats {a.repeats}",
+        "```",
+        "",
+        f"Machine: {os.cpu_count()} cores, {platform.platform()}, "
+        f"{datetime.date.today().isoformat()}.",
+        "",
+    ]
+    chart = []
+    for name, systems in results.items():
+        anchors = [(label, med(runs, "samples_per_s")) for label, role, runs in systems if role == "anchor"]
+        best_anchor = max(anchors, key=lambda x: x[1]) if anchors else None
+        lines += [f"## {name}", "",
+                  "| system | samples/s | MB/s | first batch | vs torch DataLoader | vs best anchor |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: |"]
+        torch_sps = next((s for l, s in anchors if l.startswith("torch")), None)
+        for label, role, runs in systems:
+            sps = med(runs, "samples_per_s")
+            mbs = med(runs, "mb_per_s")
+            fb = med(runs, "first_batch_s")
+            vs_torch = f"{sps / torch_sps:.2f}x" if torch_sps else "-"
+            vs_best = f"{sps / best_anchor[1]:.2f}x" if best_anchor else "-"
+            extra = ""
+            cpu = med(runs, "client_cpu_us_per_batch")
+            if cpu is not None:
+                extra = f" (client CPU {cpu:.1f} µs/batch)"
+            lines.append(f"| {label}{extra} | {sps:,.0f} | {mbs:,.0f} | {fb * 1000:.0f} ms | {vs_torch} | {vs_best} |")
+            chart.append((name, label, sps))
+        if best_anchor:
+            lines += ["", f"Best anchor: {best_anchor[0]}."]
+        lines.append("")
+    (docs / "benchmarks.md").write_text("\n".join(lines) + "\n")
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(figsize=(9, 1 + 0.5 * len(chart)))
+        labels = [l for _, l, _ in chart]
+        ax.barh(range(len(chart)), [s for _, _, s in chart],
+                color=["#2b7bba" if l.startswith("Loader") else "#aaaaaa" for l in labels])
+        ax.set_yticks(range(len(chart)), labels)
+        ax.invert_yaxis()
+        ax.set_xlabel("samples/s (median)")
+        ax.set_title("; ".join(results.keys()), fontsize=9)
+        fig.tight_layout()
+        fig.savefig(docs / "benchmarks.png", dpi=110)
+    except ImportError:
+        print("matplotlib missing: no chart", file=sys.stderr)
+    print((docs / "benchmarks.md").read_text())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# One command for every benchmark: builds Loader (release), creates bench/.venv
+# with torch, torchvision and tensorflow-cpu (a few GB, once), then runs
+# bench/run.py, which writes docs/benchmarks.md and docs/benchmarks.png.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo build --release -p loader-client --bin loaderctl -p loader-server -p loader-worker
+if [ ! -x bench/.venv/bin/python ]; then
+  python3 -m venv bench/.venv
+fi
+bench/.venv/bin/pip install -q --upgrade pip
+bench/.venv/bin/pip install -q -r bench/requirements.txt
+exec bench/.venv/bin/python bench/run.py "$@"

@@ -1,0 +1,152 @@
+//! The `loader-worker` command line. `loaderctl` reuses it for its hidden
+//! `__worker` subcommand, so it builds its own runtime and never calls
+//! `std::process::exit`.
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+
+use crate::config::WorkerConfig;
+use crate::error::WorkerError;
+
+/// Loader worker: builds batches for the jobs its coordinator assigns and
+/// serves them to trainers.
+#[derive(Debug, Parser)]
+#[command(name = "loader-worker", version)]
+struct Args {
+    /// Coordinator URL, e.g. http://10.0.0.2:5000.
+    #[arg(long, env = "LOADER_COORDINATOR", value_name = "URL")]
+    coordinator: String,
+    /// Address to serve batches on, e.g. 0.0.0.0:7070 (port 0 picks one).
+    #[arg(long, env = "LOADER_LISTEN", value_name = "ADDR")]
+    listen: String,
+    /// URL trainers use to reach this worker [default: http://<listen address>].
+    #[arg(long, env = "LOADER_ADVERTISE", value_name = "URL")]
+    advertise: Option<String>,
+    /// Node identity for co-location, e.g. the Kubernetes node name
+    /// [default: hostname + boot id].
+    #[arg(long, env = "LOADER_NODE", value_name = "NODE")]
+    node: Option<String>,
+    /// Batches held undelivered per consumer.
+    #[arg(long, default_value_t = WorkerConfig::default().max_outstanding, value_name = "K",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    max_outstanding: u32,
+    /// Seconds to keep retrying the first registration.
+    #[arg(long, default_value_t = 5.0, value_name = "SECS", value_parser = parse_secs, allow_hyphen_values = true)]
+    connect_timeout: f64,
+}
+
+fn parse_secs(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 && v <= 86_400.0 => Ok(v),
+        _ => Err(format!("expected seconds between 0 and 86400, got {s:?}")),
+    }
+}
+
+/// Runs the whole CLI: parses `args`, binds, prints `listening <addr>` on
+/// stdout once bound, and serves until SIGTERM/SIGINT (exit 0) or a fatal
+/// error (one line `loader-worker: error: <message>` on stderr, exit 1).
+pub fn main_with_args<I, T>(args: I) -> ExitCode
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let args = match Args::try_parse_from(args) {
+        Ok(args) => args,
+        Err(e) if !e.use_stderr() => {
+            // --help and --version.
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => return fail(&clap_message(&e)),
+    };
+    init_tracing();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => return fail(&format!("cannot start the async runtime: {e}")),
+    };
+    match runtime.block_on(serve(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(&e.to_string()),
+    }
+}
+
+async fn serve(args: Args) -> Result<(), WorkerError> {
+    let listener = tokio::net::TcpListener::bind(&args.listen)
+        .await
+        .map_err(|source| WorkerError::Listen { addr: args.listen.clone(), source })?;
+    let local = listener
+        .local_addr()
+        .map_err(|source| WorkerError::Listen { addr: args.listen.clone(), source })?;
+    {
+        let mut out = std::io::stdout().lock();
+        // A closed stdout (parent not reading) must not stop the worker.
+        let _ = writeln!(out, "listening {local}").and_then(|()| out.flush());
+    }
+    let config = WorkerConfig {
+        coordinator: args.coordinator,
+        advertise: args.advertise,
+        node: args.node,
+        max_outstanding: args.max_outstanding,
+        connect_timeout: Duration::from_secs_f64(args.connect_timeout),
+    };
+    crate::run(listener, config, terminated()).await
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn terminated() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+            (Ok(mut term), Ok(mut int)) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
+            }
+            _ => std::future::pending().await,
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// Clap's report up to its first blank line (the error, and for a missing
+/// argument the arguments it lists), on one line, plus a hint.
+fn clap_message(e: &clap::Error) -> String {
+    let rendered = e.render().to_string();
+    let report: Vec<&str> = rendered
+        .lines()
+        .skip_while(|l| l.trim().is_empty())
+        .take_while(|l| !l.trim().is_empty())
+        .map(str::trim)
+        .collect();
+    let text = report.join(" ");
+    let text = text.strip_prefix("error: ").unwrap_or(&text);
+    format!("{text} (see --help)")
+}
+
+fn fail(message: &str) -> ExitCode {
+    let _ = writeln!(std::io::stderr().lock(), "loader-worker: error: {message}");
+    ExitCode::FAILURE
+}
+
+/// Logs to stderr (stdout carries only the `listening` line), filtered by
+/// `RUST_LOG`, `warn` by default. A second call (loaderctl already set one
+/// up) is a no-op.
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}

@@ -1,0 +1,61 @@
+//! Worker settings, filled by the CLI or by an embedding program (the
+//! client's embedded mode, tests) without touching the environment.
+
+use std::time::Duration;
+
+/// How a worker finds its coordinator and presents itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerConfig {
+    /// Coordinator URL, e.g. `http://127.0.0.1:5000`.
+    pub coordinator: String,
+    /// URL trainers use to reach this worker's `BatchService`; defaults to
+    /// `http://<listener local addr>`, which only works when that address is
+    /// reachable from the trainers (not `0.0.0.0`).
+    pub advertise: Option<String>,
+    /// Node identity for co-location; defaults to
+    /// [`loader_proto::node::local_node`] (hostname + boot id).
+    pub node: Option<String>,
+    /// Batches held undelivered per consumer: bounds the worker's memory and
+    /// how far one slow trainer lets it run ahead.
+    pub max_outstanding: u32,
+    /// How long to retry the first registration before giving up, so a
+    /// worker started next to its coordinator tolerates a slow start but a
+    /// wrong address fails fast.
+    pub connect_timeout: Duration,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        Self {
+            coordinator: "http://127.0.0.1:5000".into(),
+            advertise: None,
+            node: None,
+            max_outstanding: 8,
+            connect_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// A duration as a person writes it: `5s`, `1.5s`, `250ms`.
+pub(crate) fn human(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms >= 1000 && ms.is_multiple_of(1000) {
+        format!("{}s", ms / 1000)
+    } else if ms >= 1000 {
+        format!("{:.1}s", d.as_secs_f64())
+    } else {
+        format!("{ms}ms")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_naturally() {
+        assert_eq!(human(Duration::from_secs(5)), "5s");
+        assert_eq!(human(Duration::from_millis(1500)), "1.5s");
+        assert_eq!(human(Duration::from_millis(250)), "250ms");
+    }
+}

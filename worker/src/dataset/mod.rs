@@ -1,0 +1,116 @@
+//! Datasets: where sample bytes come from.
+//!
+//! A [`Dataset`] describes the tensors of one sample and writes a sample
+//! straight into its rows of the batch buffer, so collate never copies
+//! through a per-sample buffer. [`open`] turns a job's `DatasetSpec` into the
+//! built-in dataset it names; a custom worker binary can implement the trait
+//! for its own data.
+
+pub(crate) mod synthetic;
+mod tokens;
+
+use std::sync::Arc;
+
+use loader_proto::pb::{DatasetSpec, Dtype, dataset_spec::Kind};
+
+pub use synthetic::Synthetic;
+pub use tokens::Tokens;
+
+/// One tensor of a sample: the batch holds it with a leading batch dimension.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SampleTensor {
+    /// Name the trainer looks the tensor up by.
+    pub name: String,
+    /// Element type.
+    pub dtype: Dtype,
+    /// Shape of one sample's tensor (without the batch dimension).
+    pub shape: Vec<u64>,
+}
+
+/// A source of samples addressed by index.
+///
+/// Implementations are shared between threads and must be cheap to call per
+/// sample; open files or mappings once, in the constructor.
+pub trait Dataset: Send + Sync + std::fmt::Debug {
+    /// The tensors of every sample, in the order `read_into` fills them.
+    fn tensors(&self) -> &[SampleTensor];
+
+    /// Number of samples; valid indices are `0..len()`.
+    fn len(&self) -> u64;
+
+    /// True when the dataset holds no sample.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Writes sample `index` into `rows`: one row per tensor of
+    /// [`tensors`](Dataset::tensors), each exactly that tensor's sample size
+    /// in bytes, zeroed on entry.
+    fn read_into(&self, index: u64, rows: &mut [&mut [u8]]) -> Result<(), DatasetError>;
+}
+
+/// Why a dataset could not be opened or a sample read. Messages are one line
+/// and name the file or index at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum DatasetError {
+    /// The dataset's file could not be opened or mapped.
+    #[error("{kind} dataset: cannot open {path}: {source}")]
+    Open {
+        /// Dataset kind ("tokens", ...).
+        kind: &'static str,
+        /// The file as the spec names it.
+        path: String,
+        /// The operating system's reason.
+        source: std::io::Error,
+    },
+    /// The file does not match what the spec says about it.
+    #[error("{kind} dataset {path}: {problem}")]
+    Mismatch {
+        /// Dataset kind.
+        kind: &'static str,
+        /// The file as the spec names it.
+        path: String,
+        /// What disagrees, with both values.
+        problem: String,
+    },
+    /// The spec cannot describe a dataset (missing kind, impossible shape).
+    #[error("{0}")]
+    Spec(String),
+    /// A sample index past the end of the dataset.
+    #[error("sample index {index} is out of range for a dataset of {len} samples")]
+    IndexOutOfRange {
+        /// The index asked for.
+        index: u64,
+        /// Samples in the dataset.
+        len: u64,
+    },
+    /// `read_into` was handed rows that do not fit the dataset's tensors.
+    #[error("sample {index}: rows do not match the dataset's tensors")]
+    RowMismatch {
+        /// The sample being read.
+        index: u64,
+    },
+}
+
+/// Opens the built-in dataset a spec names.
+pub fn open(spec: &DatasetSpec) -> Result<Arc<dyn Dataset>, DatasetError> {
+    match &spec.kind {
+        None => Err(DatasetError::Spec("dataset: missing; expected one of: synthetic, tokens".into())),
+        Some(Kind::Synthetic(s)) => Ok(Arc::new(Synthetic::new(s)?)),
+        Some(Kind::Tokens(t)) => Ok(Arc::new(Tokens::open(t)?)),
+    }
+}
+
+/// Bytes of one sample's tensor, or None when the shape overflows.
+pub(crate) fn sample_bytes(t: &SampleTensor) -> Option<usize> {
+    loader_proto::batch::tensor_bytes(t.dtype, &t.shape).and_then(|n| usize::try_from(n).ok())
+}
+
+/// Checks `rows` against the sample sizes a dataset declares, so a
+/// dataset never indexes past a row it was handed.
+pub(crate) fn check_rows(index: u64, rows: &[&mut [u8]], sizes: &[usize]) -> Result<(), DatasetError> {
+    if rows.len() != sizes.len() || rows.iter().zip(sizes).any(|(r, &n)| r.len() != n) {
+        return Err(DatasetError::RowMismatch { index });
+    }
+    Ok(())
+}

@@ -1,0 +1,271 @@
+//! The link to the coordinator: registration, then the heartbeat loop that
+//! renews the lease, reports deliveries and failures, and pulls tasks.
+//!
+//! At most one call is in flight. The worker heartbeats at least every
+//! `heartbeat_interval_ms`, at once after a delivery or a failure, and long
+//! polls (`wait_ms > 0`) only when it holds no work, so a new job starts
+//! without waiting for a tick. If no heartbeat succeeds for a whole lease,
+//! the coordinator has given this worker's batches to others: the worker
+//! fences itself and the loop returns [`WorkerError::LeaseLost`].
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use loader_proto::PROTOCOL_VERSION;
+use loader_proto::pb::worker_service_client::WorkerServiceClient;
+use loader_proto::pb::{RegisterWorkerRequest, WorkerHeartbeatRequest};
+use tokio::time::{Instant, sleep_until, timeout_at};
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Status};
+
+use crate::error::{WorkerError, one_line};
+use crate::outbox::Outboxes;
+use crate::producer::Producer;
+
+/// Longest a heartbeat asks the coordinator to hold it when idle.
+const LONG_POLL: Duration = Duration::from_millis(500);
+/// First pause between failed registration attempts; doubles up to
+/// `MAX_BACKOFF`.
+const FIRST_BACKOFF: Duration = Duration::from_millis(50);
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+/// Floor on the heartbeat interval, so a misconfigured coordinator cannot
+/// make the worker spin.
+const MIN_INTERVAL_MS: u64 = 10;
+
+/// What registration granted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Registration {
+    /// This worker's id at the coordinator.
+    pub worker_id: u64,
+    /// Lease length: without a successful heartbeat for this long the
+    /// worker fences itself.
+    pub lease_ttl: Duration,
+    /// Longest gap between heartbeats.
+    pub heartbeat_interval: Duration,
+    /// When the successful call was sent: the coordinator started the lease
+    /// no earlier, so counting from here never overestimates it.
+    pub granted: Instant,
+}
+
+/// The worker's side of `WorkerService`.
+#[derive(Debug)]
+pub(crate) struct Link {
+    /// Coordinator URL, for messages.
+    addr: String,
+    client: WorkerServiceClient<Channel>,
+    /// What this worker announces at each registration.
+    register: RegisterWorkerRequest,
+    producer: Producer,
+    outboxes: std::sync::Arc<Outboxes>,
+}
+
+/// A status a retry cannot fix: the coordinator refuses this worker, or the
+/// address is not a Loader coordinator.
+fn is_fatal(status: &Status) -> bool {
+    matches!(
+        status.code(),
+        Code::FailedPrecondition
+            | Code::InvalidArgument
+            | Code::Unimplemented
+            | Code::PermissionDenied
+            | Code::Unauthenticated
+    )
+}
+
+/// A status on one line: its message (or what its code means) and the
+/// causes a user can act on ("Connection refused"). tonic's `Display` of a
+/// status is a debugging dump, and its transport errors nest the same words
+/// several times.
+fn describe(status: &Status) -> String {
+    let mut parts = vec![if status.message().is_empty() {
+        status.code().description().to_owned()
+    } else {
+        status.message().to_owned()
+    }];
+    let mut source = std::error::Error::source(status);
+    while let Some(s) = source {
+        let text = s.to_string();
+        if text != "transport error" && !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        source = s.source();
+    }
+    parts.join(": ").replace('\n', " ")
+}
+
+impl Link {
+    /// A link to the coordinator at `addr`; no connection is made yet.
+    pub(crate) fn new(
+        addr: &str,
+        address: String,
+        node: String,
+        max_outstanding: u32,
+        producer: Producer,
+        outboxes: std::sync::Arc<Outboxes>,
+    ) -> Result<Self, WorkerError> {
+        let bad = |reason: String| WorkerError::CoordinatorAddress { addr: addr.to_owned(), reason };
+        let endpoint = Endpoint::from_shared(addr.to_owned()).map_err(|e| bad(one_line(&e)))?;
+        let uri = endpoint.uri();
+        if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
+            return Err(bad("expected a URL such as http://host:port".into()));
+        }
+        let channel = endpoint
+            .connect_timeout(Duration::from_secs(5))
+            .tcp_nodelay(true)
+            .connect_lazy();
+        Ok(Self {
+            addr: addr.to_owned(),
+            client: WorkerServiceClient::new(channel),
+            register: RegisterWorkerRequest { protocol_version: PROTOCOL_VERSION, address, node, max_outstanding },
+            producer,
+            outboxes,
+        })
+    }
+
+    /// Registers, retrying with backoff until `deadline`; `patience` is how
+    /// long that was, for the message.
+    pub(crate) async fn register(&mut self, deadline: Instant, patience: Duration) -> Result<Registration, WorkerError> {
+        let mut backoff = FIRST_BACKOFF;
+        let mut cause = None;
+        loop {
+            let sent = Instant::now();
+            match timeout_at(deadline, self.client.register_worker(self.register.clone())).await {
+                Ok(Ok(resp)) => {
+                    let r = resp.into_inner();
+                    let reg = Registration {
+                        worker_id: r.worker_id,
+                        lease_ttl: Duration::from_millis(r.lease_ttl_ms.max(1)),
+                        heartbeat_interval: Duration::from_millis(r.heartbeat_interval_ms.max(MIN_INTERVAL_MS)),
+                        granted: sent,
+                    };
+                    tracing::info!(worker_id = reg.worker_id, coordinator = %self.addr, "registered");
+                    return Ok(reg);
+                }
+                Ok(Err(status)) if is_fatal(&status) => return Err(self.refused(&status)),
+                Ok(Err(status)) => {
+                    let text = describe(&status);
+                    tracing::debug!(coordinator = %self.addr, "registration failed: {text}");
+                    cause = Some(text);
+                }
+                // The deadline passed during the call: report why the
+                // earlier attempts failed, if they did.
+                Err(_) => {}
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(WorkerError::Unreachable {
+                    addr: self.addr.clone(),
+                    after: patience,
+                    cause: cause.unwrap_or_else(|| "no answer".to_owned()),
+                });
+            }
+            // One last attempt right at the deadline.
+            sleep_until((now + backoff).min(deadline)).await;
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+
+    fn refused(&self, status: &Status) -> WorkerError {
+        let cause = if status.code() == Code::Unimplemented {
+            format!("it does not serve loader.v1.WorkerService ({})", describe(status))
+        } else {
+            describe(status)
+        };
+        WorkerError::Refused { addr: self.addr.clone(), cause }
+    }
+
+    /// Heartbeats until the lease is lost or the coordinator refuses this
+    /// worker; never returns otherwise.
+    pub(crate) async fn run(mut self, mut reg: Registration) -> Result<Infallible, WorkerError> {
+        let mut renewed = reg.granted;
+        let mut next = Instant::now();
+        let mut retrying = false;
+        loop {
+            let lease_end = renewed + reg.lease_ttl;
+            let due = next.min(lease_end);
+            if retrying {
+                // Deliveries must not hammer a coordinator that is down.
+                sleep_until(due).await;
+            } else {
+                tokio::select! {
+                    () = sleep_until(due) => {}
+                    () = self.outboxes.delivered() => {}
+                    () = self.producer.failed() => {}
+                }
+            }
+            if Instant::now() >= lease_end {
+                return Err(self.fence(reg.lease_ttl));
+            }
+            let idle = self.producer.is_idle() && self.outboxes.is_empty();
+            let wait = if idle { LONG_POLL.min(reg.lease_ttl / 3) } else { Duration::ZERO };
+            let delivered = self.outboxes.take_delivered();
+            let failed = self.producer.take_failed();
+            let request = WorkerHeartbeatRequest {
+                protocol_version: PROTOCOL_VERSION,
+                worker_id: reg.worker_id,
+                delivered: delivered.clone(),
+                failed: failed.clone(),
+                wait_ms: wait.as_millis() as u64,
+            };
+            let started = Instant::now();
+            match timeout_at(lease_end, self.client.heartbeat(request)).await {
+                Ok(Ok(resp)) => {
+                    // The coordinator renewed the lease when the call
+                    // arrived, which was after `started`.
+                    renewed = started;
+                    retrying = false;
+                    let resp = resp.into_inner();
+                    if resp.reregister {
+                        tracing::warn!(worker_id = reg.worker_id, "coordinator asked this worker to register again");
+                        // The coordinator no longer counts our tasks as ours,
+                        // and ignored the reports: send them again under the
+                        // new id.
+                        self.producer.clear();
+                        self.outboxes.restore_delivered(delivered);
+                        self.producer.restore_failed(failed);
+                        reg = self.register(renewed + reg.lease_ttl, reg.lease_ttl).await.map_err(|e| match e {
+                            WorkerError::Unreachable { .. } => self.fence(reg.lease_ttl),
+                            other => other,
+                        })?;
+                        renewed = reg.granted;
+                        next = Instant::now();
+                        continue;
+                    }
+                    for task in resp.tasks {
+                        tracing::debug!(
+                            job = task.job.as_ref().map_or(0, |j| j.job_id),
+                            consumer = task.consumer,
+                            seqs = ?(task.start_seq..task.end_seq),
+                            "task"
+                        );
+                        self.producer.submit(task);
+                    }
+                    let pace = if wait.is_zero() { reg.heartbeat_interval } else { reg.heartbeat_interval.min(wait) };
+                    next = started + pace;
+                }
+                Ok(Err(status)) if is_fatal(&status) => return Err(self.refused(&status)),
+                Ok(Err(status)) => {
+                    // One warning per outage, not one per retry.
+                    if retrying {
+                        tracing::debug!(coordinator = %self.addr, "heartbeat failed: {}", describe(&status));
+                    } else {
+                        tracing::warn!(coordinator = %self.addr, "heartbeat failed, retrying: {}", describe(&status));
+                    }
+                    self.outboxes.restore_delivered(delivered);
+                    self.producer.restore_failed(failed);
+                    retrying = true;
+                    next = Instant::now() + (reg.heartbeat_interval / 2).min(Duration::from_millis(200));
+                }
+                Err(_) => return Err(self.fence(reg.lease_ttl)),
+            }
+        }
+    }
+
+    /// Stops producing and drops every batch: after a lost lease they belong
+    /// to other workers.
+    fn fence(&self, ttl: Duration) -> WorkerError {
+        self.producer.stop();
+        self.outboxes.close();
+        WorkerError::LeaseLost { addr: self.addr.clone(), ttl }
+    }
+}

@@ -1,0 +1,362 @@
+//! Outboxes: produced batches waiting for their consumer's `Fetch` stream.
+//!
+//! One FIFO queue per (job, consumer). The stream attached to a queue takes
+//! one batch per credit its trainer granted, never more; a newer stream for
+//! the same consumer replaces the older one, which then ends, and batches not
+//! yet handed over stay queued for the newcomer. Handing a batch to a stream
+//! is what "delivered" means: the seq is recorded for the next heartbeat and
+//! the coordinator link is woken to report it at once.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::pin::pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use bytes::Bytes;
+use loader_proto::pb::Delivered;
+use tokio::sync::Notify;
+
+/// A consumer of a job: `(job_id, consumer)`.
+pub(crate) type ConsumerKey = (u64, u32);
+
+/// Every consumer's queue of undelivered batches, shared by the producer
+/// (pushes), the `Fetch` streams (take) and the coordinator link (reports).
+#[derive(Debug, Default)]
+pub(crate) struct Outboxes {
+    /// Queues, delivery records and the closed flag, under one lock: every
+    /// critical section is a few pointer moves.
+    state: Mutex<State>,
+    /// Wakes the coordinator link when a batch was delivered. A permit is
+    /// stored when nobody waits, so reports coalesce into one heartbeat.
+    report: Notify,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    boxes: HashMap<ConsumerKey, Outbox>,
+    /// Seqs handed to streams since the last heartbeat took them.
+    delivered: BTreeMap<ConsumerKey, Vec<u64>>,
+    /// Last stream generation handed out; generations tell a replaced stream
+    /// that it is no longer the consumer's stream.
+    generation: u64,
+    /// Set when the worker is fenced or shutting down: nothing is queued or
+    /// handed out any more and every stream ends.
+    closed: bool,
+}
+
+#[derive(Debug, Default)]
+struct Outbox {
+    /// Produced batches in production order, with their seqs.
+    batches: VecDeque<(u64, Bytes)>,
+    /// Generation of the attached stream, if any.
+    stream: Option<u64>,
+    /// Session of the attached stream, for logs.
+    session: u64,
+    /// Batches the attached stream may still receive.
+    credits: u64,
+    /// Wakes the attached stream (and a replaced one, so that it ends).
+    wake: Arc<Notify>,
+}
+
+impl Outbox {
+    fn idle(&self) -> bool {
+        self.stream.is_none() && self.batches.is_empty()
+    }
+}
+
+impl Outboxes {
+    /// Creates empty outboxes.
+    pub(crate) fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding this lock leaves plain queues behind, which
+        // stay consistent; keep serving rather than cascade the panic.
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Queues a produced batch for its consumer. Dropped if the worker is
+    /// closed.
+    pub(crate) fn push(&self, key: ConsumerKey, seq: u64, batch: Bytes) {
+        let mut state = self.lock();
+        if state.closed {
+            return;
+        }
+        let outbox = state.boxes.entry(key).or_default();
+        outbox.batches.push_back((seq, batch));
+        outbox.wake.notify_waiters();
+    }
+
+    /// Attaches a new stream for `key` with its first `credits`, replacing
+    /// (and ending) any previous stream of that consumer.
+    pub(crate) fn attach(self: &Arc<Self>, key: ConsumerKey, session: u64, credits: u32) -> Attachment {
+        let mut state = self.lock();
+        state.generation += 1;
+        let generation = state.generation;
+        let outbox = state.boxes.entry(key).or_default();
+        if outbox.stream.is_some() {
+            tracing::debug!(job = key.0, consumer = key.1, old = outbox.session, new = session, "stream replaced");
+        }
+        outbox.stream = Some(generation);
+        outbox.session = session;
+        outbox.credits = u64::from(credits);
+        outbox.wake.notify_waiters();
+        Attachment { outboxes: Arc::clone(self), key, generation }
+    }
+
+    /// True when no batch waits for delivery.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.lock().boxes.values().all(|o| o.batches.is_empty())
+    }
+
+    /// Takes the delivery records for a heartbeat.
+    pub(crate) fn take_delivered(&self) -> Vec<Delivered> {
+        let delivered = std::mem::take(&mut self.lock().delivered);
+        delivered
+            .into_iter()
+            .map(|((job_id, consumer), seqs)| Delivered { job_id, consumer, seqs })
+            .collect()
+    }
+
+    /// Puts back delivery records a failed heartbeat could not report.
+    pub(crate) fn restore_delivered(&self, records: Vec<Delivered>) {
+        let mut state = self.lock();
+        for d in records {
+            let seqs = state.delivered.entry((d.job_id, d.consumer)).or_default();
+            let newer = std::mem::replace(seqs, d.seqs);
+            seqs.extend(newer);
+        }
+    }
+
+    /// Waits until a batch was delivered since the last call.
+    pub(crate) async fn delivered(&self) {
+        self.report.notified().await;
+    }
+
+    /// Drops every undelivered batch (the coordinator forgot this worker and
+    /// handed its batches to others); streams stay attached.
+    pub(crate) fn drop_batches(&self) {
+        let mut state = self.lock();
+        for outbox in state.boxes.values_mut() {
+            outbox.batches.clear();
+        }
+        state.boxes.retain(|_, o| !o.idle());
+    }
+
+    /// Drops every batch, refuses new ones and ends every stream.
+    pub(crate) fn close(&self) {
+        let mut state = self.lock();
+        state.closed = true;
+        for outbox in state.boxes.values_mut() {
+            outbox.batches.clear();
+            outbox.wake.notify_waiters();
+        }
+    }
+}
+
+/// A `Fetch` stream's hold on its consumer's outbox. Dropping it detaches the
+/// stream; batches not yet handed over stay queued.
+#[derive(Debug)]
+pub(crate) struct Attachment {
+    /// The shared outboxes.
+    outboxes: Arc<Outboxes>,
+    /// The consumer this stream serves.
+    key: ConsumerKey,
+    /// This stream's generation; stale once a newer stream attaches.
+    generation: u64,
+}
+
+/// What the stream should do next.
+enum Step {
+    Send(Bytes),
+    Wait(Arc<Notify>),
+    End,
+}
+
+impl Attachment {
+    /// Grants more credits, if this stream is still the consumer's stream.
+    pub(crate) fn add_credits(&self, credits: u32) {
+        let mut state = self.outboxes.lock();
+        if let Some(outbox) = state.boxes.get_mut(&self.key)
+            && outbox.stream == Some(self.generation)
+        {
+            outbox.credits = outbox.credits.saturating_add(u64::from(credits));
+            outbox.wake.notify_waiters();
+        }
+    }
+
+    /// The next batch for this stream: waits for both a credit and a batch.
+    /// `None` once the stream was replaced or the worker closed.
+    pub(crate) async fn next(&self) -> Option<Bytes> {
+        loop {
+            let wake = match self.step() {
+                Step::Send(batch) => return Some(batch),
+                Step::End => return None,
+                Step::Wait(wake) => wake,
+            };
+            // Register interest, then look again: a push or credit between
+            // the first look and the wait is not missed.
+            let mut notified = pin!(wake.notified());
+            notified.as_mut().enable();
+            match self.step() {
+                Step::Send(batch) => return Some(batch),
+                Step::End => return None,
+                Step::Wait(_) => notified.await,
+            }
+        }
+    }
+
+    fn step(&self) -> Step {
+        let mut state = self.outboxes.lock();
+        if state.closed {
+            return Step::End;
+        }
+        let Some(outbox) = state.boxes.get_mut(&self.key) else {
+            return Step::End;
+        };
+        if outbox.stream != Some(self.generation) {
+            return Step::End;
+        }
+        if outbox.credits == 0 {
+            return Step::Wait(Arc::clone(&outbox.wake));
+        }
+        let Some((seq, batch)) = outbox.batches.pop_front() else {
+            return Step::Wait(Arc::clone(&outbox.wake));
+        };
+        outbox.credits -= 1;
+        state.delivered.entry(self.key).or_default().push(seq);
+        drop(state);
+        self.outboxes.report.notify_one();
+        Step::Send(batch)
+    }
+}
+
+impl Drop for Attachment {
+    fn drop(&mut self) {
+        let mut state = self.outboxes.lock();
+        if let Some(outbox) = state.boxes.get_mut(&self.key)
+            && outbox.stream == Some(self.generation)
+        {
+            outbox.stream = None;
+            outbox.credits = 0;
+            if outbox.idle() {
+                state.boxes.remove(&self.key);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::FutureExt;
+
+    use super::*;
+
+    const KEY: ConsumerKey = (1, 0);
+
+    fn batch(seq: u64) -> Bytes {
+        Bytes::from(seq.to_le_bytes().to_vec())
+    }
+
+    /// The next batch if one is ready right now; `Some(None)` if the stream ended.
+    fn ready(a: &Attachment) -> Option<Option<Bytes>> {
+        a.next().now_or_never()
+    }
+
+    fn delivered(o: &Outboxes) -> Vec<u64> {
+        o.take_delivered().into_iter().flat_map(|d| d.seqs).collect()
+    }
+
+    #[test]
+    fn credits_bound_what_is_sent() {
+        let o = Outboxes::new();
+        for seq in 0..5 {
+            o.push(KEY, seq, batch(seq));
+        }
+        let a = o.attach(KEY, 9, 2);
+        assert_eq!(ready(&a), Some(Some(batch(0))));
+        assert_eq!(ready(&a), Some(Some(batch(1))));
+        assert_eq!(ready(&a), None, "no credit left");
+        assert_eq!(delivered(&o), vec![0, 1]);
+        a.add_credits(10);
+        for seq in 2..5 {
+            assert_eq!(ready(&a), Some(Some(batch(seq))));
+        }
+        assert_eq!(ready(&a), None, "credits left but no batch");
+        assert!(o.is_empty());
+        assert_eq!(delivered(&o), vec![2, 3, 4]);
+    }
+
+    #[tokio::test]
+    async fn a_waiting_stream_wakes_on_push() {
+        let o = Outboxes::new();
+        let a = o.attach(KEY, 9, 1);
+        let waiter = tokio::spawn(async move { a.next().await });
+        tokio::task::yield_now().await;
+        o.push(KEY, 0, batch(0));
+        assert_eq!(waiter.await.expect("join"), Some(batch(0)));
+        // The link was told there is something to report.
+        o.delivered().await;
+        assert_eq!(delivered(&o), vec![0]);
+    }
+
+    #[test]
+    fn a_replacing_stream_receives_the_remaining_batches() {
+        let o = Outboxes::new();
+        for seq in 0..4 {
+            o.push(KEY, seq, batch(seq));
+        }
+        let old = o.attach(KEY, 1, 1);
+        assert_eq!(ready(&old), Some(Some(batch(0))));
+        let new = o.attach(KEY, 2, 8);
+        assert_eq!(ready(&old), Some(None), "the replaced stream ends");
+        old.add_credits(5); // ignored: no longer the consumer's stream
+        drop(old); // does not detach the newcomer
+        for seq in 1..4 {
+            assert_eq!(ready(&new), Some(Some(batch(seq))));
+        }
+        assert_eq!(delivered(&o), vec![0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn batches_outlive_a_dropped_stream() {
+        let o = Outboxes::new();
+        for seq in 0..3 {
+            o.push(KEY, seq, batch(seq));
+        }
+        let a = o.attach(KEY, 1, 1);
+        assert_eq!(ready(&a), Some(Some(batch(0))));
+        drop(a);
+        assert!(!o.is_empty());
+        let b = o.attach(KEY, 2, 5);
+        assert_eq!(ready(&b), Some(Some(batch(1))));
+        assert_eq!(ready(&b), Some(Some(batch(2))));
+    }
+
+    #[test]
+    fn consumers_are_separate_and_close_ends_everything() {
+        let o = Outboxes::new();
+        o.push((1, 0), 0, batch(10));
+        o.push((1, 1), 0, batch(11));
+        let a = o.attach((1, 1), 1, 5);
+        assert_eq!(ready(&a), Some(Some(batch(11))));
+        assert_eq!(ready(&a), None);
+        o.close();
+        assert_eq!(ready(&a), Some(None));
+        o.push((1, 1), 1, batch(12));
+        assert!(o.is_empty(), "a closed worker queues nothing");
+    }
+
+    #[test]
+    fn failed_reports_are_restored_in_order() {
+        let o = Outboxes::new();
+        o.push(KEY, 0, batch(0));
+        o.push(KEY, 1, batch(1));
+        let a = o.attach(KEY, 1, 5);
+        assert!(ready(&a).is_some());
+        let lost = o.take_delivered();
+        assert!(ready(&a).is_some());
+        o.restore_delivered(lost);
+        assert_eq!(delivered(&o), vec![0, 1]);
+    }
+}

@@ -1,0 +1,338 @@
+//! The producer: turns tasks into batches, one batch at a time, in order.
+//!
+//! Production is CPU work (decode, copy, the synthetic cost knob), so it runs
+//! on its own OS thread and never stalls the async runtime that serves
+//! streams and heartbeats. Tasks run FIFO; each yields its seqs in increasing
+//! order into the consumer's outbox. Opened datasets are cached per job, so a
+//! token file is mapped once, not once per task.
+
+use std::collections::{HashMap, VecDeque};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+use loader_proto::batch::BatchMeta;
+use loader_proto::pb::{Failed, Task};
+use loader_proto::sampler::Plan;
+use tokio::sync::Notify;
+
+use crate::collate::collate;
+use crate::dataset::{self, Dataset};
+use crate::outbox::Outboxes;
+
+/// Jobs whose datasets stay open; older ones are closed first.
+const DATASET_CACHE: usize = 8;
+
+/// Handle on the producer thread.
+#[derive(Debug, Clone)]
+pub(crate) struct Producer {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    queue: Mutex<Queue>,
+    /// Wakes the thread when a task arrives or it must stop.
+    ready: Condvar,
+    /// Where finished batches go.
+    outboxes: Arc<Outboxes>,
+    /// Wakes the coordinator link when a failure waits to be reported.
+    report: Notify,
+}
+
+#[derive(Debug, Default)]
+struct Queue {
+    tasks: VecDeque<Task>,
+    /// The thread is producing a task right now.
+    busy: bool,
+    /// Bumped by `clear`: a task started under an older generation is
+    /// abandoned and its batches are not queued.
+    generation: u64,
+    stopped: bool,
+    /// Failures not yet reported to the coordinator.
+    failed: Vec<Failed>,
+}
+
+impl Producer {
+    /// Starts the producer thread.
+    pub(crate) fn spawn(outboxes: Arc<Outboxes>) -> std::io::Result<Self> {
+        let shared = Arc::new(Shared {
+            queue: Mutex::new(Queue::default()),
+            ready: Condvar::new(),
+            outboxes,
+            report: Notify::new(),
+        });
+        let thread = Arc::clone(&shared);
+        std::thread::Builder::new()
+            .name("loader-producer".into())
+            .spawn(move || thread.run())?;
+        Ok(Self { shared })
+    }
+
+    /// Queues a task behind the ones already queued.
+    pub(crate) fn submit(&self, task: Task) {
+        let mut q = self.shared.lock();
+        if q.stopped {
+            return;
+        }
+        q.tasks.push_back(task);
+        self.shared.ready.notify_one();
+    }
+
+    /// True when no task is queued or running.
+    pub(crate) fn is_idle(&self) -> bool {
+        let q = self.shared.lock();
+        q.tasks.is_empty() && !q.busy
+    }
+
+    /// Takes the failures to report.
+    pub(crate) fn take_failed(&self) -> Vec<Failed> {
+        std::mem::take(&mut self.shared.lock().failed)
+    }
+
+    /// Puts back failures a failed heartbeat could not report.
+    pub(crate) fn restore_failed(&self, mut failed: Vec<Failed>) {
+        let mut q = self.shared.lock();
+        failed.append(&mut q.failed);
+        q.failed = failed;
+    }
+
+    /// Waits until a failure was recorded since the last call.
+    pub(crate) async fn failed(&self) {
+        self.shared.report.notified().await;
+    }
+
+    /// Abandons every queued and running task and drops undelivered batches:
+    /// the coordinator has handed them to other workers.
+    pub(crate) fn clear(&self) {
+        let mut q = self.shared.lock();
+        q.generation += 1;
+        q.tasks.clear();
+        // Under the queue lock, so a batch of the abandoned task cannot slip
+        // into an outbox after this (see `Shared::deliver`).
+        self.shared.outboxes.drop_batches();
+    }
+
+    /// Stops the thread after its current batch and drops every task.
+    pub(crate) fn stop(&self) {
+        let mut q = self.shared.lock();
+        q.stopped = true;
+        q.generation += 1;
+        q.tasks.clear();
+        self.shared.ready.notify_all();
+    }
+}
+
+/// Why a task failed: one line, for the coordinator and the trainers.
+type TaskError = String;
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn run(&self) {
+        let mut cache = DatasetCache::default();
+        loop {
+            let (task, generation) = {
+                let mut q = self.lock();
+                loop {
+                    if q.stopped {
+                        return;
+                    }
+                    if let Some(task) = q.tasks.pop_front() {
+                        q.busy = true;
+                        break (task, q.generation);
+                    }
+                    q = self.ready.wait(q).unwrap_or_else(|poisoned| poisoned.into_inner());
+                }
+            };
+            let outcome = catch_unwind(AssertUnwindSafe(|| self.produce(&task, generation, &mut cache)))
+                .unwrap_or_else(|_| Err("the worker panicked while producing this task".to_owned()));
+            let mut q = self.lock();
+            q.busy = false;
+            if let Err(error) = outcome
+                && q.generation == generation
+            {
+                let job_id = task.job.as_ref().map_or(0, |j| j.job_id);
+                tracing::warn!(job = job_id, consumer = task.consumer, "task failed: {error}");
+                q.failed.push(Failed {
+                    job_id,
+                    consumer: task.consumer,
+                    start_seq: task.start_seq,
+                    end_seq: task.end_seq,
+                    error,
+                });
+                drop(q);
+                self.report.notify_one();
+            }
+        }
+    }
+
+    /// Produces every batch of `task`, stopping early if it was abandoned.
+    fn produce(&self, task: &Task, generation: u64, cache: &mut DatasetCache) -> Result<(), TaskError> {
+        let job = task.job.as_ref().ok_or("task carries no job")?;
+        let spec = job.spec.as_ref().ok_or("job carries no spec")?;
+        let plan = loader_proto::spec::plan(spec).map_err(|e| e.to_string())?;
+        check_range(task, &plan)?;
+        let dataset = match &spec.dataset {
+            Some(d) => cache.open(job.job_id, d)?,
+            None => return Err("job spec has no dataset".into()),
+        };
+        if dataset.len() != plan.num_samples {
+            return Err(format!(
+                "dataset holds {} samples, the job was planned for {}",
+                dataset.len(),
+                plan.num_samples
+            ));
+        }
+        for seq in task.start_seq..task.end_seq {
+            if self.lock().generation != generation {
+                return Ok(());
+            }
+            let (epoch, _) = plan.locate(seq);
+            let meta = BatchMeta { job_id: job.job_id, epoch, consumer: task.consumer, seq };
+            let indices = plan.batch_indices(task.consumer, seq);
+            let batch = collate(&*dataset, &meta, &indices)
+                .map_err(|e| format!("job {} batch {seq}: {e}", job.job_id))?;
+            let q = self.lock();
+            if q.generation != generation {
+                return Ok(());
+            }
+            self.outboxes.push((job.job_id, task.consumer), seq, batch);
+        }
+        Ok(())
+    }
+}
+
+/// Rejects a task that names seqs or a consumer the job does not have, so a
+/// confused coordinator cannot make the worker produce garbage.
+fn check_range(task: &Task, plan: &Plan) -> Result<(), TaskError> {
+    if task.consumer >= plan.consumers {
+        return Err(format!("consumer {} is out of range for {} consumers", task.consumer, plan.consumers));
+    }
+    let total = plan.total_batches();
+    if task.start_seq >= task.end_seq || task.end_seq > total {
+        return Err(format!(
+            "seqs {}..{} are out of range for {total} batches",
+            task.start_seq, task.end_seq
+        ));
+    }
+    Ok(())
+}
+
+/// Open datasets of recent jobs.
+#[derive(Debug, Default)]
+struct DatasetCache {
+    open: HashMap<u64, (Arc<dyn Dataset>, u64)>,
+    /// Use counter, for evicting the least recently used job.
+    clock: u64,
+}
+
+impl DatasetCache {
+    fn open(&mut self, job_id: u64, spec: &loader_proto::pb::DatasetSpec) -> Result<Arc<dyn Dataset>, TaskError> {
+        self.clock += 1;
+        if let Some((ds, used)) = self.open.get_mut(&job_id) {
+            *used = self.clock;
+            return Ok(Arc::clone(ds));
+        }
+        // Failures are not cached: a file that appears later is picked up by
+        // the next task.
+        let ds = dataset::open(spec).map_err(|e| e.to_string())?;
+        if self.open.len() >= DATASET_CACHE
+            && let Some(oldest) = self.open.iter().min_by_key(|(_, (_, used))| *used).map(|(id, _)| *id)
+        {
+            self.open.remove(&oldest);
+        }
+        self.open.insert(job_id, (Arc::clone(&ds), self.clock));
+        Ok(ds)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use loader_proto::batch::BatchView;
+    use loader_proto::pb::{DatasetSpec, Dtype, Job, JobSpec, SyntheticSpec, TokensSpec, dataset_spec::Kind};
+
+    use super::*;
+
+    fn job(job_id: u64, kind: Kind) -> Job {
+        Job {
+            job_id,
+            spec: Some(JobSpec {
+                dataset: Some(DatasetSpec { kind: Some(kind) }),
+                batch_size: 4,
+                epochs: 2,
+                consumers: 2,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn synthetic(job_id: u64) -> Job {
+        job(job_id, Kind::Synthetic(SyntheticSpec { num_samples: 10, shape: vec![3], dtype: Dtype::U8 as i32, cost_ns: 0 }))
+    }
+
+    /// Waits (bounded) until the producer has worked through its queue.
+    fn settle(p: &Producer) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while !p.is_idle() {
+            assert!(std::time::Instant::now() < deadline, "producer did not finish");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    #[tokio::test]
+    async fn tasks_become_ordered_batches_and_failures_become_reports() {
+        let outboxes = Outboxes::new();
+        let p = Producer::spawn(Arc::clone(&outboxes)).expect("spawn");
+        // Consumer 1 of 2: 5 samples per epoch -> 2 batches per epoch, 4 in all.
+        p.submit(Task { job: Some(synthetic(1)), consumer: 1, start_seq: 0, end_seq: 3 });
+        let missing = "/nonexistent/loader-test/tokens.bin";
+        let tokens = Kind::Tokens(TokensSpec { path: missing.into(), dtype: Dtype::U16 as i32, context_length: 4, num_tokens: 100 });
+        p.submit(Task { job: Some(job(2, tokens)), consumer: 0, start_seq: 0, end_seq: 1 });
+        p.submit(Task { job: Some(synthetic(1)), consumer: 1, start_seq: 3, end_seq: 9 });
+        p.submit(Task { job: Some(synthetic(1)), consumer: 1, start_seq: 3, end_seq: 4 });
+        settle(&p);
+
+        let failed = p.take_failed();
+        let errors: Vec<&str> = failed.iter().map(|f| f.error.as_str()).collect();
+        assert_eq!(
+            errors,
+            vec![
+                format!("tokens dataset: cannot open {missing}: No such file or directory (os error 2)").as_str(),
+                "seqs 3..9 are out of range for 4 batches",
+            ]
+        );
+        assert_eq!((failed[0].job_id, failed[0].consumer, failed[0].start_seq, failed[0].end_seq), (2, 0, 0, 1));
+
+        let attachment = outboxes.attach((1, 1), 1, 100);
+        let plan = loader_proto::spec::plan(synthetic(1).spec.as_ref().expect("spec")).expect("plan");
+        for seq in 0..4 {
+            let batch = attachment.next().await.expect("batch");
+            let view = BatchView::parse(&batch).expect("parse");
+            let h = view.header();
+            assert_eq!((h.meta.job_id, h.meta.consumer, h.meta.seq), (1, 1, seq));
+            assert_eq!(h.meta.epoch, plan.locate(seq).0);
+            assert_eq!(h.indices, plan.batch_indices(1, seq));
+        }
+        assert!(outboxes.is_empty());
+        p.stop();
+    }
+
+    #[test]
+    fn clear_drops_queued_work() {
+        let outboxes = Outboxes::new();
+        let p = Producer::spawn(Arc::clone(&outboxes)).expect("spawn");
+        p.submit(Task { job: Some(synthetic(1)), consumer: 0, start_seq: 0, end_seq: 4 });
+        settle(&p);
+        assert!(!outboxes.is_empty());
+        p.clear();
+        assert!(outboxes.is_empty());
+        p.stop();
+        p.submit(Task { job: Some(synthetic(1)), consumer: 0, start_seq: 0, end_seq: 4 });
+        assert!(p.is_idle(), "a stopped producer takes no task");
+    }
+}
