@@ -7,6 +7,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "loader/v1/common.proto",
         "loader/v1/coordinator.proto",
         "loader/v1/worker.proto",
+        "loader/v1/ring.proto",
     ];
     for file in &files {
         println!("cargo:rerun-if-changed={file}");

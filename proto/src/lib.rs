@@ -7,6 +7,7 @@
 //!   that validates every offset before anything is read.
 //! - [`sampler`]: the seeded per-epoch permutation and the `DistributedSampler`
 //!   split of batches between data-parallel consumers.
+//! - [`ring`]: framing of the shared-memory ring messages and the slot geometry.
 //! - [`spec`]: validation of job specs, one error message per bad field.
 //! - [`dtype`]: sizes and names of element types.
 //! - [`node`]: the node identity that decides co-location.
@@ -14,6 +15,7 @@
 pub mod batch;
 pub mod dtype;
 pub mod node;
+pub mod ring;
 pub mod sampler;
 pub mod spec;
 

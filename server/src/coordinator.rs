@@ -61,7 +61,13 @@ impl Coordinator {
         Ok(out)
     }
 
-    pub(crate) fn open_session(&self, job_id: u64, consumer: u32, node: String) -> Result<(u64, pb::Job), CoordinatorError> {
+    pub(crate) fn open_session(
+        &self,
+        job_id: u64,
+        consumer: u32,
+        node: String,
+        ring_socket: String,
+    ) -> Result<(u64, pb::Job), CoordinatorError> {
         let mut t = self.lock();
         let job = t.jobs.get(job_id)?;
         let consumers = job.plan.consumers;
@@ -69,7 +75,7 @@ impl Coordinator {
             return Err(CoordinatorError::BadConsumer { consumer, consumers });
         }
         let job = job.job.clone();
-        let id = t.sessions.open(job_id, consumer, node);
+        let id = t.sessions.open(job_id, consumer, node, ring_socket);
         Ok((id, job))
     }
 
@@ -189,11 +195,13 @@ impl Coordinator {
                     let room = w.max_outstanding.saturating_sub(w.outstanding_for(key));
                     let Some(range) = consumer.queue.take(room.min(range_len)) else { continue };
                     w.outstanding.entry(key).or_default().extend(range.clone());
+                    let ring_socket = t.sessions.ring_for(job_id, c as u32, &w.node).unwrap_or_default().to_owned();
                     tasks.push(pb::Task {
                         job: Some(job.job.clone()),
                         consumer: c as u32,
                         start_seq: range.start,
                         end_seq: range.end,
+                        ring_socket,
                     });
                     progressed = true;
                 }

@@ -12,6 +12,8 @@ pub(crate) struct SessionState {
     pub(crate) consumer: u32,
     /// Node identity, for routing to co-located workers.
     pub(crate) node: String,
+    /// Unix socket of the trainer's shared-memory ring; empty for none.
+    pub(crate) ring_socket: String,
     /// Last time it heartbeated (or opened).
     pub(crate) last_seen: Instant,
     /// Time it reported blocked waiting for batches: the autoscaling signal.
@@ -26,12 +28,25 @@ pub(crate) struct SessionTable {
 }
 
 impl SessionTable {
-    pub(crate) fn open(&mut self, job_id: u64, consumer: u32, node: String) -> u64 {
+    pub(crate) fn open(&mut self, job_id: u64, consumer: u32, node: String, ring_socket: String) -> u64 {
         self.next_id += 1;
         self.sessions.insert(
             self.next_id,
-            SessionState { job_id, consumer, node, last_seen: Instant::now(), stall_ms: 0 },
+            SessionState { job_id, consumer, node, ring_socket, last_seen: Instant::now(), stall_ms: 0 },
         );
         self.next_id
+    }
+
+    /// The ring socket through which a worker on `node` delivers batches of
+    /// `(job_id, consumer)`: that of the newest session of the consumer when
+    /// it runs on the same node and offers a ring, else none.
+    pub(crate) fn ring_for(&self, job_id: u64, consumer: u32, node: &str) -> Option<&str> {
+        self.sessions
+            .iter()
+            .filter(|(_, s)| s.job_id == job_id && s.consumer == consumer)
+            .max_by_key(|(id, _)| **id)
+            .map(|(_, s)| s)
+            .filter(|s| s.node == node && !s.ring_socket.is_empty())
+            .map(|s| s.ring_socket.as_str())
     }
 }

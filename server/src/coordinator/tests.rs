@@ -95,7 +95,7 @@ async fn unknown_worker_is_told_to_reregister() {
 async fn failed_task_fails_the_job_and_stops_assignment() {
     let c = coordinator();
     let (job, _) = c.create_or_attach(spec("", 10, 2, 1)).expect("job");
-    let (session, _) = c.open_session(job.job_id, 0, "n".into()).expect("session");
+    let (session, _) = c.open_session(job.job_id, 0, "n".into(), String::new()).expect("session");
     let w = c.register_worker("http://w".into(), "n".into(), 2);
     let t = tasks(&c, w, Vec::new()).await;
     assert_eq!(t.len(), 1);
@@ -128,10 +128,25 @@ fn bad_requests_map_to_fatal_codes() {
     assert_eq!(status.code(), tonic::Code::InvalidArgument);
     assert!(status.message().contains("batch_size"));
     let (job, _) = c.create_or_attach(spec("", 10, 2, 2)).expect("job");
-    let err = c.open_session(job.job_id, 2, "n".into()).expect_err("consumer 2 of 2");
+    let err = c.open_session(job.job_id, 2, "n".into(), String::new()).expect_err("consumer 2 of 2");
     assert_eq!(tonic::Status::from(err).code(), tonic::Code::InvalidArgument);
-    let err = c.open_session(99, 0, "n".into()).expect_err("no job");
+    let err = c.open_session(99, 0, "n".into(), String::new()).expect_err("no job");
     assert_eq!(tonic::Status::from(err).code(), tonic::Code::NotFound);
     let err = crate::error::check_version(99).expect_err("version");
     assert_eq!(tonic::Status::from(err).code(), tonic::Code::FailedPrecondition);
+}
+
+#[tokio::test]
+async fn tasks_of_a_colocated_ring_session_carry_its_socket() {
+    let c = coordinator();
+    let (job, _) = c.create_or_attach(spec("", 100, 10, 2)).expect("job");
+    c.open_session(job.job_id, 0, "host-a".into(), "/run/loader/a.sock".into()).expect("session 0");
+    c.open_session(job.job_id, 1, "host-b".into(), "/run/loader/b.sock".into()).expect("session 1");
+    let local = c.register_worker("http://a".into(), "host-a".into(), 2);
+    let t = tasks(&c, local, Vec::new()).await;
+    for task in &t {
+        let expect = if task.consumer == 0 { "/run/loader/a.sock" } else { "" };
+        assert_eq!(task.ring_socket, expect, "consumer {}", task.consumer);
+    }
+    assert_eq!(t.len(), 2);
 }
