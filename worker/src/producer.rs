@@ -289,12 +289,12 @@ mod tests {
         let outboxes = Outboxes::new();
         let p = Producer::spawn(Arc::clone(&outboxes)).expect("spawn");
         // Consumer 1 of 2: 5 samples per epoch -> 2 batches per epoch, 4 in all.
-        p.submit(Task { job: Some(synthetic(1)), consumer: 1, start_seq: 0, end_seq: 3 });
+        p.submit(Task { job: Some(synthetic(1)), consumer: 1, start_seq: 0, end_seq: 3, ring_socket: String::new() });
         let missing = "/nonexistent/loader-test/tokens.bin";
         let tokens = Kind::Tokens(TokensSpec { path: missing.into(), dtype: Dtype::U16 as i32, context_length: 4, num_tokens: 100 });
-        p.submit(Task { job: Some(job(2, tokens)), consumer: 0, start_seq: 0, end_seq: 1 });
-        p.submit(Task { job: Some(synthetic(1)), consumer: 1, start_seq: 3, end_seq: 9 });
-        p.submit(Task { job: Some(synthetic(1)), consumer: 1, start_seq: 3, end_seq: 4 });
+        p.submit(Task { job: Some(job(2, tokens)), consumer: 0, start_seq: 0, end_seq: 1, ring_socket: String::new() });
+        p.submit(Task { job: Some(synthetic(1)), consumer: 1, start_seq: 3, end_seq: 9, ring_socket: String::new() });
+        p.submit(Task { job: Some(synthetic(1)), consumer: 1, start_seq: 3, end_seq: 4, ring_socket: String::new() });
         settle(&p);
 
         let failed = p.take_failed();
@@ -326,13 +326,13 @@ mod tests {
     fn clear_drops_queued_work() {
         let outboxes = Outboxes::new();
         let p = Producer::spawn(Arc::clone(&outboxes)).expect("spawn");
-        p.submit(Task { job: Some(synthetic(1)), consumer: 0, start_seq: 0, end_seq: 4 });
+        p.submit(Task { job: Some(synthetic(1)), consumer: 0, start_seq: 0, end_seq: 4, ring_socket: String::new() });
         settle(&p);
         assert!(!outboxes.is_empty());
         p.clear();
         assert!(outboxes.is_empty());
         p.stop();
-        p.submit(Task { job: Some(synthetic(1)), consumer: 0, start_seq: 0, end_seq: 4 });
+        p.submit(Task { job: Some(synthetic(1)), consumer: 0, start_seq: 0, end_seq: 4, ring_socket: String::new() });
         assert!(p.is_idle(), "a stopped producer takes no task");
     }
 }
