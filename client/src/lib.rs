@@ -1,1 +1,56 @@
-//! placeholder
+//! Loader's trainer SDK: every batch of a data-parallel rank, exactly once,
+//! from a fleet of workers, and `loaderctl`, the operator's CLI.
+//!
+//! ```no_run
+//! use loader_client::{Dtype, Loader, spec};
+//!
+//! # fn main() -> Result<(), loader_client::LoaderError> {
+//! let job = spec::synthetic(10_000, &[3, 224, 224], Dtype::U8).batch_size(64).shuffle(0).build()?;
+//! let loader = Loader::builder("http://coordinator:7000").job(job).rank(0).world_size(1).build()?;
+//! for batch in loader {
+//!     let batch = batch?;
+//!     let labels: Vec<i64> = batch.tensor("label").expect("label").to_vec()?;
+//!     # let _ = labels;
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Layout
+//! - [`loader`](LoaderBuilder): the public [`Loader`] and its builder; owns the
+//!   runtime and the background tasks.
+//! - `session`: CreateOrAttachJob, OpenSession and the heartbeat that renews
+//!   the session's lease with the consumed watermark and stall time.
+//! - `routes`: polls `Routes` and keeps one fetch stream per listed worker.
+//! - `fetch`: one `BatchService.Fetch` stream: credits out, validated batches in.
+//! - `event`: what background tasks tell the consumer, and the per-batch credit.
+//! - `consumer`: `next()`: reorder, de-duplicate, return credits, end of job.
+//! - `reorder`: the reorder buffer keyed by sequence number.
+//! - [`batch`](Batch): [`Batch`] and [`Tensor`], views over a validated frame.
+//! - [`spec`]: [`JobSpec`] builders, validated locally.
+//! - `connect`: endpoints and bounded retries to the coordinator.
+//! - [`error`](LoaderError): [`LoaderError`]; the one place a gRPC status is mapped.
+//! - [`embedded`] (feature `embedded`): [`Loader::local`], a coordinator
+//!   in-process and worker processes, for one machine with no deployment.
+//! - [`ctl`]: the library behind the `loaderctl` binary.
+
+mod batch;
+mod connect;
+mod consumer;
+mod error;
+mod event;
+mod fetch;
+mod loader;
+mod reorder;
+mod routes;
+mod session;
+
+pub mod ctl;
+#[cfg(feature = "embedded")]
+pub mod embedded;
+pub mod spec;
+
+pub use batch::{Batch, Tensor};
+pub use error::LoaderError;
+pub use loader::{BatchStream, DEFAULT_PREFETCH, Loader, LoaderBuilder};
+pub use loader_proto::pb::{Dtype, Job, JobSpec};

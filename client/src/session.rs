@@ -9,7 +9,8 @@ use std::time::Duration;
 use loader_proto::PROTOCOL_VERSION;
 use loader_proto::pb::trainer_service_client::TrainerServiceClient;
 use loader_proto::pb::{
-    CreateOrAttachJobRequest, Job, JobSpec, OpenSessionRequest, OpenSessionResponse, SessionHeartbeatRequest,
+    CreateOrAttachJobRequest, Job, JobSpec, OpenSessionRequest, OpenSessionResponse,
+    SessionHeartbeatRequest,
 };
 use tokio::sync::watch;
 use tokio::time::MissedTickBehavior;
@@ -42,7 +43,8 @@ impl Progress {
 
     /// Adds time spent blocked in `next()`.
     pub(crate) fn add_stall(&self, d: Duration) {
-        self.stall_us.fetch_add(d.as_micros() as u64, Ordering::Relaxed);
+        self.stall_us
+            .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
     }
 }
 
@@ -80,7 +82,10 @@ impl Session {
         let client = TrainerServiceClient::new(channel).max_decoding_message_size(usize::MAX);
         let created = with_retries(|| {
             let mut client = client.clone();
-            let request = CreateOrAttachJobRequest { protocol_version: PROTOCOL_VERSION, spec: Some(spec.clone()) };
+            let request = CreateOrAttachJobRequest {
+                protocol_version: PROTOCOL_VERSION,
+                spec: Some(spec.clone()),
+            };
             async move {
                 client
                     .create_or_attach_job(request)
@@ -90,8 +95,14 @@ impl Session {
             }
         })
         .await?;
-        let job = created.job.ok_or_else(|| missing(address, "CreateOrAttachJob", "job"))?;
-        tracing::debug!(job_id = job.job_id, attached = created.attached, "job ready");
+        let job = created
+            .job
+            .ok_or_else(|| missing(address, "CreateOrAttachJob", "job"))?;
+        tracing::debug!(
+            job_id = job.job_id,
+            attached = created.attached,
+            "job ready"
+        );
         let mut session = Session {
             address: address.to_owned(),
             client,
@@ -135,7 +146,11 @@ impl Session {
             }
         })
         .await?;
-        tracing::debug!(session_id = opened.session_id, job_id = self.job.job_id, "session open");
+        tracing::debug!(
+            session_id = opened.session_id,
+            job_id = self.job.job_id,
+            "session open"
+        );
         self.id.send_replace(opened.session_id);
         Ok(opened)
     }
@@ -213,13 +228,42 @@ impl Session {
                     let _ = events.send(Event::Fatal(LoaderError::JobFailed(error)));
                     return;
                 }
-                Err(e) if e.is_retryable() => tracing::warn!(error = %e, "session heartbeat failed; retrying"),
+                Err(e) if e.is_retryable() => {
+                    tracing::warn!(error = %e, "session heartbeat failed; retrying")
+                }
                 Err(e) => {
                     let _ = events.send(Event::Fatal(e));
                     return;
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+impl Session {
+    /// A session whose coordinator is unreachable, for consumer tests: every
+    /// call on it fails fast.
+    pub(crate) fn unconnected(job: Job, consumer: u32) -> Self {
+        let address = "http://127.0.0.1:1".to_owned();
+        let channel = tonic::transport::Endpoint::from_shared(address.clone())
+            .expect("static address")
+            .connect_lazy();
+        Session {
+            address,
+            client: TrainerServiceClient::new(channel),
+            job,
+            consumer,
+            node: String::new(),
+            id: watch::Sender::new(1),
+            heartbeat_interval: DEFAULT_HEARTBEAT,
+            progress: Arc::default(),
+        }
+    }
+
+    /// The watermark the next heartbeat would report.
+    pub(crate) fn reported_consumed(&self) -> u64 {
+        self.progress.consumed.load(Ordering::Relaxed)
     }
 }
 

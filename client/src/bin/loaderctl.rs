@@ -1,1 +1,5 @@
-fn main() {}
+//! `loaderctl`: the operator's CLI. Everything lives in [`loader_client::ctl`].
+
+fn main() -> std::process::ExitCode {
+    loader_client::ctl::main()
+}

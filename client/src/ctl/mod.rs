@@ -1,0 +1,155 @@
+//! The library behind the `loaderctl` binary: flag definitions and the
+//! subcommands, so the binary itself only calls [`main`].
+//!
+//! - `run`: the embedded one-command demo/benchmark.
+//! - `status`: tables of a coordinator's workers and jobs.
+//! - `table`: plain aligned text tables.
+
+#[cfg(feature = "embedded")]
+mod run;
+mod status;
+mod table;
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+/// loaderctl: operate a Loader deployment, or run a job on this machine.
+#[derive(Debug, Parser)]
+#[command(name = "loaderctl", version)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a job in embedded mode (an in-process coordinator and local
+    /// worker processes) and report throughput.
+    Run(RunArgs),
+    /// Show a coordinator's workers and jobs.
+    Status(StatusArgs),
+    /// Internal: run as a worker process (how `run` starts its workers).
+    #[command(name = "__worker", hide = true)]
+    Worker {
+        /// The `loader-worker` flags.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<OsString>,
+    },
+}
+
+/// Flags of `loaderctl run`.
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    /// Worker processes to start.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=256))]
+    pub workers: u64,
+    /// Epochs to run.
+    #[arg(long, default_value_t = 1)]
+    pub epochs: u32,
+    /// Samples per batch.
+    #[arg(long, default_value_t = 64)]
+    pub batch_size: u32,
+    /// Dataset kind: synthetic or tokens.
+    #[arg(long, default_value = "synthetic")]
+    pub dataset: String,
+    /// Token file for --dataset tokens [default: a generated temporary file].
+    #[arg(long)]
+    pub path: Option<PathBuf>,
+    /// Samples of the synthetic dataset.
+    #[arg(long, default_value_t = 10_000)]
+    pub samples: u64,
+    /// Shape of one synthetic sample, comma-separated.
+    #[arg(long, default_value = "3,224,224")]
+    pub shape: String,
+    /// Element type [default: uint8 for synthetic, uint16 for tokens].
+    #[arg(long)]
+    pub dtype: Option<String>,
+    /// Tokens per context for --dataset tokens.
+    #[arg(long, default_value_t = 2048)]
+    pub context_length: u64,
+    /// Batches each worker may send ahead.
+    #[arg(long, default_value_t = crate::DEFAULT_PREFETCH)]
+    pub prefetch: u32,
+    /// Print one JSON object on stdout instead of the summary (no progress bar).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Flags of `loaderctl status`.
+#[derive(Debug, Clone, Args)]
+pub struct StatusArgs {
+    /// Coordinator URL.
+    #[arg(long, env = "LOADER_COORDINATOR", value_name = "URL")]
+    pub coordinator: String,
+}
+
+/// The whole `loaderctl` command line. Errors are printed as one line,
+/// `loaderctl: error: <message>`, with a non-zero exit code.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Worker { args } => return worker(args),
+        Command::Run(args) => {
+            init_tracing();
+            run_command(args)
+        }
+        Command::Status(args) => {
+            init_tracing();
+            status::run(&args)
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("loaderctl: error: {}", one_line(&format!("{e:#}")));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(feature = "embedded")]
+fn run_command(args: RunArgs) -> anyhow::Result<()> {
+    run::run(&args)
+}
+
+#[cfg(not(feature = "embedded"))]
+fn run_command(_args: RunArgs) -> anyhow::Result<()> {
+    anyhow::bail!(
+        "this loaderctl was built without the `embedded` feature, so it cannot run jobs locally"
+    )
+}
+
+#[cfg(feature = "embedded")]
+fn worker(args: Vec<OsString>) -> ExitCode {
+    // The worker sets up its own tracing and runtime.
+    loader_worker::main_with_args(std::iter::once(OsString::from("loader-worker")).chain(args))
+}
+
+#[cfg(not(feature = "embedded"))]
+fn worker(_args: Vec<OsString>) -> ExitCode {
+    eprintln!("loaderctl: error: this loaderctl was built without the `embedded` feature");
+    ExitCode::FAILURE
+}
+
+/// Logs to stderr, filtered by `RUST_LOG`, warnings by default.
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+fn one_line(s: &str) -> String {
+    s.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
+}

@@ -1,0 +1,192 @@
+//! Embedded mode: [`Loader::local`] starts a coordinator in-process and N
+//! local worker processes, then opens the loader against them — one machine,
+//! no deployment, the same protocol and code paths as a real deployment.
+//!
+//! - `coordinator`: `loader_server::serve` on a background thread.
+//! - `workers`: finding, starting, watching and stopping worker processes.
+
+mod coordinator;
+mod workers;
+
+use std::ffi::OsString;
+use std::time::{Duration, Instant};
+
+use loader_proto::pb::JobSpec;
+use loader_proto::pb::ListWorkersRequest;
+use loader_proto::pb::admin_service_client::AdminServiceClient;
+use loader_server::ServerConfig;
+
+use crate::connect;
+use crate::error::LoaderError;
+use crate::loader::{DEFAULT_PREFETCH, Loader, LoaderBuilder};
+
+use self::coordinator::InProcessCoordinator;
+pub use self::workers::WORKER_BIN_ENV;
+use self::workers::{CommandSources, WorkerProcesses};
+
+/// How long workers get to register unless told otherwise.
+pub const DEFAULT_READY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The coordinator and workers behind an embedded [`Loader`]. Dropping it
+/// stops the workers first (they are clients of the coordinator), then the
+/// coordinator.
+#[derive(Debug)]
+pub(crate) struct LocalCluster {
+    /// Declared first: dropped (terminated and reaped) first.
+    workers: WorkerProcesses,
+    /// Stopped once the workers are gone.
+    coordinator: InProcessCoordinator,
+}
+
+/// Settings of an embedded loader; start with [`Loader::local_builder`].
+#[derive(Debug, Clone)]
+pub struct LocalBuilder {
+    /// The job; its `consumers` is forced to 1 (this process is the only rank).
+    spec: JobSpec,
+    /// Worker processes to start.
+    workers: usize,
+    /// Credits per worker stream.
+    prefetch: u32,
+    /// Yield in sequence order.
+    in_order: bool,
+    /// Program and leading arguments that start a worker; see
+    /// [`LocalBuilder::worker_command`].
+    worker_command: Option<Vec<OsString>>,
+    /// The embedded coordinator's settings.
+    server: ServerConfig,
+    /// How long workers get to register.
+    ready_timeout: Duration,
+}
+
+impl LocalBuilder {
+    /// Batches each worker may send ahead of consumption (default 8).
+    pub fn prefetch(mut self, prefetch: u32) -> Self {
+        self.prefetch = prefetch;
+        self
+    }
+
+    /// Yield strictly in sequence order (default) or as batches arrive.
+    pub fn in_order(mut self, in_order: bool) -> Self {
+        self.in_order = in_order;
+        self
+    }
+
+    /// The command that starts a worker (program, then leading arguments;
+    /// `--coordinator URL --listen 127.0.0.1:0` are appended). Without it:
+    /// `$LOADER_WORKER_BIN`, else `loader-worker` next to the current
+    /// executable or in its parent directory, else `loader-worker` on `PATH`.
+    pub fn worker_command(mut self, command: Option<Vec<OsString>>) -> Self {
+        self.worker_command = command;
+        self
+    }
+
+    /// Settings of the embedded coordinator (lease TTL, range length...).
+    pub fn server_config(mut self, config: ServerConfig) -> Self {
+        self.server = config;
+        self
+    }
+
+    /// How long the workers get to register (default 10 s).
+    pub fn ready_timeout(mut self, timeout: Duration) -> Self {
+        self.ready_timeout = timeout;
+        self
+    }
+
+    /// Starts the coordinator and the workers, waits until every worker has
+    /// registered, and opens the loader as consumer 0 of 1. Blocking; from
+    /// async code, call it inside `spawn_blocking`.
+    pub fn build(self) -> Result<Loader, LoaderError> {
+        let mut spec = self.spec;
+        spec.consumers = 1;
+        // Fail on a bad spec before starting any process.
+        crate::spec::validate(&spec)?;
+        if self.workers == 0 {
+            return Err(LoaderError::InvalidArgument(
+                "embedded mode needs at least one worker".into(),
+            ));
+        }
+        let command = CommandSources::from_process(self.worker_command).resolve()?;
+        let coordinator = InProcessCoordinator::start(self.server)?;
+        let workers = WorkerProcesses::spawn(command, coordinator.address(), self.workers)?;
+        let mut cluster = LocalCluster {
+            workers,
+            coordinator,
+        };
+        cluster.wait_ready(self.workers, self.ready_timeout)?;
+        let mut loader = LoaderBuilder::new(cluster.coordinator.address())
+            .job(spec)
+            .rank(0)
+            .world_size(1)
+            .prefetch(self.prefetch)
+            .in_order(self.in_order)
+            .build()?;
+        loader.cluster = Some(cluster);
+        Ok(loader)
+    }
+}
+
+impl LocalCluster {
+    /// Waits until the coordinator lists `count` workers, failing fast when a
+    /// worker process or the coordinator dies.
+    fn wait_ready(&mut self, count: usize, timeout: Duration) -> Result<(), LoaderError> {
+        let address = self.coordinator.address().to_owned();
+        // A lazy channel spawns its connection task on the current runtime.
+        let channel = {
+            let _runtime = self.coordinator.handle().enter();
+            connect::endpoint(&address)?.connect_lazy()
+        };
+        let admin = AdminServiceClient::new(channel);
+        let deadline = Instant::now() + timeout;
+        let mut listed = 0;
+        loop {
+            self.workers.check()?;
+            self.coordinator.check()?;
+            let mut admin = admin.clone();
+            let reply = self.coordinator.handle().block_on(async move {
+                tokio::time::timeout(
+                    Duration::from_secs(1),
+                    admin.list_workers(ListWorkersRequest {}),
+                )
+                .await
+            });
+            match reply {
+                Ok(Ok(r)) => listed = r.into_inner().workers.len(),
+                Ok(Err(s)) => {
+                    tracing::debug!(error = %LoaderError::rpc(&address, "ListWorkers", s), "waiting for workers")
+                }
+                Err(_) => tracing::debug!("ListWorkers timed out"),
+            }
+            if listed >= count {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(LoaderError::Embedded(format!(
+                    "only {listed} of {count} workers registered with the embedded coordinator within {:.1}s",
+                    timeout.as_secs_f64()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Loader {
+    /// A loader over a coordinator started in-process and `workers` local
+    /// worker processes: the drop-in for `DataLoader(num_workers=N)`.
+    pub fn local(spec: JobSpec, workers: usize) -> Result<Loader, LoaderError> {
+        Self::local_builder(spec, workers).build()
+    }
+
+    /// Like [`Loader::local`], with settings.
+    pub fn local_builder(spec: JobSpec, workers: usize) -> LocalBuilder {
+        LocalBuilder {
+            spec,
+            workers,
+            prefetch: DEFAULT_PREFETCH,
+            in_order: true,
+            worker_command: None,
+            server: ServerConfig::default(),
+            ready_timeout: DEFAULT_READY_TIMEOUT,
+        }
+    }
+}

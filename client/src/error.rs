@@ -1,0 +1,165 @@
+//! The SDK's one error type, and the one place where a gRPC [`Status`] becomes
+//! a [`LoaderError`], so retryable and fatal failures are told apart the same
+//! way everywhere.
+
+use std::path::PathBuf;
+
+use loader_proto::spec::SpecError;
+use tonic::{Code, Status};
+
+/// Everything that can go wrong between a trainer and its batches. Each
+/// message is one line that says what was wrong.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LoaderError {
+    /// An address that is not a valid URL.
+    #[error("invalid address {address:?}: {cause}")]
+    InvalidAddress {
+        /// The address as given.
+        address: String,
+        /// Why it does not parse.
+        cause: String,
+    },
+    /// The coordinator did not answer within the connect budget.
+    #[error("cannot reach coordinator {address}: {cause}")]
+    CoordinatorUnreachable {
+        /// Coordinator URL.
+        address: String,
+        /// The last connection error, innermost cause.
+        cause: String,
+    },
+    /// A gRPC call failed; [`LoaderError::is_retryable`] tells whether trying
+    /// again may help.
+    #[error("{call} on {address} failed: {message} ({code:?})")]
+    Rpc {
+        /// Peer URL.
+        address: String,
+        /// The RPC, e.g. `OpenSession`.
+        call: &'static str,
+        /// gRPC status code.
+        code: Code,
+        /// The peer's message.
+        message: String,
+    },
+    /// The job spec is invalid (same message on every process).
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    /// The token file of a `tokens` dataset cannot be used.
+    #[error("token file {}: {cause}", path.display())]
+    TokenFile {
+        /// Path of the file.
+        path: PathBuf,
+        /// What is wrong with it.
+        cause: String,
+    },
+    /// A worker sent a frame that is not a valid batch of this session.
+    #[error("worker {address}: {problem}")]
+    BadBatch {
+        /// Worker URL.
+        address: String,
+        /// What was wrong with the frame.
+        problem: String,
+    },
+    /// The coordinator marked the job failed (bad sample, missing file...).
+    #[error("job failed: {0}")]
+    JobFailed(String),
+    /// A tensor was read as an element type of another size.
+    #[error(
+        "tensor {tensor:?} holds {dtype} ({size} bytes per element); cannot read it as {requested}"
+    )]
+    DtypeMismatch {
+        /// Tensor name.
+        tensor: String,
+        /// The tensor's dtype name.
+        dtype: &'static str,
+        /// Bytes per element of that dtype.
+        size: usize,
+        /// The Rust type asked for.
+        requested: &'static str,
+    },
+    /// A builder setting that cannot work (rank outside the world size...).
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// Embedded mode could not start or lost a process it started.
+    #[error("{0}")]
+    Embedded(String),
+    /// The SDK's own tokio runtime could not be built.
+    #[error("cannot start the loader runtime: {0}")]
+    Runtime(String),
+}
+
+impl LoaderError {
+    /// Maps a gRPC status from `call` on `address`. This is the only place a
+    /// [`Status`] turns into a [`LoaderError`].
+    pub(crate) fn rpc(address: &str, call: &'static str, status: Status) -> Self {
+        LoaderError::Rpc {
+            address: address.to_owned(),
+            call,
+            code: status.code(),
+            message: one_line(status.message()),
+        }
+    }
+
+    /// True when the same call may succeed later: the peer was unavailable or
+    /// too slow. Invalid arguments, failed preconditions, missing sessions and
+    /// everything else are fatal.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            LoaderError::Rpc {
+                code: Code::Unavailable | Code::DeadlineExceeded,
+                ..
+            }
+        )
+    }
+
+    /// The gRPC status code, when the error came from a call.
+    pub fn code(&self) -> Option<Code> {
+        match self {
+            LoaderError::Rpc { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+}
+
+/// The innermost cause of an error chain: for a transport error that is the
+/// part a user can act on ("Connection refused (os error 111)"), not
+/// "transport error".
+pub(crate) fn root_cause(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut cur = err;
+    while let Some(next) = cur.source() {
+        cur = next;
+    }
+    one_line(&cur.to_string())
+}
+
+/// Keeps messages to one line whatever the peer sent.
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retryable_codes_are_unavailable_and_deadline() {
+        for (code, retry) in [
+            (Code::Unavailable, true),
+            (Code::DeadlineExceeded, true),
+            (Code::InvalidArgument, false),
+            (Code::FailedPrecondition, false),
+            (Code::NotFound, false),
+            (Code::Internal, false),
+        ] {
+            let e = LoaderError::rpc(
+                "http://w:1",
+                "Routes",
+                Status::new(code, "boom\nsecond line"),
+            );
+            assert_eq!(e.is_retryable(), retry, "{code:?}");
+            assert_eq!(e.code(), Some(code));
+            assert!(!e.to_string().contains('\n'));
+        }
+    }
+}

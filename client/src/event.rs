@@ -1,0 +1,93 @@
+//! What the background tasks (session, routes, fetch streams) tell the
+//! consumer, and the credit that travels with each batch back to its stream.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use loader_proto::pb::FetchRequest;
+use tokio::sync::mpsc;
+
+use crate::batch::Batch;
+use crate::error::LoaderError;
+
+/// One message to the consumer.
+#[derive(Debug)]
+pub(crate) enum Event {
+    /// A validated batch, and the credit to return once it is yielded.
+    Batch(Batch, Credit),
+    /// The session cannot go on (job failed, bad frame, lost job): yielded
+    /// to the user, then the iterator ends.
+    Fatal(LoaderError),
+}
+
+/// Unbounded because credits already bound it: a stream only sends what it
+/// was granted, and the consumer only grants back what it yielded.
+pub(crate) type EventTx = mpsc::UnboundedSender<Event>;
+/// The consumer's end.
+pub(crate) type EventRx = mpsc::UnboundedReceiver<Event>;
+
+/// The sending side of one `Fetch` stream's credit messages, and how many
+/// credits the worker currently holds on it.
+#[derive(Debug, Clone)]
+pub(crate) struct CreditLine {
+    /// Feeds the stream's request half; closed when the stream is gone, so
+    /// credits for a dead stream vanish harmlessly.
+    tx: mpsc::UnboundedSender<FetchRequest>,
+    /// Granted minus received: zero means the worker cannot send.
+    held: Arc<AtomicU32>,
+}
+
+impl CreditLine {
+    /// A line over `tx`, with nothing granted yet.
+    pub(crate) fn new(tx: mpsc::UnboundedSender<FetchRequest>) -> Self {
+        Self {
+            tx,
+            held: Arc::new(AtomicU32::new(0)),
+        }
+    }
+
+    /// Sends `request` (the first message) and counts its credits.
+    pub(crate) fn open(&self, request: FetchRequest) {
+        self.held.fetch_add(request.credits, Ordering::Relaxed);
+        let _closed = self.tx.send(request);
+    }
+
+    /// Grants `n` more credits.
+    pub(crate) fn grant(&self, n: u32) {
+        self.open(FetchRequest {
+            credits: n,
+            ..Default::default()
+        });
+    }
+
+    /// Records that a frame arrived, spending one credit.
+    pub(crate) fn spent(&self) {
+        let _ = self
+            .held
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |h| {
+                Some(h.saturating_sub(1))
+            });
+    }
+
+    /// Credits the worker holds right now.
+    pub(crate) fn held(&self) -> u32 {
+        self.held.load(Ordering::Relaxed)
+    }
+}
+
+/// One credit owed to the stream a batch came from.
+#[derive(Debug)]
+pub(crate) struct Credit(CreditLine);
+
+impl Credit {
+    /// The credit for a frame just received on `line`.
+    pub(crate) fn for_frame(line: &CreditLine) -> Self {
+        line.spent();
+        Credit(line.clone())
+    }
+
+    /// Returns the credit: the batch was yielded (or dropped as a duplicate).
+    pub(crate) fn give_back(self) {
+        self.0.grant(1);
+    }
+}

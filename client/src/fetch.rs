@@ -1,0 +1,110 @@
+//! One `BatchService.Fetch` stream to one worker: opens it with the session's
+//! identity and the first credits, validates every frame, and forwards the
+//! batches to the consumer with a credit to give back.
+
+use loader_proto::pb::FetchRequest;
+use loader_proto::pb::batch_service_client::BatchServiceClient;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+use crate::batch::{Batch, Expected};
+use crate::connect;
+use crate::error::LoaderError;
+use crate::event::{Credit, CreditLine, Event, EventTx};
+
+/// A running stream, owned by the routes task.
+#[derive(Debug)]
+pub(crate) struct FetchStream {
+    /// The session it was opened for; a reopened session needs new streams.
+    pub(crate) session_id: u64,
+    /// To grant extra credits when the consumer is stuck on a gap.
+    pub(crate) credits: CreditLine,
+    /// Credits granted beyond `prefetch` to get past a stall; capped.
+    pub(crate) extra_credits: u32,
+    /// Ends with `Ok` when the worker closes the stream, `Err` when it fails.
+    pub(crate) task: JoinHandle<Result<(), LoaderError>>,
+    /// Stops the task when the stream is dropped.
+    _stop: DropGuard,
+}
+
+/// What a stream needs to know about its session.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StreamParams {
+    /// Identity checks for every frame.
+    pub(crate) expected: Expected,
+    /// The session the worker should deliver for.
+    pub(crate) session_id: u64,
+    /// Credits granted when the stream opens.
+    pub(crate) prefetch: u32,
+}
+
+/// Opens a stream to the worker at `address` on the current runtime.
+pub(crate) fn spawn(
+    address: String,
+    params: StreamParams,
+    events: EventTx,
+    stop: CancellationToken,
+) -> FetchStream {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let credits = CreditLine::new(tx);
+    credits.open(FetchRequest {
+        job_id: params.expected.job_id,
+        consumer: params.expected.consumer,
+        session_id: params.session_id,
+        credits: params.prefetch,
+    });
+    let line = credits.clone();
+    let task_stop = stop.clone();
+    let task = tokio::spawn(async move {
+        let result = tokio::select! {
+            r = run(&address, params.expected, rx, &line, &events) => r,
+            () = task_stop.cancelled() => Ok(()),
+        };
+        if let Err(e @ LoaderError::BadBatch { .. }) = result {
+            // A worker that lies about batches is a bug, not a hiccup.
+            let _ = events.send(Event::Fatal(e));
+            return Ok(());
+        }
+        result
+    });
+    FetchStream {
+        session_id: params.session_id,
+        credits,
+        extra_credits: 0,
+        task,
+        _stop: stop.drop_guard(),
+    }
+}
+
+async fn run(
+    address: &str,
+    expected: Expected,
+    requests: mpsc::UnboundedReceiver<FetchRequest>,
+    line: &CreditLine,
+    events: &EventTx,
+) -> Result<(), LoaderError> {
+    let channel = connect::endpoint(address)?.connect_lazy();
+    let mut client = BatchServiceClient::new(channel).max_decoding_message_size(usize::MAX);
+    let mut frames = client
+        .fetch(UnboundedReceiverStream::new(requests))
+        .await
+        .map_err(|s| LoaderError::rpc(address, "Fetch", s))?
+        .into_inner();
+    tracing::debug!(%address, "fetch stream open");
+    while let Some(frame) = frames
+        .message()
+        .await
+        .map_err(|s| LoaderError::rpc(address, "Fetch", s))?
+    {
+        let credit = Credit::for_frame(line);
+        let batch = Batch::from_frame(frame.data, &expected, address)?;
+        if events.send(Event::Batch(batch, credit)).is_err() {
+            // The consumer is gone; nothing left to do.
+            return Ok(());
+        }
+    }
+    tracing::debug!(%address, "worker closed the fetch stream");
+    Ok(())
+}

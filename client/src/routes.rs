@@ -1,0 +1,170 @@
+//! Keeps one `Fetch` stream open to every worker the coordinator lists for
+//! this session: polls `Routes`, opens streams to new workers, drops streams
+//! to workers that left, and re-opens a stream that ended while its worker is
+//! still listed.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::FutureExt;
+use loader_proto::pb::{Route, RoutesRequest};
+use tokio::sync::Notify;
+use tokio::time::{Instant, MissedTickBehavior};
+use tokio_util::sync::CancellationToken;
+
+use crate::batch::Expected;
+use crate::error::LoaderError;
+use crate::event::{Event, EventTx};
+use crate::fetch::{self, FetchStream, StreamParams};
+use crate::session::Session;
+
+/// How often the routes are polled: new workers are picked up this fast.
+const POLL_INTERVAL: Duration = Duration::from_millis(200);
+/// The same worker's stream failure is logged as a warning at most this often.
+const WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// The routes task's state.
+#[derive(Debug)]
+pub(crate) struct Routes {
+    /// For the session id and the coordinator client.
+    session: Arc<Session>,
+    /// Identity checks for every stream.
+    expected: Expected,
+    /// Credits per new stream.
+    prefetch: u32,
+    /// Where streams deliver.
+    events: EventTx,
+    /// The consumer waits on a gap while holding batches: some worker may be
+    /// out of credits with the missing batch still queued behind them.
+    stalled: Arc<Notify>,
+    /// Open streams by worker address.
+    streams: HashMap<String, FetchStream>,
+    /// When a stream failure was last logged as a warning, per worker.
+    warned: HashMap<String, Instant>,
+}
+
+impl Routes {
+    /// The state for a fresh session.
+    pub(crate) fn new(
+        session: Arc<Session>,
+        expected: Expected,
+        prefetch: u32,
+        events: EventTx,
+        stalled: Arc<Notify>,
+    ) -> Self {
+        Self {
+            session,
+            expected,
+            prefetch,
+            events,
+            stalled,
+            streams: HashMap::new(),
+            warned: HashMap::new(),
+        }
+    }
+
+    /// Polls until `stop` or until the job fails. Streams stop with it.
+    pub(crate) async fn run(mut self, stop: CancellationToken) {
+        let mut tick = tokio::time::interval(POLL_INTERVAL);
+        tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let stalled = self.stalled.clone();
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                _ = tick.tick() => {
+                    if !self.poll(&stop).await {
+                        return;
+                    }
+                }
+                () = stalled.notified() => self.unstick(),
+            }
+        }
+    }
+
+    /// One poll; false when the job failed and polling should stop.
+    async fn poll(&mut self, stop: &CancellationToken) -> bool {
+        let session_id = self.session.id();
+        let reply = self
+            .session
+            .client()
+            .routes(RoutesRequest { session_id })
+            .await;
+        match reply {
+            Ok(r) => {
+                let r = r.into_inner();
+                if !r.job_error.is_empty() {
+                    let _ = self
+                        .events
+                        .send(Event::Fatal(LoaderError::JobFailed(r.job_error)));
+                    return false;
+                }
+                self.reconcile(&r.routes, session_id, stop);
+            }
+            Err(s) => {
+                // The heartbeat task reopens a lost session and reports fatal
+                // errors; here a failed poll only delays new streams.
+                let e = LoaderError::rpc(self.session.address(), "Routes", s);
+                tracing::debug!(error = %e, "routes poll failed");
+            }
+        }
+        true
+    }
+
+    fn reconcile(&mut self, routes: &[Route], session_id: u64, stop: &CancellationToken) {
+        let warned = &mut self.warned;
+        self.streams.retain(|address, stream| {
+            let listed = routes.iter().any(|r| &r.address == address);
+            if stream.task.is_finished() {
+                match (&mut stream.task).now_or_never() {
+                    Some(Ok(Err(e))) => {
+                        let now = Instant::now();
+                        let quiet = warned.get(address).is_some_and(|t| now.duration_since(*t) < WARN_EVERY);
+                        if quiet {
+                            tracing::debug!(%address, error = %e, "fetch stream failed");
+                        } else {
+                            warned.insert(address.clone(), now);
+                            tracing::warn!(%address, error = %e, "fetch stream failed; reopening while the worker is listed");
+                        }
+                    }
+                    Some(Err(join)) => tracing::warn!(%address, error = %join, "fetch task ended abnormally"),
+                    Some(Ok(Ok(()))) | None => {}
+                }
+                return false;
+            }
+            // Dropping a stream stops its task.
+            listed && stream.session_id == session_id
+        });
+        for route in routes {
+            if !self.streams.contains_key(&route.address) {
+                let params = StreamParams {
+                    expected: self.expected,
+                    session_id,
+                    prefetch: self.prefetch,
+                };
+                let stream = fetch::spawn(
+                    route.address.clone(),
+                    params,
+                    self.events.clone(),
+                    stop.child_token(),
+                );
+                tracing::debug!(address = %route.address, worker_id = route.worker_id, "opening fetch stream");
+                self.streams.insert(route.address.clone(), stream);
+            }
+        }
+    }
+
+    /// Grants one extra credit to every stream whose worker holds none. Only
+    /// needed when a re-produced batch sits behind later batches of the same
+    /// worker that already fill the consumer's window. Capped at `prefetch`
+    /// extra credits per stream, so a stream's window at most doubles.
+    fn unstick(&mut self) {
+        for (address, stream) in &mut self.streams {
+            if stream.credits.held() == 0 && stream.extra_credits < self.prefetch {
+                tracing::debug!(%address, "consumer stuck on a gap; granting an extra credit");
+                stream.extra_credits += 1;
+                stream.credits.grant(1);
+            }
+        }
+    }
+}

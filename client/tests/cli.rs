@@ -1,0 +1,203 @@
+//! Runs the real `loaderctl` binary: an embedded job end to end, and the
+//! one-line errors for bad input. Each run is bounded in time; on overrun the
+//! whole process group (loaderctl and the workers it started) is killed.
+
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+
+struct Run {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+fn loaderctl(args: &[&str], limit: Duration) -> Run {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_loaderctl"))
+        .args(args)
+        .env_remove("RUST_LOG")
+        .env_remove("LOADER_COORDINATOR")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        // Its own process group, so an overrun kills the workers too.
+        .process_group(0)
+        .spawn()
+        .expect("start loaderctl");
+    let pgid = Pid::from_raw(i32::try_from(child.id()).expect("pid fits i32"));
+    let read = |mut pipe: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = pipe.read_to_string(&mut s);
+            s
+        })
+    };
+    let out = read(Box::new(child.stdout.take().expect("stdout")));
+    let err = read(Box::new(child.stderr.take().expect("stderr")));
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = killpg(pgid, Signal::SIGKILL);
+            let _ = child.wait();
+            panic!("loaderctl {args:?} ran longer than {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // Whatever it left behind in its group goes too.
+    let _ = killpg(pgid, Signal::SIGKILL);
+    Run {
+        code: status.code(),
+        stdout: out.join().expect("stdout"),
+        stderr: err.join().expect("stderr"),
+    }
+}
+
+fn assert_one_line_error(run: &Run, needle: &str) {
+    assert_ne!(
+        run.code,
+        Some(0),
+        "expected failure; stdout: {}",
+        run.stdout
+    );
+    assert!(
+        run.code.is_some(),
+        "killed by a signal; stderr: {}",
+        run.stderr
+    );
+    let stderr = run.stderr.trim_end();
+    assert_eq!(
+        stderr.lines().count(),
+        1,
+        "stderr is not one line: {stderr}"
+    );
+    assert!(stderr.starts_with("loaderctl: error: "), "{stderr}");
+    assert!(
+        stderr.contains(needle),
+        "{stderr:?} does not mention {needle:?}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+#[cfg(feature = "embedded")]
+fn json(run: &Run) -> serde_json::Value {
+    assert_eq!(run.code, Some(0), "stderr: {}", run.stderr);
+    let lines: Vec<&str> = run.stdout.lines().collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "stdout is not one JSON line: {}",
+        run.stdout
+    );
+    serde_json::from_str(lines[0]).expect("stdout is JSON")
+}
+
+#[test]
+#[cfg(feature = "embedded")]
+fn run_json_synthetic() {
+    let run = loaderctl(
+        &[
+            "run",
+            "--json",
+            "--workers",
+            "2",
+            "--samples",
+            "512",
+            "--shape",
+            "16",
+            "--batch-size",
+            "64",
+        ],
+        Duration::from_secs(60),
+    );
+    let v = json(&run);
+    assert_eq!(v["samples"], 512, "{v}");
+    assert_eq!(v["batches"], 8, "{v}");
+    assert_eq!(v["workers"], 2, "{v}");
+    assert_eq!(v["dataset"], "synthetic", "{v}");
+    for key in [
+        "bytes",
+        "seconds",
+        "samples_per_s",
+        "mb_per_s",
+        "first_batch_s",
+    ] {
+        assert!(v[key].as_f64().is_some_and(|x| x > 0.0), "{key} in {v}");
+    }
+}
+
+#[test]
+#[cfg(feature = "embedded")]
+fn run_json_generated_tokens() {
+    let run = loaderctl(
+        &[
+            "run",
+            "--json",
+            "--workers",
+            "1",
+            "--dataset",
+            "tokens",
+            "--context-length",
+            "16",
+            "--batch-size",
+            "8",
+            "--epochs",
+            "2",
+        ],
+        Duration::from_secs(60),
+    );
+    let v = json(&run);
+    // 64 batches of 8 windows per epoch in the generated file.
+    assert_eq!(v["samples"], 2 * 64 * 8, "{v}");
+    assert_eq!(v["dataset"], "tokens", "{v}");
+}
+
+#[test]
+#[cfg(feature = "embedded")]
+fn bad_inputs_are_one_line_errors() {
+    let limit = Duration::from_secs(20);
+    assert_one_line_error(
+        &loaderctl(&["run", "--dataset", "imagenet"], limit),
+        "unknown dataset kind \"imagenet\"",
+    );
+    assert_one_line_error(
+        &loaderctl(
+            &[
+                "run",
+                "--dataset",
+                "tokens",
+                "--path",
+                "/nonexistent/loader/tokens.bin",
+            ],
+            limit,
+        ),
+        "/nonexistent/loader/tokens.bin",
+    );
+    assert_one_line_error(
+        &loaderctl(&["run", "--batch-size", "0"], limit),
+        "batch_size",
+    );
+    assert_one_line_error(&loaderctl(&["run", "--shape", "3,x"], limit), "--shape");
+    assert_one_line_error(&loaderctl(&["run", "--dtype", "complex"], limit), "--dtype");
+}
+
+#[test]
+fn status_of_an_unreachable_coordinator_fails_fast() {
+    let started = Instant::now();
+    let run = loaderctl(
+        &["status", "--coordinator", "http://127.0.0.1:1"],
+        Duration::from_secs(20),
+    );
+    assert_one_line_error(&run, "cannot reach coordinator http://127.0.0.1:1: ");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        started.elapsed()
+    );
+}
