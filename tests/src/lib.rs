@@ -86,10 +86,11 @@ impl Drop for Proc {
 /// A coordinator and its workers.
 #[derive(Debug)]
 pub struct Cluster {
+    /// The `loader-worker` processes (declared first: dropped, so killed,
+    /// before the coordinator, so they do not log its disappearance).
+    pub workers: Vec<Proc>,
     /// The `loader-server` process.
     pub server: Proc,
-    /// The `loader-worker` processes.
-    pub workers: Vec<Proc>,
 }
 
 impl Cluster {
@@ -97,7 +98,7 @@ impl Cluster {
     /// workers have registered.
     pub fn start(workers: usize) -> Cluster {
         let server = Proc::spawn("loader-server", &["--listen", "127.0.0.1:0"]);
-        let mut cluster = Cluster { server, workers: Vec::new() };
+        let mut cluster = Cluster { workers: Vec::new(), server };
         for _ in 0..workers {
             cluster.add_worker();
         }

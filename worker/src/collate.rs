@@ -1,10 +1,11 @@
 //! Collate: one batch, written in place into one contiguous buffer in the
 //! wire format of `loader_proto::batch`.
 //!
-//! The buffer is allocated once at its final size; the layout writes the
-//! header and tensor table, and the dataset writes each sample straight into
-//! its row of each tensor. The frozen `Bytes` then travels to the gRPC stream
-//! without another copy.
+//! The layout is computed first, so the caller can pick a destination that
+//! fits: a buffer allocated once at its final size, whose frozen `Bytes` then
+//! travels to the gRPC stream without another copy, or a shared-memory slot.
+//! Either way the layout writes the header and tensor table, and the dataset
+//! writes each sample straight into its row of each tensor.
 
 use bytes::{Bytes, BytesMut};
 use loader_proto::batch::{BatchError, BatchLayout, BatchMeta, TensorDesc};
@@ -40,8 +41,51 @@ pub fn layout(dataset: &dyn Dataset, samples: usize) -> Result<BatchLayout, Batc
 /// Builds the batch `meta` holding the samples `indices` of `dataset`.
 pub fn collate(dataset: &dyn Dataset, meta: &BatchMeta, indices: &[u64]) -> Result<Bytes, CollateError> {
     let layout = layout(dataset, indices.len())?;
+    collate_bytes(dataset, &layout, meta, indices)
+}
+
+/// Builds the batch `meta` with a `layout` already computed, in a buffer of
+/// its own (for a gRPC stream).
+pub fn collate_bytes(
+    dataset: &dyn Dataset,
+    layout: &BatchLayout,
+    meta: &BatchMeta,
+    indices: &[u64],
+) -> Result<Bytes, CollateError> {
     let mut buf = BytesMut::zeroed(layout.total_len());
-    let payloads = layout.write(meta, indices, &mut buf)?;
+    fill(dataset, layout, meta, indices, &mut buf, true)?;
+    Ok(buf.freeze())
+}
+
+/// Writes the batch `meta` at the front of `buf` (a shared-memory slot),
+/// which may hold stale bytes and be longer than the batch. Returns the
+/// batch's length.
+pub fn collate_into(
+    dataset: &dyn Dataset,
+    layout: &BatchLayout,
+    meta: &BatchMeta,
+    indices: &[u64],
+    buf: &mut [u8],
+) -> Result<usize, CollateError> {
+    fill(dataset, layout, meta, indices, buf, false)?;
+    Ok(layout.total_len())
+}
+
+fn fill(
+    dataset: &dyn Dataset,
+    layout: &BatchLayout,
+    meta: &BatchMeta,
+    indices: &[u64],
+    buf: &mut [u8],
+    zeroed: bool,
+) -> Result<(), CollateError> {
+    let mut payloads = layout.write(meta, indices, buf)?;
+    if !zeroed && !dataset.writes_whole_rows() {
+        // `Dataset::read_into` is promised zeroed rows.
+        for p in &mut payloads {
+            p.fill(0);
+        }
+    }
     if !indices.is_empty() {
         // Each payload splits into one equal row per sample; walking the rows
         // with iterators hands out disjoint `&mut` rows without copying.
@@ -59,7 +103,7 @@ pub fn collate(dataset: &dyn Dataset, meta: &BatchMeta, indices: &[u64]) -> Resu
             dataset.read_into(index, &mut rows)?;
         }
     }
-    Ok(buf.freeze())
+    Ok(())
 }
 
 #[cfg(test)]

@@ -8,13 +8,17 @@
 //! - `link`: the coordinator link — registration with bounded retry, the
 //!   heartbeat loop (lease, reports, tasks) and self-fencing.
 //! - `producer`: the thread that turns tasks into batches, FIFO, one batch
-//!   at a time, with a per-job cache of opened datasets.
+//!   at a time, with a per-job cache of opened datasets; it picks each
+//!   batch's transport.
 //! - [`dataset`]: the [`Dataset`](dataset::Dataset) trait and the built-in
 //!   `synthetic` and `tokens` datasets.
 //! - [`collate`]: one batch written in place into one buffer in the wire
 //!   format of `loader_proto::batch`.
 //! - `outbox`: per-consumer queues of produced batches, handed out one per
 //!   credit to the consumer's current `Fetch` stream.
+//! - `ring`: the shared-memory transport to co-located trainers: one Unix
+//!   socket connection per trainer ring, its memfd mapped, batches collated
+//!   straight into granted slots.
 //! - `service`: the `BatchService` gRPC server (with health and reflection).
 //! - [`error`]: [`WorkerError`], and the one mapping of errors to gRPC
 //!   statuses.
@@ -27,6 +31,7 @@ pub mod error;
 mod link;
 mod outbox;
 mod producer;
+mod ring;
 mod service;
 
 use std::future::Future;
@@ -43,6 +48,7 @@ pub use error::WorkerError;
 use crate::link::Link;
 use crate::outbox::Outboxes;
 use crate::producer::Producer;
+use crate::ring::Rings;
 
 /// How long open connections get to close after the worker stops (their
 /// streams have already ended).
@@ -65,7 +71,8 @@ pub async fn run(
     }
     let node = config.node.clone().unwrap_or_else(loader_proto::node::local_node);
     let outboxes = Outboxes::new();
-    let producer = Producer::spawn(outboxes.clone()).map_err(WorkerError::Thread)?;
+    let rings = Rings::new(outboxes.clone(), advertise.clone(), tokio::runtime::Handle::current());
+    let producer = Producer::spawn(outboxes.clone(), rings.clone()).map_err(WorkerError::Thread)?;
     let mut link = match Link::new(
         &config.coordinator,
         advertise,
@@ -73,10 +80,12 @@ pub async fn run(
         config.max_outstanding,
         producer.clone(),
         outboxes.clone(),
+        rings.clone(),
     ) {
         Ok(link) => link,
         Err(e) => {
             producer.stop();
+            rings.close();
             return Err(e);
         }
     };
@@ -101,6 +110,9 @@ pub async fn run(
 
     producer.stop();
     outboxes.close();
+    // Fenced or stopping: no more writes into any ring, and every mapping
+    // goes with its connection.
+    rings.close();
     stop.cancel();
     if !server.is_finished() && tokio::time::timeout(GRACE, &mut server).await.is_err() {
         tracing::info!("connections still open after {GRACE:?}; closing them");

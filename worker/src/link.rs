@@ -21,6 +21,7 @@ use tonic::{Code, Status};
 use crate::error::{WorkerError, one_line};
 use crate::outbox::Outboxes;
 use crate::producer::Producer;
+use crate::ring::Rings;
 
 /// Longest a heartbeat asks the coordinator to hold it when idle.
 const LONG_POLL: Duration = Duration::from_millis(500);
@@ -57,6 +58,8 @@ pub(crate) struct Link {
     register: RegisterWorkerRequest,
     producer: Producer,
     outboxes: std::sync::Arc<Outboxes>,
+    /// Told this worker's id, which ring hellos carry.
+    rings: std::sync::Arc<Rings>,
 }
 
 /// A status a retry cannot fix: the coordinator refuses this worker, or the
@@ -102,6 +105,7 @@ impl Link {
         max_outstanding: u32,
         producer: Producer,
         outboxes: std::sync::Arc<Outboxes>,
+        rings: std::sync::Arc<Rings>,
     ) -> Result<Self, WorkerError> {
         let bad = |reason: String| WorkerError::CoordinatorAddress { addr: addr.to_owned(), reason };
         let endpoint = Endpoint::from_shared(addr.to_owned()).map_err(|e| bad(one_line(&e)))?;
@@ -119,6 +123,7 @@ impl Link {
             register: RegisterWorkerRequest { protocol_version: PROTOCOL_VERSION, address, node, max_outstanding },
             producer,
             outboxes,
+            rings,
         })
     }
 
@@ -139,6 +144,7 @@ impl Link {
                         granted: sent,
                     };
                     tracing::info!(worker_id = reg.worker_id, coordinator = %self.addr, "registered");
+                    self.rings.set_worker_id(reg.worker_id);
                     return Ok(reg);
                 }
                 Ok(Err(status)) if is_fatal(&status) => return Err(self.refused(&status)),
@@ -261,11 +267,12 @@ impl Link {
         }
     }
 
-    /// Stops producing and drops every batch: after a lost lease they belong
-    /// to other workers.
+    /// Stops producing, drops every batch and every ring mapping: after a
+    /// lost lease the batches belong to other workers.
     fn fence(&self, ttl: Duration) -> WorkerError {
         self.producer.stop();
         self.outboxes.close();
+        self.rings.close();
         WorkerError::LeaseLost { addr: self.addr.clone(), ttl }
     }
 }

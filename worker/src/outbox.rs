@@ -109,6 +109,13 @@ impl Outboxes {
         self.lock().boxes.values().all(|o| o.batches.is_empty())
     }
 
+    /// Records a batch handed to its consumer some other way (a ring slot)
+    /// and wakes the link to report it, as a `Fetch` stream's delivery does.
+    pub(crate) fn record_delivered(&self, key: ConsumerKey, seq: u64) {
+        self.lock().delivered.entry(key).or_default().push(seq);
+        self.report.notify_one();
+    }
+
     /// Takes the delivery records for a heartbeat.
     pub(crate) fn take_delivered(&self) -> Vec<Delivered> {
         let delivered = std::mem::take(&mut self.lock().delivered);

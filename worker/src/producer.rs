@@ -3,21 +3,31 @@
 //! Production is CPU work (decode, copy, the synthetic cost knob), so it runs
 //! on its own OS thread and never stalls the async runtime that serves
 //! streams and heartbeats. Tasks run FIFO; each yields its seqs in increasing
-//! order into the consumer's outbox. Opened datasets are cached per job, so a
-//! token file is mapped once, not once per task.
+//! order. Opened datasets are cached per job, so a token file is mapped once,
+//! not once per task.
+//!
+//! A batch goes into the trainer's shared-memory ring when its task names
+//! one and the ring takes it (see [`crate::ring`]): the layout is computed
+//! first, the thread waits for a granted slot and collates straight into it.
+//! Otherwise it is collated into its own buffer and queued in the consumer's
+//! gRPC outbox.
 
 use std::collections::{HashMap, VecDeque};
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Instant;
 
 use loader_proto::batch::BatchMeta;
 use loader_proto::pb::{Failed, Task};
 use loader_proto::sampler::Plan;
 use tokio::sync::Notify;
 
-use crate::collate::collate;
+use crate::collate::{collate_bytes, collate_into, layout};
 use crate::dataset::{self, Dataset};
 use crate::outbox::Outboxes;
+use crate::ring::{Rings, Route};
 
 /// Jobs whose datasets stay open; older ones are closed first.
 const DATASET_CACHE: usize = 8;
@@ -33,15 +43,22 @@ struct Shared {
     queue: Mutex<Queue>,
     /// Wakes the thread when a task arrives or it must stop.
     ready: Condvar,
-    /// Where finished batches go.
+    /// Where finished batches go over gRPC.
     outboxes: Arc<Outboxes>,
+    /// Trainers' shared-memory rings, for tasks that name one.
+    rings: Arc<Rings>,
+    /// Copy of `Queue::generation`, readable without the queue lock by a
+    /// thread waiting for a ring slot.
+    abandon: AtomicU64,
     /// Wakes the coordinator link when a failure waits to be reported.
     report: Notify,
 }
 
 #[derive(Debug, Default)]
 struct Queue {
-    tasks: VecDeque<Task>,
+    /// Tasks with the time they arrived (a ring that closes later drops
+    /// them).
+    tasks: VecDeque<(Task, Instant)>,
     /// The thread is producing a task right now.
     busy: bool,
     /// Bumped by `clear`: a task started under an older generation is
@@ -54,11 +71,13 @@ struct Queue {
 
 impl Producer {
     /// Starts the producer thread.
-    pub(crate) fn spawn(outboxes: Arc<Outboxes>) -> std::io::Result<Self> {
+    pub(crate) fn spawn(outboxes: Arc<Outboxes>, rings: Arc<Rings>) -> std::io::Result<Self> {
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue::default()),
             ready: Condvar::new(),
             outboxes,
+            rings,
+            abandon: AtomicU64::new(0),
             report: Notify::new(),
         });
         let thread = Arc::clone(&shared);
@@ -74,7 +93,7 @@ impl Producer {
         if q.stopped {
             return;
         }
-        q.tasks.push_back(task);
+        q.tasks.push_back((task, Instant::now()));
         self.shared.ready.notify_one();
     }
 
@@ -105,20 +124,24 @@ impl Producer {
     /// the coordinator has handed them to other workers.
     pub(crate) fn clear(&self) {
         let mut q = self.shared.lock();
-        q.generation += 1;
+        self.shared.abandon_current(&mut q);
         q.tasks.clear();
         // Under the queue lock, so a batch of the abandoned task cannot slip
-        // into an outbox after this (see `Shared::deliver`).
+        // into an outbox after this (see `Shared::produce`).
         self.shared.outboxes.drop_batches();
+        drop(q);
+        self.shared.rings.interrupt();
     }
 
     /// Stops the thread after its current batch and drops every task.
     pub(crate) fn stop(&self) {
         let mut q = self.shared.lock();
         q.stopped = true;
-        q.generation += 1;
+        self.shared.abandon_current(&mut q);
         q.tasks.clear();
         self.shared.ready.notify_all();
+        drop(q);
+        self.shared.rings.interrupt();
     }
 }
 
@@ -130,10 +153,17 @@ impl Shared {
         self.queue.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// Abandons the running task. The caller then wakes ring waits, outside
+    /// the queue lock (`Rings` locks are never taken inside it).
+    fn abandon_current(&self, q: &mut Queue) {
+        q.generation += 1;
+        self.abandon.store(q.generation, Ordering::SeqCst);
+    }
+
     fn run(&self) {
         let mut cache = DatasetCache::default();
         loop {
-            let (task, generation) = {
+            let ((task, submitted), generation) = {
                 let mut q = self.lock();
                 loop {
                     if q.stopped {
@@ -146,7 +176,7 @@ impl Shared {
                     q = self.ready.wait(q).unwrap_or_else(|poisoned| poisoned.into_inner());
                 }
             };
-            let outcome = catch_unwind(AssertUnwindSafe(|| self.produce(&task, generation, &mut cache)))
+            let outcome = catch_unwind(AssertUnwindSafe(|| self.produce(&task, submitted, generation, &mut cache)))
                 .unwrap_or_else(|_| Err("the worker panicked while producing this task".to_owned()));
             let mut q = self.lock();
             q.busy = false;
@@ -168,8 +198,15 @@ impl Shared {
         }
     }
 
-    /// Produces every batch of `task`, stopping early if it was abandoned.
-    fn produce(&self, task: &Task, generation: u64, cache: &mut DatasetCache) -> Result<(), TaskError> {
+    /// Produces every batch of `task`, stopping early if it was abandoned or
+    /// its trainer left.
+    fn produce(
+        &self,
+        task: &Task,
+        submitted: Instant,
+        generation: u64,
+        cache: &mut DatasetCache,
+    ) -> Result<(), TaskError> {
         let job = task.job.as_ref().ok_or("task carries no job")?;
         let spec = job.spec.as_ref().ok_or("job carries no spec")?;
         let plan = loader_proto::spec::plan(spec).map_err(|e| e.to_string())?;
@@ -185,20 +222,50 @@ impl Shared {
                 plan.num_samples
             ));
         }
+        let key = (job.job_id, task.consumer);
+        let ring = Some(Path::new(&task.ring_socket)).filter(|p| !p.as_os_str().is_empty());
+        let abandoned = || self.abandon.load(Ordering::SeqCst) != generation;
+        let failed = |seq: u64, e: &dyn std::fmt::Display| format!("job {} batch {seq}: {e}", job.job_id);
         for seq in task.start_seq..task.end_seq {
-            if self.lock().generation != generation {
+            if abandoned() {
                 return Ok(());
             }
             let (epoch, _) = plan.locate(seq);
             let meta = BatchMeta { job_id: job.job_id, epoch, consumer: task.consumer, seq };
             let indices = plan.batch_indices(task.consumer, seq);
-            let batch = collate(&*dataset, &meta, &indices)
-                .map_err(|e| format!("job {} batch {seq}: {e}", job.job_id))?;
+            let layout = layout(&*dataset, indices.len()).map_err(|e| failed(seq, &e))?;
+            if let Some(path) = ring {
+                match self.rings.acquire(path, key, submitted, layout.total_len(), &abandoned) {
+                    Route::Slot(mut lease) => {
+                        // A failure drops the lease, which gives the slot back.
+                        let len = collate_into(&*dataset, &layout, &meta, &indices, lease.bytes_mut())
+                            .map_err(|e| failed(seq, &e))?;
+                        let q = self.lock();
+                        if q.generation != generation {
+                            return Ok(());
+                        }
+                        lease.fill(len as u64, seq, key);
+                        continue;
+                    }
+                    Route::Grpc => {}
+                    Route::Abandoned => return Ok(()),
+                    Route::Drop => {
+                        tracing::debug!(
+                            job = job.job_id,
+                            consumer = task.consumer,
+                            "dropping batches {seq}..{}: their trainer left",
+                            task.end_seq
+                        );
+                        return Ok(());
+                    }
+                }
+            }
+            let batch = collate_bytes(&*dataset, &layout, &meta, &indices).map_err(|e| failed(seq, &e))?;
             let q = self.lock();
             if q.generation != generation {
                 return Ok(());
             }
-            self.outboxes.push((job.job_id, task.consumer), seq, batch);
+            self.outboxes.push(key, seq, batch);
         }
         Ok(())
     }
@@ -249,7 +316,7 @@ impl DatasetCache {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::time::Duration;
 
     use loader_proto::batch::BatchView;
@@ -257,7 +324,7 @@ mod tests {
 
     use super::*;
 
-    fn job(job_id: u64, kind: Kind) -> Job {
+    pub(crate) fn job(job_id: u64, kind: Kind) -> Job {
         Job {
             job_id,
             spec: Some(JobSpec {
@@ -271,12 +338,18 @@ mod tests {
         }
     }
 
-    fn synthetic(job_id: u64) -> Job {
+    pub(crate) fn synthetic(job_id: u64) -> Job {
         job(job_id, Kind::Synthetic(SyntheticSpec { num_samples: 10, shape: vec![3], dtype: Dtype::U8 as i32, cost_ns: 0 }))
     }
 
+    /// A producer whose ring connections run on the test's runtime.
+    pub(crate) fn spawn(outboxes: &Arc<Outboxes>) -> Producer {
+        let rings = Rings::new(Arc::clone(outboxes), "http://worker.test:1".into(), tokio::runtime::Handle::current());
+        Producer::spawn(Arc::clone(outboxes), rings).expect("spawn")
+    }
+
     /// Waits (bounded) until the producer has worked through its queue.
-    fn settle(p: &Producer) {
+    pub(crate) fn settle(p: &Producer) {
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         while !p.is_idle() {
             assert!(std::time::Instant::now() < deadline, "producer did not finish");
@@ -287,7 +360,7 @@ mod tests {
     #[tokio::test]
     async fn tasks_become_ordered_batches_and_failures_become_reports() {
         let outboxes = Outboxes::new();
-        let p = Producer::spawn(Arc::clone(&outboxes)).expect("spawn");
+        let p = spawn(&outboxes);
         // Consumer 1 of 2: 5 samples per epoch -> 2 batches per epoch, 4 in all.
         p.submit(Task { job: Some(synthetic(1)), consumer: 1, start_seq: 0, end_seq: 3, ring_socket: String::new() });
         let missing = "/nonexistent/loader-test/tokens.bin";
@@ -322,10 +395,10 @@ mod tests {
         p.stop();
     }
 
-    #[test]
-    fn clear_drops_queued_work() {
+    #[tokio::test]
+    async fn clear_drops_queued_work() {
         let outboxes = Outboxes::new();
-        let p = Producer::spawn(Arc::clone(&outboxes)).expect("spawn");
+        let p = spawn(&outboxes);
         p.submit(Task { job: Some(synthetic(1)), consumer: 0, start_seq: 0, end_seq: 4, ring_socket: String::new() });
         settle(&p);
         assert!(!outboxes.is_empty());

@@ -47,6 +47,13 @@ pub trait Dataset: Send + Sync + std::fmt::Debug {
     /// [`tensors`](Dataset::tensors), each exactly that tensor's sample size
     /// in bytes, zeroed on entry.
     fn read_into(&self, index: u64, rows: &mut [&mut [u8]]) -> Result<(), DatasetError>;
+
+    /// True when `read_into` writes every byte of every row. A reused
+    /// buffer (a shared-memory slot) is then not zeroed first, which saves a
+    /// pass over the whole batch.
+    fn writes_whole_rows(&self) -> bool {
+        false
+    }
 }
 
 /// Why a dataset could not be opened or a sample read. Messages are one line

@@ -64,6 +64,11 @@ impl Dataset for Synthetic {
         self.len
     }
 
+    fn writes_whole_rows(&self) -> bool {
+        // `data` is filled and `label` copied whole.
+        true
+    }
+
     fn read_into(&self, index: u64, rows: &mut [&mut [u8]]) -> Result<(), DatasetError> {
         if index >= self.len {
             return Err(DatasetError::IndexOutOfRange { index, len: self.len });

@@ -89,6 +89,11 @@ impl Dataset for Tokens {
         self.len
     }
 
+    fn writes_whole_rows(&self) -> bool {
+        // Each row is one window copied whole.
+        true
+    }
+
     fn read_into(&self, index: u64, rows: &mut [&mut [u8]]) -> Result<(), DatasetError> {
         check_rows(index, rows, &[self.window])?;
         let bytes = usize::try_from(index)
