@@ -5,7 +5,9 @@
 //! batch (queue -> worker -> delivered) consistent without ordering rules.
 
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use loader_proto::pb;
 use tokio::sync::Notify;
@@ -88,10 +90,19 @@ impl Coordinator {
         s.stall_ms = stall_ms;
         let (job_id, consumer) = (s.job_id, s.consumer);
         let job = t.jobs.get_mut(job_id)?;
+        let mut watermark = consumed;
         if let Some(c) = job.consumers.get_mut(consumer as usize) {
             c.consumed = c.consumed.max(consumed);
+            watermark = c.consumed;
         }
-        Some(job.error.clone().unwrap_or_default())
+        let error = job.error.clone().unwrap_or_default();
+        // Acknowledged batches need no copy anywhere any more.
+        for w in t.workers.workers.values_mut() {
+            if let Some(unacked) = w.unacked.get_mut(&(job_id, consumer)) {
+                *unacked = unacked.split_off(&watermark);
+            }
+        }
+        Some(error)
     }
 
     /// Workers that can serve a session, and the job's error if it failed.
@@ -157,10 +168,13 @@ impl Coordinator {
             let Some(held) = w.outstanding.get_mut(&key) else { continue };
             // Only batches this worker was holding count: a report can
             // never deliver a batch twice.
-            let n = d.seqs.iter().filter(|s| held.remove(s)).count() as u64;
+            let moved: Vec<u64> = d.seqs.iter().copied().filter(|s| held.remove(s)).collect();
+            let n = moved.len() as u64;
             w.delivered += n;
             if let Some(c) = t.jobs.get_mut(d.job_id).and_then(|j| j.consumers.get_mut(d.consumer as usize)) {
                 c.delivered += n;
+                let consumed = c.consumed;
+                w.unacked.entry(key).or_default().extend(moved.into_iter().filter(|&s| s >= consumed));
             }
         }
         for f in failed {
@@ -208,6 +222,64 @@ impl Coordinator {
             }
             if !progressed {
                 return Some(tasks);
+            }
+        }
+    }
+
+    /// Expires every worker and session whose lease ran out by `now`. A dead
+    /// worker's undelivered and unacknowledged batches go back to their
+    /// consumers' queues, to be produced by another worker; a dead session
+    /// is forgotten, so its ring is no longer routed to. Returns the number
+    /// of workers and sessions expired.
+    pub(crate) fn expire(&self, now: Instant) -> (usize, usize) {
+        let ttl = self.config.lease_ttl;
+        let mut guard = self.lock();
+        let t = &mut *guard;
+        let dead: Vec<u64> = t
+            .workers
+            .workers
+            .iter()
+            .filter(|(_, w)| now.saturating_duration_since(w.last_seen) > ttl)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in &dead {
+            let Some(w) = t.workers.workers.remove(id) else { continue };
+            let mut requeued = 0usize;
+            for ((job_id, consumer), seqs) in w.outstanding.into_iter().chain(w.unacked) {
+                let Some(c) = t.jobs.get_mut(job_id).and_then(|j| j.consumers.get_mut(consumer as usize)) else {
+                    continue;
+                };
+                let consumed = c.consumed;
+                let seqs: Vec<u64> = seqs.into_iter().filter(|&s| s >= consumed).collect();
+                requeued += seqs.len();
+                c.queue.give_back(seqs);
+            }
+            tracing::warn!(worker_id = id, address = %w.address, requeued, "worker lease expired");
+        }
+        let before = t.sessions.sessions.len();
+        t.sessions.sessions.retain(|id, s| {
+            let alive = now.saturating_duration_since(s.last_seen) <= ttl;
+            if !alive {
+                tracing::warn!(session_id = id, job_id = s.job_id, consumer = s.consumer, "session lease expired");
+            }
+            alive
+        });
+        let sessions = before - t.sessions.sessions.len();
+        drop(guard);
+        if !dead.is_empty() {
+            self.work_available.notify_waiters();
+        }
+        (dead.len(), sessions)
+    }
+
+    /// Expires leases every quarter TTL until `stop` is cancelled.
+    pub(crate) async fn reap_leases(self, stop: tokio_util::sync::CancellationToken) {
+        let mut tick = tokio::time::interval((self.config.lease_ttl / 4).max(Duration::from_millis(10)));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tick.tick() => { self.expire(Instant::now()); }
             }
         }
     }

@@ -55,6 +55,15 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
     let coordinator = Coordinator::new(config);
+    let stop = tokio_util::sync::CancellationToken::new();
+    let reaper = tokio::spawn(coordinator.clone().reap_leases(stop.clone()));
+    let shutdown = {
+        let stop = stop.clone();
+        async move {
+            shutdown.await;
+            stop.cancel();
+        }
+    };
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<WorkerServiceServer<WorkerApi>>().await;
     health.set_serving::<TrainerServiceServer<TrainerApi>>().await;
@@ -63,7 +72,7 @@ pub async fn serve(
         .register_encoded_file_descriptor_set(loader_proto::pb::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
-    tonic::transport::Server::builder()
+    let served = tonic::transport::Server::builder()
         .tcp_nodelay(true)
         .add_service(health_service)
         .add_service(reflection)
@@ -71,6 +80,9 @@ pub async fn serve(
         .add_service(TrainerServiceServer::new(TrainerApi(coordinator.clone())))
         .add_service(AdminServiceServer::new(AdminApi(coordinator)))
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
-        .await?;
+        .await;
+    stop.cancel();
+    let _ = reaper.await;
+    served?;
     Ok(())
 }

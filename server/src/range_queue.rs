@@ -1,25 +1,40 @@
 //! The queue of one consumer's batch sequence numbers still to be handed out.
 
+use std::collections::BTreeSet;
 use std::ops::Range;
 
 /// Sequence numbers `0..end` of one consumer, handed out lowest first in
 /// small ranges, so the batches the trainer needs next are produced first.
+/// Numbers given back (their worker's lease expired) go out again before
+/// anything new: the in-order stream is waiting for them.
 #[derive(Debug, Clone)]
 pub(crate) struct RangeQueue {
     /// First sequence number never handed out.
     next: u64,
     /// One past the last sequence number of the consumer.
     end: u64,
+    /// Sequence numbers given back, to hand out again first.
+    returned: BTreeSet<u64>,
 }
 
 impl RangeQueue {
     pub(crate) fn new(end: u64) -> Self {
-        Self { next: 0, end }
+        Self { next: 0, end, returned: BTreeSet::new() }
     }
 
     /// Takes up to `max` consecutive sequence numbers, lowest first.
     pub(crate) fn take(&mut self, max: u64) -> Option<Range<u64>> {
-        if max == 0 || self.next >= self.end {
+        if max == 0 {
+            return None;
+        }
+        if let Some(&first) = self.returned.first() {
+            let mut end = first;
+            while end - first < max && self.returned.remove(&end) {
+                end += 1;
+            }
+            return Some(first..end);
+        }
+        if self.next >= self.end {
             return None;
         }
         let start = self.next;
@@ -27,9 +42,15 @@ impl RangeQueue {
         Some(start..self.next)
     }
 
-    /// Number of sequence numbers handed out.
+    /// Gives handed-out sequence numbers back, to be handed out again.
+    pub(crate) fn give_back(&mut self, seqs: impl IntoIterator<Item = u64>) {
+        let next = self.next;
+        self.returned.extend(seqs.into_iter().filter(|&s| s < next));
+    }
+
+    /// Number of sequence numbers handed out and not given back.
     pub(crate) fn handed_out(&self) -> u64 {
-        self.next
+        self.next - self.returned.len() as u64
     }
 }
 
@@ -46,5 +67,17 @@ mod tests {
         assert_eq!(q.take(3), Some(6..7));
         assert_eq!(q.take(3), None);
         assert_eq!(q.handed_out(), 7);
+    }
+
+    #[test]
+    fn given_back_numbers_go_out_first_in_runs() {
+        let mut q = RangeQueue::new(10);
+        assert_eq!(q.take(6), Some(0..6));
+        q.give_back([4, 1, 2, 9]);
+        assert_eq!(q.handed_out(), 3, "9 was never handed out and is not taken back");
+        assert_eq!(q.take(5), Some(1..3));
+        assert_eq!(q.take(5), Some(4..5));
+        assert_eq!(q.take(5), Some(6..10));
+        assert_eq!(q.take(5), None);
     }
 }

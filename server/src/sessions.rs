@@ -1,7 +1,7 @@
 //! Trainer sessions: which consumer of which job a trainer is.
 
 use std::collections::HashMap;
-use std::time::Instant;
+use tokio::time::Instant;
 
 /// An open trainer session.
 #[derive(Debug)]

@@ -1,7 +1,7 @@
 //! Registered workers and the batches each one holds undelivered.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::Instant;
+use tokio::time::Instant;
 
 /// Key of one consumer of one job.
 pub(crate) type ConsumerKey = (u64, u32);
@@ -20,6 +20,10 @@ pub(crate) struct WorkerState {
     /// Sequence numbers assigned to it and not yet delivered, per consumer:
     /// every batch is tracked until a worker reports it delivered.
     pub(crate) outstanding: BTreeMap<ConsumerKey, BTreeSet<u64>>,
+    /// Sequence numbers it delivered that the trainer has not acknowledged
+    /// yet: if the worker dies they may still be in flight, so they are
+    /// produced again (the trainer drops a copy it already has).
+    pub(crate) unacked: BTreeMap<ConsumerKey, BTreeSet<u64>>,
     /// Batches it delivered since it registered.
     pub(crate) delivered: u64,
 }
@@ -50,6 +54,7 @@ impl WorkerTable {
             max_outstanding: max_outstanding.max(1),
             last_seen: Instant::now(),
             outstanding: BTreeMap::new(),
+            unacked: BTreeMap::new(),
             delivered: 0,
         };
         self.workers.insert(self.next_id, state);

@@ -150,3 +150,62 @@ async fn tasks_of_a_colocated_ring_session_carry_its_socket() {
     }
     assert_eq!(t.len(), 2);
 }
+
+#[tokio::test(start_paused = true)]
+async fn expired_worker_batches_go_to_another_worker_first() {
+    let c = coordinator();
+    let (job, _) = c.create_or_attach(spec("", 640, 64, 1)).expect("job");
+    let (session, _) = c.open_session(job.job_id, 0, "n".into(), String::new()).expect("session");
+    let a = c.register_worker("http://a".into(), "n".into(), 4);
+    assert_eq!(seqs(&tasks(&c, a, Vec::new()).await, 0), vec![0, 1, 2, 3]);
+    // a delivers 0 and 1; the trainer acknowledges 0 only.
+    let report = vec![pb::Delivered { job_id: job.job_id, consumer: 0, seqs: vec![0, 1] }];
+    tasks(&c, a, report).await;
+    c.session_heartbeat(session, 1, 0);
+
+    let b = c.register_worker("http://b".into(), "n".into(), 8);
+    let ttl = c.config.lease_ttl;
+    // Within the TTL nothing expires: b heartbeats, a stays silent.
+    tokio::time::advance(ttl / 2).await;
+    tasks(&c, b, Vec::new()).await;
+    assert_eq!(c.expire(tokio::time::Instant::now()), (0, 0));
+    tokio::time::advance(ttl / 2 + Duration::from_millis(1)).await;
+    c.session_heartbeat(session, 1, 0);
+    match c.worker_heartbeat(b, Vec::new(), Vec::new(), Duration::ZERO).await {
+        HeartbeatOutcome::Tasks(_) => {}
+        HeartbeatOutcome::Reregister => panic!("b is alive"),
+    }
+    assert_eq!(c.expire(tokio::time::Instant::now()), (1, 0), "a expired, the session renewed");
+    // a's unacknowledged (1) and undelivered (2, 3) batches come back, lowest first.
+    let b_tasks = tasks(&c, b, vec![]).await;
+    let again: Vec<u64> = seqs(&b_tasks, 0);
+    assert_eq!(again[..3], [1, 2, 3]);
+    // a is told to register again.
+    assert!(matches!(
+        c.worker_heartbeat(a, Vec::new(), Vec::new(), Duration::ZERO).await,
+        HeartbeatOutcome::Reregister
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn silent_session_expires_and_its_ring_is_no_longer_routed() {
+    let c = coordinator();
+    let (job, _) = c.create_or_attach(spec("", 640, 64, 1)).expect("job");
+    let (session, _) = c.open_session(job.job_id, 0, "n".into(), "/tmp/ring.sock".into()).expect("session");
+    let w = c.register_worker("http://w".into(), "n".into(), 1);
+    assert_eq!(tasks(&c, w, Vec::new()).await[0].ring_socket, "/tmp/ring.sock");
+    tokio::time::advance(c.config.lease_ttl + Duration::from_millis(1)).await;
+    // The worker renews; the session does not.
+    let report = vec![pb::Delivered { job_id: job.job_id, consumer: 0, seqs: vec![0] }];
+    match c.worker_heartbeat(w, report, Vec::new(), Duration::ZERO).await {
+        HeartbeatOutcome::Tasks(t) => assert_eq!(t[0].ring_socket, "/tmp/ring.sock", "not expired before the reaper runs"),
+        HeartbeatOutcome::Reregister => panic!("worker alive"),
+    }
+    assert_eq!(c.expire(tokio::time::Instant::now()), (0, 1));
+    assert_eq!(c.session_heartbeat(session, 0, 0), None, "the trainer is told to reopen");
+    let report = vec![pb::Delivered { job_id: job.job_id, consumer: 0, seqs: vec![1] }];
+    match c.worker_heartbeat(w, report, Vec::new(), Duration::ZERO).await {
+        HeartbeatOutcome::Tasks(t) => assert_eq!(t[0].ring_socket, ""),
+        HeartbeatOutcome::Reregister => panic!("worker alive"),
+    }
+}
