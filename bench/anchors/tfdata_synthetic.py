@@ -34,6 +34,17 @@ def worker_main(dispatcher, port):
     w.join()
 
 
+def wait_for_workers(dispatcher, n, limit_s=60):
+    """Waits until n workers registered, so that, as for Loader, the clock
+    starts with the workers already running."""
+    deadline = time.time() + limit_s
+    while time.time() < deadline:
+        if dispatcher._num_workers() >= n:  # noqa: SLF001 (no public accessor)
+            return
+        time.sleep(0.05)
+    raise SystemExit(f"tf.data service: {n} workers did not register in {limit_s}s")
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--samples", type=int, default=32000)
@@ -62,7 +73,7 @@ def main():
                 children.append(subprocess.Popen(
                     [sys.executable, __file__, "--worker-of", address],
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-            time.sleep(3)  # let the worker processes register
+            wait_for_workers(dispatcher, a.workers)
         ds = dataset(a.samples, shape, a.batch_size).apply(
             tf.data.experimental.service.distribute(
                 processing_mode="distributed_epoch", service=dispatcher.target))

@@ -97,7 +97,14 @@ impl Cluster {
     /// Starts a coordinator and `workers` workers, and waits until all
     /// workers have registered.
     pub fn start(workers: usize) -> Cluster {
-        let server = Proc::spawn("loader-server", &["--listen", "127.0.0.1:0"]);
+        Cluster::start_with(workers, &[])
+    }
+
+    /// Like [`Cluster::start`], with extra `loader-server` flags.
+    pub fn start_with(workers: usize, server_args: &[&str]) -> Cluster {
+        let mut args = vec!["--listen", "127.0.0.1:0"];
+        args.extend_from_slice(server_args);
+        let server = Proc::spawn("loader-server", &args);
         let mut cluster = Cluster { workers: Vec::new(), server };
         for _ in 0..workers {
             cluster.add_worker();
