@@ -21,6 +21,11 @@ struct Args {
     /// Lease length of workers and trainer sessions, in milliseconds.
     #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(100..))]
     lease_ttl_ms: u64,
+    /// Directory of the journal (jobs and delivery watermarks), so that a
+    /// restarted coordinator resumes where it stopped. Without it, state is
+    /// kept in memory only.
+    #[arg(long)]
+    state_dir: Option<std::path::PathBuf>,
     /// Batches per task handed to a worker.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..))]
     range_len: u64,
@@ -61,7 +66,12 @@ fn run(args: Args) -> Result<(), String> {
         .parse()
         .map_err(|e| format!("invalid --listen address {:?}: {e} (expected HOST:PORT, e.g. 127.0.0.1:7070)", args.listen))?;
     let ttl = Duration::from_millis(args.lease_ttl_ms);
-    let config = ServerConfig { lease_ttl: ttl, heartbeat_interval: ttl / 3, range_len: args.range_len };
+    let config = ServerConfig {
+        lease_ttl: ttl,
+        heartbeat_interval: ttl / 3,
+        range_len: args.range_len,
+        state_dir: args.state_dir,
+    };
     let runtime = tokio::runtime::Runtime::new().map_err(|e| format!("cannot start runtime: {e}"))?;
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(addr)

@@ -1,6 +1,7 @@
 //! Coordinator settings, filled by the CLI or directly by tests and the
 //! embedded mode (never read from the process environment here).
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// How the coordinator hands out work and how long leases last.
@@ -14,6 +15,9 @@ pub struct ServerConfig {
     /// Batches per task. Small ranges keep one slow worker from holding up
     /// the in-order stream for long.
     pub range_len: u64,
+    /// Directory of the journal (jobs and watermarks); None keeps everything
+    /// in memory, so a restart starts over.
+    pub state_dir: Option<PathBuf>,
 }
 
 impl Default for ServerConfig {
@@ -22,6 +26,7 @@ impl Default for ServerConfig {
             lease_ttl: Duration::from_secs(5),
             heartbeat_interval: Duration::from_millis(1666),
             range_len: 2,
+            state_dir: None,
         }
     }
 }

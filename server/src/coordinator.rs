@@ -15,6 +15,7 @@ use tokio::sync::Notify;
 use crate::config::ServerConfig;
 use crate::error::CoordinatorError;
 use crate::jobs::JobTable;
+use crate::journal::{Journal, JournalError};
 use crate::sessions::SessionTable;
 use crate::workers::WorkerTable;
 
@@ -31,6 +32,8 @@ pub(crate) struct Coordinator {
     tables: Arc<Mutex<Tables>>,
     /// Wakes long-polling worker heartbeats when work may have appeared.
     work_available: Arc<Notify>,
+    /// Where jobs and watermarks survive a restart; None without `state_dir`.
+    journal: Option<Arc<Journal>>,
     pub(crate) config: Arc<ServerConfig>,
 }
 
@@ -44,8 +47,49 @@ pub(crate) enum HeartbeatOutcome {
 }
 
 impl Coordinator {
+    /// A coordinator with no journal: everything lives in memory.
+    #[cfg(test)]
     pub(crate) fn new(config: ServerConfig) -> Self {
-        Self { tables: Arc::default(), work_available: Arc::new(Notify::new()), config: Arc::new(config) }
+        Self::open(config).expect("no journal to fail")
+    }
+
+    /// Opens the coordinator, reloading the journal in `config.state_dir`.
+    pub(crate) fn open(config: ServerConfig) -> Result<Self, JournalError> {
+        let mut tables = Tables::default();
+        let journal = match &config.state_dir {
+            None => {
+                // No boot counter without a journal: the start time keeps
+                // ids of a previous run from being reused.
+                let secs = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs() & 0x7fff_ffff);
+                tables.workers = WorkerTable::with_id_base(secs << 32);
+                tables.sessions = SessionTable::with_id_base(secs << 32);
+                None
+            }
+            Some(dir) => {
+                let journal = Journal::open(dir)?;
+                // Ids of workers and sessions carry the boot number, so a
+                // process that registered before a restart is told to
+                // register again instead of being mistaken for a new one.
+                let base = journal.next_boot()? << 32;
+                tables.workers = WorkerTable::with_id_base(base);
+                tables.sessions = SessionTable::with_id_base(base);
+                for job in journal.load()? {
+                    let id = job.job.job_id;
+                    if let Err(e) = tables.jobs.restore(job) {
+                        tracing::warn!(job_id = id, error = %e, "journaled job skipped");
+                    }
+                }
+                Some(Arc::new(journal))
+            }
+        };
+        Ok(Self {
+            tables: Arc::new(Mutex::new(tables)),
+            work_available: Arc::new(Notify::new()),
+            journal,
+            config: Arc::new(config),
+        })
     }
 
     fn lock(&self) -> MutexGuard<'_, Tables> {
@@ -55,7 +99,9 @@ impl Coordinator {
     }
 
     pub(crate) fn create_or_attach(&self, spec: pb::JobSpec) -> Result<(pb::Job, bool), CoordinatorError> {
-        let out = self.lock().jobs.create_or_attach(spec)?;
+        let journal = self.journal.clone();
+        let persist = |job: &pb::Job| journal.as_ref().map_or(Ok(()), |j| j.put_job(job));
+        let out = self.lock().jobs.create_or_attach(spec, persist)?;
         if !out.1 {
             tracing::info!(job_id = out.0.job_id, "job created");
             self.work_available.notify_waiters();
@@ -91,7 +137,9 @@ impl Coordinator {
         let (job_id, consumer) = (s.job_id, s.consumer);
         let job = t.jobs.get_mut(job_id)?;
         let mut watermark = consumed;
+        let mut advanced = false;
         if let Some(c) = job.consumers.get_mut(consumer as usize) {
+            advanced = consumed > c.consumed;
             c.consumed = c.consumed.max(consumed);
             watermark = c.consumed;
         }
@@ -100,6 +148,14 @@ impl Coordinator {
         for w in t.workers.workers.values_mut() {
             if let Some(unacked) = w.unacked.get_mut(&(job_id, consumer)) {
                 *unacked = unacked.split_off(&watermark);
+            }
+        }
+        drop(t);
+        if advanced && let Some(journal) = &self.journal {
+            // A lost write costs only re-production of a few batches after a
+            // restart (the trainer drops copies it has), so it is not fatal.
+            if let Err(e) = journal.put_watermark(job_id, consumer, watermark) {
+                tracing::warn!(error = %e, "watermark not journaled");
             }
         }
         Some(error)

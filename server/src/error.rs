@@ -38,6 +38,9 @@ pub enum CoordinatorError {
     /// A required message field is missing.
     #[error("request is missing {0}")]
     Missing(&'static str),
+    /// The journal could not record a change; nothing was changed.
+    #[error(transparent)]
+    Journal(#[from] crate::journal::JournalError),
 }
 
 impl From<CoordinatorError> for Status {
@@ -49,6 +52,7 @@ impl From<CoordinatorError> for Status {
             | CoordinatorError::Missing(_) => Code::InvalidArgument,
             CoordinatorError::UnknownJob(_) | CoordinatorError::UnknownSession(_) => Code::NotFound,
             CoordinatorError::NameTaken(_) => Code::AlreadyExists,
+            CoordinatorError::Journal(_) => Code::Unavailable,
         };
         Status::new(code, e.to_string())
     }

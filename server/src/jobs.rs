@@ -6,6 +6,7 @@ use loader_proto::pb;
 use loader_proto::sampler::Plan;
 
 use crate::error::CoordinatorError;
+use crate::journal::{JournalError, JournaledJob};
 use crate::range_queue::RangeQueue;
 
 /// What the coordinator tracks for one consumer (data-parallel rank).
@@ -43,7 +44,12 @@ pub(crate) struct JobTable {
 impl JobTable {
     /// Creates the job, or attaches to the one with the same name and spec.
     /// Returns the job and whether it was attached.
-    pub(crate) fn create_or_attach(&mut self, spec: pb::JobSpec) -> Result<(pb::Job, bool), CoordinatorError> {
+    /// `persist` records a new job durably before it becomes visible.
+    pub(crate) fn create_or_attach(
+        &mut self,
+        spec: pb::JobSpec,
+        persist: impl FnOnce(&pb::Job) -> Result<(), JournalError>,
+    ) -> Result<(pb::Job, bool), CoordinatorError> {
         let plan = loader_proto::spec::plan(&spec)?;
         if !spec.name.is_empty()
             && let Some(id) = self.names.get(&spec.name)
@@ -62,16 +68,37 @@ impl JobTable {
             batches_per_epoch: plan.batches_per_epoch(),
             spec: Some(spec),
         };
+        persist(&job)?;
+        self.insert(job.clone(), plan, &[]);
+        Ok((job, false))
+    }
+
+    /// Brings back a journaled job: each consumer resumes at its watermark.
+    pub(crate) fn restore(&mut self, journaled: JournaledJob) -> Result<(), CoordinatorError> {
+        let spec = journaled.job.spec.clone().ok_or(CoordinatorError::Missing("spec of a journaled job"))?;
+        let plan = loader_proto::spec::plan(&spec)?;
+        self.next_id = self.next_id.max(journaled.job.job_id);
+        self.insert(journaled.job, plan, &journaled.watermarks);
+        Ok(())
+    }
+
+    fn insert(&mut self, job: pb::Job, plan: Plan, watermarks: &[(u32, u64)]) {
         let consumers = (0..plan.consumers)
-            .map(|_| ConsumerState { queue: RangeQueue::new(plan.total_batches()), delivered: 0, consumed: 0 })
+            .map(|c| {
+                let consumed = watermarks.iter().find(|(k, _)| *k == c).map_or(0, |(_, w)| *w);
+                ConsumerState {
+                    queue: RangeQueue::starting_at(consumed, plan.total_batches()),
+                    delivered: consumed,
+                    consumed,
+                }
+            })
             .collect();
         if let Some(spec) = &job.spec
             && !spec.name.is_empty()
         {
-            self.names.insert(spec.name.clone(), id);
+            self.names.insert(spec.name.clone(), job.job_id);
         }
-        self.jobs.insert(id, JobState { job: job.clone(), plan, consumers, error: None });
-        Ok((job, false))
+        self.jobs.insert(job.job_id, JobState { job, plan, consumers, error: None });
     }
 
     pub(crate) fn get(&self, id: u64) -> Result<&JobState, CoordinatorError> {

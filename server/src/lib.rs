@@ -9,6 +9,7 @@
 //! - [`config`]: [`ServerConfig`], the settings tests and the CLI fill.
 //! - `coordinator`: the state and the operations on it (assignment, reports).
 //! - `jobs`, `workers`, `sessions`, `range_queue`: the tables it keeps.
+//! - `journal`: jobs and watermarks in redb, so a restart resumes delivery.
 //! - `service`: the gRPC services, thin adapters over the coordinator.
 //! - [`error`]: errors and their single mapping to gRPC codes.
 //! - [`cli`]: the `loader-server` command line.
@@ -18,6 +19,7 @@ pub mod config;
 mod coordinator;
 pub mod error;
 mod jobs;
+mod journal;
 mod range_queue;
 mod service;
 mod sessions;
@@ -43,6 +45,9 @@ pub enum ServerError {
     /// The gRPC server failed.
     #[error("gRPC server failed: {0}")]
     Transport(#[from] tonic::transport::Error),
+    /// The journal could not be opened or read.
+    #[error(transparent)]
+    Journal(#[from] journal::JournalError),
     /// The reflection service could not be built from the descriptors.
     #[error("cannot build gRPC reflection: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
@@ -54,7 +59,7 @@ pub async fn serve(
     config: ServerConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
-    let coordinator = Coordinator::new(config);
+    let coordinator = Coordinator::open(config)?;
     let stop = tokio_util::sync::CancellationToken::new();
     let reaper = tokio::spawn(coordinator.clone().reap_leases(stop.clone()));
     let shutdown = {

@@ -18,8 +18,9 @@ pub(crate) struct RangeQueue {
 }
 
 impl RangeQueue {
-    pub(crate) fn new(end: u64) -> Self {
-        Self { next: 0, end, returned: BTreeSet::new() }
+    /// A queue whose numbers below `next` were consumed before a restart.
+    pub(crate) fn starting_at(next: u64, end: u64) -> Self {
+        Self { next: next.min(end), end, returned: BTreeSet::new() }
     }
 
     /// Takes up to `max` consecutive sequence numbers, lowest first.
@@ -60,7 +61,7 @@ mod tests {
 
     #[test]
     fn hands_out_in_order_in_bounded_ranges() {
-        let mut q = RangeQueue::new(7);
+        let mut q = RangeQueue::starting_at(0, 7);
         assert_eq!(q.take(0), None);
         assert_eq!(q.take(3), Some(0..3));
         assert_eq!(q.take(3), Some(3..6));
@@ -71,7 +72,7 @@ mod tests {
 
     #[test]
     fn given_back_numbers_go_out_first_in_runs() {
-        let mut q = RangeQueue::new(10);
+        let mut q = RangeQueue::starting_at(0, 10);
         assert_eq!(q.take(6), Some(0..6));
         q.give_back([4, 1, 2, 9]);
         assert_eq!(q.handed_out(), 3, "9 was never handed out and is not taken back");
@@ -79,5 +80,17 @@ mod tests {
         assert_eq!(q.take(5), Some(4..5));
         assert_eq!(q.take(5), Some(6..10));
         assert_eq!(q.take(5), None);
+    }
+}
+
+#[cfg(test)]
+mod restart_tests {
+    use super::*;
+
+    #[test]
+    fn a_restored_queue_starts_at_the_watermark() {
+        let mut q = RangeQueue::starting_at(5, 7);
+        assert_eq!(q.take(4), Some(5..7));
+        assert_eq!(RangeQueue::starting_at(9, 7).take(1), None);
     }
 }

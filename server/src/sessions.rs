@@ -28,6 +28,12 @@ pub(crate) struct SessionTable {
 }
 
 impl SessionTable {
+    /// A table whose ids start above `base`, so that ids handed out before a
+    /// restart never name a different process after it.
+    pub(crate) fn with_id_base(base: u64) -> Self {
+        Self { next_id: base, ..Self::default() }
+    }
+
     pub(crate) fn open(&mut self, job_id: u64, consumer: u32, node: String, ring_socket: String) -> u64 {
         self.next_id += 1;
         self.sessions.insert(

@@ -46,6 +46,12 @@ pub(crate) struct WorkerTable {
 }
 
 impl WorkerTable {
+    /// A table whose ids start above `base`, so that ids handed out before a
+    /// restart never name a different process after it.
+    pub(crate) fn with_id_base(base: u64) -> Self {
+        Self { next_id: base, ..Self::default() }
+    }
+
     pub(crate) fn register(&mut self, address: String, node: String, max_outstanding: u64) -> u64 {
         self.next_id += 1;
         let state = WorkerState {

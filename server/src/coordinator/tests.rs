@@ -209,3 +209,32 @@ async fn silent_session_expires_and_its_ring_is_no_longer_routed() {
         HeartbeatOutcome::Reregister => panic!("worker alive"),
     }
 }
+
+#[tokio::test]
+async fn a_restart_on_the_same_state_dir_resumes_at_the_watermark() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = ServerConfig { range_len: 2, state_dir: Some(dir.path().to_owned()), ..ServerConfig::default() };
+    let (job_id, old_worker) = {
+        let c = Coordinator::open(config.clone()).expect("open");
+        let (job, _) = c.create_or_attach(spec("train", 640, 64, 1)).expect("job");
+        let (session, _) = c.open_session(job.job_id, 0, "n".into(), String::new()).expect("session");
+        let w = c.register_worker("http://w".into(), "n".into(), 4);
+        tasks(&c, w, Vec::new()).await;
+        c.session_heartbeat(session, 3, 0);
+        (job.job_id, w)
+    };
+    let c = Coordinator::open(config).expect("reopen");
+    // The named job is still there, with the same id.
+    let (job, attached) = c.create_or_attach(spec("train", 640, 64, 1)).expect("attach");
+    assert!(attached);
+    assert_eq!(job.job_id, job_id);
+    // A worker of the previous run must register again.
+    assert!(matches!(
+        c.worker_heartbeat(old_worker, Vec::new(), Vec::new(), Duration::ZERO).await,
+        HeartbeatOutcome::Reregister
+    ));
+    let w = c.register_worker("http://w2".into(), "n".into(), 2);
+    assert_ne!(w, old_worker);
+    assert_eq!(seqs(&tasks(&c, w, Vec::new()).await, 0), vec![3, 4], "delivery resumes at the watermark");
+    assert_eq!(c.list_jobs()[0].consumers[0].consumed, 3);
+}
