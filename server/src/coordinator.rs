@@ -42,8 +42,13 @@ pub(crate) struct Coordinator {
 pub(crate) enum HeartbeatOutcome {
     /// The worker is unknown: it must register again.
     Reregister,
-    /// Tasks for it (possibly none).
-    Tasks(Vec<pb::Task>),
+    /// Tasks for it (possibly none), and whether it must drain.
+    Tasks {
+        /// New tasks.
+        tasks: Vec<pb::Task>,
+        /// The worker is draining: finish, deregister, exit.
+        drain: bool,
+    },
 }
 
 impl Coordinator {
@@ -202,11 +207,11 @@ impl Coordinator {
             notified.as_mut().enable();
             match self.assign(worker_id) {
                 None => return HeartbeatOutcome::Reregister,
-                Some(tasks) if !tasks.is_empty() => return HeartbeatOutcome::Tasks(tasks),
+                Some((tasks, drain)) if !tasks.is_empty() || drain => return HeartbeatOutcome::Tasks { tasks, drain },
                 Some(_) => {}
             }
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                return HeartbeatOutcome::Tasks(Vec::new());
+                return HeartbeatOutcome::Tasks { tasks: Vec::new(), drain: false };
             }
         }
     }
@@ -249,12 +254,16 @@ impl Coordinator {
 
     /// Hands the worker ranges of every consumer it has room for, lowest
     /// sequence numbers first, one range per consumer per round so that all
-    /// consumers progress together. None when the worker is unknown.
-    fn assign(&self, worker_id: u64) -> Option<Vec<pb::Task>> {
+    /// consumers progress together. None when the worker is unknown; the
+    /// flag says it is draining (and so gets nothing).
+    fn assign(&self, worker_id: u64) -> Option<(Vec<pb::Task>, bool)> {
         let range_len = self.config.range_len.max(1);
         let mut guard = self.lock();
         let t = &mut *guard;
         let w = t.workers.workers.get_mut(&worker_id)?;
+        if w.draining {
+            return Some((Vec::new(), true));
+        }
         let mut tasks = Vec::new();
         loop {
             let mut progressed = false;
@@ -277,7 +286,7 @@ impl Coordinator {
                 }
             }
             if !progressed {
-                return Some(tasks);
+                return Some((tasks, false));
             }
         }
     }
@@ -298,19 +307,10 @@ impl Coordinator {
             .filter(|(_, w)| now.saturating_duration_since(w.last_seen) > ttl)
             .map(|(&id, _)| id)
             .collect();
-        for id in &dead {
-            let Some(w) = t.workers.workers.remove(id) else { continue };
-            let mut requeued = 0usize;
-            for ((job_id, consumer), seqs) in w.outstanding.into_iter().chain(w.unacked) {
-                let Some(c) = t.jobs.get_mut(job_id).and_then(|j| j.consumers.get_mut(consumer as usize)) else {
-                    continue;
-                };
-                let consumed = c.consumed;
-                let seqs: Vec<u64> = seqs.into_iter().filter(|&s| s >= consumed).collect();
-                requeued += seqs.len();
-                c.queue.give_back(seqs);
+        for &id in &dead {
+            if let Some((address, requeued)) = retire(t, id) {
+                tracing::warn!(worker_id = id, %address, requeued, "worker lease expired");
             }
-            tracing::warn!(worker_id = id, address = %w.address, requeued, "worker lease expired");
         }
         let before = t.sessions.sessions.len();
         t.sessions.sessions.retain(|id, s| {
@@ -326,6 +326,30 @@ impl Coordinator {
             self.work_available.notify_waiters();
         }
         (dead.len(), sessions)
+    }
+
+    /// Marks a worker draining: no new tasks; it leaves when done.
+    pub(crate) fn drain_worker(&self, worker_id: u64) -> Result<(), CoordinatorError> {
+        let mut t = self.lock();
+        let w = t.workers.workers.get_mut(&worker_id).ok_or(CoordinatorError::UnknownWorker(worker_id))?;
+        w.draining = true;
+        drop(t);
+        tracing::info!(worker_id, "worker draining");
+        // Wake its long poll so it hears the order now.
+        self.work_available.notify_waiters();
+        Ok(())
+    }
+
+    /// A worker leaves; whatever it still holds goes back to the queues.
+    pub(crate) fn deregister(&self, worker_id: u64) -> Result<(), CoordinatorError> {
+        let mut guard = self.lock();
+        let (address, requeued) = retire(&mut guard, worker_id).ok_or(CoordinatorError::UnknownWorker(worker_id))?;
+        drop(guard);
+        tracing::info!(worker_id, %address, requeued, "worker deregistered");
+        if requeued > 0 {
+            self.work_available.notify_waiters();
+        }
+        Ok(())
     }
 
     /// Expires leases every quarter TTL until `stop` is cancelled.
@@ -353,6 +377,7 @@ impl Coordinator {
                 outstanding: w.outstanding_total(),
                 delivered: w.delivered,
                 last_seen_ms: now.duration_since(w.last_seen).as_millis() as u64,
+                draining: w.draining,
             })
             .collect()
     }
@@ -379,6 +404,24 @@ impl Coordinator {
             })
             .collect()
     }
+}
+
+/// Removes a worker and gives the batches it held undelivered or
+/// unacknowledged back to their consumers' queues. Returns its address and
+/// the number of batches given back, or None when it is unknown.
+fn retire(t: &mut Tables, worker_id: u64) -> Option<(String, usize)> {
+    let w = t.workers.workers.remove(&worker_id)?;
+    let mut requeued = 0;
+    for ((job_id, consumer), seqs) in w.outstanding.into_iter().chain(w.unacked) {
+        let Some(c) = t.jobs.get_mut(job_id).and_then(|j| j.consumers.get_mut(consumer as usize)) else {
+            continue;
+        };
+        let consumed = c.consumed;
+        let seqs: Vec<u64> = seqs.into_iter().filter(|&s| s >= consumed).collect();
+        requeued += seqs.len();
+        c.queue.give_back(seqs);
+    }
+    Some((w.address, requeued))
 }
 
 #[cfg(test)]

@@ -21,6 +21,9 @@ pub enum CoordinatorError {
     /// A request named a job the coordinator does not have.
     #[error("no job with id {0}")]
     UnknownJob(u64),
+    /// A request named a worker the coordinator does not have.
+    #[error("no worker with id {0}")]
+    UnknownWorker(u64),
     /// A request named a session the coordinator does not have.
     #[error("no session with id {0}; open a new session")]
     UnknownSession(u64),
@@ -50,7 +53,9 @@ impl From<CoordinatorError> for Status {
             CoordinatorError::InvalidSpec(_)
             | CoordinatorError::BadConsumer { .. }
             | CoordinatorError::Missing(_) => Code::InvalidArgument,
-            CoordinatorError::UnknownJob(_) | CoordinatorError::UnknownSession(_) => Code::NotFound,
+            CoordinatorError::UnknownJob(_)
+            | CoordinatorError::UnknownWorker(_)
+            | CoordinatorError::UnknownSession(_) => Code::NotFound,
             CoordinatorError::NameTaken(_) => Code::AlreadyExists,
             CoordinatorError::Journal(_) => Code::Unavailable,
         };

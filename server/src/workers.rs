@@ -26,6 +26,8 @@ pub(crate) struct WorkerState {
     pub(crate) unacked: BTreeMap<ConsumerKey, BTreeSet<u64>>,
     /// Batches it delivered since it registered.
     pub(crate) delivered: u64,
+    /// Told to drain: it gets no new tasks and leaves when done.
+    pub(crate) draining: bool,
 }
 
 impl WorkerState {
@@ -62,6 +64,7 @@ impl WorkerTable {
             outstanding: BTreeMap::new(),
             unacked: BTreeMap::new(),
             delivered: 0,
+            draining: false,
         };
         self.workers.insert(self.next_id, state);
         self.next_id

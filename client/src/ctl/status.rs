@@ -149,6 +149,7 @@ mod tests {
             outstanding: 2,
             delivered: 10,
             last_seen_ms: 250,
+            draining: false,
         }];
         let spec = JobSpec {
             name: "demo".into(),

@@ -24,7 +24,7 @@ fn seqs(tasks: &[pb::Task], consumer: u32) -> Vec<u64> {
 
 async fn tasks(c: &Coordinator, worker: u64, delivered: Vec<pb::Delivered>) -> Vec<pb::Task> {
     match c.worker_heartbeat(worker, delivered, Vec::new(), Duration::ZERO).await {
-        HeartbeatOutcome::Tasks(t) => t,
+        HeartbeatOutcome::Tasks { tasks, .. } => tasks,
         HeartbeatOutcome::Reregister => panic!("worker unknown"),
     }
 }
@@ -70,13 +70,13 @@ async fn idle_heartbeat_waits_for_work_and_wakes_on_new_job() {
     tokio::time::advance(Duration::from_millis(100)).await;
     c.create_or_attach(spec("", 10, 5, 1)).expect("job");
     match waiting.await.expect("join") {
-        HeartbeatOutcome::Tasks(t) => assert_eq!(seqs(&t, 0), vec![0, 1]),
+        HeartbeatOutcome::Tasks { tasks: t, .. } => assert_eq!(seqs(&t, 0), vec![0, 1]),
         HeartbeatOutcome::Reregister => panic!("worker unknown"),
     }
     // With nothing to do the call ends at its deadline, empty.
     let start = tokio::time::Instant::now();
     match c.worker_heartbeat(w, Vec::new(), Vec::new(), Duration::from_millis(300)).await {
-        HeartbeatOutcome::Tasks(t) => assert!(t.is_empty()),
+        HeartbeatOutcome::Tasks { tasks: t, .. } => assert!(t.is_empty()),
         HeartbeatOutcome::Reregister => panic!("worker unknown"),
     }
     assert_eq!(start.elapsed(), Duration::from_millis(300));
@@ -101,7 +101,7 @@ async fn failed_task_fails_the_job_and_stops_assignment() {
     assert_eq!(t.len(), 1);
     let failed = vec![pb::Failed { job_id: job.job_id, consumer: 0, start_seq: 0, end_seq: 2, error: "bad file /x".into() }];
     match c.worker_heartbeat(w, Vec::new(), failed, Duration::ZERO).await {
-        HeartbeatOutcome::Tasks(t) => assert!(t.is_empty()),
+        HeartbeatOutcome::Tasks { tasks: t, .. } => assert!(t.is_empty()),
         HeartbeatOutcome::Reregister => panic!("worker unknown"),
     }
     assert_eq!(c.session_heartbeat(session, 0, 0).as_deref(), Some("bad file /x"));
@@ -172,7 +172,7 @@ async fn expired_worker_batches_go_to_another_worker_first() {
     tokio::time::advance(ttl / 2 + Duration::from_millis(1)).await;
     c.session_heartbeat(session, 1, 0);
     match c.worker_heartbeat(b, Vec::new(), Vec::new(), Duration::ZERO).await {
-        HeartbeatOutcome::Tasks(_) => {}
+        HeartbeatOutcome::Tasks { .. } => {}
         HeartbeatOutcome::Reregister => panic!("b is alive"),
     }
     assert_eq!(c.expire(tokio::time::Instant::now()), (1, 0), "a expired, the session renewed");
@@ -198,14 +198,14 @@ async fn silent_session_expires_and_its_ring_is_no_longer_routed() {
     // The worker renews; the session does not.
     let report = vec![pb::Delivered { job_id: job.job_id, consumer: 0, seqs: vec![0] }];
     match c.worker_heartbeat(w, report, Vec::new(), Duration::ZERO).await {
-        HeartbeatOutcome::Tasks(t) => assert_eq!(t[0].ring_socket, "/tmp/ring.sock", "not expired before the reaper runs"),
+        HeartbeatOutcome::Tasks { tasks: t, .. } => assert_eq!(t[0].ring_socket, "/tmp/ring.sock", "not expired before the reaper runs"),
         HeartbeatOutcome::Reregister => panic!("worker alive"),
     }
     assert_eq!(c.expire(tokio::time::Instant::now()), (0, 1));
     assert_eq!(c.session_heartbeat(session, 0, 0), None, "the trainer is told to reopen");
     let report = vec![pb::Delivered { job_id: job.job_id, consumer: 0, seqs: vec![1] }];
     match c.worker_heartbeat(w, report, Vec::new(), Duration::ZERO).await {
-        HeartbeatOutcome::Tasks(t) => assert_eq!(t[0].ring_socket, ""),
+        HeartbeatOutcome::Tasks { tasks: t, .. } => assert_eq!(t[0].ring_socket, ""),
         HeartbeatOutcome::Reregister => panic!("worker alive"),
     }
 }
@@ -237,4 +237,29 @@ async fn a_restart_on_the_same_state_dir_resumes_at_the_watermark() {
     assert_ne!(w, old_worker);
     assert_eq!(seqs(&tasks(&c, w, Vec::new()).await, 0), vec![3, 4], "delivery resumes at the watermark");
     assert_eq!(c.list_jobs()[0].consumers[0].consumed, 3);
+}
+
+#[tokio::test]
+async fn a_draining_worker_gets_no_tasks_and_its_leftovers_are_requeued_on_deregister() {
+    let c = coordinator();
+    let (job, _) = c.create_or_attach(spec("", 640, 64, 1)).expect("job");
+    let w = c.register_worker("http://w".into(), "n".into(), 4);
+    assert_eq!(seqs(&tasks(&c, w, Vec::new()).await, 0), vec![0, 1, 2, 3]);
+    c.drain_worker(w).expect("drain");
+    let report = vec![pb::Delivered { job_id: job.job_id, consumer: 0, seqs: vec![0, 1] }];
+    match c.worker_heartbeat(w, report, Vec::new(), Duration::from_secs(1)).await {
+        HeartbeatOutcome::Tasks { tasks, drain } => {
+            assert!(tasks.is_empty());
+            assert!(drain);
+        }
+        HeartbeatOutcome::Reregister => panic!("worker known"),
+    }
+    assert!(c.list_workers()[0].draining);
+    c.deregister(w).expect("deregister");
+    assert!(c.list_workers().is_empty());
+    let other = c.register_worker("http://o".into(), "n".into(), 8);
+    let again = seqs(&tasks(&c, other, Vec::new()).await, 0);
+    assert_eq!(again[..4], [0, 1, 2, 3], "unacknowledged and undelivered batches come back first");
+    let err = c.drain_worker(w).expect_err("gone");
+    assert_eq!(tonic::Status::from(err).code(), tonic::Code::NotFound);
 }

@@ -17,6 +17,14 @@ impl AdminService for AdminApi {
         Ok(Response::new(pb::ListWorkersResponse { workers: self.0.list_workers() }))
     }
 
+    async fn drain_worker(
+        &self,
+        request: Request<pb::DrainWorkerRequest>,
+    ) -> Result<Response<pb::DrainWorkerResponse>, Status> {
+        self.0.drain_worker(request.into_inner().worker_id)?;
+        Ok(Response::new(pb::DrainWorkerResponse {}))
+    }
+
     async fn list_jobs(&self, _request: Request<pb::ListJobsRequest>) -> Result<Response<pb::ListJobsResponse>, Status> {
         Ok(Response::new(pb::ListJobsResponse { jobs: self.0.list_jobs() }))
     }

@@ -41,9 +41,21 @@ impl WorkerService for WorkerApi {
             .min(MAX_WAIT)
             .min(self.0.config.heartbeat_interval);
         let response = match self.0.worker_heartbeat(r.worker_id, r.delivered, r.failed, wait).await {
-            HeartbeatOutcome::Reregister => pb::WorkerHeartbeatResponse { tasks: Vec::new(), reregister: true },
-            HeartbeatOutcome::Tasks(tasks) => pb::WorkerHeartbeatResponse { tasks, reregister: false },
+            HeartbeatOutcome::Reregister => {
+                pb::WorkerHeartbeatResponse { tasks: Vec::new(), reregister: true, drain: false }
+            }
+            HeartbeatOutcome::Tasks { tasks, drain } => pb::WorkerHeartbeatResponse { tasks, reregister: false, drain },
         };
         Ok(Response::new(response))
+    }
+
+    async fn deregister(
+        &self,
+        request: Request<pb::DeregisterRequest>,
+    ) -> Result<Response<pb::DeregisterResponse>, Status> {
+        let r = request.into_inner();
+        check_version(r.protocol_version)?;
+        self.0.deregister(r.worker_id)?;
+        Ok(Response::new(pb::DeregisterResponse {}))
     }
 }
