@@ -96,7 +96,7 @@ pub async fn run(
         let reg = link
             .register(Instant::now() + config.connect_timeout, config.connect_timeout)
             .await?;
-        link.run(reg).await.map(|never| match never {})
+        link.run(reg).await
     };
     let outcome = tokio::select! {
         () = shutdown => Ok(()),

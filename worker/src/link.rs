@@ -8,12 +8,11 @@
 //! the coordinator has given this worker's batches to others: the worker
 //! fences itself and the loop returns [`WorkerError::LeaseLost`].
 
-use std::convert::Infallible;
 use std::time::Duration;
 
 use loader_proto::PROTOCOL_VERSION;
 use loader_proto::pb::worker_service_client::WorkerServiceClient;
-use loader_proto::pb::{RegisterWorkerRequest, WorkerHeartbeatRequest};
+use loader_proto::pb::{DeregisterRequest, RegisterWorkerRequest, WorkerHeartbeatRequest};
 use tokio::time::{Instant, sleep_until, timeout_at};
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
@@ -181,11 +180,14 @@ impl Link {
     }
 
     /// Heartbeats until the lease is lost or the coordinator refuses this
-    /// worker; never returns otherwise.
-    pub(crate) async fn run(mut self, mut reg: Registration) -> Result<Infallible, WorkerError> {
+    /// worker (an error), or until a drain order has been carried out: every
+    /// held task produced and delivered, the last deliveries reported, and
+    /// the worker deregistered (Ok).
+    pub(crate) async fn run(mut self, mut reg: Registration) -> Result<(), WorkerError> {
         let mut renewed = reg.granted;
         let mut next = Instant::now();
         let mut retrying = false;
+        let mut draining = false;
         loop {
             let lease_end = renewed + reg.lease_ttl;
             let due = next.min(lease_end);
@@ -203,7 +205,7 @@ impl Link {
                 return Err(self.fence(reg.lease_ttl));
             }
             let idle = self.producer.is_idle() && self.outboxes.is_empty();
-            let wait = if idle { LONG_POLL.min(reg.lease_ttl / 3) } else { Duration::ZERO };
+            let wait = if idle && !draining { LONG_POLL.min(reg.lease_ttl / 3) } else { Duration::ZERO };
             let delivered = self.outboxes.take_delivered();
             let failed = self.producer.take_failed();
             let request = WorkerHeartbeatRequest {
@@ -237,6 +239,20 @@ impl Link {
                         next = Instant::now();
                         continue;
                     }
+                    if resp.drain && !draining {
+                        tracing::info!(worker_id = reg.worker_id, "draining: finishing held tasks, taking no new ones");
+                        draining = true;
+                    }
+                    // Done once a heartbeat had nothing left to report and
+                    // nothing is left to produce or hand over.
+                    if draining
+                        && delivered.is_empty()
+                        && failed.is_empty()
+                        && self.producer.is_idle()
+                        && self.outboxes.is_empty()
+                    {
+                        return self.deregister(reg.worker_id).await;
+                    }
                     for task in resp.tasks {
                         tracing::debug!(
                             job = task.job.as_ref().map_or(0, |j| j.job_id),
@@ -263,6 +279,25 @@ impl Link {
                     next = Instant::now() + (reg.heartbeat_interval / 2).min(Duration::from_millis(200));
                 }
                 Err(_) => return Err(self.fence(reg.lease_ttl)),
+            }
+        }
+    }
+
+    /// Leaves the coordinator after a drain.
+    async fn deregister(&mut self, worker_id: u64) -> Result<(), WorkerError> {
+        let request = DeregisterRequest { protocol_version: PROTOCOL_VERSION, worker_id };
+        self.producer.stop();
+        self.rings.close();
+        match self.client.deregister(request).await {
+            Ok(_) => {
+                tracing::info!(worker_id, "drained and deregistered");
+                Ok(())
+            }
+            // The coordinator expires our lease anyway; nothing is lost
+            // since everything held was delivered.
+            Err(status) => {
+                tracing::warn!(worker_id, "deregistration failed ({}); the lease will expire", describe(&status));
+                Ok(())
             }
         }
     }
