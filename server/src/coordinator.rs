@@ -382,6 +382,27 @@ impl Coordinator {
             .collect()
     }
 
+    pub(crate) fn list_sessions(&self) -> Vec<pb::SessionInfo> {
+        let t = self.lock();
+        let now = Instant::now();
+        let mut out: Vec<pb::SessionInfo> = t
+            .sessions
+            .sessions
+            .iter()
+            .map(|(&id, s)| pb::SessionInfo {
+                session_id: id,
+                job_id: s.job_id,
+                consumer: s.consumer,
+                node: s.node.clone(),
+                ring: !s.ring_socket.is_empty(),
+                last_seen_ms: now.duration_since(s.last_seen).as_millis() as u64,
+                stall_ms: s.stall_ms,
+            })
+            .collect();
+        out.sort_by_key(|s| s.session_id);
+        out
+    }
+
     pub(crate) fn list_jobs(&self) -> Vec<pb::JobInfo> {
         let t = self.lock();
         t.jobs

@@ -201,7 +201,10 @@ async fn silent_session_expires_and_its_ring_is_no_longer_routed() {
         HeartbeatOutcome::Tasks { tasks: t, .. } => assert_eq!(t[0].ring_socket, "/tmp/ring.sock", "not expired before the reaper runs"),
         HeartbeatOutcome::Reregister => panic!("worker alive"),
     }
+    assert_eq!(c.list_sessions().len(), 1);
+    assert!(c.list_sessions()[0].ring);
     assert_eq!(c.expire(tokio::time::Instant::now()), (0, 1));
+    assert!(c.list_sessions().is_empty(), "an expired session is no longer listed");
     assert_eq!(c.session_heartbeat(session, 0, 0), None, "the trainer is told to reopen");
     let report = vec![pb::Delivered { job_id: job.job_id, consumer: 0, seqs: vec![1] }];
     match c.worker_heartbeat(w, report, Vec::new(), Duration::ZERO).await {

@@ -25,6 +25,13 @@ impl AdminService for AdminApi {
         Ok(Response::new(pb::DrainWorkerResponse {}))
     }
 
+    async fn list_sessions(
+        &self,
+        _request: Request<pb::ListSessionsRequest>,
+    ) -> Result<Response<pb::ListSessionsResponse>, Status> {
+        Ok(Response::new(pb::ListSessionsResponse { sessions: self.0.list_sessions() }))
+    }
+
     async fn list_jobs(&self, _request: Request<pb::ListJobsRequest>) -> Result<Response<pb::ListJobsResponse>, Status> {
         Ok(Response::new(pb::ListJobsResponse { jobs: self.0.list_jobs() }))
     }
