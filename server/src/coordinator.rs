@@ -114,21 +114,42 @@ impl Coordinator {
         Ok(out)
     }
 
+    /// Opens a session; `resume_at` restarts the consumer's queue there.
     pub(crate) fn open_session(
         &self,
         job_id: u64,
         consumer: u32,
         node: String,
         ring_socket: String,
+        resume_at: Option<u64>,
     ) -> Result<(u64, pb::Job), CoordinatorError> {
-        let mut t = self.lock();
+        let mut guard = self.lock();
+        let t = &mut *guard;
         let job = t.jobs.get(job_id)?;
         let consumers = job.plan.consumers;
         if consumer >= consumers {
             return Err(CoordinatorError::BadConsumer { consumer, consumers });
         }
         let job = job.job.clone();
+        if let Some(start_seq) = resume_at {
+            t.jobs.reposition(job_id, consumer, start_seq)?;
+            // What workers hold for this consumer is for the old position;
+            // the trainer drops anything below its start.
+            for w in t.workers.workers.values_mut() {
+                w.unacked.remove(&(job_id, consumer));
+            }
+            tracing::info!(job_id, consumer, start_seq, "consumer resumed");
+        }
         let id = t.sessions.open(job_id, consumer, node, ring_socket);
+        drop(guard);
+        if let (Some(start_seq), Some(journal)) = (resume_at, &self.journal)
+            && let Err(e) = journal.put_watermark(job_id, consumer, start_seq)
+        {
+            tracing::warn!(error = %e, "resume point not journaled");
+        }
+        if resume_at.is_some() {
+            self.work_available.notify_waiters();
+        }
         Ok((id, job))
     }
 

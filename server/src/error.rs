@@ -35,6 +35,14 @@ pub enum CoordinatorError {
         /// The job's number of consumers.
         consumers: u32,
     },
+    /// A resume point past the end of the job.
+    #[error("cannot resume at batch {start_seq}: the consumer has only {total} batches")]
+    BadResume {
+        /// Requested resume point.
+        start_seq: u64,
+        /// Batches of the consumer over all epochs.
+        total: u64,
+    },
     /// A named job exists with a different spec.
     #[error("a job named {0:?} already exists with a different spec; pick another name or submit the same spec")]
     NameTaken(String),
@@ -52,6 +60,7 @@ impl From<CoordinatorError> for Status {
             CoordinatorError::ProtocolMismatch { .. } => Code::FailedPrecondition,
             CoordinatorError::InvalidSpec(_)
             | CoordinatorError::BadConsumer { .. }
+            | CoordinatorError::BadResume { .. }
             | CoordinatorError::Missing(_) => Code::InvalidArgument,
             CoordinatorError::UnknownJob(_)
             | CoordinatorError::UnknownWorker(_)

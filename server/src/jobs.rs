@@ -105,6 +105,22 @@ impl JobTable {
         self.jobs.get(&id).ok_or(CoordinatorError::UnknownJob(id))
     }
 
+    /// Restarts a consumer's queue at `start_seq`, the first batch a resumed
+    /// trainer has not consumed.
+    pub(crate) fn reposition(&mut self, id: u64, consumer: u32, start_seq: u64) -> Result<(), CoordinatorError> {
+        let job = self.jobs.get_mut(&id).ok_or(CoordinatorError::UnknownJob(id))?;
+        let total = job.plan.total_batches();
+        let consumers = job.plan.consumers;
+        let c = job.consumers.get_mut(consumer as usize).ok_or(CoordinatorError::BadConsumer { consumer, consumers })?;
+        if start_seq > total {
+            return Err(CoordinatorError::BadResume { start_seq, total });
+        }
+        c.queue = RangeQueue::starting_at(start_seq, total);
+        c.consumed = start_seq;
+        c.delivered = start_seq;
+        Ok(())
+    }
+
     pub(crate) fn get_mut(&mut self, id: u64) -> Option<&mut JobState> {
         self.jobs.get_mut(&id)
     }

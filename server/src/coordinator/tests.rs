@@ -95,7 +95,7 @@ async fn unknown_worker_is_told_to_reregister() {
 async fn failed_task_fails_the_job_and_stops_assignment() {
     let c = coordinator();
     let (job, _) = c.create_or_attach(spec("", 10, 2, 1)).expect("job");
-    let (session, _) = c.open_session(job.job_id, 0, "n".into(), String::new()).expect("session");
+    let (session, _) = c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("session");
     let w = c.register_worker("http://w".into(), "n".into(), 2);
     let t = tasks(&c, w, Vec::new()).await;
     assert_eq!(t.len(), 1);
@@ -128,9 +128,9 @@ fn bad_requests_map_to_fatal_codes() {
     assert_eq!(status.code(), tonic::Code::InvalidArgument);
     assert!(status.message().contains("batch_size"));
     let (job, _) = c.create_or_attach(spec("", 10, 2, 2)).expect("job");
-    let err = c.open_session(job.job_id, 2, "n".into(), String::new()).expect_err("consumer 2 of 2");
+    let err = c.open_session(job.job_id, 2, "n".into(), String::new(), None).expect_err("consumer 2 of 2");
     assert_eq!(tonic::Status::from(err).code(), tonic::Code::InvalidArgument);
-    let err = c.open_session(99, 0, "n".into(), String::new()).expect_err("no job");
+    let err = c.open_session(99, 0, "n".into(), String::new(), None).expect_err("no job");
     assert_eq!(tonic::Status::from(err).code(), tonic::Code::NotFound);
     let err = crate::error::check_version(99).expect_err("version");
     assert_eq!(tonic::Status::from(err).code(), tonic::Code::FailedPrecondition);
@@ -140,8 +140,8 @@ fn bad_requests_map_to_fatal_codes() {
 async fn tasks_of_a_colocated_ring_session_carry_its_socket() {
     let c = coordinator();
     let (job, _) = c.create_or_attach(spec("", 100, 10, 2)).expect("job");
-    c.open_session(job.job_id, 0, "host-a".into(), "/run/loader/a.sock".into()).expect("session 0");
-    c.open_session(job.job_id, 1, "host-b".into(), "/run/loader/b.sock".into()).expect("session 1");
+    c.open_session(job.job_id, 0, "host-a".into(), "/run/loader/a.sock".into(), None).expect("session 0");
+    c.open_session(job.job_id, 1, "host-b".into(), "/run/loader/b.sock".into(), None).expect("session 1");
     let local = c.register_worker("http://a".into(), "host-a".into(), 2);
     let t = tasks(&c, local, Vec::new()).await;
     for task in &t {
@@ -155,7 +155,7 @@ async fn tasks_of_a_colocated_ring_session_carry_its_socket() {
 async fn expired_worker_batches_go_to_another_worker_first() {
     let c = coordinator();
     let (job, _) = c.create_or_attach(spec("", 640, 64, 1)).expect("job");
-    let (session, _) = c.open_session(job.job_id, 0, "n".into(), String::new()).expect("session");
+    let (session, _) = c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("session");
     let a = c.register_worker("http://a".into(), "n".into(), 4);
     assert_eq!(seqs(&tasks(&c, a, Vec::new()).await, 0), vec![0, 1, 2, 3]);
     // a delivers 0 and 1; the trainer acknowledges 0 only.
@@ -191,7 +191,7 @@ async fn expired_worker_batches_go_to_another_worker_first() {
 async fn silent_session_expires_and_its_ring_is_no_longer_routed() {
     let c = coordinator();
     let (job, _) = c.create_or_attach(spec("", 640, 64, 1)).expect("job");
-    let (session, _) = c.open_session(job.job_id, 0, "n".into(), "/tmp/ring.sock".into()).expect("session");
+    let (session, _) = c.open_session(job.job_id, 0, "n".into(), "/tmp/ring.sock".into(), None).expect("session");
     let w = c.register_worker("http://w".into(), "n".into(), 1);
     assert_eq!(tasks(&c, w, Vec::new()).await[0].ring_socket, "/tmp/ring.sock");
     tokio::time::advance(c.config.lease_ttl + Duration::from_millis(1)).await;
@@ -220,7 +220,7 @@ async fn a_restart_on_the_same_state_dir_resumes_at_the_watermark() {
     let (job_id, old_worker) = {
         let c = Coordinator::open(config.clone()).expect("open");
         let (job, _) = c.create_or_attach(spec("train", 640, 64, 1)).expect("job");
-        let (session, _) = c.open_session(job.job_id, 0, "n".into(), String::new()).expect("session");
+        let (session, _) = c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("session");
         let w = c.register_worker("http://w".into(), "n".into(), 4);
         tasks(&c, w, Vec::new()).await;
         c.session_heartbeat(session, 3, 0);
@@ -265,4 +265,19 @@ async fn a_draining_worker_gets_no_tasks_and_its_leftovers_are_requeued_on_dereg
     assert_eq!(again[..4], [0, 1, 2, 3], "unacknowledged and undelivered batches come back first");
     let err = c.drain_worker(w).expect_err("gone");
     assert_eq!(tonic::Status::from(err).code(), tonic::Code::NotFound);
+}
+
+#[tokio::test]
+async fn a_resumed_session_restarts_its_consumer_at_the_saved_batch() {
+    let c = coordinator();
+    let (job, _) = c.create_or_attach(spec("", 640, 64, 1)).expect("job");
+    c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("first trainer");
+    let w = c.register_worker("http://w".into(), "n".into(), 4);
+    assert_eq!(seqs(&tasks(&c, w, Vec::new()).await, 0), vec![0, 1, 2, 3]);
+    c.open_session(job.job_id, 0, "n".into(), String::new(), Some(7)).expect("resumed trainer");
+    let report = vec![pb::Delivered { job_id: job.job_id, consumer: 0, seqs: vec![0, 1, 2, 3] }];
+    assert_eq!(seqs(&tasks(&c, w, report).await, 0), vec![7, 8, 9]);
+    assert_eq!(c.list_jobs()[0].consumers[0].consumed, 7);
+    let err = c.open_session(job.job_id, 0, "n".into(), String::new(), Some(11)).expect_err("past the end");
+    assert_eq!(tonic::Status::from(err).code(), tonic::Code::InvalidArgument);
 }

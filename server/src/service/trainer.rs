@@ -28,7 +28,7 @@ impl TrainerService for TrainerApi {
     ) -> Result<Response<pb::OpenSessionResponse>, Status> {
         let r = request.into_inner();
         check_version(r.protocol_version)?;
-        let (session_id, job) = self.0.open_session(r.job_id, r.consumer, r.node, r.ring_socket)?;
+        let (session_id, job) = self.0.open_session(r.job_id, r.consumer, r.node, r.ring_socket, r.resume.then_some(r.start_seq))?;
         Ok(Response::new(pb::OpenSessionResponse {
             session_id,
             job: Some(job),
