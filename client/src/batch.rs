@@ -20,12 +20,29 @@ pub(crate) struct Expected {
     pub(crate) total: u64,
 }
 
+/// How a batch reached this process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Transport {
+    /// Written by a co-located worker into a slot of this trainer's
+    /// shared-memory ring; the batch's bytes are a view of that slot, which
+    /// is reused once every clone of the batch is dropped.
+    SharedMemory,
+    /// Streamed by a worker over gRPC (`BatchService.Fetch`).
+    Grpc,
+}
+
 /// One batch: contiguous bytes in the Loader wire format and the header that
-/// was checked against them. Cloning is cheap (the bytes are shared).
+/// was checked against them. Cloning is cheap (the bytes are shared). With
+/// shared memory, holding a batch (or any clone) holds its ring slot: drop
+/// batches when done with them so workers can refill the slots.
 #[derive(Debug, Clone)]
 pub struct Batch {
-    /// The whole frame; tensors are slices of it, never copies.
+    /// The whole frame; tensors are slices of it, never copies. For a ring
+    /// slot, the view that gives the slot back when the last clone drops.
     bytes: Bytes,
+    /// The transport that delivered it.
+    transport: Transport,
     /// Parsed once on arrival so accessors never re-validate.
     header: BatchHeader,
     /// Kept to answer `index_in_epoch` without the job at hand.
@@ -38,6 +55,25 @@ impl Batch {
     /// session. Errors name the worker so a bad peer can be found.
     pub(crate) fn from_frame(
         bytes: Bytes,
+        expected: &Expected,
+        address: &str,
+    ) -> Result<Self, LoaderError> {
+        Self::validate(bytes, Transport::Grpc, expected, address)
+    }
+
+    /// Validates a batch a worker wrote into a ring slot; `bytes` view the
+    /// slot's first `len` bytes. The same checks as a gRPC frame.
+    pub(crate) fn from_slot(
+        bytes: Bytes,
+        expected: &Expected,
+        address: &str,
+    ) -> Result<Self, LoaderError> {
+        Self::validate(bytes, Transport::SharedMemory, expected, address)
+    }
+
+    fn validate(
+        bytes: Bytes,
+        transport: Transport,
         expected: &Expected,
         address: &str,
     ) -> Result<Self, LoaderError> {
@@ -78,9 +114,21 @@ impl Batch {
         }
         Ok(Batch {
             bytes,
+            transport,
             header,
             batches_per_epoch: per,
         })
+    }
+
+    /// How the batch reached this process.
+    pub fn transport(&self) -> Transport {
+        self.transport
+    }
+
+    /// Moves the bytes out of whatever holds them (a ring slot) into memory
+    /// of their own, so the slot can be reused while the batch waits.
+    pub(crate) fn copy_out(&mut self) {
+        self.bytes = Bytes::copy_from_slice(&self.bytes);
     }
 
     /// Epoch of the batch.

@@ -2,6 +2,7 @@
 //! reorders and de-duplicates batches, returns credits as batches are
 //! yielded, keeps the watermark and stall time the heartbeat reports, and
 //! ends after the last batch of the job.
+//! With a shared-memory ring, gaps are also handed to `ring::GapWatch`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,12 +14,13 @@ use crate::batch::Batch;
 use crate::error::LoaderError;
 use crate::event::{Credit, Event, EventRx};
 use crate::reorder::Reorder;
+use crate::ring::GapWatch;
 use crate::session::Session;
 
 /// How long the consumer waits on a gap, holding batches, before it suspects
 /// a worker is out of credits with the missing batch queued (see
 /// `Routes::unstick`).
-const STALL_GRACE: Duration = Duration::from_secs(1);
+pub(crate) const STALL_GRACE: Duration = Duration::from_secs(1);
 /// Bound on the best-effort final heartbeat after the last batch.
 const FINAL_HEARTBEAT: Duration = Duration::from_secs(1);
 
@@ -39,6 +41,10 @@ pub(crate) struct Consumer {
     yielded: u64,
     /// Set after the last batch or a fatal error: `next` returns `None`.
     done: bool,
+    /// Gaps involving the shared-memory ring, when there is one.
+    gap: Option<GapWatch>,
+    /// When the routes task was last told the consumer is stuck.
+    last_stall_notice: Instant,
 }
 
 impl Consumer {
@@ -58,7 +64,15 @@ impl Consumer {
             total,
             yielded: 0,
             done: false,
+            gap: None,
+            last_stall_notice: Instant::now(),
         }
+    }
+
+    /// Batches may also arrive through a ring, watched by `gap`.
+    pub(crate) fn with_gap_watch(mut self, gap: Option<GapWatch>) -> Self {
+        self.gap = gap;
+        self
     }
 
     /// Batches yielded so far.
@@ -71,6 +85,8 @@ impl Consumer {
         if self.done {
             return None;
         }
+        // Time the user spends on a batch is no gap: only blocking counts.
+        let called = Instant::now();
         loop {
             if let Some((_, (batch, credit))) = self.reorder.pop() {
                 credit.give_back();
@@ -88,12 +104,14 @@ impl Consumer {
                 return None;
             }
             let waiting = Instant::now();
+            let tick = self.gap.as_ref().map_or(STALL_GRACE, GapWatch::tick);
             let event = tokio::select! {
                 e = self.events.recv() => e,
-                () = tokio::time::sleep(STALL_GRACE) => {
+                () = tokio::time::sleep(tick) => {
                     self.session.progress().add_stall(waiting.elapsed());
-                    if self.reorder.len() > 0 {
-                        self.stalled.notify_one();
+                    if let Some(e) = self.stuck(called) {
+                        self.done = true;
+                        return Some(Err(e));
                     }
                     continue;
                 }
@@ -120,6 +138,21 @@ impl Consumer {
                 }
             }
         }
+    }
+
+    /// Nothing arrived for a tick: nudges the workers that may hold the
+    /// gap, or ends with the error of a worker that left the ring.
+    fn stuck(&mut self, called: Instant) -> Option<LoaderError> {
+        if self.reorder.len() > 0 {
+            if self.last_stall_notice.elapsed() >= STALL_GRACE {
+                self.last_stall_notice = Instant::now();
+                self.stalled.notify_one();
+            }
+            if let Some(gap) = &mut self.gap {
+                gap.stuck(self.reorder.pending_mut());
+            }
+        }
+        self.gap.as_ref()?.lost(called)
     }
 
     /// Tells the coordinator at once that everything was consumed, so the job

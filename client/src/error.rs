@@ -60,6 +60,20 @@ pub enum LoaderError {
         /// What was wrong with the frame.
         problem: String,
     },
+    /// A co-located worker left the shared-memory ring while batches of this
+    /// consumer were still to come, and no other worker delivered them.
+    #[error(
+        "worker {address} (pid {pid}) disconnected from the shared-memory ring with batches outstanding; \
+         none arrived from another worker within {:.0}s", waited.as_secs_f64()
+    )]
+    WorkerDisconnected {
+        /// Worker URL, from its ring hello.
+        address: String,
+        /// Its process id.
+        pid: i32,
+        /// How long the stream waited on the gap after it left.
+        waited: std::time::Duration,
+    },
     /// The coordinator marked the job failed (bad sample, missing file...).
     #[error("job failed: {0}")]
     JobFailed(String),

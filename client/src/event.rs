@@ -9,6 +9,7 @@ use tokio::sync::mpsc;
 
 use crate::batch::Batch;
 use crate::error::LoaderError;
+use crate::ring::SlotCredit;
 
 /// One message to the consumer.
 #[derive(Debug)]
@@ -75,19 +76,35 @@ impl CreditLine {
     }
 }
 
-/// One credit owed to the stream a batch came from.
+/// One credit owed to the stream or ring connection a batch came from.
 #[derive(Debug)]
-pub(crate) struct Credit(CreditLine);
+pub(crate) enum Credit {
+    /// A `Fetch` stream's.
+    Stream(CreditLine),
+    /// A ring connection's: it may be granted another slot.
+    Slot(SlotCredit),
+    /// Already given back (the batch was copied out of its slot early).
+    Returned,
+}
 
 impl Credit {
     /// The credit for a frame just received on `line`.
     pub(crate) fn for_frame(line: &CreditLine) -> Self {
         line.spent();
-        Credit(line.clone())
+        Credit::Stream(line.clone())
     }
 
     /// Returns the credit: the batch was yielded (or dropped as a duplicate).
     pub(crate) fn give_back(self) {
-        self.0.grant(1);
+        match self {
+            Credit::Stream(line) => line.grant(1),
+            Credit::Slot(credit) => credit.give_back(),
+            Credit::Returned => {}
+        }
+    }
+
+    /// Gives the credit back before the batch is yielded.
+    pub(crate) fn give_back_early(&mut self) {
+        std::mem::replace(self, Credit::Returned).give_back();
     }
 }

@@ -23,10 +23,13 @@
 //!   the session's lease with the consumed watermark and stall time.
 //! - `routes`: polls `Routes` and keeps one fetch stream per listed worker.
 //! - `fetch`: one `BatchService.Fetch` stream: credits out, validated batches in.
+//! - `ring`: the shared-memory ring co-located workers write batches into:
+//!   memfd, socket, peer credentials, slot grants, zero-copy views.
 //! - `event`: what background tasks tell the consumer, and the per-batch credit.
 //! - `consumer`: `next()`: reorder, de-duplicate, return credits, end of job.
 //! - `reorder`: the reorder buffer keyed by sequence number.
-//! - [`batch`](Batch): [`Batch`] and [`Tensor`], views over a validated frame.
+//! - [`batch`](Batch): [`Batch`], [`Tensor`] and [`Transport`]: views over a
+//!   validated frame or ring slot.
 //! - [`spec`]: [`JobSpec`] builders, validated locally.
 //! - `connect`: endpoints and bounded retries to the coordinator.
 //! - [`error`](LoaderError): [`LoaderError`]; the one place a gRPC status is mapped.
@@ -42,6 +45,7 @@ mod event;
 mod fetch;
 mod loader;
 mod reorder;
+mod ring;
 mod routes;
 mod session;
 
@@ -50,7 +54,8 @@ pub mod ctl;
 pub mod embedded;
 pub mod spec;
 
-pub use batch::{Batch, Tensor};
+pub use batch::{Batch, Tensor, Transport};
 pub use error::LoaderError;
-pub use loader::{BatchStream, DEFAULT_PREFETCH, Loader, LoaderBuilder};
+pub use loader::{BatchStream, DEFAULT_PREFETCH, Loader, LoaderBuilder, RingSlots};
 pub use loader_proto::pb::{Dtype, Job, JobSpec};
+pub use ring::DEFAULT_SLOT_SIZE;

@@ -2,6 +2,7 @@
 //! [`Loader`] yields its batches, blocking ([`Iterator`]) or async
 //! ([`Loader::next_batch`], [`Loader::into_stream`]).
 
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -14,8 +15,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::batch::{Batch, Expected};
 use crate::connect;
-use crate::consumer::Consumer;
+use crate::consumer::{Consumer, STALL_GRACE};
 use crate::error::LoaderError;
+use crate::ring::{ConnContext, GapWatch, Ring, RingConfig, SlotRing};
 use crate::routes::Routes;
 use crate::session::Session;
 
@@ -37,6 +39,11 @@ pub struct LoaderBuilder {
     prefetch: u32,
     /// Yield by sequence number (true) or as batches arrive.
     in_order: bool,
+    /// Offer co-located workers a shared-memory ring (true) or take every
+    /// batch over gRPC.
+    shared_memory: bool,
+    /// Slots, slot size, socket directory and peers of the ring.
+    ring: RingConfig,
 }
 
 impl LoaderBuilder {
@@ -49,6 +56,8 @@ impl LoaderBuilder {
             world_size: None,
             prefetch: DEFAULT_PREFETCH,
             in_order: true,
+            shared_memory: true,
+            ring: RingConfig::default(),
         }
     }
 
@@ -80,6 +89,56 @@ impl LoaderBuilder {
     pub fn in_order(mut self, in_order: bool) -> Self {
         self.in_order = in_order;
         self
+    }
+
+    /// Whether workers on this machine deliver through a shared-memory ring
+    /// (default true; they write batches straight into this process's
+    /// memory) or everything streams over gRPC (false). Remote workers
+    /// always stream over gRPC.
+    pub fn shared_memory(mut self, enabled: bool) -> Self {
+        self.shared_memory = enabled;
+        self
+    }
+
+    /// Geometry of the shared-memory ring: `slot_count` slots of `slot_size`
+    /// bytes each (a multiple of 64 and of the page size; default 16 MiB,
+    /// and `2 x prefetch` slots, at least 4). A batch larger than a slot
+    /// streams over gRPC instead. Memory is only touched as slots fill.
+    pub fn ring(mut self, slot_count: u32, slot_size: u64) -> Self {
+        self.ring.slot_count = Some(slot_count);
+        self.ring.slot_size = slot_size;
+        self
+    }
+
+    /// Creates the ring's private socket directory under `dir` instead of
+    /// the system temporary directory: for a sidecar worker that shares
+    /// only that directory (e.g. a Kubernetes `emptyDir`).
+    pub fn ring_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.ring.dir = Some(dir.into());
+        self
+    }
+
+    /// Lets workers running as user `uid` attach to the ring too (by
+    /// default only this process's own user may).
+    pub fn allow_ring_peer_uid(mut self, uid: u32) -> Self {
+        self.ring.allowed_uids.insert(uid);
+        self
+    }
+
+    /// Points the builder at another coordinator.
+    #[cfg(feature = "embedded")]
+    pub(crate) fn coordinator(mut self, coordinator: impl Into<String>) -> Self {
+        self.coordinator = coordinator.into();
+        self
+    }
+
+    /// Fails on ring settings that cannot work, before anything starts.
+    #[cfg(feature = "embedded")]
+    pub(crate) fn check_ring(&self) -> Result<(), LoaderError> {
+        if self.shared_memory {
+            self.ring.geometry(self.prefetch)?;
+        }
+        Ok(())
     }
 
     /// Connects and opens the session on a small runtime of its own; for
@@ -116,10 +175,27 @@ impl LoaderBuilder {
             return Err(LoaderError::InvalidArgument("prefetch must be > 0".into()));
         }
         crate::spec::validate(&spec)?;
+        let mut ring = if self.shared_memory {
+            let geometry = self.ring.geometry(self.prefetch)?;
+            match Ring::bind(&self.ring, geometry, self.prefetch) {
+                Ok(ring) => Some(ring),
+                Err(e) => {
+                    tracing::warn!("no shared-memory ring, every batch streams over gRPC: {e}");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let socket = ring
+            .as_ref()
+            .and_then(|r| r.socket().to_str())
+            .unwrap_or_default()
+            .to_owned();
         let submitted_epochs = spec.epochs;
         let address = connect::normalize(&self.coordinator);
         let channel = connect::coordinator(&address).await?;
-        let session = Arc::new(Session::open(&address, channel, spec, self.rank).await?);
+        let session = Arc::new(Session::open(&address, channel, spec, self.rank, socket).await?);
         let job = session.job().clone();
         let epochs = job.spec.as_ref().map_or(submitted_epochs, |s| s.epochs);
         let total = job.batches_per_epoch * u64::from(epochs);
@@ -138,6 +214,15 @@ impl LoaderBuilder {
                 .clone()
                 .run_heartbeats(events_tx.clone(), stop.child_token()),
         );
+        if let Some(ring) = &mut ring {
+            let ctx = ConnContext {
+                session: session.clone(),
+                expected,
+                events: events_tx.clone(),
+            };
+            ring.serve(ctx, stop.child_token());
+        }
+        let slots = ring.as_ref().map(Ring::shared);
         let routes = Routes::new(
             session.clone(),
             expected,
@@ -145,11 +230,17 @@ impl LoaderBuilder {
             events_tx,
             stalled.clone(),
         );
+        let gap = slots
+            .clone()
+            .map(|ring| GapWatch::new(ring, routes.listed(), session.lease_ttl(), STALL_GRACE));
         tokio::spawn(routes.run(stop.child_token()));
         Ok(Loader {
-            consumer: Consumer::new(events_rx, session, stalled, total, self.in_order),
+            consumer: Consumer::new(events_rx, session, stalled, total, self.in_order)
+                .with_gap_watch(gap),
             job,
             total,
+            ring,
+            slots,
             stop,
             handle: Handle::current(),
             runtime: None,
@@ -171,6 +262,10 @@ pub struct Loader {
     job: Job,
     /// Batches this rank receives over all epochs.
     total: u64,
+    /// The shared-memory ring's socket; its directory is removed on drop.
+    ring: Option<Ring>,
+    /// The ring's slots, for [`Loader::ring_slots`].
+    slots: Option<Arc<SlotRing>>,
     /// Stops the heartbeat, routes and fetch tasks.
     stop: CancellationToken,
     /// Where the background tasks run, for the blocking iterator.
@@ -201,6 +296,25 @@ impl Loader {
     /// Batches over all epochs for this rank.
     pub fn total_batches(&self) -> u64 {
         self.total
+    }
+
+    /// The Unix socket co-located workers attach to the shared-memory ring
+    /// through; None when the ring is off (or could not be set up).
+    pub fn ring_socket(&self) -> Option<&Path> {
+        self.ring.as_ref().map(Ring::socket)
+    }
+
+    /// Slots of the shared-memory ring by state: free, granted to a worker,
+    /// held by batches not yet dropped. None without a ring.
+    pub fn ring_slots(&self) -> Option<RingSlots> {
+        self.slots.as_ref().map(|s| {
+            let c = s.census();
+            RingSlots {
+                free: c.free,
+                granted: c.granted,
+                held: c.held,
+            }
+        })
     }
 
     /// Batches yielded so far.
@@ -250,6 +364,17 @@ impl Drop for Loader {
             rt.shutdown_background();
         }
     }
+}
+
+/// How the slots of a loader's shared-memory ring are used right now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RingSlots {
+    /// Free, waiting for a worker to need one.
+    pub free: usize,
+    /// Granted to a worker, which may be writing a batch into it.
+    pub granted: usize,
+    /// Held by batches (yielded or waiting to be) not yet dropped.
+    pub held: usize,
 }
 
 /// [`Loader`] as an async [`Stream`] of batches.

@@ -91,6 +91,11 @@ impl<T> Reorder<T> {
         self.watermark
     }
 
+    /// Items waiting, lowest `seq` first.
+    pub(crate) fn pending_mut(&mut self) -> impl DoubleEndedIterator<Item = &mut T> {
+        self.pending.values_mut()
+    }
+
     /// Items waiting (arrived but not yielded).
     pub(crate) fn len(&self) -> usize {
         self.pending.len()

@@ -17,6 +17,7 @@ use crate::batch::Expected;
 use crate::error::LoaderError;
 use crate::event::{Event, EventTx};
 use crate::fetch::{self, FetchStream, StreamParams};
+use crate::ring::Listed;
 use crate::session::Session;
 
 /// How often the routes are polled: new workers are picked up this fast.
@@ -42,6 +43,8 @@ pub(crate) struct Routes {
     streams: HashMap<String, FetchStream>,
     /// When a stream failure was last logged as a warning, per worker.
     warned: HashMap<String, Instant>,
+    /// The workers of the last successful poll, for the consumer.
+    listed: Arc<Listed>,
 }
 
 impl Routes {
@@ -61,7 +64,13 @@ impl Routes {
             stalled,
             streams: HashMap::new(),
             warned: HashMap::new(),
+            listed: Arc::default(),
         }
+    }
+
+    /// The workers the coordinator lists, as of the last poll.
+    pub(crate) fn listed(&self) -> Arc<Listed> {
+        Arc::clone(&self.listed)
     }
 
     /// Polls until `stop` or until the job fails. Streams stop with it.
@@ -99,6 +108,8 @@ impl Routes {
                         .send(Event::Fatal(LoaderError::JobFailed(r.job_error)));
                     return false;
                 }
+                self.listed
+                    .replace(r.routes.iter().map(|r| r.address.clone()));
                 self.reconcile(&r.routes, session_id, stop);
             }
             Err(s) => {

@@ -24,6 +24,8 @@ use crate::event::{Event, EventTx};
 
 /// Used when the coordinator does not say how often to heartbeat.
 const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(1);
+/// Used when the coordinator does not say how long leases last.
+const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(5);
 
 /// What the consumer reports through heartbeats; written by the consumer,
 /// read by the heartbeat task.
@@ -61,6 +63,12 @@ pub(crate) struct Session {
     consumer: u32,
     /// Node identity, for co-location.
     node: String,
+    /// The shared-memory ring's socket, announced on every (re)open; empty
+    /// for gRPC only.
+    ring_socket: String,
+    /// Lease length the coordinator gave the session: how long a dead
+    /// worker's batches may take to come back.
+    lease_ttl: Duration,
     /// Current session id; changes when the coordinator asks to reopen.
     id: watch::Sender<u64>,
     /// From the coordinator's lease settings.
@@ -71,13 +79,15 @@ pub(crate) struct Session {
 
 impl Session {
     /// Creates (or attaches to) the job of `spec` and opens `consumer`'s
-    /// session on it. Retryable failures are retried within the connect
+    /// session on it, offering the shared-memory ring at `ring_socket`
+    /// (empty for none). Retryable failures are retried within the connect
     /// budget; anything else is returned at once.
     pub(crate) async fn open(
         address: &str,
         channel: Channel,
         spec: JobSpec,
         consumer: u32,
+        ring_socket: String,
     ) -> Result<Self, LoaderError> {
         let client = TrainerServiceClient::new(channel).max_decoding_message_size(usize::MAX);
         let created = with_retries(|| {
@@ -109,6 +119,8 @@ impl Session {
             job,
             consumer,
             node: loader_proto::node::local_node(),
+            ring_socket,
+            lease_ttl: DEFAULT_LEASE_TTL,
             id: watch::Sender::new(0),
             heartbeat_interval: DEFAULT_HEARTBEAT,
             progress: Arc::default(),
@@ -119,6 +131,9 @@ impl Session {
         }
         if opened.heartbeat_interval_ms > 0 {
             session.heartbeat_interval = Duration::from_millis(opened.heartbeat_interval_ms);
+        }
+        if opened.lease_ttl_ms > 0 {
+            session.lease_ttl = Duration::from_millis(opened.lease_ttl_ms);
         }
         Ok(session)
     }
@@ -131,8 +146,10 @@ impl Session {
             job_id: self.job.job_id,
             consumer: self.consumer,
             node: self.node.clone(),
-            // No shared-memory ring yet: every batch streams over gRPC.
-            ring_socket: String::new(),
+            ring_socket: self.ring_socket.clone(),
+            // Set by resumption from a saved state (not wired yet).
+            resume: false,
+            start_seq: 0,
         };
         let opened = with_retries(|| {
             let mut client = self.client.clone();
@@ -158,6 +175,11 @@ impl Session {
     /// The job as the coordinator planned it.
     pub(crate) fn job(&self) -> &Job {
         &self.job
+    }
+
+    /// Lease length of the session.
+    pub(crate) fn lease_ttl(&self) -> Duration {
+        self.lease_ttl
     }
 
     /// Coordinator URL.
@@ -255,6 +277,8 @@ impl Session {
             job,
             consumer,
             node: String::new(),
+            ring_socket: String::new(),
+            lease_ttl: DEFAULT_LEASE_TTL,
             id: watch::Sender::new(1),
             heartbeat_interval: DEFAULT_HEARTBEAT,
             progress: Arc::default(),

@@ -10,6 +10,9 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 
+#[cfg(feature = "embedded")]
+mod common;
+
 struct Run {
     code: Option<i32>,
     stdout: String,
@@ -130,6 +133,105 @@ fn run_json_synthetic() {
     ] {
         assert!(v[key].as_f64().is_some_and(|x| x > 0.0), "{key} in {v}");
     }
+}
+
+#[test]
+#[cfg(feature = "embedded")]
+fn run_json_reports_its_transport_and_client_cpu() {
+    for transport in ["shm", "grpc"] {
+        let run = loaderctl(
+            &[
+                "run",
+                "--json",
+                "--transport",
+                transport,
+                "--samples",
+                "1024",
+                "--shape",
+                "3,32,32",
+                "--batch-size",
+                "32",
+            ],
+            Duration::from_secs(60),
+        );
+        let v = json(&run);
+        assert_eq!(v["transport"], transport, "{v}");
+        assert_eq!(v["batches"], 32, "{v}");
+        assert!(
+            v["client_cpu_us_per_batch"]
+                .as_f64()
+                .is_some_and(|x| x > 0.0),
+            "{v}"
+        );
+        let shm = v["shm_batches"].as_u64().expect("shm_batches");
+        if transport == "shm" {
+            assert!(shm > 0, "nothing came through the ring: {v}");
+        } else {
+            assert_eq!(shm, 0, "{v}");
+        }
+    }
+}
+
+/// Worker processes started by a test in a process group of their own,
+/// killed (group and all) when dropped.
+#[cfg(feature = "embedded")]
+struct Workers(Vec<std::process::Child>);
+
+#[cfg(feature = "embedded")]
+impl Drop for Workers {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            if let Ok(pid) = i32::try_from(child.id()) {
+                let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+            }
+            let _ = child.wait();
+        }
+    }
+}
+
+#[test]
+#[cfg(feature = "embedded")]
+fn consume_measures_a_job_of_an_external_coordinator() {
+    let coordinator = common::Coordinator::start(loader_server::ServerConfig::default());
+    let workers = Workers(
+        (0..2)
+            .map(|_| {
+                Command::new(env!("CARGO_BIN_EXE_loaderctl"))
+                    .args(["__worker", "--coordinator", &coordinator.url])
+                    .args(["--listen", "127.0.0.1:0"])
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .process_group(0)
+                    .spawn()
+                    .expect("start a worker")
+            })
+            .collect(),
+    );
+    for transport in ["shm", "grpc"] {
+        let run = loaderctl(
+            &[
+                "consume",
+                "--coordinator",
+                &coordinator.url,
+                "--job-name",
+                &format!("consume-{transport}"),
+                "--json",
+                "--transport",
+                transport,
+                "--samples",
+                "512",
+                "--shape",
+                "16",
+            ],
+            Duration::from_secs(60),
+        );
+        let v = json(&run);
+        assert_eq!(v["samples"], 512, "{v}");
+        assert_eq!(v["transport"], transport, "{v}");
+        assert!(v.get("workers").is_none(), "consume starts no workers: {v}");
+        assert!(v["client_cpu_us_per_batch"].as_f64().is_some(), "{v}");
+    }
+    drop(workers);
 }
 
 #[test]

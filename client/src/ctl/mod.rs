@@ -2,9 +2,14 @@
 //! subcommands, so the binary itself only calls [`main`].
 //!
 //! - `run`: the embedded one-command demo/benchmark.
+//! - `consume`: the same measurement against an external coordinator.
+//! - `measure`: what both share: the job from flags, the consuming loop and
+//!   its report.
 //! - `status`: tables of a coordinator's workers and jobs.
 //! - `table`: plain aligned text tables.
 
+mod consume;
+mod measure;
 #[cfg(feature = "embedded")]
 mod run;
 mod status;
@@ -14,7 +19,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 /// loaderctl: operate a Loader deployment, or run a job on this machine.
 #[derive(Debug, Parser)]
@@ -31,6 +36,9 @@ pub enum Command {
     /// Run a job in embedded mode (an in-process coordinator and local
     /// worker processes) and report throughput.
     Run(RunArgs),
+    /// Consume a job from an external coordinator (whose workers are
+    /// already running) and report throughput and client CPU time.
+    Consume(ConsumeArgs),
     /// Show a coordinator's workers and jobs.
     Status(StatusArgs),
     /// Internal: run as a worker process (how `run` starts its workers).
@@ -48,6 +56,41 @@ pub struct RunArgs {
     /// Worker processes to start.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=256))]
     pub workers: u64,
+    /// The job.
+    #[command(flatten)]
+    pub dataset: DatasetArgs,
+    /// How batches travel and what is printed.
+    #[command(flatten)]
+    pub measure: MeasureArgs,
+}
+
+/// Flags of `loaderctl consume`.
+#[derive(Debug, Clone, Args)]
+pub struct ConsumeArgs {
+    /// Coordinator URL.
+    #[arg(long, env = "LOADER_COORDINATOR", value_name = "URL")]
+    pub coordinator: String,
+    /// Name of the job, so that every rank (and a restarted trainer)
+    /// attaches to the same one; they must pass the same dataset flags.
+    #[arg(long, value_name = "NAME")]
+    pub job_name: Option<String>,
+    /// This trainer's rank.
+    #[arg(long, default_value_t = 0)]
+    pub rank: u32,
+    /// Number of ranks.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub world_size: u32,
+    /// The job.
+    #[command(flatten)]
+    pub dataset: DatasetArgs,
+    /// How batches travel and what is printed.
+    #[command(flatten)]
+    pub measure: MeasureArgs,
+}
+
+/// The job's dataset and shape, shared by `run` and `consume`.
+#[derive(Debug, Clone, Args)]
+pub struct DatasetArgs {
     /// Epochs to run.
     #[arg(long, default_value_t = 1)]
     pub epochs: u32,
@@ -72,10 +115,32 @@ pub struct RunArgs {
     /// Tokens per context for --dataset tokens.
     #[arg(long, default_value_t = 2048)]
     pub context_length: u64,
+}
+
+/// How batches reach the trainer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TransportArg {
+    /// Workers on this machine write batches into a shared-memory ring;
+    /// remote ones stream over gRPC.
+    Shm,
+    /// Every batch streams over gRPC.
+    Grpc,
+}
+
+/// Transport, prefetch and output, shared by `run` and `consume`.
+#[derive(Debug, Clone, Args)]
+pub struct MeasureArgs {
     /// Batches each worker may send ahead.
     #[arg(long, default_value_t = crate::DEFAULT_PREFETCH)]
     pub prefetch: u32,
-    /// Print one JSON object on stdout instead of the summary (no progress bar).
+    /// How co-located workers deliver batches.
+    #[arg(long, value_enum, default_value = "shm")]
+    pub transport: TransportArg,
+    /// Print one JSON object on stdout instead of the summary (no progress
+    /// bar). Its `client_cpu_us_per_batch` is this process's CPU time (user +
+    /// sys, getrusage) over the consuming loop per batch; under `run` that
+    /// includes the embedded coordinator, which runs in this process (use
+    /// `consume` against an external coordinator to measure the client alone).
     #[arg(long)]
     pub json: bool,
 }
@@ -97,6 +162,10 @@ pub fn main() -> ExitCode {
         Command::Run(args) => {
             init_tracing();
             run_command(args)
+        }
+        Command::Consume(args) => {
+            init_tracing();
+            consume::run(&args)
         }
         Command::Status(args) => {
             init_tracing();

@@ -49,6 +49,10 @@ pub struct LocalBuilder {
     prefetch: u32,
     /// Yield in sequence order.
     in_order: bool,
+    /// Deliver through a shared-memory ring (the workers are local).
+    shared_memory: bool,
+    /// Slot count and size of the ring, when set.
+    ring: Option<(u32, u64)>,
     /// Program and leading arguments that start a worker; see
     /// [`LocalBuilder::worker_command`].
     worker_command: Option<Vec<OsString>>,
@@ -68,6 +72,19 @@ impl LocalBuilder {
     /// Yield strictly in sequence order (default) or as batches arrive.
     pub fn in_order(mut self, in_order: bool) -> Self {
         self.in_order = in_order;
+        self
+    }
+
+    /// Whether the workers deliver through a shared-memory ring (default
+    /// true: they run on this machine) or stream over gRPC (false).
+    pub fn shared_memory(mut self, enabled: bool) -> Self {
+        self.shared_memory = enabled;
+        self
+    }
+
+    /// Geometry of the shared-memory ring; see [`LoaderBuilder::ring`].
+    pub fn ring(mut self, slot_count: u32, slot_size: u64) -> Self {
+        self.ring = Some((slot_count, slot_size));
         self
     }
 
@@ -98,8 +115,19 @@ impl LocalBuilder {
     pub fn build(self) -> Result<Loader, LoaderError> {
         let mut spec = self.spec;
         spec.consumers = 1;
-        // Fail on a bad spec before starting any process.
+        // Fail on a bad spec or ring before starting any process.
         crate::spec::validate(&spec)?;
+        let mut loader = LoaderBuilder::new(String::new())
+            .job(spec)
+            .rank(0)
+            .world_size(1)
+            .prefetch(self.prefetch)
+            .in_order(self.in_order)
+            .shared_memory(self.shared_memory);
+        if let Some((count, size)) = self.ring {
+            loader = loader.ring(count, size);
+        }
+        loader.check_ring()?;
         if self.workers == 0 {
             return Err(LoaderError::InvalidArgument(
                 "embedded mode needs at least one worker".into(),
@@ -113,13 +141,7 @@ impl LocalBuilder {
             coordinator,
         };
         cluster.wait_ready(self.workers, self.ready_timeout)?;
-        let mut loader = LoaderBuilder::new(cluster.coordinator.address())
-            .job(spec)
-            .rank(0)
-            .world_size(1)
-            .prefetch(self.prefetch)
-            .in_order(self.in_order)
-            .build()?;
+        let mut loader = loader.coordinator(cluster.coordinator.address()).build()?;
         loader.cluster = Some(cluster);
         Ok(loader)
     }
@@ -184,6 +206,8 @@ impl Loader {
             workers,
             prefetch: DEFAULT_PREFETCH,
             in_order: true,
+            shared_memory: true,
+            ring: None,
             worker_command: None,
             server: ServerConfig::default(),
             ready_timeout: DEFAULT_READY_TIMEOUT,

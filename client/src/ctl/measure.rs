@@ -1,0 +1,268 @@
+//! What `run` and `consume` share: the job built from flags, the consuming
+//! loop with its measurements (throughput, first batch, client CPU time),
+//! and the report printed at the end.
+
+use std::io::{BufWriter, IsTerminal, Write};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use loader_proto::pb::{Dtype, JobSpec};
+use nix::sys::resource::{UsageWho, getrusage};
+use serde::Serialize;
+use tempfile::NamedTempFile;
+
+use super::{DatasetArgs, MeasureArgs, TransportArg};
+use crate::{Loader, LoaderBuilder, Transport, spec};
+
+/// Windows per epoch in a generated token file (with the chosen batch size).
+const GENERATED_TOKEN_BATCHES: u64 = 64;
+
+/// The one JSON object `--json` prints.
+#[derive(Debug, Serialize)]
+pub(super) struct Report {
+    samples: u64,
+    batches: u64,
+    bytes: u64,
+    seconds: f64,
+    samples_per_s: f64,
+    mb_per_s: f64,
+    first_batch_s: f64,
+    /// Worker processes started (`run` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    workers: Option<u64>,
+    dataset: String,
+    /// `shm` or `grpc`: what was asked for.
+    transport: &'static str,
+    /// Batches that actually arrived through the shared-memory ring.
+    shm_batches: u64,
+    /// Process CPU time (user + sys) over the consuming loop, per batch.
+    client_cpu_us_per_batch: f64,
+}
+
+impl TransportArg {
+    fn name(self) -> &'static str {
+        match self {
+            TransportArg::Shm => "shm",
+            TransportArg::Grpc => "grpc",
+        }
+    }
+
+    fn shared_memory(self) -> bool {
+        self == TransportArg::Shm
+    }
+}
+
+/// Applies the transport and prefetch flags to a remote loader's builder.
+pub(super) fn configure(builder: LoaderBuilder, args: &MeasureArgs) -> LoaderBuilder {
+    builder
+        .prefetch(args.prefetch)
+        .shared_memory(args.transport.shared_memory())
+}
+
+/// Whether `--transport` asks for shared memory.
+#[cfg(feature = "embedded")]
+pub(super) fn shared_memory(args: &MeasureArgs) -> bool {
+    args.transport.shared_memory()
+}
+
+/// Consumes every batch of `loader`, measuring from just before the first
+/// `next()` to the last batch, then prints the report.
+pub(super) fn consume_and_report(
+    mut loader: Loader,
+    args: &MeasureArgs,
+    dataset: &str,
+    workers: Option<u64>,
+) -> anyhow::Result<()> {
+    let bar = progress_bar(loader.total_batches(), args.json);
+    let (mut samples, mut batches, mut bytes, mut shm_batches) = (0u64, 0u64, 0u64, 0u64);
+    let mut first_batch = None;
+    let cpu_before = process_cpu()?;
+    let started = Instant::now();
+    for batch in &mut loader {
+        let batch = batch?;
+        first_batch.get_or_insert_with(|| started.elapsed());
+        samples += batch.len() as u64;
+        bytes += batch.bytes().len() as u64;
+        batches += 1;
+        if batch.transport() == Transport::SharedMemory {
+            shm_batches += 1;
+        }
+        bar.inc(1);
+    }
+    let elapsed = started.elapsed();
+    let cpu = process_cpu()?.saturating_sub(cpu_before);
+    bar.finish_and_clear();
+    // Stops the workers and the coordinator (embedded); not measured.
+    drop(loader);
+
+    let seconds = elapsed.as_secs_f64().max(1e-9);
+    let report = Report {
+        samples,
+        batches,
+        bytes,
+        seconds,
+        samples_per_s: samples as f64 / seconds,
+        mb_per_s: bytes as f64 / 1e6 / seconds,
+        first_batch_s: first_batch.unwrap_or(Duration::ZERO).as_secs_f64(),
+        workers,
+        dataset: dataset.to_owned(),
+        transport: args.transport.name(),
+        shm_batches,
+        client_cpu_us_per_batch: cpu.as_secs_f64() * 1e6 / batches.max(1) as f64,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        let from = report
+            .workers
+            .map(|w| format!(" from {w} workers"))
+            .unwrap_or_default();
+        println!(
+            "{} samples in {} batches ({:.1} MB){from} in {:.2} s over {} ({} through shared memory)\n\
+             {:.0} samples/s, {:.1} MB/s, first batch after {:.1} ms, {:.0} us of CPU per batch",
+            report.samples,
+            report.batches,
+            report.bytes as f64 / 1e6,
+            report.seconds,
+            report.transport,
+            report.shm_batches,
+            report.samples_per_s,
+            report.mb_per_s,
+            report.first_batch_s * 1e3,
+            report.client_cpu_us_per_batch,
+        );
+    }
+    Ok(())
+}
+
+/// CPU time (user + sys) this process has used so far.
+fn process_cpu() -> anyhow::Result<Duration> {
+    let usage = getrusage(UsageWho::RUSAGE_SELF).context("getrusage")?;
+    let micros = |t: nix::sys::time::TimeVal| {
+        Duration::from_secs(t.tv_sec().max(0) as u64)
+            + Duration::from_micros(t.tv_usec().max(0) as u64)
+    };
+    Ok(micros(usage.user_time()) + micros(usage.system_time()))
+}
+
+/// Drawn on stderr only when a person is watching.
+fn progress_bar(total: u64, json: bool) -> ProgressBar {
+    if json || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+    if let Ok(style) = ProgressStyle::with_template(
+        "{elapsed_precise} [{bar:40}] {pos}/{len} batches ({per_sec}, eta {eta})",
+    ) {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar
+}
+
+/// The job of the flags, and the generated token file it reads, if any.
+pub(super) fn job_spec(
+    args: &DatasetArgs,
+    name: Option<&str>,
+) -> anyhow::Result<(JobSpec, Option<NamedTempFile>)> {
+    let dtype = |default: Dtype| -> anyhow::Result<Dtype> {
+        match &args.dtype {
+            None => Ok(default),
+            Some(name) => Dtype::parse(name).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "unknown --dtype {name:?}; expected e.g. uint8, uint16, uint32, int64, float32"
+                )
+            }),
+        }
+    };
+    let (builder, file) = match args.dataset.as_str() {
+        "synthetic" => (
+            spec::synthetic(args.samples, &parse_shape(&args.shape)?, dtype(Dtype::U8)?),
+            None,
+        ),
+        "tokens" => {
+            let dtype = dtype(Dtype::U16)?;
+            let (path, file) = match &args.path {
+                Some(path) => (path.clone(), None),
+                None => {
+                    let file = generate_tokens(args, dtype)?;
+                    (file.path().to_path_buf(), Some(file))
+                }
+            };
+            (spec::tokens(path, dtype, args.context_length), file)
+        }
+        other => anyhow::bail!("unknown dataset kind {other:?}; expected synthetic or tokens"),
+    };
+    let mut builder = builder.batch_size(args.batch_size).epochs(args.epochs);
+    if let Some(name) = name {
+        builder = builder.name(name);
+    }
+    let spec = builder.build()?;
+    Ok((spec, file))
+}
+
+fn parse_shape(s: &str) -> anyhow::Result<Vec<u64>> {
+    let dims: Option<Vec<u64>> = s
+        .split(',')
+        .map(|d| d.trim().parse().ok().filter(|&d| d > 0))
+        .collect();
+    dims.filter(|d| !d.is_empty()).ok_or_else(|| {
+        anyhow::anyhow!(
+            "invalid --shape {s:?}; expected positive comma-separated sizes like 3,224,224"
+        )
+    })
+}
+
+/// A temporary token file of `GENERATED_TOKEN_BATCHES` batches per epoch:
+/// ids cycling through a GPT-2-sized vocabulary.
+fn generate_tokens(args: &DatasetArgs, dtype: Dtype) -> anyhow::Result<NamedTempFile> {
+    if args.batch_size == 0 || args.context_length == 0 {
+        // Let spec validation name the field; any non-empty file will do.
+        let mut f = NamedTempFile::new().context("cannot create a temporary token file")?;
+        f.write_all(&[0; 8])
+            .context("cannot write the temporary token file")?;
+        return Ok(f);
+    }
+    let windows = u64::from(args.batch_size).saturating_mul(GENERATED_TOKEN_BATCHES);
+    let tokens = windows
+        .saturating_mul(args.context_length)
+        .saturating_add(1);
+    let file = tempfile::Builder::new()
+        .prefix("loaderctl-tokens-")
+        .suffix(".bin")
+        .tempfile()
+        .context("cannot create a temporary token file")?;
+    let mut out = BufWriter::with_capacity(1 << 20, file.as_file());
+    for i in 0..tokens {
+        let id = (i.wrapping_mul(2_654_435_761) >> 7) % 50_257;
+        match dtype {
+            Dtype::U32 => out.write_all(&(id as u32).to_le_bytes()),
+            _ => out.write_all(&(id as u16).to_le_bytes()),
+        }
+        .with_context(|| {
+            format!(
+                "cannot write the temporary token file {}",
+                PathBuf::from(file.path()).display()
+            )
+        })?;
+    }
+    out.flush()
+        .context("cannot write the temporary token file")?;
+    drop(out);
+    Ok(file)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shapes_parse_or_say_what_is_expected() {
+        assert_eq!(parse_shape("3,224, 224").expect("shape"), vec![3, 224, 224]);
+        for bad in ["", "3,,4", "0", "a"] {
+            let e = parse_shape(bad).expect_err(bad).to_string();
+            assert!(e.starts_with("invalid --shape"), "{e}");
+        }
+    }
+}

@@ -1,0 +1,418 @@
+//! The book of the ring's slots: who holds each one, and the grants that are
+//! the credits of the ring's connections.
+//!
+//! A slot is `Free`, `Granted` to one connection with a generation, or
+//! `Held` for the user (filled, viewed by a batch). A connection's credits
+//! are like a gRPC stream's: its grants plus its batches that wait in the
+//! consumer (filled, not yet yielded) stay below `prefetch`, so a fast worker
+//! cannot fill the whole ring with batches that wait behind a slow one's.
+//! Free slots go to the connection using the fewest credits, round-robin
+//! among equals. A report from a worker is checked here
+//! before it can become a view: a slot outside the ring, one not granted to
+//! that connection, a stale generation or a length past the slot is refused.
+//! A held slot is represented by exactly one [`SlotRelease`]; dropping it
+//! frees the slot and grants it again with a new generation.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use loader_proto::pb::SlotGrant;
+use loader_proto::ring::RingGeometry;
+use tokio::sync::mpsc::UnboundedSender;
+
+/// Identifies one ring connection for the life of the ring.
+pub(crate) type ConnId = u64;
+
+/// A report the book refuses: the worker broke the protocol.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum SlotError {
+    /// No such slot.
+    #[error("reported slot {slot} of a ring of {count} slots")]
+    OutOfRange {
+        /// Slot named.
+        slot: u32,
+        /// Slots in the ring.
+        count: u32,
+    },
+    /// The slot is not granted to this connection.
+    #[error("reported slot {slot}, which is not granted to it")]
+    NotGranted {
+        /// Slot named.
+        slot: u32,
+    },
+    /// The generation is not that of the slot's grant.
+    #[error(
+        "reported slot {slot} with generation {generation}, but it was granted with generation {granted}"
+    )]
+    WrongGeneration {
+        /// Slot named.
+        slot: u32,
+        /// Generation reported.
+        generation: u64,
+        /// Generation of the grant.
+        granted: u64,
+    },
+    /// More bytes than a slot holds.
+    #[error("reported {len} bytes in slot {slot}, but slots hold {slot_size} bytes")]
+    TooLong {
+        /// Slot named.
+        slot: u32,
+        /// Bytes reported.
+        len: u64,
+        /// Bytes per slot.
+        slot_size: u64,
+    },
+}
+
+/// Who holds a slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    /// On the free list.
+    Free,
+    /// Granted to a connection: its worker may be writing it.
+    Granted {
+        /// The connection.
+        conn: ConnId,
+        /// Generation of the grant.
+        generation: u64,
+    },
+    /// Filled and viewed by the user; its [`SlotRelease`] frees it.
+    Held {
+        /// Generation of the grant it was filled under.
+        generation: u64,
+    },
+}
+
+/// A connection's account.
+#[derive(Debug)]
+struct Account {
+    /// Slots granted to it and not yet reported.
+    grants: u32,
+    /// Its batches the consumer holds but has not yielded yet.
+    waiting: u32,
+    /// Carries grants to the connection's task, which writes them.
+    tx: UnboundedSender<SlotGrant>,
+}
+
+#[derive(Debug)]
+struct State {
+    geometry: RingGeometry,
+    /// Most grants one connection holds at a time.
+    prefetch: u32,
+    /// Holder of each slot, indexed by slot.
+    slots: Vec<Slot>,
+    /// Generation of each slot's latest grant (0: never granted).
+    generations: Vec<u64>,
+    /// Free slots, oldest first.
+    free: VecDeque<u32>,
+    /// Open connections.
+    accounts: BTreeMap<ConnId, Account>,
+    /// The connection granted last, for round-robin among equals.
+    cursor: ConnId,
+    /// Last connection id handed out.
+    next_conn: ConnId,
+}
+
+/// Counts of slots by state, for tests and logs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Census {
+    /// Slots on the free list.
+    pub(crate) free: usize,
+    /// Slots granted to workers.
+    pub(crate) granted: usize,
+    /// Slots held by the user's batches.
+    pub(crate) held: usize,
+}
+
+/// The shared book; every change happens under its lock.
+#[derive(Debug)]
+pub(crate) struct Book {
+    state: Mutex<State>,
+}
+
+impl Book {
+    /// Every slot free; no connection.
+    pub(crate) fn new(geometry: RingGeometry, prefetch: u32) -> Arc<Self> {
+        let count = geometry.slot_count as usize;
+        Arc::new(Self {
+            state: Mutex::new(State {
+                geometry,
+                prefetch: prefetch.max(1),
+                slots: vec![Slot::Free; count],
+                generations: vec![0; count],
+                free: (0..geometry.slot_count).collect(),
+                accounts: BTreeMap::new(),
+                cursor: 0,
+                next_conn: 0,
+            }),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Plain book-keeping that stays consistent across a panic elsewhere.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Opens an account for a new connection, whose grants go to `tx`, and
+    /// grants it what is free.
+    pub(crate) fn open(&self, tx: UnboundedSender<SlotGrant>) -> ConnId {
+        let mut st = self.lock();
+        st.next_conn += 1;
+        let id = st.next_conn;
+        st.accounts.insert(
+            id,
+            Account {
+                grants: 0,
+                waiting: 0,
+                tx,
+            },
+        );
+        st.distribute();
+        id
+    }
+
+    /// Closes a connection's account: its granted slots are free again (its
+    /// worker is gone and writes no more); held slots stay with the views.
+    /// Returns how many grants it still held.
+    pub(crate) fn close(&self, conn: ConnId) -> u32 {
+        let mut st = self.lock();
+        let n = st.reclaim(conn);
+        st.distribute();
+        n
+    }
+
+    /// A worker reports a batch of `len` bytes in `slot`: the slot becomes
+    /// the user's, represented by the returned release.
+    pub(crate) fn filled(
+        self: &Arc<Self>,
+        conn: ConnId,
+        slot: u32,
+        generation: u64,
+        len: u64,
+    ) -> Result<SlotRelease, SlotError> {
+        let mut st = self.lock();
+        st.check_granted(conn, slot, generation)?;
+        let slot_size = st.geometry.slot_size;
+        if len > slot_size {
+            return Err(SlotError::TooLong {
+                slot,
+                len,
+                slot_size,
+            });
+        }
+        st.slots[slot as usize] = Slot::Held { generation };
+        st.spent(conn);
+        if let Some(a) = st.accounts.get_mut(&conn) {
+            a.waiting += 1;
+        }
+        st.distribute();
+        Ok(SlotRelease {
+            book: Arc::clone(self),
+            slot,
+            generation,
+        })
+    }
+
+    /// The consumer yielded (or dropped as a copy) a batch `conn` filled:
+    /// that credit is the connection's again.
+    pub(crate) fn yielded(&self, conn: ConnId) {
+        let mut st = self.lock();
+        if let Some(a) = st.accounts.get_mut(&conn) {
+            a.waiting = a.waiting.saturating_sub(1);
+            st.distribute();
+        }
+    }
+
+    /// A worker gives back a grant it did not use.
+    pub(crate) fn returned(
+        &self,
+        conn: ConnId,
+        slot: u32,
+        generation: u64,
+    ) -> Result<(), SlotError> {
+        let mut st = self.lock();
+        st.check_granted(conn, slot, generation)?;
+        st.slots[slot as usize] = Slot::Free;
+        st.free.push_back(slot);
+        st.spent(conn);
+        st.distribute();
+        Ok(())
+    }
+
+    /// The last view of a held slot is gone.
+    fn release(&self, slot: u32, generation: u64) {
+        let mut st = self.lock();
+        if st.slots.get(slot as usize) == Some(&Slot::Held { generation }) {
+            st.slots[slot as usize] = Slot::Free;
+            st.free.push_back(slot);
+            st.distribute();
+        }
+    }
+
+    /// Connections with credits to spare but no grant while no slot is
+    /// free: every slot is held by batches or granted elsewhere, so these
+    /// workers cannot deliver until a batch is dropped.
+    pub(crate) fn starved(&self) -> usize {
+        let st = self.lock();
+        if !st.free.is_empty() {
+            return 0;
+        }
+        st.accounts
+            .values()
+            .filter(|a| a.grants == 0 && a.credits() < st.prefetch)
+            .count()
+    }
+
+    /// Slots by state.
+    pub(crate) fn census(&self) -> Census {
+        let st = self.lock();
+        let mut c = Census::default();
+        for s in &st.slots {
+            match s {
+                Slot::Free => c.free += 1,
+                Slot::Granted { .. } => c.granted += 1,
+                Slot::Held { .. } => c.held += 1,
+            }
+        }
+        c
+    }
+}
+
+impl Account {
+    /// Credits in use: grants, and batches waiting to be yielded.
+    fn credits(&self) -> u32 {
+        self.grants.saturating_add(self.waiting)
+    }
+}
+
+impl State {
+    fn check_granted(&self, conn: ConnId, slot: u32, generation: u64) -> Result<(), SlotError> {
+        let count = self.geometry.slot_count;
+        let Some(state) = self.slots.get(slot as usize).filter(|_| slot < count) else {
+            return Err(SlotError::OutOfRange { slot, count });
+        };
+        match *state {
+            Slot::Granted {
+                conn: c,
+                generation: g,
+            } if c == conn => {
+                if g == generation {
+                    Ok(())
+                } else {
+                    Err(SlotError::WrongGeneration {
+                        slot,
+                        generation,
+                        granted: g,
+                    })
+                }
+            }
+            _ => Err(SlotError::NotGranted { slot }),
+        }
+    }
+
+    fn spent(&mut self, conn: ConnId) {
+        if let Some(a) = self.accounts.get_mut(&conn) {
+            a.grants = a.grants.saturating_sub(1);
+        }
+    }
+
+    fn reclaim(&mut self, conn: ConnId) -> u32 {
+        let Some(account) = self.accounts.remove(&conn) else {
+            return 0;
+        };
+        for (i, s) in self.slots.iter_mut().enumerate() {
+            if matches!(*s, Slot::Granted { conn: c, .. } if c == conn) {
+                *s = Slot::Free;
+                self.free.push_back(i as u32);
+            }
+        }
+        account.grants
+    }
+
+    /// The connection to grant next: the fewest credits in use below
+    /// `prefetch`, the first after the cursor among equals.
+    fn pick(&self) -> Option<ConnId> {
+        let after = self.accounts.range(self.cursor + 1..);
+        let before = self.accounts.range(..=self.cursor);
+        let mut best: Option<(ConnId, u32)> = None;
+        for (&id, a) in after.chain(before) {
+            let used = a.credits();
+            if used < self.prefetch && best.is_none_or(|(_, b)| used < b) {
+                best = Some((id, used));
+            }
+        }
+        best.map(|(id, _)| id)
+    }
+
+    /// Grants free slots while a connection has room.
+    fn distribute(&mut self) {
+        while !self.free.is_empty() {
+            let Some(conn) = self.pick() else { return };
+            let Some(slot) = self.free.pop_front() else {
+                return;
+            };
+            let i = slot as usize;
+            self.generations[i] += 1;
+            let generation = self.generations[i];
+            let Some(account) = self.accounts.get_mut(&conn) else {
+                return;
+            };
+            if account.tx.send(SlotGrant { slot, generation }).is_err() {
+                // The connection's task is gone: nothing will write there.
+                self.free.push_front(slot);
+                self.reclaim(conn);
+                continue;
+            }
+            account.grants += 1;
+            self.slots[i] = Slot::Granted { conn, generation };
+            self.cursor = conn;
+        }
+    }
+}
+
+/// The credit a batch from the ring owes its connection until the consumer
+/// yields it (or drops it as a copy).
+#[derive(Debug)]
+pub(crate) struct SlotCredit {
+    book: Arc<Book>,
+    conn: ConnId,
+}
+
+impl SlotCredit {
+    /// The credit of a batch `conn` just filled.
+    pub(crate) fn new(book: Arc<Book>, conn: ConnId) -> Self {
+        Self { book, conn }
+    }
+
+    /// The batch was yielded: the connection may be granted another slot.
+    pub(crate) fn give_back(self) {
+        self.book.yielded(self.conn);
+    }
+}
+
+/// The user's hold on one filled slot: the slot is `Held` exactly as long as
+/// this lives, and freed (then granted again) when it is dropped.
+#[derive(Debug)]
+pub(crate) struct SlotRelease {
+    book: Arc<Book>,
+    slot: u32,
+    generation: u64,
+}
+
+impl SlotRelease {
+    /// The slot held.
+    pub(crate) fn slot(&self) -> u32 {
+        self.slot
+    }
+}
+
+impl Drop for SlotRelease {
+    fn drop(&mut self) {
+        self.book.release(self.slot, self.generation);
+    }
+}
+
+#[cfg(test)]
+mod tests;

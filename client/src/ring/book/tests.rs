@@ -1,0 +1,331 @@
+//! The book against honest and lying reports, and a model of the protocol.
+use proptest::prelude::*;
+use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+
+use super::*;
+
+fn book(count: u32, prefetch: u32) -> Arc<Book> {
+    Book::new(
+        RingGeometry {
+            slot_size: 4096,
+            slot_count: count,
+        },
+        prefetch,
+    )
+}
+
+fn conn(b: &Book) -> (ConnId, UnboundedReceiver<SlotGrant>) {
+    let (tx, rx) = unbounded_channel();
+    (b.open(tx), rx)
+}
+
+fn grants(rx: &mut UnboundedReceiver<SlotGrant>) -> Vec<(u32, u64)> {
+    std::iter::from_fn(|| rx.try_recv().ok())
+        .map(|g| (g.slot, g.generation))
+        .collect()
+}
+
+#[test]
+fn grants_are_credits_up_to_prefetch_and_come_back_with_a_new_generation() {
+    let b = book(4, 2);
+    let (a, mut ra) = conn(&b);
+    assert_eq!(
+        grants(&mut ra),
+        vec![(0, 1), (1, 1)],
+        "prefetch caps the grants"
+    );
+    let (c, mut rc) = conn(&b);
+    assert_eq!(grants(&mut rc), vec![(2, 1), (3, 1)]);
+    assert_eq!(
+        b.census(),
+        Census {
+            free: 0,
+            granted: 4,
+            held: 0
+        }
+    );
+
+    let held = b.filled(a, 0, 1, 100).expect("filled");
+    assert_eq!(
+        b.census(),
+        Census {
+            free: 0,
+            granted: 3,
+            held: 1
+        }
+    );
+    drop(held);
+    assert!(
+        grants(&mut ra).is_empty(),
+        "a's batch waits in the consumer: still a credit"
+    );
+    assert_eq!(
+        b.census(),
+        Census {
+            free: 1,
+            granted: 3,
+            held: 0
+        }
+    );
+    b.yielded(a);
+    assert_eq!(
+        grants(&mut ra),
+        vec![(0, 2)],
+        "yielded: the slot comes back to a, newer generation"
+    );
+    b.returned(c, 3, 1).expect("returned");
+    assert_eq!(grants(&mut rc), vec![(3, 2)], "c is below prefetch again");
+}
+
+#[test]
+fn a_fast_worker_cannot_fill_the_ring_behind_a_slow_one() {
+    let b = book(4, 2);
+    let (fast, mut rf) = conn(&b);
+    let first = grants(&mut rf);
+    let held: Vec<_> = first
+        .iter()
+        .map(|&(s, g)| b.filled(fast, s, g, 1).expect("filled"))
+        .collect();
+    assert!(
+        grants(&mut rf).is_empty(),
+        "two batches wait in the consumer: no more credit"
+    );
+    let (_slow, mut rs) = conn(&b);
+    assert_eq!(
+        grants(&mut rs).len(),
+        2,
+        "the free slots are left for the slow worker"
+    );
+    assert_eq!(b.starved(), 0);
+    drop(held);
+}
+
+#[test]
+fn starved_workers_are_counted_when_every_slot_is_held() {
+    let b = book(2, 2);
+    let (a, mut ra) = conn(&b);
+    let held: Vec<_> = grants(&mut ra)
+        .iter()
+        .map(|&(s, g)| b.filled(a, s, g, 1).expect("filled"))
+        .collect();
+    let (_c, _rc) = conn(&b);
+    assert_eq!(b.starved(), 1, "c has credits but every slot is held");
+    b.yielded(a);
+    b.yielded(a);
+    assert_eq!(
+        b.starved(),
+        2,
+        "yielded but not dropped: still held, and a may fill again"
+    );
+    drop(held);
+    assert_eq!(b.starved(), 0);
+}
+
+#[test]
+fn fewest_credits_first() {
+    let b = book(3, 8);
+    let (a, mut ra) = conn(&b);
+    assert_eq!(
+        grants(&mut ra).len(),
+        3,
+        "alone, it takes everything up to prefetch"
+    );
+    let (_c, mut rc) = conn(&b);
+    assert!(grants(&mut rc).is_empty());
+    let h = b.filled(a, 0, 1, 1).expect("filled");
+    b.yielded(a);
+    drop(h);
+    assert_eq!(
+        grants(&mut rc),
+        vec![(0, 2)],
+        "the starved connection goes first"
+    );
+}
+
+#[test]
+fn reports_are_checked_against_the_book() {
+    let b = book(2, 1);
+    let (a, _ra) = conn(&b);
+    let (c, _rc) = conn(&b);
+    // a holds slot 0 gen 1, c holds slot 1 gen 1.
+    assert_eq!(
+        b.filled(a, 2, 1, 1).err(),
+        Some(SlotError::OutOfRange { slot: 2, count: 2 })
+    );
+    assert_eq!(
+        b.filled(a, u32::MAX, 1, 1).err(),
+        Some(SlotError::OutOfRange {
+            slot: u32::MAX,
+            count: 2
+        })
+    );
+    assert_eq!(
+        b.filled(a, 1, 1, 1).err(),
+        Some(SlotError::NotGranted { slot: 1 }),
+        "c's slot"
+    );
+    assert_eq!(
+        b.filled(a, 0, 7, 1).err(),
+        Some(SlotError::WrongGeneration {
+            slot: 0,
+            generation: 7,
+            granted: 1
+        })
+    );
+    assert_eq!(
+        b.filled(a, 0, 1, 4097).err(),
+        Some(SlotError::TooLong {
+            slot: 0,
+            len: 4097,
+            slot_size: 4096
+        })
+    );
+    let held = b.filled(a, 0, 1, 4096).expect("a full slot is fine");
+    assert_eq!(
+        b.filled(a, 0, 1, 1).err(),
+        Some(SlotError::NotGranted { slot: 0 }),
+        "reported twice"
+    );
+    assert_eq!(
+        b.returned(a, 0, 1),
+        Err(SlotError::NotGranted { slot: 0 }),
+        "held, not granted"
+    );
+    b.returned(c, 1, 1).expect("returned");
+    drop(held);
+}
+
+#[test]
+fn a_closed_connection_frees_its_grants_but_not_held_slots() {
+    let b = book(4, 4);
+    let (a, mut ra) = conn(&b);
+    assert_eq!(grants(&mut ra).len(), 4);
+    let held = b.filled(a, 2, 1, 10).expect("filled");
+    assert_eq!(b.close(a), 3);
+    assert_eq!(
+        b.census(),
+        Census {
+            free: 3,
+            granted: 0,
+            held: 1
+        }
+    );
+    let (_c, mut rc) = conn(&b);
+    let got = grants(&mut rc);
+    assert_eq!(got.len(), 3);
+    assert!(
+        got.iter()
+            .all(|&(slot, generation)| slot != 2 && generation == 2)
+    );
+    drop(held);
+    assert_eq!(grants(&mut rc), vec![(2, 2)]);
+}
+
+#[test]
+fn a_connection_whose_task_is_gone_is_closed_on_the_next_grant() {
+    let b = book(2, 2);
+    let (a, ra) = conn(&b);
+    drop(ra);
+    b.returned(a, 0, 1).expect("returned");
+    assert_eq!(
+        b.census(),
+        Census {
+            free: 2,
+            granted: 0,
+            held: 0
+        },
+        "a's grants were reclaimed"
+    );
+    let (_c, mut rc) = conn(&b);
+    assert_eq!(grants(&mut rc), vec![(0, 3), (1, 2)]);
+}
+
+/// One thing that can happen to the book.
+#[derive(Debug, Clone)]
+enum Step {
+    Open,
+    Close(usize),
+    Fill(usize, u32, u64, u64),
+    Return(usize, u32, u64),
+    FillGranted(usize),
+    Drop(usize),
+    Yield(usize),
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        Just(Step::Open),
+        (0usize..4).prop_map(Step::Close),
+        (0usize..4, 0u32..6, 0u64..6, 0u64..5000).prop_map(|(c, s, g, l)| Step::Fill(c, s, g, l)),
+        (0usize..4, 0u32..6, 0u64..6).prop_map(|(c, s, g)| Step::Return(c, s, g)),
+        (0usize..4).prop_map(Step::FillGranted),
+        (0usize..8).prop_map(Step::Drop),
+        (0usize..4).prop_map(Step::Yield),
+    ]
+}
+
+proptest! {
+    /// Honest or lying reports in any order: a slot is in exactly one
+    /// state, a connection's grants and waiting batches never exceed
+    /// prefetch, each generation of a slot is granted once, and the book
+    /// never loses a slot.
+    #[test]
+    fn the_book_never_loses_or_doubles_a_slot(steps in proptest::collection::vec(step(), 0..80)) {
+        const COUNT: u32 = 5;
+        const PREFETCH: u32 = 2;
+        let b = book(COUNT, PREFETCH);
+        // Each connection: its id, its grants channel, what it holds,
+        // and how many of its batches wait in the consumer.
+        type Peer = (ConnId, UnboundedReceiver<SlotGrant>, Vec<(u32, u64)>, u32);
+        let mut conns: Vec<Peer> = Vec::new();
+        let mut held: Vec<SlotRelease> = Vec::new();
+        let mut seen: std::collections::HashSet<(u32, u64)> = Default::default();
+        for step in steps {
+            match step {
+                Step::Open => { let (id, rx) = conn(&b); conns.push((id, rx, Vec::new(), 0)); }
+                Step::Close(i) if i < conns.len() => { let (id, ..) = conns.remove(i); b.close(id); }
+                Step::Fill(i, slot, g, len) if i < conns.len() => {
+                    if let Ok(r) = b.filled(conns[i].0, slot, g, len) {
+                        let pos = conns[i].2.iter().position(|&x| x == (slot, g));
+                        prop_assert!(pos.is_some(), "accepted a report of a slot not granted");
+                        conns[i].2.remove(pos.unwrap_or_default());
+                        conns[i].3 += 1;
+                        held.push(r);
+                    }
+                }
+                Step::Return(i, slot, g) if i < conns.len() && b.returned(conns[i].0, slot, g).is_ok() => {
+                    let pos = conns[i].2.iter().position(|&x| x == (slot, g));
+                    prop_assert!(pos.is_some(), "accepted a return of a slot not granted");
+                    conns[i].2.remove(pos.unwrap_or_default());
+                }
+                Step::FillGranted(i) if i < conns.len() => {
+                    if let Some(&(slot, g)) = conns[i].2.first() {
+                        held.push(b.filled(conns[i].0, slot, g, 64).expect("an honest report"));
+                        conns[i].2.remove(0);
+                        conns[i].3 += 1;
+                    }
+                }
+                Step::Drop(i) if i < held.len() => { held.remove(i); }
+                Step::Yield(i) if i < conns.len() && conns[i].3 > 0 => { conns[i].3 -= 1; b.yielded(conns[i].0); }
+                _ => {}
+            }
+            for (_, rx, granted, waiting) in &mut conns {
+                for g in grants(rx) {
+                    prop_assert!(seen.insert(g), "slot {} generation {} granted twice", g.0, g.1);
+                    granted.push(g);
+                }
+                prop_assert!(granted.len() + *waiting as usize <= PREFETCH as usize);
+            }
+            let c = b.census();
+            prop_assert_eq!(c.free + c.granted + c.held, COUNT as usize);
+            prop_assert_eq!(c.held, held.len());
+            prop_assert_eq!(c.granted, conns.iter().map(|c| c.2.len()).sum::<usize>());
+            if c.free > 0 {
+                prop_assert!(
+                    conns.iter().all(|c| c.2.len() + c.3 as usize == PREFETCH as usize),
+                    "a free slot left ungranted"
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,362 @@
+//! The trainer's side of the shared-memory transport: a ring of fixed-size
+//! slots in one memfd that co-located workers collate batches straight into.
+//!
+//! The trainer owns the ring. It listens on a Unix socket in a private
+//! temporary directory (announced as `ring_socket` in OpenSession), checks
+//! each peer's credentials, answers its hello with the attach message and the
+//! memfd (SCM_RIGHTS), and grants it slots. A filled slot becomes a
+//! [`Batch`](crate::Batch) whose bytes are a view of the slot
+//! (`Bytes::from_owner`), delivered to the consumer like a gRPC frame; the
+//! slot is granted again when the last view of the batch is dropped.
+//!
+//! # Layout
+//! - `memory`: the sealed memfd, its read-only mapping, and [`SlotView`]:
+//!   the only `unsafe`.
+//! - `book`: slot states (free, granted, held), grants as credits, and the
+//!   checks of every worker report.
+//! - `peer`: SO_PEERCRED and the policy of who may attach.
+//! - `conn`: one worker's connection: handshake, then reports in, grants out.
+//! - `gap`: what the consumer does when the in-order stream is stuck on a
+//!   gap while ring slots are in use, or after a worker left the ring.
+
+mod book;
+mod conn;
+mod gap;
+mod memory;
+mod peer;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use loader_proto::ring::{FrameError, RingGeometry};
+use tokio::net::UnixListener;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::LoaderError;
+
+use self::book::Book;
+pub(crate) use self::book::{Census, SlotCredit};
+pub(crate) use self::conn::ConnContext;
+pub(crate) use self::gap::{GapWatch, Listed};
+use self::memory::RingMemory;
+pub(crate) use self::memory::SlotView;
+use self::peer::PeerPolicy;
+
+/// Bytes per slot unless told otherwise: a 64 x 3x224x224 uint8 batch fits.
+pub const DEFAULT_SLOT_SIZE: u64 = 16 << 20;
+/// Fewest slots of a ring sized by default.
+const MIN_DEFAULT_SLOTS: u32 = 4;
+/// Most slots a ring may have (the workers' limit too).
+const MAX_SLOTS: u32 = 1 << 16;
+
+/// Why the ring could not be set up, or a connection had to end.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum RingError {
+    /// The settings describe an impossible ring.
+    #[error("invalid shared-memory ring: {0}")]
+    Config(String),
+    /// The memfd could not be created, sealed or mapped.
+    #[error("cannot create the shared-memory ring: {0}")]
+    Memory(String),
+    /// The socket could not be set up.
+    #[error("cannot listen for workers on {}: {cause}", path.display())]
+    Listen {
+        /// Socket path.
+        path: PathBuf,
+        /// The OS error.
+        cause: std::io::Error,
+    },
+    /// A peer may not attach.
+    #[error("refusing a ring peer: {0}")]
+    Refused(String),
+    /// Reading or writing the socket failed.
+    #[error("socket error: {0}")]
+    Io(#[from] std::io::Error),
+    /// A frame could not be read.
+    #[error(transparent)]
+    Frame(#[from] FrameError),
+    /// The peer said something out of place before attaching.
+    #[error("protocol error: {0}")]
+    Protocol(String),
+}
+
+/// Settings of the ring, from the loader's builder.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RingConfig {
+    /// Slots; default `2 x prefetch`, at least 4.
+    pub(crate) slot_count: Option<u32>,
+    /// Bytes per slot: a multiple of 64 and of the page size.
+    pub(crate) slot_size: u64,
+    /// Where the private socket directory is created (default: the system
+    /// temporary directory). A sidecar worker needs a directory it shares.
+    pub(crate) dir: Option<PathBuf>,
+    /// Users other than this process's own that may attach.
+    pub(crate) allowed_uids: BTreeSet<u32>,
+}
+
+impl Default for RingConfig {
+    fn default() -> Self {
+        Self {
+            slot_count: None,
+            slot_size: DEFAULT_SLOT_SIZE,
+            dir: None,
+            allowed_uids: BTreeSet::new(),
+        }
+    }
+}
+
+impl RingConfig {
+    /// The ring's geometry for `prefetch` grants per worker, or a one-line
+    /// reason why these settings cannot work.
+    pub(crate) fn geometry(&self, prefetch: u32) -> Result<RingGeometry, LoaderError> {
+        let bad = |m: String| Err(LoaderError::InvalidArgument(m));
+        let page = page_size();
+        let size = self.slot_size;
+        if size == 0
+            || !size.is_multiple_of(loader_proto::batch::ALIGN as u64)
+            || !size.is_multiple_of(page)
+        {
+            return bad(format!(
+                "ring slot size {size} must be a positive multiple of 64 and of the page size ({page} bytes)"
+            ));
+        }
+        let count = self
+            .slot_count
+            .unwrap_or_else(|| prefetch.saturating_mul(2).max(MIN_DEFAULT_SLOTS));
+        if count == 0 || count > MAX_SLOTS {
+            return bad(format!(
+                "ring slot count {count} must be between 1 and {MAX_SLOTS}"
+            ));
+        }
+        let geometry = RingGeometry {
+            slot_size: size,
+            slot_count: count,
+        };
+        match geometry
+            .total_len()
+            .and_then(|l| usize::try_from(l).ok())
+            .filter(|&l| l <= isize::MAX as usize)
+        {
+            Some(_) => Ok(geometry),
+            None => bad(format!(
+                "a ring of {count} slots of {size} bytes does not fit this address space"
+            )),
+        }
+    }
+}
+
+fn page_size() -> u64 {
+    match nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE) {
+        Ok(Some(p)) if p > 0 => p as u64,
+        _ => 4096,
+    }
+}
+
+/// A worker whose ring connection closed: if the stream stalls afterwards,
+/// its batches are the likely gap.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Disconnect {
+    /// The worker's gRPC address, from its hello.
+    pub(crate) address: String,
+    /// Its process id, from SO_PEERCRED.
+    pub(crate) pid: i32,
+    /// When the socket closed.
+    pub(crate) at: Instant,
+}
+
+/// The ring's memory and book, shared by the connections, the views and the
+/// consumer; outlives the loader while batches are held.
+#[derive(Debug)]
+pub(crate) struct SlotRing {
+    /// The mapping the views read.
+    memory: Arc<RingMemory>,
+    /// Who holds which slot.
+    book: Arc<Book>,
+    /// The latest worker that left the ring while the loader ran.
+    disconnected: Mutex<Option<Disconnect>>,
+}
+
+impl SlotRing {
+    /// Slot counts by state.
+    pub(crate) fn census(&self) -> Census {
+        self.book.census()
+    }
+
+    /// Workers that cannot deliver until the user gives a slot back.
+    pub(crate) fn starved(&self) -> usize {
+        self.book.starved()
+    }
+
+    /// True when `bytes` are a view into this ring.
+    pub(crate) fn holds(&self, bytes: &Bytes) -> bool {
+        self.memory
+            .address_range()
+            .contains(&(bytes.as_ptr() as usize))
+    }
+
+    /// The latest worker that left the ring.
+    pub(crate) fn last_disconnect(&self) -> Option<Disconnect> {
+        self.disconnected.lock().ok().and_then(|d| d.clone())
+    }
+
+    fn record_disconnect(&self, d: Disconnect) {
+        if let Ok(mut slot) = self.disconnected.lock() {
+            *slot = Some(d);
+        }
+    }
+}
+
+/// The ring and its socket, owned by the loader.
+#[derive(Debug)]
+pub(crate) struct Ring {
+    /// Shared with views and connections.
+    shared: Arc<SlotRing>,
+    /// The socket workers connect to.
+    path: PathBuf,
+    /// Taken when the accept loop starts.
+    listener: Option<UnixListener>,
+    /// The private directory holding the socket; removed on drop.
+    _dir: tempfile::TempDir,
+    /// Who may attach.
+    policy: PeerPolicy,
+}
+
+impl Ring {
+    /// Creates the memfd for `geometry` and binds the socket. Call on a
+    /// tokio runtime. Connections wait in the backlog until [`Ring::serve`].
+    pub(crate) fn bind(
+        config: &RingConfig,
+        geometry: RingGeometry,
+        prefetch: u32,
+    ) -> Result<Self, RingError> {
+        let memory = RingMemory::create(geometry)?;
+        let mut builder = tempfile::Builder::new();
+        builder.prefix("loader-ring-");
+        let dir = match &config.dir {
+            Some(parent) => builder.tempdir_in(parent),
+            None => builder.tempdir(),
+        }
+        .map_err(|cause| RingError::Listen {
+            path: config.dir.clone().unwrap_or_else(std::env::temp_dir),
+            cause,
+        })?;
+        let path = dir.path().join("ring.sock");
+        if path.to_str().is_none() {
+            return Err(RingError::Config(format!(
+                "socket path {} is not UTF-8",
+                path.display()
+            )));
+        }
+        let listener = UnixListener::bind(&path).map_err(|cause| RingError::Listen {
+            path: path.clone(),
+            cause,
+        })?;
+        let shared = Arc::new(SlotRing {
+            memory,
+            book: Book::new(geometry, prefetch),
+            disconnected: Mutex::new(None),
+        });
+        let policy = PeerPolicy {
+            allowed_uids: config.allowed_uids.clone(),
+            ..PeerPolicy::own_user()
+        };
+        Ok(Self {
+            shared,
+            path,
+            listener: Some(listener),
+            _dir: dir,
+            policy,
+        })
+    }
+
+    /// The socket path, as OpenSession carries it.
+    pub(crate) fn socket(&self) -> &Path {
+        &self.path
+    }
+
+    /// The memory and book, for the consumer.
+    pub(crate) fn shared(&self) -> Arc<SlotRing> {
+        Arc::clone(&self.shared)
+    }
+
+    /// Accepts workers until `stop`, each on a task of its own.
+    pub(crate) fn serve(&mut self, ctx: ConnContext, stop: CancellationToken) {
+        let Some(listener) = self.listener.take() else {
+            return;
+        };
+        let ctx = Arc::new(ctx.with(Arc::clone(&self.shared), self.policy.clone()));
+        tokio::spawn(async move {
+            loop {
+                let accepted = tokio::select! {
+                    () = stop.cancelled() => return,
+                    a = listener.accept() => a,
+                };
+                match accepted {
+                    Ok((stream, _)) => {
+                        tokio::spawn(conn::serve(Arc::clone(&ctx), stream, stop.child_token()));
+                    }
+                    Err(e) => {
+                        // Out of descriptors and the like: pause, then go on.
+                        tracing::warn!("accepting a ring connection failed: {e}");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn geometry_defaults_and_limits() {
+        let c = RingConfig::default();
+        assert_eq!(
+            c.geometry(8).expect("default"),
+            RingGeometry {
+                slot_size: 16 << 20,
+                slot_count: 16
+            }
+        );
+        assert_eq!(c.geometry(1).expect("min").slot_count, 4);
+        let c = RingConfig {
+            slot_count: Some(2),
+            slot_size: 64 << 10,
+            ..Default::default()
+        };
+        assert_eq!(
+            c.geometry(1).expect("explicit"),
+            RingGeometry {
+                slot_size: 64 << 10,
+                slot_count: 2
+            }
+        );
+        for (count, size) in [
+            (Some(0), 1 << 20),
+            (Some(MAX_SLOTS + 1), 1 << 20),
+            (None, 0),
+            (None, 1000),
+            (None, 64),
+        ] {
+            let c = RingConfig {
+                slot_count: count,
+                slot_size: size,
+                ..Default::default()
+            };
+            let e = c.geometry(8).expect_err("invalid").to_string();
+            assert!(e.starts_with("ring slot"), "{e}");
+        }
+        let c = RingConfig {
+            slot_count: Some(MAX_SLOTS),
+            slot_size: u64::MAX - 4095,
+            ..Default::default()
+        };
+        assert!(c.geometry(8).is_err(), "overflow");
+    }
+}
