@@ -147,9 +147,8 @@ impl Coordinator {
         {
             tracing::warn!(error = %e, "resume point not journaled");
         }
-        if resume_at.is_some() {
-            self.work_available.notify_waiters();
-        }
+        // The consumer may have had no session: its batches can go out now.
+        self.work_available.notify_waiters();
         Ok((id, job))
     }
 
@@ -292,6 +291,12 @@ impl Coordinator {
                 let job_id = job.job.job_id;
                 for (c, consumer) in job.consumers.iter_mut().enumerate() {
                     let key = (job_id, c as u32);
+                    // Only for a trainer that is there: its session says
+                    // where batches go (its ring or gRPC), and nothing is
+                    // produced for a consumer whose trainer died.
+                    if !t.sessions.has_consumer(job_id, c as u32) {
+                        continue;
+                    }
                     let room = w.max_outstanding.saturating_sub(w.outstanding_for(key));
                     let Some(range) = consumer.queue.take(room.min(range_len)) else { continue };
                     w.outstanding.entry(key).or_default().extend(range.clone());

@@ -43,6 +43,11 @@ impl SessionTable {
         self.next_id
     }
 
+    /// Whether some open session consumes `(job_id, consumer)`.
+    pub(crate) fn has_consumer(&self, job_id: u64, consumer: u32) -> bool {
+        self.sessions.values().any(|s| s.job_id == job_id && s.consumer == consumer)
+    }
+
     /// The ring socket through which a worker on `node` delivers batches of
     /// `(job_id, consumer)`: that of the newest session of the consumer when
     /// it runs on the same node and offers a ring, else none.

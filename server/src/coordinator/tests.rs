@@ -14,6 +14,17 @@ fn spec(name: &str, n: u64, batch: u32, consumers: u32) -> JobSpec {
     }
 }
 
+/// Creates a job and opens a session for each of its consumers, so that its
+/// batches can be assigned.
+fn create(c: &Coordinator, spec: JobSpec) -> pb::Job {
+    let consumers = spec.consumers;
+    let (job, _) = c.create_or_attach(spec).expect("job");
+    for consumer in 0..consumers {
+        c.open_session(job.job_id, consumer, "n".into(), String::new(), None).expect("session");
+    }
+    job
+}
+
 fn coordinator() -> Coordinator {
     Coordinator::new(ServerConfig { range_len: 2, ..ServerConfig::default() })
 }
@@ -32,7 +43,7 @@ async fn tasks(c: &Coordinator, worker: u64, delivered: Vec<pb::Delivered>) -> V
 #[tokio::test]
 async fn assignment_is_bounded_per_consumer_and_resumes_on_delivery() {
     let c = coordinator();
-    let (job, _) = c.create_or_attach(spec("", 200, 10, 2)).expect("job");
+    let job = create(&c, spec("", 200, 10, 2));
     let w = c.register_worker("http://w".into(), "n".into(), 4);
     let t = tasks(&c, w, Vec::new()).await;
     assert_eq!(seqs(&t, 0), vec![0, 1, 2, 3]);
@@ -50,7 +61,7 @@ async fn assignment_is_bounded_per_consumer_and_resumes_on_delivery() {
 #[tokio::test]
 async fn two_workers_split_the_sequence() {
     let c = coordinator();
-    c.create_or_attach(spec("", 64, 8, 1)).expect("job");
+    create(&c, spec("", 64, 8, 1));
     let a = c.register_worker("http://a".into(), "n".into(), 2);
     let b = c.register_worker("http://b".into(), "n".into(), 2);
     let ta = tasks(&c, a, Vec::new()).await;
@@ -68,7 +79,7 @@ async fn idle_heartbeat_waits_for_work_and_wakes_on_new_job() {
         tokio::spawn(async move { c.worker_heartbeat(w, Vec::new(), Vec::new(), Duration::from_secs(1)).await })
     };
     tokio::time::advance(Duration::from_millis(100)).await;
-    c.create_or_attach(spec("", 10, 5, 1)).expect("job");
+    create(&c, spec("", 10, 5, 1));
     match waiting.await.expect("join") {
         HeartbeatOutcome::Tasks { tasks: t, .. } => assert_eq!(seqs(&t, 0), vec![0, 1]),
         HeartbeatOutcome::Reregister => panic!("worker unknown"),
@@ -208,6 +219,12 @@ async fn silent_session_expires_and_its_ring_is_no_longer_routed() {
     assert_eq!(c.session_heartbeat(session, 0, 0), None, "the trainer is told to reopen");
     let report = vec![pb::Delivered { job_id: job.job_id, consumer: 0, seqs: vec![1] }];
     match c.worker_heartbeat(w, report, Vec::new(), Duration::ZERO).await {
+        HeartbeatOutcome::Tasks { tasks: t, .. } => assert!(t.is_empty(), "nothing is produced for a dead trainer"),
+        HeartbeatOutcome::Reregister => panic!("worker alive"),
+    }
+    // A new trainer for the consumer gets batches again, over gRPC.
+    c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("new session");
+    match c.worker_heartbeat(w, Vec::new(), Vec::new(), Duration::ZERO).await {
         HeartbeatOutcome::Tasks { tasks: t, .. } => assert_eq!(t[0].ring_socket, ""),
         HeartbeatOutcome::Reregister => panic!("worker alive"),
     }
@@ -238,6 +255,8 @@ async fn a_restart_on_the_same_state_dir_resumes_at_the_watermark() {
     ));
     let w = c.register_worker("http://w2".into(), "n".into(), 2);
     assert_ne!(w, old_worker);
+    assert!(tasks(&c, w, Vec::new()).await.is_empty(), "no trainer yet");
+    c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("trainer reopens");
     assert_eq!(seqs(&tasks(&c, w, Vec::new()).await, 0), vec![3, 4], "delivery resumes at the watermark");
     assert_eq!(c.list_jobs()[0].consumers[0].consumed, 3);
 }
@@ -245,7 +264,7 @@ async fn a_restart_on_the_same_state_dir_resumes_at_the_watermark() {
 #[tokio::test]
 async fn a_draining_worker_gets_no_tasks_and_its_leftovers_are_requeued_on_deregister() {
     let c = coordinator();
-    let (job, _) = c.create_or_attach(spec("", 640, 64, 1)).expect("job");
+    let job = create(&c, spec("", 640, 64, 1));
     let w = c.register_worker("http://w".into(), "n".into(), 4);
     assert_eq!(seqs(&tasks(&c, w, Vec::new()).await, 0), vec![0, 1, 2, 3]);
     c.drain_worker(w).expect("drain");
