@@ -297,8 +297,21 @@ impl Coordinator {
                     if !t.sessions.has_consumer(job_id, c as u32) {
                         continue;
                     }
-                    let room = w.max_outstanding.saturating_sub(w.outstanding_for(key));
-                    let Some(range) = consumer.queue.take(room.min(range_len)) else { continue };
+                    let held = w.outstanding_for(key);
+                    let room = w.max_outstanding.saturating_sub(held);
+                    // Batches taken back from a dead worker are the ones the
+                    // trainer waits for, while this worker's held batches
+                    // may be blocked behind them for want of the trainer's
+                    // credits: they may exceed the limit, by at most the
+                    // limit again, so memory stays bounded.
+                    let extra = (2 * w.max_outstanding).saturating_sub(held);
+                    let Some(range) = consumer
+                        .queue
+                        .take_returned(extra.min(range_len))
+                        .or_else(|| consumer.queue.take(room.min(range_len)))
+                    else {
+                        continue;
+                    };
                     w.outstanding.entry(key).or_default().extend(range.clone());
                     let ring_socket = t.sessions.ring_for(job_id, c as u32, &w.node).unwrap_or_default().to_owned();
                     tasks.push(pb::Task {

@@ -43,6 +43,11 @@ impl RangeQueue {
         Some(start..self.next)
     }
 
+    /// Takes up to `max` consecutive given-back sequence numbers, if any.
+    pub(crate) fn take_returned(&mut self, max: u64) -> Option<Range<u64>> {
+        if self.returned.is_empty() { None } else { self.take(max) }
+    }
+
     /// Gives handed-out sequence numbers back, to be handed out again.
     pub(crate) fn give_back(&mut self, seqs: impl IntoIterator<Item = u64>) {
         let next = self.next;
@@ -76,8 +81,9 @@ mod tests {
         assert_eq!(q.take(6), Some(0..6));
         q.give_back([4, 1, 2, 9]);
         assert_eq!(q.handed_out(), 3, "9 was never handed out and is not taken back");
-        assert_eq!(q.take(5), Some(1..3));
+        assert_eq!(q.take_returned(5), Some(1..3));
         assert_eq!(q.take(5), Some(4..5));
+        assert_eq!(q.take_returned(5), None, "only given-back numbers");
         assert_eq!(q.take(5), Some(6..10));
         assert_eq!(q.take(5), None);
     }

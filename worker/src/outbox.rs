@@ -1,13 +1,15 @@
 //! Outboxes: produced batches waiting for their consumer's `Fetch` stream.
 //!
-//! One FIFO queue per (job, consumer). The stream attached to a queue takes
+//! One queue per (job, consumer), lowest sequence number first: a batch that
+//! was produced again after another worker died is the one the trainer is
+//! waiting for, so it must not wait behind later ones. The stream attached to a queue takes
 //! one batch per credit its trainer granted, never more; a newer stream for
 //! the same consumer replaces the older one, which then ends, and batches not
 //! yet handed over stay queued for the newcomer. Handing a batch to a stream
 //! is what "delivered" means: the seq is recorded for the next heartbeat and
 //! the coordinator link is woken to report it at once.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::pin::pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -45,8 +47,8 @@ struct State {
 
 #[derive(Debug, Default)]
 struct Outbox {
-    /// Produced batches in production order, with their seqs.
-    batches: VecDeque<(u64, Bytes)>,
+    /// Produced batches by seq, handed out lowest first.
+    batches: BTreeMap<u64, Bytes>,
     /// Generation of the attached stream, if any.
     stream: Option<u64>,
     /// Session of the attached stream, for logs.
@@ -83,7 +85,7 @@ impl Outboxes {
             return;
         }
         let outbox = state.boxes.entry(key).or_default();
-        outbox.batches.push_back((seq, batch));
+        outbox.batches.insert(seq, batch);
         outbox.wake.notify_waiters();
     }
 
@@ -227,7 +229,7 @@ impl Attachment {
         if outbox.credits == 0 {
             return Step::Wait(Arc::clone(&outbox.wake));
         }
-        let Some((seq, batch)) = outbox.batches.pop_front() else {
+        let Some((seq, batch)) = outbox.batches.pop_first() else {
             return Step::Wait(Arc::clone(&outbox.wake));
         };
         outbox.credits -= 1;
@@ -305,6 +307,20 @@ mod tests {
         // The link was told there is something to report.
         o.delivered().await;
         assert_eq!(delivered(&o), vec![0]);
+    }
+
+    #[test]
+    fn a_lower_seq_produced_later_goes_out_first() {
+        let o = Outboxes::new();
+        let a = o.attach(KEY, 1, 0);
+        for seq in [5, 6, 7] {
+            o.push(KEY, seq, batch(seq));
+        }
+        // Seq 2 was requeued after its first worker died.
+        o.push(KEY, 2, batch(2));
+        a.add_credits(2);
+        assert_eq!(ready(&a), Some(Some(batch(2))));
+        assert_eq!(ready(&a), Some(Some(batch(5))));
     }
 
     #[test]

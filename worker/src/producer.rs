@@ -87,13 +87,17 @@ impl Producer {
         Ok(Self { shared })
     }
 
-    /// Queues a task behind the ones already queued.
+    /// Queues a task behind the ones already queued, except ahead of queued
+    /// tasks of the same consumer with later batches: a task with lower
+    /// sequence numbers arriving late was taken back from a worker that
+    /// died, and the trainer's in-order stream is waiting for it.
     pub(crate) fn submit(&self, task: Task) {
         let mut q = self.shared.lock();
         if q.stopped {
             return;
         }
-        q.tasks.push_back((task, Instant::now()));
+        let at = insertion_point(q.tasks.iter().map(|(queued, _)| queued), &task);
+        q.tasks.insert(at, (task, Instant::now()));
         self.shared.ready.notify_one();
     }
 
@@ -143,6 +147,25 @@ impl Producer {
         drop(q);
         self.shared.rings.interrupt();
     }
+}
+
+/// The consumer a task produces for: `(job_id, consumer)`.
+fn task_key(task: &Task) -> (u64, u32) {
+    (task.job.as_ref().map_or(0, |j| j.job_id), task.consumer)
+}
+
+/// Where `task` goes in the queue: before the first queued task of the same
+/// consumer with later batches, else at the end.
+fn insertion_point<'a>(queued: impl Iterator<Item = &'a Task>, task: &Task) -> usize {
+    let key = task_key(task);
+    let mut len = 0;
+    for (i, q) in queued.enumerate() {
+        if task_key(q) == key && q.start_seq > task.start_seq {
+            return i;
+        }
+        len = i + 1;
+    }
+    len
 }
 
 /// Why a task failed: one line, for the coordinator and the trainers.
@@ -393,6 +416,23 @@ pub(crate) mod tests {
         }
         assert!(outboxes.is_empty());
         p.stop();
+    }
+
+    #[test]
+    fn a_requeued_task_goes_before_later_tasks_of_its_consumer_only() {
+        let task = |job_id: u64, consumer: u32, start_seq: u64| Task {
+            job: Some(synthetic(job_id)),
+            consumer,
+            start_seq,
+            end_seq: start_seq + 2,
+            ring_socket: String::new(),
+        };
+        let queued = [task(1, 0, 10), task(1, 1, 2), task(1, 0, 12), task(2, 0, 0)];
+        assert_eq!(insertion_point(queued.iter(), &task(1, 0, 4)), 0);
+        assert_eq!(insertion_point(queued.iter(), &task(1, 1, 0)), 1);
+        assert_eq!(insertion_point(queued.iter(), &task(1, 0, 14)), 4);
+        assert_eq!(insertion_point(queued.iter(), &task(3, 0, 0)), 4);
+        assert_eq!(insertion_point([].iter(), &task(1, 0, 0)), 0);
     }
 
     #[tokio::test]

@@ -300,3 +300,28 @@ async fn a_resumed_session_restarts_its_consumer_at_the_saved_batch() {
     let err = c.open_session(job.job_id, 0, "n".into(), String::new(), Some(11)).expect_err("past the end");
     assert_eq!(tonic::Status::from(err).code(), tonic::Code::InvalidArgument);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_full_worker_still_takes_batches_given_back_by_a_dead_one() {
+    let c = coordinator();
+    let job = create(&c, spec("", 6400, 64, 1));
+    let dead = c.register_worker("http://dead".into(), "n".into(), 2);
+    let full = c.register_worker("http://full".into(), "n".into(), 2);
+    assert_eq!(seqs(&tasks(&c, dead, Vec::new()).await, 0), vec![0, 1]);
+    assert_eq!(seqs(&tasks(&c, full, Vec::new()).await, 0), vec![2, 3]);
+    // `full` cannot hand its batches over: the trainer waits for 0 and 1.
+    tokio::time::advance(c.config.lease_ttl + Duration::from_millis(1)).await;
+    for s in c.list_sessions() {
+        c.session_heartbeat(s.session_id, 0, 0);
+    }
+    let HeartbeatOutcome::Tasks { tasks: none, .. } =
+        c.worker_heartbeat(full, Vec::new(), Vec::new(), Duration::ZERO).await
+    else {
+        panic!("full is alive")
+    };
+    assert!(none.is_empty(), "at its limit");
+    assert_eq!(c.expire(tokio::time::Instant::now()), (1, 0));
+    assert_eq!(seqs(&tasks(&c, full, Vec::new()).await, 0), vec![0, 1], "given-back batches exceed the limit");
+    assert!(tasks(&c, full, Vec::new()).await.is_empty(), "but new ones do not");
+    let _ = job;
+}
