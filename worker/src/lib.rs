@@ -114,8 +114,11 @@ pub async fn run(
     // goes with its connection.
     rings.close();
     stop.cancel();
-    if !server.is_finished() && tokio::time::timeout(GRACE, &mut server).await.is_err() {
-        tracing::info!("connections still open after {GRACE:?}; closing them");
+    // A fenced worker leaves at once: its streams may cross a cut link that
+    // would hold a graceful close for the whole grace period.
+    let grace = if matches!(outcome, Err(WorkerError::LeaseLost { .. })) { Duration::ZERO } else { GRACE };
+    if !server.is_finished() && tokio::time::timeout(grace, &mut server).await.is_err() {
+        tracing::info!("connections still open after {grace:?}; closing them");
         server.abort();
     }
     outcome
