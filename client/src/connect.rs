@@ -6,6 +6,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tonic::Status;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::error::{LoaderError, root_cause};
@@ -13,6 +14,9 @@ use crate::error::{LoaderError, root_cause};
 /// Total time spent trying to reach the coordinator (or to get a retryable
 /// call through) before giving up.
 pub(crate) const CONNECT_BUDGET: Duration = Duration::from_secs(3);
+/// One call to the coordinator: a coordinator that accepted the connection
+/// but does not answer (stopped, partitioned) must not hang the caller.
+pub(crate) const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
 /// One connection attempt.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// HTTP/2 windows big enough that a whole batch flows without waiting for
@@ -71,6 +75,24 @@ pub(crate) async fn coordinator(address: &str) -> Result<Channel, LoaderError> {
         }
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_millis(800));
+    }
+}
+
+/// Awaits one unary call to `address`, bounded by [`ATTEMPT_TIMEOUT`]; a call
+/// that takes longer fails as `DeadlineExceeded`, which is retryable.
+pub(crate) async fn attempt<T>(
+    address: &str,
+    call: &'static str,
+    fut: impl Future<Output = Result<tonic::Response<T>, Status>>,
+) -> Result<T, LoaderError> {
+    match tokio::time::timeout(ATTEMPT_TIMEOUT, fut).await {
+        Ok(Ok(reply)) => Ok(reply.into_inner()),
+        Ok(Err(status)) => Err(LoaderError::rpc(address, call, status)),
+        Err(_) => Err(LoaderError::rpc(
+            address,
+            call,
+            Status::deadline_exceeded(format!("no answer within {}s", ATTEMPT_TIMEOUT.as_secs())),
+        )),
     }
 }
 

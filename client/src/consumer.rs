@@ -4,6 +4,7 @@
 //! ends after the last batch of the job.
 //! With a shared-memory ring, gaps are also handed to `ring::GapWatch`.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -69,13 +70,35 @@ impl Consumer {
         }
     }
 
+    /// A consumer resumed from a saved state: the batches below `next_seq`
+    /// and those in `yielded_above` were yielded by an earlier loader, so
+    /// copies of them are dropped and they count as yielded.
+    pub(crate) fn resuming(mut self, next_seq: u64, yielded_above: BTreeSet<u64>) -> Self {
+        let in_order = self.reorder.in_order();
+        self.yielded = next_seq + yielded_above.len() as u64;
+        self.reorder = Reorder::resuming(in_order, next_seq, yielded_above);
+        self.session
+            .progress()
+            .set_consumed(self.reorder.watermark());
+        self
+    }
+
+    /// Where the consumer stands: every batch below the first value was
+    /// yielded, and so were those in the second.
+    pub(crate) fn position(&self) -> (u64, BTreeSet<u64>) {
+        (
+            self.reorder.watermark(),
+            self.reorder.yielded_above().clone(),
+        )
+    }
+
     /// Batches may also arrive through a ring, watched by `gap`.
     pub(crate) fn with_gap_watch(mut self, gap: Option<GapWatch>) -> Self {
         self.gap = gap;
         self
     }
 
-    /// Batches yielded so far.
+    /// Batches yielded so far, including those yielded before a resume.
     pub(crate) fn yielded(&self) -> u64 {
         self.yielded
     }

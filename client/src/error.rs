@@ -77,6 +77,20 @@ pub enum LoaderError {
     /// The coordinator marked the job failed (bad sample, missing file...).
     #[error("job failed: {0}")]
     JobFailed(String),
+    /// The coordinator restarted without its journal and gave the job a new
+    /// id; this loader's batches belong to the old one.
+    #[error(
+        "coordinator {address} lost job {job_id} (restarted without its --state-dir journal) \
+         and re-created it as job {new_id}; resume a new loader from the last Loader::state()"
+    )]
+    JobLost {
+        /// Coordinator URL.
+        address: String,
+        /// The job this loader consumed.
+        job_id: u64,
+        /// The id the coordinator gave the re-created job.
+        new_id: u64,
+    },
     /// A tensor was read as an element type of another size.
     #[error(
         "tensor {tensor:?} holds {dtype} ({size} bytes per element); cannot read it as {requested}"
@@ -94,6 +108,10 @@ pub enum LoaderError {
     /// A builder setting that cannot work (rank outside the world size...).
     #[error("{0}")]
     InvalidArgument(String),
+    /// A saved [`LoaderState`](crate::LoaderState) cannot be read, written
+    /// or used (corrupt, another format, inconsistent).
+    #[error("{0}")]
+    State(String),
     /// Embedded mode could not start or lost a process it started.
     #[error("{0}")]
     Embedded(String),
@@ -106,10 +124,21 @@ impl LoaderError {
     /// Maps a gRPC status from `call` on `address`. This is the only place a
     /// [`Status`] turns into a [`LoaderError`].
     pub(crate) fn rpc(address: &str, call: &'static str, status: Status) -> Self {
+        // A status tonic made up from a transport failure (the connection
+        // died mid-call, the stream was reset) carries that failure as its
+        // source; a status the peer sent never does. Whatever code tonic
+        // guessed for it (Cancelled, Unknown, Internal), the call did not get
+        // through, which is what Unavailable means: retry.
+        let cut_off =
+            std::error::Error::source(&status).is_some() && status.code() != Code::DeadlineExceeded;
         LoaderError::Rpc {
             address: address.to_owned(),
             call,
-            code: status.code(),
+            code: if cut_off {
+                Code::Unavailable
+            } else {
+                status.code()
+            },
             message: one_line(status.message()),
         }
     }
@@ -155,6 +184,17 @@ fn one_line(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_call_cut_off_by_the_transport_is_retryable() {
+        let reset = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "connection reset");
+        let status = Status::from_error(Box::new(reset));
+        assert_ne!(status.code(), Code::Unavailable, "tonic's guess");
+        let e = LoaderError::rpc("http://c:1", "Heartbeat", status);
+        assert_eq!(e.code(), Some(Code::Unavailable));
+        assert!(e.is_retryable());
+        assert!(e.to_string().contains("connection reset"), "{e}");
+    }
 
     #[test]
     fn retryable_codes_are_unavailable_and_deadline() {

@@ -20,13 +20,16 @@
 //! - [`loader`](LoaderBuilder): the public [`Loader`] and its builder; owns the
 //!   runtime and the background tasks.
 //! - `session`: CreateOrAttachJob, OpenSession and the heartbeat that renews
-//!   the session's lease with the consumed watermark and stall time.
+//!   the session's lease with the consumed watermark and stall time; reopens
+//!   the session when a restarted coordinator forgot it.
 //! - `routes`: polls `Routes` and keeps one fetch stream per listed worker.
 //! - `fetch`: one `BatchService.Fetch` stream: credits out, validated batches in.
 //! - `ring`: the shared-memory ring co-located workers write batches into:
 //!   memfd, socket, peer credentials, slot grants, zero-copy views.
 //! - `event`: what background tasks tell the consumer, and the per-batch credit.
 //! - `consumer`: `next()`: reorder, de-duplicate, return credits, end of job.
+//! - [`state`](LoaderState): [`LoaderState`], what [`Loader::state`] saves and
+//!   [`LoaderBuilder::resume`] continues from, exactly.
 //! - `reorder`: the reorder buffer keyed by sequence number.
 //! - [`batch`](Batch): [`Batch`], [`Tensor`] and [`Transport`]: views over a
 //!   validated frame or ring slot.
@@ -48,6 +51,7 @@ mod reorder;
 mod ring;
 mod routes;
 mod session;
+mod state;
 
 pub mod ctl;
 #[cfg(feature = "embedded")]
@@ -59,3 +63,4 @@ pub use error::LoaderError;
 pub use loader::{BatchStream, DEFAULT_PREFETCH, Loader, LoaderBuilder, RingSlots};
 pub use loader_proto::pb::{Dtype, Job, JobSpec};
 pub use ring::DEFAULT_SLOT_SIZE;
+pub use state::{LoaderState, STATE_FORMAT};

@@ -2,6 +2,7 @@
 //! [`Loader`] yields its batches, blocking ([`Iterator`]) or async
 //! ([`Loader::next_batch`], [`Loader::into_stream`]).
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -20,6 +21,7 @@ use crate::error::LoaderError;
 use crate::ring::{ConnContext, GapWatch, Ring, RingConfig, SlotRing};
 use crate::routes::Routes;
 use crate::session::Session;
+use crate::state::LoaderState;
 
 /// Credits per worker stream unless told otherwise.
 pub const DEFAULT_PREFETCH: u32 = 8;
@@ -44,6 +46,9 @@ pub struct LoaderBuilder {
     shared_memory: bool,
     /// Slots, slot size, socket directory and peers of the ring.
     ring: RingConfig,
+    /// Continue where a saved state left off; replaces `spec`, `rank` and
+    /// `world_size`.
+    resume: Option<LoaderState>,
 }
 
 impl LoaderBuilder {
@@ -58,12 +63,26 @@ impl LoaderBuilder {
             in_order: true,
             shared_memory: true,
             ring: RingConfig::default(),
+            resume: None,
         }
     }
 
     /// The job to create, or to attach to when a job of the same name exists.
     pub fn job(mut self, spec: JobSpec) -> Self {
         self.spec = Some(spec);
+        self
+    }
+
+    /// Continues exactly where the loader that produced `state` (see
+    /// [`Loader::state`]) left off: the new loader yields the batches it had
+    /// not yielded, in the same order and with the same samples, and nothing
+    /// it had. The job, rank and world size come from `state` (whatever
+    /// [`job`](Self::job), [`rank`](Self::rank) and
+    /// [`world_size`](Self::world_size) say); the coordinator may be another
+    /// one, with any number of workers: the job is created there when it does
+    /// not exist. In-order and out-of-order loaders both resume exactly.
+    pub fn resume(mut self, state: LoaderState) -> Self {
+        self.resume = Some(state);
         self
     }
 
@@ -157,24 +176,44 @@ impl LoaderBuilder {
 
     /// Connects and opens the session on the caller's tokio runtime.
     pub async fn build_async(self) -> Result<Loader, LoaderError> {
-        let mut spec = self.spec.ok_or_else(|| {
-            LoaderError::InvalidArgument(
-                "no job given: call .job(spec) before building the loader".into(),
-            )
-        })?;
-        if let Some(w) = self.world_size {
+        let (mut spec, rank, world_size, resume) = match &self.resume {
+            Some(state) => (
+                state.spec()?,
+                state.rank(),
+                Some(state.world_size()),
+                Some((state.next_seq(), state.yielded_above().clone())),
+            ),
+            None => {
+                let spec = self.spec.clone().ok_or_else(|| {
+                    LoaderError::InvalidArgument(
+                        "no job given: call .job(spec) before building the loader".into(),
+                    )
+                })?;
+                (spec, self.rank, self.world_size, None)
+            }
+        };
+        if let Some(w) = world_size {
             spec.consumers = w;
         }
-        if self.rank >= spec.consumers {
+        if rank >= spec.consumers {
             return Err(LoaderError::InvalidArgument(format!(
                 "rank {} is outside world size {}",
-                self.rank, spec.consumers
+                rank, spec.consumers
             )));
         }
         if self.prefetch == 0 {
             return Err(LoaderError::InvalidArgument("prefetch must be > 0".into()));
         }
-        crate::spec::validate(&spec)?;
+        let plan = crate::spec::validate(&spec)?;
+        if let Some((next_seq, above)) = &resume {
+            let total = plan.total_batches();
+            if *next_seq > total || above.last().is_some_and(|&s| s >= total) {
+                return Err(LoaderError::State(format!(
+                    "invalid loader state: it has yielded batches up to {}, but rank {rank} of its job has only {total}",
+                    above.last().copied().unwrap_or(*next_seq)
+                )));
+            }
+        }
         let mut ring = if self.shared_memory {
             let geometry = self.ring.geometry(self.prefetch)?;
             match Ring::bind(&self.ring, geometry, self.prefetch) {
@@ -195,13 +234,17 @@ impl LoaderBuilder {
         let submitted_epochs = spec.epochs;
         let address = connect::normalize(&self.coordinator);
         let channel = connect::coordinator(&address).await?;
-        let session = Arc::new(Session::open(&address, channel, spec, self.rank, socket).await?);
+        let resume_at = resume.as_ref().map(|(next_seq, _)| *next_seq);
+        let session = Arc::new(
+            Session::open(&address, channel, spec.clone(), rank, socket, resume_at).await?,
+        );
         let job = session.job().clone();
+        let spec = job.spec.clone().unwrap_or(spec);
         let epochs = job.spec.as_ref().map_or(submitted_epochs, |s| s.epochs);
         let total = job.batches_per_epoch * u64::from(epochs);
         let expected = Expected {
             job_id: job.job_id,
-            consumer: self.rank,
+            consumer: rank,
             batches_per_epoch: job.batches_per_epoch,
             total,
         };
@@ -234,10 +277,16 @@ impl LoaderBuilder {
             .clone()
             .map(|ring| GapWatch::new(ring, routes.listed(), session.lease_ttl(), STALL_GRACE));
         tokio::spawn(routes.run(stop.child_token()));
+        let mut consumer =
+            Consumer::new(events_rx, session, stalled, total, self.in_order).with_gap_watch(gap);
+        if let Some((next_seq, above)) = resume {
+            consumer = consumer.resuming(next_seq, above);
+        }
         Ok(Loader {
-            consumer: Consumer::new(events_rx, session, stalled, total, self.in_order)
-                .with_gap_watch(gap),
+            consumer,
             job,
+            spec,
+            rank,
             total,
             ring,
             slots,
@@ -260,6 +309,10 @@ pub struct Loader {
     consumer: Consumer,
     /// The job as the coordinator planned it.
     job: Job,
+    /// The job's spec (its `consumers` is the world size), for `state()`.
+    spec: JobSpec,
+    /// This loader's rank, for `state()`.
+    rank: u32,
     /// Batches this rank receives over all epochs.
     total: u64,
     /// The shared-memory ring's socket; its directory is removed on drop.
@@ -317,9 +370,20 @@ impl Loader {
         })
     }
 
-    /// Batches yielded so far.
+    /// Batches yielded so far (for a resumed loader, including those its
+    /// predecessors yielded).
     pub fn yielded(&self) -> u64 {
         self.consumer.yielded()
+    }
+
+    /// Where this loader stands, to save with a checkpoint and continue from
+    /// with [`LoaderBuilder::resume`]: the job, the rank and world size, and
+    /// the batches yielded so far (exactly those handed out by `next()`, not
+    /// those prefetched). Cheap; call it between two `next()` calls, e.g.
+    /// right after the training step that consumed the last batch.
+    pub fn state(&self) -> LoaderState {
+        let (next_seq, above): (u64, BTreeSet<u64>) = self.consumer.position();
+        LoaderState::new(&self.spec, self.rank, next_seq, above)
     }
 
     /// The next batch, awaiting it; `None` after the last one.

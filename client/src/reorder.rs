@@ -43,6 +43,24 @@ impl<T> Reorder<T> {
         }
     }
 
+    /// A buffer for a consumer resumed from a saved state: every `seq` below
+    /// `watermark`, and those in `yielded_above`, were yielded before.
+    pub(crate) fn resuming(in_order: bool, watermark: u64, yielded_above: BTreeSet<u64>) -> Self {
+        let mut r = Self::new(in_order);
+        r.watermark = watermark;
+        r.yielded_above = yielded_above;
+        // A state never lists the watermark itself, but be safe.
+        while r.yielded_above.remove(&r.watermark) {
+            r.watermark += 1;
+        }
+        r
+    }
+
+    /// Sequence numbers above the watermark already yielded.
+    pub(crate) fn yielded_above(&self) -> &BTreeSet<u64> {
+        &self.yielded_above
+    }
+
     /// Accepts `item` for `seq`, or hands it back when it is a duplicate or
     /// was already yielded.
     pub(crate) fn insert(&mut self, seq: u64, item: T) -> Result<(), (Dropped, T)> {
@@ -84,6 +102,11 @@ impl<T> Reorder<T> {
         while self.yielded_above.remove(&self.watermark) {
             self.watermark += 1;
         }
+    }
+
+    /// Whether items are yielded by `seq`.
+    pub(crate) fn in_order(&self) -> bool {
+        self.in_order
     }
 
     /// All `seq < watermark` were yielded: what the heartbeat reports.
@@ -136,6 +159,24 @@ mod tests {
         r.insert(1, ()).expect("new");
         assert_eq!(drain(&mut r), vec![1]);
         assert_eq!(r.watermark(), 4);
+    }
+
+    #[test]
+    fn a_resumed_buffer_drops_what_was_yielded_before() {
+        let mut r = Reorder::resuming(false, 3, BTreeSet::from([5]));
+        for s in [0, 2, 5] {
+            assert_eq!(r.insert(s, ()), Err((Dropped::Late, ())), "{s}");
+        }
+        for s in [4, 3, 6] {
+            r.insert(s, ()).expect("new");
+        }
+        assert_eq!(drain(&mut r), vec![4, 3, 6]);
+        assert_eq!(r.watermark(), 7);
+        let mut r = Reorder::resuming(true, 3, BTreeSet::new());
+        assert_eq!(r.insert(1, ()), Err((Dropped::Late, ())));
+        r.insert(4, ()).expect("new");
+        r.insert(3, ()).expect("new");
+        assert_eq!(drain(&mut r), vec![3, 4]);
     }
 
     #[test]

@@ -14,6 +14,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
 use crate::batch::Expected;
+use crate::connect;
 use crate::error::LoaderError;
 use crate::event::{Event, EventTx};
 use crate::fetch::{self, FetchStream, StreamParams};
@@ -94,14 +95,15 @@ impl Routes {
     /// One poll; false when the job failed and polling should stop.
     async fn poll(&mut self, stop: &CancellationToken) -> bool {
         let session_id = self.session.id();
-        let reply = self
-            .session
-            .client()
-            .routes(RoutesRequest { session_id })
-            .await;
+        let mut client = self.session.client();
+        let reply = connect::attempt(
+            self.session.address(),
+            "Routes",
+            client.routes(RoutesRequest { session_id }),
+        )
+        .await;
         match reply {
             Ok(r) => {
-                let r = r.into_inner();
                 if !r.job_error.is_empty() {
                     let _ = self
                         .events
@@ -112,10 +114,16 @@ impl Routes {
                     .replace(r.routes.iter().map(|r| r.address.clone()));
                 self.reconcile(&r.routes, session_id, stop);
             }
-            Err(s) => {
-                // The heartbeat task reopens a lost session and reports fatal
-                // errors; here a failed poll only delays new streams.
-                let e = LoaderError::rpc(self.session.address(), "Routes", s);
+            Err(e) if e.code() == Some(tonic::Code::NotFound) => {
+                // The coordinator restarted (or the lease expired): the
+                // heartbeat task reopens the session; streams follow the new
+                // id on the next successful poll.
+                tracing::debug!(error = %e, "routes: session unknown; asking for a reopen");
+                self.session.request_reopen();
+            }
+            Err(e) => {
+                // The heartbeat task reports fatal errors and warns about
+                // outages; here a failed poll only delays new streams.
                 tracing::debug!(error = %e, "routes poll failed");
             }
         }

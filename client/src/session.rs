@@ -1,6 +1,15 @@
 //! The trainer's session with the coordinator: creates or attaches to the
 //! job, opens the consumer's session (its lease), and keeps the lease alive
 //! with heartbeats that carry the consumed watermark and the stall time.
+//!
+//! A coordinator that restarts forgets sessions (it answers `reopen`, or
+//! `NotFound` to `Routes`), and one without its journal forgets the job too.
+//! The session then reopens itself: OpenSession without `resume`, so the
+//! coordinator continues from its journaled watermark (the consumer drops
+//! the copies it already yielded); or, when the job itself is gone,
+//! CreateOrAttachJob and OpenSession resumed at the consumer's watermark.
+//! While the coordinator is unreachable, heartbeats keep retrying with one
+//! warning per outage; batches already held by workers keep flowing.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,13 +21,13 @@ use loader_proto::pb::{
     CreateOrAttachJobRequest, Job, JobSpec, OpenSessionRequest, OpenSessionResponse,
     SessionHeartbeatRequest,
 };
-use tokio::sync::watch;
-use tokio::time::MissedTickBehavior;
+use tokio::sync::{Notify, watch};
+use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
 use tonic::transport::Channel;
 
-use crate::connect::with_retries;
+use crate::connect::{attempt, with_retries};
 use crate::error::LoaderError;
 use crate::event::{Event, EventTx};
 
@@ -41,6 +50,11 @@ impl Progress {
     /// Records the consumed watermark.
     pub(crate) fn set_consumed(&self, watermark: u64) {
         self.consumed.store(watermark, Ordering::Relaxed);
+    }
+
+    /// The consumed watermark.
+    pub(crate) fn consumed(&self) -> u64 {
+        self.consumed.load(Ordering::Relaxed)
     }
 
     /// Adds time spent blocked in `next()`.
@@ -75,44 +89,27 @@ pub(crate) struct Session {
     heartbeat_interval: Duration,
     /// Watermark and stall time to report.
     progress: Arc<Progress>,
+    /// Set by the routes task when the coordinator no longer knows the
+    /// session, so the heartbeat task reopens it now rather than next tick.
+    reopen_wanted: Notify,
 }
 
 impl Session {
     /// Creates (or attaches to) the job of `spec` and opens `consumer`'s
     /// session on it, offering the shared-memory ring at `ring_socket`
-    /// (empty for none). Retryable failures are retried within the connect
-    /// budget; anything else is returned at once.
+    /// (empty for none); `resume_at` restarts the consumer at that batch
+    /// (see `LoaderBuilder::resume`). Retryable failures are retried within
+    /// the connect budget; anything else is returned at once.
     pub(crate) async fn open(
         address: &str,
         channel: Channel,
         spec: JobSpec,
         consumer: u32,
         ring_socket: String,
+        resume_at: Option<u64>,
     ) -> Result<Self, LoaderError> {
         let client = TrainerServiceClient::new(channel).max_decoding_message_size(usize::MAX);
-        let created = with_retries(|| {
-            let mut client = client.clone();
-            let request = CreateOrAttachJobRequest {
-                protocol_version: PROTOCOL_VERSION,
-                spec: Some(spec.clone()),
-            };
-            async move {
-                client
-                    .create_or_attach_job(request)
-                    .await
-                    .map(tonic::Response::into_inner)
-                    .map_err(|s| LoaderError::rpc(address, "CreateOrAttachJob", s))
-            }
-        })
-        .await?;
-        let job = created
-            .job
-            .ok_or_else(|| missing(address, "CreateOrAttachJob", "job"))?;
-        tracing::debug!(
-            job_id = job.job_id,
-            attached = created.attached,
-            "job ready"
-        );
+        let job = create_or_attach(address, &client, spec).await?;
         let mut session = Session {
             address: address.to_owned(),
             client,
@@ -124,8 +121,12 @@ impl Session {
             id: watch::Sender::new(0),
             heartbeat_interval: DEFAULT_HEARTBEAT,
             progress: Arc::default(),
+            reopen_wanted: Notify::new(),
         };
-        let opened = session.open_session().await?;
+        if let Some(start) = resume_at {
+            session.progress.set_consumed(start);
+        }
+        let opened = session.open_session(resume_at).await?;
         if let Some(job) = opened.job {
             session.job = job;
         }
@@ -138,8 +139,12 @@ impl Session {
         Ok(session)
     }
 
-    /// Opens (or reopens) the consumer's session and publishes its id.
-    async fn open_session(&self) -> Result<OpenSessionResponse, LoaderError> {
+    /// Opens (or reopens) the consumer's session and publishes its id;
+    /// `resume_at` restarts the consumer's queue at that batch.
+    async fn open_session(
+        &self,
+        resume_at: Option<u64>,
+    ) -> Result<OpenSessionResponse, LoaderError> {
         let address = self.address.as_str();
         let request = OpenSessionRequest {
             protocol_version: PROTOCOL_VERSION,
@@ -147,29 +152,67 @@ impl Session {
             consumer: self.consumer,
             node: self.node.clone(),
             ring_socket: self.ring_socket.clone(),
-            // Set by resumption from a saved state (not wired yet).
-            resume: false,
-            start_seq: 0,
+            resume: resume_at.is_some(),
+            start_seq: resume_at.unwrap_or(0),
         };
         let opened = with_retries(|| {
             let mut client = self.client.clone();
             let request = request.clone();
-            async move {
-                client
-                    .open_session(request)
-                    .await
-                    .map(tonic::Response::into_inner)
-                    .map_err(|s| LoaderError::rpc(address, "OpenSession", s))
-            }
+            async move { attempt(address, "OpenSession", client.open_session(request)).await }
         })
         .await?;
         tracing::debug!(
             session_id = opened.session_id,
             job_id = self.job.job_id,
+            ?resume_at,
             "session open"
         );
         self.id.send_replace(opened.session_id);
         Ok(opened)
+    }
+
+    /// Opens a new session after the coordinator lost this one (restart,
+    /// expiry). Without `resume`, the coordinator continues the consumer
+    /// from its own journaled watermark, which never exceeds what was
+    /// yielded here, so nothing is lost and the consumer drops the copies.
+    /// A coordinator that lost the job too (no journal) gets it again, and
+    /// the consumer resumes at the watermark yielded here.
+    async fn reopen(&self) -> Result<(), LoaderError> {
+        let old = self.id();
+        let err = match self.open_session(None).await {
+            Ok(_) => {
+                tracing::info!(old, new = self.id(), "session reopened");
+                return Ok(());
+            }
+            Err(e) => e,
+        };
+        // OpenSession names no session: NotFound means the job is unknown.
+        if err.code() != Some(Code::NotFound) {
+            return Err(err);
+        }
+        let spec = self.job.spec.clone().unwrap_or_default();
+        let job = create_or_attach(&self.address, &self.client, spec).await?;
+        if job.job_id != self.job.job_id {
+            return Err(LoaderError::JobLost {
+                address: self.address.clone(),
+                job_id: self.job.job_id,
+                new_id: job.job_id,
+            });
+        }
+        let start = self.progress.consumed();
+        self.open_session(Some(start)).await?;
+        tracing::warn!(
+            job_id = job.job_id,
+            start,
+            "the coordinator had lost the job; re-created it and resumed at the yielded watermark"
+        );
+        Ok(())
+    }
+
+    /// Asks the heartbeat task to check the session now (the routes task
+    /// heard it is unknown).
+    pub(crate) fn request_reopen(&self) {
+        self.reopen_wanted.notify_one();
     }
 
     /// The job as the coordinator planned it.
@@ -208,13 +251,13 @@ impl Session {
         let request = SessionHeartbeatRequest {
             protocol_version: PROTOCOL_VERSION,
             session_id: self.id(),
-            consumed: self.progress.consumed.load(Ordering::Relaxed),
+            consumed: self.progress.consumed(),
             stall_ms: self.progress.stall_us.load(Ordering::Relaxed) / 1000,
         };
-        let reply = self.client.clone().heartbeat(request).await;
+        let mut client = self.client.clone();
+        let reply = attempt(&self.address, "Heartbeat", client.heartbeat(request)).await;
         let reopen = match reply {
             Ok(r) => {
-                let r = r.into_inner();
                 if !r.job_error.is_empty() {
                     return Ok(Some(r.job_error));
                 }
@@ -222,36 +265,58 @@ impl Session {
             }
             // A coordinator that forgot the session (restart, expiry) may
             // say so with NotFound instead of `reopen`.
-            Err(s) if s.code() == Code::NotFound => true,
-            Err(s) => return Err(LoaderError::rpc(&self.address, "Heartbeat", s)),
+            Err(e) if e.code() == Some(Code::NotFound) => true,
+            Err(e) => return Err(e),
         };
         if reopen {
             tracing::info!(old = self.id(), "coordinator lost the session; reopening");
-            self.open_session().await?;
+            self.reopen().await?;
         }
         Ok(None)
     }
 
     /// Heartbeats until `stop`; a failed job or a fatal error goes to the
     /// consumer and ends the loop. An unavailable coordinator is waited out
-    /// (it may be restarting), with a warning.
+    /// for as long as it takes (it may be restarting): every heartbeat tick
+    /// tries again, each attempt bounded, with one warning per outage.
     pub(crate) async fn run_heartbeats(self: Arc<Self>, events: EventTx, stop: CancellationToken) {
         let mut tick = tokio::time::interval(self.heartbeat_interval);
         tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
         tick.tick().await;
+        // When the current outage began, if the coordinator is unreachable.
+        let mut outage: Option<Instant> = None;
         loop {
             tokio::select! {
                 () = stop.cancelled() => return,
                 _ = tick.tick() => {}
+                () = self.reopen_wanted.notified() => {}
             }
             match self.heartbeat().await {
-                Ok(None) => {}
+                Ok(None) => {
+                    if let Some(since) = outage.take() {
+                        tracing::info!(
+                            address = %self.address,
+                            session_id = self.id(),
+                            "coordinator reachable again after {:.1}s; session renewed",
+                            since.elapsed().as_secs_f64()
+                        );
+                    }
+                }
                 Ok(Some(error)) => {
                     let _ = events.send(Event::Fatal(LoaderError::JobFailed(error)));
                     return;
                 }
                 Err(e) if e.is_retryable() => {
-                    tracing::warn!(error = %e, "session heartbeat failed; retrying")
+                    if outage.is_none() {
+                        outage = Some(Instant::now());
+                        tracing::warn!(
+                            error = %e,
+                            "coordinator unreachable; retrying every {:.1}s until it is back",
+                            self.heartbeat_interval.as_secs_f64()
+                        );
+                    } else {
+                        tracing::debug!(error = %e, "session heartbeat failed; retrying");
+                    }
                 }
                 Err(e) => {
                     let _ = events.send(Event::Fatal(e));
@@ -282,13 +347,47 @@ impl Session {
             id: watch::Sender::new(1),
             heartbeat_interval: DEFAULT_HEARTBEAT,
             progress: Arc::default(),
+            reopen_wanted: Notify::new(),
         }
     }
 
     /// The watermark the next heartbeat would report.
     pub(crate) fn reported_consumed(&self) -> u64 {
-        self.progress.consumed.load(Ordering::Relaxed)
+        self.progress.consumed()
     }
+}
+
+/// CreateOrAttachJob for `spec`, retried within the connect budget.
+async fn create_or_attach(
+    address: &str,
+    client: &TrainerServiceClient<Channel>,
+    spec: JobSpec,
+) -> Result<Job, LoaderError> {
+    let created = with_retries(|| {
+        let mut client = client.clone();
+        let request = CreateOrAttachJobRequest {
+            protocol_version: PROTOCOL_VERSION,
+            spec: Some(spec.clone()),
+        };
+        async move {
+            attempt(
+                address,
+                "CreateOrAttachJob",
+                client.create_or_attach_job(request),
+            )
+            .await
+        }
+    })
+    .await?;
+    let job = created
+        .job
+        .ok_or_else(|| missing(address, "CreateOrAttachJob", "job"))?;
+    tracing::debug!(
+        job_id = job.job_id,
+        attached = created.attached,
+        "job ready"
+    );
+    Ok(job)
 }
 
 /// The reply lacked a field the protocol requires.

@@ -303,3 +303,176 @@ fn status_of_an_unreachable_coordinator_fails_fast() {
         started.elapsed()
     );
 }
+
+#[test]
+#[cfg(feature = "embedded")]
+fn drain_of_an_unknown_worker_is_a_one_line_error() {
+    let coordinator = common::Coordinator::start(loader_server::ServerConfig::default());
+    let run = loaderctl(
+        &[
+            "drain",
+            "--coordinator",
+            &coordinator.url,
+            "--worker",
+            "999",
+        ],
+        Duration::from_secs(20),
+    );
+    assert_one_line_error(&run, "has no worker with id 999");
+}
+
+/// The ids in the WORKERS table of `loaderctl status`.
+#[cfg(feature = "embedded")]
+fn listed_workers(url: &str) -> Vec<(String, String)> {
+    let run = loaderctl(&["status", "--coordinator", url], Duration::from_secs(20));
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    run.stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("WORKERS"))
+        .skip(2)
+        .take_while(|l| !l.is_empty() && !l.starts_with("SESSIONS"))
+        .map(|l| {
+            let cells: Vec<&str> = l.split_whitespace().collect();
+            (cells[0].to_owned(), cells[cells.len() - 1].to_owned())
+        })
+        .collect()
+}
+
+#[test]
+#[cfg(feature = "embedded")]
+fn drain_tells_a_worker_to_finish_and_exit() {
+    let coordinator = common::Coordinator::start(loader_server::ServerConfig::default());
+    let mut workers = common::WorkerProcesses::start(&coordinator.url, 1);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let id = loop {
+        if let Some((id, draining)) = listed_workers(&coordinator.url).pop() {
+            assert_eq!(draining, "no");
+            break id;
+        }
+        assert!(Instant::now() < deadline, "the worker never registered");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let run = loaderctl(
+        &["drain", "--coordinator", &coordinator.url, "--worker", &id],
+        Duration::from_secs(20),
+    );
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert_eq!(run.stdout.lines().count(), 1, "{}", run.stdout);
+    assert!(
+        run.stdout.starts_with(&format!("worker {id} is draining")),
+        "{}",
+        run.stdout
+    );
+    // With nothing to finish, it deregisters and exits cleanly.
+    let status = loop {
+        if let Some(status) = workers.0[0].try_wait().expect("wait") {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the drained worker did not exit");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status}");
+}
+
+/// The `--dump` lines of a run: `seq epoch indices`.
+#[cfg(feature = "embedded")]
+fn dump_lines(path: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .expect("dump file")
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+#[cfg(feature = "embedded")]
+fn consume_saves_its_state_and_resumes_exactly_after_it() {
+    let coordinator = common::Coordinator::start(loader_server::ServerConfig::default());
+    let _workers = common::WorkerProcesses::start(&coordinator.url, 2);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = |name: &str| dir.path().join(name).to_string_lossy().into_owned();
+    let (state, whole, rest) = (path("state.json"), path("whole.txt"), path("rest.txt"));
+    let limit = Duration::from_secs(60);
+    let first = loaderctl(
+        &[
+            "consume",
+            "--coordinator",
+            &coordinator.url,
+            "--job-name",
+            "cli-resume",
+            "--samples",
+            "300",
+            "--shape",
+            "4",
+            "--batch-size",
+            "8",
+            "--epochs",
+            "2",
+            "--transport",
+            "grpc",
+            "--json",
+            "--save-state-after",
+            "7",
+            "--state-file",
+            &state,
+            "--dump",
+            &whole,
+        ],
+        limit,
+    );
+    let v = json(&first);
+    let whole = dump_lines(std::path::Path::new(&whole));
+    assert_eq!(v["batches"], whole.len(), "{v}");
+    for (seq, line) in whole.iter().enumerate() {
+        let fields: Vec<&str> = line.split(' ').collect();
+        assert_eq!(fields.len(), 3, "{line}");
+        assert_eq!(fields[0], seq.to_string(), "in order: {line}");
+        assert!((1..=8).contains(&fields[2].split(',').count()), "{line}");
+    }
+    let saved: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&state).expect("state file")).expect("json");
+    assert_eq!(saved["format"], 1, "{saved}");
+    assert_eq!(saved["next_seq"], 7, "{saved}");
+
+    let second = loaderctl(
+        &[
+            "consume",
+            "--coordinator",
+            &coordinator.url,
+            "--resume",
+            &state,
+            "--json",
+            "--dump",
+            &rest,
+        ],
+        limit,
+    );
+    let v = json(&second);
+    assert_eq!(v["batches"], whole.len() - 7, "{v}");
+    assert_eq!(dump_lines(std::path::Path::new(&rest)), whole[7..]);
+
+    std::fs::write(&state, "{\"format\": 1, \"spec\": \"zz\"").expect("corrupt it");
+    let run = loaderctl(
+        &[
+            "consume",
+            "--coordinator",
+            &coordinator.url,
+            "--resume",
+            &state,
+        ],
+        Duration::from_secs(20),
+    );
+    assert_one_line_error(&run, "invalid loader state in ");
+    std::fs::write(&state, "{\"format\": 9}").expect("from the future");
+    let run = loaderctl(
+        &[
+            "consume",
+            "--coordinator",
+            &coordinator.url,
+            "--resume",
+            &state,
+        ],
+        Duration::from_secs(20),
+    );
+    assert_one_line_error(&run, "format 9 is not supported");
+}

@@ -1,60 +1,272 @@
-//! Failures with real processes and SIGKILL: nothing lost, nothing twice.
+//! Failures with real processes and SIGKILL: nothing lost, nothing twice,
+//! nothing left running. The guarantees and what each failure costs are in
+//! docs/reliability.md; each test here is named there.
 
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use loader_client::{Dtype, Loader, spec};
-use loader_e2e::Cluster;
+use loader_client::{Dtype, JobSpec, Loader, Transport, spec};
+use loader_e2e::{
+    Cluster, HOST_ADDR, NS_ADDR, Proc, RemoteNamespace, Trainer, assert_received, binary, loaderctl, run, wait_until,
+};
 
-/// Lease TTL of the coordinator in these tests: short, so a death costs little.
-const TTL_MS: &str = "1000";
+/// Lease TTL of the coordinator in most of these tests: short, so a death costs little.
+const TTL_MS: u64 = 1000;
+/// Slack for process scheduling on top of the deadlines the design states.
+const SLACK: Duration = Duration::from_secs(1);
+/// How long a stopping worker waits for its open connections to close
+/// (`GRACE` in worker/src/lib.rs).
+const WORKER_SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+
+/// A synthetic job of `batches` batches of 16 samples, each sample costing
+/// `cost_us` of worker CPU: slow enough that a failure lands mid-run.
+fn slow_job(batches: u64, cost_us: u64) -> JobSpec {
+    spec::synthetic(batches * 16, &[16], Dtype::U8)
+        .batch_size(16)
+        .shuffle(99)
+        .cost_ns(cost_us * 1000)
+        .build()
+        .expect("spec")
+}
+
+/// `loaderctl consume` flags for a job that runs until it is killed.
+fn endless_consume(url: &str, transport: &str) -> Vec<String> {
+    ["consume", "--coordinator", url, "--transport", transport, "--json"]
+        .into_iter()
+        .chain(["--samples", "100000", "--shape", "64", "--batch-size", "64", "--epochs", "100000"])
+        .map(str::to_owned)
+        .collect()
+}
 
 #[test]
 fn killing_workers_repeatedly_loses_and_duplicates_nothing() {
-    let job = spec::synthetic(3_000, &[16], Dtype::U8)
-        .batch_size(16)
-        .epochs(3)
-        .shuffle(99)
-        // Slow enough that the kills land mid-run.
-        .cost_ns(400_000)
-        .build()
-        .expect("spec");
-    let plan = loader_proto::spec::plan(&job).expect("plan");
-    let total = plan.total_batches();
+    run(Duration::from_secs(180), |scope| {
+        let job = spec::synthetic(3_000, &[16], Dtype::U8)
+            .batch_size(16)
+            .epochs(3)
+            .shuffle(99)
+            // Slow enough that the kills land mid-run.
+            .cost_ns(400_000)
+            .build()
+            .expect("spec");
+        let plan = loader_proto::spec::plan(&job).expect("plan");
+        let total = plan.total_batches();
 
-    let mut cluster = Cluster::start_with(3, &["--lease-ttl-ms", TTL_MS]);
-    let url = cluster.url();
-    let (done_tx, done_rx) = mpsc::channel();
-    let consumer = std::thread::spawn(move || {
-        let loader = Loader::builder(url).job(job).build().expect("loader");
-        let mut seen = Vec::new();
-        for batch in loader {
-            let batch = batch.expect("batch");
-            seen.push((batch.seq(), batch.indices().to_vec()));
+        let mut cluster = Cluster::builder().workers(3).ttl_ms(TTL_MS).start(&scope);
+        let trainer = Trainer::spawn(Loader::builder(cluster.url()), job);
+
+        let mut kills = 0;
+        let mut victim = 0usize;
+        while kills < 5 && trainer.yielded() < total {
+            std::thread::sleep(Duration::from_millis(700));
+            victim = (victim + 7) % cluster.workers.len();
+            cluster.workers[victim].kill();
+            cluster.workers.remove(victim);
+            cluster.add_worker();
+            kills += 1;
         }
-        let _ = done_tx.send(());
-        seen
+        assert_eq!(kills, 5, "the run ended before 5 workers were killed; make the job slower");
+        let seen = trainer.join(Duration::from_secs(150));
+        assert_received(&seen, &plan, 0, 0..total);
     });
+}
 
-    let deadline = Instant::now() + Duration::from_secs(180);
-    let mut kills = 0;
-    let mut victim = 0usize;
-    while kills < 5 {
-        assert!(Instant::now() < deadline, "run did not finish in time");
-        if done_rx.recv_timeout(Duration::from_millis(700)).is_ok() {
-            break;
+#[test]
+#[ignore = "blocked on a bug: a worker that dies for good leaves a gap the survivors never fill (docs/reliability.md, Known gaps)"]
+fn survivors_finish_the_job_after_a_worker_dies_for_good() {
+    run(Duration::from_secs(120), |scope| {
+        for shared_memory in [false, true] {
+            let mut cluster = Cluster::builder().workers(2).ttl_ms(TTL_MS).start(&scope);
+            let job = slow_job(400, 1000);
+            let plan = loader_proto::spec::plan(&job).expect("plan");
+            let total = plan.total_batches();
+            let trainer = Trainer::spawn(Loader::builder(cluster.url()).shared_memory(shared_memory), job);
+            trainer.wait_for(total / 5, Duration::from_secs(60));
+            // No replacement: the one survivor must produce the dead
+            // worker's batches once its lease expires.
+            cluster.workers[0].kill();
+            let seen = trainer
+                .finish(Duration::from_millis(4 * TTL_MS) + Duration::from_secs(20))
+                .unwrap_or_else(|e| panic!("shared_memory={shared_memory}: {e}"));
+            assert_received(&seen, &plan, 0, 0..total);
         }
-        victim = (victim + 7) % cluster.workers.len();
-        cluster.workers[victim].kill();
-        cluster.workers.remove(victim);
+    });
+}
+
+#[test]
+fn sigkilled_trainer_session_expires_and_workers_unmap_its_ring() {
+    run(Duration::from_secs(90), |scope| {
+        let ttl = Duration::from_millis(TTL_MS);
+        let mut cluster = Cluster::builder().workers(2).ttl_ms(TTL_MS).start(&scope);
+        let admin = cluster.admin();
+        let mut trainer = loaderctl(&scope, &endless_consume(&cluster.url(), "shm"));
+        wait_until("every worker maps the trainer's ring", Duration::from_secs(20), || {
+            assert!(trainer.wait_exit(Duration::ZERO).is_none(), "loaderctl consume exited early");
+            cluster.workers.iter().all(|w| w.maps_memfd("loader-ring"))
+        });
+        assert_eq!(admin.sessions().expect("sessions").len(), 1, "the trainer's session is listed");
+
+        trainer.kill();
+        let killed = Instant::now();
+        let bound = ttl + SLACK;
+        wait_until("session expired and every ring mapping dropped", bound, || {
+            let sessions = admin.sessions().expect("sessions");
+            sessions.is_empty() && cluster.workers.iter().all(|w| !w.maps_memfd("loader-ring"))
+        });
+        eprintln!("session gone and rings unmapped {:?} after SIGKILL (bound {bound:?})", killed.elapsed());
+
+        // The workers outlive the trainer and serve the next one.
+        for worker in &mut cluster.workers {
+            assert!(worker.wait_exit(Duration::ZERO).is_none(), "a worker exited with the trainer");
+        }
+        let args: Vec<String> = ["consume", "--coordinator", &cluster.url(), "--json"]
+            .into_iter()
+            .chain(["--samples", "4096", "--shape", "64", "--batch-size", "64"])
+            .map(str::to_owned)
+            .collect();
+        let mut second = loaderctl(&scope, &args);
+        let status = second.wait_exit(Duration::from_secs(60)).expect("the second consumer finishes within 60 s");
+        assert!(status.success(), "second consumer: {status}");
+        let report = last_json(&second);
+        assert_eq!(report["batches"], 64, "{report}");
+        assert_eq!(report["shm_batches"], 64, "co-located workers deliver through the ring: {report}");
+    });
+}
+
+/// The JSON object a `loaderctl ... --json` child printed last.
+fn last_json(proc: &Proc) -> serde_json::Value {
+    let lines = proc.stdout();
+    let line = lines.iter().rev().find(|l| l.starts_with('{')).unwrap_or_else(|| panic!("no JSON in {lines:?}"));
+    serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"))
+}
+
+#[test]
+fn coordinator_sigkill_and_restart_mid_epoch_is_exactly_once() {
+    run(Duration::from_secs(120), |scope| {
+        // Long enough that the workers hold their leases through the restart.
+        const TTL_MS: u64 = 3000;
+        let state = tempfile::tempdir().expect("state dir");
+        let mut cluster = Cluster::builder().workers(2).ttl_ms(TTL_MS).state_dir(state.path()).start(&scope);
+        let job = slow_job(400, 1000);
+        let plan = loader_proto::spec::plan(&job).expect("plan");
+        let total = plan.total_batches();
+        let trainer = Trainer::spawn(Loader::builder(cluster.url()), job);
+        trainer.wait_for(total / 3, Duration::from_secs(60));
+
+        let at_kill = trainer.yielded();
+        let killed = Instant::now();
+        // Down for a third of the lease: clients and workers must retry
+        // through it, and the workers must not fence.
+        cluster.restart_server(Duration::from_millis(TTL_MS / 3));
+        let at_restart = trainer.yielded();
+        eprintln!(
+            "coordinator SIGKILLed after {at_kill} of {total} batches, back {:?} later after {at_restart}",
+            killed.elapsed()
+        );
+        assert!(at_restart < total, "the job ended before the restart; make it slower");
+
+        let seen = trainer.join(Duration::from_secs(90));
+        assert_received(&seen, &plan, 0, 0..total);
+        for worker in &mut cluster.workers {
+            assert!(
+                worker.wait_exit(Duration::ZERO).is_none(),
+                "a worker exited although the coordinator was back well within its lease"
+            );
+        }
+        cluster.wait_for_workers(2);
+    });
+}
+
+#[test]
+fn workers_fence_and_exit_nonzero_when_the_coordinator_is_gone() {
+    run(Duration::from_secs(60), |scope| {
+        let ttl = Duration::from_millis(TTL_MS);
+        let interval = ttl / 3;
+        let mut cluster = Cluster::builder().workers(2).ttl_ms(TTL_MS).start(&scope);
+        let admin = cluster.admin();
+        // Busy workers, holding a trainer's ring, not idle ones.
+        let _trainer = loaderctl(&scope, &endless_consume(&cluster.url(), "shm"));
+        admin.wait_for("both workers delivered batches", Duration::from_secs(20), |a| {
+            Ok(a.workers()?.iter().all(|w| w.delivered > 0).then_some(()))
+        });
+
+        cluster.server.kill();
+        let killed = Instant::now();
+        let bound = ttl + interval + SLACK;
+        let mut exits: Vec<Option<(Duration, std::process::ExitStatus)>> = vec![None; cluster.workers.len()];
+        wait_until("every worker exits", bound + Duration::from_secs(10), || {
+            for (worker, exit) in cluster.workers.iter_mut().zip(&mut exits) {
+                if exit.is_none() {
+                    *exit = worker.wait_exit(Duration::ZERO).map(|status| (killed.elapsed(), status));
+                }
+            }
+            exits.iter().all(Option::is_some)
+        });
+        for (i, exit) in exits.iter().enumerate() {
+            let (after, status) = exit.expect("exited");
+            eprintln!("worker {i} exited {after:?} after the coordinator's SIGKILL with {status} (bound {bound:?})");
+            assert!(!status.success(), "worker {i}: a fenced worker exits non-zero, got {status}");
+            assert!(after <= bound, "worker {i} exited {after:?} after the coordinator died; bound {bound:?}");
+        }
+    });
+}
+
+#[test]
+#[ignore = "blocked on a bug: a worker that dies for good leaves a gap the survivors never fill (docs/reliability.md, Known gaps)"]
+fn partitioned_remote_worker_is_fenced_and_its_batches_reassigned() {
+    if let Some(reason) = RemoteNamespace::unavailable() {
+        eprintln!("skipped: {reason}");
+        return;
+    }
+    run(Duration::from_secs(120), |scope| {
+        let ttl = Duration::from_millis(TTL_MS);
+        // Dropped last: the workers inside it die first.
+        let ns = RemoteNamespace::create();
+        let mut cluster = Cluster::builder().ttl_ms(TTL_MS).listen(format!("{HOST_ADDR}:0")).start(&scope);
         cluster.add_worker();
-        kills += 1;
-    }
-    assert_eq!(kills, 5, "the run ended before 5 workers were killed; make the job slower");
-    let seen = consumer.join().expect("consumer");
-    let seqs: Vec<u64> = seen.iter().map(|(s, _)| *s).collect();
-    assert_eq!(seqs, (0..total).collect::<Vec<_>>(), "every batch once, in order");
-    for (seq, indices) in &seen {
-        assert_eq!(indices, &plan.batch_indices(0, *seq), "batch {seq}");
-    }
+        let mut remote = ns.command(binary("loader-worker"));
+        remote.args(["--coordinator", &cluster.url(), "--listen", &format!("{NS_ADDR}:0"), "--node", "remote-test"]);
+        cluster.add_worker_command(remote);
+        cluster.wait_for_workers(2);
+        let admin = cluster.admin();
+
+        let job = slow_job(400, 1000);
+        let plan = loader_proto::spec::plan(&job).expect("plan");
+        let total = plan.total_batches();
+        let trainer = Trainer::spawn(Loader::builder(cluster.url()), job);
+        trainer.wait_for(total / 5, Duration::from_secs(60));
+        admin.wait_for("the remote worker delivered batches", Duration::from_secs(30), |a| {
+            Ok(a.workers()?.iter().any(|w| w.address.contains(NS_ADDR) && w.delivered > 0).then_some(()))
+        });
+
+        ns.cut();
+        let cut = Instant::now();
+        let at_cut = trainer.yielded();
+        assert!(at_cut < total, "the job ended before the partition; make it slower");
+        // The worker fences when its lease runs out (TTL after its last
+        // renewal, at most a heartbeat interval before the cut), then gives
+        // open connections the worker's shutdown grace (2 s) to close: the
+        // trainer's Fetch stream across the cut link never does.
+        let bound = ttl + ttl / 3 + WORKER_SHUTDOWN_GRACE + SLACK;
+        let status = cluster.workers[1]
+            .wait_exit(bound + Duration::from_secs(10))
+            .expect("the partitioned worker exits by itself");
+        let after = cut.elapsed();
+        eprintln!(
+            "remote worker exited {after:?} after the cut with {status} (bound {bound:?}); {at_cut} of {total} batches had arrived"
+        );
+        assert!(!status.success(), "a fenced worker exits non-zero, got {status}");
+        assert!(after <= bound, "the partitioned worker exited {after:?} after the cut; bound {bound:?}");
+        admin.wait_for("the partitioned worker is no longer listed", SLACK, |a| {
+            Ok(a.workers()?.iter().all(|w| !w.address.contains(NS_ADDR)).then_some(()))
+        });
+
+        let seen = trainer.join(Duration::from_secs(90));
+        assert_received(&seen, &plan, 0, 0..total);
+        let grpc = seen.iter().filter(|r| r.transport == Transport::Grpc).count();
+        let shm = seen.iter().filter(|r| r.transport == Transport::SharedMemory).count();
+        eprintln!("{grpc} batches from the remote worker over gRPC, {shm} from the local one through the ring");
+        assert!(grpc > 0 && shm > 0, "both paths carried batches: {grpc} gRPC, {shm} shared memory");
+        drop(cluster);
+        drop(ns);
+    });
 }

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use loader_client::{Batch, Dtype, JobSpec, Loader, spec};
-use loader_e2e::Cluster;
+use loader_e2e::{Cluster, run};
 
 const N: u64 = 10_007;
 const WORLD: u32 = 2;
@@ -29,16 +29,9 @@ fn synthetic_job() -> JobSpec {
 /// Checks that a synthetic batch holds what the dataset defines for each of
 /// its indices, so a batch cannot carry one sample's header and another's bytes.
 fn check_synthetic_contents(batch: &Batch) {
-    let labels: Vec<i64> = batch.tensor("label").expect("label tensor").to_vec().expect("int64 labels");
     let data = batch.tensor("data").expect("data tensor");
     assert_eq!(data.shape, vec![batch.len() as u64, 3, 4, 4]);
-    let row = 3 * 4 * 4;
-    for (i, &index) in batch.indices().iter().enumerate() {
-        assert_eq!(labels[i], index as i64);
-        let bytes = &data.bytes[i * row..(i + 1) * row];
-        assert_eq!(bytes[..8], index.to_le_bytes());
-        assert!(bytes[8..].iter().all(|&b| b == (index % 251) as u8));
-    }
+    check_synthetic_contents_shape(batch, 3 * 4 * 4);
 }
 
 /// Runs `WORLD` consumers of the job against `cluster`, each on its own thread.
@@ -62,24 +55,16 @@ fn consume_all(cluster: &Cluster, job: &JobSpec) -> Vec<Seen> {
     handles.into_iter().map(|h| h.join().expect("consumer thread")).collect()
 }
 
-fn run_with_timeout<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    rx.recv_timeout(limit).unwrap_or_else(|_| panic!("did not finish within {limit:?}"))
-}
-
 #[test]
 fn every_rank_gets_its_distributed_sampler_share_exactly_once_in_order() {
-    let (three, one) = run_with_timeout(Duration::from_secs(240), || {
+    let (three, one) = run(Duration::from_secs(240), |scope| {
         let job = synthetic_job();
         let three = {
-            let cluster = Cluster::start(3);
+            let cluster = Cluster::start(&scope, 3);
             consume_all(&cluster, &job)
         };
         let one = {
-            let cluster = Cluster::start(1);
+            let cluster = Cluster::start(&scope, 1);
             consume_all(&cluster, &job)
         };
         (three, one)
@@ -142,8 +127,8 @@ fn token_windows_arrive_byte_for_byte() {
     std::fs::write(&path, &file).expect("write token file");
     let job = spec::tokens(&path, Dtype::U16, CTX).batch_size(16).shuffle(5).build().expect("tokens spec");
 
-    let windows = run_with_timeout(Duration::from_secs(120), move || {
-        let cluster = Cluster::start(2);
+    let windows = run(Duration::from_secs(120), move |scope| {
+        let cluster = Cluster::start(&scope, 2);
         let loader = Loader::builder(cluster.url()).job(job).build().expect("loader");
         let mut windows = Vec::new();
         for batch in loader {
@@ -168,5 +153,53 @@ fn token_windows_arrive_byte_for_byte() {
     for (index, bytes) in &windows {
         let start = (*index * CTX) as usize * 2;
         assert_eq!(bytes[..], file[start..start + (CTX as usize + 1) * 2], "window {index}");
+    }
+}
+
+#[test]
+fn one_consumer_fed_by_a_local_and_a_remote_worker_gets_the_exact_sequence() {
+    let job = spec::synthetic(4_000, &[3, 8, 8], Dtype::U8)
+        .batch_size(32)
+        .epochs(2)
+        .shuffle(77)
+        // Slow enough that both workers get a share.
+        .cost_ns(50_000)
+        .build()
+        .expect("spec");
+    let plan = loader_proto::spec::plan(&job).expect("plan");
+    let (seen, transports) = run(Duration::from_secs(120), move |scope| {
+        let mut cluster = Cluster::start(&scope, 1);
+        // Another node identity: the coordinator routes this worker's
+        // batches over gRPC, the local one's through the trainer's ring.
+        cluster.add_worker_with(&["--node", "remote-node-for-test"]);
+        cluster.wait_for_workers(2);
+        let loader = Loader::builder(cluster.url()).job(job).build().expect("loader");
+        let mut seen = Vec::new();
+        let mut transports = HashMap::new();
+        for batch in loader {
+            let batch = batch.expect("batch");
+            check_synthetic_contents_shape(&batch, 3 * 8 * 8);
+            *transports.entry(format!("{:?}", batch.transport())).or_insert(0u64) += 1;
+            seen.push((batch.seq(), batch.indices().to_vec()));
+        }
+        (seen, transports)
+    });
+    let seqs: Vec<u64> = seen.iter().map(|(s, _)| *s).collect();
+    assert_eq!(seqs, (0..plan.total_batches()).collect::<Vec<_>>());
+    for (seq, indices) in &seen {
+        assert_eq!(indices, &plan.batch_indices(0, *seq), "batch {seq}");
+    }
+    assert_eq!(transports.len(), 2, "both transports fed the consumer: {transports:?}");
+}
+
+/// Label and data of every sample match its index (any sample shape).
+fn check_synthetic_contents_shape(batch: &Batch, row: usize) {
+    let labels: Vec<i64> = batch.tensor("label").expect("label tensor").to_vec().expect("int64 labels");
+    let data = batch.tensor("data").expect("data tensor");
+    for (i, &index) in batch.indices().iter().enumerate() {
+        assert_eq!(labels[i], index as i64);
+        let bytes = &data.bytes[i * row..(i + 1) * row];
+        assert_eq!(bytes[..8], index.to_le_bytes());
+        assert!(bytes[8..].iter().all(|&b| b == (index % 251) as u8));
     }
 }

@@ -2,8 +2,9 @@
 //! loop with its measurements (throughput, first batch, client CPU time),
 //! and the report printed at the end.
 
+use std::fs::File;
 use std::io::{BufWriter, IsTerminal, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -14,7 +15,7 @@ use serde::Serialize;
 use tempfile::NamedTempFile;
 
 use super::{DatasetArgs, MeasureArgs, TransportArg};
-use crate::{Loader, LoaderBuilder, Transport, spec};
+use crate::{Batch, Loader, LoaderBuilder, Transport, spec};
 
 /// Windows per epoch in a generated token file (with the chosen batch size).
 const GENERATED_TOKEN_BATCHES: u64 = 64;
@@ -67,20 +68,37 @@ pub(super) fn shared_memory(args: &MeasureArgs) -> bool {
     args.transport.shared_memory()
 }
 
+/// Where and when `consume --save-state-after` writes the loader's state.
+#[derive(Debug, Clone)]
+pub(super) struct SaveState {
+    /// Batches of this run after which the state is written.
+    pub(super) after: u64,
+    /// The state file, replaced atomically.
+    pub(super) path: PathBuf,
+}
+
 /// Consumes every batch of `loader`, measuring from just before the first
-/// `next()` to the last batch, then prints the report.
+/// `next()` to the last batch, then prints the report. With `save`, writes
+/// the loader's state once that many batches were yielded.
 pub(super) fn consume_and_report(
     mut loader: Loader,
     args: &MeasureArgs,
     dataset: &str,
     workers: Option<u64>,
+    save: Option<SaveState>,
 ) -> anyhow::Result<()> {
+    let mut dump = args.dump.as_deref().map(Dump::create).transpose()?;
+    // A resumed loader starts part-way; the bar shows the whole job.
     let bar = progress_bar(loader.total_batches(), args.json);
+    bar.set_position(loader.yielded());
     let (mut samples, mut batches, mut bytes, mut shm_batches) = (0u64, 0u64, 0u64, 0u64);
     let mut first_batch = None;
     let cpu_before = process_cpu()?;
     let started = Instant::now();
-    for batch in &mut loader {
+    if let Some(save) = save.as_ref().filter(|s| s.after == 0) {
+        loader.state().save(&save.path)?;
+    }
+    while let Some(batch) = loader.next() {
         let batch = batch?;
         first_batch.get_or_insert_with(|| started.elapsed());
         samples += batch.len() as u64;
@@ -88,6 +106,15 @@ pub(super) fn consume_and_report(
         batches += 1;
         if batch.transport() == Transport::SharedMemory {
             shm_batches += 1;
+        }
+        if let Some(dump) = &mut dump {
+            dump.line(&batch)?;
+        }
+        drop(batch);
+        if let Some(save) = save.as_ref().filter(|s| s.after == batches) {
+            // The dump already holds every batch the state counts as yielded.
+            loader.state().save(&save.path)?;
+            tracing::info!(path = %save.path.display(), batches, "loader state saved");
         }
         bar.inc(1);
     }
@@ -135,6 +162,42 @@ pub(super) fn consume_and_report(
         );
     }
     Ok(())
+}
+
+/// `--dump`: one line per batch, flushed as it is written so the file is
+/// complete up to the last yielded batch even if the process is killed.
+struct Dump {
+    /// The file, with a buffer for assembling one line.
+    out: BufWriter<File>,
+    /// Where it is, for error messages.
+    path: PathBuf,
+}
+
+impl Dump {
+    fn create(path: &Path) -> anyhow::Result<Self> {
+        let file = File::create(path)
+            .with_context(|| format!("cannot create --dump file {}", path.display()))?;
+        Ok(Self {
+            out: BufWriter::new(file),
+            path: path.to_owned(),
+        })
+    }
+
+    /// `<seq> <epoch> <idx0>,<idx1>,...`
+    fn line(&mut self, batch: &Batch) -> anyhow::Result<()> {
+        let mut write = || -> std::io::Result<()> {
+            write!(self.out, "{} {} ", batch.seq(), batch.epoch())?;
+            for (i, idx) in batch.indices().iter().enumerate() {
+                if i > 0 {
+                    self.out.write_all(b",")?;
+                }
+                write!(self.out, "{idx}")?;
+            }
+            self.out.write_all(b"\n")?;
+            self.out.flush()
+        };
+        write().with_context(|| format!("cannot write --dump file {}", self.path.display()))
+    }
 }
 
 /// CPU time (user + sys) this process has used so far.

@@ -5,7 +5,8 @@
 //! - `consume`: the same measurement against an external coordinator.
 //! - `measure`: what both share: the job from flags, the consuming loop and
 //!   its report.
-//! - `status`: tables of a coordinator's workers and jobs.
+//! - `status`: tables of a coordinator's workers, sessions and jobs, and
+//!   `drain`.
 //! - `table`: plain aligned text tables.
 
 mod consume;
@@ -39,8 +40,11 @@ pub enum Command {
     /// Consume a job from an external coordinator (whose workers are
     /// already running) and report throughput and client CPU time.
     Consume(ConsumeArgs),
-    /// Show a coordinator's workers and jobs.
+    /// Show a coordinator's workers, trainer sessions and jobs.
     Status(StatusArgs),
+    /// Tell a worker to drain: it finishes what it holds, takes no new
+    /// tasks, and exits.
+    Drain(DrainArgs),
     /// Internal: run as a worker process (how `run` starts its workers).
     #[command(name = "__worker", hide = true)]
     Worker {
@@ -80,6 +84,25 @@ pub struct ConsumeArgs {
     /// Number of ranks.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub world_size: u32,
+    /// After yielding this many batches (in this run), write the loader's
+    /// state to --state-file (atomically), then keep consuming.
+    #[arg(long, value_name = "K", requires = "state_file")]
+    pub save_state_after: Option<u64>,
+    /// Where --save-state-after writes the state (JSON).
+    #[arg(long, value_name = "PATH", requires = "save_state_after")]
+    pub state_file: Option<PathBuf>,
+    /// Continue exactly after the last batch of a saved state (written by
+    /// --save-state-after): the job, rank and world size come from it, so
+    /// the job and dataset flags must not be given.
+    #[arg(
+        long,
+        value_name = "PATH",
+        conflicts_with_all = [
+            "job_name", "rank", "world_size", "epochs", "batch_size", "dataset",
+            "path", "samples", "shape", "dtype", "context_length",
+        ]
+    )]
+    pub resume: Option<PathBuf>,
     /// The job.
     #[command(flatten)]
     pub dataset: DatasetArgs,
@@ -143,6 +166,22 @@ pub struct MeasureArgs {
     /// `consume` against an external coordinator to measure the client alone).
     #[arg(long)]
     pub json: bool,
+    /// Write one line per batch to FILE, as it is yielded:
+    /// `<seq> <epoch> <idx0>,<idx1>,...` (the batch's sample indices), so
+    /// runs can be compared batch for batch. Each line is flushed.
+    #[arg(long, value_name = "FILE")]
+    pub dump: Option<PathBuf>,
+}
+
+/// Flags of `loaderctl drain`.
+#[derive(Debug, Clone, Args)]
+pub struct DrainArgs {
+    /// Coordinator URL.
+    #[arg(long, env = "LOADER_COORDINATOR", value_name = "URL")]
+    pub coordinator: String,
+    /// Id of the worker to drain (the ID column of `loaderctl status`).
+    #[arg(long, value_name = "ID")]
+    pub worker: u64,
 }
 
 /// Flags of `loaderctl status`.
@@ -170,6 +209,10 @@ pub fn main() -> ExitCode {
         Command::Status(args) => {
             init_tracing();
             status::run(&args)
+        }
+        Command::Drain(args) => {
+            init_tracing();
+            status::drain(&args)
         }
     };
     match result {

@@ -27,5 +27,6 @@ pub(crate) fn run(args: &RunArgs) -> anyhow::Result<()> {
         &args.measure,
         &args.dataset.dataset,
         Some(args.workers),
+        None,
     )
 }

@@ -1,44 +1,113 @@
-//! `loaderctl status`: the coordinator's workers and jobs, from AdminService.
+//! `loaderctl status`: the coordinator's workers, trainer sessions and jobs,
+//! from AdminService; and `loaderctl drain`, which tells a worker to drain.
 
 use loader_proto::pb::admin_service_client::AdminServiceClient;
 use loader_proto::pb::dataset_spec::Kind;
-use loader_proto::pb::{Dtype, JobInfo, ListJobsRequest, ListWorkersRequest, WorkerInfo};
+use loader_proto::pb::{
+    DrainWorkerRequest, Dtype, JobInfo, ListJobsRequest, ListSessionsRequest, ListWorkersRequest,
+    SessionInfo, WorkerInfo,
+};
+use tonic::Code;
+use tonic::transport::Channel;
 
-use super::StatusArgs;
 use super::table::render;
-use crate::connect;
+use super::{DrainArgs, StatusArgs};
+use crate::connect::{self, attempt};
 use crate::error::LoaderError;
+
+/// What `status` shows.
+#[derive(Debug, Default)]
+struct Status {
+    workers: Vec<WorkerInfo>,
+    sessions: Vec<SessionInfo>,
+    jobs: Vec<JobInfo>,
+}
 
 /// Prints the tables on stdout.
 pub(crate) fn run(args: &StatusArgs) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| LoaderError::Runtime(e.to_string()))?;
-    let (workers, jobs) = runtime.block_on(fetch(&connect::normalize(&args.coordinator)))?;
-    print!("{}", render_status(&workers, &jobs));
+    let status = runtime()?.block_on(fetch(&connect::normalize(&args.coordinator)))?;
+    print!("{}", render_status(&status));
     Ok(())
 }
 
-async fn fetch(address: &str) -> Result<(Vec<WorkerInfo>, Vec<JobInfo>), LoaderError> {
-    let channel = connect::coordinator(address).await?;
-    let mut admin = AdminServiceClient::new(channel).max_decoding_message_size(usize::MAX);
-    let workers = admin
-        .list_workers(ListWorkersRequest {})
+/// Tells the worker to drain and prints one line; an unknown worker is an
+/// error.
+pub(crate) fn drain(args: &DrainArgs) -> anyhow::Result<()> {
+    let address = connect::normalize(&args.coordinator);
+    let worker = args.worker;
+    runtime()?.block_on(async {
+        let mut admin = admin(&address).await?;
+        match attempt(
+            &address,
+            "DrainWorker",
+            admin.drain_worker(DrainWorkerRequest { worker_id: worker }),
+        )
         .await
-        .map_err(|s| LoaderError::rpc(address, "ListWorkers", s))?
-        .into_inner()
-        .workers;
-    let jobs = admin
-        .list_jobs(ListJobsRequest {})
-        .await
-        .map_err(|s| LoaderError::rpc(address, "ListJobs", s))?
-        .into_inner()
-        .jobs;
-    Ok((workers, jobs))
+        {
+            Err(e) if e.code() == Some(Code::NotFound) => Err(anyhow::anyhow!(
+                "coordinator {address} has no worker with id {worker}; `loaderctl status` lists the workers"
+            )),
+            other => other.map(drop).map_err(anyhow::Error::from),
+        }
+    })?;
+    println!(
+        "worker {worker} is draining: it finishes the batches it holds, takes no new tasks, then deregisters and exits"
+    );
+    Ok(())
 }
 
-fn render_status(workers: &[WorkerInfo], jobs: &[JobInfo]) -> String {
+fn runtime() -> Result<tokio::runtime::Runtime, LoaderError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| LoaderError::Runtime(e.to_string()))
+}
+
+async fn admin(address: &str) -> Result<AdminServiceClient<Channel>, LoaderError> {
+    let channel = connect::coordinator(address).await?;
+    Ok(AdminServiceClient::new(channel).max_decoding_message_size(usize::MAX))
+}
+
+async fn fetch(address: &str) -> Result<Status, LoaderError> {
+    let mut admin = admin(address).await?;
+    let workers = attempt(
+        address,
+        "ListWorkers",
+        admin.list_workers(ListWorkersRequest {}),
+    )
+    .await?
+    .workers;
+    let sessions = attempt(
+        address,
+        "ListSessions",
+        admin.list_sessions(ListSessionsRequest {}),
+    )
+    .await?
+    .sessions;
+    let jobs = attempt(address, "ListJobs", admin.list_jobs(ListJobsRequest {}))
+        .await?
+        .jobs;
+    Ok(Status {
+        workers,
+        sessions,
+        jobs,
+    })
+}
+
+fn ago(ms: u64) -> String {
+    format!("{:.1}s ago", ms as f64 / 1000.0)
+}
+
+fn yes_no(b: bool) -> String {
+    if b { "yes" } else { "no" }.into()
+}
+
+fn render_status(status: &Status) -> String {
+    let Status {
+        workers,
+        sessions,
+        jobs,
+    } = status;
     let worker_rows: Vec<Vec<String>> = workers
         .iter()
         .map(|w| {
@@ -48,7 +117,22 @@ fn render_status(workers: &[WorkerInfo], jobs: &[JobInfo]) -> String {
                 w.node.clone(),
                 w.outstanding.to_string(),
                 w.delivered.to_string(),
-                format!("{:.1}s ago", w.last_seen_ms as f64 / 1000.0),
+                ago(w.last_seen_ms),
+                yes_no(w.draining),
+            ]
+        })
+        .collect();
+    let session_rows: Vec<Vec<String>> = sessions
+        .iter()
+        .map(|s| {
+            vec![
+                s.session_id.to_string(),
+                s.job_id.to_string(),
+                s.consumer.to_string(),
+                s.node.clone(),
+                yes_no(s.ring),
+                ago(s.last_seen_ms),
+                format!("{:.1}s", s.stall_ms as f64 / 1000.0),
             ]
         })
         .collect();
@@ -83,7 +167,7 @@ fn render_status(workers: &[WorkerInfo], jobs: &[JobInfo]) -> String {
         })
         .collect();
     format!(
-        "WORKERS ({})\n{}\nJOBS ({})\n{}",
+        "WORKERS ({})\n{}\nSESSIONS ({})\n{}\nJOBS ({})\n{}",
         workers.len(),
         render(
             &[
@@ -92,9 +176,23 @@ fn render_status(workers: &[WorkerInfo], jobs: &[JobInfo]) -> String {
                 "NODE",
                 "OUTSTANDING",
                 "DELIVERED",
-                "LAST SEEN"
+                "LAST SEEN",
+                "DRAINING"
             ],
             &worker_rows
+        ),
+        sessions.len(),
+        render(
+            &[
+                "ID",
+                "JOB",
+                "CONSUMER",
+                "NODE",
+                "RING",
+                "LAST SEEN",
+                "STALL"
+            ],
+            &session_rows
         ),
         jobs.len(),
         render(
@@ -149,7 +247,16 @@ mod tests {
             outstanding: 2,
             delivered: 10,
             last_seen_ms: 250,
-            draining: false,
+            draining: true,
+        }];
+        let sessions = vec![SessionInfo {
+            session_id: 4294967297,
+            job_id: 3,
+            consumer: 1,
+            node: "trainer-node".into(),
+            ring: true,
+            last_seen_ms: 1200,
+            stall_ms: 3400,
         }];
         let spec = JobSpec {
             name: "demo".into(),
@@ -179,7 +286,11 @@ mod tests {
             }],
             error: String::new(),
         }];
-        let out = render_status(&workers, &jobs);
+        let out = render_status(&Status {
+            workers,
+            sessions,
+            jobs,
+        });
         assert!(out.contains("http://127.0.0.1:7070"), "{out}");
         assert!(
             out.contains("0.2s ago") || out.contains("0.3s ago"),
@@ -187,5 +298,31 @@ mod tests {
         );
         assert!(out.contains("synthetic 3x4 uint8"), "{out}");
         assert!(out.contains("0:2/1/2"), "{out}");
+        let lines: Vec<&str> = out.lines().collect();
+        let header = lines
+            .iter()
+            .position(|l| l.starts_with("ID  ADDRESS"))
+            .expect("workers");
+        assert!(lines[header].ends_with("DRAINING"), "{out}");
+        assert!(lines[header + 1].ends_with("yes"), "{out}");
+        let sessions = lines
+            .iter()
+            .position(|l| *l == "SESSIONS (1)")
+            .expect("sessions");
+        let columns: Vec<&str> = lines[sessions + 2].split_whitespace().collect();
+        assert_eq!(
+            columns,
+            [
+                "4294967297",
+                "3",
+                "1",
+                "trainer-node",
+                "yes",
+                "1.2s",
+                "ago",
+                "3.4s"
+            ],
+            "{out}"
+        );
     }
 }

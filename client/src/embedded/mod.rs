@@ -19,6 +19,7 @@ use loader_server::ServerConfig;
 use crate::connect;
 use crate::error::LoaderError;
 use crate::loader::{DEFAULT_PREFETCH, Loader, LoaderBuilder};
+use crate::state::LoaderState;
 
 use self::coordinator::InProcessCoordinator;
 pub use self::workers::WORKER_BIN_ENV;
@@ -60,6 +61,8 @@ pub struct LocalBuilder {
     server: ServerConfig,
     /// How long workers get to register.
     ready_timeout: Duration,
+    /// Continue where a saved state left off; replaces `spec`.
+    resume: Option<LoaderState>,
 }
 
 impl LocalBuilder {
@@ -103,6 +106,14 @@ impl LocalBuilder {
         self
     }
 
+    /// Continues where the loader that produced `state` left off; see
+    /// [`LoaderBuilder::resume`]. The state's job replaces the one given to
+    /// [`Loader::local_builder`]; it must be a single-rank state.
+    pub fn resume(mut self, state: LoaderState) -> Self {
+        self.resume = Some(state);
+        self
+    }
+
     /// How long the workers get to register (default 10 s).
     pub fn ready_timeout(mut self, timeout: Duration) -> Self {
         self.ready_timeout = timeout;
@@ -113,7 +124,17 @@ impl LocalBuilder {
     /// registered, and opens the loader as consumer 0 of 1. Blocking; from
     /// async code, call it inside `spawn_blocking`.
     pub fn build(self) -> Result<Loader, LoaderError> {
-        let mut spec = self.spec;
+        let mut spec = match &self.resume {
+            Some(state) if state.world_size() != 1 => {
+                return Err(LoaderError::InvalidArgument(format!(
+                    "embedded mode runs one rank, but the loader state is rank {} of {}; resume it against a coordinator",
+                    state.rank(),
+                    state.world_size()
+                )));
+            }
+            Some(state) => state.spec()?,
+            None => self.spec,
+        };
         spec.consumers = 1;
         // Fail on a bad spec or ring before starting any process.
         crate::spec::validate(&spec)?;
@@ -124,6 +145,9 @@ impl LocalBuilder {
             .prefetch(self.prefetch)
             .in_order(self.in_order)
             .shared_memory(self.shared_memory);
+        if let Some(state) = self.resume {
+            loader = loader.resume(state);
+        }
         if let Some((count, size)) = self.ring {
             loader = loader.ring(count, size);
         }
@@ -211,6 +235,7 @@ impl Loader {
             worker_command: None,
             server: ServerConfig::default(),
             ready_timeout: DEFAULT_READY_TIMEOUT,
+            resume: None,
         }
     }
 }

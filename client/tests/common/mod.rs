@@ -5,9 +5,15 @@
 
 use std::collections::BTreeSet;
 use std::ffi::OsString;
+use std::net::SocketAddr;
 use std::ops::Range;
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
 
 use loader_server::ServerConfig;
 use tokio::runtime::Runtime;
@@ -19,6 +25,17 @@ pub fn worker_command() -> Option<Vec<OsString>> {
         env!("CARGO_BIN_EXE_loaderctl").into(),
         "__worker".into(),
     ])
+}
+
+/// Logs of this process (the SDK, the in-process coordinator) in the test's
+/// captured output, filtered by `RUST_LOG`, warnings by default.
+pub fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_test_writer()
+        .try_init();
 }
 
 /// Runs `f` on a thread and fails the test if it takes longer than `limit`.
@@ -59,6 +76,123 @@ impl Coordinator {
             url,
             _stop: stop,
             _runtime: runtime,
+        }
+    }
+}
+
+/// A coordinator on a fixed address that can be killed and started again on
+/// the same address (and `state_dir`), like a restarted process.
+pub struct RestartableCoordinator {
+    /// Where it listens, every time.
+    pub addr: SocketAddr,
+    /// Its URL.
+    pub url: String,
+    config: ServerConfig,
+    /// The running instance's runtime; None while it is down.
+    runtime: Option<Runtime>,
+}
+
+impl RestartableCoordinator {
+    /// Starts one on a port of its own.
+    pub fn start(config: ServerConfig) -> Self {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let mut c = Self {
+            addr,
+            url: format!("http://{addr}"),
+            config,
+            runtime: None,
+        };
+        c.serve(Some(listener));
+        c
+    }
+
+    /// Stops it the hard way: its runtime goes, with every task (the server,
+    /// its connections, the lease reaper), so clients see their connections
+    /// reset and nothing it held in memory survives; only its journal does.
+    pub fn kill(&mut self) {
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_timeout(Duration::from_secs(5));
+        }
+    }
+
+    /// Starts it again on the same address and state directory.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.serve(None);
+    }
+
+    fn serve(&mut self, listener: Option<std::net::TcpListener>) {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        // While nothing listens, a client reconnecting to the port can briefly
+        // hold it itself (a loopback self-connect): try again for a while.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let listener = listener.unwrap_or_else(|| {
+            loop {
+                match std::net::TcpListener::bind(self.addr) {
+                    Ok(l) => break l,
+                    Err(e) if std::time::Instant::now() < deadline => {
+                        eprintln!("cannot bind {} again yet: {e}", self.addr);
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    Err(e) => panic!("cannot bind {} again: {e}", self.addr),
+                }
+            }
+        });
+        listener.set_nonblocking(true).expect("nonblocking");
+        let listener = {
+            let _rt = runtime.enter();
+            tokio::net::TcpListener::from_std(listener).expect("tokio listener")
+        };
+        runtime.spawn(loader_server::serve(
+            listener,
+            self.config.clone(),
+            std::future::pending(),
+        ));
+        self.runtime = Some(runtime);
+    }
+}
+
+impl Drop for RestartableCoordinator {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Worker processes (`loaderctl __worker`) against a coordinator, each in a
+/// process group of its own, killed when dropped.
+pub struct WorkerProcesses(pub Vec<Child>);
+
+impl WorkerProcesses {
+    pub fn start(coordinator: &str, count: usize) -> Self {
+        Self(
+            (0..count)
+                .map(|_| {
+                    Command::new(env!("CARGO_BIN_EXE_loaderctl"))
+                        .args(["__worker", "--coordinator", coordinator])
+                        .args(["--listen", "127.0.0.1:0"])
+                        .stdin(Stdio::null())
+                        .stdout(Stdio::null())
+                        .process_group(0)
+                        .spawn()
+                        .expect("start a worker")
+                })
+                .collect(),
+        )
+    }
+}
+
+impl Drop for WorkerProcesses {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            if let Ok(pid) = i32::try_from(child.id()) {
+                let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+            }
+            let _ = child.wait();
         }
     }
 }

@@ -1,0 +1,318 @@
+//! [`LoaderState`]: what a trainer saves next to its model checkpoint to
+//! continue exactly after the last batch it was given, on this deployment
+//! or on another one.
+
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::path::Path;
+
+use loader_proto::pb::JobSpec;
+use prost::Message;
+use serde::{Deserialize, Serialize};
+
+use crate::error::LoaderError;
+
+/// The `format` this SDK writes and reads. Bumped whenever a field changes
+/// meaning, so an old SDK refuses a newer state instead of misreading it.
+pub const STATE_FORMAT: u32 = 1;
+
+/// Where a [`Loader`](crate::Loader) stands in its job: the job spec, the
+/// rank and world size, and the batches already yielded. Take it with
+/// [`Loader::state`](crate::Loader::state) between two `next()` calls, save
+/// it (it is serde-serializable; [`LoaderState::to_json`] and
+/// [`LoaderState::save`] are ready-made), and pass it to
+/// [`LoaderBuilder::resume`](crate::LoaderBuilder::resume): the new loader
+/// yields exactly the batches the old one had not, in the same order, with
+/// the same sample indices, whatever coordinator and however many workers
+/// serve it (the sampler is a pure function of the spec).
+///
+/// As JSON:
+/// ```json
+/// {"format":1,"spec":"0a05...","rank":0,"world_size":2,"next_seq":17}
+/// ```
+/// `spec` is the job's `loader.v1.JobSpec`, protobuf-encoded, in lowercase
+/// hex: exact, and readable by any protobuf tool. Out of order, batches
+/// yielded ahead of `next_seq` are listed in `yielded_above`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoaderState {
+    /// Layout version of this record; see [`STATE_FORMAT`].
+    format: u32,
+    /// The job spec as the coordinator planned it (its `consumers` is the
+    /// world size), so a resumed loader needs no job flags and can re-create
+    /// the job on a coordinator that never saw it.
+    spec: String,
+    /// The data-parallel rank whose batches these are.
+    rank: u32,
+    /// Number of ranks; the batches of a rank depend on it.
+    world_size: u32,
+    /// Every batch with a lower sequence number was yielded: the next batch
+    /// to yield, in order.
+    next_seq: u64,
+    /// Batches above `next_seq` already yielded (out-of-order mode only), so
+    /// that resumption does not yield them twice.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    yielded_above: BTreeSet<u64>,
+}
+
+impl LoaderState {
+    /// The state of rank `rank` of the job `spec` (planned, so
+    /// `spec.consumers` is the world size) that has yielded every batch below
+    /// `next_seq`, and `yielded_above` beyond it.
+    pub(crate) fn new(
+        spec: &JobSpec,
+        rank: u32,
+        next_seq: u64,
+        yielded_above: BTreeSet<u64>,
+    ) -> Self {
+        Self {
+            format: STATE_FORMAT,
+            spec: hex(&spec.encode_to_vec()),
+            rank,
+            world_size: spec.consumers,
+            next_seq,
+            yielded_above,
+        }
+    }
+
+    /// The job spec, decoded.
+    pub fn spec(&self) -> Result<JobSpec, LoaderError> {
+        let bytes =
+            unhex(&self.spec).ok_or_else(|| invalid("its spec is not hex-encoded protobuf"))?;
+        JobSpec::decode(bytes.as_slice())
+            .map_err(|e| invalid(format!("its spec does not decode: {e}")))
+    }
+
+    /// The rank whose batches these are.
+    pub fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    /// The number of ranks of the job.
+    pub fn world_size(&self) -> u32 {
+        self.world_size
+    }
+
+    /// Sequence number of the next batch to yield; every batch below it was
+    /// yielded. In order, also the number of batches yielded.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    /// Batches yielded beyond [`next_seq`](Self::next_seq) (out of order only).
+    pub fn yielded_above(&self) -> &BTreeSet<u64> {
+        &self.yielded_above
+    }
+
+    /// Batches yielded in all.
+    pub fn yielded(&self) -> u64 {
+        self.next_seq + self.yielded_above.len() as u64
+    }
+
+    /// One line of JSON.
+    pub fn to_json(&self) -> String {
+        // A struct of integers, a string and a set of integers always serializes.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Parses and checks a state written by [`to_json`](Self::to_json) (or
+    /// any serde JSON writer).
+    pub fn from_json(json: &str) -> Result<Self, LoaderError> {
+        // Read the format first, so a newer record is refused for what it
+        // is rather than for a field this SDK does not know.
+        #[derive(Deserialize)]
+        struct Format {
+            format: Option<u32>,
+        }
+        let format = serde_json::from_str::<Format>(json)
+            .map_err(|e| invalid(format!("not a loader state: {e}")))?
+            .format
+            .ok_or_else(|| invalid("not a loader state: it has no format"))?;
+        if format != STATE_FORMAT {
+            return Err(invalid(format!(
+                "format {format} is not supported (this SDK reads format {STATE_FORMAT})"
+            )));
+        }
+        let state: Self =
+            serde_json::from_str(json).map_err(|e| invalid(format!("not a loader state: {e}")))?;
+        state.check()?;
+        Ok(state)
+    }
+
+    /// Reads a state file written by [`save`](Self::save).
+    pub fn load(path: impl AsRef<Path>) -> Result<Self, LoaderError> {
+        let path = path.as_ref();
+        let in_file = |e: LoaderError| match e {
+            LoaderError::State(m) => LoaderError::State(m.replacen(
+                "invalid loader state: ",
+                &format!("invalid loader state in {}: ", path.display()),
+                1,
+            )),
+            other => other,
+        };
+        let json = std::fs::read_to_string(path).map_err(|e| {
+            LoaderError::State(format!("cannot read loader state {}: {e}", path.display()))
+        })?;
+        Self::from_json(&json).map_err(in_file)
+    }
+
+    /// Writes the state to `path` atomically: a temporary file in the same
+    /// directory, flushed, then renamed over `path`, so a reader (or a
+    /// crash) never sees half a state.
+    pub fn save(&self, path: impl AsRef<Path>) -> Result<(), LoaderError> {
+        let path = path.as_ref();
+        let failed = |e: std::io::Error| {
+            LoaderError::State(format!("cannot write loader state {}: {e}", path.display()))
+        };
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        let mut tmp = tempfile::Builder::new()
+            .prefix(".loader-state-")
+            .tempfile_in(dir)
+            .map_err(failed)?;
+        tmp.write_all(self.to_json().as_bytes()).map_err(failed)?;
+        tmp.write_all(b"\n").map_err(failed)?;
+        tmp.as_file().sync_all().map_err(failed)?;
+        tmp.persist(path).map_err(|e| failed(e.error))?;
+        Ok(())
+    }
+
+    /// What deserialization alone cannot tell: the fields agree.
+    fn check(&self) -> Result<(), LoaderError> {
+        let spec = self.spec()?;
+        if spec.consumers != self.world_size {
+            return Err(invalid(format!(
+                "its world size {} differs from its spec's {} consumers",
+                self.world_size, spec.consumers
+            )));
+        }
+        if self.rank >= self.world_size {
+            return Err(invalid(format!(
+                "its rank {} is outside its world size {}",
+                self.rank, self.world_size
+            )));
+        }
+        if self.yielded_above.iter().any(|&s| s <= self.next_seq) {
+            return Err(invalid(
+                "its yielded_above lists batches at or below next_seq",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A state that cannot be used, saying why.
+fn invalid(why: impl Into<String>) -> LoaderError {
+    LoaderError::State(format!("invalid loader state: {}", why.into()))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push(DIGITS[usize::from(b >> 4)] as char);
+        s.push(DIGITS[usize::from(b & 0xf)] as char);
+    }
+    s
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) {
+        return None;
+    }
+    let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+    s.as_bytes()
+        .chunks(2)
+        .map(|p| Some(digit(p[0])? << 4 | digit(p[1])?))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Dtype;
+
+    fn spec(consumers: u32) -> JobSpec {
+        let mut spec = crate::spec::synthetic(1000, &[3, 4], Dtype::F32)
+            .batch_size(16)
+            .epochs(2)
+            .shuffle(9)
+            .name("resume-me")
+            .build()
+            .expect("spec");
+        spec.consumers = consumers;
+        spec
+    }
+
+    #[test]
+    fn json_round_trip_keeps_everything() {
+        for above in [BTreeSet::new(), BTreeSet::from([9, 12])] {
+            let state = LoaderState::new(&spec(4), 3, 7, above);
+            let json = state.to_json();
+            assert!(!json.contains('\n'));
+            let back = LoaderState::from_json(&json).expect("parses");
+            assert_eq!(back, state);
+            assert_eq!(back.spec().expect("spec"), spec(4));
+            assert_eq!((back.rank(), back.world_size(), back.next_seq()), (3, 4, 7));
+        }
+    }
+
+    #[test]
+    fn save_is_atomic_and_load_reads_it_back() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("state.json");
+        let state = LoaderState::new(&spec(1), 0, 42, BTreeSet::new());
+        state.save(&path).expect("save");
+        state.save(&path).expect("overwrite");
+        assert_eq!(LoaderState::load(&path).expect("load"), state);
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .expect("dir")
+            .map(|e| e.expect("entry").file_name())
+            .collect();
+        assert_eq!(
+            names,
+            vec![std::ffi::OsString::from("state.json")],
+            "no temp files left"
+        );
+    }
+
+    #[test]
+    fn bad_states_are_one_line_errors() {
+        let good = LoaderState::new(&spec(2), 1, 5, BTreeSet::new());
+        let good_json: serde_json::Value = serde_json::from_str(&good.to_json()).expect("json");
+        let with = |key: &str, value: serde_json::Value| {
+            let mut v = good_json.clone();
+            v[key] = value;
+            v.to_string()
+        };
+        let cases = [
+            ("{not json".to_owned(), "not a loader state"),
+            ("{}".to_owned(), "has no format"),
+            (with("format", 99.into()), "format 99 is not supported"),
+            (with("spec", "zz".into()), "not hex-encoded"),
+            (with("spec", "ff".into()), "does not decode"),
+            (with("rank", 2.into()), "outside its world size"),
+            (with("world_size", 3.into()), "differs from its spec"),
+            (with("surprise", 1.into()), "unknown field"),
+            (with("next_seq", "five".into()), "not a loader state"),
+        ];
+        for (json, needle) in cases {
+            let e = LoaderState::from_json(&json).expect_err(&json).to_string();
+            assert!(e.starts_with("invalid loader state"), "{e}");
+            assert!(e.contains(needle), "{json}: {e:?} lacks {needle:?}");
+            assert!(!e.contains('\n'), "{e}");
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("corrupt.json");
+        std::fs::write(&path, "\0\0garbage").expect("write");
+        let e = LoaderState::load(&path).expect_err("corrupt").to_string();
+        assert!(e.contains("corrupt.json: not a loader state"), "{e}");
+        assert!(e.starts_with("invalid loader state in "), "{e}");
+        let e = LoaderState::load(dir.path().join("missing.json"))
+            .expect_err("missing")
+            .to_string();
+        assert!(e.starts_with("cannot read loader state "), "{e}");
+    }
+}

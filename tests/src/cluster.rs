@@ -1,0 +1,154 @@
+//! A coordinator and its workers as real processes.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use crate::admin::Admin;
+use crate::proc::{Proc, binary};
+use crate::scope::Scope;
+
+/// How long workers may take to show up at the coordinator.
+const REGISTRATION: Duration = Duration::from_secs(10);
+
+/// How to start a [`Cluster`].
+#[derive(Debug, Clone)]
+pub struct ClusterBuilder {
+    /// Workers started at once.
+    workers: usize,
+    /// `--lease-ttl-ms`, when not the server's default.
+    ttl_ms: Option<u64>,
+    /// `--state-dir`, for a coordinator that must survive a restart.
+    state_dir: Option<PathBuf>,
+    /// `--listen` of the coordinator.
+    listen: String,
+}
+
+impl ClusterBuilder {
+    /// Workers to start with the coordinator (default 0).
+    pub fn workers(mut self, n: usize) -> Self {
+        self.workers = n;
+        self
+    }
+
+    /// Lease TTL of workers and sessions.
+    pub fn ttl_ms(mut self, ms: u64) -> Self {
+        self.ttl_ms = Some(ms);
+        self
+    }
+
+    /// Journal directory of the coordinator.
+    pub fn state_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.state_dir = Some(dir.into());
+        self
+    }
+
+    /// Address the coordinator listens on (default `127.0.0.1:0`).
+    pub fn listen(mut self, addr: impl Into<String>) -> Self {
+        self.listen = addr.into();
+        self
+    }
+
+    /// Starts the coordinator and the workers, and waits until every worker
+    /// has registered.
+    pub fn start(self, scope: &Scope) -> Cluster {
+        let server = start_server(scope, &self, &self.listen);
+        let mut cluster = Cluster { workers: Vec::new(), server, config: self, scope: scope.clone() };
+        for _ in 0..cluster.config.workers {
+            cluster.add_worker();
+        }
+        cluster.wait_for_workers(cluster.config.workers);
+        cluster
+    }
+}
+
+fn start_server(scope: &Scope, config: &ClusterBuilder, listen: &str) -> Proc {
+    let mut args = vec!["--listen".to_owned(), listen.to_owned()];
+    if let Some(ms) = config.ttl_ms {
+        args.extend(["--lease-ttl-ms".to_owned(), ms.to_string()]);
+    }
+    if let Some(dir) = &config.state_dir {
+        args.extend(["--state-dir".to_owned(), dir.display().to_string()]);
+    }
+    Proc::listening(scope, "loader-server", &args)
+}
+
+/// A coordinator and its workers.
+#[derive(Debug)]
+pub struct Cluster {
+    /// The `loader-worker` processes (declared first: dropped, so killed,
+    /// before the coordinator, so they do not log its disappearance).
+    pub workers: Vec<Proc>,
+    /// The `loader-server` process.
+    pub server: Proc,
+    /// How it was started, for restarts.
+    config: ClusterBuilder,
+    /// Where new processes are tracked.
+    scope: Scope,
+}
+
+impl Cluster {
+    /// Settings for a new cluster.
+    pub fn builder() -> ClusterBuilder {
+        ClusterBuilder { workers: 0, ttl_ms: None, state_dir: None, listen: "127.0.0.1:0".into() }
+    }
+
+    /// A coordinator with default settings and `workers` workers.
+    pub fn start(scope: &Scope, workers: usize) -> Cluster {
+        Cluster::builder().workers(workers).start(scope)
+    }
+
+    /// URL of the coordinator.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.server.addr())
+    }
+
+    /// The lease TTL the coordinator was started with (the server's default
+    /// when none was given).
+    pub fn ttl(&self) -> Duration {
+        Duration::from_millis(self.config.ttl_ms.unwrap_or(5000))
+    }
+
+    /// An admin client of the coordinator.
+    pub fn admin(&self) -> Admin {
+        Admin::new(&self.url())
+    }
+
+    /// Starts one more worker on this host.
+    pub fn add_worker(&mut self) -> &Proc {
+        self.add_worker_with(&[])
+    }
+
+    /// Starts one more worker on this host with extra flags.
+    pub fn add_worker_with(&mut self, extra: &[&str]) -> &Proc {
+        let mut command = Command::new(binary("loader-worker"));
+        command.args(["--coordinator", &self.url(), "--listen", "127.0.0.1:0"]).args(extra);
+        self.add_worker_command(command)
+    }
+
+    /// Starts a worker from a prepared command (e.g. inside a network
+    /// namespace); it must print its `listening` line.
+    pub fn add_worker_command(&mut self, command: Command) -> &Proc {
+        let worker = Proc::spawn(&self.scope, "loader-worker", command, true);
+        self.workers.push(worker);
+        self.workers.last().expect("just pushed")
+    }
+
+    /// Waits (bounded) until the coordinator lists at least `n` workers.
+    pub fn wait_for_workers(&self, n: usize) {
+        self.admin().wait_for(&format!("{n} workers registered"), REGISTRATION, |a| {
+            Ok((a.workers()?.len() >= n).then_some(()))
+        });
+    }
+
+    /// SIGKILLs the coordinator, waits `down`, then starts it again with the
+    /// same flags on the same address (so clients and workers find it where
+    /// it was).
+    pub fn restart_server(&mut self, down: Duration) {
+        self.server.kill();
+        std::thread::sleep(down);
+        let addr = self.server.addr().to_owned();
+        self.server = start_server(&self.scope, &self.config, &addr);
+        assert_eq!(self.server.addr(), addr, "the restarted coordinator must listen where the first one did");
+    }
+}

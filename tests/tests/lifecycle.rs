@@ -1,0 +1,160 @@
+//! Planned changes with real processes: a worker drained away mid-job, and
+//! a trainer that continues from its saved state after a SIGKILL.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use loader_client::{Dtype, JobSpec, Loader, spec};
+use loader_e2e::{Cluster, Trainer, assert_exact, assert_received, loaderctl, run, wait_until};
+
+/// Lease TTL of the coordinator in these tests.
+const TTL_MS: u64 = 1000;
+
+/// A synthetic job of `batches` batches of 16 samples, each sample costing
+/// `cost_us` of worker CPU.
+fn slow_job(batches: u64, cost_us: u64) -> JobSpec {
+    spec::synthetic(batches * 16, &[16], Dtype::U8)
+        .batch_size(16)
+        .shuffle(7)
+        .cost_ns(cost_us * 1000)
+        .build()
+        .expect("spec")
+}
+
+#[test]
+fn drained_worker_exits_zero_and_the_sequence_stays_exact() {
+    run(Duration::from_secs(120), |scope| {
+        let ttl = Duration::from_millis(TTL_MS);
+        let mut cluster = Cluster::builder().workers(3).ttl_ms(TTL_MS).start(&scope);
+        let admin = cluster.admin();
+        let job = slow_job(600, 1000);
+        let plan = loader_proto::spec::plan(&job).expect("plan");
+        let total = plan.total_batches();
+        let trainer = Trainer::spawn(Loader::builder(cluster.url()), job);
+        trainer.wait_for(total / 4, Duration::from_secs(60));
+
+        let victim = &mut cluster.workers[1];
+        let id = admin.worker_id(victim.addr()).expect("the victim is listed");
+        admin.drain(id).expect("drain");
+        let drained = Instant::now();
+        // Finishing what it holds takes a few batches of CPU; the rest is
+        // one heartbeat to learn of the order and one to deregister.
+        let bound = ttl + Duration::from_secs(5);
+        let status = victim.wait_exit(bound).expect("the drained worker exits within its bound");
+        let after = drained.elapsed();
+        let at_exit = trainer.yielded();
+        eprintln!(
+            "drained worker exited {after:?} after the order with {status}; {at_exit} of {total} batches had arrived"
+        );
+        assert!(status.success(), "a drained worker exits 0, got {status}");
+        assert!(at_exit < total, "the job ended before the drain finished; make it slower");
+        admin.wait_for("the drained worker is no longer listed", Duration::from_secs(5), |a| {
+            Ok(a.workers()?.iter().all(|w| w.worker_id != id).then_some(()))
+        });
+
+        let seen = trainer.join(Duration::from_secs(90));
+        assert_received(&seen, &plan, 0, 0..total);
+        for (i, worker) in cluster.workers.iter_mut().enumerate().filter(|(i, _)| *i != 1) {
+            assert!(worker.wait_exit(Duration::ZERO).is_none(), "worker {i} exited too; only the drained one should");
+        }
+    });
+}
+
+/// The batches a `loaderctl consume --dump` file lists: `<seq> <epoch>
+/// <idx0>,<idx1>,...` per line. A last line without its newline (the writer
+/// was killed mid-line) is left out.
+fn read_dump(path: &Path) -> Vec<(u64, Vec<u64>)> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    let complete = text.rfind('\n').map_or("", |end| &text[..end]);
+    complete
+        .lines()
+        .map(|line| {
+            let mut fields = line.split(' ');
+            let seq = fields.next().and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("dump line {line:?}"));
+            let _epoch = fields.next();
+            let indices = fields
+                .next()
+                .unwrap_or_default()
+                .split(',')
+                .filter(|s| !s.is_empty())
+                .map(|s| s.parse().unwrap_or_else(|_| panic!("dump line {line:?}")))
+                .collect();
+            (seq, indices)
+        })
+        .collect()
+}
+
+#[test]
+fn resumed_trainer_gets_the_batches_after_its_saved_state_exactly() {
+    run(Duration::from_secs(180), |scope| {
+        const SAVE_AFTER: u64 = 50;
+        let (samples, batch, epochs) = (16_000u64, 16u32, 4u32);
+        // The job loaderctl builds from these flags, for the expected batches.
+        let job = spec::synthetic(samples, &[16], Dtype::U8)
+            .name("resume-e2e")
+            .batch_size(batch)
+            .epochs(epochs)
+            .build()
+            .expect("spec");
+        let plan = loader_proto::spec::plan(&job).expect("plan");
+        let total = plan.total_batches();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (state, before, after) =
+            (dir.path().join("state.json"), dir.path().join("before"), dir.path().join("after"));
+        let path = |p: &Path| p.display().to_string();
+
+        // Two workers for the first trainer, a third one for the resumed one,
+        // all on the same coordinator, which still has the job.
+        let mut cluster = Cluster::builder().workers(2).ttl_ms(TTL_MS).start(&scope);
+        let url = cluster.url();
+        let first_args = [
+            "consume",
+            "--coordinator",
+            &url,
+            "--json",
+            "--job-name",
+            "resume-e2e",
+            "--samples",
+            &samples.to_string(),
+            "--shape",
+            "16",
+            "--batch-size",
+            &batch.to_string(),
+            "--epochs",
+            &epochs.to_string(),
+            "--save-state-after",
+            &SAVE_AFTER.to_string(),
+            "--state-file",
+            &path(&state),
+            "--dump",
+            &path(&before),
+        ];
+        let mut first = loaderctl(&scope, &first_args);
+        wait_until("the first trainer saved its state", Duration::from_secs(30), || {
+            assert!(first.wait_exit(Duration::ZERO).is_none(), "the first trainer exited before it was killed");
+            state.exists()
+        });
+        first.kill();
+        let consumed_before = read_dump(&before);
+        eprintln!(
+            "first trainer SIGKILLed after yielding {} of {total} batches; state saved at {SAVE_AFTER}",
+            consumed_before.len()
+        );
+        assert!(consumed_before.len() as u64 >= SAVE_AFTER, "the dump holds every batch the state counts");
+        assert!(
+            (consumed_before.len() as u64) < total,
+            "the first trainer finished before it was killed; make the job longer"
+        );
+        assert_exact(&consumed_before, &plan, 0, 0..consumed_before.len() as u64);
+
+        cluster.add_worker();
+        cluster.wait_for_workers(3);
+        let mut resumed = loaderctl(
+            &scope,
+            &["consume", "--coordinator", &url, "--json", "--resume", &path(&state), "--dump", &path(&after)],
+        );
+        let status = resumed.wait_exit(Duration::from_secs(120)).expect("the resumed trainer finishes within 120 s");
+        assert!(status.success(), "resumed trainer: {status}");
+        assert_exact(&read_dump(&after), &plan, 0, SAVE_AFTER..total);
+    });
+}
