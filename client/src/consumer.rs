@@ -4,14 +4,14 @@
 //! ends after the last batch of the job.
 //! With a shared-memory ring, gaps are also handed to `ring::GapWatch`.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::batch::Batch;
+use crate::batch::{Batch, Transport};
 use crate::error::LoaderError;
 use crate::event::{Credit, Event, EventRx};
 use crate::reorder::Reorder;
@@ -170,12 +170,36 @@ impl Consumer {
             if self.last_stall_notice.elapsed() >= STALL_GRACE {
                 self.last_stall_notice = Instant::now();
                 self.stalled.notify_one();
+                self.spread_credits();
             }
             if let Some(gap) = &mut self.gap {
                 gap.stuck(self.reorder.pending_mut());
             }
         }
         self.gap.as_ref()?.lost(called)
+    }
+
+    /// Stuck on a gap: each stream and ring connection gets back the credit
+    /// of its newest waiting batch (copied out of its ring slot first), once
+    /// per stall grace. The missing batch may sit behind those credits at a
+    /// worker that took it over from a dead one: workers hand out their
+    /// lowest sequence number first, so one credit lets it through. Memory
+    /// grows by at most one batch per source per grace while the gap lasts.
+    fn spread_credits(&mut self) {
+        let mut seen = HashSet::new();
+        for (batch, credit) in self.reorder.pending_mut().rev() {
+            let Some(source) = credit.source() else { continue };
+            if !seen.insert(source) {
+                continue;
+            }
+            if batch.transport() == Transport::SharedMemory {
+                batch.copy_out();
+            }
+            credit.give_back_early();
+        }
+        if !seen.is_empty() {
+            tracing::debug!(sources = seen.len(), "stuck on a gap: gave each source one credit early");
+        }
     }
 
     /// Tells the coordinator at once that everything was consumed, so the job

@@ -76,6 +76,15 @@ impl CreditLine {
     }
 }
 
+/// Which stream or ring connection a credit belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Source {
+    /// A `Fetch` stream, by the address of its shared credit counter.
+    Stream(usize),
+    /// A ring connection.
+    Ring(crate::ring::ConnId),
+}
+
 /// One credit owed to the stream or ring connection a batch came from.
 #[derive(Debug)]
 pub(crate) enum Credit {
@@ -100,6 +109,15 @@ impl Credit {
             Credit::Stream(line) => line.grant(1),
             Credit::Slot(credit) => credit.give_back(),
             Credit::Returned => {}
+        }
+    }
+
+    /// Where the credit goes back to; None once given back.
+    pub(crate) fn source(&self) -> Option<Source> {
+        match self {
+            Credit::Stream(line) => Some(Source::Stream(Arc::as_ptr(&line.held) as usize)),
+            Credit::Slot(credit) => Some(Source::Ring(credit.conn())),
+            Credit::Returned => None,
         }
     }
 

@@ -326,7 +326,7 @@ fn write_batch(slot: &mut [u8], job_id: u64, seq: u64) -> usize {
 }
 
 #[test]
-fn a_worker_that_leaves_with_batches_outstanding_is_named_within_two_lease_ttls() {
+fn a_worker_that_leaves_with_batches_outstanding_is_named_in_bounded_time() {
     let _serial = serial();
     bounded(Duration::from_secs(60), || {
         let ttl = Duration::from_millis(500);
@@ -371,7 +371,7 @@ fn a_worker_that_leaves_with_batches_outstanding_is_named_within_two_lease_ttls(
             "{msg}"
         );
         assert!(
-            waited >= 2 * ttl && waited < Duration::from_secs(10),
+            waited >= 3 * ttl && waited < Duration::from_secs(15),
             "ended {waited:?} after the worker left"
         );
         assert!(loader.next().is_none(), "the iterator ends");

@@ -71,7 +71,6 @@ fn killing_workers_repeatedly_loses_and_duplicates_nothing() {
 }
 
 #[test]
-#[ignore = "blocked on a bug: a worker that dies for good leaves a gap the survivors never fill (docs/reliability.md, Known gaps)"]
 fn survivors_finish_the_job_after_a_worker_dies_for_good() {
     run(Duration::from_secs(120), |scope| {
         for shared_memory in [false, true] {
@@ -211,7 +210,6 @@ fn workers_fence_and_exit_nonzero_when_the_coordinator_is_gone() {
 }
 
 #[test]
-#[ignore = "blocked on a bug: a worker that dies for good leaves a gap the survivors never fill (docs/reliability.md, Known gaps)"]
 fn partitioned_remote_worker_is_fenced_and_its_batches_reassigned() {
     if let Some(reason) = RemoteNamespace::unavailable() {
         eprintln!("skipped: {reason}");

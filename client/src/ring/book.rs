@@ -390,6 +390,11 @@ impl SlotCredit {
     pub(crate) fn give_back(self) {
         self.book.yielded(self.conn);
     }
+
+    /// The ring connection the credit belongs to.
+    pub(crate) fn conn(&self) -> ConnId {
+        self.conn
+    }
 }
 
 /// The user's hold on one filled slot: the slot is `Held` exactly as long as

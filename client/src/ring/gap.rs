@@ -11,8 +11,9 @@
 //!   the tasks it already holds before it reaches the requeued ones, so every
 //!   waiting batch is copied out of its slot and its credit returned, on a
 //!   short tick. The coordinator's `max_outstanding` bounds what piles up.
-//! - The gap outlasts two lease TTLs after a worker left: the iterator ends
-//!   with an error naming it instead of hanging.
+//! - The gap outlasts three lease TTLs plus 5 s after a worker left (far
+//!   beyond the lease expiry, requeue and re-production that normally fill
+//!   it): the iterator ends with an error naming it instead of hanging.
 
 use std::collections::HashSet;
 use std::sync::{Arc, RwLock};
@@ -53,7 +54,9 @@ pub(crate) struct GapWatch {
     ring: Arc<SlotRing>,
     /// Workers the coordinator still lists.
     listed: Arc<Listed>,
-    /// Two lease TTLs: how long a gap may last after a worker left.
+    /// How long a gap may last after a worker left: its lease expiry, the
+    /// requeue and the re-production by another worker, with a wide margin
+    /// for a loaded machine.
     lost_after: Duration,
     /// Normal stall handling runs at most this often.
     grace: Duration,
@@ -71,7 +74,7 @@ impl GapWatch {
         Self {
             ring,
             listed,
-            lost_after: lease_ttl * 2,
+            lost_after: lease_ttl * 3 + Duration::from_secs(5),
             grace,
             last_starved_spill: None,
         }

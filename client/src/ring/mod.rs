@@ -39,7 +39,7 @@ use tokio_util::sync::CancellationToken;
 use crate::error::LoaderError;
 
 use self::book::Book;
-pub(crate) use self::book::{Census, SlotCredit};
+pub(crate) use self::book::{Census, ConnId, SlotCredit};
 pub(crate) use self::conn::ConnContext;
 pub(crate) use self::gap::{GapWatch, Listed};
 use self::memory::RingMemory;
