@@ -7,7 +7,8 @@
 //! consumer (filled, not yet yielded) stay below `prefetch`, so a fast worker
 //! cannot fill the whole ring with batches that wait behind a slow one's.
 //! Free slots go to the connection using the fewest credits, round-robin
-//! among equals. A report from a worker is checked here
+//! among equals, and no connection holds more than its fair share of unused
+//! grants (slots / connections), so an idle worker cannot starve a busy one. A report from a worker is checked here
 //! before it can become a view: a slot outside the ring, one not granted to
 //! that connection, a stale generation or a length past the slot is refused.
 //! A held slot is represented by exactly one [`SlotRelease`]; dropping it
@@ -336,10 +337,14 @@ impl State {
     fn pick(&self) -> Option<ConnId> {
         let after = self.accounts.range(self.cursor + 1..);
         let before = self.accounts.range(..=self.cursor);
+        // A connection holds at most its fair share of unused grants: a
+        // worker gone idle cannot keep slots the busy ones need (it is never
+        // asked to give them back), whatever the number of workers.
+        let fair = (self.slots.len() / self.accounts.len().max(1)).max(1) as u32;
         let mut best: Option<(ConnId, u32)> = None;
         for (&id, a) in after.chain(before) {
             let used = a.credits();
-            if used < self.prefetch && best.is_none_or(|(_, b)| used < b) {
+            if used < self.prefetch && a.grants < fair && best.is_none_or(|(_, b)| used < b) {
                 best = Some((id, used));
             }
         }

@@ -321,8 +321,10 @@ proptest! {
             prop_assert_eq!(c.held, held.len());
             prop_assert_eq!(c.granted, conns.iter().map(|c| c.2.len()).sum::<usize>());
             if c.free > 0 {
+                // Nobody could take it: full credits, or a fair share of grants.
+                let fair = (COUNT as usize / conns.len().max(1)).max(1);
                 prop_assert!(
-                    conns.iter().all(|c| c.2.len() + c.3 as usize == PREFETCH as usize),
+                    conns.iter().all(|c| c.2.len() + c.3 as usize == PREFETCH as usize || c.2.len() >= fair),
                     "a free slot left ungranted"
                 );
             }
