@@ -4,7 +4,7 @@
 # bench/run.py, which writes docs/benchmarks.md and docs/benchmarks.png.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release -p loader-client --bin loaderctl -p loader-server -p loader-worker
+cargo build --release --bins -p loader-client -p loader-server -p loader-worker
 if [ ! -x bench/.venv/bin/python ]; then
   python3 -m venv bench/.venv
 fi

@@ -93,14 +93,19 @@ pub(super) fn consume_and_report(
     bar.set_position(loader.yielded());
     let (mut samples, mut batches, mut bytes, mut shm_batches) = (0u64, 0u64, 0u64, 0u64);
     let mut first_batch = None;
-    let cpu_before = process_cpu()?;
+    // Client CPU is counted from the first batch on: the steady-state cost
+    // of a batch, without connecting and mapping the ring.
+    let mut cpu_from_first = None;
     let started = Instant::now();
     if let Some(save) = save.as_ref().filter(|s| s.after == 0) {
         loader.state().save(&save.path)?;
     }
     while let Some(batch) = loader.next() {
         let batch = batch?;
-        first_batch.get_or_insert_with(|| started.elapsed());
+        if first_batch.is_none() {
+            first_batch = Some(started.elapsed());
+            cpu_from_first = Some(process_cpu()?);
+        }
         samples += batch.len() as u64;
         bytes += batch.bytes().len() as u64;
         batches += 1;
@@ -119,7 +124,10 @@ pub(super) fn consume_and_report(
         bar.inc(1);
     }
     let elapsed = started.elapsed();
-    let cpu = process_cpu()?.saturating_sub(cpu_before);
+    let cpu = match cpu_from_first {
+        Some(at_first) => process_cpu()?.saturating_sub(at_first),
+        None => Duration::ZERO,
+    };
     bar.finish_and_clear();
     // Stops the workers and the coordinator (embedded); not measured.
     drop(loader);
@@ -137,7 +145,7 @@ pub(super) fn consume_and_report(
         dataset: dataset.to_owned(),
         transport: args.transport.name(),
         shm_batches,
-        client_cpu_us_per_batch: cpu.as_secs_f64() * 1e6 / batches.max(1) as f64,
+        client_cpu_us_per_batch: cpu.as_secs_f64() * 1e6 / batches.saturating_sub(1).max(1) as f64,
     };
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
