@@ -172,41 +172,11 @@ fn run_json_reports_its_transport_and_client_cpu() {
     }
 }
 
-/// Worker processes started by a test in a process group of their own,
-/// killed (group and all) when dropped.
-#[cfg(feature = "embedded")]
-struct Workers(Vec<std::process::Child>);
-
-#[cfg(feature = "embedded")]
-impl Drop for Workers {
-    fn drop(&mut self) {
-        for child in &mut self.0 {
-            if let Ok(pid) = i32::try_from(child.id()) {
-                let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
-            }
-            let _ = child.wait();
-        }
-    }
-}
-
 #[test]
 #[cfg(feature = "embedded")]
 fn consume_measures_a_job_of_an_external_coordinator() {
     let coordinator = common::Coordinator::start(loader_server::ServerConfig::default());
-    let workers = Workers(
-        (0..2)
-            .map(|_| {
-                Command::new(env!("CARGO_BIN_EXE_loaderctl"))
-                    .args(["__worker", "--coordinator", &coordinator.url])
-                    .args(["--listen", "127.0.0.1:0"])
-                    .stdin(Stdio::null())
-                    .stdout(Stdio::null())
-                    .process_group(0)
-                    .spawn()
-                    .expect("start a worker")
-            })
-            .collect(),
-    );
+    let workers = common::WorkerProcesses::start(&coordinator.url, 2);
     for transport in ["shm", "grpc"] {
         let run = loaderctl(
             &[
