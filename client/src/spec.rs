@@ -63,6 +63,7 @@ impl JobSpecBuilder {
                 batch_size: 64,
                 epochs: 1,
                 consumers: 1,
+                ..Default::default()
             },
             token_file: None,
         }

@@ -55,6 +55,9 @@ pub fn num_samples(dataset: &DatasetSpec) -> Result<u64, SpecError> {
             }
             Ok((t.num_tokens - 1) / t.context_length)
         }
+        Some(Kind::ImageFolder(_) | Kind::Webdataset(_) | Kind::Npy(_)) => {
+            err("dataset", "image_folder, webdataset and npy are not implemented yet (issue 5)")
+        }
     }
 }
 

@@ -46,6 +46,9 @@ fn dataset_kind(spec: &loader_proto::pb::JobSpec) -> String {
     match spec.dataset.as_ref().and_then(|d| d.kind.as_ref()) {
         Some(Kind::Synthetic(_)) => "synthetic".into(),
         Some(Kind::Tokens(_)) => "tokens".into(),
+        Some(Kind::ImageFolder(_)) => "image_folder".into(),
+        Some(Kind::Webdataset(_)) => "webdataset".into(),
+        Some(Kind::Npy(_)) => "npy".into(),
         None => "-".into(),
     }
 }

@@ -228,6 +228,12 @@ fn dataset(kind: &Option<Kind>) -> String {
             t.context_length,
             dtype(t.dtype)
         ),
+        Some(Kind::ImageFolder(f)) => format!("image_folder {} ({} samples)", f.path, f.num_samples),
+        Some(Kind::Webdataset(w)) => format!("webdataset {} shards", w.shards.len()),
+        Some(Kind::Npy(n)) => {
+            let names: Vec<&str> = n.arrays.iter().map(|a| a.name.as_str()).collect();
+            format!("npy {} ({} rows)", names.join(","), n.num_samples)
+        }
         None => "-".into(),
     }
 }

@@ -105,6 +105,9 @@ pub fn open(spec: &DatasetSpec) -> Result<Arc<dyn Dataset>, DatasetError> {
         None => Err(DatasetError::Spec("dataset: missing; expected one of: synthetic, tokens".into())),
         Some(Kind::Synthetic(s)) => Ok(Arc::new(Synthetic::new(s)?)),
         Some(Kind::Tokens(t)) => Ok(Arc::new(Tokens::open(t)?)),
+        Some(Kind::ImageFolder(_) | Kind::Webdataset(_) | Kind::Npy(_)) => {
+            Err(DatasetError::Spec("dataset: image_folder, webdataset and npy are not implemented yet (issue 5)".into()))
+        }
     }
 }
 
