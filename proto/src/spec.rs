@@ -8,14 +8,15 @@ use crate::sampler::Plan;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid job spec: {field}: {problem}")]
 pub struct SpecError {
-    /// Dotted path of the field, e.g. `batch_size` or `dataset.tokens.path`.
-    pub field: &'static str,
+    /// Dotted path of the field, e.g. `batch_size`, `dataset.tokens.path` or
+    /// `transforms[1].random_resized_crop.size`.
+    pub field: String,
     /// What was wrong and what was expected.
     pub problem: String,
 }
 
-fn err<T>(field: &'static str, problem: impl Into<String>) -> Result<T, SpecError> {
-    Err(SpecError { field, problem: problem.into() })
+fn err<T>(field: impl Into<String>, problem: impl Into<String>) -> Result<T, SpecError> {
+    Err(SpecError { field: field.into(), problem: problem.into() })
 }
 
 /// Number of samples of a dataset, from the spec alone.

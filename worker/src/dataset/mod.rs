@@ -16,6 +16,19 @@ use loader_proto::pb::{DatasetSpec, Dtype, dataset_spec::Kind};
 pub use synthetic::Synthetic;
 pub use tokens::Tokens;
 
+/// What identifies one draw of a sample: random augmentations are derived
+/// from it alone, so the same sample in the same epoch of the same job gets
+/// the same pixels on any worker, with any worker count, in any run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SampleKey {
+    /// The job's sampler seed.
+    pub seed: u64,
+    /// Epoch the sample is drawn in.
+    pub epoch: u64,
+    /// Dataset index of the sample.
+    pub index: u64,
+}
+
 /// One tensor of a sample: the batch holds it with a leading batch dimension.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SampleTensor {
