@@ -19,9 +19,12 @@
 //! - [`wait`](wait_until): bounded polling.
 //! - [`netns`](RemoteNamespace): a network namespace on a veth pair, for a
 //!   remote worker whose link can be cut.
+//! - [`dataset_files`]: images, class folders, tar shards and npy arrays
+//!   written by tests.
 
 mod admin;
 mod cluster;
+pub mod dataset_files;
 mod netns;
 mod proc;
 mod scope;

@@ -58,7 +58,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let start = Instant::now();
     std::thread::scope(|s| {
         for id in 0..threads as u64 {
-            let (pipeline, data) = (&pipeline, &data);
+            let (pipeline, data, paths) = (&pipeline, &data, &paths);
             s.spawn(move || {
                 let mut out = vec![0u8; pipeline.output_bytes()];
                 let mut i = id;

@@ -56,7 +56,6 @@ impl ImageSamples {
         match self.pipeline.run(encoded, key, image) {
             Ok(()) => {}
             Err(ImageError::Corrupt(reason)) => return Err(DatasetError::Corrupt { path: path(), reason }),
-            #[allow(unreachable_patterns)]
             Err(other) => return Err(DatasetError::Spec(format!("{}: {other}", path()))),
         }
         label_row.copy_from_slice(&label.to_le_bytes());

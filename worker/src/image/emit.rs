@@ -95,14 +95,13 @@ pub(crate) fn write(canvas: &[u8], w: usize, h: usize, flip: bool, layout: Layou
         (Values::Identity, _) => {
             let (r, rest) = out.split_at_mut(plane);
             let (g, b) = rest.split_at_mut(plane);
-            for y in 0..h {
-                let src = &canvas[y * w * 3..][..w * 3];
-                let (r, g, b) = (&mut r[y * w..][..w], &mut g[y * w..][..w], &mut b[y * w..][..w]);
-                for x in 0..w {
-                    let p = &src[col(x) * 3..][..3];
-                    r[x] = p[0];
-                    g[x] = p[1];
-                    b[x] = p[2];
+            let rows = canvas.chunks_exact(w * 3).zip(r.chunks_exact_mut(w).zip(g.chunks_exact_mut(w)).zip(b.chunks_exact_mut(w)));
+            for (src, ((r, g), b)) in rows {
+                let planes = r.iter_mut().zip(g.iter_mut()).zip(b.iter_mut());
+                if flip {
+                    split(src.chunks_exact(3).rev(), planes);
+                } else {
+                    split(src.chunks_exact(3), planes);
                 }
             }
         }
@@ -127,6 +126,18 @@ pub(crate) fn write(canvas: &[u8], w: usize, h: usize, flip: bool, layout: Layou
                 }
             }
         }
+    }
+}
+
+/// One row of RGB pixels into its three planes.
+fn split<'a, 'b>(
+    pixels: impl Iterator<Item = &'a [u8]>,
+    planes: impl Iterator<Item = ((&'b mut u8, &'b mut u8), &'b mut u8)>,
+) {
+    for (p, ((r, g), b)) in pixels.zip(planes) {
+        *r = p[0];
+        *g = p[1];
+        *b = p[2];
     }
 }
 
