@@ -23,21 +23,31 @@
 //! Parsing checks every field that needs no dataset file (the same
 //! [`loader_proto::spec::check`] the coordinator runs); the counts are read
 //! from the files by [`JobSpecBuilder::build`].
+//!
+//! - this module: the entry points, the top level and the datasets.
+//! - `transform`: one step of the `transforms` list.
+//! - `values`: counts, sizes, dtype and layout names, parameters, npy
+//!   arrays and shard lists (with WebDataset's `{000..099}` ranges).
 
 use std::collections::HashMap;
 use std::fmt;
 use std::path::Path;
 
 use loader_proto::pb::{
-    CenterCrop, CorruptPolicy, CustomSpec, DatasetSpec, Dtype, HorizontalFlip, ImageFolderSpec,
-    JobSpec, Layout, Normalize, NpyArray, NpySpec, RandomResizedCrop, Resize, SamplerSpec,
-    SyntheticSpec, TokensSpec, Transform, WebDatasetSpec, dataset_spec::Kind, transform::Op,
+    CorruptPolicy, CustomSpec, DatasetSpec, ImageFolderSpec, JobSpec, NpyArray, NpySpec, SamplerSpec,
+    SyntheticSpec, TokensSpec, WebDatasetSpec, dataset_spec::Kind,
 };
 use serde::Deserialize;
-use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, Deserializer, MapAccess, Visitor};
 
 use crate::error::LoaderError;
-use crate::spec::{JobSpecBuilder, transforms};
+use crate::spec::JobSpecBuilder;
+
+mod transform;
+mod values;
+
+use transform::TransformFile;
+use values::{Count, DtypeName, NamedPaths, Scalar, Shards};
 
 /// Parses a spec given as text: JSON when it starts with `{`, else YAML.
 /// Relative paths resolve against `base_dir`; errors start with `spec: `.
@@ -112,33 +122,6 @@ struct SpecFile {
 
 fn one() -> Count {
     Count(1)
-}
-
-/// A count that fits a u32 (batch size, epochs, consumers); zero passes
-/// here and fails in the spec check, with the spec check's message.
-#[derive(Debug)]
-struct Count(u32);
-
-impl<'de> Deserialize<'de> for Count {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl Visitor<'_> for V {
-            type Value = Count;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a positive integer")
-            }
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Count, E> {
-                u32::try_from(v).map(Count).map_err(|_| E::custom(format!("must be at most {}, got {v}", u32::MAX)))
-            }
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Count, E> {
-                match u64::try_from(v) {
-                    Ok(v) => self.visit_u64(v),
-                    Err(_) => Err(E::custom(format!("must be > 0, got {v}"))),
-                }
-            }
-        }
-        d.deserialize_any(V)
-    }
 }
 
 /// The dataset: a one-key map of the kind to its settings. (Written by
@@ -316,354 +299,6 @@ impl SpecFile {
 fn resolve(base: &Path, p: &str) -> String {
     let joined = base.join(p);
     std::path::absolute(&joined).unwrap_or(joined).to_string_lossy().into_owned()
-}
-
-/// Names of the transforms, for messages.
-const TRANSFORMS: &str = "decode, random_resized_crop, resize, center_crop, horizontal_flip, normalize, cast, layout";
-
-/// One pipeline step: a bare name (`decode`, `horizontal_flip`) or a
-/// one-key map of the name to its settings (`{resize: {size: 256}}`).
-#[derive(Debug)]
-struct TransformFile(Transform);
-
-impl<'de> Deserialize<'de> for TransformFile {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(TransformVisitor).map(TransformFile)
-    }
-}
-
-struct TransformVisitor;
-
-fn unknown_transform<E: de::Error>(name: &str) -> E {
-    E::custom(format!("unknown transform `{name}`; expected one of: {TRANSFORMS}"))
-}
-
-fn op(op: Op) -> Transform {
-    Transform { op: Some(op) }
-}
-
-impl<'de> Visitor<'de> for TransformVisitor {
-    type Value = Transform;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a transform: a name such as `decode`, or a one-key map such as `{resize: {size: 256}}`")
-    }
-
-    fn visit_str<E: de::Error>(self, name: &str) -> Result<Transform, E> {
-        match name {
-            "decode" => Ok(transforms::decode()),
-            "horizontal_flip" => Ok(transforms::horizontal_flip()),
-            "random_resized_crop" | "resize" | "center_crop" => {
-                Err(E::custom(format!("transform `{name}` needs a size, e.g. `{{{name}: {{size: 224}}}}`")))
-            }
-            "normalize" => Err(E::custom("transform `normalize` needs `{normalize: {mean: [r, g, b], std: [r, g, b]}}`")),
-            "cast" => Err(E::custom("transform `cast` needs a dtype, e.g. `{cast: {dtype: float32}}`")),
-            "layout" => Err(E::custom("transform `layout` needs `{layout: chw}` or `{layout: hwc}`")),
-            other => Err(unknown_transform(other)),
-        }
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Transform, A::Error> {
-        let Some(name) = map.next_key::<String>()? else {
-            return Err(de::Error::custom(format!("empty transform; expected one of: {TRANSFORMS}")));
-        };
-        let transform = match name.as_str() {
-            "decode" => {
-                map.next_value::<NoSettings>()?;
-                transforms::decode()
-            }
-            "random_resized_crop" => {
-                let c: CropFile = map.next_value()?;
-                op(Op::RandomResizedCrop(RandomResizedCrop {
-                    size: c.size.0,
-                    scale: c.scale.map(Vec::from).unwrap_or_default(),
-                    ratio: c.ratio.map(Vec::from).unwrap_or_default(),
-                }))
-            }
-            "resize" => op(Op::Resize(Resize { size: map.next_value::<SizeFile>()?.size.0 })),
-            "center_crop" => op(Op::CenterCrop(CenterCrop { size: map.next_value::<SizeFile>()?.size.0 })),
-            "horizontal_flip" => {
-                let p = map.next_value::<Option<FlipFile>>()?.and_then(|f| f.p);
-                op(Op::HorizontalFlip(HorizontalFlip { p }))
-            }
-            "normalize" => {
-                let n: NormalizeFile = map.next_value()?;
-                op(Op::Normalize(Normalize { mean: n.mean, std: n.std }))
-            }
-            "cast" => op(Op::Cast(loader_proto::pb::Cast { dtype: map.next_value::<CastFile>()?.dtype.0 as i32 })),
-            "layout" => op(Op::Layout(map.next_value::<LayoutName>()?.0 as i32)),
-            other => return Err(unknown_transform(other)),
-        };
-        if let Some(extra) = map.next_key::<String>()? {
-            return Err(de::Error::custom(format!(
-                "one transform per list item; `{name}` and `{extra}` share one"
-            )));
-        }
-        Ok(transform)
-    }
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct CropFile {
-    size: Size,
-    #[serde(default)]
-    scale: Option<[f32; 2]>,
-    #[serde(default)]
-    ratio: Option<[f32; 2]>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct SizeFile {
-    size: Size,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FlipFile {
-    #[serde(default)]
-    p: Option<f32>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct NormalizeFile {
-    mean: Vec<f32>,
-    std: Vec<f32>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct CastFile {
-    dtype: DtypeName,
-}
-
-/// A transform without settings: `decode`, `{decode: }` or `{decode: {}}`.
-#[derive(Debug)]
-struct NoSettings;
-
-impl<'de> Deserialize<'de> for NoSettings {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = NoSettings;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("no settings")
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<NoSettings, E> {
-                Ok(NoSettings)
-            }
-            fn visit_none<E: de::Error>(self) -> Result<NoSettings, E> {
-                Ok(NoSettings)
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<NoSettings, A::Error> {
-                match map.next_key::<String>()? {
-                    None => Ok(NoSettings),
-                    Some(k) => Err(de::Error::custom(format!("takes no settings, got `{k}`"))),
-                }
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
-/// A size in pixels: one positive number or `[height, width]`.
-#[derive(Debug)]
-struct Size(Vec<u32>);
-
-impl<'de> Deserialize<'de> for Size {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(SizeVisitor).map(Size)
-    }
-}
-
-struct SizeVisitor;
-
-fn pixels<E: de::Error>(v: i128) -> Result<u32, E> {
-    match u32::try_from(v) {
-        Ok(p) if p > 0 => Ok(p),
-        _ => Err(E::custom(format!("must be a positive number of pixels, got {v}"))),
-    }
-}
-
-impl<'de> Visitor<'de> for SizeVisitor {
-    type Value = Vec<u32>;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a positive size in pixels or [height, width]")
-    }
-
-    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Vec<u32>, E> {
-        Ok(vec![pixels(i128::from(v))?])
-    }
-
-    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Vec<u32>, E> {
-        Ok(vec![pixels(i128::from(v))?])
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<u32>, A::Error> {
-        let mut out = Vec::new();
-        while let Some(v) = seq.next_element::<i64>()? {
-            out.push(pixels(i128::from(v))?);
-        }
-        if !(1..=2).contains(&out.len()) {
-            return Err(de::Error::custom(format!("expected one size or [height, width], got {} values", out.len())));
-        }
-        Ok(out)
-    }
-}
-
-/// An element type by its numpy name (`uint8`, `float32`, ...).
-#[derive(Debug)]
-struct DtypeName(Dtype);
-
-impl<'de> Deserialize<'de> for DtypeName {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_str(NameVisitor("a dtype name such as uint8 or float32", |name| {
-            Dtype::parse(name).map(DtypeName).ok_or_else(|| {
-                format!(
-                    "unknown dtype `{name}`; expected one of: uint8, int8, uint16, int16, uint32, int32, \
-                     uint64, int64, float16, bfloat16, float32, float64, bool"
-                )
-            })
-        }))
-    }
-}
-
-/// Reads a name and maps it, failing inside the deserializer's call so the
-/// error carries the name's own field path.
-struct NameVisitor<T>(&'static str, fn(&str) -> Result<T, String>);
-
-impl<T> Visitor<'_> for NameVisitor<T> {
-    type Value = T;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.0)
-    }
-
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<T, E> {
-        (self.1)(v).map_err(E::custom)
-    }
-}
-
-/// `chw` or `hwc`.
-#[derive(Debug)]
-struct LayoutName(Layout);
-
-impl<'de> Deserialize<'de> for LayoutName {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_str(NameVisitor("chw or hwc", |name| match name.to_ascii_lowercase().as_str() {
-            "chw" => Ok(LayoutName(Layout::Chw)),
-            "hwc" => Ok(LayoutName(Layout::Hwc)),
-            _ => Err(format!("unknown layout `{name}`; expected chw or hwc")),
-        }))
-    }
-}
-
-/// A string, number or boolean, kept as text (custom dataset params).
-#[derive(Debug)]
-struct Scalar(String);
-
-impl<'de> Deserialize<'de> for Scalar {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl Visitor<'_> for V {
-            type Value = Scalar;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a string, number or boolean")
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<Scalar, E> {
-                Ok(Scalar(v.to_owned()))
-            }
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Scalar, E> {
-                Ok(Scalar(v.to_string()))
-            }
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Scalar, E> {
-                Ok(Scalar(v.to_string()))
-            }
-            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Scalar, E> {
-                Ok(Scalar(v.to_string()))
-            }
-            fn visit_bool<E: de::Error>(self, v: bool) -> Result<Scalar, E> {
-                Ok(Scalar(v.to_string()))
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
-/// `name: path` pairs in the order written (npy arrays).
-#[derive(Debug)]
-struct NamedPaths(Vec<(String, String)>);
-
-impl<'de> Deserialize<'de> for NamedPaths {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = NamedPaths;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a map of tensor name to .npy path, e.g. {x: x.npy, y: y.npy}")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<NamedPaths, A::Error> {
-                let mut out = Vec::new();
-                while let Some((k, v)) = map.next_entry::<String, String>()? {
-                    out.push((k, v));
-                }
-                Ok(NamedPaths(out))
-            }
-        }
-        d.deserialize_map(V)
-    }
-}
-
-/// Shard paths: a list, or one pattern with a numeric range in braces as
-/// WebDataset writes them (`train-{000000..000146}.tar`).
-#[derive(Debug)]
-struct Shards(Vec<String>);
-
-/// Most shards one brace range may expand to.
-const MAX_SHARDS: u64 = 1_000_000;
-
-impl<'de> Deserialize<'de> for Shards {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Shards;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a list of tar paths or a pattern such as `train-{000..099}.tar`")
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<Shards, E> {
-                expand_braces(v).map(Shards).map_err(E::custom)
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Shards, A::Error> {
-                let mut out = Vec::new();
-                while let Some(p) = seq.next_element::<String>()? {
-                    out.extend(expand_braces(&p).map_err(de::Error::custom)?);
-                }
-                Ok(Shards(out))
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
-/// Expands one `{first..last}` range (zero-padded to the width of `first`
-/// when it has leading zeros); text without a range stays as it is.
-fn expand_braces(pattern: &str) -> Result<Vec<String>, String> {
-    let Some(open) = pattern.find('{') else {
-        return Ok(vec![pattern.to_owned()]);
-    };
-    let bad = || format!("bad shard range in `{pattern}`; expected e.g. `train-{{000..099}}.tar`");
-    let close = pattern[open..].find('}').map(|i| i + open).ok_or_else(bad)?;
-    let (first, last) = pattern[open + 1..close].split_once("..").ok_or_else(bad)?;
-    let (a, b) = (first.parse::<u64>().map_err(|_| bad())?, last.parse::<u64>().map_err(|_| bad())?);
-    if b < a || b - a >= MAX_SHARDS {
-        return Err(bad());
-    }
-    let width = if first.starts_with('0') { first.len() } else { 0 };
-    let (head, tail) = (&pattern[..open], &pattern[close + 1..]);
-    Ok((a..=b).map(|i| format!("{head}{i:0width$}{tail}")).collect())
 }
 
 #[cfg(test)]

@@ -249,7 +249,10 @@ pub fn plan(spec: &JobSpec) -> Result<Plan, SpecError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pb::{SyntheticSpec, TokensSpec};
+    use crate::pb::{
+        CustomSpec, Decode, ImageFolderSpec, NpyArray, NpySpec, RandomResizedCrop, SyntheticSpec, TokensSpec,
+        Transform, WebDatasetSpec, transform::Op,
+    };
 
     fn synthetic() -> JobSpec {
         JobSpec {
@@ -296,6 +299,65 @@ mod tests {
             let e = plan(&spec).expect_err(field);
             assert_eq!(e.field, field);
             assert!(e.to_string().starts_with("invalid job spec: "));
+        }
+    }
+
+    fn with(kind: Kind, transforms: Vec<Transform>) -> JobSpec {
+        JobSpec { dataset: Some(DatasetSpec { kind: Some(kind) }), transforms, ..synthetic() }
+    }
+
+    fn train() -> Vec<Transform> {
+        let crop = RandomResizedCrop { size: vec![224], scale: vec![], ratio: vec![] };
+        vec![Transform { op: Some(Op::Decode(Decode {})) }, Transform { op: Some(Op::RandomResizedCrop(crop)) }]
+    }
+
+    fn folder(num_samples: u64) -> Kind {
+        Kind::ImageFolder(ImageFolderSpec { path: "/data/train".into(), num_samples, ..Default::default() })
+    }
+
+    fn npy(names: &[&str]) -> Kind {
+        let arrays = names.iter().map(|n| NpyArray { name: (*n).into(), path: format!("/d/{n}.npy") }).collect();
+        Kind::Npy(NpySpec { arrays, num_samples: 10 })
+    }
+
+    #[test]
+    fn the_new_datasets_plan_and_shards_order_the_webdataset() {
+        assert_eq!(plan(&with(folder(100), train())).expect("image folder").num_samples, 100);
+        let wds = Kind::Webdataset(WebDatasetSpec { shards: vec!["a.tar".into(), "b.tar".into()], shard_samples: vec![3, 4] });
+        let p = plan(&with(wds, train())).expect("webdataset");
+        assert_eq!((p.num_samples, p.shards.as_deref()), (7, Some(&[3u64, 4][..])));
+        assert_eq!(plan(&with(npy(&["x", "y"]), vec![])).expect("npy").num_samples, 10);
+        assert_eq!(plan(&synthetic()).expect("synthetic").shards, None);
+    }
+
+    #[test]
+    fn bad_dataset_and_pipeline_fields_are_named() {
+        let wds = |shards: Vec<&str>, counts: Vec<u64>| {
+            Kind::Webdataset(WebDatasetSpec { shards: shards.into_iter().map(Into::into).collect(), shard_samples: counts })
+        };
+        let custom = |name: &str, n| Kind::Custom(CustomSpec { name: name.into(), num_samples: n, ..Default::default() });
+        let cases: Vec<(&str, &str, JobSpec)> = vec![
+            ("dataset.image_folder.path", "must name the image folder", with(Kind::ImageFolder(ImageFolderSpec::default()), train())),
+            ("dataset.image_folder.num_samples", "is 0; the submitter fills it in by listing the folder", with(folder(0), train())),
+            ("transforms", "an image dataset needs a pipeline", with(folder(5), vec![])),
+            ("transforms", "only image datasets (image_folder, webdataset) take transforms, not npy", with(npy(&["x"]), train())),
+            ("transforms", "only image datasets (image_folder, webdataset) take transforms, not synthetic", JobSpec { transforms: train(), ..synthetic() }),
+            ("dataset.webdataset.shards", "must list at least one tar shard", with(wds(vec![], vec![]), train())),
+            ("dataset.webdataset.shards[1]", "empty path", with(wds(vec!["a.tar", ""], vec![1, 1]), train())),
+            ("dataset.webdataset.shard_samples", "has 1 counts for 2 shards", with(wds(vec!["a.tar", "b.tar"], vec![4]), train())),
+            ("dataset.webdataset.shard_samples", "the shards hold no sample", with(wds(vec!["a.tar"], vec![0]), train())),
+            ("dataset.npy.arrays", "must name at least one array", with(npy(&[]), vec![])),
+            ("dataset.npy.arrays[1].name", "`x` names two arrays", with(npy(&["x", "x"]), vec![])),
+            ("dataset.npy.arrays[0].name", "must be 1 to 255 bytes", with(npy(&[""]), vec![])),
+            ("dataset.custom.name", "must name a dataset registered", with(custom("", 3), vec![])),
+            ("dataset.custom.num_samples", "must be > 0", with(custom("mine", 0), vec![])),
+            ("on_corrupt", "unknown policy code 9; expected fail or skip", JobSpec { on_corrupt: 9, ..synthetic() }),
+        ];
+        for (field, problem, spec) in cases {
+            let e = plan(&spec).expect_err(field);
+            assert_eq!(e.field, field, "{e}");
+            assert!(e.problem.starts_with(problem), "{field}: {e}");
+            assert!(!e.to_string().contains('\n'));
         }
     }
 }

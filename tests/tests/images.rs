@@ -40,9 +40,9 @@ fn consume_images(url: String, job: JobSpec, side: u64) -> Result<Vec<Sample>, S
         let batch = batch.map_err(|e| e.to_string())?;
         let n = batch.len();
         let image = batch.tensor("image").expect("image tensor");
-        assert_eq!((image.dtype, image.shape.clone()), (Dtype::U8, vec![n as u64, 3, side, side]));
+        assert_eq!((image.dtype, image.shape.to_vec()), (Dtype::U8, vec![n as u64, 3, side, side]));
         let label = batch.tensor("label").expect("label tensor");
-        assert_eq!((label.dtype, label.shape.clone()), (Dtype::I64, vec![n as u64]));
+        assert_eq!((label.dtype, label.shape.to_vec()), (Dtype::I64, vec![n as u64]));
         let labels: Vec<i64> = label.to_vec().expect("int64 labels");
         let row = (3 * side * side) as usize;
         let plane = (side * side) as usize;
@@ -231,8 +231,8 @@ fn npy_rows_arrive_byte_for_byte() {
         for batch in loader {
             let batch = batch.expect("batch");
             let (bx, by) = (batch.tensor("x").expect("x"), batch.tensor("y").expect("y"));
-            assert_eq!((bx.dtype, bx.shape.clone()), (Dtype::F32, vec![batch.len() as u64, 3]));
-            assert_eq!((by.dtype, by.shape.clone()), (Dtype::I64, vec![batch.len() as u64]));
+            assert_eq!((bx.dtype, bx.shape.to_vec()), (Dtype::F32, vec![batch.len() as u64, 3]));
+            assert_eq!((by.dtype, by.shape.to_vec()), (Dtype::I64, vec![batch.len() as u64]));
             for (k, &i) in batch.indices().iter().enumerate() {
                 rows.push((i, bx.bytes[k * 12..(k + 1) * 12].to_vec(), by.bytes[k * 8..(k + 1) * 8].to_vec()));
             }

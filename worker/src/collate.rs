@@ -232,7 +232,7 @@ mod tests {
             self.0.len()
         }
         fn read_into(&self, key: SampleKey, rows: &mut [&mut [u8]]) -> Result<(), DatasetError> {
-            if key.index % 3 == 0 {
+            if key.index.is_multiple_of(3) {
                 rows.iter_mut().for_each(|r| r.fill(0xEE));
                 return Err(DatasetError::Corrupt { path: format!("/data/{}.jpg", key.index), reason: "bad huffman code".into() });
             }

@@ -268,6 +268,57 @@ mod tests {
     }
 
     #[test]
+    fn image_folders_are_listed_and_fingerprinted_at_build() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for rel in ["b/2.jpg", "a/1.png", "a/0.JPG", "a/readme.txt"] {
+            let p = dir.path().join(rel);
+            std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+            std::fs::write(p, b"x").expect("write");
+        }
+        let build = || {
+            image_folder(dir.path())
+                .transforms(transforms::standard_train(224))
+                .on_corrupt(CorruptPolicy::Skip)
+                .build()
+                .expect("valid")
+        };
+        let spec = build();
+        assert_eq!(spec.on_corrupt, CorruptPolicy::Skip as i32);
+        let Some(Kind::ImageFolder(f)) = spec.dataset.and_then(|d| d.kind) else {
+            panic!("not an image folder");
+        };
+        assert_eq!(f.num_samples, 3);
+        std::fs::write(dir.path().join("b/3.jpeg"), b"x").expect("write");
+        let Some(Kind::ImageFolder(g)) = build().dataset.and_then(|d| d.kind) else {
+            panic!("not an image folder");
+        };
+        assert_ne!(f.fingerprint, g.fingerprint, "a new file changes the fingerprint");
+        let e = image_folder(dir.path()).build().expect_err("no pipeline").to_string();
+        assert!(e.starts_with("invalid job spec: transforms: an image dataset needs a pipeline"), "{e}");
+    }
+
+    #[test]
+    fn npy_arrays_must_agree_on_their_rows() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let write = |name: &str, rows: u64| {
+            let dict = format!("{{'descr': '|u1', 'fortran_order': False, 'shape': ({rows},), }}");
+            let mut out = b"\x93NUMPY\x01\x00".to_vec();
+            out.extend_from_slice(&(dict.len() as u16).to_le_bytes());
+            out.extend_from_slice(dict.as_bytes());
+            out.extend(std::iter::repeat_n(0u8, rows as usize));
+            let path = dir.path().join(name);
+            std::fs::write(&path, out).expect("write");
+            path
+        };
+        let (x, y) = (write("x.npy", 12), write("y.npy", 12));
+        let spec = npy([("x", &x), ("y", &y)]).batch_size(4).build().expect("valid");
+        assert!(matches!(spec.dataset.and_then(|d| d.kind), Some(Kind::Npy(n)) if n.num_samples == 12));
+        let z = write("z.npy", 11);
+        let e = npy([("x", &x), ("z", &z)]).build().expect_err("rows differ").to_string();
+        assert_eq!(e, format!("{}: holds 11 rows, array `x` holds 12; every array needs the same rows", z.display()));
+    }
+
+    #[test]
     fn missing_token_file_names_the_path() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("nope.bin");

@@ -1,8 +1,9 @@
 use std::path::Path;
 
-use loader_proto::pb::{CorruptPolicy, Dtype, dataset_spec::Kind, transform::Op};
+use loader_proto::pb::{CorruptPolicy, Dtype, HorizontalFlip, dataset_spec::Kind, transform::Op};
 
 use super::*;
+use super::values::expand_braces;
 
 const YAML: &str = "
 name: imagenet

@@ -159,3 +159,6 @@ pub(crate) fn check_rows(index: u64, rows: &[&mut [u8]], sizes: &[usize]) -> Res
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests;

@@ -9,8 +9,8 @@
 
 use std::ffi::{c_char, c_int, c_uint};
 
-use super::ImageError;
 use super::geometry::Rect;
+use super::{ImageError, PIXEL};
 
 unsafe extern "C" {
     fn loader_jpeg_header(
@@ -48,7 +48,7 @@ const MSG_LEN: usize = 256;
 pub(crate) struct Decoded {
     /// Column and row of the region's top-left pixel.
     pub(crate) origin: (u32, u32),
-    /// Columns and rows held (the row stride is `3 * width`).
+    /// Columns and rows held (the row stride is `PIXEL * width`).
     pub(crate) size: (u32, u32),
 }
 
@@ -80,7 +80,7 @@ pub(crate) fn scaled((w, h): (u32, u32), scale_num: u32) -> (u32, u32) {
 }
 
 /// Decodes `region` (in pixels of the image scaled by `scale_num / 8`) into
-/// `out` as RGB rows. The columns held may be wider than asked: see the
+/// `out` as RGBX rows. The columns held may be wider than asked: see the
 /// returned [`Decoded`].
 pub(crate) fn decode(
     data: &[u8],
@@ -91,7 +91,7 @@ pub(crate) fn decode(
 ) -> Result<Decoded, ImageError> {
     let (sw, sh) = scaled(full, scale_num);
     // libjpeg widens the columns to whole iMCUs, never past the image.
-    let cap = sw as usize * region.h as usize * 3;
+    let cap = sw as usize * region.h as usize * PIXEL;
     if out.len() < cap {
         out.resize(cap, 0);
     }

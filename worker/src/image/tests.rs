@@ -283,8 +283,8 @@ fn region_decode_matches_full_decode() {
         assert!(got.origin.0 <= r.x && got.origin.0 + got.size.0 >= r.x + r.w, "{got:?}");
         for y in 0..r.h {
             for x in r.x..r.x + r.w {
-                let a = &part[((y * got.size.0 + x - got.origin.0) * 3) as usize..][..3];
-                let b = &full[(((r.y + y) * w + x) * 3) as usize..][..3];
+                let a = &part[((y * got.size.0 + x - got.origin.0) * 4) as usize..][..4];
+                let b = &full[(((r.y + y) * w + x) * 4) as usize..][..4];
                 assert_eq!(a, b, "({x}, {})", r.y + y);
             }
         }
@@ -361,5 +361,26 @@ proptest! {
         let p = Pipeline::new(&[decode(), resize(&[20]), center_crop(&[16]), flip(0.5)]).expect("valid");
         let mut out = vec![0; p.output_bytes()];
         let _ = p.run(&bytes, key(0), &mut out);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// The vectorized CHW write (SSE2 on x86_64) against a plain reference,
+    /// at widths around its 16-pixel blocks.
+    #[test]
+    fn chw_write_matches_reference(w in 1usize..70, h in 1usize..4, flip in any::<bool>(), seed in any::<u8>()) {
+        let canvas: Vec<u8> = (0..w * h * PIXEL).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect();
+        let mut out = vec![0u8; w * h * 3];
+        emit::write(&canvas, w, h, flip, Layout::Chw, &emit::Values::Identity, &mut out);
+        for c in 0..3 {
+            for y in 0..h {
+                for x in 0..w {
+                    let sx = if flip { w - 1 - x } else { x };
+                    prop_assert_eq!(out[c * w * h + y * w + x], canvas[(y * w + sx) * PIXEL + c]);
+                }
+            }
+        }
     }
 }
