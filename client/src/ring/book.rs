@@ -370,7 +370,8 @@ impl State {
     }
 
     /// Grants free slots while a connection has room, then sends each
-    /// connection's new grants in one write.
+    /// connection's new grants in one write, unless it can wait (see
+    /// [`State::hold_back`]).
     fn distribute(&mut self) {
         while !self.free.is_empty() {
             let Some(conn) = self.pick() else { break };
@@ -388,10 +389,31 @@ impl State {
             self.slots[i] = Slot::Granted { conn, generation };
             self.cursor = conn;
         }
+        let low_water = self.low_water();
         for account in self.accounts.values_mut() {
-            account.line.flush();
+            if !hold_back(account, low_water) {
+                account.line.flush();
+            }
         }
     }
+
+    /// Grants a worker must know of before new ones are held back: half of
+    /// what it may hold, at least one.
+    fn low_water(&self) -> u32 {
+        (self.prefetch.min(self.fair_share()) / 2).max(1)
+    }
+}
+
+/// Whether `account`'s new grants can wait for more to join them: its worker
+/// still knows of more than `low_water` grants it has not reported, so it is
+/// busy for a while yet. Each write wakes the worker's socket reader (on a
+/// virtual machine an interrupt to another CPU, paid by the writer), so
+/// grants go out a few at a time instead of one per freed slot; the worker
+/// always keeps at least `low_water` (at least one) to write into, so
+/// holding back never stalls it.
+fn hold_back(account: &Account, low_water: u32) -> bool {
+    let queued = account.line.queued();
+    queued > 0 && account.grants.saturating_sub(queued) > low_water
 }
 
 /// The credit a batch from the ring owes its connection until the consumer

@@ -30,6 +30,8 @@ pub(crate) struct GrantLine {
     socket: Arc<UnixStream>,
     /// Encoded grants the socket has not taken yet.
     unsent: Vec<u8>,
+    /// Grants pushed since the last flush: the worker does not know them.
+    queued: u32,
     /// `unsent` waits for the socket to become writable: the wait set
     /// reports writability for this connection.
     blocked: bool,
@@ -50,6 +52,7 @@ impl GrantLine {
         Self {
             socket,
             unsent: Vec::new(),
+            queued: 0,
             blocked: false,
             broken: false,
             wait,
@@ -62,6 +65,11 @@ impl GrantLine {
         self.broken
     }
 
+    /// Grants pushed and not flushed yet.
+    pub(crate) fn queued(&self) -> u32 {
+        self.queued
+    }
+
     /// Queues one grant; [`GrantLine::flush`] sends it.
     pub(crate) fn push(&mut self, grant: SlotGrant) {
         if self.broken {
@@ -71,11 +79,13 @@ impl GrantLine {
             msg: Some(ring_to_worker::Msg::Grant(grant)),
         };
         encode_into(&msg, &mut self.unsent);
+        self.queued += 1;
     }
 
     /// Sends what is queued, as far as the socket takes it without blocking
     /// (the rest goes when the socket is writable again).
     pub(crate) fn flush(&mut self) {
+        self.queued = 0;
         if self.broken || self.unsent.is_empty() {
             return;
         }

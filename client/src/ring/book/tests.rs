@@ -247,7 +247,7 @@ fn a_closed_connection_frees_its_grants_but_not_held_slots() {
             held: 1
         }
     );
-    let (_c, mut rc) = conn(&b);
+    let (c, mut rc) = conn(&b);
     let got = grants(&mut rc);
     assert_eq!(got.len(), 3);
     assert!(
@@ -255,6 +255,11 @@ fn a_closed_connection_frees_its_grants_but_not_held_slots() {
             .all(|&(slot, generation)| slot != 2 && generation == 2)
     );
     drop(held);
+    assert!(
+        grants(&mut rc).is_empty(),
+        "c still knows of three grants: the new one waits for company"
+    );
+    b.flush(c);
     assert_eq!(grants(&mut rc), vec![(2, 2)]);
 }
 
@@ -291,6 +296,39 @@ fn a_connection_whose_socket_is_gone_gets_no_more_grants_until_closed() {
             held: 0
         }
     );
+}
+
+#[test]
+fn grants_go_out_a_few_at_a_time_while_the_worker_has_plenty() {
+    // One connection: fair share 8, prefetch 8, so grants are held back
+    // while the worker knows of more than 4.
+    let b = book(8, 8);
+    let (a, mut ra) = conn(&b);
+    let first = grants(&mut ra);
+    assert_eq!(first.len(), 8);
+    let mut received = Vec::new();
+    for &(slot, generation) in &first[..5] {
+        let held = b.filled(a, slot, generation, 64).expect("filled");
+        b.yielded(a);
+        drop(held);
+        received.push(grants(&mut ra).len());
+    }
+    // The worker knows of 7, 6, 5 grants: the freed slots wait. At 4 (the
+    // fourth report) the three waiting go out together; the fourth freed
+    // slot waits again, and so does the fifth.
+    assert_eq!(received, vec![0, 0, 0, 3, 0]);
+    assert_eq!(
+        b.census(),
+        Census {
+            free: 0,
+            granted: 8,
+            held: 0
+        },
+        "held-back grants are still granted: no other worker gets them"
+    );
+    // A writable socket (or any flush) sends what waits.
+    b.flush(a);
+    assert_eq!(grants(&mut ra).len(), 2);
 }
 
 /// One thing that can happen to the book.
