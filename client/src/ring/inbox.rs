@@ -30,9 +30,11 @@ use crate::error::LoaderError;
 use crate::event::Credit;
 use crate::wake::WaitSet;
 
-/// Bytes read from a socket at a time: reports are a few dozen bytes, so
-/// one read takes every report a wake-up brings.
-const READ_CHUNK: usize = 4096;
+/// Bytes read from a socket at a time: reports are about twenty bytes, so
+/// one read takes every report a wake-up normally brings (a longer burst is
+/// reported again by the level-triggered wait set). Small, because the
+/// buffer is zeroed on every read.
+const READ_CHUNK: usize = 1024;
 
 /// A worker that attached: what errors and logs call it.
 #[derive(Debug, Clone)]
