@@ -74,7 +74,18 @@ NOTES = """## How to read these numbers
   that process too. Against an external coordinator (`loader-server` and two
   `loader-worker`s started by hand, then `loaderctl consume --samples 64000
   --transport shm --json`), the shared-memory path measured 55-60 µs per
-  batch, and 12.9-13.1 GB/s.
+  batch on a quiet machine before the consumer thread read the ring's
+  sockets itself; since then it measures 41-47 µs where the old binaries
+  measure 94-106 µs (same minutes, a machine shared with other builds), and
+  32-40 µs in a quieter window. Per batch the client now performs 0.34
+  wake-ups of other threads (was 2.75), 1.0 context switches (was 3.3) and
+  2.7 system calls (was 7.1). The floor on this VM is the consumer's own
+  sleep and wake-up per batch: a C program that only blocks in `poll`, reads
+  a report and writes a grant, against a process answering 700 µs later,
+  uses 18-22 µs of CPU per round in the same minutes (`bench/floor/`) (most of it scheduler
+  work and VM exits, not instructions: callgrind counts about 10,000
+  user-space instructions per batch in `loaderctl consume`).
+  Throughput on a quiet machine was 12.9-13.1 GB/s.
 - The shared-memory path is at the machine's copy limit: the workers' own
   fill of 9.6 MB per batch (memset) is most of its CPU profile.
 """

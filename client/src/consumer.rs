@@ -1,22 +1,31 @@
-//! The consumer's side of `next()`: takes events from the background tasks,
-//! reorders and de-duplicates batches, returns credits as batches are
-//! yielded, keeps the watermark and stall time the heartbeat reports, and
-//! ends after the last batch of the job.
+//! The consumer's side of `next()`: takes events from the background tasks
+//! and reports from the ring's workers, reorders and de-duplicates batches,
+//! returns credits as batches are yielded, keeps the watermark and stall
+//! time the heartbeat reports, and ends after the last batch of the job.
 //! With a shared-memory ring, gaps are also handed to `ring::GapWatch`.
+//!
+//! Two ways to wait, one loop: the blocking iterator sleeps in the
+//! [`WaitSet`] itself (a ring report wakes this very thread), the async
+//! `next` awaits the event channel and the wait set's readiness on the
+//! caller's runtime.
 
 use std::collections::{BTreeSet, HashSet};
+use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::io::unix::AsyncFd;
 use tokio::sync::Notify;
+use tokio::sync::mpsc::error::TryRecvError;
 use tokio::time::Instant;
 
 use crate::batch::{Batch, Transport};
 use crate::error::LoaderError;
 use crate::event::{Credit, Event, EventRx};
 use crate::reorder::Reorder;
-use crate::ring::GapWatch;
+use crate::ring::{GapWatch, Inbox};
 use crate::session::Session;
+use crate::wake::{Ready, WaitFd, WaitSet};
 
 /// How long the consumer waits on a gap, holding batches, before it suspects
 /// a worker is out of credits with the missing batch queued (see
@@ -42,16 +51,40 @@ pub(crate) struct Consumer {
     yielded: u64,
     /// Set after the last batch or a fatal error: `next` returns `None`.
     done: bool,
+    /// The last batch was yielded: the final heartbeat is due.
+    finish_due: bool,
     /// Gaps involving the shared-memory ring, when there is one.
     gap: Option<GapWatch>,
     /// When the routes task was last told the consumer is stuck.
     last_stall_notice: Instant,
+    /// Where a blocked `next` sleeps: the doorbell of `events` and the
+    /// sockets of the ring's workers.
+    wait: Arc<WaitSet>,
+    /// The ring's attached workers, whose reports are read here.
+    inbox: Option<Arc<Inbox>>,
+    /// What the last wait saw; kept so that waiting allocates nothing.
+    ready: Ready,
+    /// `wait` registered with the caller's runtime, made by the first async
+    /// `next` that waits on a ring.
+    async_wait: Option<AsyncFd<WaitFd>>,
+}
+
+/// What woke an async `next`.
+enum Woke {
+    /// An event, or `None`: the channel closed.
+    Event(Option<Event>),
+    /// The ring's sockets (or the wait set) have something.
+    Ring(io::Result<()>),
+    /// Nothing for a whole tick.
+    Tick,
 }
 
 impl Consumer {
-    /// A consumer for `total` batches.
+    /// A consumer for `total` batches, which sleeps in `wait` (the wait set
+    /// whose doorbell `events`' senders ring).
     pub(crate) fn new(
         events: EventRx,
+        wait: Arc<WaitSet>,
         session: Arc<Session>,
         stalled: Arc<Notify>,
         total: u64,
@@ -65,8 +98,13 @@ impl Consumer {
             total,
             yielded: 0,
             done: false,
+            finish_due: false,
             gap: None,
             last_stall_notice: Instant::now(),
+            wait,
+            inbox: None,
+            ready: Ready::default(),
+            async_wait: None,
         }
     }
 
@@ -92,9 +130,11 @@ impl Consumer {
         )
     }
 
-    /// Batches may also arrive through a ring, watched by `gap`.
-    pub(crate) fn with_gap_watch(mut self, gap: Option<GapWatch>) -> Self {
-        self.gap = gap;
+    /// Batches also arrive through a ring: read from `inbox`, gaps watched
+    /// by `gap`.
+    pub(crate) fn with_ring(mut self, inbox: Arc<Inbox>, gap: GapWatch) -> Self {
+        self.inbox = Some(inbox);
+        self.gap = Some(gap);
         self
     }
 
@@ -103,7 +143,8 @@ impl Consumer {
         self.yielded
     }
 
-    /// The next batch; `None` after the last one or after an error.
+    /// The next batch, awaiting it on the caller's runtime; `None` after the
+    /// last one or after an error.
     pub(crate) async fn next(&mut self) -> Option<Result<Batch, LoaderError>> {
         if self.done {
             return None;
@@ -111,56 +152,140 @@ impl Consumer {
         // Time the user spends on a batch is no gap: only blocking counts.
         let called = Instant::now();
         loop {
-            if let Some((_, (batch, credit))) = self.reorder.pop() {
-                credit.give_back();
-                self.yielded += 1;
-                self.session
-                    .progress()
-                    .set_consumed(self.reorder.watermark());
-                if self.yielded >= self.total {
+            if let Some(item) = self.take_ready() {
+                if self.take_finish_due() {
                     self.finish().await;
                 }
-                return Some(Ok(batch));
+                return item;
             }
-            if self.yielded >= self.total {
-                self.done = true;
-                return None;
+            if self.inbox.is_some() && self.async_wait.is_none() {
+                match WaitFd::register(Arc::clone(&self.wait)) {
+                    Ok(fd) => self.async_wait = Some(fd),
+                    Err(e) => return self.fail(wait_failed(e)),
+                }
             }
             let waiting = Instant::now();
             let tick = self.gap.as_ref().map_or(STALL_GRACE, GapWatch::tick);
-            let event = tokio::select! {
-                e = self.events.recv() => e,
-                () = tokio::time::sleep(tick) => {
-                    self.session.progress().add_stall(waiting.elapsed());
-                    if let Some(e) = self.stuck(called) {
-                        self.done = true;
-                        return Some(Err(e));
-                    }
-                    continue;
-                }
+            let woke = tokio::select! {
+                e = self.events.recv() => Woke::Event(e),
+                r = ring_ready(self.async_wait.as_ref(), &self.wait, &mut self.ready) => Woke::Ring(r),
+                () = tokio::time::sleep(tick) => Woke::Tick,
             };
             self.session.progress().add_stall(waiting.elapsed());
-            match event {
-                Some(Event::Batch(batch, credit)) => {
-                    if let Err((why, (batch, credit))) =
-                        self.reorder.insert(batch.seq(), (batch, credit))
-                    {
-                        tracing::debug!(seq = batch.seq(), ?why, "dropping a copy of a batch");
-                        credit.give_back();
-                    }
-                }
-                Some(Event::Fatal(e)) => {
-                    self.done = true;
-                    return Some(Err(e));
-                }
-                None => {
-                    self.done = true;
-                    return Some(Err(LoaderError::InvalidArgument(
-                        "the loader's background tasks stopped (its runtime was shut down)".into(),
-                    )));
-                }
+            let ended = match woke {
+                Woke::Event(event) => self.on_event(event),
+                Woke::Ring(Ok(())) => self.read_ring(),
+                Woke::Ring(Err(e)) => Some(wait_failed(e)),
+                Woke::Tick => self.stuck(called),
+            };
+            if let Some(e) = ended {
+                return self.fail(e);
             }
         }
+    }
+
+    /// The next batch, blocking this thread until it is there: the worker
+    /// that fills a ring slot wakes this thread directly. The caller runs
+    /// [`Consumer::finish`] when [`Consumer::take_finish_due`] says so.
+    pub(crate) fn next_blocking(&mut self) -> Option<Result<Batch, LoaderError>> {
+        if self.done {
+            return None;
+        }
+        let called = Instant::now();
+        loop {
+            if let Some(item) = self.take_ready() {
+                return item;
+            }
+            let event = match self.events.try_recv() {
+                Ok(event) => Some(Some(event)),
+                Err(TryRecvError::Disconnected) => Some(None),
+                Err(TryRecvError::Empty) => None,
+            };
+            if let Some(event) = event {
+                if let Some(e) = self.on_event(event) {
+                    return self.fail(e);
+                }
+                continue;
+            }
+            let waiting = Instant::now();
+            let tick = self.gap.as_ref().map_or(STALL_GRACE, GapWatch::tick);
+            let events = &self.events;
+            let waited = self
+                .wait
+                .wait(tick, true, || !events.is_empty(), &mut self.ready);
+            self.session.progress().add_stall(waiting.elapsed());
+            let ended = match waited {
+                Err(e) => Some(wait_failed(e)),
+                Ok(()) if self.ready.timed_out => self.stuck(called),
+                Ok(()) => self.read_ring(),
+            };
+            if let Some(e) = ended {
+                return self.fail(e);
+            }
+        }
+    }
+
+    /// The next batch if it arrived, or the end: `None` means wait.
+    fn take_ready(&mut self) -> Option<Option<Result<Batch, LoaderError>>> {
+        if let Some((_, (batch, credit))) = self.reorder.pop() {
+            credit.give_back();
+            self.yielded += 1;
+            self.session
+                .progress()
+                .set_consumed(self.reorder.watermark());
+            if self.yielded >= self.total {
+                self.done = true;
+                self.finish_due = true;
+            }
+            return Some(Some(Ok(batch)));
+        }
+        if self.yielded >= self.total {
+            self.done = true;
+            return Some(None);
+        }
+        None
+    }
+
+    /// Whether the last batch was just yielded, so the final heartbeat is
+    /// due; true once.
+    pub(crate) fn take_finish_due(&mut self) -> bool {
+        std::mem::take(&mut self.finish_due)
+    }
+
+    /// Ends the iterator with `e`.
+    fn fail(&mut self, e: LoaderError) -> Option<Result<Batch, LoaderError>> {
+        self.done = true;
+        Some(Err(e))
+    }
+
+    /// Takes in one event (`None`: the channel closed); the error that ends
+    /// the iterator, if it does.
+    fn on_event(&mut self, event: Option<Event>) -> Option<LoaderError> {
+        match event {
+            Some(Event::Batch(batch, credit)) => {
+                accept(&mut self.reorder, batch, credit);
+                None
+            }
+            Some(Event::Fatal(e)) => Some(e),
+            None => Some(LoaderError::InvalidArgument(
+                "the loader's background tasks stopped (its runtime was shut down)".into(),
+            )),
+        }
+    }
+
+    /// Reads the ring's sockets the last wait reported: reports become
+    /// batches, writable sockets take the grants that waited for them.
+    fn read_ring(&mut self) -> Option<LoaderError> {
+        let inbox = self.inbox.as_ref()?;
+        if !self.ready.writable.is_empty() {
+            inbox.flush(&self.ready.writable);
+        }
+        let reorder = &mut self.reorder;
+        inbox
+            .read(&self.ready.readable, |batch, credit| {
+                accept(reorder, batch, credit)
+            })
+            .err()
     }
 
     /// Nothing arrived for a tick: nudges the workers that may hold the
@@ -188,7 +313,9 @@ impl Consumer {
     fn spread_credits(&mut self) {
         let mut seen = HashSet::new();
         for (batch, credit) in self.reorder.pending_mut().rev() {
-            let Some(source) = credit.source() else { continue };
+            let Some(source) = credit.source() else {
+                continue;
+            };
             if !seen.insert(source) {
                 continue;
             }
@@ -198,13 +325,16 @@ impl Consumer {
             credit.give_back_early();
         }
         if !seen.is_empty() {
-            tracing::debug!(sources = seen.len(), "stuck on a gap: gave each source one credit early");
+            tracing::debug!(
+                sources = seen.len(),
+                "stuck on a gap: gave each source one credit early"
+            );
         }
     }
 
     /// Tells the coordinator at once that everything was consumed, so the job
     /// shows as complete without waiting for the next heartbeat tick.
-    async fn finish(&mut self) {
+    pub(crate) async fn finish(&mut self) {
         self.done = true;
         match tokio::time::timeout(FINAL_HEARTBEAT, self.session.heartbeat()).await {
             Ok(Ok(_)) => {}
@@ -212,6 +342,39 @@ impl Consumer {
             Err(_) => tracing::debug!("final heartbeat timed out"),
         }
     }
+}
+
+/// Keeps `batch` for its turn, or drops it as a copy and returns its credit.
+fn accept(reorder: &mut Reorder<(Batch, Credit)>, batch: Batch, credit: Credit) {
+    if let Err((why, (batch, credit))) = reorder.insert(batch.seq(), (batch, credit)) {
+        tracing::debug!(seq = batch.seq(), ?why, "dropping a copy of a batch");
+        credit.give_back();
+    }
+}
+
+/// Waits until the ring's sockets have something for an async consumer.
+/// Readiness is cleared only once the wait set was seen empty: a socket
+/// left with bytes to read keeps it.
+async fn ring_ready(
+    fd: Option<&AsyncFd<WaitFd>>,
+    wait: &WaitSet,
+    ready: &mut Ready,
+) -> io::Result<()> {
+    let Some(fd) = fd else {
+        return std::future::pending().await;
+    };
+    loop {
+        let mut guard = fd.readable().await?;
+        wait.wait(Duration::ZERO, false, || false, ready)?;
+        if !ready.timed_out {
+            return Ok(());
+        }
+        guard.clear_ready();
+    }
+}
+
+fn wait_failed(e: io::Error) -> LoaderError {
+    LoaderError::Runtime(format!("cannot wait for batches: {e}"))
 }
 
 #[cfg(test)]
@@ -269,8 +432,10 @@ mod tests {
             },
             0,
         ));
-        let (tx, rx) = mpsc::unbounded_channel();
-        let mut consumer = Consumer::new(rx, session.clone(), Arc::new(Notify::new()), 4, true);
+        let wait = Arc::new(WaitSet::new().expect("wait set"));
+        let (tx, rx) = crate::event::channel(Arc::clone(&wait));
+        let mut consumer =
+            Consumer::new(rx, wait, session.clone(), Arc::new(Notify::new()), 4, true);
         let (credit_tx, mut credit_rx) = mpsc::unbounded_channel();
         let line = CreditLine::new(credit_tx);
         line.grant(8);
@@ -300,6 +465,45 @@ mod tests {
         assert_eq!(consumer.yielded(), 4);
     }
 
+    #[test]
+    fn a_blocked_consumer_is_woken_by_events_sent_from_another_thread() {
+        // The session's lazy channel spawns its connection task on a runtime.
+        let runtime = tokio::runtime::Runtime::new().expect("runtime");
+        let _enter = runtime.enter();
+        let session = Arc::new(Session::unconnected(
+            Job {
+                job_id: 1,
+                ..Default::default()
+            },
+            0,
+        ));
+        let wait = Arc::new(WaitSet::new().expect("wait set"));
+        let (tx, rx) = crate::event::channel(Arc::clone(&wait));
+        let mut consumer = Consumer::new(rx, wait, session, Arc::new(Notify::new()), 2, true);
+        let (credit_tx, _credit_rx) = mpsc::unbounded_channel();
+        let line = CreditLine::new(credit_tx);
+        let sender = std::thread::spawn(move || {
+            for seq in [1, 0] {
+                // Long enough for the consumer to be asleep in its wait set.
+                std::thread::sleep(Duration::from_millis(50));
+                tx.send(Event::Batch(batch(seq), Credit::for_frame(&line)))
+                    .expect("send");
+            }
+            tx
+        });
+        let seq =
+            |item: Option<Result<Batch, LoaderError>>| item.expect("item").expect("batch").seq();
+        assert_eq!(seq(consumer.next_blocking()), 0);
+        assert!(!consumer.take_finish_due());
+        assert_eq!(seq(consumer.next_blocking()), 1);
+        assert!(
+            consumer.take_finish_due(),
+            "the last batch: the final heartbeat is due"
+        );
+        assert!(consumer.next_blocking().is_none());
+        drop(sender.join().expect("sender"));
+    }
+
     #[tokio::test]
     async fn a_fatal_event_is_yielded_once_then_the_end() {
         let session = Arc::new(Session::unconnected(
@@ -309,8 +513,9 @@ mod tests {
             },
             0,
         ));
-        let (tx, rx) = mpsc::unbounded_channel();
-        let mut consumer = Consumer::new(rx, session, Arc::new(Notify::new()), 4, true);
+        let wait = Arc::new(WaitSet::new().expect("wait set"));
+        let (tx, rx) = crate::event::channel(Arc::clone(&wait));
+        let mut consumer = Consumer::new(rx, wait, session, Arc::new(Notify::new()), 4, true);
         tx.send(Event::Fatal(LoaderError::JobFailed(
             "sample 7: corrupt".into(),
         )))

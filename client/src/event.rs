@@ -10,6 +10,7 @@ use tokio::sync::mpsc;
 use crate::batch::Batch;
 use crate::error::LoaderError;
 use crate::ring::SlotCredit;
+use crate::wake::WaitSet;
 
 /// One message to the consumer.
 #[derive(Debug)]
@@ -21,11 +22,38 @@ pub(crate) enum Event {
     Fatal(LoaderError),
 }
 
-/// Unbounded because credits already bound it: a stream only sends what it
-/// was granted, and the consumer only grants back what it yielded.
-pub(crate) type EventTx = mpsc::UnboundedSender<Event>;
+/// The background tasks' end of the channel to the consumer. Unbounded
+/// because credits already bound it: a stream only sends what it was
+/// granted, and the consumer only grants back what it yielded.
+#[derive(Debug, Clone)]
+pub(crate) struct EventTx {
+    /// The channel.
+    tx: mpsc::UnboundedSender<Event>,
+    /// Rung after each send, in case the consumer sleeps in it.
+    wait: Arc<WaitSet>,
+}
+
 /// The consumer's end.
 pub(crate) type EventRx = mpsc::UnboundedReceiver<Event>;
+
+/// The consumer is gone: the event was dropped.
+#[derive(Debug)]
+pub(crate) struct ConsumerGone;
+
+/// A channel to a consumer that sleeps in `wait` when it blocks.
+pub(crate) fn channel(wait: Arc<WaitSet>) -> (EventTx, EventRx) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    (EventTx { tx, wait }, rx)
+}
+
+impl EventTx {
+    /// Sends `event` and wakes the consumer if it sleeps.
+    pub(crate) fn send(&self, event: Event) -> Result<(), ConsumerGone> {
+        self.tx.send(event).map_err(|_| ConsumerGone)?;
+        self.wait.ring();
+        Ok(())
+    }
+}
 
 /// The sending side of one `Fetch` stream's credit messages, and how many
 /// credits the worker currently holds on it.

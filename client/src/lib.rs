@@ -27,6 +27,8 @@
 //! - `ring`: the shared-memory ring co-located workers write batches into:
 //!   memfd, socket, peer credentials, slot grants, zero-copy views.
 //! - `event`: what background tasks tell the consumer, and the per-batch credit.
+//! - `wake`: where a blocked consumer sleeps: one epoll set over the ring's
+//!   worker sockets and a doorbell for the background tasks' events.
 //! - `consumer`: `next()`: reorder, de-duplicate, return credits, end of job.
 //! - [`state`](LoaderState): [`LoaderState`], what [`Loader::state`] saves and
 //!   [`LoaderBuilder::resume`] continues from, exactly.
@@ -54,6 +56,7 @@ mod ring;
 mod routes;
 mod session;
 mod state;
+mod wake;
 
 pub mod ctl;
 #[cfg(feature = "embedded")]

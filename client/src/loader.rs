@@ -11,17 +11,19 @@ use std::task::{Context, Poll};
 use futures::Stream;
 use loader_proto::pb::{Job, JobSpec};
 use tokio::runtime::{Handle, Runtime};
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::batch::{Batch, Expected};
 use crate::connect;
 use crate::consumer::{Consumer, STALL_GRACE};
 use crate::error::LoaderError;
-use crate::ring::{ConnContext, GapWatch, Ring, RingConfig, SlotRing};
+use crate::event;
+use crate::ring::{ConnContext, GapWatch, Inbox, Ring, RingConfig, SlotRing};
 use crate::routes::Routes;
 use crate::session::Session;
 use crate::state::LoaderState;
+use crate::wake::WaitSet;
 
 /// Credits per worker stream unless told otherwise.
 pub const DEFAULT_PREFETCH: u32 = 8;
@@ -249,7 +251,11 @@ impl LoaderBuilder {
             total,
         };
 
-        let (events_tx, events_rx) = mpsc::unbounded_channel();
+        let wait = Arc::new(
+            WaitSet::new()
+                .map_err(|e| LoaderError::Runtime(format!("cannot create an epoll set: {e}")))?,
+        );
+        let (events_tx, events_rx) = event::channel(Arc::clone(&wait));
         let stalled = Arc::new(Notify::new());
         let stop = CancellationToken::new();
         tokio::spawn(
@@ -257,14 +263,16 @@ impl LoaderBuilder {
                 .clone()
                 .run_heartbeats(events_tx.clone(), stop.child_token()),
         );
-        if let Some(ring) = &mut ring {
+        let inbox = ring.as_mut().map(|ring| {
+            let inbox = Arc::new(Inbox::new(ring.shared(), Arc::clone(&wait), expected));
             let ctx = ConnContext {
                 session: session.clone(),
                 expected,
-                events: events_tx.clone(),
+                inbox: Arc::clone(&inbox),
             };
             ring.serve(ctx, stop.child_token());
-        }
+            inbox
+        });
         let slots = ring.as_ref().map(Ring::shared);
         let routes = Routes::new(
             session.clone(),
@@ -277,8 +285,10 @@ impl LoaderBuilder {
             .clone()
             .map(|ring| GapWatch::new(ring, routes.listed(), session.lease_ttl(), STALL_GRACE));
         tokio::spawn(routes.run(stop.child_token()));
-        let mut consumer =
-            Consumer::new(events_rx, session, stalled, total, self.in_order).with_gap_watch(gap);
+        let mut consumer = Consumer::new(events_rx, wait, session, stalled, total, self.in_order);
+        if let (Some(inbox), Some(gap)) = (inbox, gap) {
+            consumer = consumer.with_ring(inbox, gap);
+        }
         if let Some((next_seq, above)) = resume {
             consumer = consumer.resuming(next_seq, above);
         }
@@ -410,13 +420,18 @@ impl Iterator for Loader {
     /// [`LoaderBuilder::build_async`], call this from a thread that is not
     /// driving that runtime (e.g. `spawn_blocking`).
     fn next(&mut self) -> Option<Self::Item> {
-        match &self.runtime {
-            Some(rt) => rt.block_on(self.consumer.next()),
-            None => {
-                let _enter = self.handle.enter();
-                futures::executor::block_on(self.consumer.next())
+        let _enter = self.handle.enter();
+        // This thread sleeps in the consumer's wait set: a worker's report
+        // wakes it directly, without a hop through the runtime.
+        let item = self.consumer.next_blocking();
+        if self.consumer.take_finish_due() {
+            let finish = self.consumer.finish();
+            match &self.runtime {
+                Some(rt) => rt.block_on(finish),
+                None => futures::executor::block_on(finish),
             }
         }
+        item
     }
 }
 

@@ -22,12 +22,19 @@ pub enum FrameError {
 
 /// Encodes `msg` as one frame: u32 little-endian length, then the message.
 pub fn encode<M: Message>(msg: &M) -> Vec<u8> {
-    let len = msg.encoded_len();
-    let mut out = Vec::with_capacity(4 + len);
-    out.extend_from_slice(&(len as u32).to_le_bytes());
-    // Encoding into a Vec with enough capacity cannot fail.
-    msg.encode(&mut out).expect("Vec grows as needed");
+    let mut out = Vec::new();
+    encode_into(msg, &mut out);
     out
+}
+
+/// Appends `msg` to `out` as one frame, like [`encode`]: several frames can
+/// share one buffer and one write.
+pub fn encode_into<M: Message>(msg: &M, out: &mut Vec<u8>) {
+    let len = msg.encoded_len();
+    out.reserve(4 + len);
+    out.extend_from_slice(&(len as u32).to_le_bytes());
+    // A Vec grows as needed: writing the message cannot run out of room.
+    msg.encode_raw(out);
 }
 
 /// Takes one complete frame off the front of `buf`, if there is one.

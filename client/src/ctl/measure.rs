@@ -121,7 +121,10 @@ pub(super) fn consume_and_report(
             loader.state().save(&save.path)?;
             tracing::info!(path = %save.path.display(), batches, "loader state saved");
         }
-        bar.inc(1);
+        if !bar.is_hidden() {
+            // A hidden bar still keeps its estimate: not free, per batch.
+            bar.inc(1);
+        }
     }
     let elapsed = started.elapsed();
     let cpu = match cpu_from_first {

@@ -19,7 +19,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use loader_proto::pb::SlotGrant;
 use loader_proto::ring::RingGeometry;
-use tokio::sync::mpsc::UnboundedSender;
+
+use super::grant::GrantLine;
 
 /// Identifies one ring connection for the life of the ring.
 pub(crate) type ConnId = u64;
@@ -91,8 +92,8 @@ struct Account {
     grants: u32,
     /// Its batches the consumer holds but has not yielded yet.
     waiting: u32,
-    /// Carries grants to the connection's task, which writes them.
-    tx: UnboundedSender<SlotGrant>,
+    /// Writes grants to the worker's socket.
+    line: GrantLine,
 }
 
 #[derive(Debug)]
@@ -156,9 +157,9 @@ impl Book {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Opens an account for a new connection, whose grants go to `tx`, and
-    /// grants it what is free.
-    pub(crate) fn open(&self, tx: UnboundedSender<SlotGrant>) -> ConnId {
+    /// Opens an account for a new connection, whose grants go to the line
+    /// `line` makes for its id, and grants it what is free.
+    pub(crate) fn open(&self, line: impl FnOnce(ConnId) -> GrantLine) -> ConnId {
         let mut st = self.lock();
         st.next_conn += 1;
         let id = st.next_conn;
@@ -167,11 +168,19 @@ impl Book {
             Account {
                 grants: 0,
                 waiting: 0,
-                tx,
+                line: line(id),
             },
         );
         st.distribute();
         id
+    }
+
+    /// Sends the grants a connection's socket could not take before (it is
+    /// writable again).
+    pub(crate) fn flush(&self, conn: ConnId) {
+        if let Some(a) = self.lock().accounts.get_mut(&conn) {
+            a.line.flush();
+        }
     }
 
     /// Closes a connection's account: its granted slots are free again (its
@@ -340,41 +349,71 @@ impl State {
         // A connection holds at most its fair share of unused grants: a
         // worker gone idle cannot keep slots the busy ones need (it is never
         // asked to give them back), whatever the number of workers.
-        let fair = (self.slots.len() / self.accounts.len().max(1)).max(1) as u32;
+        let fair = self.fair_share();
         let mut best: Option<(ConnId, u32)> = None;
         for (&id, a) in after.chain(before) {
             let used = a.credits();
-            if used < self.prefetch && a.grants < fair && best.is_none_or(|(_, b)| used < b) {
+            if used < self.prefetch
+                && a.grants < fair
+                && !a.line.is_broken()
+                && best.is_none_or(|(_, b)| used < b)
+            {
                 best = Some((id, used));
             }
         }
         best.map(|(id, _)| id)
     }
 
-    /// Grants free slots while a connection has room.
+    /// Most unused grants one connection may hold: the ring split evenly.
+    fn fair_share(&self) -> u32 {
+        (self.slots.len() / self.accounts.len().max(1)).max(1) as u32
+    }
+
+    /// Grants free slots while a connection has room, then sends each
+    /// connection's new grants in one write, unless it can wait (see
+    /// [`State::hold_back`]).
     fn distribute(&mut self) {
         while !self.free.is_empty() {
-            let Some(conn) = self.pick() else { return };
+            let Some(conn) = self.pick() else { break };
+            let Some(account) = self.accounts.get_mut(&conn) else {
+                break;
+            };
             let Some(slot) = self.free.pop_front() else {
-                return;
+                break;
             };
             let i = slot as usize;
             self.generations[i] += 1;
             let generation = self.generations[i];
-            let Some(account) = self.accounts.get_mut(&conn) else {
-                return;
-            };
-            if account.tx.send(SlotGrant { slot, generation }).is_err() {
-                // The connection's task is gone: nothing will write there.
-                self.free.push_front(slot);
-                self.reclaim(conn);
-                continue;
-            }
+            account.line.push(SlotGrant { slot, generation });
             account.grants += 1;
             self.slots[i] = Slot::Granted { conn, generation };
             self.cursor = conn;
         }
+        let low_water = self.low_water();
+        for account in self.accounts.values_mut() {
+            if !hold_back(account, low_water) {
+                account.line.flush();
+            }
+        }
     }
+
+    /// Grants a worker must know of before new ones are held back: half of
+    /// what it may hold, at least one.
+    fn low_water(&self) -> u32 {
+        (self.prefetch.min(self.fair_share()) / 2).max(1)
+    }
+}
+
+/// Whether `account`'s new grants can wait for more to join them: its worker
+/// still knows of more than `low_water` grants it has not reported, so it is
+/// busy for a while yet. Each write wakes the worker's socket reader (on a
+/// virtual machine an interrupt to another CPU, paid by the writer), so
+/// grants go out a few at a time instead of one per freed slot; the worker
+/// always keeps at least `low_water` (at least one) to write into, so
+/// holding back never stalls it.
+fn hold_back(account: &Account, low_water: u32) -> bool {
+    let queued = account.line.queued();
+    queued > 0 && account.grants.saturating_sub(queued) > low_water
 }
 
 /// The credit a batch from the ring owes its connection until the consumer

@@ -1,37 +1,27 @@
-//! One worker's connection to the ring, as a task: check its credentials,
-//! read its hello, attach it (memfd over SCM_RIGHTS), then carry grants out
-//! and reports in until either side goes away.
-//!
-//! Every report is checked by the book before it becomes a view; every view
-//! is parsed and checked like a gRPC frame (`Batch::from_slot`, one path)
-//! before it reaches the consumer. A worker that breaks the protocol ends
-//! the session with an error naming it: a lying worker is a bug, not a
-//! hiccup.
+//! One worker's connection to the ring, as a task until it attaches: check
+//! its credentials, read its hello, attach it (memfd over SCM_RIGHTS), then
+//! hand its socket to the [`Inbox`], where the consumer reads its reports
+//! and the book writes its grants.
 
 use std::io::IoSlice;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use loader_proto::PROTOCOL_VERSION;
 use loader_proto::pb::{
     RingAttach, RingHello, RingToTrainer, RingToWorker, ring_to_trainer, ring_to_worker,
 };
 use loader_proto::ring::{decode, encode};
 use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
+use tokio::io::{AsyncReadExt, Interest};
 use tokio::net::UnixStream;
-use tokio::sync::mpsc::unbounded_channel;
-use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
-use super::book::{ConnId, SlotCredit};
+use super::inbox::{Inbox, Worker};
 use super::peer::{PeerCreds, PeerPolicy, authorize};
-use super::{Disconnect, RingError, SlotRing, SlotView};
-use crate::batch::{Batch, Expected};
-use crate::error::LoaderError;
-use crate::event::{Credit, Event, EventTx};
+use super::{RingError, SlotRing};
+use crate::batch::Expected;
 use crate::session::Session;
 
 /// How long a peer gets to say hello after connecting.
@@ -42,10 +32,10 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 pub(crate) struct ConnContext {
     /// For the current session id, which the attach message carries.
     pub(crate) session: Arc<Session>,
-    /// Identity checks for every batch, as on gRPC.
+    /// The job and consumer the attach message names.
     pub(crate) expected: Expected,
-    /// Where batches and fatal errors go.
-    pub(crate) events: EventTx,
+    /// Where attached workers' sockets go.
+    pub(crate) inbox: Arc<Inbox>,
 }
 
 impl ConnContext {
@@ -66,27 +56,9 @@ pub(crate) struct Served {
     policy: PeerPolicy,
 }
 
-/// A worker that attached: what errors and logs call it.
-#[derive(Debug, Clone)]
-struct Worker {
-    /// Its gRPC address, from the hello.
-    address: String,
-    /// Its pid, from SO_PEERCRED.
-    pid: i32,
-}
-
-/// How an attached connection ended.
-enum End {
-    /// The worker closed its socket (stopping, or dead).
-    PeerClosed,
-    /// The loader stopped.
-    Stopped,
-    /// The consumer is gone.
-    ConsumerGone,
-}
-
-/// Serves one connection until it ends; never panics on peer input.
-pub(crate) async fn serve(served: Arc<Served>, mut stream: UnixStream, stop: CancellationToken) {
+/// Serves one connection until it attached (or failed to); never panics on
+/// peer input.
+pub(crate) async fn serve(served: Arc<Served>, mut stream: UnixStream) {
     let creds = match PeerCreds::of(&stream).and_then(|c| authorize(c, &served.policy).map(|()| c))
     {
         Ok(c) => c,
@@ -122,61 +94,20 @@ pub(crate) async fn serve(served: Arc<Served>, mut stream: UnixStream, stop: Can
         address,
         pid: creds.pid,
     };
-    if let Err(e) = attach(&served, &stream).await {
-        tracing::warn!(worker = %worker.address, pid = worker.pid, "cannot attach a worker to the ring: {e}");
-        return;
-    }
-    let (tx, mut grants) = unbounded_channel();
-    let id = served.ring.book.open(tx);
-    tracing::debug!(worker = %worker.address, pid = worker.pid, worker_id = hello.worker_id, "worker attached to the ring");
-
-    let (mut reader, mut writer) = stream.into_split();
-    let outcome: Result<End, LoaderError> = async {
-        loop {
-            while let Some(msg) = decode::<RingToTrainer>(&mut buf).map_err(|e| bad(&worker, e.to_string()))? {
-                if !on_report(&served, id, &worker, msg)? {
-                    return Ok(End::ConsumerGone);
-                }
-            }
-            tokio::select! {
-                () = stop.cancelled() => return Ok(End::Stopped),
-                read = reader.read_buf(&mut buf) => {
-                    // A reset is a worker that died, like an orderly close.
-                    if read.unwrap_or(0) == 0 {
-                        return Ok(End::PeerClosed);
-                    }
-                }
-                Some(grant) = grants.recv() => {
-                    tracing::trace!(worker = %worker.address, slot = grant.slot, generation = grant.generation, "grant");
-                    let msg = RingToWorker { msg: Some(ring_to_worker::Msg::Grant(grant)) };
-                    if writer.write_all(&encode(&msg)).await.is_err() {
-                        return Ok(End::PeerClosed);
-                    }
-                }
-            }
+    // Off the runtime from here: the consumer reads the socket itself.
+    let adopted = match attach(&served, &stream).await {
+        Ok(()) => stream
+            .into_std()
+            .map_err(RingError::from)
+            .and_then(|socket| served.ctx.inbox.adopt(socket, buf, worker.clone())),
+        Err(e) => Err(e),
+    };
+    match adopted {
+        Ok(()) => {
+            tracing::trace!(worker = %worker.address, worker_id = hello.worker_id, "ring connection handed to the consumer");
         }
-    }
-    .await;
-    // Its granted slots are free again: nothing writes them any more.
-    let outstanding = served.ring.book.close(id);
-    match outcome {
-        Ok(End::PeerClosed) => {
-            tracing::info!(
-                worker = %worker.address,
-                pid = worker.pid,
-                grants = outstanding,
-                "worker left the shared-memory ring"
-            );
-            served.ring.record_disconnect(Disconnect {
-                address: worker.address,
-                pid: worker.pid,
-                at: Instant::now(),
-            });
-        }
-        Ok(End::Stopped | End::ConsumerGone) => {}
         Err(e) => {
-            tracing::warn!(pid = worker.pid, "closing the ring connection: {e}");
-            let _ = served.ctx.events.send(Event::Fatal(e));
+            tracing::warn!(worker = %worker.address, pid = worker.pid, "cannot attach a worker to the ring: {e}");
         }
     }
 }
@@ -243,76 +174,4 @@ async fn attach(served: &Served, stream: &UnixStream) -> Result<(), RingError> {
         }
     }
     Ok(())
-}
-
-/// Handles one report. False when the consumer is gone.
-fn on_report(
-    served: &Served,
-    id: ConnId,
-    worker: &Worker,
-    msg: RingToTrainer,
-) -> Result<bool, LoaderError> {
-    match msg.msg {
-        Some(ring_to_trainer::Msg::Filled(f)) => {
-            tracing::trace!(worker = %worker.address, slot = f.slot, generation = f.generation, seq = f.seq, "filled");
-            let batch = slot_batch(served, id, worker, f.slot, f.generation, f.len)?;
-            if batch.seq() != f.seq {
-                return Err(bad(
-                    worker,
-                    format!(
-                        "reported batch {} in slot {}, but its header says {}",
-                        f.seq,
-                        f.slot,
-                        batch.seq()
-                    ),
-                ));
-            }
-            let credit = Credit::Slot(SlotCredit::new(Arc::clone(&served.ring.book), id));
-            Ok(served.ctx.events.send(Event::Batch(batch, credit)).is_ok())
-        }
-        Some(ring_to_trainer::Msg::Returned(r)) => {
-            served
-                .ring
-                .book
-                .returned(id, r.slot, r.generation)
-                .map_err(|e| bad(worker, e.to_string()))?;
-            Ok(true)
-        }
-        Some(ring_to_trainer::Msg::Hello(_)) => {
-            Err(bad(worker, "said hello twice on the ring".into()))
-        }
-        None => Err(bad(worker, "sent an empty or unknown ring message".into())),
-    }
-}
-
-/// The batch in a filled slot, checked by the book (slot, generation,
-/// length) and then like any frame. On error the view is dropped, which
-/// frees the slot.
-fn slot_batch(
-    served: &Served,
-    id: ConnId,
-    worker: &Worker,
-    slot: u32,
-    generation: u64,
-    len: u64,
-) -> Result<Batch, LoaderError> {
-    let release = served
-        .ring
-        .book
-        .filled(id, slot, generation, len)
-        .map_err(|e| bad(worker, e.to_string()))?;
-    let view = SlotView::new(Arc::clone(&served.ring.memory), release, len)
-        .map_err(|e| bad(worker, e.to_string()))?;
-    Batch::from_slot(
-        Bytes::from_owner(view),
-        &served.ctx.expected,
-        &worker.address,
-    )
-}
-
-fn bad(worker: &Worker, problem: String) -> LoaderError {
-    LoaderError::BadBatch {
-        address: worker.address.clone(),
-        problem,
-    }
 }

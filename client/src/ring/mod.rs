@@ -15,13 +15,20 @@
 //! - `book`: slot states (free, granted, held), grants as credits, and the
 //!   checks of every worker report.
 //! - `peer`: SO_PEERCRED and the policy of who may attach.
-//! - `conn`: one worker's connection: handshake, then reports in, grants out.
+//! - `conn`: one worker's connection until it attaches: credentials, hello,
+//!   the attach message with the memfd.
+//! - `inbox`: the attached workers' sockets, read by the consumer thread
+//!   itself: reports in, checked, turned into batches.
+//! - `grant`: grants out, written straight to a worker's socket by the
+//!   thread that frees or credits a slot.
 //! - `gap`: what the consumer does when the in-order stream is stuck on a
 //!   gap while ring slots are in use, or after a worker left the ring.
 
 mod book;
 mod conn;
 mod gap;
+mod grant;
+mod inbox;
 mod memory;
 mod peer;
 
@@ -42,6 +49,7 @@ use self::book::Book;
 pub(crate) use self::book::{Census, ConnId, SlotCredit};
 pub(crate) use self::conn::ConnContext;
 pub(crate) use self::gap::{GapWatch, Listed};
+pub(crate) use self::inbox::Inbox;
 use self::memory::RingMemory;
 pub(crate) use self::memory::SlotView;
 use self::peer::PeerPolicy;
@@ -223,6 +231,8 @@ pub(crate) struct Ring {
     _dir: tempfile::TempDir,
     /// Who may attach.
     policy: PeerPolicy,
+    /// Attached workers' sockets, once serving; closed when the ring drops.
+    inbox: Option<Arc<Inbox>>,
 }
 
 impl Ring {
@@ -270,6 +280,7 @@ impl Ring {
             listener: Some(listener),
             _dir: dir,
             policy,
+            inbox: None,
         })
     }
 
@@ -283,11 +294,14 @@ impl Ring {
         Arc::clone(&self.shared)
     }
 
-    /// Accepts workers until `stop`, each on a task of its own.
+    /// Accepts workers until `stop`, each on a task of its own until it
+    /// attaches; then its socket goes to `ctx.inbox`, which the consumer
+    /// reads.
     pub(crate) fn serve(&mut self, ctx: ConnContext, stop: CancellationToken) {
         let Some(listener) = self.listener.take() else {
             return;
         };
+        self.inbox = Some(Arc::clone(&ctx.inbox));
         let ctx = Arc::new(ctx.with(Arc::clone(&self.shared), self.policy.clone()));
         tokio::spawn(async move {
             loop {
@@ -297,7 +311,7 @@ impl Ring {
                 };
                 match accepted {
                     Ok((stream, _)) => {
-                        tokio::spawn(conn::serve(Arc::clone(&ctx), stream, stop.child_token()));
+                        tokio::spawn(conn::serve(Arc::clone(&ctx), stream));
                     }
                     Err(e) => {
                         // Out of descriptors and the like: pause, then go on.
@@ -307,6 +321,16 @@ impl Ring {
                 }
             }
         });
+    }
+}
+
+impl Drop for Ring {
+    /// Workers see their sockets close as soon as the loader stops, even
+    /// while an attach is still in flight or batches outlive the loader.
+    fn drop(&mut self) {
+        if let Some(inbox) = &self.inbox {
+            inbox.close();
+        }
     }
 }
 

@@ -16,11 +16,10 @@ use loader_proto::pb::{
     RingHello, RingToTrainer, RingToWorker, SlotFilled, SlotReturned, ring_to_trainer, ring_to_worker,
 };
 use loader_proto::ring::{RingGeometry, decode, encode};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::unix::OwnedWriteHalf;
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 use super::slots::{Mapping, Outgoing, Slots};
+use super::socket::RingSocket;
 use super::{Rings, RingError, handshake};
 
 /// How long a trainer gets to answer the hello.
@@ -105,7 +104,7 @@ async fn serve(
     mut buf: BytesMut,
     mut outgoing: UnboundedReceiver<Outgoing>,
 ) -> Result<End, RingError> {
-    let (mut reader, mut writer) = stream.into_split();
+    let socket = RingSocket::new(stream)?;
     loop {
         // Grants that arrived with the attach message, or in the last read.
         while let Some(msg) = decode::<RingToWorker>(&mut buf)? {
@@ -119,32 +118,32 @@ async fn serve(
         }
         tokio::select! {
             () = rings.stop.cancelled() => {
-                give_back(rings, id, &mut writer).await;
+                give_back(rings, id, &socket).await;
                 return Ok(End::Stopped);
             }
-            read = reader.read_buf(&mut buf) => {
+            read = socket.read_buf(&mut buf) => {
                 if read? == 0 {
                     return Ok(End::TrainerClosed);
                 }
             }
-            Some(out) = outgoing.recv() => report(rings, id, &mut writer, out).await?,
+            Some(out) = outgoing.recv() => report(rings, id, &socket, out).await?,
         }
     }
 }
 
 /// Tells the trainer a lease ended, after the book knows.
-async fn report(rings: &Rings, id: u64, writer: &mut OwnedWriteHalf, out: Outgoing) -> Result<(), RingError> {
+async fn report(rings: &Rings, id: u64, socket: &RingSocket, out: Outgoing) -> Result<(), RingError> {
     match out {
         Outgoing::Filled { slot, generation, len, seq, key } => {
             rings.settle(id, slot, generation);
             let msg = ring_to_trainer::Msg::Filled(SlotFilled { slot, generation, len, seq });
-            writer.write_all(&encode(&RingToTrainer { msg: Some(msg) })).await?;
+            socket.write_all(&encode(&RingToTrainer { msg: Some(msg) })).await?;
             rings.outboxes.record_delivered(key, seq);
         }
         Outgoing::Returned { slot, generation } => {
             rings.settle(id, slot, generation);
             let msg = ring_to_trainer::Msg::Returned(SlotReturned { slot, generation });
-            writer.write_all(&encode(&RingToTrainer { msg: Some(msg) })).await?;
+            socket.write_all(&encode(&RingToTrainer { msg: Some(msg) })).await?;
         }
     }
     Ok(())
@@ -152,10 +151,10 @@ async fn report(rings: &Rings, id: u64, writer: &mut OwnedWriteHalf, out: Outgoi
 
 /// Returns the grants no batch used, so a trainer that outlives this worker
 /// gets its slots back at once; best effort, the socket closes next anyway.
-async fn give_back(rings: &Rings, id: u64, writer: &mut OwnedWriteHalf) {
+async fn give_back(rings: &Rings, id: u64, socket: &RingSocket) {
     for (slot, generation) in rings.take_unused(id) {
         let msg = ring_to_trainer::Msg::Returned(SlotReturned { slot, generation });
-        if writer.write_all(&encode(&RingToTrainer { msg: Some(msg) })).await.is_err() {
+        if socket.write_all(&encode(&RingToTrainer { msg: Some(msg) })).await.is_err() {
             return;
         }
     }

@@ -16,11 +16,14 @@
 //! # Layout
 //! - `handshake`: connect, hello, and the attach message with its memfd.
 //! - `conn`: the connection task: grants in, filled/returned reports out.
-//! - `slots`: the mapping, the book of slots, and leases: the only `unsafe`.
+//! - `socket`: the connection's socket, watched by the runtime for reads
+//!   only (registering it is the module's one `unsafe` line).
+//! - `slots`: the mapping, the book of slots, and leases: the other `unsafe`.
 
 mod conn;
 mod handshake;
 mod slots;
+mod socket;
 #[cfg(test)]
 mod tests;
 

@@ -1,8 +1,14 @@
 //! The book against honest and lying reports, and a model of the protocol.
+use std::io::{ErrorKind, Read};
+use std::os::unix::net::UnixStream;
+
+use bytes::BytesMut;
+use loader_proto::pb::{RingToWorker, ring_to_worker};
+use loader_proto::ring::decode;
 use proptest::prelude::*;
-use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 use super::*;
+use crate::wake::WaitSet;
 
 fn book(count: u32, prefetch: u32) -> Arc<Book> {
     Book::new(
@@ -14,14 +20,45 @@ fn book(count: u32, prefetch: u32) -> Arc<Book> {
     )
 }
 
-fn conn(b: &Book) -> (ConnId, UnboundedReceiver<SlotGrant>) {
-    let (tx, rx) = unbounded_channel();
-    (b.open(tx), rx)
+/// The worker's end of a connection's socket, as a test reads it.
+struct Peer {
+    socket: UnixStream,
+    buf: BytesMut,
 }
 
-fn grants(rx: &mut UnboundedReceiver<SlotGrant>) -> Vec<(u32, u64)> {
-    std::iter::from_fn(|| rx.try_recv().ok())
-        .map(|g| (g.slot, g.generation))
+/// Opens a connection on a real socket pair; the test keeps the worker's end.
+fn conn(b: &Book) -> (ConnId, Peer) {
+    let (ours, theirs) = UnixStream::pair().expect("socket pair");
+    ours.set_nonblocking(true).expect("non-blocking");
+    theirs.set_nonblocking(true).expect("non-blocking");
+    let wait = Arc::new(WaitSet::new().expect("wait set"));
+    let ours = Arc::new(ours);
+    let id = b.open(|id| GrantLine::new(ours, wait, id));
+    (
+        id,
+        Peer {
+            socket: theirs,
+            buf: BytesMut::new(),
+        },
+    )
+}
+
+/// Every grant written to `peer` so far.
+fn grants(peer: &mut Peer) -> Vec<(u32, u64)> {
+    let mut chunk = [0u8; 4096];
+    loop {
+        match peer.socket.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => peer.buf.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+            Err(e) => panic!("reading grants: {e}"),
+        }
+    }
+    std::iter::from_fn(|| decode::<RingToWorker>(&mut peer.buf).expect("frame"))
+        .map(|m| match m.msg {
+            Some(ring_to_worker::Msg::Grant(g)) => (g.slot, g.generation),
+            other => panic!("expected a grant, got {other:?}"),
+        })
         .collect()
 }
 
@@ -210,7 +247,7 @@ fn a_closed_connection_frees_its_grants_but_not_held_slots() {
             held: 1
         }
     );
-    let (_c, mut rc) = conn(&b);
+    let (c, mut rc) = conn(&b);
     let got = grants(&mut rc);
     assert_eq!(got.len(), 3);
     assert!(
@@ -218,26 +255,80 @@ fn a_closed_connection_frees_its_grants_but_not_held_slots() {
             .all(|&(slot, generation)| slot != 2 && generation == 2)
     );
     drop(held);
+    assert!(
+        grants(&mut rc).is_empty(),
+        "c still knows of three grants: the new one waits for company"
+    );
+    b.flush(c);
     assert_eq!(grants(&mut rc), vec![(2, 2)]);
 }
 
 #[test]
-fn a_connection_whose_task_is_gone_is_closed_on_the_next_grant() {
-    let b = book(2, 2);
+fn a_connection_whose_socket_is_gone_gets_no_more_grants_until_closed() {
+    let b = book(3, 2);
     let (a, ra) = conn(&b);
     drop(ra);
+    // The grant this frees cannot be written: the line breaks, and a keeps
+    // what it was granted (its reports may still be in the socket) until the
+    // read side closes it.
     b.returned(a, 0, 1).expect("returned");
+    let (_c, mut rc) = conn(&b);
+    assert_eq!(grants(&mut rc), vec![(0, 2)], "c gets the one free slot");
     assert_eq!(
         b.census(),
         Census {
-            free: 2,
-            granted: 0,
+            free: 0,
+            granted: 3,
+            held: 0
+        }
+    );
+    assert_eq!(b.close(a), 2);
+    assert_eq!(
+        grants(&mut rc),
+        vec![(1, 2)],
+        "a's slots are free again; c takes up to prefetch"
+    );
+    assert_eq!(
+        b.census(),
+        Census {
+            free: 1,
+            granted: 2,
+            held: 0
+        }
+    );
+}
+
+#[test]
+fn grants_go_out_a_few_at_a_time_while_the_worker_has_plenty() {
+    // One connection: fair share 8, prefetch 8, so grants are held back
+    // while the worker knows of more than 4.
+    let b = book(8, 8);
+    let (a, mut ra) = conn(&b);
+    let first = grants(&mut ra);
+    assert_eq!(first.len(), 8);
+    let mut received = Vec::new();
+    for &(slot, generation) in &first[..5] {
+        let held = b.filled(a, slot, generation, 64).expect("filled");
+        b.yielded(a);
+        drop(held);
+        received.push(grants(&mut ra).len());
+    }
+    // The worker knows of 7, 6, 5 grants: the freed slots wait. At 4 (the
+    // fourth report) the three waiting go out together; the fourth freed
+    // slot waits again, and so does the fifth.
+    assert_eq!(received, vec![0, 0, 0, 3, 0]);
+    assert_eq!(
+        b.census(),
+        Census {
+            free: 0,
+            granted: 8,
             held: 0
         },
-        "a's grants were reclaimed"
+        "held-back grants are still granted: no other worker gets them"
     );
-    let (_c, mut rc) = conn(&b);
-    assert_eq!(grants(&mut rc), vec![(0, 3), (1, 2)]);
+    // A writable socket (or any flush) sends what waits.
+    b.flush(a);
+    assert_eq!(grants(&mut ra).len(), 2);
 }
 
 /// One thing that can happen to the book.
@@ -276,13 +367,13 @@ proptest! {
         let b = book(COUNT, PREFETCH);
         // Each connection: its id, its grants channel, what it holds,
         // and how many of its batches wait in the consumer.
-        type Peer = (ConnId, UnboundedReceiver<SlotGrant>, Vec<(u32, u64)>, u32);
-        let mut conns: Vec<Peer> = Vec::new();
+        type Conn = (ConnId, Peer, Vec<(u32, u64)>, u32);
+        let mut conns: Vec<Conn> = Vec::new();
         let mut held: Vec<SlotRelease> = Vec::new();
         let mut seen: std::collections::HashSet<(u32, u64)> = Default::default();
         for step in steps {
             match step {
-                Step::Open => { let (id, rx) = conn(&b); conns.push((id, rx, Vec::new(), 0)); }
+                Step::Open => { let (id, peer) = conn(&b); conns.push((id, peer, Vec::new(), 0)); }
                 Step::Close(i) if i < conns.len() => { let (id, ..) = conns.remove(i); b.close(id); }
                 Step::Fill(i, slot, g, len) if i < conns.len() => {
                     if let Ok(r) = b.filled(conns[i].0, slot, g, len) {
