@@ -46,6 +46,10 @@ pub(crate) struct Consumer {
     gap: Option<GapWatch>,
     /// When the routes task was last told the consumer is stuck.
     last_stall_notice: Instant,
+    /// The job's last batch while the final heartbeat is awaited: when that
+    /// wait is cancelled (an interrupted caller), the next call yields it,
+    /// so `next` loses nothing at any await point.
+    last: Option<Batch>,
 }
 
 impl Consumer {
@@ -67,6 +71,7 @@ impl Consumer {
             done: false,
             gap: None,
             last_stall_notice: Instant::now(),
+            last: None,
         }
     }
 
@@ -104,7 +109,11 @@ impl Consumer {
     }
 
     /// The next batch; `None` after the last one or after an error.
+    /// Cancel-safe: dropped at any await, it loses no batch.
     pub(crate) async fn next(&mut self) -> Option<Result<Batch, LoaderError>> {
+        if let Some(batch) = self.last.take() {
+            return Some(Ok(batch));
+        }
         if self.done {
             return None;
         }
@@ -118,7 +127,9 @@ impl Consumer {
                     .progress()
                     .set_consumed(self.reorder.watermark());
                 if self.yielded >= self.total {
+                    self.last = Some(batch);
                     self.finish().await;
+                    return self.last.take().map(Ok);
                 }
                 return Some(Ok(batch));
             }
