@@ -227,15 +227,7 @@ class Loader:
                 )
         elif not epoch * per <= self._yielded < (epoch + 1) * per:
             self._restart_at(epoch * per)
-        return self._epoch(epoch)
-
-    def _epoch(self, epoch: int) -> Iterator[Batch]:
-        end = (epoch + 1) * self._batches_per_epoch
-        while self._yielded < end:
-            batch = self._next()
-            if batch is None:
-                return
-            yield batch
+        return _Epoch(self, (epoch + 1) * per)
 
     def __next__(self) -> Batch:
         """The next batch of the job, across epochs; StopIteration at its end."""
@@ -350,6 +342,30 @@ class Loader:
         native, self._native = self._native, None
         if native is not None:
             native.close()
+
+
+class _Epoch:
+    """The iterator of one epoch. A class, not a generator: an exception
+    raised while waiting (KeyboardInterrupt) leaves it usable, and the next
+    ``next()`` yields the batch that was being waited for."""
+
+    __slots__ = ("_loader", "_end")
+
+    def __init__(self, loader: Loader, end: int) -> None:
+        self._loader = loader
+        self._end = end
+
+    def __iter__(self) -> "_Epoch":
+        return self
+
+    def __next__(self) -> Batch:
+        loader = self._loader
+        if loader._yielded >= self._end:
+            raise StopIteration
+        batch = loader._next()
+        if batch is None:
+            raise StopIteration
+        return batch
 
 
 # Loaders not yet closed. At interpreter exit they are closed while the

@@ -17,6 +17,10 @@ import sys
 
 
 def main() -> int:
+    # A worker's warnings about its trainer leaving (the normal end of a
+    # local loader) would land in the user's terminal: errors only, unless
+    # the user asked for more with RUST_LOG.
+    os.environ.setdefault("RUST_LOG", "error")
     try:
         os.setpgid(0, 0)
     except OSError:

@@ -33,6 +33,12 @@ pub(crate) struct NativeLoader {
     inner: Mutex<Option<Loader>>,
     /// Set by `close`; a blocked `next` gives up its lock when it sees it.
     closing: AtomicBool,
+    /// Fixed at start, so reading them never waits for a blocked `next`.
+    worker_pids: Vec<u32>,
+    /// Batches per epoch for this rank, as the coordinator planned the job.
+    batches_per_epoch: u64,
+    /// Batches over all epochs for this rank.
+    total_batches: u64,
 }
 
 /// Why a blocked `next` stopped early.
@@ -57,6 +63,9 @@ fn closed() -> PyErr {
 impl NativeLoader {
     fn wrap(loader: Loader) -> Self {
         Self {
+            worker_pids: loader.worker_pids(),
+            batches_per_epoch: loader.batches_per_epoch(),
+            total_batches: loader.total_batches(),
             inner: Mutex::new(Some(loader)),
             closing: AtomicBool::new(false),
         }
@@ -69,9 +78,10 @@ impl NativeLoader {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Runs `f` on the loader. The lock is taken with the GIL released: a
-    /// `next` blocked in another thread holds it and needs the GIL to check
-    /// for signals, so waiting for it with the GIL held would deadlock.
+    /// Runs `f` on the loader, after any `next` running in another thread.
+    /// The lock is taken with the GIL released: a blocked `next` holds it
+    /// and needs the GIL to check for signals, so waiting for it with the
+    /// GIL held would deadlock.
     fn with<T: Send>(&self, py: Python<'_>, f: impl FnOnce(&Loader) -> T + Send) -> PyResult<T> {
         py.detach(|| self.lock().as_ref().map(f)).ok_or_else(closed)
     }
@@ -187,24 +197,24 @@ impl NativeLoader {
     }
 
     /// Batches per epoch for this rank, as the coordinator planned the job.
-    fn batches_per_epoch(&self, py: Python<'_>) -> PyResult<u64> {
-        self.with(py, Loader::batches_per_epoch)
+    fn batches_per_epoch(&self) -> u64 {
+        self.batches_per_epoch
     }
 
     /// Batches over all epochs for this rank.
-    fn total_batches(&self, py: Python<'_>) -> PyResult<u64> {
-        self.with(py, Loader::total_batches)
+    fn total_batches(&self) -> u64 {
+        self.total_batches
     }
 
     /// Slots of the shared-memory ring by state `(free, granted, held)`, or
-    /// None without a ring.
+    /// None without a ring. Waits for a `next` running in another thread.
     fn ring_slots(&self, py: Python<'_>) -> PyResult<Option<(usize, usize, usize)>> {
         self.with(py, |l| l.ring_slots().map(|s| (s.free, s.granted, s.held)))
     }
 
-    /// Process ids of embedded mode's workers.
-    fn worker_pids(&self, py: Python<'_>) -> PyResult<Vec<u32>> {
-        self.with(py, Loader::worker_pids)
+    /// Process ids of embedded mode's workers (empty for a deployment's).
+    fn worker_pids(&self) -> Vec<u32> {
+        self.worker_pids.clone()
     }
 
     /// True once closed.
