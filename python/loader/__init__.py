@@ -79,6 +79,22 @@ def _spec_bytes(job: Union[Mapping, str, os.PathLike]) -> bytes:
     raise TypeError(f"job must be a dict, a path or spec text, not {type(job).__name__}")
 
 
+def _worker_command() -> list[str]:
+    """This interpreter, running ``loader._worker`` from this very package.
+
+    Not ``python -m loader._worker``: that would look in the working
+    directory first, and from a source checkout find a ``loader`` package
+    with no compiled module in it. ``-P`` keeps the working directory off
+    ``sys.path``; the package's own directory goes first instead.
+    """
+    parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    boot = (
+        "import sys; sys.path.insert(0, sys.argv.pop(1)); "
+        "from loader._worker import main; sys.exit(main())"
+    )
+    return [sys.executable, "-P", "-c", boot, parent]
+
+
 class Loader:
     """Batches of a Loader job for one data-parallel rank, like a DataLoader.
 
@@ -140,7 +156,7 @@ class Loader:
         """A loader over ``workers`` local worker processes and a coordinator
         in this process: no deployment, the same protocol and code paths.
 
-        Workers run this interpreter (``python -m loader._worker``), so the
+        Workers run this interpreter (``loader._worker``), so the
         installed package is all that is needed. They stop when the loader is
         closed, garbage-collected, or the interpreter exits; if this process
         is killed outright, they stop on their own when their lease expires
@@ -149,7 +165,7 @@ class Loader:
         if workers < 1:
             raise ValueError("Loader.local needs at least one worker")
         spec = _spec_bytes(job)
-        command = [sys.executable, "-m", "loader._worker"]
+        command = _worker_command()
         options = dict(
             prefetch=prefetch,
             in_order=in_order,
@@ -228,13 +244,6 @@ class Loader:
         elif not epoch * per <= self._yielded < (epoch + 1) * per:
             self._restart_at(epoch * per)
         return _Epoch(self, (epoch + 1) * per)
-
-    def __next__(self) -> Batch:
-        """The next batch of the job, across epochs; StopIteration at its end."""
-        batch = self._next()
-        if batch is None:
-            raise StopIteration
-        return batch
 
     def _next(self) -> Optional[Batch]:
         native = self._started()

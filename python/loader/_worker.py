@@ -1,4 +1,5 @@
-"""Worker process entry point: ``python -m loader._worker --coordinator URL --listen ADDR``.
+"""Worker process entry point (``main``; ``Loader.local`` starts it with
+``--coordinator URL --listen ADDR``).
 
 ``Loader.local`` starts its workers by re-executing the trainer's own
 interpreter into this module, so the installed package is all that is needed:
