@@ -52,6 +52,18 @@ pub enum LoaderError {
         /// What is wrong with it.
         cause: String,
     },
+    /// A dataset's files cannot be listed (missing folder, a file that is
+    /// no tar shard or npy array, arrays of different lengths).
+    #[error(transparent)]
+    Listing(#[from] loader_listing::ListingError),
+    /// A spec file (YAML or JSON) does not parse or names a bad value.
+    #[error("{origin}: {message}")]
+    SpecFile {
+        /// The file, or `spec` for text handed in directly.
+        origin: String,
+        /// The field at fault and what was expected, on one line.
+        message: String,
+    },
     /// A worker sent a frame that is not a valid batch of this session.
     #[error("worker {address}: {problem}")]
     BadBatch {

@@ -33,7 +33,9 @@
 //! - `reorder`: the reorder buffer keyed by sequence number.
 //! - [`batch`](Batch): [`Batch`], [`Tensor`] and [`Transport`]: views over a
 //!   validated frame or ring slot.
-//! - [`spec`]: [`JobSpec`] builders, validated locally.
+//! - [`spec`]: [`JobSpec`] builders, validated locally; the image pipeline's
+//!   steps.
+//! - [`spec_file`]: a job written as YAML or JSON ([`spec_file::parse`]).
 //! - `connect`: endpoints and bounded retries to the coordinator.
 //! - [`error`](LoaderError): [`LoaderError`]; the one place a gRPC status is mapped.
 //! - [`embedded`] (feature `embedded`): [`Loader::local`], a coordinator
@@ -57,10 +59,12 @@ pub mod ctl;
 #[cfg(feature = "embedded")]
 pub mod embedded;
 pub mod spec;
+pub mod spec_file;
 
 pub use batch::{Batch, Tensor, Transport};
 pub use error::LoaderError;
 pub use loader::{BatchStream, DEFAULT_PREFETCH, Loader, LoaderBuilder, RingSlots};
-pub use loader_proto::pb::{Dtype, Job, JobSpec};
+pub use loader_proto::pb::{CorruptPolicy, Dtype, Job, JobSpec, Transform};
+pub use spec_file::parse;
 pub use ring::DEFAULT_SLOT_SIZE;
 pub use state::{LoaderState, STATE_FORMAT};

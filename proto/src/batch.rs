@@ -182,6 +182,44 @@ impl BatchLayout {
         Ok(Self { sample_count, table_offset, tensors: infos, total_len: offset })
     }
 
+    /// The layout of the same batch holding only its first `samples`
+    /// samples, for a batch that lost samples while it was being written
+    /// (corrupt samples skipped): every payload keeps its offset, so the
+    /// rows already written stay where they are, and only the header, the
+    /// index list and the tensor table are written again (by
+    /// [`write`](Self::write), which leaves payloads alone). The table moves
+    /// forward and the payloads shrink, so everything the parser checks
+    /// still holds. Every tensor must have the batch as its leading
+    /// dimension.
+    pub fn truncated(&self, samples: usize) -> Result<BatchLayout, BatchError> {
+        if samples > self.sample_count {
+            return Err(BatchError::Layout(format!(
+                "cannot grow a batch of {} samples to {samples}",
+                self.sample_count
+            )));
+        }
+        let table_offset = FIXED_HEADER_LEN + 8 * samples;
+        let mut table_end = table_offset;
+        let mut total_len = 0;
+        let mut tensors = Vec::with_capacity(self.tensors.len());
+        for t in &self.tensors {
+            if t.shape.first() != Some(&(self.sample_count as u64)) {
+                return Err(BatchError::Layout(format!(
+                    "tensor {:?} of shape {:?} has no leading batch dimension of {}",
+                    t.name, t.shape, self.sample_count
+                )));
+            }
+            let mut shape = t.shape.clone();
+            shape[0] = samples as u64;
+            // Never larger than the original length, which fit a usize.
+            let len = tensor_bytes(t.dtype, &shape).map_or(t.len, |l| l as usize);
+            table_end += entry_len(shape.len(), t.name.len());
+            total_len = total_len.max(t.offset + len);
+            tensors.push(TensorInfo { name: t.name.clone(), dtype: t.dtype, shape, offset: t.offset, len });
+        }
+        Ok(Self { sample_count: samples, table_offset, tensors, total_len: total_len.max(table_end) })
+    }
+
     /// Bytes of the whole batch.
     pub fn total_len(&self) -> usize {
         self.total_len

@@ -9,6 +9,8 @@
 //!   split of batches between data-parallel consumers.
 //! - [`ring`]: framing of the shared-memory ring messages and the slot geometry.
 //! - [`spec`]: validation of job specs, one error message per bad field.
+//! - [`transforms`]: validation of an image pipeline and the tensor it
+//!   produces, as typed steps the worker runs.
 //! - [`dtype`]: sizes and names of element types.
 //! - [`node`]: the node identity that decides co-location.
 
@@ -18,6 +20,7 @@ pub mod node;
 pub mod ring;
 pub mod sampler;
 pub mod spec;
+pub mod transforms;
 
 /// Generated protobuf and gRPC code for `loader.v1`.
 #[allow(missing_docs, unreachable_pub, clippy::all, missing_debug_implementations)]

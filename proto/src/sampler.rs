@@ -9,11 +9,18 @@
 //! - [`Plan`]: `DistributedSampler`'s split of one epoch between `W`
 //!   consumers (pad by wrapping around when `drop_last` is false, truncate
 //!   when true), cut into batches of `batch_size` like `DataLoader` does.
+//! - [`EpochOrder`]: the dataset order of one epoch. For most datasets it is
+//!   the permutation of samples. For a sharded dataset (WebDataset tar
+//!   shards) the permutation shuffles whole shards and the samples of a
+//!   shard keep their file order, so consecutive positions (and so
+//!   consecutive batches, which a worker produces together) read a shard
+//!   front to back instead of seeking all over every shard.
 //!
 //! Consumer-local sequence numbers run across epochs:
 //! `seq = epoch * batches_per_epoch + batch`.
 
 use std::ops::Range;
+use std::sync::Arc;
 
 const ROUNDS: usize = 8;
 
@@ -83,8 +90,62 @@ impl Permutation {
     }
 }
 
+/// The dataset order of one epoch: position `i` holds sample `at(i)`.
+#[derive(Debug, Clone)]
+pub enum EpochOrder {
+    /// Every sample permuted on its own.
+    Samples(Permutation),
+    /// Shards permuted, samples in file order within each shard.
+    Shards {
+        /// Order of the shards.
+        perm: Permutation,
+        /// `starts[j]`: first position of the `j`-th shard in epoch order;
+        /// `starts[len]` is the number of samples.
+        starts: Vec<u64>,
+        /// `first[s]`: dataset index of the first sample of shard `s`.
+        first: Vec<u64>,
+    },
+}
+
+impl EpochOrder {
+    /// The shard-aware order of one epoch for shards of `sizes` samples.
+    pub fn shards(sizes: &[u64], seed: u64, epoch: u64, shuffle: bool) -> Self {
+        let perm = Permutation::new(sizes.len() as u64, seed, epoch, shuffle);
+        let mut first = Vec::with_capacity(sizes.len());
+        let mut total = 0u64;
+        for &n in sizes {
+            first.push(total);
+            total = total.saturating_add(n);
+        }
+        let mut starts = Vec::with_capacity(sizes.len() + 1);
+        let mut at = 0u64;
+        for j in 0..sizes.len() as u64 {
+            starts.push(at);
+            let shard = perm.at(j) as usize;
+            at = at.saturating_add(sizes.get(shard).copied().unwrap_or(0));
+        }
+        starts.push(at);
+        Self::Shards { perm, starts, first }
+    }
+
+    /// The sample at position `i` of the epoch (`i` < number of samples).
+    pub fn at(&self, i: u64) -> u64 {
+        match self {
+            Self::Samples(perm) => perm.at(i),
+            Self::Shards { perm, starts, first } => {
+                // The last shard slot whose start is <= i; empty shards have
+                // the same start as the next one and are skipped over.
+                let j = starts.partition_point(|&s| s <= i).saturating_sub(1);
+                let shard = perm.at(j as u64) as usize;
+                let offset = i - starts.get(j).copied().unwrap_or(0);
+                first.get(shard).copied().unwrap_or(0) + offset
+            }
+        }
+    }
+}
+
 /// A job's split into consumers and batches.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
     /// Samples in the dataset (N).
     pub num_samples: u64,
@@ -100,6 +161,9 @@ pub struct Plan {
     pub drop_last: bool,
     /// Number of epochs.
     pub epochs: u32,
+    /// Samples per shard, in dataset order, for a sharded dataset: the
+    /// epoch order then shuffles shards, not samples (see [`EpochOrder`]).
+    pub shards: Option<Arc<[u64]>>,
 }
 
 impl Plan {
@@ -127,9 +191,12 @@ impl Plan {
         ((seq / per) as u32, seq % per)
     }
 
-    /// The permutation of one epoch.
-    pub fn permutation(&self, epoch: u32) -> Permutation {
-        Permutation::new(self.num_samples, self.seed, u64::from(epoch), self.shuffle)
+    /// The dataset order of one epoch.
+    pub fn order(&self, epoch: u32) -> EpochOrder {
+        match &self.shards {
+            Some(sizes) => EpochOrder::shards(sizes, self.seed, u64::from(epoch), self.shuffle),
+            None => EpochOrder::Samples(Permutation::new(self.num_samples, self.seed, u64::from(epoch), self.shuffle)),
+        }
     }
 
     /// Consumer-local sample positions of batch `batch` (within an epoch).
@@ -140,19 +207,19 @@ impl Plan {
     }
 
     /// Dataset index of the sample at consumer-local `position` of `consumer`.
-    pub fn index_at(&self, perm: &Permutation, consumer: u32, position: u64) -> u64 {
+    pub fn index_at(&self, order: &EpochOrder, consumer: u32, position: u64) -> u64 {
         // DistributedSampler: rank r takes indices[r::W] of the padded list,
         // and the padding repeats the list from its start.
         let global = u64::from(consumer) + position * u64::from(self.consumers);
-        perm.at(global % self.num_samples)
+        order.at(global % self.num_samples)
     }
 
     /// Dataset indices of the batch with sequence number `seq` of `consumer`.
     pub fn batch_indices(&self, consumer: u32, seq: u64) -> Vec<u64> {
         let (epoch, batch) = self.locate(seq);
-        let perm = self.permutation(epoch);
+        let order = self.order(epoch);
         self.batch_positions(batch)
-            .map(|p| self.index_at(&perm, consumer, p))
+            .map(|p| self.index_at(&order, consumer, p))
             .collect()
     }
 }
@@ -163,7 +230,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn plan(n: u64, b: u64, w: u32, drop_last: bool, shuffle: bool) -> Plan {
-        Plan { num_samples: n, batch_size: b, consumers: w, shuffle, seed: 17, drop_last, epochs: 2 }
+        Plan { num_samples: n, batch_size: b, consumers: w, shuffle, seed: 17, drop_last, epochs: 2, shards: None }
     }
 
     /// torch's DistributedSampler + DataLoader, written out literally from
@@ -216,13 +283,13 @@ mod tests {
         let e1 = p.batch_indices(0, p.batches_per_epoch());
         assert_ne!(e0, e1);
         assert_eq!(e0, p.batch_indices(0, 0));
-        let other_seed = Plan { seed: 18, ..p };
+        let other_seed = Plan { seed: 18, ..p.clone() };
         assert_ne!(e0, other_seed.batch_indices(0, 0));
     }
 
     #[test]
     fn shuffled_epoch_covers_dataset_plus_padding() {
-        let p = plan(10_007, 64, 2, false, true);
+        let p = &plan(10_007, 64, 2, false, true);
         let mut all: Vec<u64> = (0..2)
             .flat_map(|r| (0..p.batches_per_epoch()).flat_map(move |s| p.batch_indices(r, s)))
             .collect();
@@ -233,7 +300,62 @@ mod tests {
         assert_eq!(dedup, (0..10_007).collect::<Vec<_>>());
     }
 
+    fn sharded(sizes: &[u64], b: u64, w: u32, shuffle: bool) -> Plan {
+        Plan { shards: Some(sizes.into()), num_samples: sizes.iter().sum(), ..plan(0, b, w, false, shuffle) }
+    }
+
+    #[test]
+    fn unshuffled_shards_keep_dataset_order() {
+        let p = sharded(&[5, 0, 3, 7], 4, 1, false);
+        let all: Vec<u64> = (0..p.batches_per_epoch()).flat_map(|s| p.batch_indices(0, s)).collect();
+        assert_eq!(all, (0..15).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn shuffled_shards_are_read_front_to_back_in_a_new_order_each_epoch() {
+        let sizes = [5u64, 0, 3, 7, 1, 4, 4, 6];
+        let p = sharded(&sizes, 4, 1, true);
+        let owner: Vec<usize> = sizes.iter().enumerate().flat_map(|(s, &n)| std::iter::repeat_n(s, n as usize)).collect();
+        let shard_of = |i: u64| owner[i as usize];
+        let mut orders = Vec::new();
+        for epoch in 0..3u64 {
+            let seqs = epoch * p.batches_per_epoch()..(epoch + 1) * p.batches_per_epoch();
+            let all: Vec<u64> = seqs.flat_map(|s| p.batch_indices(0, s)).collect();
+            let mut sorted = all.clone();
+            sorted.sort_unstable();
+            assert_eq!(sorted, (0..30).collect::<Vec<_>>(), "every sample once in epoch {epoch}");
+            // Within a shard, consecutive positions are consecutive samples.
+            let mut shards = Vec::new();
+            for w in all.windows(2) {
+                if shard_of(w[0]) == shard_of(w[1]) {
+                    assert_eq!(w[1], w[0] + 1, "epoch {epoch}: {all:?}");
+                }
+            }
+            for &i in &all {
+                if shards.last() != Some(&shard_of(i)) {
+                    shards.push(shard_of(i));
+                }
+            }
+            assert_eq!(shards.len(), 7, "each non-empty shard visited once: {shards:?}");
+            orders.push(shards);
+        }
+        assert!(orders[0] != orders[1] || orders[1] != orders[2], "shard order changes between epochs");
+    }
+
     proptest! {
+        #[test]
+        fn shard_order_is_a_bijection(sizes in proptest::collection::vec(0u64..20, 1..40), seed: u64, epoch in 0u64..5) {
+            let n: u64 = sizes.iter().sum();
+            let order = EpochOrder::shards(&sizes, seed, epoch, true);
+            let mut seen = vec![false; n as usize];
+            for i in 0..n {
+                let x = order.at(i);
+                prop_assert!(x < n);
+                prop_assert!(!seen[x as usize], "duplicate {}", x);
+                seen[x as usize] = true;
+            }
+        }
+
         #[test]
         fn permutation_is_a_bijection(n in 0u64..3000, seed: u64, epoch in 0u64..10) {
             let perm = Permutation::new(n, seed, epoch, true);

@@ -1,7 +1,8 @@
 //! Validation of job specs, shared by every process that accepts one, so the
 //! same bad spec gets the same one-line error everywhere.
 
-use crate::pb::{Dtype, DatasetSpec, JobSpec, dataset_spec::Kind};
+use crate::batch::MAX_NAME_LEN;
+use crate::pb::{CorruptPolicy, DatasetSpec, Dtype, JobSpec, dataset_spec::Kind};
 use crate::sampler::Plan;
 
 /// A job spec field that holds an impossible value.
@@ -19,23 +20,83 @@ fn err<T>(field: impl Into<String>, problem: impl Into<String>) -> Result<T, Spe
     Err(SpecError { field: field.into(), problem: problem.into() })
 }
 
-/// Number of samples of a dataset, from the spec alone.
-pub fn num_samples(dataset: &DatasetSpec) -> Result<u64, SpecError> {
-    match &dataset.kind {
-        None => err("dataset", "missing; expected one of: synthetic, tokens"),
-        Some(Kind::Synthetic(s)) => {
-            if s.num_samples == 0 {
-                return err("dataset.synthetic.num_samples", "must be > 0");
-            }
+/// The dataset kinds a spec may name, for messages.
+const KINDS: &str = "synthetic, tokens, image_folder, webdataset, npy, custom";
+
+/// What a worker does with a corrupt sample of this job (`fail` when unset).
+pub fn corrupt_policy(spec: &JobSpec) -> CorruptPolicy {
+    match CorruptPolicy::try_from(spec.on_corrupt) {
+        Ok(CorruptPolicy::Skip) => CorruptPolicy::Skip,
+        _ => CorruptPolicy::Fail,
+    }
+}
+
+/// True for datasets whose samples are encoded images run through the
+/// job's transforms.
+pub fn is_image_dataset(kind: &Kind) -> bool {
+    matches!(kind, Kind::ImageFolder(_) | Kind::Webdataset(_))
+}
+
+/// Checks everything a submitter can check before reading any dataset file:
+/// every field but the counts the submitter fills in from the files. A spec
+/// file is checked with this right after it is parsed.
+pub fn check(spec: &JobSpec) -> Result<(), SpecError> {
+    let Some(kind) = spec.dataset.as_ref().and_then(|d| d.kind.as_ref()) else {
+        return err("dataset", format!("missing; expected one of: {KINDS}"));
+    };
+    dataset_fields(kind)?;
+    if spec.batch_size == 0 {
+        return err("batch_size", "must be > 0");
+    }
+    if spec.epochs == 0 {
+        return err("epochs", "must be > 0");
+    }
+    if spec.consumers == 0 {
+        return err("consumers", "must be > 0");
+    }
+    if CorruptPolicy::try_from(spec.on_corrupt).is_err() {
+        return err("on_corrupt", format!("unknown policy code {}; expected fail or skip", spec.on_corrupt));
+    }
+    if is_image_dataset(kind) {
+        if spec.transforms.is_empty() {
+            return err(
+                "transforms",
+                "an image dataset needs a pipeline, e.g. [decode, random_resized_crop 224, horizontal_flip]",
+            );
+        }
+        crate::transforms::output(&spec.transforms)?;
+    } else if !spec.transforms.is_empty() {
+        return err(
+            "transforms",
+            format!("only image datasets (image_folder, webdataset) take transforms, not {}", kind_name(kind)),
+        );
+    }
+    Ok(())
+}
+
+fn kind_name(kind: &Kind) -> &'static str {
+    match kind {
+        Kind::Synthetic(_) => "synthetic",
+        Kind::Tokens(_) => "tokens",
+        Kind::ImageFolder(_) => "image_folder",
+        Kind::Webdataset(_) => "webdataset",
+        Kind::Npy(_) => "npy",
+        Kind::Custom(_) => "custom",
+    }
+}
+
+/// Checks a dataset's fields other than its counts.
+fn dataset_fields(kind: &Kind) -> Result<(), SpecError> {
+    match kind {
+        Kind::Synthetic(s) => {
             if s.shape.is_empty() || s.shape.contains(&0) {
                 return err("dataset.synthetic.shape", format!("must be non-empty with no zero dims, got {:?}", s.shape));
             }
             if matches!(Dtype::try_from(s.dtype), Ok(Dtype::Unspecified) | Err(_)) {
                 return err("dataset.synthetic.dtype", "missing or unknown dtype");
             }
-            Ok(s.num_samples)
         }
-        Some(Kind::Tokens(t)) => {
+        Kind::Tokens(t) => {
             if t.path.is_empty() {
                 return err("dataset.tokens.path", "must name the token file");
             }
@@ -45,6 +106,62 @@ pub fn num_samples(dataset: &DatasetSpec) -> Result<u64, SpecError> {
             if t.context_length == 0 {
                 return err("dataset.tokens.context_length", "must be > 0");
             }
+        }
+        Kind::ImageFolder(f) => {
+            if f.path.is_empty() {
+                return err("dataset.image_folder.path", "must name the image folder");
+            }
+        }
+        Kind::Webdataset(w) => {
+            if w.shards.is_empty() {
+                return err("dataset.webdataset.shards", "must list at least one tar shard");
+            }
+            if let Some(i) = w.shards.iter().position(String::is_empty) {
+                return err(format!("dataset.webdataset.shards[{i}]"), "empty path");
+            }
+        }
+        Kind::Npy(n) => {
+            if n.arrays.is_empty() {
+                return err("dataset.npy.arrays", "must name at least one array");
+            }
+            for (i, a) in n.arrays.iter().enumerate() {
+                if a.name.is_empty() || a.name.len() > MAX_NAME_LEN {
+                    return err(format!("dataset.npy.arrays[{i}].name"), format!("must be 1 to {MAX_NAME_LEN} bytes"));
+                }
+                if n.arrays[..i].iter().any(|b| b.name == a.name) {
+                    return err(format!("dataset.npy.arrays[{i}].name"), format!("`{}` names two arrays", a.name));
+                }
+                if a.path.is_empty() {
+                    return err(format!("dataset.npy.arrays[{i}].path"), "must name the .npy file");
+                }
+            }
+        }
+        Kind::Custom(c) => {
+            if c.name.is_empty() {
+                return err("dataset.custom.name", "must name a dataset registered with the worker binary");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Number of samples of a dataset, from the spec alone.
+pub fn num_samples(dataset: &DatasetSpec) -> Result<u64, SpecError> {
+    let Some(kind) = &dataset.kind else {
+        return err("dataset", format!("missing; expected one of: {KINDS}"));
+    };
+    dataset_fields(kind)?;
+    let filled = |field: &str, what: &str| {
+        err(field, format!("is 0; the submitter fills it in by {what} (the SDK's spec builders do)"))
+    };
+    match kind {
+        Kind::Synthetic(s) => {
+            if s.num_samples == 0 {
+                return err("dataset.synthetic.num_samples", "must be > 0");
+            }
+            Ok(s.num_samples)
+        }
+        Kind::Tokens(t) => {
             if t.num_tokens <= t.context_length {
                 return err(
                     "dataset.tokens.num_tokens",
@@ -56,29 +173,57 @@ pub fn num_samples(dataset: &DatasetSpec) -> Result<u64, SpecError> {
             }
             Ok((t.num_tokens - 1) / t.context_length)
         }
-        Some(Kind::ImageFolder(_) | Kind::Webdataset(_) | Kind::Npy(_)) => {
-            err("dataset", "image_folder, webdataset and npy are not implemented yet (issue 5)")
+        Kind::ImageFolder(f) => {
+            if f.num_samples == 0 {
+                return filled("dataset.image_folder.num_samples", "listing the folder");
+            }
+            Ok(f.num_samples)
+        }
+        Kind::Webdataset(w) => {
+            if w.shard_samples.len() != w.shards.len() {
+                return err(
+                    "dataset.webdataset.shard_samples",
+                    format!(
+                        "has {} counts for {} shards; the submitter fills it in by indexing the shards",
+                        w.shard_samples.len(),
+                        w.shards.len()
+                    ),
+                );
+            }
+            let total = w.shard_samples.iter().try_fold(0u64, |acc, &n| acc.checked_add(n));
+            match total {
+                Some(0) => err("dataset.webdataset.shard_samples", "the shards hold no sample"),
+                Some(n) => Ok(n),
+                None => err("dataset.webdataset.shard_samples", "sample counts overflow"),
+            }
+        }
+        Kind::Npy(n) => {
+            if n.num_samples == 0 {
+                return filled("dataset.npy.num_samples", "reading the arrays' headers");
+            }
+            Ok(n.num_samples)
+        }
+        Kind::Custom(c) => {
+            if c.num_samples == 0 {
+                return err("dataset.custom.num_samples", "must be > 0");
+            }
+            Ok(c.num_samples)
         }
     }
 }
 
 /// Validates a job spec and returns its plan.
 pub fn plan(spec: &JobSpec) -> Result<Plan, SpecError> {
-    let dataset = match &spec.dataset {
-        Some(d) => d,
-        None => return err("dataset", "missing; expected one of: synthetic, tokens"),
+    check(spec)?;
+    let Some(dataset) = &spec.dataset else {
+        return err("dataset", format!("missing; expected one of: {KINDS}"));
     };
     let num_samples = num_samples(dataset)?;
-    if spec.batch_size == 0 {
-        return err("batch_size", "must be > 0");
-    }
-    if spec.epochs == 0 {
-        return err("epochs", "must be > 0");
-    }
-    if spec.consumers == 0 {
-        return err("consumers", "must be > 0");
-    }
     let sampler = spec.sampler.unwrap_or_default();
+    let shards = match &dataset.kind {
+        Some(Kind::Webdataset(w)) => Some(w.shard_samples.as_slice().into()),
+        _ => None,
+    };
     let plan = Plan {
         num_samples,
         batch_size: u64::from(spec.batch_size),
@@ -87,6 +232,7 @@ pub fn plan(spec: &JobSpec) -> Result<Plan, SpecError> {
         seed: sampler.seed,
         drop_last: sampler.drop_last,
         epochs: spec.epochs,
+        shards,
     };
     if plan.batches_per_epoch() == 0 {
         return err(

@@ -67,13 +67,7 @@ def _spec_bytes(job: Union[Mapping, str, os.PathLike]) -> bytes:
         and "\n" not in job
         and (job.endswith(_SPEC_SUFFIXES) or os.path.isfile(job))
     ):
-        path = os.path.abspath(os.fspath(job))
-        try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
-        except OSError as e:
-            raise ValueError(f"cannot read job spec {path}: {e.strerror}") from None
-        return _native.parse_spec(text, os.path.dirname(path))
+        return _native.parse_spec_file(os.path.abspath(os.fspath(job)))
     if isinstance(job, str):
         return _native.parse_spec(job, os.getcwd())
     raise TypeError(f"job must be a dict, a path or spec text, not {type(job).__name__}")

@@ -22,6 +22,8 @@ pub(crate) fn to_py(e: ClientError) -> PyErr {
         | ClientError::InvalidAddress { .. }
         | ClientError::Spec(_)
         | ClientError::TokenFile { .. }
+        | ClientError::Listing(_)
+        | ClientError::SpecFile { .. }
         | ClientError::State(_) => PyValueError::new_err(e.to_string()),
         other => LoaderError::new_err(other.to_string()),
     }

@@ -37,6 +37,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<tensor::TensorView>()?;
     m.add("LoaderError", py.get_type::<errors::LoaderError>())?;
     m.add_function(wrap_pyfunction!(spec::parse_spec, m)?)?;
+    m.add_function(wrap_pyfunction!(spec::parse_spec_file, m)?)?;
     m.add_function(wrap_pyfunction!(spec::plan, m)?)?;
     m.add_function(wrap_pyfunction!(spec::state_plan, m)?)?;
     m.add_function(wrap_pyfunction!(worker::run_worker, m)?)?;

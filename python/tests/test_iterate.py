@@ -101,7 +101,7 @@ def test_bad_input_is_a_one_line_error(tmp_path):
     assert "batch_size" in str(e.value) and "\n" not in str(e.value)
     with pytest.raises(ValueError, match="at least one worker"):
         loader.Loader.local(synthetic(), workers=0)
-    with pytest.raises(ValueError, match="cannot read job spec"):
+    with pytest.raises(ValueError, match="missing.json"):
         loader.Loader.local(str(tmp_path / "missing.json"), workers=1)
     with pytest.raises(ValueError, match="rank 2 is outside world size 2"):
         loader.Loader("127.0.0.1:1", synthetic(), rank=2, world_size=2)

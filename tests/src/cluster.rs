@@ -22,6 +22,8 @@ pub struct ClusterBuilder {
     state_dir: Option<PathBuf>,
     /// `--listen` of the coordinator.
     listen: String,
+    /// Collect each worker's stderr (see [`Proc::stderr`]).
+    capture_worker_stderr: bool,
 }
 
 impl ClusterBuilder {
@@ -40,6 +42,12 @@ impl ClusterBuilder {
     /// Journal directory of the coordinator.
     pub fn state_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.state_dir = Some(dir.into());
+        self
+    }
+
+    /// Collect what workers log on stderr, for [`Proc::stderr`].
+    pub fn capture_worker_stderr(mut self) -> Self {
+        self.capture_worker_stderr = true;
         self
     }
 
@@ -90,7 +98,13 @@ pub struct Cluster {
 impl Cluster {
     /// Settings for a new cluster.
     pub fn builder() -> ClusterBuilder {
-        ClusterBuilder { workers: 0, ttl_ms: None, state_dir: None, listen: "127.0.0.1:0".into() }
+        ClusterBuilder {
+            workers: 0,
+            ttl_ms: None,
+            state_dir: None,
+            listen: "127.0.0.1:0".into(),
+            capture_worker_stderr: false,
+        }
     }
 
     /// A coordinator with default settings and `workers` workers.
@@ -129,7 +143,11 @@ impl Cluster {
     /// Starts a worker from a prepared command (e.g. inside a network
     /// namespace); it must print its `listening` line.
     pub fn add_worker_command(&mut self, command: Command) -> &Proc {
-        let worker = Proc::spawn(&self.scope, "loader-worker", command, true);
+        let worker = if self.config.capture_worker_stderr {
+            Proc::spawn_capturing_stderr(&self.scope, "loader-worker", command, true)
+        } else {
+            Proc::spawn(&self.scope, "loader-worker", command, true)
+        };
         self.workers.push(worker);
         self.workers.last().expect("just pushed")
     }

@@ -42,6 +42,9 @@ pub struct Proc {
     addr: Option<String>,
     /// Every line it printed on stdout so far.
     stdout: Arc<Mutex<Vec<String>>>,
+    /// Every line it printed on stderr so far, when started with
+    /// [`Proc::spawn_capturing_stderr`] (else stderr is inherited).
+    stderr: Arc<Mutex<Vec<String>>>,
     /// Set once it has been reaped.
     status: Option<ExitStatus>,
 }
@@ -58,10 +61,33 @@ impl Proc {
     /// Starts `command` (in a process group of its own, stdout collected,
     /// stderr inherited); with `listening`, waits for its `listening <addr>`
     /// line.
-    pub fn spawn(scope: &Scope, name: &str, mut command: Command, listening: bool) -> Proc {
-        command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::inherit()).process_group(0);
+    pub fn spawn(scope: &Scope, name: &str, command: Command, listening: bool) -> Proc {
+        Proc::start(scope, name, command, listening, false)
+    }
+
+    /// [`Proc::spawn`], with stderr also collected line by line (and still
+    /// echoed to the test's stderr), for tests that check what a process
+    /// logged.
+    pub fn spawn_capturing_stderr(scope: &Scope, name: &str, command: Command, listening: bool) -> Proc {
+        Proc::start(scope, name, command, listening, true)
+    }
+
+    fn start(scope: &Scope, name: &str, mut command: Command, listening: bool, capture: bool) -> Proc {
+        let stderr_mode = if capture { Stdio::piped() } else { Stdio::inherit() };
+        command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(stderr_mode).process_group(0);
         let mut child = command.spawn().unwrap_or_else(|e| panic!("spawn {name}: {e}"));
         scope.track(name, child.id());
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        if let Some(err) = child.stderr.take() {
+            let lines = stderr.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(err).lines() {
+                    let Ok(line) = line else { break };
+                    eprintln!("{line}");
+                    lines.lock().unwrap_or_else(PoisonError::into_inner).push(line);
+                }
+            });
+        }
         let out = child.stdout.take().expect("stdout");
         let stdout = Arc::new(Mutex::new(Vec::new()));
         let (first_tx, first_rx) = mpsc::channel();
@@ -75,7 +101,7 @@ impl Proc {
                 lines.lock().unwrap_or_else(PoisonError::into_inner).push(line);
             }
         });
-        let mut proc = Proc { name: name.to_owned(), child, addr: None, stdout, status: None };
+        let mut proc = Proc { name: name.to_owned(), child, addr: None, stdout, stderr, status: None };
         if listening {
             let line = first_rx
                 .recv_timeout(STARTUP)
@@ -99,6 +125,12 @@ impl Proc {
     /// Every line printed on stdout so far.
     pub fn stdout(&self) -> Vec<String> {
         self.stdout.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// Every line printed on stderr so far (empty unless started with
+    /// [`Proc::spawn_capturing_stderr`]).
+    pub fn stderr(&self) -> Vec<String> {
+        self.stderr.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
     /// SIGKILLs this process (not its group: the test decides what dies)

@@ -10,6 +10,7 @@ use std::time::Duration;
 use clap::Parser;
 
 use crate::config::WorkerConfig;
+use crate::dataset::Datasets;
 use crate::error::WorkerError;
 
 /// Loader worker: builds batches for the jobs its coordinator assigns and
@@ -54,6 +55,16 @@ where
     I: IntoIterator<Item = T>,
     T: Into<OsString> + Clone,
 {
+    main_with_datasets(args, Datasets::new())
+}
+
+/// [`main_with_args`] for a custom worker binary: the same flags and
+/// behaviour, also serving the custom datasets registered in `datasets`.
+pub fn main_with_datasets<I, T>(args: I, datasets: Datasets) -> ExitCode
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
     let args = match Args::try_parse_from(args) {
         Ok(args) => args,
         Err(e) if !e.use_stderr() => {
@@ -68,13 +79,13 @@ where
         Ok(rt) => rt,
         Err(e) => return fail(&format!("cannot start the async runtime: {e}")),
     };
-    match runtime.block_on(serve(args)) {
+    match runtime.block_on(serve(args, datasets)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail(&e.to_string()),
     }
 }
 
-async fn serve(args: Args) -> Result<(), WorkerError> {
+async fn serve(args: Args, datasets: Datasets) -> Result<(), WorkerError> {
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .map_err(|source| WorkerError::Listen { addr: args.listen.clone(), source })?;
@@ -93,7 +104,7 @@ async fn serve(args: Args) -> Result<(), WorkerError> {
         max_outstanding: args.max_outstanding,
         connect_timeout: Duration::from_secs_f64(args.connect_timeout),
     };
-    crate::run(listener, config, terminated()).await
+    crate::run_with_datasets(listener, config, datasets, terminated()).await
 }
 
 /// Resolves on SIGTERM or SIGINT.

@@ -6,11 +6,20 @@
 //! travels to the gRPC stream without another copy, or a shared-memory slot.
 //! Either way the layout writes the header and tensor table, and the dataset
 //! writes each sample straight into its row of each tensor.
+//!
+//! Corrupt samples: under the `fail` policy the first one fails the batch
+//! (and so the job). Under `skip` it is left out: the next sample is written
+//! into the same rows, and at the end the header, index list and tensor
+//! table are written again for the samples actually held
+//! ([`BatchLayout::truncated`]), so the batch is one row shorter per skipped
+//! sample and its index list says exactly which samples it holds. The caller
+//! logs and counts what was skipped.
 
 use bytes::{Bytes, BytesMut};
 use loader_proto::batch::{BatchError, BatchLayout, BatchMeta, TensorDesc};
+use loader_proto::pb::CorruptPolicy;
 
-use crate::dataset::{Dataset, DatasetError};
+use crate::dataset::{Dataset, DatasetError, SampleKey};
 
 /// Why a batch could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -23,7 +32,40 @@ pub enum CollateError {
     Layout(#[from] BatchError),
 }
 
-/// The layout of a batch of `indices.len()` samples of `dataset`.
+/// What a job says about every sample of its batches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchRules {
+    /// The job's sampler seed, part of every [`SampleKey`].
+    pub seed: u64,
+    /// Fail the batch on a corrupt sample, or leave the sample out.
+    pub on_corrupt: CorruptPolicy,
+}
+
+impl Default for BatchRules {
+    fn default() -> Self {
+        Self { seed: 0, on_corrupt: CorruptPolicy::Fail }
+    }
+}
+
+/// A sample left out of its batch under the `skip` policy.
+#[derive(Debug)]
+pub struct Skipped {
+    /// Its dataset index.
+    pub index: u64,
+    /// Why: a [`DatasetError::Corrupt`] naming the file.
+    pub error: DatasetError,
+}
+
+/// A batch written into a buffer.
+#[derive(Debug)]
+pub struct Collated {
+    /// Bytes of the batch at the front of the buffer.
+    pub len: usize,
+    /// Samples left out, in batch order.
+    pub skipped: Vec<Skipped>,
+}
+
+/// The layout of a batch of `samples` samples of `dataset`.
 pub fn layout(dataset: &dyn Dataset, samples: usize) -> Result<BatchLayout, BatchError> {
     let tensors = dataset
         .tensors()
@@ -39,9 +81,14 @@ pub fn layout(dataset: &dyn Dataset, samples: usize) -> Result<BatchLayout, Batc
 }
 
 /// Builds the batch `meta` holding the samples `indices` of `dataset`.
-pub fn collate(dataset: &dyn Dataset, meta: &BatchMeta, indices: &[u64]) -> Result<Bytes, CollateError> {
+pub fn collate(
+    dataset: &dyn Dataset,
+    meta: &BatchMeta,
+    indices: &[u64],
+    rules: BatchRules,
+) -> Result<(Bytes, Vec<Skipped>), CollateError> {
     let layout = layout(dataset, indices.len())?;
-    collate_bytes(dataset, &layout, meta, indices)
+    collate_bytes(dataset, &layout, meta, indices, rules)
 }
 
 /// Builds the batch `meta` with a `layout` already computed, in a buffer of
@@ -51,24 +98,25 @@ pub fn collate_bytes(
     layout: &BatchLayout,
     meta: &BatchMeta,
     indices: &[u64],
-) -> Result<Bytes, CollateError> {
+    rules: BatchRules,
+) -> Result<(Bytes, Vec<Skipped>), CollateError> {
     let mut buf = BytesMut::zeroed(layout.total_len());
-    fill(dataset, layout, meta, indices, &mut buf, true)?;
-    Ok(buf.freeze())
+    let collated = fill(dataset, layout, meta, indices, rules, &mut buf, true)?;
+    buf.truncate(collated.len);
+    Ok((buf.freeze(), collated.skipped))
 }
 
 /// Writes the batch `meta` at the front of `buf` (a shared-memory slot),
-/// which may hold stale bytes and be longer than the batch. Returns the
-/// batch's length.
+/// which may hold stale bytes and be longer than the batch.
 pub fn collate_into(
     dataset: &dyn Dataset,
     layout: &BatchLayout,
     meta: &BatchMeta,
     indices: &[u64],
+    rules: BatchRules,
     buf: &mut [u8],
-) -> Result<usize, CollateError> {
-    fill(dataset, layout, meta, indices, buf, false)?;
-    Ok(layout.total_len())
+) -> Result<Collated, CollateError> {
+    fill(dataset, layout, meta, indices, rules, buf, false)
 }
 
 fn fill(
@@ -76,34 +124,45 @@ fn fill(
     layout: &BatchLayout,
     meta: &BatchMeta,
     indices: &[u64],
+    rules: BatchRules,
     buf: &mut [u8],
     zeroed: bool,
-) -> Result<(), CollateError> {
+) -> Result<Collated, CollateError> {
     let mut payloads = layout.write(meta, indices, buf)?;
-    if !zeroed && !dataset.writes_whole_rows() {
+    let whole_rows = dataset.writes_whole_rows();
+    if !zeroed && !whole_rows {
         // `Dataset::read_into` is promised zeroed rows.
         for p in &mut payloads {
             p.fill(0);
         }
     }
-    if !indices.is_empty() {
-        // Each payload splits into one equal row per sample; walking the rows
-        // with iterators hands out disjoint `&mut` rows without copying.
-        let mut tensors: Vec<_> = payloads
-            .into_iter()
-            .map(|p| {
-                let row = p.len() / indices.len();
-                p.chunks_exact_mut(row.max(1))
-            })
-            .collect();
-        let mut rows = Vec::with_capacity(tensors.len());
-        for &index in indices {
-            rows.clear();
-            rows.extend(tensors.iter_mut().filter_map(Iterator::next));
-            dataset.read_into(index, &mut rows)?;
+    let row_len: Vec<usize> = payloads.iter().map(|p| p.len() / indices.len().max(1)).collect();
+    let mut kept = Vec::with_capacity(indices.len());
+    let mut skipped = Vec::new();
+    for &index in indices {
+        // The next free row of every tensor: a skipped sample's rows are
+        // written again by the sample after it.
+        let at = kept.len();
+        let mut rows: Vec<&mut [u8]> =
+            payloads.iter_mut().zip(&row_len).map(|(p, &n)| &mut p[at * n..(at + 1) * n]).collect();
+        let key = SampleKey { seed: rules.seed, epoch: u64::from(meta.epoch), index };
+        match dataset.read_into(key, &mut rows) {
+            Ok(()) => kept.push(index),
+            Err(error @ DatasetError::Corrupt { .. }) if rules.on_corrupt == CorruptPolicy::Skip => {
+                if !whole_rows {
+                    rows.iter_mut().for_each(|r| r.fill(0));
+                }
+                skipped.push(Skipped { index, error });
+            }
+            Err(e) => return Err(e.into()),
         }
     }
-    Ok(())
+    if skipped.is_empty() {
+        return Ok(Collated { len: layout.total_len(), skipped });
+    }
+    let short = layout.truncated(kept.len())?;
+    short.write(meta, &kept, buf)?;
+    Ok(Collated { len: short.total_len(), skipped })
 }
 
 #[cfg(test)]
@@ -111,7 +170,7 @@ mod tests {
     use std::io::Write;
 
     use loader_proto::batch::BatchView;
-    use loader_proto::pb::{Dtype, SyntheticSpec, TokensSpec};
+    use loader_proto::pb::{CorruptPolicy, Dtype, SyntheticSpec, TokensSpec};
 
     use super::*;
     use crate::dataset::{Synthetic, Tokens, synthetic::expected_data};
@@ -131,7 +190,7 @@ mod tests {
             })
             .expect("dataset");
             let indices = [0u64, 999, 251, 300, 7];
-            let bytes = collate(&ds, &meta(11), &indices).expect("collate");
+            let bytes = collate(&ds, &meta(11), &indices, BatchRules::default()).expect("collate").0;
             let view = BatchView::parse(&bytes).expect("parse");
             let h = view.header();
             assert_eq!(h.meta, meta(11));
@@ -156,8 +215,67 @@ mod tests {
     fn synthetic_index_out_of_range_fails() {
         let ds = Synthetic::new(&SyntheticSpec { num_samples: 4, shape: vec![2], dtype: Dtype::U8 as i32, cost_ns: 0 })
             .expect("dataset");
-        let e = collate(&ds, &meta(0), &[1, 4]).expect_err("out of range");
+        let e = collate(&ds, &meta(0), &[1, 4], BatchRules::default()).expect_err("out of range");
         assert_eq!(e.to_string(), "sample index 4 is out of range for a dataset of 4 samples");
+    }
+
+    /// Synthetic samples, except that every index divisible by 3 is corrupt
+    /// (after scribbling over its rows, as a half-decoded image would).
+    #[derive(Debug)]
+    struct EveryThirdCorrupt(Synthetic);
+
+    impl Dataset for EveryThirdCorrupt {
+        fn tensors(&self) -> &[crate::dataset::SampleTensor] {
+            self.0.tensors()
+        }
+        fn len(&self) -> u64 {
+            self.0.len()
+        }
+        fn read_into(&self, key: SampleKey, rows: &mut [&mut [u8]]) -> Result<(), DatasetError> {
+            if key.index % 3 == 0 {
+                rows.iter_mut().for_each(|r| r.fill(0xEE));
+                return Err(DatasetError::Corrupt { path: format!("/data/{}.jpg", key.index), reason: "bad huffman code".into() });
+            }
+            self.0.read_into(key, rows)
+        }
+    }
+
+    #[test]
+    fn skip_leaves_corrupt_samples_out_and_the_batch_still_parses() {
+        let ds = EveryThirdCorrupt(
+            Synthetic::new(&SyntheticSpec { num_samples: 100, shape: vec![5, 3], dtype: Dtype::U16 as i32, cost_ns: 0 })
+                .expect("dataset"),
+        );
+        let skip = BatchRules { seed: 1, on_corrupt: CorruptPolicy::Skip };
+        let indices = [1u64, 3, 4, 9, 10, 6];
+        let layout = layout(&ds, indices.len()).expect("layout");
+        // A stale slot, as a shared-memory ring hands out.
+        let mut slot = vec![0xABu8; layout.total_len() + 100];
+        let collated = collate_into(&ds, &layout, &meta(5), &indices, skip, &mut slot).expect("collate");
+        let (bytes, skipped) = collate(&ds, &meta(5), &indices, skip).expect("collate");
+        assert_eq!(&slot[..collated.len], &bytes[..], "slot and buffer hold the same batch");
+        for s in [&collated.skipped, &skipped] {
+            let got: Vec<(u64, String)> = s.iter().map(|s| (s.index, s.error.to_string())).collect();
+            assert_eq!(got, [3u64, 9, 6].map(|i| (i, format!("corrupt sample /data/{i}.jpg: bad huffman code"))).to_vec());
+        }
+        let view = BatchView::parse(&bytes).expect("parse");
+        let h = view.header();
+        assert_eq!(h.indices, vec![1, 4, 10]);
+        assert_eq!(h.tensors[0].shape, vec![3, 5, 3]);
+        assert_eq!(h.tensors[1].shape, vec![3]);
+        let data = view.payload_by_name("data").expect("data");
+        let label = view.payload_by_name("label").expect("label");
+        for (k, i) in [1u64, 4, 10].into_iter().enumerate() {
+            assert_eq!(&data[k * 30..(k + 1) * 30], expected_data(i, 30).as_slice(), "sample {i}");
+            assert_eq!(&label[k * 8..(k + 1) * 8], &(i as i64).to_le_bytes());
+        }
+
+        let all_bad = collate(&ds, &meta(5), &[3, 6], skip).expect("collate").0;
+        let view = BatchView::parse(&all_bad).expect("an empty batch parses");
+        assert_eq!((view.header().indices.len(), view.header().tensors[0].shape[0]), (0, 0));
+
+        let e = collate(&ds, &meta(5), &indices, BatchRules::default()).expect_err("fail policy");
+        assert_eq!(e.to_string(), "corrupt sample /data/3.jpg: bad huffman code");
     }
 
     fn token_file(tokens: &[u8]) -> tempfile::NamedTempFile {
@@ -183,7 +301,7 @@ mod tests {
             assert_eq!(ds.len(), (num_tokens - 1) / ctx);
             let last = ds.len() - 1;
             let indices = [0, 3, last, 1, last];
-            let bytes = collate(&ds, &meta(3), &indices).expect("collate");
+            let bytes = collate(&ds, &meta(3), &indices, BatchRules::default()).expect("collate").0;
             let view = BatchView::parse(&bytes).expect("parse");
             let t = &view.header().tensors[0];
             assert_eq!((t.name.as_str(), t.dtype), ("tokens", dtype));
@@ -194,7 +312,7 @@ mod tests {
                 let start = i as usize * ctx as usize * size;
                 assert_eq!(&payload[k * window..(k + 1) * window], &raw[start..start + window], "window {i}");
             }
-            let e = collate(&ds, &meta(3), &[ds.len()]).expect_err("past the end");
+            let e = collate(&ds, &meta(3), &[ds.len()], BatchRules::default()).expect_err("past the end");
             assert!(matches!(e, CollateError::Dataset(DatasetError::IndexOutOfRange { .. })));
         }
     }

@@ -10,8 +10,12 @@
 //! - `producer`: the thread that turns tasks into batches, FIFO, one batch
 //!   at a time, with a per-job cache of opened datasets; it picks each
 //!   batch's transport.
-//! - [`dataset`]: the [`Dataset`](dataset::Dataset) trait and the built-in
-//!   `synthetic` and `tokens` datasets.
+//! - [`dataset`]: the [`Dataset`](dataset::Dataset) trait, the built-in
+//!   datasets (`synthetic`, `tokens`, `npy`, `image_folder`, `webdataset`)
+//!   and [`Datasets`], which a custom worker binary extends with its own
+//!   (see [`run_with_datasets`] and `examples/custom-worker`).
+//! - [`image`]: the image pipeline (decode, crops, resizes, flips,
+//!   normalize) that the image datasets run per sample.
 //! - [`collate`]: one batch written in place into one buffer in the wire
 //!   format of `loader_proto::batch`.
 //! - `outbox`: per-consumer queues of produced batches, handed out one per
@@ -28,6 +32,7 @@ pub mod collate;
 pub mod config;
 pub mod dataset;
 pub mod error;
+pub mod image;
 mod link;
 mod outbox;
 mod producer;
@@ -41,8 +46,9 @@ use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-pub use cli::main_with_args;
+pub use cli::{main_with_args, main_with_datasets};
 pub use config::WorkerConfig;
+pub use dataset::{Dataset, DatasetError, Datasets, SampleKey, SampleTensor};
 pub use error::WorkerError;
 
 use crate::link::Link;
@@ -62,6 +68,17 @@ pub async fn run(
     config: WorkerConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), WorkerError> {
+    run_with_datasets(listener, config, Datasets::new(), shutdown).await
+}
+
+/// [`run`] for a worker that also serves the custom datasets registered in
+/// `datasets` (jobs whose dataset is `custom { name }`).
+pub async fn run_with_datasets(
+    listener: TcpListener,
+    config: WorkerConfig,
+    datasets: Datasets,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), WorkerError> {
     let local = listener
         .local_addr()
         .map_err(|source| WorkerError::Listen { addr: "the given listener".into(), source })?;
@@ -72,7 +89,7 @@ pub async fn run(
     let node = config.node.clone().unwrap_or_else(loader_proto::node::local_node);
     let outboxes = Outboxes::new();
     let rings = Rings::new(outboxes.clone(), advertise.clone(), tokio::runtime::Handle::current());
-    let producer = Producer::spawn(outboxes.clone(), rings.clone()).map_err(WorkerError::Thread)?;
+    let producer = Producer::spawn(outboxes.clone(), rings.clone(), datasets).map_err(WorkerError::Thread)?;
     let mut link = match Link::new(
         &config.coordinator,
         advertise,

@@ -6,6 +6,11 @@
 //! order. Opened datasets are cached per job, so a token file is mapped once,
 //! not once per task.
 //!
+//! A corrupt sample fails its task under the job's `fail` policy (the
+//! coordinator then fails the job with the error, which names the file).
+//! Under `skip` the batch goes out without it; the producer logs the path
+//! at `warn` and counts it (the worker's total is in the same log line).
+//!
 //! A batch goes into the trainer's shared-memory ring when its task names
 //! one and the ring takes it (see [`crate::ring`]): the layout is computed
 //! first, the thread waits for a granted slot and collates straight into it.
@@ -20,12 +25,12 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
 use loader_proto::batch::BatchMeta;
-use loader_proto::pb::{Failed, Task};
+use loader_proto::pb::{Failed, JobSpec, Task};
 use loader_proto::sampler::Plan;
 use tokio::sync::Notify;
 
-use crate::collate::{collate_bytes, collate_into, layout};
-use crate::dataset::{self, Dataset};
+use crate::collate::{BatchRules, Skipped, collate_bytes, collate_into, layout};
+use crate::dataset::{Dataset, Datasets};
 use crate::outbox::Outboxes;
 use crate::ring::{Rings, Route};
 
@@ -52,6 +57,10 @@ struct Shared {
     abandon: AtomicU64,
     /// Wakes the coordinator link when a failure waits to be reported.
     report: Notify,
+    /// The datasets this worker can open (built-in and registered custom).
+    datasets: Datasets,
+    /// Corrupt samples skipped by this worker since it started, for the log.
+    skipped: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -71,7 +80,7 @@ struct Queue {
 
 impl Producer {
     /// Starts the producer thread.
-    pub(crate) fn spawn(outboxes: Arc<Outboxes>, rings: Arc<Rings>) -> std::io::Result<Self> {
+    pub(crate) fn spawn(outboxes: Arc<Outboxes>, rings: Arc<Rings>, datasets: Datasets) -> std::io::Result<Self> {
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue::default()),
             ready: Condvar::new(),
@@ -79,6 +88,8 @@ impl Producer {
             rings,
             abandon: AtomicU64::new(0),
             report: Notify::new(),
+            datasets,
+            skipped: AtomicU64::new(0),
         });
         let thread = Arc::clone(&shared);
         std::thread::Builder::new()
@@ -234,10 +245,8 @@ impl Shared {
         let spec = job.spec.as_ref().ok_or("job carries no spec")?;
         let plan = loader_proto::spec::plan(spec).map_err(|e| e.to_string())?;
         check_range(task, &plan)?;
-        let dataset = match &spec.dataset {
-            Some(d) => cache.open(job.job_id, d)?,
-            None => return Err("job spec has no dataset".into()),
-        };
+        let dataset = cache.open(job.job_id, spec, &self.datasets)?;
+        let rules = BatchRules { seed: plan.seed, on_corrupt: loader_proto::spec::corrupt_policy(spec) };
         if dataset.len() != plan.num_samples {
             return Err(format!(
                 "dataset holds {} samples, the job was planned for {}",
@@ -261,13 +270,14 @@ impl Shared {
                 match self.rings.acquire(path, key, submitted, layout.total_len(), &abandoned) {
                     Route::Slot(mut lease) => {
                         // A failure drops the lease, which gives the slot back.
-                        let len = collate_into(&*dataset, &layout, &meta, &indices, lease.bytes_mut())
+                        let collated = collate_into(&*dataset, &layout, &meta, &indices, rules, lease.bytes_mut())
                             .map_err(|e| failed(seq, &e))?;
+                        self.log_skipped(job.job_id, seq, &collated.skipped);
                         let q = self.lock();
                         if q.generation != generation {
                             return Ok(());
                         }
-                        lease.fill(len as u64, seq, key);
+                        lease.fill(collated.len as u64, seq, key);
                         continue;
                     }
                     Route::Grpc => {}
@@ -283,7 +293,9 @@ impl Shared {
                     }
                 }
             }
-            let batch = collate_bytes(&*dataset, &layout, &meta, &indices).map_err(|e| failed(seq, &e))?;
+            let (batch, skipped) =
+                collate_bytes(&*dataset, &layout, &meta, &indices, rules).map_err(|e| failed(seq, &e))?;
+            self.log_skipped(job.job_id, seq, &skipped);
             let q = self.lock();
             if q.generation != generation {
                 return Ok(());
@@ -291,6 +303,23 @@ impl Shared {
             self.outboxes.push(key, seq, batch);
         }
         Ok(())
+    }
+}
+
+impl Shared {
+    /// Logs each skipped sample with its path, and counts it.
+    fn log_skipped(&self, job_id: u64, seq: u64, skipped: &[Skipped]) {
+        for s in skipped {
+            let total = self.skipped.fetch_add(1, Ordering::Relaxed) + 1;
+            tracing::warn!(
+                job = job_id,
+                batch = seq,
+                index = s.index,
+                skipped_total = total,
+                "skipped {} (on_corrupt: skip)",
+                s.error
+            );
+        }
     }
 }
 
@@ -319,7 +348,7 @@ struct DatasetCache {
 }
 
 impl DatasetCache {
-    fn open(&mut self, job_id: u64, spec: &loader_proto::pb::DatasetSpec) -> Result<Arc<dyn Dataset>, TaskError> {
+    fn open(&mut self, job_id: u64, spec: &JobSpec, datasets: &Datasets) -> Result<Arc<dyn Dataset>, TaskError> {
         self.clock += 1;
         if let Some((ds, used)) = self.open.get_mut(&job_id) {
             *used = self.clock;
@@ -327,7 +356,7 @@ impl DatasetCache {
         }
         // Failures are not cached: a file that appears later is picked up by
         // the next task.
-        let ds = dataset::open(spec).map_err(|e| e.to_string())?;
+        let ds = datasets.open(spec).map_err(|e| e.to_string())?;
         if self.open.len() >= DATASET_CACHE
             && let Some(oldest) = self.open.iter().min_by_key(|(_, (_, used))| *used).map(|(id, _)| *id)
         {
@@ -368,7 +397,7 @@ pub(crate) mod tests {
     /// A producer whose ring connections run on the test's runtime.
     pub(crate) fn spawn(outboxes: &Arc<Outboxes>) -> Producer {
         let rings = Rings::new(Arc::clone(outboxes), "http://worker.test:1".into(), tokio::runtime::Handle::current());
-        Producer::spawn(Arc::clone(outboxes), rings).expect("spawn")
+        Producer::spawn(Arc::clone(outboxes), rings, Datasets::new()).expect("spawn")
     }
 
     /// Waits (bounded) until the producer has worked through its queue.

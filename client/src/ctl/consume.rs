@@ -5,7 +5,7 @@
 //! state (`--resume`).
 
 use super::ConsumeArgs;
-use super::measure::{SaveState, configure, consume_and_report, job_spec};
+use super::measure::{SaveState, configure, consume_and_report, dataset_kind, job_spec};
 use crate::{Loader, LoaderState};
 
 /// Consumes the job and prints the report.
@@ -22,11 +22,12 @@ pub(crate) fn run(args: &ConsumeArgs) -> anyhow::Result<()> {
         None => {
             let (spec, file) = job_spec(&args.dataset, args.job_name.as_deref())?;
             _token_file = file;
+            let dataset = dataset_kind(&spec);
             let builder = builder
                 .job(spec)
                 .rank(args.rank)
                 .world_size(args.world_size);
-            (builder, args.dataset.dataset.clone())
+            (builder, dataset)
         }
     };
     let loader = configure(builder, &args.measure).build()?;
@@ -38,17 +39,4 @@ pub(crate) fn run(args: &ConsumeArgs) -> anyhow::Result<()> {
         _ => None,
     };
     consume_and_report(loader, &args.measure, &dataset, None, save)
-}
-
-/// The report's name for the dataset of a resumed job.
-fn dataset_kind(spec: &loader_proto::pb::JobSpec) -> String {
-    use loader_proto::pb::dataset_spec::Kind;
-    match spec.dataset.as_ref().and_then(|d| d.kind.as_ref()) {
-        Some(Kind::Synthetic(_)) => "synthetic".into(),
-        Some(Kind::Tokens(_)) => "tokens".into(),
-        Some(Kind::ImageFolder(_)) => "image_folder".into(),
-        Some(Kind::Webdataset(_)) => "webdataset".into(),
-        Some(Kind::Npy(_)) => "npy".into(),
-        None => "-".into(),
-    }
 }

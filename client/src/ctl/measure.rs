@@ -9,12 +9,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use loader_proto::pb::{Dtype, JobSpec};
+use loader_proto::pb::{CorruptPolicy, Dtype, JobSpec};
 use nix::sys::resource::{UsageWho, getrusage};
 use serde::Serialize;
 use tempfile::NamedTempFile;
 
-use super::{DatasetArgs, MeasureArgs, TransportArg};
+use super::{DatasetArgs, MeasureArgs, OnCorruptArg, TransportArg};
 use crate::{Batch, Loader, LoaderBuilder, Transport, spec};
 
 /// Windows per epoch in a generated token file (with the chosen batch size).
@@ -232,11 +232,36 @@ fn progress_bar(total: u64, json: bool) -> ProgressBar {
     bar
 }
 
-/// The job of the flags, and the generated token file it reads, if any.
+/// Side of the square crops of `--dataset imagefolder`.
+const STANDARD_IMAGE_SIZE: u32 = 224;
+
+/// The report's name for the dataset of a job.
+pub(super) fn dataset_kind(spec: &JobSpec) -> String {
+    use loader_proto::pb::dataset_spec::Kind;
+    match spec.dataset.as_ref().and_then(|d| d.kind.as_ref()) {
+        Some(Kind::Synthetic(_)) => "synthetic".into(),
+        Some(Kind::Tokens(_)) => "tokens".into(),
+        Some(Kind::ImageFolder(_)) => "image_folder".into(),
+        Some(Kind::Webdataset(_)) => "webdataset".into(),
+        Some(Kind::Npy(_)) => "npy".into(),
+        Some(Kind::Custom(c)) => format!("custom {}", c.name),
+        None => "-".into(),
+    }
+}
+
+/// The job of the flags (or of `--spec`), and the generated token file it
+/// reads, if any.
 pub(super) fn job_spec(
     args: &DatasetArgs,
     name: Option<&str>,
 ) -> anyhow::Result<(JobSpec, Option<NamedTempFile>)> {
+    if let Some(path) = &args.spec {
+        let mut builder = crate::spec_file::parse_file(path)?;
+        if let Some(name) = name {
+            builder = builder.name(name);
+        }
+        return Ok((builder.build()?, None));
+    }
     let dtype = |default: Dtype| -> anyhow::Result<Dtype> {
         match &args.dtype {
             None => Ok(default),
@@ -263,9 +288,25 @@ pub(super) fn job_spec(
             };
             (spec::tokens(path, dtype, args.context_length), file)
         }
-        other => anyhow::bail!("unknown dataset kind {other:?}; expected synthetic or tokens"),
+        "imagefolder" | "image_folder" => {
+            let Some(root) = &args.path else {
+                anyhow::bail!("--dataset imagefolder needs --path DIR (a folder of class folders of .jpg/.png images)");
+            };
+            let builder = spec::image_folder(root).transforms(spec::transforms::standard_train(STANDARD_IMAGE_SIZE));
+            (builder, None)
+        }
+        other => anyhow::bail!(
+            "unknown dataset kind {other:?}; expected synthetic, tokens or imagefolder (or --spec FILE for any job)"
+        ),
+    };
+    let policy = match args.on_corrupt {
+        OnCorruptArg::Fail => CorruptPolicy::Fail,
+        OnCorruptArg::Skip => CorruptPolicy::Skip,
     };
     let mut builder = builder.batch_size(args.batch_size).epochs(args.epochs);
+    if policy == CorruptPolicy::Skip {
+        builder = builder.on_corrupt(policy);
+    }
     if let Some(name) = name {
         builder = builder.name(name);
     }

@@ -99,7 +99,7 @@ pub struct ConsumeArgs {
         value_name = "PATH",
         conflicts_with_all = [
             "job_name", "rank", "world_size", "epochs", "batch_size", "dataset",
-            "path", "samples", "shape", "dtype", "context_length",
+            "path", "samples", "shape", "dtype", "context_length", "spec", "on_corrupt",
         ]
     )]
     pub resume: Option<PathBuf>,
@@ -114,18 +114,37 @@ pub struct ConsumeArgs {
 /// The job's dataset and shape, shared by `run` and `consume`.
 #[derive(Debug, Clone, Args)]
 pub struct DatasetArgs {
+    /// A whole job from a spec file (YAML or JSON: dataset, transforms,
+    /// batch size, sampler, corrupt-sample policy), instead of the dataset
+    /// flags.
+    #[arg(
+        long,
+        value_name = "FILE",
+        conflicts_with_all = [
+            "epochs", "batch_size", "dataset", "path", "samples", "shape", "dtype",
+            "context_length", "on_corrupt",
+        ]
+    )]
+    pub spec: Option<PathBuf>,
     /// Epochs to run.
     #[arg(long, default_value_t = 1)]
     pub epochs: u32,
     /// Samples per batch.
     #[arg(long, default_value_t = 64)]
     pub batch_size: u32,
-    /// Dataset kind: synthetic or tokens.
+    /// Dataset kind: synthetic, tokens, or imagefolder (the standard
+    /// training pipeline: decode, RandomResizedCrop(224), horizontal flip;
+    /// uint8 [3, 224, 224] images and int64 labels).
     #[arg(long, default_value = "synthetic")]
     pub dataset: String,
-    /// Token file for --dataset tokens [default: a generated temporary file].
+    /// Token file for --dataset tokens [default: a generated temporary
+    /// file]; the root of the class folders for --dataset imagefolder.
     #[arg(long)]
     pub path: Option<PathBuf>,
+    /// What workers do with a corrupt image: fail the job, or skip the
+    /// image (its batch is one shorter; the worker logs the path).
+    #[arg(long, value_enum, default_value = "fail")]
+    pub on_corrupt: OnCorruptArg,
     /// Samples of the synthetic dataset.
     #[arg(long, default_value_t = 10_000)]
     pub samples: u64,
@@ -138,6 +157,15 @@ pub struct DatasetArgs {
     /// Tokens per context for --dataset tokens.
     #[arg(long, default_value_t = 2048)]
     pub context_length: u64,
+}
+
+/// `--on-corrupt`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnCorruptArg {
+    /// The job fails with the file's path in the error.
+    Fail,
+    /// The sample is left out and its path logged.
+    Skip,
 }
 
 /// How batches reach the trainer.

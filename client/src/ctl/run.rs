@@ -7,13 +7,14 @@ use std::ffi::OsString;
 use anyhow::Context;
 
 use super::RunArgs;
-use super::measure::{consume_and_report, job_spec, shared_memory};
+use super::measure::{consume_and_report, dataset_kind, job_spec, shared_memory};
 use crate::Loader;
 
 /// Runs the job and prints the report.
 pub(crate) fn run(args: &RunArgs) -> anyhow::Result<()> {
     // Kept alive until the run ends: the workers read it.
     let (spec, _token_file) = job_spec(&args.dataset, None)?;
+    let dataset = dataset_kind(&spec);
     let exe =
         std::env::current_exe().context("cannot find this executable to start workers from")?;
     let workers = usize::try_from(args.workers).unwrap_or(usize::MAX);
@@ -25,7 +26,7 @@ pub(crate) fn run(args: &RunArgs) -> anyhow::Result<()> {
     consume_and_report(
         loader,
         &args.measure,
-        &args.dataset.dataset,
+        &dataset,
         Some(args.workers),
         None,
     )

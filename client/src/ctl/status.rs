@@ -234,6 +234,7 @@ fn dataset(kind: &Option<Kind>) -> String {
             let names: Vec<&str> = n.arrays.iter().map(|a| a.name.as_str()).collect();
             format!("npy {} ({} rows)", names.join(","), n.num_samples)
         }
+        Some(Kind::Custom(c)) => format!("custom {} ({} samples)", c.name, c.num_samples),
         None => "-".into(),
     }
 }

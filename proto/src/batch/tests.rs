@@ -37,6 +37,27 @@ fn round_trip() {
 }
 
 #[test]
+fn a_truncated_batch_keeps_its_rows_and_parses() {
+    let layout = sample_layout();
+    let mut buf = sample_batch();
+    let meta = BatchMeta { job_id: 7, epoch: 1, consumer: 2, seq: 42 };
+    for keep in [2usize, 1, 0] {
+        let short = layout.truncated(keep).expect("truncate");
+        short.write(&meta, &[5, 11][..keep], &mut buf).expect("rewrite");
+        let view = BatchView::parse(&buf[..short.total_len()]).expect("parse");
+        let h = view.header();
+        assert_eq!(h.indices, [5, 11][..keep].to_vec());
+        assert_eq!(h.tensors[0].shape, vec![keep as u64, 2, 5]);
+        assert_eq!(h.tensors[1].shape, vec![keep as u64]);
+        assert_eq!(view.payload(0).expect("data"), (0..10 * keep).map(|i| i as u8).collect::<Vec<_>>());
+        assert_eq!(view.payload(1).expect("label"), [1i64, 2].map(i64::to_le_bytes).concat()[..8 * keep].to_vec());
+    }
+    assert!(layout.truncated(4).is_err());
+    let scalar = BatchLayout::new(2, vec![TensorDesc { name: "x".into(), dtype: Dtype::U8, shape: vec![] }]).expect("layout");
+    assert!(scalar.truncated(1).is_err(), "no batch dimension to shorten");
+}
+
+#[test]
 fn slot_larger_than_batch_is_fine() {
     let mut buf = sample_batch();
     let len = buf.len();

@@ -2,19 +2,31 @@
 //!
 //! A [`Dataset`] describes the tensors of one sample and writes a sample
 //! straight into its rows of the batch buffer, so collate never copies
-//! through a per-sample buffer. [`open`] turns a job's `DatasetSpec` into the
-//! built-in dataset it names; a custom worker binary can implement the trait
-//! for its own data.
+//! through a per-sample buffer. [`Datasets`] turns a job's spec into the
+//! dataset it names: a built-in one, or one a custom worker binary
+//! registered for `custom` jobs (see `examples/custom-worker`).
+//!
+//! Built in: [`Synthetic`], [`Tokens`], [`Npy`], and the image datasets
+//! [`ImageFolder`] and [`WebDataset`], whose samples run through the job's
+//! image pipeline. Which files they read, and in which order, comes from
+//! `loader_listing`, the same code the submitter used to count them.
 
+mod image_folder;
+mod images;
+mod npy;
+mod registry;
 pub(crate) mod synthetic;
 mod tokens;
+mod webdataset;
 
-use std::sync::Arc;
+use loader_proto::pb::Dtype;
 
-use loader_proto::pb::{DatasetSpec, Dtype, dataset_spec::Kind};
-
+pub use image_folder::ImageFolder;
+pub use npy::Npy;
+pub use registry::{Datasets, OpenCustom, open};
 pub use synthetic::Synthetic;
 pub use tokens::Tokens;
+pub use webdataset::WebDataset;
 
 /// What identifies one draw of a sample: random augmentations are derived
 /// from it alone, so the same sample in the same epoch of the same job gets
@@ -56,10 +68,16 @@ pub trait Dataset: Send + Sync + std::fmt::Debug {
         self.len() == 0
     }
 
-    /// Writes sample `index` into `rows`: one row per tensor of
+    /// Writes sample `key.index` into `rows`: one row per tensor of
     /// [`tensors`](Dataset::tensors), each exactly that tensor's sample size
-    /// in bytes, zeroed on entry.
-    fn read_into(&self, index: u64, rows: &mut [&mut [u8]]) -> Result<(), DatasetError>;
+    /// in bytes, zeroed on entry. Random augmentations derive from `key`
+    /// alone (never from a thread's state), so a sample gets the same bytes
+    /// on any worker, with any worker count, in any run.
+    ///
+    /// A sample whose file cannot be read or decoded is reported as
+    /// [`DatasetError::Corrupt`]: the job's policy then fails the job or
+    /// leaves the sample out of its batch. Any other error fails the job.
+    fn read_into(&self, key: SampleKey, rows: &mut [&mut [u8]]) -> Result<(), DatasetError>;
 
     /// True when `read_into` writes every byte of every row. A reused
     /// buffer (a shared-memory slot) is then not zeroed first, which saves a
@@ -110,17 +128,21 @@ pub enum DatasetError {
         /// The sample being read.
         index: u64,
     },
+    /// One sample cannot be read or decoded; the job's corrupt-sample
+    /// policy decides whether that fails the job or skips the sample.
+    #[error("corrupt sample {path}: {reason}")]
+    Corrupt {
+        /// The file (or `shard.tar:key` member) at fault.
+        path: String,
+        /// Why it cannot be used.
+        reason: String,
+    },
 }
 
-/// Opens the built-in dataset a spec names.
-pub fn open(spec: &DatasetSpec) -> Result<Arc<dyn Dataset>, DatasetError> {
-    match &spec.kind {
-        None => Err(DatasetError::Spec("dataset: missing; expected one of: synthetic, tokens".into())),
-        Some(Kind::Synthetic(s)) => Ok(Arc::new(Synthetic::new(s)?)),
-        Some(Kind::Tokens(t)) => Ok(Arc::new(Tokens::open(t)?)),
-        Some(Kind::ImageFolder(_) | Kind::Webdataset(_) | Kind::Npy(_)) => {
-            Err(DatasetError::Spec("dataset: image_folder, webdataset and npy are not implemented yet (issue 5)".into()))
-        }
+impl DatasetError {
+    /// A listing failure of a `kind` dataset, naming the file.
+    pub(crate) fn listing(kind: &'static str, e: loader_listing::ListingError) -> Self {
+        DatasetError::Mismatch { kind, path: e.path, problem: e.problem }
     }
 }
 

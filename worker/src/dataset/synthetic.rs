@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use loader_proto::pb::{Dtype, SyntheticSpec};
 
-use super::{Dataset, DatasetError, SampleTensor, check_rows, sample_bytes};
+use super::{Dataset, DatasetError, SampleKey, SampleTensor, check_rows, sample_bytes};
 
 /// A generated dataset (see the module docs for its bytes).
 #[derive(Debug, Clone)]
@@ -69,7 +69,8 @@ impl Dataset for Synthetic {
         true
     }
 
-    fn read_into(&self, index: u64, rows: &mut [&mut [u8]]) -> Result<(), DatasetError> {
+    fn read_into(&self, key: SampleKey, rows: &mut [&mut [u8]]) -> Result<(), DatasetError> {
+        let index = key.index;
         if index >= self.len {
             return Err(DatasetError::IndexOutOfRange { index, len: self.len });
         }

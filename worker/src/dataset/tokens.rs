@@ -10,7 +10,7 @@ use std::fs::File;
 use loader_proto::pb::{Dtype, TokensSpec};
 use memmap2::Mmap;
 
-use super::{Dataset, DatasetError, SampleTensor, check_rows};
+use super::{Dataset, DatasetError, SampleKey, SampleTensor, check_rows};
 
 const KIND: &str = "tokens";
 
@@ -94,7 +94,8 @@ impl Dataset for Tokens {
         true
     }
 
-    fn read_into(&self, index: u64, rows: &mut [&mut [u8]]) -> Result<(), DatasetError> {
+    fn read_into(&self, key: SampleKey, rows: &mut [&mut [u8]]) -> Result<(), DatasetError> {
+        let index = key.index;
         check_rows(index, rows, &[self.window])?;
         let bytes = usize::try_from(index)
             .ok()

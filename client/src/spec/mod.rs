@@ -1,0 +1,282 @@
+//! Convenient construction of [`JobSpec`]s, validated locally with
+//! [`loader_proto::spec::plan`] so a bad spec fails before any network call,
+//! with the same one-line message the coordinator would give.
+//!
+//! - this module: the builders, one per dataset kind, and the settings every
+//!   job shares.
+//! - [`transforms`]: constructors of the image pipeline's steps, and the
+//!   standard training pipeline.
+//! - `counts`: what [`JobSpecBuilder::build`] reads from the dataset's files
+//!   (token count, image listing and fingerprint, shard sizes, npy rows).
+//!
+//! A spec file (YAML or JSON) becomes a builder through
+//! [`crate::spec_file::parse`].
+
+mod counts;
+pub mod transforms;
+
+use std::path::Path;
+
+use loader_proto::pb::{
+    CorruptPolicy, CustomSpec, DatasetSpec, Dtype, ImageFolderSpec, JobSpec, NpyArray, NpySpec,
+    SamplerSpec, SyntheticSpec, TokensSpec, Transform, WebDatasetSpec, dataset_spec::Kind,
+};
+use loader_proto::sampler::Plan;
+
+use crate::error::LoaderError;
+
+/// Validates `spec` exactly as the coordinator will.
+pub fn validate(spec: &JobSpec) -> Result<Plan, LoaderError> {
+    Ok(loader_proto::spec::plan(spec)?)
+}
+
+/// A job spec under construction. Start from a dataset: [`synthetic`],
+/// [`tokens`], [`image_folder`], [`webdataset`], [`npy`] or [`custom`].
+#[derive(Debug, Clone)]
+pub struct JobSpecBuilder {
+    /// Everything but the counts, which `build` reads from the dataset's
+    /// files (paths in it are absolute).
+    spec: JobSpec,
+}
+
+/// Workers may run elsewhere in the same tree: specs carry absolute paths.
+fn absolute(path: &Path) -> String {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf()).to_string_lossy().into_owned()
+}
+
+/// Generated samples: `data` of `shape`/`dtype` and an int64 `label` per
+/// sample. No files; the transport-only benchmark.
+pub fn synthetic(num_samples: u64, shape: &[u64], dtype: Dtype) -> JobSpecBuilder {
+    JobSpecBuilder::new(Kind::Synthetic(SyntheticSpec {
+        num_samples,
+        shape: shape.to_vec(),
+        dtype: dtype as i32,
+        cost_ns: 0,
+    }))
+}
+
+/// Windows of `context_length + 1` token ids from a flat binary file of
+/// `dtype` (uint16 or uint32) ids. The file is stat'ed in
+/// [`JobSpecBuilder::build`] to fill in the token count.
+pub fn tokens(path: impl AsRef<Path>, dtype: Dtype, context_length: u64) -> JobSpecBuilder {
+    JobSpecBuilder::new(Kind::Tokens(TokensSpec {
+        path: absolute(path.as_ref()),
+        dtype: dtype as i32,
+        context_length,
+        num_tokens: 0,
+    }))
+}
+
+/// Class folders of JPEG/PNG images under `root`, labelled by folder in
+/// sorted order like torchvision's `ImageFolder` (or listed by a manifest,
+/// see [`JobSpecBuilder::manifest`]). The folder is listed in
+/// [`JobSpecBuilder::build`]; give the pipeline with
+/// [`JobSpecBuilder::transforms`] (e.g. [`transforms::standard_train`]).
+/// Batches hold `image` (the pipeline's output) and int64 `label`.
+pub fn image_folder(root: impl AsRef<Path>) -> JobSpecBuilder {
+    JobSpecBuilder::new(Kind::ImageFolder(ImageFolderSpec {
+        path: absolute(root.as_ref()),
+        ..Default::default()
+    }))
+}
+
+/// WebDataset tar shards, in dataset order: members sharing a key form a
+/// sample (image `jpg`/`jpeg`/`png`, label `cls`). Shuffling reorders whole
+/// shards so each is read front to back. Indexed in
+/// [`JobSpecBuilder::build`]; batches hold `image` and int64 `label`.
+pub fn webdataset<P: AsRef<Path>>(shards: impl IntoIterator<Item = P>) -> JobSpecBuilder {
+    JobSpecBuilder::new(Kind::Webdataset(WebDatasetSpec {
+        shards: shards.into_iter().map(|p| absolute(p.as_ref())).collect(),
+        shard_samples: Vec::new(),
+    }))
+}
+
+/// Rows of `.npy` arrays (C order, little-endian), each array a tensor
+/// named by its key; all must have the same number of rows. Headers are
+/// read in [`JobSpecBuilder::build`].
+pub fn npy<N: Into<String>, P: AsRef<Path>>(arrays: impl IntoIterator<Item = (N, P)>) -> JobSpecBuilder {
+    JobSpecBuilder::new(Kind::Npy(NpySpec {
+        arrays: arrays
+            .into_iter()
+            .map(|(name, path)| NpyArray { name: name.into(), path: absolute(path.as_ref()) })
+            .collect(),
+        num_samples: 0,
+    }))
+}
+
+/// A dataset that only a custom worker binary serves (registered there
+/// under `name`), with `num_samples` samples and free-form `params`.
+pub fn custom<K: Into<String>, V: Into<String>>(
+    name: impl Into<String>,
+    num_samples: u64,
+    params: impl IntoIterator<Item = (K, V)>,
+) -> JobSpecBuilder {
+    JobSpecBuilder::new(Kind::Custom(CustomSpec {
+        name: name.into(),
+        num_samples,
+        params: params.into_iter().map(|(k, v)| (k.into(), v.into())).collect(),
+    }))
+}
+
+impl JobSpecBuilder {
+    fn new(kind: Kind) -> Self {
+        Self::from_spec(JobSpec {
+            name: String::new(),
+            dataset: Some(DatasetSpec { kind: Some(kind) }),
+            sampler: Some(SamplerSpec::default()),
+            batch_size: 64,
+            epochs: 1,
+            consumers: 1,
+            ..Default::default()
+        })
+    }
+
+    /// Continues from a whole spec (e.g. parsed from a spec file); paths in
+    /// it must already be absolute or relative to where workers run.
+    pub(crate) fn from_spec(spec: JobSpec) -> Self {
+        Self { spec }
+    }
+
+    /// The spec as it stands, counts not yet filled in.
+    pub fn spec(&self) -> &JobSpec {
+        &self.spec
+    }
+
+    /// Names the job, so other ranks (or a restarted trainer) attach to it.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.spec.name = name.into();
+        self
+    }
+
+    /// Samples per batch (default 64).
+    pub fn batch_size(mut self, batch_size: u32) -> Self {
+        self.spec.batch_size = batch_size;
+        self
+    }
+
+    /// Number of epochs (default 1).
+    pub fn epochs(mut self, epochs: u32) -> Self {
+        self.spec.epochs = epochs;
+        self
+    }
+
+    /// Data-parallel ranks (default 1); [`crate::LoaderBuilder::world_size`]
+    /// overrides it.
+    pub fn consumers(mut self, consumers: u32) -> Self {
+        self.spec.consumers = consumers;
+        self
+    }
+
+    /// Shuffles each epoch with a permutation seeded by `seed`.
+    pub fn shuffle(mut self, seed: u64) -> Self {
+        let sampler = self.spec.sampler.get_or_insert_default();
+        sampler.shuffle = true;
+        sampler.seed = seed;
+        self
+    }
+
+    /// Drops the incomplete tail instead of padding (DataLoader's `drop_last`).
+    pub fn drop_last(mut self, drop_last: bool) -> Self {
+        self.spec.sampler.get_or_insert_default().drop_last = drop_last;
+        self
+    }
+
+    /// The image pipeline of an image dataset, applied in order (see
+    /// [`transforms`]).
+    pub fn transforms(mut self, transforms: impl IntoIterator<Item = Transform>) -> Self {
+        self.spec.transforms = transforms.into_iter().collect();
+        self
+    }
+
+    /// What workers do with a corrupt sample: fail the job (the default) or
+    /// skip it (its batch is one shorter, and the worker logs its path).
+    pub fn on_corrupt(mut self, policy: CorruptPolicy) -> Self {
+        self.spec.on_corrupt = policy as i32;
+        self
+    }
+
+    /// Lists an image folder from a manifest of `relative/path<TAB>label`
+    /// lines (paths relative to the folder) instead of its class folders.
+    pub fn manifest(mut self, manifest: impl AsRef<Path>) -> Self {
+        if let Some(DatasetSpec { kind: Some(Kind::ImageFolder(f)) }) = &mut self.spec.dataset {
+            f.manifest = absolute(manifest.as_ref());
+        }
+        self
+    }
+
+    /// Busy CPU time per synthetic sample, standing in for decode/augment.
+    pub fn cost_ns(mut self, cost_ns: u64) -> Self {
+        if let Some(DatasetSpec {
+            kind: Some(Kind::Synthetic(s)),
+        }) = &mut self.spec.dataset
+        {
+            s.cost_ns = cost_ns;
+        }
+        self
+    }
+
+    /// Checks the spec's fields, reads the counts from the dataset's files
+    /// (token count; image listing and its fingerprint; samples per shard;
+    /// npy rows), and validates the whole spec.
+    pub fn build(mut self) -> Result<JobSpec, LoaderError> {
+        loader_proto::spec::check(&self.spec)?;
+        if let Some(DatasetSpec { kind: Some(kind) }) = &mut self.spec.dataset {
+            counts::fill(kind)?;
+        }
+        validate(&self.spec)?;
+        Ok(self.spec)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn synthetic_builds_and_validates() {
+        let spec = synthetic(100, &[3, 4], Dtype::U8)
+            .batch_size(8)
+            .epochs(2)
+            .shuffle(5)
+            .build()
+            .expect("valid");
+        assert_eq!(validate(&spec).expect("plan").batches_per_epoch(), 13);
+        assert_eq!(spec.sampler.map(|s| (s.shuffle, s.seed)), Some((true, 5)));
+        let e = synthetic(100, &[3], Dtype::U8)
+            .batch_size(0)
+            .build()
+            .expect_err("batch 0");
+        assert_eq!(e.to_string(), "invalid job spec: batch_size: must be > 0");
+    }
+
+    #[test]
+    fn tokens_reads_the_count_from_the_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("toks.bin");
+        std::fs::write(&path, vec![0u8; 2 * 1000]).expect("write");
+        let spec = tokens(&path, Dtype::U16, 99)
+            .batch_size(2)
+            .build()
+            .expect("valid");
+        match spec.dataset.and_then(|d| d.kind) {
+            Some(Kind::Tokens(t)) => assert_eq!(t.num_tokens, 1000),
+            other => panic!("unexpected dataset {other:?}"),
+        }
+        std::fs::write(&path, vec![0u8; 2001]).expect("write");
+        let e = tokens(&path, Dtype::U16, 99).build().expect_err("odd size");
+        assert!(e.to_string().contains("2001 bytes"), "{e}");
+    }
+
+    #[test]
+    fn missing_token_file_names_the_path() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("nope.bin");
+        let e = tokens(&path, Dtype::U16, 16).build().expect_err("missing");
+        let msg = e.to_string();
+        assert!(
+            msg.starts_with(&format!("token file {}: ", path.display())),
+            "{msg}"
+        );
+        assert!(!msg.contains('\n'));
+    }
+}

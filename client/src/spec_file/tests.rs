@@ -1,0 +1,137 @@
+use std::path::Path;
+
+use loader_proto::pb::{CorruptPolicy, Dtype, dataset_spec::Kind, transform::Op};
+
+use super::*;
+
+const YAML: &str = "
+name: imagenet
+dataset: {image_folder: {path: ./train}}
+transforms:
+  - decode
+  - {random_resized_crop: {size: 224, scale: [0.25, 1.0]}}
+  - horizontal_flip
+  - {normalize: {mean: [0.485, 0.456, 0.406], std: [0.229, 0.224, 0.225]}}
+batch_size: 64
+epochs: 2
+sampler: {shuffle: true, seed: 7, drop_last: true}
+on_corrupt: skip
+";
+
+fn spec_of(text: &str) -> JobSpec {
+    parse(text, Path::new("/data/specs")).expect("parses").spec().clone()
+}
+
+fn error_of(text: &str) -> String {
+    let e = parse(text, Path::new("/data")).expect_err("must fail").to_string();
+    assert!(!e.contains('\n'), "one line: {e}");
+    e
+}
+
+#[test]
+fn a_full_yaml_spec_becomes_the_job_spec() {
+    let spec = spec_of(YAML);
+    assert_eq!(spec.name, "imagenet");
+    assert_eq!((spec.batch_size, spec.epochs, spec.consumers), (64, 2, 1));
+    let s = spec.sampler.expect("sampler");
+    assert_eq!((s.shuffle, s.seed, s.drop_last), (true, 7, true));
+    assert_eq!(spec.on_corrupt, CorruptPolicy::Skip as i32);
+    match spec.dataset.and_then(|d| d.kind) {
+        Some(Kind::ImageFolder(f)) => assert_eq!((f.path.as_str(), f.manifest.as_str()), ("/data/specs/train", "")),
+        other => panic!("dataset {other:?}"),
+    }
+    let ops: Vec<Op> = spec.transforms.into_iter().filter_map(|t| t.op).collect();
+    assert!(matches!(ops[0], Op::Decode(_)));
+    match &ops[1] {
+        Op::RandomResizedCrop(c) => assert_eq!((c.size.clone(), c.scale.clone(), c.ratio.clone()), (vec![224], vec![0.25, 1.0], vec![])),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(ops[2], Op::HorizontalFlip(HorizontalFlip { p: None })));
+    assert!(matches!(&ops[3], Op::Normalize(n) if n.mean.len() == 3 && n.std.len() == 3));
+}
+
+#[test]
+fn json_says_the_same_as_yaml() {
+    let json = r#"{"name": "imagenet", "dataset": {"image_folder": {"path": "./train"}},
+        "transforms": ["decode", {"random_resized_crop": {"size": 224, "scale": [0.25, 1.0]}}, "horizontal_flip",
+                       {"normalize": {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}}],
+        "batch_size": 64, "epochs": 2, "sampler": {"shuffle": true, "seed": 7, "drop_last": true}, "on_corrupt": "skip"}"#;
+    assert_eq!(spec_of(json), spec_of(YAML));
+    assert_eq!(parse_json(json, Path::new("/data/specs")).expect("json").spec(), &spec_of(YAML));
+}
+
+#[test]
+fn other_datasets_parse_with_their_fields() {
+    let spec = spec_of("dataset: {npy: {arrays: {x: x.npy, y: /abs/y.npy}}}\nbatch_size: 8\n");
+    match spec.dataset.and_then(|d| d.kind) {
+        Some(Kind::Npy(n)) => {
+            let got: Vec<(&str, &str)> = n.arrays.iter().map(|a| (a.name.as_str(), a.path.as_str())).collect();
+            assert_eq!(got, vec![("x", "/data/specs/x.npy"), ("y", "/abs/y.npy")]);
+        }
+        other => panic!("{other:?}"),
+    }
+    let spec = spec_of("dataset: {webdataset: {shards: 'shards/train-{08..10}.tar'}}\ntransforms: [decode, {center_crop: {size: [32, 48]}}]\nbatch_size: 8\n");
+    match spec.dataset.and_then(|d| d.kind) {
+        Some(Kind::Webdataset(w)) => assert_eq!(w.shards, vec![
+            "/data/specs/shards/train-08.tar", "/data/specs/shards/train-09.tar", "/data/specs/shards/train-10.tar",
+        ]),
+        other => panic!("{other:?}"),
+    }
+    let spec = spec_of("dataset: {tokens: {path: t.bin, dtype: uint16, context_length: 2048}}\nbatch_size: 8\n");
+    assert!(matches!(spec.dataset.and_then(|d| d.kind), Some(Kind::Tokens(t)) if t.dtype == Dtype::U16 as i32 && t.context_length == 2048));
+    let spec = spec_of("dataset: {custom: {name: mine, num_samples: 10, params: {root: /x, depth: 3}}}\nbatch_size: 2\n");
+    assert!(matches!(spec.dataset.and_then(|d| d.kind), Some(Kind::Custom(c)) if c.params.get("depth").map(String::as_str) == Some("3")));
+}
+
+#[test]
+fn bad_specs_fail_on_one_line_naming_the_field() {
+    let image = |transforms: &str| format!("dataset: {{image_folder: {{path: x}}}}\ntransforms: {transforms}\nbatch_size: 4\n");
+    let cases: Vec<(String, &str)> = vec![
+        (image("[decode, rotate]"), "spec: transforms[1]: unknown transform `rotate`; expected one of: decode, random_resized_crop, resize, center_crop, horizontal_flip, normalize, cast, layout"),
+        (image("[decode, {random_resized_crop: {size: -5}}]"), "spec: transforms[1].random_resized_crop.size: must be a positive number of pixels, got -5"),
+        (image("[decode, {resize: {size: 256, mode: nearest}}]"), "spec: transforms[1].resize: unknown field `mode`, expected `size`"),
+        (image("[decode, resize]"), "spec: transforms[1]: transform `resize` needs a size, e.g. `{resize: {size: 224}}`"),
+        (image("[decode, {cast: {dtype: float128}}]"), "spec: transforms[1].cast.dtype: unknown dtype `float128`"),
+        (image("[]"), "spec: transforms: an image dataset needs a pipeline"),
+        ("dataset: {image_folder: {path: x}}\ntransforms: [decode]\n".into(), "spec: missing field `batch_size`"),
+        ("dataset: {image_folder: {}}\ntransforms: [decode]\nbatch_size: 4\n".into(), "spec: dataset.image_folder: missing field `path`"),
+        ("dataset: {imagefolder: {path: x}}\ntransforms: [decode]\nbach_size: 4\n".into(), "spec: unknown field `bach_size`, expected one of"),
+        ("dataset: {csv: {path: x}}\nbatch_size: 4\n".into(), "spec: dataset: unknown dataset `csv`; expected one of: image_folder, webdataset, npy, tokens, synthetic, custom"),
+        ("dataset: {npy: {arrays: {x: a.npy}}}\ntransforms: [decode]\nbatch_size: 4\n".into(), "spec: transforms: only image datasets (image_folder, webdataset) take transforms, not npy"),
+        ("dataset: {npy: {arrays: {x: a.npy}}}\nbatch_size: 0\n".into(), "spec: batch_size: must be > 0"),
+        ("dataset: {npy: {arrays: {x: a.npy}}}\nbatch_size: -3\n".into(), "spec: batch_size: must be > 0, got -3"),
+        ("dataset: {npy: {arrays: {x: a.npy}}}\nbatch_size: 4\non_corrupt: ignore\n".into(), "spec: on_corrupt: unknown variant `ignore`, expected `fail` or `skip`"),
+        ("dataset: {webdataset: {shards: 'a-{9..1}.tar'}}\ntransforms: [decode]\nbatch_size: 4\n".into(), "spec: dataset.webdataset.shards: bad shard range in `a-{9..1}.tar`"),
+        (r#"{"dataset": {"npy": {"arrays": {"x": "a.npy"}}}, "batch_size": 4, "transforms": [{"rotate": {}}]}"#.into(), "spec: transforms[0]: unknown transform `rotate`"),
+        (r#"{"dataset": {"npy": {"arrays": {"x": "a.npy"}}}}"#.into(), "spec: missing field `batch_size`"),
+    ];
+    for (text, expect) in cases {
+        let e = error_of(&text);
+        assert!(e.starts_with(expect), "{text:?}\n  got: {e}\n want: {expect}");
+    }
+}
+
+#[test]
+fn spec_files_resolve_paths_next_to_themselves() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("job.yaml");
+    std::fs::write(&file, "dataset: {npy: {arrays: {x: data/x.npy}}}\nbatch_size: 4\n").expect("write");
+    let spec = parse_file(&file).expect("parse").spec().clone();
+    let expect = dir.path().join("data/x.npy").display().to_string();
+    assert!(matches!(spec.dataset.and_then(|d| d.kind), Some(Kind::Npy(n)) if n.arrays[0].path == expect));
+    std::fs::write(&file, "dataset: {npy: {arrays: {x: x.npy}}}\nbatch_size: 4\nepochs: 0\n").expect("write");
+    let e = parse_file(&file).expect_err("epochs").to_string();
+    assert_eq!(e, format!("{}: epochs: must be > 0", file.display()));
+    let missing = dir.path().join("nope.yaml");
+    let e = parse_file(&missing).expect_err("missing").to_string();
+    assert!(e.starts_with(&format!("{}: No such file", missing.display())), "{e}");
+}
+
+#[test]
+fn brace_ranges_expand_like_webdataset() {
+    assert_eq!(expand_braces("a.tar").expect("plain"), vec!["a.tar"]);
+    assert_eq!(expand_braces("s-{0..2}.tar").expect("range"), vec!["s-0.tar", "s-1.tar", "s-2.tar"]);
+    assert_eq!(expand_braces("s-{000998..001000}.tar").expect("padded"), vec!["s-000998.tar", "s-000999.tar", "s-001000.tar"]);
+    assert!(expand_braces("s-{a..b}.tar").is_err());
+    assert!(expand_braces("s-{0..99999999}.tar").is_err());
+}

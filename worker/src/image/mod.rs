@@ -1,0 +1,227 @@
+//! The image pipeline of the image datasets: decode a JPEG or PNG, run the
+//! job's transforms, write the tensor straight into the batch row.
+//!
+//! # Layout
+//! - [`Pipeline`]: built once per job from the validated steps
+//!   (`loader_proto::transforms`), run once per sample.
+//! - `rng`: the per-(seed, epoch, index, step) random streams.
+//! - `geometry`: the crops, resizes and flips planned from sizes alone.
+//! - `region`: the DCT scale and the part of the file the first pass needs.
+//! - `jpeg` (+ `jpeg_turbo.c`) and `png`: the decoders.
+//! - `resample`: one pass over pixels (copy or Pillow-style bilinear).
+//! - `emit`: the final write (flip, layout, normalize/cast table).
+//!
+//! A sample is planned before it is decoded: the JPEG header gives the size,
+//! the plan fixes every random choice and the boxes, and the decoder then
+//! produces only the rows and columns the first pass reads, at the smallest
+//! DCT scale that keeps the crop at least as large as its output.
+
+mod emit;
+mod geometry;
+mod jpeg;
+mod png;
+mod region;
+mod resample;
+mod rng;
+#[cfg(test)]
+mod tests;
+
+use std::cell::RefCell;
+
+use fast_image_resize::Resizer;
+use loader_proto::pb::{Dtype, Layout, Transform};
+use loader_proto::spec::SpecError;
+use loader_proto::transforms::{self, Step};
+
+use crate::dataset::SampleKey;
+use emit::Values;
+use geometry::Plan;
+
+/// Images with more pixels are refused before decoding: Pillow's
+/// decompression-bomb limit, which no training photo comes near.
+pub const MAX_PIXELS: u64 = 178_956_970;
+
+/// Scratch kept by a thread above this size is released after the sample,
+/// so one huge image does not pin its buffers for the life of the worker.
+const KEEP_SCRATCH_BYTES: usize = 64 << 20;
+
+/// Why a sample could not be produced.
+#[derive(Debug, thiserror::Error)]
+pub enum ImageError {
+    /// The bytes are not a decodable JPEG or PNG (or the image is too large
+    /// to decode); the job's corrupt-sample policy applies.
+    #[error("corrupt image: {0}")]
+    Corrupt(String),
+    /// The caller's buffer is not the pipeline's output size.
+    #[error("image output buffer holds {got} bytes, the pipeline writes {expected}")]
+    OutputSize {
+        /// [`Pipeline::output_bytes`].
+        expected: usize,
+        /// Length of the buffer given.
+        got: usize,
+    },
+    /// The resampler refused a pass (a bug in the plan, not in the input).
+    #[error("image resampling failed: {0}")]
+    Resample(String),
+}
+
+/// A job's image pipeline, shared by the threads of a worker.
+#[derive(Debug)]
+pub struct Pipeline {
+    /// The validated steps and the output they produce.
+    spec: transforms::Pipeline,
+    /// Output shape, kept for [`Pipeline::output`].
+    shape: Vec<u64>,
+    /// What normalize and cast do to each channel value.
+    values: Values,
+}
+
+/// Per-thread buffers reused from sample to sample.
+#[derive(Default)]
+struct Scratch {
+    /// Decoded pixels (RGB rows) of the region the first pass reads.
+    decoded: Vec<u8>,
+    /// The PNG decoder's own layout before conversion to RGB.
+    raw: Vec<u8>,
+    /// Pass outputs, used in turn.
+    canvases: [Vec<u8>; 2],
+    /// fast_image_resize's coefficient and row buffers.
+    resizer: Resizer,
+}
+
+impl std::fmt::Debug for Scratch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scratch").field("decoded", &self.decoded.len()).finish_non_exhaustive()
+    }
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+enum Format {
+    Jpeg,
+    Png,
+}
+
+fn format(encoded: &[u8]) -> Result<Format, ImageError> {
+    if encoded.starts_with(&[0xFF, 0xD8, 0xFF]) {
+        Ok(Format::Jpeg)
+    } else if encoded.starts_with(b"\x89PNG\r\n\x1a\n") {
+        Ok(Format::Png)
+    } else {
+        let head: Vec<String> = encoded.iter().take(4).map(|b| format!("{b:02x}")).collect();
+        Err(ImageError::Corrupt(format!("neither JPEG nor PNG (starts with {})", head.join(" "))))
+    }
+}
+
+impl Pipeline {
+    /// Validates `transforms` (the same rules the coordinator applies) and
+    /// prepares the pipeline.
+    pub fn new(transforms: &[Transform]) -> Result<Pipeline, SpecError> {
+        let spec = transforms::check(transforms)?;
+        let shape = spec.shape();
+        let values = Values::new(&spec.steps, spec.dtype);
+        Ok(Pipeline { spec, shape, values })
+    }
+
+    /// Element type and shape of one output, e.g. `(U8, [3, 224, 224])`.
+    pub fn output(&self) -> (Dtype, &[u64]) {
+        (self.spec.dtype, &self.shape)
+    }
+
+    /// Bytes of one output.
+    pub fn output_bytes(&self) -> usize {
+        self.spec.height as usize * self.spec.width as usize * 3 * self.spec.dtype.size()
+    }
+
+    /// Decodes `encoded` (JPEG or PNG, told apart by their magic bytes) and
+    /// runs the steps, writing exactly [`output_bytes`](Self::output_bytes)
+    /// into `out`. Random steps draw from `key` alone.
+    pub fn run(&self, encoded: &[u8], key: SampleKey, out: &mut [u8]) -> Result<(), ImageError> {
+        if out.len() != self.output_bytes() {
+            return Err(ImageError::OutputSize { expected: self.output_bytes(), got: out.len() });
+        }
+        SCRATCH.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut scratch) => {
+                let r = self.run_with(encoded, key, out, &mut scratch);
+                let held = scratch.decoded.capacity()
+                    + scratch.raw.capacity()
+                    + scratch.canvases.iter().map(Vec::capacity).sum::<usize>();
+                if held > KEEP_SCRATCH_BYTES {
+                    *scratch = Scratch::default();
+                }
+                r
+            }
+            // Only reachable if a pipeline ran inside another on this thread.
+            Err(_) => self.run_with(encoded, key, out, &mut Scratch::default()),
+        })
+    }
+
+    fn run_with(&self, encoded: &[u8], key: SampleKey, out: &mut [u8], s: &mut Scratch) -> Result<(), ImageError> {
+        let format = format(encoded)?;
+        let full = match format {
+            Format::Jpeg => jpeg::header(encoded)?,
+            Format::Png => png::header(encoded)?,
+        };
+        let pixels = u64::from(full.0) * u64::from(full.1);
+        if pixels == 0 || pixels > MAX_PIXELS {
+            return Err(ImageError::Corrupt(format!(
+                "{}x{} pixels; images must have between 1 and {MAX_PIXELS}",
+                full.0, full.1
+            )));
+        }
+        let mut plan = Plan::new(&self.spec.steps, full.0, full.1, key);
+        let first = &mut plan.passes[0];
+        match format {
+            Format::Jpeg => {
+                let m = region::dct_scale(first);
+                let scaled = jpeg::scaled(full, m);
+                region::scale(first, full, m, scaled);
+                let need = region::needed(first);
+                let got = jpeg::decode(encoded, full, m, need, &mut s.decoded)?;
+                region::rebase(first, got.origin, got.size);
+            }
+            Format::Png => {
+                let size = png::decode(encoded, &mut s.raw, &mut s.decoded)?;
+                if size != full {
+                    return Err(ImageError::Corrupt("PNG: size changed between header and data".into()));
+                }
+            }
+        }
+        let Scratch { decoded, canvases, resizer, .. } = s;
+        let [a, b] = canvases;
+        let (mut input, mut output): (&mut Vec<u8>, &mut Vec<u8>) = (decoded, a);
+        let mut spare: &mut Vec<u8> = b;
+        for pass in &plan.passes {
+            let len = pass.canvas.0 as usize * pass.canvas.1 as usize * 3;
+            if output.len() < len {
+                output.resize(len, 0);
+            }
+            let in_len = pass.input.0 as usize * pass.input.1 as usize * 3;
+            resample::run(resizer, pass, &input[..in_len], &mut output[..len])?;
+            // The output becomes the next input; the old input is free.
+            std::mem::swap(&mut input, &mut output);
+            std::mem::swap(&mut output, &mut spare);
+        }
+        let (w, h) = plan.size();
+        if (w, h) != (self.spec.width, self.spec.height) {
+            return Err(ImageError::Resample(format!(
+                "plan ends at {w}x{h}, expected {}x{}",
+                self.spec.width, self.spec.height
+            )));
+        }
+        let canvas = &input[..w as usize * h as usize * 3];
+        emit::write(canvas, w as usize, h as usize, plan.flip, self.layout(), &self.values, out);
+        Ok(())
+    }
+
+    fn layout(&self) -> Layout {
+        self.spec.layout
+    }
+
+    /// The validated steps.
+    pub fn steps(&self) -> &[Step] {
+        &self.spec.steps
+    }
+}
