@@ -87,9 +87,15 @@ def test_spec_as_dict_file_or_text(tmp_path):
     spec = synthetic(num_samples=10, batch_size=5)
     path = tmp_path / "job.json"
     path.write_text(json.dumps(spec))
-    for job in (spec, str(path), path, json.dumps(spec)):
+    yaml = tmp_path / "job.yaml"
+    yaml.write_text(
+        "dataset: {synthetic: {num_samples: 10, shape: [2], dtype: uint8}}\n"
+        "batch_size: 5\n"
+    )
+    for job in (spec, str(path), path, json.dumps(spec), yaml):
         dl = loader.Loader.local(job, workers=1)
         assert len(dl) == 2
+        assert [i for b in dl for i in b.indices] == list(range(10))
         dl.close()
 
 
@@ -103,6 +109,8 @@ def test_bad_input_is_a_one_line_error(tmp_path):
         loader.Loader.local(synthetic(), workers=0)
     with pytest.raises(ValueError, match="missing.json"):
         loader.Loader.local(str(tmp_path / "missing.json"), workers=1)
+    with pytest.raises(ValueError, match="bogus"):
+        loader.Loader.local({**synthetic(), "bogus": 1}, workers=1)
     with pytest.raises(ValueError, match="rank 2 is outside world size 2"):
         loader.Loader("127.0.0.1:1", synthetic(), rank=2, world_size=2)
     with pytest.raises(TypeError):
