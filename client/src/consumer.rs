@@ -57,6 +57,10 @@ pub(crate) struct Consumer {
     gap: Option<GapWatch>,
     /// When the routes task was last told the consumer is stuck.
     last_stall_notice: Instant,
+    /// The job's last batch while the final heartbeat is awaited: when that
+    /// wait is cancelled (an interrupted caller), the next call yields it,
+    /// so `next` loses nothing at any await point.
+    last: Option<Batch>,
     /// Where a blocked `next` sleeps: the doorbell of `events` and the
     /// sockets of the ring's workers.
     wait: Arc<WaitSet>,
@@ -101,6 +105,7 @@ impl Consumer {
             finish_due: false,
             gap: None,
             last_stall_notice: Instant::now(),
+            last: None,
             wait,
             inbox: None,
             ready: Ready::default(),
@@ -144,8 +149,12 @@ impl Consumer {
     }
 
     /// The next batch, awaiting it on the caller's runtime; `None` after the
-    /// last one or after an error.
+    /// last one or after an error. Cancel-safe: dropped at any await, it
+    /// loses no batch.
     pub(crate) async fn next(&mut self) -> Option<Result<Batch, LoaderError>> {
+        if let Some(batch) = self.last.take() {
+            return Some(Ok(batch));
+        }
         if self.done {
             return None;
         }
@@ -154,6 +163,13 @@ impl Consumer {
         loop {
             if let Some(item) = self.take_ready() {
                 if self.take_finish_due() {
+                    // Held while the final heartbeat is awaited, so a
+                    // cancelled wait hands it out on the next call.
+                    if let Some(Ok(batch)) = item {
+                        self.last = Some(batch);
+                        self.finish().await;
+                        return self.last.take().map(Ok);
+                    }
                     self.finish().await;
                 }
                 return item;

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use futures::Stream;
 use loader_proto::pb::{Job, JobSpec};
@@ -394,6 +395,38 @@ impl Loader {
     pub fn state(&self) -> LoaderState {
         let (next_seq, above): (u64, BTreeSet<u64>) = self.consumer.position();
         LoaderState::new(&self.spec, self.rank, next_seq, above)
+    }
+
+    /// Like [`Iterator::next`], but calls `interrupted` every `every` while
+    /// it blocks and returns the first error it gives. Nothing is lost by an
+    /// interruption: the batch being waited for is yielded by the next call.
+    /// For hosts whose users must be able to stop a blocked call, such as
+    /// Python's Ctrl-C (the callback checks for signals).
+    pub fn next_interruptible<E>(
+        &mut self,
+        every: Duration,
+        mut interrupted: impl FnMut() -> Result<(), E>,
+    ) -> Result<Option<Result<Batch, LoaderError>>, E> {
+        let consumer = &mut self.consumer;
+        // One `next` future for the whole wait: its stall and gap timers
+        // keep running across checks.
+        let wait = async move {
+            let next = consumer.next();
+            tokio::pin!(next);
+            loop {
+                tokio::select! {
+                    item = &mut next => return Ok(item),
+                    () = tokio::time::sleep(every) => interrupted()?,
+                }
+            }
+        };
+        match &self.runtime {
+            Some(rt) => rt.block_on(wait),
+            None => {
+                let _enter = self.handle.enter();
+                futures::executor::block_on(wait)
+            }
+        }
     }
 
     /// The next batch, awaiting it; `None` after the last one.

@@ -217,6 +217,16 @@ impl LocalCluster {
 }
 
 impl Loader {
+    /// Process ids of the workers embedded mode started (empty for a loader
+    /// fed by a coordinator elsewhere): for diagnostics and for tests that
+    /// check no worker outlives its loader.
+    pub fn worker_pids(&self) -> Vec<u32> {
+        self.cluster
+            .as_ref()
+            .map(|c| c.workers.pids())
+            .unwrap_or_default()
+    }
+
     /// A loader over a coordinator started in-process and `workers` local
     /// worker processes: the drop-in for `DataLoader(num_workers=N)`.
     pub fn local(spec: JobSpec, workers: usize) -> Result<Loader, LoaderError> {

@@ -138,6 +138,11 @@ impl WorkerProcesses {
         Ok(procs)
     }
 
+    /// The workers' process ids, in start order.
+    pub(crate) fn pids(&self) -> Vec<u32> {
+        self.children.iter().map(Child::id).collect()
+    }
+
     /// An error naming the first worker that has exited.
     pub(crate) fn check(&mut self) -> Result<(), LoaderError> {
         let count = self.children.len();

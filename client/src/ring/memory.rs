@@ -1,8 +1,12 @@
 //! The ring's shared memory, and the only `unsafe` of the trainer's side of
 //! the shared-memory transport.
 //!
-//! One sealed memfd holds every slot; the trainer maps it read-only and keeps
-//! the descriptor only to pass it to workers. A [`SlotView`] is the single
+//! One sealed memfd holds every slot; the trainer maps it shared and keeps
+//! the descriptor only to pass it to workers. The mapping is writable because
+//! a held slot is the trainer's own memory: the Python SDK hands it to torch
+//! through DLPack, and torch has no read-only tensors, so over a read-only
+//! mapping an in-place op (`x.sub_(mean)`) would kill the trainer with
+//! SIGSEGV. Rust code here never writes it. A [`SlotView`] is the single
 //! way to read a slot: it exists only for a slot the book holds for the user
 //! (filled, not granted to any worker), covers only the bytes the worker
 //! reported, and gives the slot back to the book when dropped.
@@ -24,14 +28,14 @@ use super::book::SlotRelease;
 /// (`/memfd:loader-ring (deleted)`). Never a path: nothing to clean up.
 pub(crate) const MEMFD_NAME: &str = "loader-ring";
 
-/// The ring's memfd, mapped read-only in this process.
+/// The ring's memfd, mapped (shared, writable) in this process.
 #[derive(Debug)]
 pub(crate) struct RingMemory {
     /// The one descriptor of the ring in this process; lent to workers over
     /// SCM_RIGHTS (the kernel duplicates it into theirs).
     file: File,
-    /// Read-only, shared. Raw because workers write slots this process does
-    /// not hold: no `&[u8]` may cover more than one held slot.
+    /// Shared. Raw because workers write slots this process does not hold:
+    /// no `&[u8]` may cover more than one held slot.
     map: MmapRaw,
     /// Where the slots lie; `total_len()` equals `map.len()`.
     geometry: RingGeometry,
@@ -62,7 +66,7 @@ impl RingMemory {
             .map_err(|e| RingError::Memory(format!("cannot seal the ring's memfd: {e}")))?;
         let map = MmapOptions::new()
             .len(len)
-            .map_raw_read_only(&file)
+            .map_raw(&file)
             .map_err(|e| RingError::Memory(format!("cannot map the ring: {e}")))?;
         if map.len() != len {
             return Err(RingError::Memory(
@@ -167,10 +171,12 @@ impl AsRef<[u8]> for SlotView {
         // inside the mapping (`range.end <= map.len()`), and `self.memory`
         // keeps that mapping alive for as long as `self`, so the pointer is
         // valid for `range.len()` bytes for the lifetime of the returned
-        // slice. The mapping is read-only here, so this process never writes
-        // these bytes; the book holds the slot for this view (filled, not
+        // slice. Rust code never writes the mapping; the user may (through a
+        // DLPack tensor of a yielded batch), but only into the bytes of a
+        // tensor payload, which no Rust code reads after the header was
+        // parsed. The book holds the slot for this view (filled, not
         // granted) until `self.release` is dropped, so an honest worker does
-        // not write them either. A worker that broke the protocol could only
+        // not write these bytes either. A worker that broke the protocol could only
         // change their values, never their length or where they lie: every
         // offset the batch header gives was checked against this length when
         // the batch was parsed, and the seals keep the memfd from shrinking,
@@ -206,7 +212,7 @@ mod tests {
     }
 
     #[test]
-    fn the_memfd_is_sealed_and_mapped_read_only() {
+    fn the_memfd_is_sealed_and_mapped() {
         let g = RingGeometry {
             slot_size: 4096,
             slot_count: 2,

@@ -1,0 +1,387 @@
+"""Loader's Python trainer SDK: a drop-in for ``torch.utils.data.DataLoader``
+fed by Loader workers.
+
+    import loader
+
+    spec = {"dataset": {"synthetic": {"num_samples": 10_000, "shape": [3, 224, 224],
+                                      "dtype": "uint8"}},
+            "batch_size": 64, "epochs": 3, "sampler": {"shuffle": True, "seed": 0}}
+    dl = loader.Loader.local(spec, workers=2)      # like DataLoader(num_workers=2)
+    for epoch in range(3):
+        dl.set_epoch(epoch)
+        for batch in dl:                           # len(dl) batches
+            x = batch.torch()["data"]              # zero-copy torch tensor
+            y = batch["label"]                     # zero-copy numpy array
+
+Batches view the memory the workers wrote (a shared-memory slot, or the gRPC
+frame of a remote worker) without copying. The slot is reused once the batch
+and every array or tensor made from it are freed: keep only what you need
+past a training step, or copy it.
+
+Epochs: a job has a fixed number of epochs (``"epochs"`` in the spec), and
+one loader yields them in sequence. ``len(loader)`` is the number of batches
+per epoch; each ``for batch in loader`` yields one epoch. ``set_epoch(e)``
+chooses the epoch the next ``for`` yields: the next one in sequence costs
+nothing; any other epoch (repeating one, or skipping ahead) restarts the
+loader at that epoch's first batch. A ``for`` loop left early with ``break``
+is continued by the next ``for`` unless ``set_epoch`` says otherwise, and
+iterating past the job's last epoch is an error, never a silent empty epoch.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import sys
+import threading
+import weakref
+from collections.abc import Iterator, Mapping
+from typing import Any, Optional, Union
+
+from . import _native
+from ._native import Batch, LoaderError, TensorView
+
+__all__ = ["Loader", "Batch", "TensorView", "LoaderError"]
+
+Mapping.register(Batch)
+
+#: Credits per worker stream unless told otherwise (as in the Rust SDK).
+DEFAULT_PREFETCH = 8
+
+_SPEC_SUFFIXES = (".json", ".yaml", ".yml")
+
+
+def _spec_bytes(job: Union[Mapping, str, os.PathLike]) -> bytes:
+    """The job spec as the native module's opaque, validated encoding.
+
+    ``job`` is a dict (the spec-file schema), a path to a .json/.yaml file
+    (relative dataset paths resolve against the file's directory), or the
+    text of a spec.
+    """
+    if isinstance(job, Mapping):
+        return _native.parse_spec(json.dumps(job), os.getcwd())
+    if isinstance(job, os.PathLike) or (
+        isinstance(job, str)
+        and not job.lstrip().startswith(("{", "["))
+        and "\n" not in job
+        and (job.endswith(_SPEC_SUFFIXES) or os.path.isfile(job))
+    ):
+        return _native.parse_spec_file(os.path.abspath(os.fspath(job)))
+    if isinstance(job, str):
+        return _native.parse_spec(job, os.getcwd())
+    raise TypeError(f"job must be a dict, a path or spec text, not {type(job).__name__}")
+
+
+def _worker_command() -> list[str]:
+    """This interpreter, running ``loader._worker`` from this very package.
+
+    Not ``python -m loader._worker``: that would look in the working
+    directory first, and from a source checkout find a ``loader`` package
+    with no compiled module in it. ``-P`` keeps the working directory off
+    ``sys.path``; the package's own directory goes first instead.
+    """
+    parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    boot = (
+        "import sys; sys.path.insert(0, sys.argv.pop(1)); "
+        "from loader._worker import main; sys.exit(main())"
+    )
+    return [sys.executable, "-P", "-c", boot, parent]
+
+
+class Loader:
+    """Batches of a Loader job for one data-parallel rank, like a DataLoader.
+
+    ``Loader(coordinator, job, rank=, world_size=)`` reads from a Loader
+    deployment; ``Loader.local(job, workers=N)`` starts its own coordinator
+    (in this process) and N worker processes, like
+    ``DataLoader(num_workers=N)``. Nothing starts until the first iteration
+    (or ``state_dict()``); the spec is checked at once.
+
+    Args:
+        coordinator: the coordinator's URL (``host:port`` works too).
+        job: the job spec: a dict, a path to a .json/.yaml file, or its text.
+        rank: this trainer's data-parallel rank.
+        world_size: number of ranks (default: the spec's ``consumers``, 1).
+        prefetch: batches each worker may send ahead of consumption.
+        in_order: yield batches in sequence order (default), or as they
+            arrive (faster when workers are uneven; still each batch once).
+        shared_memory: let workers on this machine write batches straight
+            into this process's memory (default) instead of streaming them.
+        ring: ``(slots, slot_bytes)`` of the shared-memory ring; by default
+            ``2 * prefetch`` slots (at least 4) of 16 MiB. Each yielded batch
+            holds a slot until it and its arrays are freed.
+    """
+
+    def __init__(
+        self,
+        coordinator: str,
+        job: Union[Mapping, str, os.PathLike],
+        *,
+        rank: int = 0,
+        world_size: Optional[int] = None,
+        prefetch: int = DEFAULT_PREFETCH,
+        in_order: bool = True,
+        shared_memory: bool = True,
+        ring: Optional[tuple[int, int]] = None,
+    ) -> None:
+        spec = _spec_bytes(job)
+        options = dict(prefetch=prefetch, in_order=in_order, shared_memory=shared_memory, ring=ring)
+
+        def start(spec: bytes, resume: Optional[str]) -> _native.NativeLoader:
+            return _native.NativeLoader.connect(
+                coordinator, spec, rank=rank, world_size=world_size, resume=resume, **options
+            )
+
+        self._init(spec, rank, world_size, start)
+
+    @classmethod
+    def local(
+        cls,
+        job: Union[Mapping, str, os.PathLike],
+        workers: int = 2,
+        *,
+        prefetch: int = DEFAULT_PREFETCH,
+        in_order: bool = True,
+        shared_memory: bool = True,
+        ring: Optional[tuple[int, int]] = None,
+        ready_timeout: float = 10.0,
+    ) -> "Loader":
+        """A loader over ``workers`` local worker processes and a coordinator
+        in this process: no deployment, the same protocol and code paths.
+
+        Workers run this interpreter (``loader._worker``), so the
+        installed package is all that is needed. They stop when the loader is
+        closed, garbage-collected, or the interpreter exits; if this process
+        is killed outright, they stop on their own when their lease expires
+        (a few seconds).
+        """
+        if workers < 1:
+            raise ValueError("Loader.local needs at least one worker")
+        spec = _spec_bytes(job)
+        command = _worker_command()
+        options = dict(
+            prefetch=prefetch,
+            in_order=in_order,
+            shared_memory=shared_memory,
+            ring=ring,
+            ready_timeout=ready_timeout,
+        )
+
+        def start(spec: bytes, resume: Optional[str]) -> _native.NativeLoader:
+            return _native.NativeLoader.local(
+                spec, workers, worker_command=command, resume=resume, **options
+            )
+
+        self = cls.__new__(cls)
+        self._init(spec, 0, 1, start)
+        return self
+
+    def _init(self, spec: bytes, rank: int, world_size: Optional[int], start) -> None:
+        self._start = start
+        self._spec = spec
+        self._native: Optional[_native.NativeLoader] = None
+        self._lock = threading.Lock()
+        # Where the next start resumes from (JSON), and where the stream is.
+        self._resume: Optional[str] = None
+        self._batches_per_epoch, self._epochs = _native.plan(spec, rank, world_size)
+        self._yielded = 0
+        self._next_epoch: Optional[int] = None
+        self._closed = False
+        _live.add(self)
+
+    # -- DataLoader surface -------------------------------------------------
+
+    def __len__(self) -> int:
+        """Batches per epoch for this rank (``len(DataLoader)``)."""
+        return self._batches_per_epoch
+
+    @property
+    def epochs(self) -> int:
+        """Epochs in the job (the spec's ``epochs``)."""
+        return self._epochs
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next batch belongs to (== ``epochs`` at the end)."""
+        return self._yielded // max(self._batches_per_epoch, 1)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Makes the next ``for batch in loader`` yield epoch ``epoch``.
+
+        Call it like ``DistributedSampler.set_epoch`` at the top of each
+        epoch. The next epoch in sequence (or the current one, mid-way after
+        a resume) continues the stream for free; any other epoch restarts
+        the loader at that epoch's first batch. The permutation of an epoch
+        depends only on (seed, epoch), so a repeated epoch repeats exactly.
+        """
+        epoch = int(epoch)
+        if not 0 <= epoch < self._epochs:
+            raise ValueError(
+                f"epoch {epoch} is outside the job's {self._epochs} epochs "
+                f'(0..{self._epochs - 1}); set "epochs" in the job spec'
+            )
+        self._next_epoch = epoch
+
+    def __iter__(self) -> Iterator[Batch]:
+        """Yields the batches of one epoch (see ``set_epoch``)."""
+        self._check_open()
+        per = self._batches_per_epoch
+        epoch, self._next_epoch = self._next_epoch, None
+        if epoch is None:
+            epoch = self._yielded // per if per else 0
+            if epoch >= self._epochs:
+                raise LoaderError(
+                    f"all {self._epochs} epochs of the job were yielded; "
+                    f'set "epochs" in the job spec to train longer'
+                )
+        elif not epoch * per <= self._yielded < (epoch + 1) * per:
+            self._restart_at(epoch * per)
+        return _Epoch(self, (epoch + 1) * per)
+
+    def _next(self) -> Optional[Batch]:
+        native = self._started()
+        batch = native.next()
+        if batch is not None:
+            self._yielded += 1
+        return batch
+
+    # -- Exact resumption ---------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the loader stands: save it with the model checkpoint.
+
+        A loader given this dict by ``load_state_dict`` (in this process or a
+        new one, with any number of workers) yields exactly the batches this
+        one had not yielded, in the same order with the same samples. Take it
+        between steps, after the step that consumed the last batch.
+        """
+        self._check_open()
+        return json.loads(self._started().state())
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continues from a ``state_dict()``; the job, rank and world size
+        come from ``state``. Batches before it are not produced again."""
+        self._check_open()
+        if not isinstance(state, Mapping):
+            raise TypeError("load_state_dict expects the dict that state_dict() returned")
+        text = json.dumps(dict(state))
+        per, epochs, yielded, _rank, _world = _native.state_plan(text)
+        self._stop_native()
+        self._resume = text
+        self._batches_per_epoch, self._epochs, self._yielded = per, epochs, yielded
+        self._next_epoch = None
+
+    # -- Lifecycle ----------------------------------------------------------
+
+    def close(self) -> None:
+        """Stops the session and, in local mode, the workers. Idempotent and
+        safe from any thread; a blocked iteration elsewhere raises
+        ``LoaderError``. Batches already yielded stay valid."""
+        self._closed = True
+        self._stop_native()
+        _live.discard(self)
+
+    def __enter__(self) -> "Loader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # -- Diagnostics --------------------------------------------------------
+
+    def worker_pids(self) -> list[int]:
+        """Process ids of the workers ``Loader.local`` started (empty before
+        the first iteration and for a deployment's workers)."""
+        native = self._native
+        return list(native.worker_pids()) if native is not None else []
+
+    def ring_slots(self) -> Optional[tuple[int, int, int]]:
+        """``(free, granted, held)`` slots of the shared-memory ring, or None
+        without one (or before the first iteration)."""
+        native = self._native
+        return native.ring_slots() if native is not None else None
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else ("started" if self._native else "not started")
+        return (
+            f"<loader.Loader {state}: epoch {self.epoch} of {self._epochs}, "
+            f"{self._batches_per_epoch} batches per epoch>"
+        )
+
+    # -- Internals ----------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LoaderError("the loader is closed")
+
+    def _started(self) -> _native.NativeLoader:
+        native = self._native
+        if native is not None:
+            return native
+        with self._lock:
+            self._check_open()
+            if self._native is None:
+                native = self._start(self._spec, self._resume)
+                self._native = native
+                self._batches_per_epoch = native.batches_per_epoch()
+                self._yielded = native.yielded()
+            return self._native
+
+    def _restart_at(self, seq: int) -> None:
+        """Starts over so that the next batch is batch ``seq`` of the job."""
+        state = self.state_dict()
+        state["next_seq"] = seq
+        state.pop("yielded_above", None)
+        self.load_state_dict(state)
+
+    def _stop_native(self) -> None:
+        native, self._native = self._native, None
+        if native is not None:
+            native.close()
+
+
+class _Epoch:
+    """The iterator of one epoch. A class, not a generator: an exception
+    raised while waiting (KeyboardInterrupt) leaves it usable, and the next
+    ``next()`` yields the batch that was being waited for."""
+
+    __slots__ = ("_loader", "_end")
+
+    def __init__(self, loader: Loader, end: int) -> None:
+        self._loader = loader
+        self._end = end
+
+    def __iter__(self) -> "_Epoch":
+        return self
+
+    def __next__(self) -> Batch:
+        loader = self._loader
+        if loader._yielded >= self._end:
+            raise StopIteration
+        batch = loader._next()
+        if batch is None:
+            raise StopIteration
+        return batch
+
+
+# Loaders not yet closed. At interpreter exit they are closed while the
+# interpreter is still whole (atexit runs before modules and threads are torn
+# down), so their worker processes stop and none outlives the trainer, even
+# when a daemon thread is still blocked iterating: close() unblocks it.
+_live: "weakref.WeakSet[Loader]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for loader in list(_live):
+        try:
+            loader.close()
+        except Exception:
+            pass

@@ -1,0 +1,116 @@
+"""Type stubs for ``loader._native``, the compiled half of the SDK."""
+
+from collections.abc import Iterator
+from typing import Any, Optional
+
+import numpy as np
+
+STATE_FORMAT: int
+
+class LoaderError(RuntimeError):
+    """Loading failed: a worker or the coordinator could not deliver, or the job failed."""
+
+class TensorView:
+    """One tensor of a batch; numpy (buffer protocol, read-only) and DLPack
+    consumers view it without copying and keep its memory alive."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def data_ptr(self) -> int: ...
+    def __dlpack__(
+        self,
+        *,
+        stream: Any = None,
+        max_version: Optional[tuple[int, int]] = None,
+        dl_device: Optional[tuple[int, int]] = None,
+        copy: Optional[bool] = None,
+    ) -> Any: ...
+    def __dlpack_device__(self) -> tuple[int, int]: ...
+    def __buffer__(self, flags: int, /) -> memoryview: ...
+
+class Batch:
+    """A read-only mapping of tensor name to zero-copy numpy array.
+
+    The batch's memory (a shared-memory slot) is reused once the batch and
+    every array, memoryview or tensor made from it are freed."""
+
+    def __getitem__(self, name: str) -> np.ndarray: ...
+    def __len__(self) -> int: ...
+    def __contains__(self, name: object) -> bool: ...
+    def __iter__(self) -> Iterator[str]: ...
+    def keys(self) -> list[str]: ...
+    def values(self) -> list[np.ndarray]: ...
+    def items(self) -> list[tuple[str, np.ndarray]]: ...
+    def get(self, name: str, default: Any = None) -> Any: ...
+    def numpy(self) -> dict[str, np.ndarray]:
+        """A plain dict of the same zero-copy arrays."""
+    def torch(self) -> dict[str, Any]:
+        """A dict of ``torch.Tensor`` over the same memory (DLPack, no copy)."""
+    def views(self) -> dict[str, TensorView]:
+        """The raw zero-copy views, for any DLPack or buffer consumer."""
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def seq(self) -> int:
+        """Sequence number over the whole job: ``epoch * len(loader) + index_in_epoch``."""
+    @property
+    def index_in_epoch(self) -> int: ...
+    @property
+    def indices(self) -> list[int]:
+        """Dataset indices of the samples, in batch order."""
+    @property
+    def num_samples(self) -> int: ...
+    @property
+    def transport(self) -> str:
+        """``"shared_memory"`` or ``"grpc"``."""
+
+class NativeLoader:
+    @staticmethod
+    def connect(
+        coordinator: str,
+        spec: bytes,
+        *,
+        rank: int,
+        world_size: Optional[int],
+        prefetch: int,
+        in_order: bool,
+        shared_memory: bool,
+        ring: Optional[tuple[int, int]],
+        resume: Optional[str],
+    ) -> NativeLoader: ...
+    @staticmethod
+    def local(
+        spec: bytes,
+        workers: int,
+        *,
+        worker_command: list[str],
+        prefetch: int,
+        in_order: bool,
+        shared_memory: bool,
+        ring: Optional[tuple[int, int]],
+        resume: Optional[str],
+        ready_timeout: float,
+    ) -> NativeLoader: ...
+    def next(self) -> Optional[Batch]: ...
+    def state(self) -> str: ...
+    def yielded(self) -> int: ...
+    def batches_per_epoch(self) -> int: ...
+    def total_batches(self) -> int: ...
+    def ring_slots(self) -> Optional[tuple[int, int, int]]: ...
+    def worker_pids(self) -> list[int]: ...
+    @property
+    def closed(self) -> bool: ...
+    def close(self) -> None: ...
+
+def parse_spec(text: str, base_dir: str) -> bytes: ...
+def parse_spec_file(path: str) -> bytes: ...
+def plan(spec: bytes, rank: int, world_size: Optional[int] = None) -> tuple[int, int]: ...
+def state_plan(state: str) -> tuple[int, int, int, int, int]: ...
+def run_worker(argv: list[str]) -> int: ...

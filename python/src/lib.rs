@@ -1,0 +1,46 @@
+//! `loader._native`: the compiled half of Loader's Python SDK. The Python
+//! package (`python/loader/`) holds the user-facing `Loader` (epochs,
+//! `len`, `state_dict`, spec handling, clean exit); this module holds what
+//! must be native: the loader itself, zero-copy batch views and the worker
+//! entry point the package re-executes its own interpreter into.
+//!
+//! # Layout
+//! - `session`: [`NativeLoader`](session::NativeLoader), one
+//!   `loader_client::Loader` behind a lock; waits with the GIL released and
+//!   checks for Ctrl-C while it waits; `close` from any thread.
+//! - `batch`: [`Batch`](batch::Batch), a read-only mapping of tensor name to
+//!   numpy array over the batch's own memory (a ring slot or a gRPC frame).
+//! - `tensor`: [`TensorView`](tensor::TensorView), the keep-alive owner of
+//!   one tensor's bytes: the buffer protocol (numpy) and DLPack (torch).
+//! - `dlpack`: the DLPack C structures and the capsule that carries them.
+//! - `spec`: job specs from JSON/YAML text, and what a spec or a saved state
+//!   plans (batches per epoch, epochs).
+//! - `errors`: the one mapping of `LoaderError` to Python exceptions.
+//! - `worker`: `run_worker`, `loader-worker`'s command line in this module.
+
+mod batch;
+mod dlpack;
+mod errors;
+mod session;
+mod spec;
+mod tensor;
+mod worker;
+
+use pyo3::prelude::*;
+
+/// The module `loader._native`.
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add_class::<session::NativeLoader>()?;
+    m.add_class::<batch::Batch>()?;
+    m.add_class::<tensor::TensorView>()?;
+    m.add("LoaderError", py.get_type::<errors::LoaderError>())?;
+    m.add_function(wrap_pyfunction!(spec::parse_spec, m)?)?;
+    m.add_function(wrap_pyfunction!(spec::parse_spec_file, m)?)?;
+    m.add_function(wrap_pyfunction!(spec::plan, m)?)?;
+    m.add_function(wrap_pyfunction!(spec::state_plan, m)?)?;
+    m.add_function(wrap_pyfunction!(worker::run_worker, m)?)?;
+    m.add("STATE_FORMAT", loader_client::STATE_FORMAT)?;
+    Ok(())
+}

@@ -1,0 +1,238 @@
+//! [`NativeLoader`]: one `loader_client::Loader` for Python. Its waits
+//! release the GIL (other Python threads run while a batch is awaited) and
+//! check for signals every [`SIGNAL_CHECK`], so Ctrl-C raises
+//! `KeyboardInterrupt` at once instead of when the next batch arrives; the
+//! interrupted wait loses nothing, and the next call yields the batch it
+//! was waiting for. [`NativeLoader::close`] works from any thread, even
+//! while another one is blocked in `next` (an `atexit` hook while a daemon
+//! thread iterates): the blocked call sees the flag within one check and
+//! returns, then the loader is dropped, which stops the embedded workers.
+
+use std::ffi::OsString;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use loader_client::{Loader, LoaderState};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+use crate::batch::Batch;
+use crate::errors::{LoaderError, to_py};
+use crate::spec::decode;
+
+/// How often a blocked `next` checks for signals and for `close`.
+const SIGNAL_CHECK: Duration = Duration::from_millis(50);
+
+/// One loader: a session on a coordinator, or embedded mode's coordinator
+/// and worker processes too.
+#[pyclass(frozen, module = "loader._native")]
+pub(crate) struct NativeLoader {
+    /// None once closed. Locked for the whole of a `next`, so calls from
+    /// several threads take turns.
+    inner: Mutex<Option<Loader>>,
+    /// Set by `close`; a blocked `next` gives up its lock when it sees it.
+    closing: AtomicBool,
+    /// Fixed at start, so reading them never waits for a blocked `next`.
+    worker_pids: Vec<u32>,
+    /// Batches per epoch for this rank, as the coordinator planned the job.
+    batches_per_epoch: u64,
+    /// Batches over all epochs for this rank.
+    total_batches: u64,
+}
+
+/// Why a blocked `next` stopped early.
+enum Stop {
+    /// A signal handler raised (KeyboardInterrupt).
+    Signal(PyErr),
+    /// `close` was called meanwhile.
+    Closed,
+}
+
+/// The saved state to resume from, checked.
+fn resume_state(resume: Option<&str>) -> PyResult<Option<LoaderState>> {
+    resume
+        .map(|json| LoaderState::from_json(json).map_err(to_py))
+        .transpose()
+}
+
+fn closed() -> PyErr {
+    LoaderError::new_err("the loader is closed")
+}
+
+impl NativeLoader {
+    fn wrap(loader: Loader) -> Self {
+        Self {
+            worker_pids: loader.worker_pids(),
+            batches_per_epoch: loader.batches_per_epoch(),
+            total_batches: loader.total_batches(),
+            inner: Mutex::new(Some(loader)),
+            closing: AtomicBool::new(false),
+        }
+    }
+
+    /// The loader, or an error once closed. A poisoned lock (a panic in an
+    /// earlier call) is still usable: the loader holds no invariant the
+    /// panicking call could have broken half-way.
+    fn lock(&self) -> MutexGuard<'_, Option<Loader>> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `f` on the loader, after any `next` running in another thread.
+    /// The lock is taken with the GIL released: a blocked `next` holds it
+    /// and needs the GIL to check for signals, so waiting for it with the
+    /// GIL held would deadlock.
+    fn with<T: Send>(&self, py: Python<'_>, f: impl FnOnce(&Loader) -> T + Send) -> PyResult<T> {
+        py.detach(|| self.lock().as_ref().map(f)).ok_or_else(closed)
+    }
+}
+
+#[pymethods]
+impl NativeLoader {
+    /// A loader fed by the coordinator at `coordinator` (embedded workers
+    /// none). See `loader.Loader`.
+    #[staticmethod]
+    #[pyo3(signature = (coordinator, spec, *, rank, world_size, prefetch, in_order, shared_memory, ring, resume))]
+    #[allow(clippy::too_many_arguments)]
+    fn connect(
+        py: Python<'_>,
+        coordinator: String,
+        spec: &[u8],
+        rank: u32,
+        world_size: Option<u32>,
+        prefetch: u32,
+        in_order: bool,
+        shared_memory: bool,
+        ring: Option<(u32, u64)>,
+        resume: Option<&str>,
+    ) -> PyResult<Self> {
+        let mut builder = Loader::builder(coordinator)
+            .job(decode(spec)?)
+            .rank(rank)
+            .prefetch(prefetch)
+            .in_order(in_order)
+            .shared_memory(shared_memory);
+        if let Some(w) = world_size {
+            builder = builder.world_size(w);
+        }
+        if let Some((slots, size)) = ring {
+            builder = builder.ring(slots, size);
+        }
+        if let Some(state) = resume_state(resume)? {
+            builder = builder.resume(state);
+        }
+        let loader = py.detach(move || builder.build()).map_err(to_py)?;
+        Ok(Self::wrap(loader))
+    }
+
+    /// Embedded mode: a coordinator in this process and `workers` worker
+    /// processes started with `worker_command`. See `loader.Loader.local`.
+    #[staticmethod]
+    #[pyo3(signature = (spec, workers, *, worker_command, prefetch, in_order, shared_memory, ring, resume, ready_timeout))]
+    #[allow(clippy::too_many_arguments)]
+    fn local(
+        py: Python<'_>,
+        spec: &[u8],
+        workers: usize,
+        worker_command: Vec<String>,
+        prefetch: u32,
+        in_order: bool,
+        shared_memory: bool,
+        ring: Option<(u32, u64)>,
+        resume: Option<&str>,
+        ready_timeout: f64,
+    ) -> PyResult<Self> {
+        let ready = Duration::try_from_secs_f64(ready_timeout)
+            .map_err(|_| PyValueError::new_err("ready_timeout must be a positive number of seconds"))?;
+        let mut builder = Loader::local_builder(decode(spec)?, workers)
+            .worker_command(Some(worker_command.into_iter().map(OsString::from).collect()))
+            .prefetch(prefetch)
+            .in_order(in_order)
+            .shared_memory(shared_memory)
+            .ready_timeout(ready);
+        if let Some((slots, size)) = ring {
+            builder = builder.ring(slots, size);
+        }
+        if let Some(state) = resume_state(resume)? {
+            builder = builder.resume(state);
+        }
+        let loader = py.detach(move || builder.build()).map_err(to_py)?;
+        Ok(Self::wrap(loader))
+    }
+
+    /// The next batch, or None after the job's last one. Blocks with the GIL
+    /// released; raises KeyboardInterrupt (or whatever a signal handler
+    /// raises) within [`SIGNAL_CHECK`] of the signal.
+    fn next(&self, py: Python<'_>) -> PyResult<Option<Batch>> {
+        let closing = &self.closing;
+        let item = py.detach(|| {
+            let mut guard = self.lock();
+            let Some(loader) = guard.as_mut() else {
+                return Err(Stop::Closed);
+            };
+            loader.next_interruptible(SIGNAL_CHECK, || {
+                if closing.load(Ordering::Acquire) {
+                    return Err(Stop::Closed);
+                }
+                Python::attach(|py| py.check_signals()).map_err(Stop::Signal)
+            })
+        });
+        match item {
+            Ok(None) => Ok(None),
+            Ok(Some(Ok(batch))) => Ok(Some(Batch::new(batch))),
+            Ok(Some(Err(e))) => Err(to_py(e)),
+            Err(Stop::Signal(e)) => Err(e),
+            Err(Stop::Closed) => Err(closed()),
+        }
+    }
+
+    /// The loader's state as JSON (`LoaderState`), for `state_dict()`.
+    fn state(&self, py: Python<'_>) -> PyResult<String> {
+        self.with(py, |l| l.state().to_json())
+    }
+
+    /// Batches yielded so far, counting those of the loaders it resumed.
+    fn yielded(&self, py: Python<'_>) -> PyResult<u64> {
+        self.with(py, Loader::yielded)
+    }
+
+    /// Batches per epoch for this rank, as the coordinator planned the job.
+    fn batches_per_epoch(&self) -> u64 {
+        self.batches_per_epoch
+    }
+
+    /// Batches over all epochs for this rank.
+    fn total_batches(&self) -> u64 {
+        self.total_batches
+    }
+
+    /// Slots of the shared-memory ring by state `(free, granted, held)`, or
+    /// None without a ring. Waits for a `next` running in another thread.
+    fn ring_slots(&self, py: Python<'_>) -> PyResult<Option<(usize, usize, usize)>> {
+        self.with(py, |l| l.ring_slots().map(|s| (s.free, s.granted, s.held)))
+    }
+
+    /// Process ids of embedded mode's workers (empty for a deployment's).
+    fn worker_pids(&self) -> Vec<u32> {
+        self.worker_pids.clone()
+    }
+
+    /// True once closed.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.closing.load(Ordering::Acquire)
+    }
+
+    /// Stops the loader: its session, and in embedded mode its workers
+    /// (SIGTERM, then SIGKILL after a grace period) and coordinator.
+    /// Idempotent, callable from any thread; a `next` blocked in another
+    /// thread raises `LoaderError("the loader is closed")`. Batches already
+    /// yielded stay readable.
+    fn close(&self, py: Python<'_>) {
+        self.closing.store(true, Ordering::Release);
+        py.detach(|| {
+            let loader = self.lock().take();
+            drop(loader);
+        });
+    }
+}

@@ -1,0 +1,85 @@
+//! Job specs for Python: the text a user wrote (a dict as JSON, or a JSON or
+//! YAML file) becomes a `JobSpec` through the SDK's one spec-file parser
+//! (`loader_client::spec_file`), handed to Python as opaque protobuf bytes so
+//! the Python side never re-implements the schema; and what a spec or a
+//! saved state plans, for `len()` and `set_epoch()` before anything starts.
+
+use std::path::Path;
+
+use loader_client::{JobSpec, LoaderState};
+use prost::Message;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+use crate::errors::to_py;
+
+/// Parses a job spec given as text (JSON when it starts with `{`, else
+/// YAML; relative paths in it resolve against `base_dir`) and returns it
+/// protobuf-encoded, validated, with its dataset's size read from its files.
+/// Releases the GIL: listing a large image folder takes a while.
+#[pyfunction]
+pub(crate) fn parse_spec<'py>(
+    py: Python<'py>,
+    text: &str,
+    base_dir: &str,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let spec = py
+        .detach(|| loader_client::spec_file::parse(text, Path::new(base_dir))?.build())
+        .map_err(to_py)?;
+    Ok(PyBytes::new(py, &spec.encode_to_vec()))
+}
+
+/// Like [`parse_spec`] for the spec file at `path` (`.json` is JSON,
+/// anything else YAML); errors name the file, and relative paths resolve
+/// against its directory.
+#[pyfunction]
+pub(crate) fn parse_spec_file<'py>(py: Python<'py>, path: &str) -> PyResult<Bound<'py, PyBytes>> {
+    let spec = py
+        .detach(|| loader_client::spec_file::parse_file(Path::new(path))?.build())
+        .map_err(to_py)?;
+    Ok(PyBytes::new(py, &spec.encode_to_vec()))
+}
+
+/// Decodes what [`parse_spec`] returned.
+pub(crate) fn decode(spec: &[u8]) -> PyResult<JobSpec> {
+    JobSpec::decode(spec)
+        .map_err(|e| PyValueError::new_err(format!("not an encoded job spec: {e}")))
+}
+
+/// `(batches_per_epoch, epochs)` of rank `rank` when the job `spec` runs
+/// with `world_size` ranks (None: the spec's own `consumers`). Fails, with
+/// the coordinator's message, on a spec or rank that cannot run.
+#[pyfunction]
+#[pyo3(signature = (spec, rank, world_size=None))]
+pub(crate) fn plan(spec: &[u8], rank: u32, world_size: Option<u32>) -> PyResult<(u64, u32)> {
+    let mut spec = decode(spec)?;
+    if let Some(w) = world_size {
+        spec.consumers = w;
+    }
+    let plan = loader_client::spec::validate(&spec).map_err(to_py)?;
+    if rank >= plan.consumers {
+        return Err(PyValueError::new_err(format!(
+            "rank {rank} is outside world size {}",
+            plan.consumers
+        )));
+    }
+    Ok((plan.batches_per_epoch(), plan.epochs))
+}
+
+/// `(batches_per_epoch, epochs, yielded, rank, world_size)` of a saved
+/// loader state (the JSON of `state_dict()`), checking it on the way.
+#[pyfunction]
+pub(crate) fn state_plan(state: &str) -> PyResult<(u64, u32, u64, u32, u32)> {
+    let state = LoaderState::from_json(state).map_err(to_py)?;
+    let spec = state.spec().map_err(to_py)?;
+    let plan = loader_client::spec::validate(&spec).map_err(to_py)?;
+    let yielded = state.next_seq() + state.yielded_above().len() as u64;
+    Ok((
+        plan.batches_per_epoch(),
+        plan.epochs,
+        yielded,
+        state.rank(),
+        state.world_size(),
+    ))
+}

@@ -1,0 +1,16 @@
+//! The worker entry point inside the extension module, so that `pip install`
+//! ships the worker too: `Loader.local` starts `python -m loader._worker`,
+//! which calls [`run_worker`]. No separate binary to find or install.
+
+use std::process::ExitCode;
+
+use pyo3::prelude::*;
+
+/// Runs `loader-worker` with `argv` (program name first) until it is told to
+/// stop; returns its exit status (0 on a clean stop, 1 on a fatal error,
+/// reported on stderr). The GIL is released for the whole run.
+#[pyfunction]
+pub(crate) fn run_worker(py: Python<'_>, argv: Vec<String>) -> i32 {
+    let code = py.detach(move || loader_worker::main_with_args(argv));
+    if code == ExitCode::SUCCESS { 0 } else { 1 }
+}

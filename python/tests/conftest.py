@@ -1,0 +1,140 @@
+"""Shared helpers for the SDK's tests: job specs, the ring's mapping, and
+child Python processes for the signal and exit tests.
+
+Every test starts real worker processes (``python -m loader._worker``) and
+bounds its own time."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from typing import Optional
+
+import pytest
+
+
+def synthetic(
+    num_samples: int = 100,
+    shape=(3, 4),
+    batch_size: int = 16,
+    epochs: int = 1,
+    shuffle: bool = False,
+    seed: int = 0,
+    cost_ns: int = 0,
+    dtype: str = "uint8",
+) -> dict:
+    """A synthetic job spec in the spec-file schema."""
+    return {
+        "dataset": {
+            "synthetic": {
+                "num_samples": num_samples,
+                "shape": list(shape),
+                "dtype": dtype,
+                "cost_ns": cost_ns,
+            }
+        },
+        "batch_size": batch_size,
+        "epochs": epochs,
+        "sampler": {"shuffle": shuffle, "seed": seed},
+    }
+
+
+def expected_data(index: int, row_len: int) -> bytes:
+    """The ``data`` row the synthetic dataset writes for sample ``index``:
+    ``index % 251`` everywhere, the index in little-endian in front."""
+    row = bytearray([index % 251]) * row_len
+    head = min(8, row_len)
+    row[:head] = index.to_bytes(8, "little")[:head]
+    return bytes(row)
+
+
+def ring_mappings() -> list[tuple[int, int]]:
+    """``(start, end)`` of this process's mappings of the ring memfd."""
+    out = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            if "memfd:loader-ring" in line:
+                start, end = line.split()[0].split("-")
+                out.append((int(start, 16), int(end, 16)))
+    return out
+
+
+def alive(pid: int) -> bool:
+    """True while a process with ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_gone(pids, timeout: float) -> list[int]:
+    """Waits until none of ``pids`` is alive; returns those still alive."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        left = [p for p in pids if alive(p)]
+        if not left:
+            return []
+        time.sleep(0.05)
+    return [p for p in pids if alive(p)]
+
+
+class Child:
+    """A Python script running in a child process, read line by line."""
+
+    def __init__(self, source: str):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-u", "-c", textwrap.dedent(source)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def expect(self, prefix: str, timeout: float = 30.0) -> str:
+        """The next stdout line, which must start with ``prefix``."""
+        import selectors
+
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ)
+        if not sel.select(timeout):
+            self.kill()
+            pytest.fail(f"no {prefix!r} line within {timeout}s; stderr: {self.stderr()}")
+        line = self.proc.stdout.readline().strip()
+        if not line.startswith(prefix):
+            self.kill()
+            pytest.fail(f"expected {prefix!r}, got {line!r}; stderr: {self.stderr()}")
+        return line[len(prefix):].strip()
+
+    def wait(self, timeout: float) -> Optional[int]:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def stderr(self) -> str:
+        if self.proc.poll() is None:
+            return "(still running)"
+        return self.proc.stderr.read()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def child():
+    """Children started by a test, killed at its end whatever happened."""
+    started: list[Child] = []
+
+    def start(source: str) -> Child:
+        c = Child(source)
+        started.append(c)
+        return c
+
+    yield start
+    for c in started:
+        c.kill()
