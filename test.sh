@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The whole test suite, as the README gives it and CI runs it:
+#   1. a Python virtualenv for the tests (numpy, pytest, Pillow) under
+#      target/test-venv, so the Pillow pixel-agreement test has its reference;
+#   2. every Rust test (`cargo test --workspace`: unit, property and
+#      end-to-end tests over real loader-server / loader-worker processes);
+#   3. the Python SDK's tests (python/test.sh: builds `pip install ./python`
+#      into the same virtualenv and runs pytest).
+# Needs cargo, Python >= 3.11 with venv, and PyPI. Extra args go to cargo test.
+set -euo pipefail
+root="$(cd "$(dirname "$0")" && pwd)"
+cd "$root"
+
+venv="$root/target/test-venv"
+if [ ! -x "$venv/bin/python" ]; then
+  mkdir -p "$root/target"
+  python3 -m venv "$venv"
+fi
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check numpy pytest pillow
+
+export LOADER_PYTHON="$venv/bin/python"
+cargo test --workspace "$@"
+LOADER_PY_VENV="$venv" python/test.sh
