@@ -21,13 +21,28 @@ LOADERCTL = ROOT / "target" / "release" / "loaderctl"
 PY = sys.executable
 
 
-def scenarios(samples):
+IMAGE_SCENARIO = "JPEG decode + RandomResizedCrop(224) + flip, uint8"
+
+
+def image_folder(files):
+    """The ImageNet-shaped folder of the image scenario, made once and kept
+    in bench/data/ (bench/make_images.py; a pure function of its arguments):
+    bench/data/imagenet-shaped for the default 2,560 files, as
+    bench/python_loop.py reads it, else one folder per file count."""
+    name = "imagenet-shaped" if files == 2560 else f"imagenet-shaped-{files}"
+    out = BENCH / "data" / name
+    subprocess.run([PY, str(BENCH / "make_images.py"), "--out", str(out), "--files", str(files)],
+                   check=True, stdout=subprocess.DEVNULL, timeout=1800)
+    return out
+
+
+def scenarios(samples, image_files=2560, image_epochs=2, only=None):
     """name -> list of (label, command, role). role marks anchors for ratios."""
     shape = "3,224,224"
     common = ["--samples", str(samples), "--batch-size", "64", "--workers", "2"]
     loader = [str(LOADERCTL), "run", "--dataset", "synthetic", "--shape", shape,
               "--dtype", "uint8", "--json"] + common
-    return {
+    out = {
         "zero-compute 3x224x224 uint8 (transport only)": [
             ("Loader (gRPC, loopback)", loader + ["--transport", "grpc"], "loader"),
             ("Loader (shared memory)", loader + ["--transport", "shm"], "loader"),
@@ -41,6 +56,19 @@ def scenarios(samples):
               "--mode", "processes"] + common, "anchor"),
         ],
     }
+    if only is None or only in IMAGE_SCENARIO:
+        folder = str(image_folder(image_files))
+        img = ["--path", folder, "--epochs", str(image_epochs), "--batch-size", "64", "--workers", "2"]
+        out[IMAGE_SCENARIO] = [
+            ("Loader (shared memory)", [str(LOADERCTL), "run", "--dataset", "imagefolder",
+                                        "--transport", "shm", "--json"] + img, "loader"),
+            ("torch DataLoader", [PY, str(BENCH / "anchors" / "torch_images.py")] + img, "anchor"),
+            ("tf.data service (in-process workers)",
+             [PY, str(BENCH / "anchors" / "tfdata_images.py"), "--mode", "inprocess"] + img, "anchor"),
+            ("tf.data service (worker processes)",
+             [PY, str(BENCH / "anchors" / "tfdata_images.py"), "--mode", "processes"] + img, "anchor"),
+        ]
+    return out
 
 
 def run_one(cmd):
@@ -88,6 +116,19 @@ NOTES = """## How to read these numbers
   Throughput on a quiet machine was 12.9-13.1 GB/s.
 - The shared-memory path is at the machine's copy limit: the workers' own
   fill of 9.6 MB per batch (memset) is most of its CPU profile.
+- Images: an ImageNet-shaped folder made by `bench/make_images.py` (class
+  folders of JPEG q90 crops of scikit-image's colour photos, shorter side
+  300-500 px), read for `--image-epochs` epochs, batch 64, 2 workers,
+  shuffled. Every system decodes, draws a RandomResizedCrop(224) box
+  (scale 0.08-1, ratio 3/4-4/3), resizes it with antialiased bilinear,
+  flips with p = 0.5 and yields uint8 images and int64 labels. PyTorch:
+  torchvision's ImageFolder (PIL) with RandomResizedCrop, RandomHorizontalFlip
+  and PILToTensor. tf.data service: TensorFlow's own fast path,
+  sample_distorted_bounding_box + decode_and_crop_jpeg (decodes only the
+  crop), tf.image.resize(antialias=True), random_flip_left_right, images in
+  TensorFlow's HWC layout. Loader: `loaderctl run --dataset imagefolder`, the
+  pipeline of docs/images.md (region decode, DCT scaling from 2x, Pillow's
+  bilinear), CHW.
 """
 
 
@@ -95,10 +136,13 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--samples", type=int, default=32000)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--image-files", type=int, default=2560,
+                   help="JPEG files in the generated image folder (>= 2000)")
+    p.add_argument("--image-epochs", type=int, default=2)
     p.add_argument("--only", default=None, help="run only scenarios whose name contains this")
     a = p.parse_args()
     results = {}
-    for name, systems in scenarios(a.samples).items():
+    for name, systems in scenarios(a.samples, a.image_files, a.image_epochs, a.only).items():
         if a.only and a.only not in name:
             continue
         runs = {label: [] for label, _, _ in systems}
@@ -128,7 +172,8 @@ def write_report(results, a):
         "on the same data, interleaved, medians of the repeats:",
         "",
         "```",
-        f"bench/run.sh --samples {a.samples} --repeats {a.repeats}",
+        f"bench/run.sh --samples {a.samples} --repeats {a.repeats} "
+        f"--image-files {a.image_files} --image-epochs {a.image_epochs}",
         "```",
         "",
         f"Machine: {os.cpu_count()} cores, {platform.platform()}, "

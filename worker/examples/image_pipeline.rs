@@ -5,8 +5,9 @@
 //! cargo run --release -p loader-worker --example image_pipeline -- DIR [THREADS] [PASSES] [eval]
 //! ```
 //!
-//! `DIR` is read recursively; every file is held in memory first, so disk
-//! reads are not measured. The default pipeline is the training one
+//! `DIR` (e.g. `bench/data/imagenet-shaped`, made by `bench/make_images.py`)
+//! is read recursively; every file is held in memory first, so disk reads
+//! are not measured. The default pipeline is the training one
 //! (random_resized_crop 224 + horizontal flip, uint8 CHW); `eval` runs
 //! resize 256 + center_crop 224 instead.
 

@@ -13,6 +13,7 @@
 //!   reads the pixels around it, as a crop of the resized image would);
 //! - a flip is carried to the final write (resampling is mirror-symmetric),
 //!   and crops planned meanwhile are mirrored instead.
+//!
 //! Only a resize of an image that is already resized (or zero-padded) starts
 //! a second pass.
 
