@@ -48,7 +48,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use cli::{main_with_args, main_with_datasets};
 pub use config::WorkerConfig;
-pub use dataset::{Dataset, DatasetError, Datasets, SampleKey, SampleTensor};
+pub use dataset::{Dataset, DatasetError, Datasets, SampleKey, SampleTensor, Transform, Transformed};
 pub use error::WorkerError;
 
 use crate::link::Link;

@@ -17,6 +17,7 @@ mod npy;
 mod registry;
 pub(crate) mod synthetic;
 mod tokens;
+mod transformed;
 mod webdataset;
 
 use loader_proto::pb::Dtype;
@@ -26,6 +27,7 @@ pub use npy::Npy;
 pub use registry::{Datasets, OpenCustom, open};
 pub use synthetic::Synthetic;
 pub use tokens::Tokens;
+pub use transformed::{Transform, Transformed};
 pub use webdataset::WebDataset;
 
 /// What identifies one draw of a sample: random augmentations are derived
