@@ -33,6 +33,9 @@ pub struct Transformed {
     inner: Arc<dyn Dataset>,
     /// Applied in order to every sample.
     steps: Vec<Arc<dyn Transform>>,
+    /// Bytes of one sample of each tensor, computed once so a sample's rows
+    /// are checked without allocating.
+    row_bytes: Vec<usize>,
 }
 
 impl Transformed {
@@ -41,7 +44,15 @@ impl Transformed {
         for step in &steps {
             step.check(inner.tensors())?;
         }
-        Ok(Self { inner, steps })
+        let row_bytes = inner
+            .tensors()
+            .iter()
+            .map(|t| {
+                super::sample_bytes(t)
+                    .ok_or_else(|| DatasetError::Spec(format!("tensor {}: shape {:?} is too large", t.name, t.shape)))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Self { inner, steps, row_bytes })
     }
 }
 
@@ -56,8 +67,8 @@ impl Dataset for Transformed {
 
     fn read_into(&self, key: SampleKey, rows: &mut [&mut [u8]]) -> Result<(), DatasetError> {
         self.inner.read_into(key, rows)?;
-        let sizes: Vec<usize> = self.tensors().iter().map(|t| super::sample_bytes(t).unwrap_or(0)).collect();
-        super::check_rows(key.index, rows, &sizes)?;
+        // Steps index rows by the tensors they checked: hold the rows to them.
+        super::check_rows(key.index, rows, &self.row_bytes)?;
         for step in &self.steps {
             step.apply(key, self.tensors(), rows)?;
         }
