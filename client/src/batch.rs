@@ -2,7 +2,7 @@
 //! header, whichever transport delivered it.
 
 use bytes::Bytes;
-use loader_proto::batch::{BatchHeader, BatchView};
+use loader_proto::batch::{BatchHeader, BatchView, TableCache};
 use loader_proto::pb::Dtype;
 
 use crate::error::LoaderError;
@@ -52,13 +52,15 @@ pub struct Batch {
 impl Batch {
     /// Validates a frame from the worker at `address`: the wire format first
     /// (every offset against the buffer), then that it belongs to this
-    /// session. Errors name the worker so a bad peer can be found.
+    /// session. Errors name the worker so a bad peer can be found. `tables`
+    /// is the stream's: a tensor table like the last one is not parsed again.
     pub(crate) fn from_frame(
         bytes: Bytes,
         expected: &Expected,
         address: &str,
+        tables: &mut TableCache,
     ) -> Result<Self, LoaderError> {
-        Self::validate(bytes, Transport::Grpc, expected, address)
+        Self::validate(bytes, Transport::Grpc, expected, address, tables)
     }
 
     /// Validates a batch a worker wrote into a ring slot; `bytes` view the
@@ -67,8 +69,9 @@ impl Batch {
         bytes: Bytes,
         expected: &Expected,
         address: &str,
+        tables: &mut TableCache,
     ) -> Result<Self, LoaderError> {
-        Self::validate(bytes, Transport::SharedMemory, expected, address)
+        Self::validate(bytes, Transport::SharedMemory, expected, address, tables)
     }
 
     fn validate(
@@ -76,12 +79,13 @@ impl Batch {
         transport: Transport,
         expected: &Expected,
         address: &str,
+        tables: &mut TableCache,
     ) -> Result<Self, LoaderError> {
         let bad = |problem: String| LoaderError::BadBatch {
             address: address.to_owned(),
             problem,
         };
-        let header = BatchView::parse(&bytes)
+        let header = BatchView::parse_cached(&bytes, tables)
             .map_err(|e| bad(e.to_string()))?
             .into_header();
         let meta = header.meta;
@@ -294,8 +298,13 @@ mod tests {
 
     #[test]
     fn accessors_read_the_frame() {
-        let b =
-            Batch::from_frame(frame(7, 1, 5, &[10, 11]), &EXPECTED, "http://w:1").expect("valid");
+        let b = Batch::from_frame(
+            frame(7, 1, 5, &[10, 11]),
+            &EXPECTED,
+            "http://w:1",
+            &mut TableCache::default(),
+        )
+        .expect("valid");
         assert_eq!((b.epoch(), b.seq(), b.index_in_epoch()), (1, 5, 1));
         assert_eq!(b.indices(), &[10, 11]);
         assert_eq!(b.len(), 2);
@@ -314,8 +323,13 @@ mod tests {
 
     #[test]
     fn as_slice_is_zero_copy_when_aligned_and_checks_size() {
-        let b =
-            Batch::from_frame(frame(7, 1, 0, &[3, 4, 5]), &EXPECTED, "http://w:1").expect("valid");
+        let b = Batch::from_frame(
+            frame(7, 1, 0, &[3, 4, 5]),
+            &EXPECTED,
+            "http://w:1",
+            &mut TableCache::default(),
+        )
+        .expect("valid");
         let label = b.tensor("label").expect("label");
         if let Some(s) = label.as_slice::<i64>() {
             assert_eq!(s, &[3, 4, 5]);
@@ -328,19 +342,35 @@ mod tests {
 
     #[test]
     fn wrong_job_or_consumer_names_the_worker() {
-        let e = Batch::from_frame(frame(3, 1, 0, &[1]), &EXPECTED, "http://10.0.0.5:7070")
-            .expect_err("job");
+        let e = Batch::from_frame(
+            frame(3, 1, 0, &[1]),
+            &EXPECTED,
+            "http://10.0.0.5:7070",
+            &mut TableCache::default(),
+        )
+        .expect_err("job");
         assert_eq!(
             e.to_string(),
             "worker http://10.0.0.5:7070: batch header says job 3, expected 7"
         );
-        let e =
-            Batch::from_frame(frame(7, 0, 0, &[1]), &EXPECTED, "http://w:2").expect_err("consumer");
+        let e = Batch::from_frame(
+            frame(7, 0, 0, &[1]),
+            &EXPECTED,
+            "http://w:2",
+            &mut TableCache::default(),
+        )
+        .expect_err("consumer");
         assert_eq!(
             e.to_string(),
             "worker http://w:2: batch header says consumer 0, expected 1"
         );
-        let e = Batch::from_frame(frame(7, 1, 8, &[1]), &EXPECTED, "http://w:2").expect_err("seq");
+        let e = Batch::from_frame(
+            frame(7, 1, 8, &[1]),
+            &EXPECTED,
+            "http://w:2",
+            &mut TableCache::default(),
+        )
+        .expect_err("seq");
         assert!(e.to_string().contains("seq 8"), "{e}");
     }
 
@@ -350,13 +380,19 @@ mod tests {
             Bytes::from_static(b"not a batch at all"),
             &EXPECTED,
             "http://w:3",
+            &mut TableCache::default(),
         )
         .expect_err("garbage");
         assert!(e.to_string().starts_with("worker http://w:3: "), "{e}");
         let mut truncated = frame(7, 1, 0, &[1, 2]).to_vec();
         truncated.truncate(100);
-        let e = Batch::from_frame(Bytes::from(truncated), &EXPECTED, "http://w:3")
-            .expect_err("truncated");
+        let e = Batch::from_frame(
+            Bytes::from(truncated),
+            &EXPECTED,
+            "http://w:3",
+            &mut TableCache::default(),
+        )
+        .expect_err("truncated");
         assert!(e.to_string().contains("truncated"), "{e}");
     }
 }

@@ -429,7 +429,13 @@ mod tests {
             seq,
         };
         layout.write(&meta, &[seq], &mut buf).expect("write");
-        Batch::from_frame(Bytes::from(buf), &EXPECTED, "http://w:1").expect("valid")
+        Batch::from_frame(
+            Bytes::from(buf),
+            &EXPECTED,
+            "http://w:1",
+            &mut loader_proto::batch::TableCache::default(),
+        )
+        .expect("valid")
     }
 
     /// Credits returned on the line, summed.

@@ -2,6 +2,7 @@
 //! identity and the first credits, validates every frame, and forwards the
 //! batches to the consumer with a credit to give back.
 
+use loader_proto::batch::TableCache;
 use loader_proto::pb::FetchRequest;
 use loader_proto::pb::batch_service_client::BatchServiceClient;
 use tokio::sync::mpsc;
@@ -93,13 +94,14 @@ async fn run(
         .map_err(|s| LoaderError::rpc(address, "Fetch", s))?
         .into_inner();
     tracing::debug!(%address, "fetch stream open");
+    let mut tables = TableCache::default();
     while let Some(frame) = frames
         .message()
         .await
         .map_err(|s| LoaderError::rpc(address, "Fetch", s))?
     {
         let credit = Credit::for_frame(line);
-        let batch = Batch::from_frame(frame.data, &expected, address)?;
+        let batch = Batch::from_frame(frame.data, &expected, address, &mut tables)?;
         if events.send(Event::Batch(batch, credit)).is_err() {
             // The consumer is gone; nothing left to do.
             return Ok(());

@@ -26,6 +26,8 @@
 //!
 //! [`BatchFrame`]: crate::pb::BatchFrame
 
+use std::sync::Arc;
+
 use crate::pb::Dtype;
 
 /// First four bytes of every batch.
@@ -315,8 +317,9 @@ pub struct BatchHeader {
     pub meta: BatchMeta,
     /// Dataset indices of the samples, in batch order.
     pub indices: Vec<u64>,
-    /// Tensor table.
-    pub tensors: Vec<TensorInfo>,
+    /// Tensor table; shared by the batches of a stream that had the same
+    /// table (see [`TableCache`]).
+    pub tensors: Arc<[TensorInfo]>,
     /// Bytes of the batch (<= the buffer it was parsed from).
     pub total_len: usize,
 }
@@ -361,9 +364,62 @@ fn invalid<T>(msg: String) -> Result<T, BatchError> {
     Err(BatchError::Invalid(msg))
 }
 
+/// The last tensor table one stream of batches carried, with what it
+/// parsed to. Every batch of a job but a short last one has the same table,
+/// byte for byte, so a reader that keeps one cache per source parses and
+/// allocates the table once instead of once per batch
+/// ([`BatchView::parse_cached`]). Only bytes equal to ones that passed every
+/// check are taken from it, with the same buffer length and table position,
+/// which are all the table's checks depend on.
+#[derive(Debug, Default)]
+pub struct TableCache {
+    /// The table's bytes, from its start to its end.
+    raw: Vec<u8>,
+    /// Where the table started (it follows the sample indices).
+    table_start: usize,
+    /// `tensor_count` of the header.
+    tensor_count: usize,
+    /// `total_len` of the batch.
+    total_len: usize,
+    /// What `raw` parsed to; `None` until a table was parsed.
+    tensors: Option<Arc<[TensorInfo]>>,
+}
+
+impl TableCache {
+    /// The cached table, if `rest` (the batch from `table_start` on) starts
+    /// with the same bytes and the batch has the same length and count.
+    fn hit(&self, rest: &[u8], table_start: usize, tensor_count: usize, total_len: usize) -> Option<Arc<[TensorInfo]>> {
+        let tensors = self.tensors.as_ref()?;
+        let same = self.table_start == table_start
+            && self.tensor_count == tensor_count
+            && self.total_len == total_len
+            && rest.get(..self.raw.len()) == Some(&self.raw[..]);
+        same.then(|| Arc::clone(tensors))
+    }
+
+    fn store(&mut self, raw: &[u8], table_start: usize, tensor_count: usize, total_len: usize, tensors: &Arc<[TensorInfo]>) {
+        self.raw.clear();
+        self.raw.extend_from_slice(raw);
+        self.table_start = table_start;
+        self.tensor_count = tensor_count;
+        self.total_len = total_len;
+        self.tensors = Some(Arc::clone(tensors));
+    }
+}
+
 impl<'a> BatchView<'a> {
     /// Validates the header of the batch at the front of `buf`.
     pub fn parse(buf: &'a [u8]) -> Result<Self, BatchError> {
+        Self::parse_inner(buf, None)
+    }
+
+    /// [`BatchView::parse`] for one of a stream of batches: a tensor table
+    /// equal to the last one `cache` saw is not parsed again.
+    pub fn parse_cached(buf: &'a [u8], cache: &mut TableCache) -> Result<Self, BatchError> {
+        Self::parse_inner(buf, Some(cache))
+    }
+
+    fn parse_inner(buf: &'a [u8], mut cache: Option<&mut TableCache>) -> Result<Self, BatchError> {
         let r = Reader { buf };
         let magic: [u8; 4] = r.bytes(0, 4, "magic")?.try_into().expect("4 bytes");
         if magic != MAGIC {
@@ -409,7 +465,14 @@ impl<'a> BatchView<'a> {
             .chunks_exact(8)
             .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
             .collect();
-        let mut at = expected_table as usize;
+        let table_start = expected_table as usize;
+        if let Some(cache) = cache.as_deref() {
+            let rest = r.buf.get(table_start..).unwrap_or_default();
+            if let Some(tensors) = cache.hit(rest, table_start, tensor_count, total_len) {
+                return Ok(Self { buf: &buf[..total_len], header: BatchHeader { meta, indices, tensors, total_len } });
+            }
+        }
+        let mut at = table_start;
         let mut tensors = Vec::with_capacity(tensor_count);
         for i in 0..tensor_count {
             let offset = r.u64(at, "tensor entry")?;
@@ -472,7 +535,11 @@ impl<'a> BatchView<'a> {
         if spans.windows(2).any(|w| w[0].1 > w[1].0) {
             return invalid("tensor payloads overlap".into());
         }
-        Ok(Self { buf: &buf[..total_len], header: BatchHeader { meta, indices, tensors: infos, total_len } })
+        let tensors: Arc<[TensorInfo]> = infos.into();
+        if let Some(cache) = cache.as_deref_mut() {
+            cache.store(&buf[table_start..table_end as usize], table_start, tensor_count, total_len, &tensors);
+        }
+        Ok(Self { buf: &buf[..total_len], header: BatchHeader { meta, indices, tensors, total_len } })
     }
 
     /// The validated header.

@@ -18,6 +18,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::{Bytes, BytesMut};
+use loader_proto::batch::TableCache;
 use loader_proto::pb::{RingToTrainer, ring_to_trainer};
 use loader_proto::ring::decode;
 use tokio::time::Instant;
@@ -54,6 +55,8 @@ struct Link {
     buf: BytesMut,
     /// Who it is, for errors and logs.
     worker: Worker,
+    /// The last tensor table it wrote, parsed.
+    tables: TableCache,
 }
 
 /// How reading a link ended.
@@ -129,6 +132,7 @@ impl Inbox {
                 socket,
                 buf,
                 worker,
+                tables: TableCache::default(),
             },
         );
         Ok(())
@@ -214,7 +218,7 @@ impl Inbox {
         while let Some(msg) =
             decode::<RingToTrainer>(&mut link.buf).map_err(|e| bad(&link.worker, e.to_string()))?
         {
-            self.on_report(id, &link.worker, msg, deliver)?;
+            self.on_report(id, &link.worker, &mut link.tables, msg, deliver)?;
         }
         Ok(outcome)
     }
@@ -224,13 +228,14 @@ impl Inbox {
         &self,
         id: ConnId,
         worker: &Worker,
+        tables: &mut TableCache,
         msg: RingToTrainer,
         deliver: &mut impl FnMut(Batch, Credit),
     ) -> Result<(), LoaderError> {
         match msg.msg {
             Some(ring_to_trainer::Msg::Filled(f)) => {
                 tracing::trace!(worker = %worker.address, slot = f.slot, generation = f.generation, seq = f.seq, "filled");
-                let batch = self.slot_batch(id, worker, f.slot, f.generation, f.len)?;
+                let batch = self.slot_batch(id, worker, tables, f.slot, f.generation, f.len)?;
                 if batch.seq() != f.seq {
                     return Err(bad(
                         worker,
@@ -265,6 +270,7 @@ impl Inbox {
         &self,
         id: ConnId,
         worker: &Worker,
+        tables: &mut TableCache,
         slot: u32,
         generation: u64,
         len: u64,
@@ -276,7 +282,12 @@ impl Inbox {
             .map_err(|e| bad(worker, e.to_string()))?;
         let view = SlotView::new(Arc::clone(&self.ring.memory), release, len)
             .map_err(|e| bad(worker, e.to_string()))?;
-        Batch::from_slot(Bytes::from_owner(view), &self.expected, &worker.address)
+        Batch::from_slot(
+            Bytes::from_owner(view),
+            &self.expected,
+            &worker.address,
+            tables,
+        )
     }
 
     /// A worker left: its grants are free again, and the gap watch learns

@@ -125,7 +125,32 @@ fn lying_headers_are_rejected() {
         mutate(&mut buf);
         let err = BatchView::parse(&buf).expect_err(what);
         assert!(!err.to_string().contains('\n'), "{what}: {err}");
+        // A stream that just saw a good batch rejects the lie just the same.
+        let mut cache = TableCache::default();
+        BatchView::parse_cached(&good, &mut cache).expect("good");
+        let cached = BatchView::parse_cached(&buf, &mut cache).expect_err(what);
+        assert_eq!(cached.to_string(), err.to_string(), "{what}");
     }
+}
+
+#[test]
+fn a_stream_with_one_table_parses_it_once() {
+    let mut cache = TableCache::default();
+    let first = BatchView::parse_cached(&sample_batch(), &mut cache).expect("first").into_header();
+    let layout = sample_layout();
+    let mut buf = sample_batch();
+    let meta = BatchMeta { job_id: 7, epoch: 1, consumer: 2, seq: 43 };
+    layout.write(&meta, &[1, 2, 3], &mut buf).expect("write");
+    let second = BatchView::parse_cached(&buf, &mut cache).expect("second").into_header();
+    assert!(Arc::ptr_eq(&first.tensors, &second.tensors), "the table was parsed again");
+    assert_eq!((second.meta.seq, &second.indices[..]), (43, &[1, 2, 3][..]));
+    assert_eq!(second, BatchView::parse(&buf).expect("uncached").into_header());
+    // A short last batch has another table: parsed, and cached from then on.
+    let short = layout.truncated(1).expect("truncate");
+    short.write(&meta, &[8], &mut buf).expect("rewrite");
+    let third = BatchView::parse_cached(&buf[..short.total_len()], &mut cache).expect("short").into_header();
+    assert_eq!(third.tensors[0].shape, vec![1, 2, 5]);
+    assert_eq!(third, BatchView::parse(&buf[..short.total_len()]).expect("uncached").into_header());
 }
 
 proptest! {
@@ -160,11 +185,32 @@ proptest! {
         if let Ok(view) = BatchView::parse(&buf) {
             let total = view.header().total_len;
             prop_assert!(total <= buf.len());
-            for t in &view.header().tensors {
+            for t in view.header().tensors.iter() {
                 prop_assert!(t.offset + t.len <= total);
                 prop_assert_eq!(t.offset % ALIGN, 0);
             }
         }
+    }
+
+    #[test]
+    fn a_cached_parse_agrees_with_a_fresh_one(
+        flips in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 0..6),
+        cut in any::<prop::sample::Index>(),
+    ) {
+        // The cache holds the table of a good batch; whatever comes next,
+        // mutated or cut, must parse exactly as it would without the cache.
+        let good = sample_batch();
+        let mut cache = TableCache::default();
+        BatchView::parse_cached(&good, &mut cache).expect("good");
+        let mut buf = good.clone();
+        for (at, v) in flips {
+            let i = at.index(buf.len());
+            buf[i] = v;
+        }
+        let buf = &buf[..buf.len() - cut.index(buf.len() / 8 + 1)];
+        let fresh = BatchView::parse(buf).map(BatchView::into_header).map_err(|e| e.to_string());
+        let cached = BatchView::parse_cached(buf, &mut cache).map(BatchView::into_header).map_err(|e| e.to_string());
+        prop_assert_eq!(cached, fresh);
     }
 
     #[test]
