@@ -10,6 +10,7 @@
 //! caller's runtime.
 
 use std::collections::{BTreeSet, HashSet};
+use std::convert::Infallible;
 use std::io;
 use std::sync::Arc;
 use std::time::Duration;
@@ -204,13 +205,33 @@ impl Consumer {
     /// that fills a ring slot wakes this thread directly. The caller runs
     /// [`Consumer::finish`] when [`Consumer::take_finish_due`] says so.
     pub(crate) fn next_blocking(&mut self) -> Option<Result<Batch, LoaderError>> {
+        match self.next_blocking_checked(None, || Ok::<(), Infallible>(())) {
+            Ok(item) => item,
+            Err(never) => match never {},
+        }
+    }
+
+    /// [`Consumer::next_blocking`] that calls `interrupted` about every
+    /// `every` while it blocks and returns its error, if it gives one.
+    /// Nothing is lost: batches that arrived meanwhile wait for the next
+    /// call. The thread still sleeps in the wait set, woken by a worker's
+    /// report, with a timeout at the next check.
+    pub(crate) fn next_blocking_checked<E>(
+        &mut self,
+        every: Option<Duration>,
+        mut interrupted: impl FnMut() -> Result<(), E>,
+    ) -> Result<Option<Result<Batch, LoaderError>>, E> {
         if self.done {
-            return None;
+            return Ok(None);
         }
         let called = Instant::now();
+        let mut check_at = every.map(|every| called + every);
+        // When nothing has arrived for a tick (see `stuck`); restarted by
+        // anything that arrives.
+        let mut tick_at = None;
         loop {
             if let Some(item) = self.take_ready() {
-                return item;
+                return Ok(item);
             }
             let event = match self.events.try_recv() {
                 Ok(event) => Some(Some(event)),
@@ -219,24 +240,44 @@ impl Consumer {
             };
             if let Some(event) = event {
                 if let Some(e) = self.on_event(event) {
-                    return self.fail(e);
+                    return Ok(self.fail(e));
                 }
                 continue;
             }
             let waiting = Instant::now();
             let tick = self.gap.as_ref().map_or(STALL_GRACE, GapWatch::tick);
+            let tick_deadline = *tick_at.get_or_insert(waiting + tick);
+            let deadline = check_at.map_or(tick_deadline, |check| check.min(tick_deadline));
             let events = &self.events;
-            let waited = self
-                .wait
-                .wait(tick, true, || !events.is_empty(), &mut self.ready);
-            self.session.progress().add_stall(waiting.elapsed());
+            let waited = self.wait.wait(
+                deadline.saturating_duration_since(waiting),
+                true,
+                || !events.is_empty(),
+                &mut self.ready,
+            );
+            let now = Instant::now();
+            self.session.progress().add_stall(now - waiting);
             let ended = match waited {
                 Err(e) => Some(wait_failed(e)),
-                Ok(()) if self.ready.timed_out => self.stuck(called),
-                Ok(()) => self.read_ring(),
+                Ok(()) if self.ready.timed_out => {
+                    if now >= tick_deadline {
+                        tick_at = None;
+                        self.stuck(called)
+                    } else {
+                        None
+                    }
+                }
+                Ok(()) => {
+                    tick_at = None;
+                    self.read_ring()
+                }
             };
             if let Some(e) = ended {
-                return self.fail(e);
+                return Ok(self.fail(e));
+            }
+            if check_at.is_some_and(|check| now >= check) {
+                check_at = every.map(|every| now + every);
+                interrupted()?;
             }
         }
     }
@@ -523,6 +564,56 @@ mod tests {
             "the last batch: the final heartbeat is due"
         );
         assert!(consumer.next_blocking().is_none());
+        drop(sender.join().expect("sender"));
+    }
+
+    #[test]
+    fn an_interrupted_blocking_wait_loses_nothing() {
+        let runtime = tokio::runtime::Runtime::new().expect("runtime");
+        let _enter = runtime.enter();
+        let session = Arc::new(Session::unconnected(
+            Job {
+                job_id: 1,
+                ..Default::default()
+            },
+            0,
+        ));
+        let wait = Arc::new(WaitSet::new().expect("wait set"));
+        let (tx, rx) = crate::event::channel(Arc::clone(&wait));
+        let mut consumer = Consumer::new(rx, wait, session, Arc::new(Notify::new()), 2, true);
+        let (credit_tx, _credit_rx) = mpsc::unbounded_channel();
+        let line = CreditLine::new(credit_tx);
+        // Nothing arrives: the check runs while the thread blocks, and its
+        // error ends the call.
+        let mut checks = 0;
+        let every = Some(Duration::from_millis(20));
+        let interrupted = consumer.next_blocking_checked(every, || {
+            checks += 1;
+            if checks == 3 {
+                Err("interrupted")
+            } else {
+                Ok(())
+            }
+        });
+        assert_eq!(interrupted.expect_err("interrupted"), "interrupted");
+        assert_eq!(checks, 3);
+        // Batch 1 arrives while nobody waits, then 0 during the next call.
+        tx.send(Event::Batch(batch(1), Credit::for_frame(&line)))
+            .expect("send");
+        let sender = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            tx.send(Event::Batch(batch(0), Credit::for_frame(&line)))
+                .expect("send");
+            tx
+        });
+        let seq = |item: Result<Option<Result<Batch, LoaderError>>, &str>| {
+            item.expect("not interrupted")
+                .expect("item")
+                .expect("batch")
+                .seq()
+        };
+        assert_eq!(seq(consumer.next_blocking_checked(every, || Ok(()))), 0);
+        assert_eq!(seq(consumer.next_blocking_checked(every, || Ok(()))), 1);
         drop(sender.join().expect("sender"));
     }
 

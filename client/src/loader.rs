@@ -405,26 +405,26 @@ impl Loader {
     pub fn next_interruptible<E>(
         &mut self,
         every: Duration,
-        mut interrupted: impl FnMut() -> Result<(), E>,
+        interrupted: impl FnMut() -> Result<(), E>,
     ) -> Result<Option<Result<Batch, LoaderError>>, E> {
-        let consumer = &mut self.consumer;
-        // One `next` future for the whole wait: its stall and gap timers
-        // keep running across checks.
-        let wait = async move {
-            let next = consumer.next();
-            tokio::pin!(next);
-            loop {
-                tokio::select! {
-                    item = &mut next => return Ok(item),
-                    () = tokio::time::sleep(every) => interrupted()?,
-                }
-            }
-        };
-        match &self.runtime {
-            Some(rt) => rt.block_on(wait),
-            None => {
-                let _enter = self.handle.enter();
-                futures::executor::block_on(wait)
+        let _enter = self.handle.enter();
+        // Like `Iterator::next`: this thread sleeps in the consumer's wait
+        // set (woken by a worker's report), with a timeout at each check.
+        let item = self
+            .consumer
+            .next_blocking_checked(Some(every), interrupted)?;
+        self.finish_if_due();
+        Ok(item)
+    }
+
+    /// After the last batch: the final heartbeat, so the coordinator shows
+    /// the job complete at once.
+    fn finish_if_due(&mut self) {
+        if self.consumer.take_finish_due() {
+            let finish = self.consumer.finish();
+            match &self.runtime {
+                Some(rt) => rt.block_on(finish),
+                None => futures::executor::block_on(finish),
             }
         }
     }
@@ -457,13 +457,7 @@ impl Iterator for Loader {
         // This thread sleeps in the consumer's wait set: a worker's report
         // wakes it directly, without a hop through the runtime.
         let item = self.consumer.next_blocking();
-        if self.consumer.take_finish_due() {
-            let finish = self.consumer.finish();
-            match &self.runtime {
-                Some(rt) => rt.block_on(finish),
-                None => futures::executor::block_on(finish),
-            }
-        }
+        self.finish_if_due();
         item
     }
 }
