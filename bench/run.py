@@ -10,6 +10,7 @@ import datetime
 import json
 import os
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -22,13 +23,19 @@ PY = sys.executable
 
 
 IMAGE_SCENARIO = "JPEG decode + RandomResizedCrop(224) + flip, uint8"
+# The same Python loop over the Python SDK and over torch's DataLoader
+# (bench/python_loop.py, with the SDK installed in this interpreter's
+# environment by run.sh); `--only "Python loop"` runs both of them.
+PY_LOOP_SCENARIO = "Python loop: `loader.Loader.local` vs torch DataLoader, synthetic 3x224x224 uint8"
+PY_LOOP_IMAGE_SCENARIO = ("Python loop: `loader.Loader.local` vs torch DataLoader, image folder "
+                          "(decode + random-resized-crop 224 + flip)")
 
 
 def image_folder(files):
     """The ImageNet-shaped folder of the image scenario, made once and kept
     in bench/data/ (bench/make_images.py; a pure function of its arguments):
-    bench/data/imagenet-shaped for the default 2,560 files, as
-    bench/python_loop.py reads it, else one folder per file count."""
+    bench/data/imagenet-shaped for the default 2,560 files, else one folder
+    per file count."""
     name = "imagenet-shaped" if files == 2560 else f"imagenet-shaped-{files}"
     out = BENCH / "data" / name
     subprocess.run([PY, str(BENCH / "make_images.py"), "--out", str(out), "--files", str(files)],
@@ -37,7 +44,11 @@ def image_folder(files):
 
 
 def scenarios(samples, image_files=2560, image_epochs=2, only=None):
-    """name -> list of (label, command, role). role marks anchors for ratios."""
+    """name -> list of (label, command, role). role marks anchors for ratios.
+    Only scenarios whose name contains `only` (all when None)."""
+    def wanted(name):
+        return only is None or only in name
+
     shape = "3,224,224"
     common = ["--samples", str(samples), "--batch-size", "64", "--workers", "2"]
     loader = [str(LOADERCTL), "run", "--dataset", "synthetic", "--shape", shape,
@@ -56,7 +67,8 @@ def scenarios(samples, image_files=2560, image_epochs=2, only=None):
               "--mode", "processes"] + common, "anchor"),
         ],
     }
-    if only is None or only in IMAGE_SCENARIO:
+    folder = None
+    if wanted(IMAGE_SCENARIO) or wanted(PY_LOOP_IMAGE_SCENARIO):
         folder = str(image_folder(image_files))
         img = ["--path", folder, "--epochs", str(image_epochs), "--batch-size", "64", "--workers", "2"]
         out[IMAGE_SCENARIO] = [
@@ -68,7 +80,19 @@ def scenarios(samples, image_files=2560, image_epochs=2, only=None):
             ("tf.data service (worker processes)",
              [PY, str(BENCH / "anchors" / "tfdata_images.py"), "--mode", "processes"] + img, "anchor"),
         ]
-    return out
+    py_loop = [PY, str(BENCH / "python_loop.py")]
+    out[PY_LOOP_SCENARIO] = [
+        ("loader.Loader.local (Python SDK)", py_loop + ["--system", "loader"] + common, "loader"),
+        ("torch DataLoader", py_loop + ["--system", "torch"] + common, "anchor"),
+    ]
+    if folder:
+        py_img = ["--images", folder, "--epochs", str(image_epochs), "--batch-size", "64",
+                  "--workers", "2"]
+        out[PY_LOOP_IMAGE_SCENARIO] = [
+            ("loader.Loader.local (Python SDK)", py_loop + ["--system", "loader"] + py_img, "loader"),
+            ("torch DataLoader", py_loop + ["--system", "torch"] + py_img, "anchor"),
+        ]
+    return {name: systems for name, systems in out.items() if wanted(name)}
 
 
 def run_one(cmd):
@@ -129,6 +153,20 @@ NOTES = """## How to read these numbers
   TensorFlow's HWC layout. Loader: `loaderctl run --dataset imagefolder`, the
   pipeline of docs/images.md (region decode, DCT scaling from 2x, Pillow's
   bilinear), CHW.
+- Python loop (`bench/python_loop.py`): the same Python loop over the Python
+  SDK and over torch's DataLoader, same data, same run, each system in a
+  process of its own, repeats interleaved: take each batch as torch tensors
+  (Loader: `batch.torch()`, zero-copy views of the shared-memory slot through
+  DLPack) and read a byte of every sample and the labels (only the labels
+  for images, whose crops differ; the run stops if the two loops read
+  different data). Workers start on the first `next()` for both; samples/s
+  and MB/s count from the first batch on. Loader's workers are this
+  interpreter re-executed into `loader._worker`, so its first batch includes
+  a Python start-up per worker. The Python loop reaches about half of
+  `loaderctl run`'s shared-memory rate: the trainer's Python process now
+  shares the two cores with both workers (each batch is 9.6 MB the workers
+  memset). The images are the folder and pipeline of the JPEG scenario
+  (torch: torchvision's ImageFolder with the same transforms, PIL).
 """
 
 
@@ -143,8 +181,6 @@ def main():
     a = p.parse_args()
     results = {}
     for name, systems in scenarios(a.samples, a.image_files, a.image_epochs, a.only).items():
-        if a.only and a.only not in name:
-            continue
         runs = {label: [] for label, _, _ in systems}
         for r in range(a.repeats):
             for label, cmd, _ in systems:
@@ -153,8 +189,18 @@ def main():
                       f"{res['mb_per_s']:.0f} MB/s, first batch {res['first_batch_s'] * 1000:.0f} ms",
                       flush=True)
                 runs[label].append(res)
+        same_data(name, runs)
         results[name] = [(label, role, runs[label]) for label, _, role in systems]
     write_report(results, a)
+
+
+def same_data(name, runs):
+    """Systems that report a checksum of what they read (bench/python_loop.py)
+    must all have read the same data, in every repeat."""
+    sums = {label: {r.get("checksum") for r in rs} for label, rs in runs.items()
+            if any("checksum" in r for r in rs)}
+    if len(set().union(*sums.values())) > 1:
+        sys.exit(f"[{name}] the systems read different data (checksums {sums})")
 
 
 def med(runs, key):
@@ -168,12 +214,14 @@ def write_report(results, a):
         "# Benchmarks",
         "",
         "Measured by one command, which builds Loader, creates its own Python environment",
-        "with torch, torchvision and tensorflow-cpu, and runs every system in the same run",
-        "on the same data, interleaved, medians of the repeats:",
+        "with torch, torchvision and tensorflow-cpu, installs Loader's Python SDK in it, and",
+        "runs every system in the same run on the same data, interleaved, medians of the",
+        "repeats:",
         "",
         "```",
         f"bench/run.sh --samples {a.samples} --repeats {a.repeats} "
-        f"--image-files {a.image_files} --image-epochs {a.image_epochs}",
+        f"--image-files {a.image_files} --image-epochs {a.image_epochs}"
+        + (f" --only {shlex.quote(a.only)}" if a.only else ""),
         "```",
         "",
         f"Machine: {os.cpu_count()} cores, {platform.platform()}, "

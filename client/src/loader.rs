@@ -52,6 +52,9 @@ pub struct LoaderBuilder {
     /// Continue where a saved state left off; replaces `spec`, `rank` and
     /// `world_size`.
     resume: Option<LoaderState>,
+    /// The first batch to yield when there is no `resume`: an epoch other
+    /// than the first without starting (and restarting) at batch 0.
+    start_at: Option<u64>,
 }
 
 impl LoaderBuilder {
@@ -67,6 +70,7 @@ impl LoaderBuilder {
             shared_memory: true,
             ring: RingConfig::default(),
             resume: None,
+            start_at: None,
         }
     }
 
@@ -86,6 +90,16 @@ impl LoaderBuilder {
     /// not exist. In-order and out-of-order loaders both resume exactly.
     pub fn resume(mut self, state: LoaderState) -> Self {
         self.resume = Some(state);
+        self
+    }
+
+    /// Starts at batch `seq` of this rank's sequence (`epoch x
+    /// batches_per_epoch` begins an epoch), as a loader that had yielded
+    /// every batch before it: what `DistributedSampler.set_epoch` before the
+    /// first batch asks for. A [`resume`](Self::resume) state takes
+    /// precedence.
+    pub fn start_at(mut self, seq: u64) -> Self {
+        self.start_at = Some(seq);
         self
     }
 
@@ -192,7 +206,8 @@ impl LoaderBuilder {
                         "no job given: call .job(spec) before building the loader".into(),
                     )
                 })?;
-                (spec, self.rank, self.world_size, None)
+                let start = self.start_at.map(|seq| (seq, BTreeSet::new()));
+                (spec, self.rank, self.world_size, start)
             }
         };
         if let Some(w) = world_size {
@@ -208,7 +223,14 @@ impl LoaderBuilder {
             return Err(LoaderError::InvalidArgument("prefetch must be > 0".into()));
         }
         let plan = crate::spec::validate(&spec)?;
-        if let Some((next_seq, above)) = &resume {
+        if let (None, Some(seq)) = (&self.resume, self.start_at) {
+            let total = plan.total_batches();
+            if seq > total {
+                return Err(LoaderError::InvalidArgument(format!(
+                    "cannot start at batch {seq}: rank {rank} of this job has only {total} batches"
+                )));
+            }
+        } else if let Some((next_seq, above)) = &resume {
             let total = plan.total_batches();
             if *next_seq > total || above.last().is_some_and(|&s| s >= total) {
                 return Err(LoaderError::State(format!(

@@ -21,9 +21,10 @@ past a training step, or copy it.
 Epochs: a job has a fixed number of epochs (``"epochs"`` in the spec), and
 one loader yields them in sequence. ``len(loader)`` is the number of batches
 per epoch; each ``for batch in loader`` yields one epoch. ``set_epoch(e)``
-chooses the epoch the next ``for`` yields: the next one in sequence costs
-nothing; any other epoch (repeating one, or skipping ahead) restarts the
-loader at that epoch's first batch. A ``for`` loop left early with ``break``
+chooses the epoch the next ``for`` yields: before the first ``for`` any
+epoch costs nothing (the loader starts there); afterwards the next one in
+sequence costs nothing, and any other epoch (repeating one, or skipping
+ahead) restarts the loader at that epoch's first batch. A ``for`` loop left early with ``break``
 is continued by the next ``for`` unless ``set_epoch`` says otherwise, and
 iterating past the job's last epoch is an error, never a silent empty epoch.
 """
@@ -128,9 +129,17 @@ class Loader:
         spec = _spec_bytes(job)
         options = dict(prefetch=prefetch, in_order=in_order, shared_memory=shared_memory, ring=ring)
 
-        def start(spec: bytes, resume: Optional[str]) -> _native.NativeLoader:
+        def start(
+            spec: bytes, resume: Optional[str], start_at: Optional[int]
+        ) -> _native.NativeLoader:
             return _native.NativeLoader.connect(
-                coordinator, spec, rank=rank, world_size=world_size, resume=resume, **options
+                coordinator,
+                spec,
+                rank=rank,
+                world_size=world_size,
+                resume=resume,
+                start_at=start_at,
+                **options,
             )
 
         self._init(spec, rank, world_size, start)
@@ -168,9 +177,11 @@ class Loader:
             ready_timeout=ready_timeout,
         )
 
-        def start(spec: bytes, resume: Optional[str]) -> _native.NativeLoader:
+        def start(
+            spec: bytes, resume: Optional[str], start_at: Optional[int]
+        ) -> _native.NativeLoader:
             return _native.NativeLoader.local(
-                spec, workers, worker_command=command, resume=resume, **options
+                spec, workers, worker_command=command, resume=resume, start_at=start_at, **options
             )
 
         self = cls.__new__(cls)
@@ -184,6 +195,9 @@ class Loader:
         self._lock = threading.Lock()
         # Where the next start resumes from (JSON), and where the stream is.
         self._resume: Optional[str] = None
+        # Without a state to resume, the batch the first start begins at: the
+        # first of the epoch set_epoch chose before anything started.
+        self._start_at: Optional[int] = None
         self._batches_per_epoch, self._epochs = _native.plan(spec, rank, world_size)
         self._yielded = 0
         self._next_epoch: Optional[int] = None
@@ -210,10 +224,13 @@ class Loader:
         """Makes the next ``for batch in loader`` yield epoch ``epoch``.
 
         Call it like ``DistributedSampler.set_epoch`` at the top of each
-        epoch. The next epoch in sequence (or the current one, mid-way after
-        a resume) continues the stream for free; any other epoch restarts
-        the loader at that epoch's first batch. The permutation of an epoch
-        depends only on (seed, epoch), so a repeated epoch repeats exactly.
+        epoch. Before the first iteration it only records the epoch: the
+        loader then starts at that epoch's first batch, and nothing starts
+        twice. Later, the next epoch in sequence (or the current one,
+        mid-way after a resume) continues the stream for free; any other
+        epoch restarts the loader at that epoch's first batch. The
+        permutation of an epoch depends only on (seed, epoch), so a
+        repeated epoch repeats exactly.
         """
         epoch = int(epoch)
         if not 0 <= epoch < self._epochs:
@@ -271,6 +288,7 @@ class Loader:
         self._resume = text
         self._batches_per_epoch, self._epochs, self._yielded = per, epochs, yielded
         self._next_epoch = None
+        self._start_at = None
 
     # -- Lifecycle ----------------------------------------------------------
 
@@ -328,15 +346,25 @@ class Loader:
         with self._lock:
             self._check_open()
             if self._native is None:
-                native = self._start(self._spec, self._resume)
+                native = self._start(self._spec, self._resume, self._start_at)
                 self._native = native
                 self._batches_per_epoch = native.batches_per_epoch()
                 self._yielded = native.yielded()
             return self._native
 
     def _restart_at(self, seq: int) -> None:
-        """Starts over so that the next batch is batch ``seq`` of the job."""
-        state = self.state_dict()
+        """Makes batch ``seq`` of the job the next one. Before the first
+        start this only moves where that start begins; once started, the
+        loader starts over at ``seq``."""
+        with self._lock:
+            started = self._native is not None
+            if not started and self._resume is None:
+                self._start_at = seq
+                self._yielded = seq
+                return
+        # The state to start from (this loader's own, or the one loaded and
+        # not yet started), moved to seq.
+        state = self.state_dict() if started else json.loads(self._resume)
         state["next_seq"] = seq
         state.pop("yielded_above", None)
         self.load_state_dict(state)

@@ -84,6 +84,7 @@ class NativeLoader:
         shared_memory: bool,
         ring: Optional[tuple[int, int]],
         resume: Optional[str],
+        start_at: Optional[int] = None,
     ) -> NativeLoader: ...
     @staticmethod
     def local(
@@ -97,6 +98,7 @@ class NativeLoader:
         ring: Optional[tuple[int, int]],
         resume: Optional[str],
         ready_timeout: float,
+        start_at: Optional[int] = None,
     ) -> NativeLoader: ...
     def next(self) -> Optional[Batch]: ...
     def state(self) -> str: ...

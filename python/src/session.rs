@@ -90,9 +90,11 @@ impl NativeLoader {
 #[pymethods]
 impl NativeLoader {
     /// A loader fed by the coordinator at `coordinator` (embedded workers
-    /// none). See `loader.Loader`.
+    /// none). See `loader.Loader`. `resume` is a saved state (JSON), else
+    /// `start_at` the first batch to yield (the first of the epoch that
+    /// `set_epoch` chose before the first iteration).
     #[staticmethod]
-    #[pyo3(signature = (coordinator, spec, *, rank, world_size, prefetch, in_order, shared_memory, ring, resume))]
+    #[pyo3(signature = (coordinator, spec, *, rank, world_size, prefetch, in_order, shared_memory, ring, resume, start_at=None))]
     #[allow(clippy::too_many_arguments)]
     fn connect(
         py: Python<'_>,
@@ -105,6 +107,7 @@ impl NativeLoader {
         shared_memory: bool,
         ring: Option<(u32, u64)>,
         resume: Option<&str>,
+        start_at: Option<u64>,
     ) -> PyResult<Self> {
         let mut builder = Loader::builder(coordinator)
             .job(decode(spec)?)
@@ -121,14 +124,18 @@ impl NativeLoader {
         if let Some(state) = resume_state(resume)? {
             builder = builder.resume(state);
         }
+        if let Some(seq) = start_at {
+            builder = builder.start_at(seq);
+        }
         let loader = py.detach(move || builder.build()).map_err(to_py)?;
         Ok(Self::wrap(loader))
     }
 
     /// Embedded mode: a coordinator in this process and `workers` worker
-    /// processes started with `worker_command`. See `loader.Loader.local`.
+    /// processes started with `worker_command`. See `loader.Loader.local`;
+    /// `resume` and `start_at` as for `connect`.
     #[staticmethod]
-    #[pyo3(signature = (spec, workers, *, worker_command, prefetch, in_order, shared_memory, ring, resume, ready_timeout))]
+    #[pyo3(signature = (spec, workers, *, worker_command, prefetch, in_order, shared_memory, ring, resume, ready_timeout, start_at=None))]
     #[allow(clippy::too_many_arguments)]
     fn local(
         py: Python<'_>,
@@ -141,11 +148,15 @@ impl NativeLoader {
         ring: Option<(u32, u64)>,
         resume: Option<&str>,
         ready_timeout: f64,
+        start_at: Option<u64>,
     ) -> PyResult<Self> {
-        let ready = Duration::try_from_secs_f64(ready_timeout)
-            .map_err(|_| PyValueError::new_err("ready_timeout must be a positive number of seconds"))?;
+        let ready = Duration::try_from_secs_f64(ready_timeout).map_err(|_| {
+            PyValueError::new_err("ready_timeout must be a positive number of seconds")
+        })?;
         let mut builder = Loader::local_builder(decode(spec)?, workers)
-            .worker_command(Some(worker_command.into_iter().map(OsString::from).collect()))
+            .worker_command(Some(
+                worker_command.into_iter().map(OsString::from).collect(),
+            ))
             .prefetch(prefetch)
             .in_order(in_order)
             .shared_memory(shared_memory)
@@ -155,6 +166,9 @@ impl NativeLoader {
         }
         if let Some(state) = resume_state(resume)? {
             builder = builder.resume(state);
+        }
+        if let Some(seq) = start_at {
+            builder = builder.start_at(seq);
         }
         let loader = py.detach(move || builder.build()).map_err(to_py)?;
         Ok(Self::wrap(loader))

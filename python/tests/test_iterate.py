@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import loader
-from conftest import expected_data, synthetic
+from conftest import alive, expected_data, synthetic
 
 
 def test_local_job_yields_every_sample_with_its_contents():
@@ -71,6 +71,60 @@ def test_epochs_follow_set_epoch_like_distributed_sampler():
         assert [i for b in dl for i in b.indices] == orders[1]
         with pytest.raises(ValueError, match="outside the job's 3 epochs"):
             dl.set_epoch(3)
+
+
+def recording_starts(dl):
+    """The worker pids of every start of ``dl`` from now on, in a list that
+    grows as it starts. Each start of a local loader is a new coordinator
+    and new worker processes, so one entry means nothing started twice."""
+    starts = []
+    start = dl._start
+
+    def recorded(*args):
+        native = start(*args)
+        starts.append(native.worker_pids())
+        return native
+
+    dl._start = recorded
+    return starts
+
+
+@pytest.mark.parametrize("epoch", [0, 2])
+def test_set_epoch_before_the_first_iteration_starts_there_once(epoch):
+    spec = synthetic(num_samples=40, batch_size=8, epochs=4, shuffle=True, seed=7)
+    with loader.Loader.local(spec, workers=2) as dl:
+        reference = []
+        for e in range(4):
+            dl.set_epoch(e)
+            reference.append([(b.epoch, b.seq, b.indices) for b in dl])
+    with loader.Loader.local(spec, workers=2) as dl:
+        starts = recording_starts(dl)
+        dl.set_epoch(epoch)
+        assert starts == [] and dl.worker_pids() == [], "set_epoch only records the epoch"
+        assert [(b.epoch, b.seq, b.indices) for b in dl] == reference[epoch]
+        assert len(starts) == 1, f"started {len(starts)} times: {starts}"
+        pids = starts[0]
+        assert len(pids) == 2 and dl.worker_pids() == pids and all(alive(p) for p in pids)
+        # The next epoch in sequence continues on the same workers.
+        dl.set_epoch(epoch + 1)
+        assert [(b.epoch, b.seq, b.indices) for b in dl] == reference[epoch + 1]
+        assert len(starts) == 1 and dl.worker_pids() == pids
+
+
+def test_set_epoch_after_load_state_dict_starts_there_once():
+    spec = synthetic(num_samples=40, batch_size=8, epochs=3, shuffle=True, seed=7)
+    with loader.Loader.local(spec, workers=1) as dl:
+        reference = [[(b.seq, b.indices) for b in (dl.set_epoch(e) or dl)] for e in range(3)]
+        dl.set_epoch(1)
+        next(iter(dl))
+        state = dl.state_dict()  # mid-way through epoch 1
+    for epoch in (0, 2):
+        with loader.Loader.local(spec, workers=1) as dl:
+            dl.load_state_dict(state)
+            starts = recording_starts(dl)
+            dl.set_epoch(epoch)
+            assert [(b.seq, b.indices) for b in dl] == reference[epoch]
+            assert len(starts) == 1, f"started {len(starts)} times: {starts}"
 
 
 def test_break_then_for_continues_the_epoch():

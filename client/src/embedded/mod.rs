@@ -63,6 +63,8 @@ pub struct LocalBuilder {
     ready_timeout: Duration,
     /// Continue where a saved state left off; replaces `spec`.
     resume: Option<LoaderState>,
+    /// The first batch to yield when there is no `resume`.
+    start_at: Option<u64>,
 }
 
 impl LocalBuilder {
@@ -114,6 +116,12 @@ impl LocalBuilder {
         self
     }
 
+    /// Starts at batch `seq` instead of 0; see [`LoaderBuilder::start_at`].
+    pub fn start_at(mut self, seq: u64) -> Self {
+        self.start_at = Some(seq);
+        self
+    }
+
     /// How long the workers get to register (default 10 s).
     pub fn ready_timeout(mut self, timeout: Duration) -> Self {
         self.ready_timeout = timeout;
@@ -136,8 +144,16 @@ impl LocalBuilder {
             None => self.spec,
         };
         spec.consumers = 1;
-        // Fail on a bad spec or ring before starting any process.
-        crate::spec::validate(&spec)?;
+        // Fail on a bad spec, start or ring before starting any process.
+        let plan = crate::spec::validate(&spec)?;
+        if let (None, Some(seq)) = (&self.resume, self.start_at)
+            && seq > plan.total_batches()
+        {
+            return Err(LoaderError::InvalidArgument(format!(
+                "cannot start at batch {seq}: this job has only {} batches",
+                plan.total_batches()
+            )));
+        }
         let mut loader = LoaderBuilder::new(String::new())
             .job(spec)
             .rank(0)
@@ -147,6 +163,9 @@ impl LocalBuilder {
             .shared_memory(self.shared_memory);
         if let Some(state) = self.resume {
             loader = loader.resume(state);
+        }
+        if let Some(seq) = self.start_at {
+            loader = loader.start_at(seq);
         }
         if let Some((count, size)) = self.ring {
             loader = loader.ring(count, size);
@@ -246,6 +265,7 @@ impl Loader {
             server: ServerConfig::default(),
             ready_timeout: DEFAULT_READY_TIMEOUT,
             resume: None,
+            start_at: None,
         }
     }
 }
