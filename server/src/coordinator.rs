@@ -186,22 +186,13 @@ impl Coordinator {
             watermark = c.consumed;
         }
         let error = job.error.clone().unwrap_or_default();
-        let complete = watermark >= job.plan.total_batches();
         // Acknowledged batches need no copy anywhere any more.
         for w in t.workers.workers.values_mut() {
             if let Some(unacked) = w.unacked.get_mut(&(job_id, consumer)) {
                 *unacked = unacked.split_off(&watermark);
             }
         }
-        // A consumer that has every batch needs nothing a worker still holds
-        // for it (a copy made after a requeue): it goes now, not when the
-        // session's lease runs out.
-        let ended = if complete { end_consumer(&mut *t, (job_id, consumer)) } else { Default::default() };
         drop(t);
-        if ended.workers > 0 {
-            tracing::info!(job_id, consumer, workers = ended.workers, "consumer complete; its leftovers are dropped");
-            self.work_available.notify_waiters();
-        }
         if advanced && let Some(journal) = &self.journal {
             // A lost write costs only re-production of a few batches after a
             // restart (the trainer drops copies it has), so it is not fatal.

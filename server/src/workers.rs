@@ -29,7 +29,7 @@ pub(crate) struct WorkerState {
     /// Told to drain: it gets no new tasks and leaves when done.
     pub(crate) draining: bool,
     /// Consumers it held batches for that nobody will fetch any more (their
-    /// last session ended, or they acknowledged everything), to tell it in
+    /// last session ended), to tell it in
     /// its next heartbeat response so it frees what it holds for them.
     pub(crate) ended: BTreeSet<ConsumerKey>,
 }

@@ -101,7 +101,7 @@ fn drain_hands_back_batches_nobody_fetches_and_another_worker_produces_them() {
             victim.stderr().iter().any(|l| l.contains("handing the batches still held back")),
             "the worker said it handed its batches back"
         );
-        let progress = admin.jobs().expect("jobs")[0].consumers[0].clone();
+        let progress = admin.jobs().expect("jobs")[0].consumers[0];
         assert_eq!((progress.assigned, progress.delivered), (0, 0), "every batch it held is back in the queue");
 
         // Another worker, and a trainer that comes later for the same

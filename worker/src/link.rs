@@ -308,6 +308,11 @@ impl Link {
     /// (and took back), with one line saying how much.
     fn drop_ended(&self, ended: ConsumerId) {
         let dropped = self.producer.drop_consumer((ended.job_id, ended.consumer));
+        if dropped.batches == 0 && dropped.tasks == 0 {
+            // What it held went out before the notice arrived.
+            tracing::debug!(job = ended.job_id, consumer = ended.consumer, "consumer ended; nothing held for it");
+            return;
+        }
         tracing::info!(
             job = ended.job_id,
             consumer = ended.consumer,

@@ -522,8 +522,15 @@ pub(crate) mod tests {
 
         // A running and a queued task of the consumer are both dropped, and
         // nothing of the running one reaches the outbox afterwards.
-        let slow = Kind::Synthetic(SyntheticSpec { num_samples: 10, shape: vec![3], dtype: Dtype::U8 as i32, cost_ns: 50_000_000 });
-        let slow_task = |start_seq: u64| Task { job: Some(job(2, slow.clone())), consumer: 0, start_seq, end_seq: start_seq + 2, ring_socket: String::new() };
+        let slow =
+            Kind::Synthetic(SyntheticSpec { num_samples: 10, shape: vec![3], dtype: Dtype::U8 as i32, cost_ns: 50_000_000 });
+        let slow_task = |start_seq: u64| Task {
+            job: Some(job(2, slow.clone())),
+            consumer: 0,
+            start_seq,
+            end_seq: start_seq + 2,
+            ring_socket: String::new(),
+        };
         p.submit(slow_task(0));
         p.submit(slow_task(2));
         assert_eq!(p.drop_consumer((2, 0)).tasks, 2);

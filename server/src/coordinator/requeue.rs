@@ -51,7 +51,7 @@ pub(super) struct Ended {
 }
 
 /// Ends a consumer at every worker: nobody will fetch its batches (its last
-/// session ended, or it acknowledged every batch). What workers hold for it
+/// session ended). What workers hold for it
 /// goes back to its queue, as if they had left, so a trainer that comes back
 /// for the consumer gets those batches from whichever worker takes them
 /// next; each worker that held undelivered batches for it is told, in its

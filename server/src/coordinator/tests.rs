@@ -430,8 +430,8 @@ async fn a_draining_worker_hears_that_its_consumer_ended_and_deregisters_with_no
     assert_eq!(c.list_jobs()[0].consumers[0].assigned, 0, "and not twice");
 }
 
-#[tokio::test]
-async fn a_consumer_that_acknowledged_everything_has_its_leftovers_dropped() {
+#[tokio::test(start_paused = true)]
+async fn a_finished_consumers_leftovers_go_when_its_session_ends_and_nothing_is_requeued() {
     let c = coordinator();
     let (job, _) = c.create_or_attach(spec("", 256, 64, 1)).expect("job");
     let (session, _) = c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("session");
@@ -441,12 +441,20 @@ async fn a_consumer_that_acknowledged_everything_has_its_leftovers_dropped() {
     assert_eq!(seqs(&orders(&c, fast).await.0, 0), vec![2, 3]);
     tasks(&c, fast, vec![pb::Delivered { job_id: job.job_id, consumer: 0, seqs: vec![2, 3] }]).await;
     // The trainer has all 4 batches (0 and 1 as copies from elsewhere, e.g.
-    // after a requeue): slow's are leftovers nobody will fetch.
-    assert_eq!(c.session_heartbeat(session, 3, 0).as_deref(), Some(""));
-    assert_eq!(orders(&c, slow).await, (vec![], vec![]), "not complete yet");
+    // after a requeue) and says so in its final heartbeat: slow's are
+    // leftovers. While the session is open, late delivery reports still
+    // count, so nothing is taken from the workers yet.
     assert_eq!(c.session_heartbeat(session, 4, 0).as_deref(), Some(""));
+    assert_eq!(orders(&c, slow).await, (vec![], vec![]));
+    // The trainer leaves (its lease lapses): slow is told, fast is not, and
+    // nothing goes back to the queue, since every batch was acknowledged.
+    tokio::time::advance(c.config.lease_ttl + Duration::from_millis(1)).await;
+    orders(&c, fast).await;
+    assert_eq!(orders(&c, slow).await, (vec![], vec![]));
+    assert_eq!(c.expire(tokio::time::Instant::now()), (0, 1));
     assert_eq!(orders(&c, slow).await, (vec![], vec![(job.job_id, 0)]));
     assert_eq!(orders(&c, fast).await, (vec![], vec![]), "fast holds nothing");
     assert!(c.list_workers().iter().all(|w| w.outstanding == 0));
-    assert_eq!(c.list_sessions().len(), 1, "the session itself stays until it leaves");
+    let progress = &c.list_jobs()[0].consumers[0];
+    assert_eq!((progress.assigned, progress.consumed), (4, 4), "nothing requeued");
 }
