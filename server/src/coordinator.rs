@@ -17,7 +17,10 @@ use crate::error::CoordinatorError;
 use crate::jobs::JobTable;
 use crate::journal::{Journal, JournalError};
 use crate::sessions::SessionTable;
-use crate::workers::WorkerTable;
+use crate::workers::{ConsumerKey, WorkerTable};
+
+mod requeue;
+use requeue::{end_consumer, retire};
 
 #[derive(Debug, Default)]
 struct Tables {
@@ -42,13 +45,27 @@ pub(crate) struct Coordinator {
 pub(crate) enum HeartbeatOutcome {
     /// The worker is unknown: it must register again.
     Reregister,
-    /// Tasks for it (possibly none), and whether it must drain.
+    /// Tasks for it (possibly none), whether it must drain, and the
+    /// consumers whose batches it must drop.
     Tasks {
         /// New tasks.
         tasks: Vec<pb::Task>,
         /// The worker is draining: finish, deregister, exit.
         drain: bool,
+        /// Consumers nobody will fetch from any more; what the worker held
+        /// for them has been taken back. Applied before `tasks`.
+        ended: Vec<ConsumerKey>,
     },
+}
+
+impl HeartbeatOutcome {
+    /// True for an answer that carries nothing: a long poll keeps waiting.
+    fn is_empty(&self) -> bool {
+        match self {
+            HeartbeatOutcome::Reregister => false,
+            HeartbeatOutcome::Tasks { tasks, drain, ended } => tasks.is_empty() && !drain && ended.is_empty(),
+        }
+    }
 }
 
 impl Coordinator {
@@ -227,11 +244,11 @@ impl Coordinator {
             notified.as_mut().enable();
             match self.assign(worker_id) {
                 None => return HeartbeatOutcome::Reregister,
-                Some((tasks, drain)) if !tasks.is_empty() || drain => return HeartbeatOutcome::Tasks { tasks, drain },
+                Some(outcome) if !outcome.is_empty() => return outcome,
                 Some(_) => {}
             }
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                return HeartbeatOutcome::Tasks { tasks: Vec::new(), drain: false };
+                return HeartbeatOutcome::Tasks { tasks: Vec::new(), drain: false, ended: Vec::new() };
             }
         }
     }
@@ -274,15 +291,18 @@ impl Coordinator {
 
     /// Hands the worker ranges of every consumer it has room for, lowest
     /// sequence numbers first, one range per consumer per round so that all
-    /// consumers progress together. None when the worker is unknown; the
-    /// flag says it is draining (and so gets nothing).
-    fn assign(&self, worker_id: u64) -> Option<(Vec<pb::Task>, bool)> {
+    /// consumers progress together, with the consumers it must drop (taken
+    /// in the same critical section as the tasks, so a task for a consumer
+    /// that came back is never older than the notice that it ended). None
+    /// when the worker is unknown; a draining worker gets no tasks.
+    fn assign(&self, worker_id: u64) -> Option<HeartbeatOutcome> {
         let range_len = self.config.range_len.max(1);
         let mut guard = self.lock();
         let t = &mut *guard;
         let w = t.workers.workers.get_mut(&worker_id)?;
+        let ended: Vec<ConsumerKey> = std::mem::take(&mut w.ended).into_iter().collect();
         if w.draining {
-            return Some((Vec::new(), true));
+            return Some(HeartbeatOutcome::Tasks { tasks: Vec::new(), drain: true, ended });
         }
         let mut tasks = Vec::new();
         loop {
@@ -325,7 +345,7 @@ impl Coordinator {
                 }
             }
             if !progressed {
-                return Some((tasks, false));
+                return Some(HeartbeatOutcome::Tasks { tasks, drain: false, ended });
             }
         }
     }
@@ -333,8 +353,10 @@ impl Coordinator {
     /// Expires every worker and session whose lease ran out by `now`. A dead
     /// worker's undelivered and unacknowledged batches go back to their
     /// consumers' queues, to be produced by another worker; a dead session
-    /// is forgotten, so its ring is no longer routed to. Returns the number
-    /// of workers and sessions expired.
+    /// is forgotten, so its ring is no longer routed to, and when it was the
+    /// last session of its consumer, the consumer ends: what workers hold
+    /// for it goes back to its queue and they are told to drop it. Returns
+    /// the number of workers and sessions expired.
     pub(crate) fn expire(&self, now: Instant) -> (usize, usize) {
         let ttl = self.config.lease_ttl;
         let mut guard = self.lock();
@@ -352,16 +374,36 @@ impl Coordinator {
             }
         }
         let before = t.sessions.sessions.len();
+        let mut orphans = Vec::new();
         t.sessions.sessions.retain(|id, s| {
             let alive = now.saturating_duration_since(s.last_seen) <= ttl;
             if !alive {
                 tracing::warn!(session_id = id, job_id = s.job_id, consumer = s.consumer, "session lease expired");
+                orphans.push((s.job_id, s.consumer));
             }
             alive
         });
         let sessions = before - t.sessions.sessions.len();
+        orphans.sort_unstable();
+        orphans.dedup();
+        let mut told = 0;
+        for (job_id, consumer) in orphans {
+            if t.sessions.has_consumer(job_id, consumer) {
+                continue;
+            }
+            let ended = end_consumer(t, (job_id, consumer));
+            told += ended.workers;
+            tracing::info!(
+                job_id,
+                consumer,
+                workers = ended.workers,
+                requeued = ended.requeued,
+                "consumer has no session; batches held for it taken back"
+            );
+        }
         drop(guard);
-        if !dead.is_empty() {
+        // Wake long polls: requeued batches, and workers to tell.
+        if !dead.is_empty() || told > 0 {
             self.work_available.notify_waiters();
         }
         (dead.len(), sessions)
@@ -464,24 +506,6 @@ impl Coordinator {
             })
             .collect()
     }
-}
-
-/// Removes a worker and gives the batches it held undelivered or
-/// unacknowledged back to their consumers' queues. Returns its address and
-/// the number of batches given back, or None when it is unknown.
-fn retire(t: &mut Tables, worker_id: u64) -> Option<(String, usize)> {
-    let w = t.workers.workers.remove(&worker_id)?;
-    let mut requeued = 0;
-    for ((job_id, consumer), seqs) in w.outstanding.into_iter().chain(w.unacked) {
-        let Some(c) = t.jobs.get_mut(job_id).and_then(|j| j.consumers.get_mut(consumer as usize)) else {
-            continue;
-        };
-        let consumed = c.consumed;
-        let seqs: Vec<u64> = seqs.into_iter().filter(|&s| s >= consumed).collect();
-        requeued += seqs.len();
-        c.queue.give_back(seqs);
-    }
-    Some((w.address, requeued))
 }
 
 #[cfg(test)]

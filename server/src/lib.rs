@@ -7,7 +7,9 @@
 //!
 //! # Layout
 //! - [`config`]: [`ServerConfig`], the settings tests and the CLI fill.
-//! - `coordinator`: the state and the operations on it (assignment, reports).
+//! - `coordinator`: the state and the operations on it (assignment, reports,
+//!   leases); `coordinator::requeue` is the one path by which batches go
+//!   back to a queue (a worker left, or a consumer lost its last session).
 //! - `jobs`, `workers`, `sessions`, `range_queue`: the tables it keeps.
 //! - `journal`: jobs and watermarks in redb, so a restart resumes delivery.
 //! - `service`: the gRPC services, thin adapters over the coordinator.

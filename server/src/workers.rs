@@ -28,6 +28,10 @@ pub(crate) struct WorkerState {
     pub(crate) delivered: u64,
     /// Told to drain: it gets no new tasks and leaves when done.
     pub(crate) draining: bool,
+    /// Consumers it held batches for that nobody will fetch any more (their
+    /// last session ended), to tell it in
+    /// its next heartbeat response so it frees what it holds for them.
+    pub(crate) ended: BTreeSet<ConsumerKey>,
 }
 
 impl WorkerState {
@@ -65,6 +69,7 @@ impl WorkerTable {
             unacked: BTreeMap::new(),
             delivered: 0,
             draining: false,
+            ended: BTreeSet::new(),
         };
         self.workers.insert(self.next_id, state);
         self.next_id

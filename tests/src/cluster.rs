@@ -24,6 +24,9 @@ pub struct ClusterBuilder {
     listen: String,
     /// Collect each worker's stderr (see [`Proc::stderr`]).
     capture_worker_stderr: bool,
+    /// `RUST_LOG` of the workers, for tests that check what they log below
+    /// the default level (warn).
+    worker_log: Option<String>,
 }
 
 impl ClusterBuilder {
@@ -48,6 +51,13 @@ impl ClusterBuilder {
     /// Collect what workers log on stderr, for [`Proc::stderr`].
     pub fn capture_worker_stderr(mut self) -> Self {
         self.capture_worker_stderr = true;
+        self
+    }
+
+    /// `RUST_LOG` filter of the workers started by [`Cluster::add_worker`]
+    /// (e.g. `loader_worker=info`).
+    pub fn worker_log(mut self, filter: impl Into<String>) -> Self {
+        self.worker_log = Some(filter.into());
         self
     }
 
@@ -104,6 +114,7 @@ impl Cluster {
             state_dir: None,
             listen: "127.0.0.1:0".into(),
             capture_worker_stderr: false,
+            worker_log: None,
         }
     }
 
@@ -137,6 +148,9 @@ impl Cluster {
     pub fn add_worker_with(&mut self, extra: &[&str]) -> &Proc {
         let mut command = Command::new(binary("loader-worker"));
         command.args(["--coordinator", &self.url(), "--listen", "127.0.0.1:0"]).args(extra);
+        if let Some(filter) = &self.config.worker_log {
+            command.env("RUST_LOG", filter);
+        }
         self.add_worker_command(command)
     }
 

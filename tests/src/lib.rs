@@ -16,6 +16,8 @@
 //!   with deadlines.
 //! - [`trainer`](Trainer): the Rust SDK consuming on a thread, with the
 //!   time of every batch, and the exact-sequence check against the plan.
+//! - [`silent`](SilentTrainer): a session kept alive that never fetches (a
+//!   trainer stuck before its first step), over the real `TrainerService`.
 //! - [`wait`](wait_until): bounded polling.
 //! - [`netns`](RemoteNamespace): a network namespace on a veth pair, for a
 //!   remote worker whose link can be cut.
@@ -28,6 +30,7 @@ pub mod dataset_files;
 mod netns;
 mod proc;
 mod scope;
+mod silent;
 mod trainer;
 mod wait;
 
@@ -36,5 +39,6 @@ pub use cluster::{Cluster, ClusterBuilder};
 pub use netns::{HOST_ADDR, NS_ADDR, RemoteNamespace};
 pub use proc::{Proc, binary, loaderctl};
 pub use scope::{Scope, run};
+pub use silent::SilentTrainer;
 pub use trainer::{Received, Trainer, assert_exact, assert_received};
 pub use wait::wait_until;

@@ -131,6 +131,73 @@ fn sigkilled_trainer_session_expires_and_workers_unmap_its_ring() {
     });
 }
 
+/// The number of batches a worker's `dropped N held batches and M tasks`
+/// log line reports, for each such line it printed so far.
+fn dropped_counts(worker: &Proc) -> Vec<u64> {
+    worker
+        .stderr()
+        .iter()
+        .filter_map(|line| line.split_once("dropped ")?.1.split_once(" held batches")?.0.parse().ok())
+        .collect()
+}
+
+#[test]
+fn a_dead_trainers_batches_are_dropped_by_the_worker_holding_them() {
+    run(Duration::from_secs(90), |scope| {
+        let ttl = Duration::from_millis(TTL_MS);
+        let mut cluster = Cluster::builder()
+            .workers(1)
+            .ttl_ms(TTL_MS)
+            .capture_worker_stderr()
+            .worker_log("loader_worker=info")
+            .start(&scope);
+        let admin = cluster.admin();
+        // Over gRPC, produced batches wait in the worker's outbox for the
+        // trainer's stream (with a ring they would sit in its memfd, which
+        // the kernel frees with the trainer).
+        let mut trainer = loaderctl(&scope, &endless_consume(&cluster.url(), "grpc"));
+        admin.wait_for("the worker delivered batches", Duration::from_secs(20), |a| {
+            Ok(a.workers()?.iter().all(|w| w.delivered > 0).then_some(()))
+        });
+        assert!(trainer.wait_exit(Duration::ZERO).is_none(), "loaderctl consume exited early");
+
+        trainer.kill();
+        let killed = Instant::now();
+        // Until the session's lease runs out the coordinator keeps the
+        // worker's share assigned, and nobody fetches it.
+        let held = admin.workers().expect("workers")[0].outstanding;
+        assert!(held > 0, "the worker held no batch for the trainer when it died");
+        // The lease runs out (TTL), the reaper sees it (TTL/4), the worker
+        // hears it in its next heartbeat answer (at most TTL/3 later).
+        let bound = ttl + ttl / 4 + ttl / 3 + SLACK;
+        let worker = &cluster.workers[0];
+        wait_until("the worker logged that it dropped the dead trainer's batches", bound, || {
+            !dropped_counts(worker).is_empty()
+        });
+        eprintln!(
+            "worker dropped {:?} batches {:?} after the trainer's SIGKILL (bound {bound:?}); the coordinator counted {held} held",
+            dropped_counts(worker),
+            killed.elapsed()
+        );
+        assert!(dropped_counts(worker).iter().sum::<u64>() > 0, "the worker dropped no batch");
+        admin.wait_for("the coordinator counts nothing held by the worker", SLACK, |a| {
+            Ok((a.sessions()?.is_empty() && a.workers()?.iter().all(|w| w.outstanding == 0)).then_some(()))
+        });
+
+        // The worker outlives the trainer and serves the next one.
+        assert!(cluster.workers[0].wait_exit(Duration::ZERO).is_none(), "the worker exited with the trainer");
+        let args: Vec<String> = ["consume", "--coordinator", &cluster.url(), "--transport", "grpc", "--json"]
+            .into_iter()
+            .chain(["--samples", "4096", "--shape", "64", "--batch-size", "64"])
+            .map(str::to_owned)
+            .collect();
+        let mut second = loaderctl(&scope, &args);
+        let status = second.wait_exit(Duration::from_secs(60)).expect("the second consumer finishes within 60 s");
+        assert!(status.success(), "second consumer: {status}");
+        assert_eq!(last_json(&second)["batches"], 64);
+    });
+}
+
 /// The JSON object a `loaderctl ... --json` child printed last.
 fn last_json(proc: &Proc) -> serde_json::Value {
     let lines = proc.stdout();

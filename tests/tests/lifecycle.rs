@@ -1,11 +1,12 @@
-//! Planned changes with real processes: a worker drained away mid-job, and
-//! a trainer that continues from its saved state after a SIGKILL.
+//! Planned changes with real processes: a worker drained away mid-job (and
+//! one whose consumer never fetches), and a trainer that continues from its
+//! saved state after a SIGKILL.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use loader_client::{Dtype, JobSpec, Loader, spec};
-use loader_e2e::{Cluster, Trainer, assert_exact, assert_received, loaderctl, run, wait_until};
+use loader_e2e::{Cluster, SilentTrainer, Trainer, assert_exact, assert_received, loaderctl, run, wait_until};
 
 /// Lease TTL of the coordinator in these tests.
 const TTL_MS: u64 = 1000;
@@ -57,6 +58,66 @@ fn drained_worker_exits_zero_and_the_sequence_stays_exact() {
         for (i, worker) in cluster.workers.iter_mut().enumerate().filter(|(i, _)| *i != 1) {
             assert!(worker.wait_exit(Duration::ZERO).is_none(), "worker {i} exited too; only the drained one should");
         }
+    });
+}
+
+#[test]
+fn drain_hands_back_batches_nobody_fetches_and_another_worker_produces_them() {
+    run(Duration::from_secs(120), |scope| {
+        let ttl = Duration::from_millis(TTL_MS);
+        let mut cluster = Cluster::builder()
+            .workers(1)
+            .ttl_ms(TTL_MS)
+            .capture_worker_stderr()
+            .worker_log("loader_worker=info")
+            .start(&scope);
+        let admin = cluster.admin();
+        let job = spec::synthetic(64 * 16, &[16], Dtype::U8)
+            .name("drain-silent")
+            .batch_size(16)
+            .shuffle(3)
+            .build()
+            .expect("spec");
+        let plan = loader_proto::spec::plan(&job).expect("plan");
+        let total = plan.total_batches();
+
+        // The worker's only session never fetches: its batches wait in the
+        // worker's outbox.
+        let silent = SilentTrainer::open(&cluster.url(), job.clone(), ttl / 3);
+        let held = admin.wait_for("the worker holds batches for the silent session", Duration::from_secs(20), |a| {
+            Ok(a.workers()?.first().map(|w| w.outstanding).filter(|&n| n > 0))
+        });
+        let victim = &mut cluster.workers[0];
+        let id = admin.worker_id(victim.addr()).expect("the worker is listed");
+        admin.drain(id).expect("drain");
+        let drained = Instant::now();
+        // Its held tasks take a moment of CPU; then one TTL in which nothing
+        // moves, and a heartbeat interval to notice.
+        let bound = ttl + ttl / 3 + Duration::from_secs(5);
+        let status = victim.wait_exit(bound).expect("the drained worker exits within its bound");
+        eprintln!("drained worker exited {:?} after the order with {status}; it held {held} batches", drained.elapsed());
+        assert!(status.success(), "a drained worker exits 0, got {status}");
+        assert!(
+            victim.stderr().iter().any(|l| l.contains("handing the batches still held back")),
+            "the worker said it handed its batches back"
+        );
+        let progress = admin.jobs().expect("jobs")[0].consumers[0];
+        assert_eq!((progress.assigned, progress.delivered), (0, 0), "every batch it held is back in the queue");
+
+        // Another worker, and a trainer that comes later for the same
+        // consumer: it gets every batch, each once, in order.
+        cluster.add_worker();
+        cluster.wait_for_workers(1);
+        let trainer = Trainer::spawn(Loader::builder(cluster.url()), job);
+        let seen = trainer.join(Duration::from_secs(60));
+        assert_received(&seen, &plan, 0, 0..total);
+        // Each batch was produced and handed over once: the worker that
+        // took them over reported every one delivered, none twice.
+        let delivered = admin.wait_for("every batch reported delivered", Duration::from_secs(5), |a| {
+            Ok(Some(a.jobs()?[0].consumers[0].delivered).filter(|&d| d >= total))
+        });
+        assert_eq!(delivered, total, "batches delivered by workers");
+        drop(silent);
     });
 }
 

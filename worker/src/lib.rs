@@ -6,7 +6,10 @@
 //!   program fills in.
 //! - [`cli`]: the `loader-worker` command line ([`main_with_args`]).
 //! - `link`: the coordinator link — registration with bounded retry, the
-//!   heartbeat loop (lease, reports, tasks) and self-fencing.
+//!   heartbeat loop (lease, reports, tasks, consumers that ended) and
+//!   self-fencing.
+//! - `drain`: when a draining worker may leave, including handing back
+//!   batches that a live consumer does not fetch.
 //! - `producer`: the thread that turns tasks into batches, FIFO, one batch
 //!   at a time, with a per-job cache of opened datasets; it picks each
 //!   batch's transport.
@@ -31,6 +34,7 @@ pub mod cli;
 pub mod collate;
 pub mod config;
 pub mod dataset;
+mod drain;
 pub mod error;
 pub mod image;
 mod link;

@@ -7,16 +7,22 @@
 //! without waiting for a tick. If no heartbeat succeeds for a whole lease,
 //! the coordinator has given this worker's batches to others: the worker
 //! fences itself and the loop returns [`WorkerError::LeaseLost`].
+//!
+//! A heartbeat response may name consumers nobody will fetch from any more
+//! (their last session ended): the worker drops what it holds for them
+//! before it queues the response's tasks. A drain order is carried out as
+//! [`crate::drain`] describes.
 
 use std::time::Duration;
 
 use loader_proto::PROTOCOL_VERSION;
 use loader_proto::pb::worker_service_client::WorkerServiceClient;
-use loader_proto::pb::{DeregisterRequest, RegisterWorkerRequest, WorkerHeartbeatRequest};
+use loader_proto::pb::{ConsumerId, DeregisterRequest, RegisterWorkerRequest, WorkerHeartbeatRequest};
 use tokio::time::{Instant, sleep_until, timeout_at};
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 
+use crate::drain::{Drain, DrainStep};
 use crate::error::{WorkerError, one_line};
 use crate::outbox::Outboxes;
 use crate::producer::Producer;
@@ -187,7 +193,7 @@ impl Link {
         let mut renewed = reg.granted;
         let mut next = Instant::now();
         let mut retrying = false;
-        let mut draining = false;
+        let mut drain: Option<Drain> = None;
         loop {
             let lease_end = renewed + reg.lease_ttl;
             let due = next.min(lease_end);
@@ -205,7 +211,7 @@ impl Link {
                 return Err(self.fence(reg.lease_ttl));
             }
             let idle = self.producer.is_idle() && self.outboxes.is_empty();
-            let wait = if idle && !draining { LONG_POLL.min(reg.lease_ttl / 3) } else { Duration::ZERO };
+            let wait = if idle && drain.is_none() { LONG_POLL.min(reg.lease_ttl / 3) } else { Duration::ZERO };
             let delivered = self.outboxes.take_delivered();
             let failed = self.producer.take_failed();
             let request = WorkerHeartbeatRequest {
@@ -239,19 +245,34 @@ impl Link {
                         next = Instant::now();
                         continue;
                     }
-                    if resp.drain && !draining {
-                        tracing::info!(worker_id = reg.worker_id, "draining: finishing held tasks, taking no new ones");
-                        draining = true;
+                    // Before the tasks: a task in this response may be for a
+                    // consumer that came back after it ended.
+                    for ended in resp.ended {
+                        self.drop_ended(ended);
                     }
-                    // Done once a heartbeat had nothing left to report and
-                    // nothing is left to produce or hand over.
-                    if draining
+                    if resp.drain && drain.is_none() {
+                        tracing::info!(worker_id = reg.worker_id, "draining: finishing held tasks, taking no new ones");
+                        drain = Some(Drain::new(reg.lease_ttl, self.outboxes.progress(), Instant::now()));
+                    }
+                    // Decided once a heartbeat had nothing left to report.
+                    if let Some(d) = &mut drain
                         && delivered.is_empty()
                         && failed.is_empty()
-                        && self.producer.is_idle()
-                        && self.outboxes.is_empty()
                     {
-                        return self.deregister(reg.worker_id).await;
+                        let held_nothing = self.producer.is_idle() && self.outboxes.is_empty();
+                        match d.step(held_nothing, self.outboxes.progress(), Instant::now()) {
+                            DrainStep::Continue => {}
+                            DrainStep::Done => return self.deregister(reg.worker_id).await,
+                            DrainStep::HandBack => {
+                                tracing::info!(
+                                    worker_id = reg.worker_id,
+                                    held = self.outboxes.len(),
+                                    "draining: nothing produced or fetched for {:?}; handing the batches still held back to the coordinator",
+                                    d.patience()
+                                );
+                                return self.deregister(reg.worker_id).await;
+                            }
+                        }
                     }
                     for task in resp.tasks {
                         tracing::debug!(
@@ -283,18 +304,41 @@ impl Link {
         }
     }
 
-    /// Leaves the coordinator after a drain.
+    /// Drops what this worker holds for a consumer the coordinator ended
+    /// (and took back), with one line saying how much.
+    fn drop_ended(&self, ended: ConsumerId) {
+        let dropped = self.producer.drop_consumer((ended.job_id, ended.consumer));
+        if dropped.batches == 0 && dropped.tasks == 0 {
+            // What it held went out before the notice arrived.
+            tracing::debug!(job = ended.job_id, consumer = ended.consumer, "consumer ended; nothing held for it");
+            return;
+        }
+        tracing::info!(
+            job = ended.job_id,
+            consumer = ended.consumer,
+            batches = dropped.batches,
+            tasks = dropped.tasks,
+            "dropped {} held batches and {} tasks of a consumer nobody fetches from any more",
+            dropped.batches,
+            dropped.tasks
+        );
+    }
+
+    /// Leaves the coordinator after a drain. Whatever is still held (after
+    /// a hand-back) is dropped first, so that no batch goes out after the
+    /// coordinator took it back.
     async fn deregister(&mut self, worker_id: u64) -> Result<(), WorkerError> {
         let request = DeregisterRequest { protocol_version: PROTOCOL_VERSION, worker_id };
         self.producer.stop();
+        self.outboxes.close();
         self.rings.close();
         match self.client.deregister(request).await {
             Ok(_) => {
                 tracing::info!(worker_id, "drained and deregistered");
                 Ok(())
             }
-            // The coordinator expires our lease anyway; nothing is lost
-            // since everything held was delivered.
+            // The coordinator expires our lease anyway and requeues
+            // whatever was still held then; nothing is lost.
             Err(status) => {
                 tracing::warn!(worker_id, "deregistration failed ({}); the lease will expire", describe(&status));
                 Ok(())

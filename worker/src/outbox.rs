@@ -43,6 +43,10 @@ struct State {
     /// Set when the worker is fenced or shutting down: nothing is queued or
     /// handed out any more and every stream ends.
     closed: bool,
+    /// Batches queued or handed over since the worker started: a draining
+    /// worker whose count stands still is waiting for consumers that do not
+    /// fetch (see `crate::drain`).
+    progress: u64,
 }
 
 #[derive(Debug, Default)]
@@ -84,6 +88,7 @@ impl Outboxes {
         if state.closed {
             return;
         }
+        state.progress += 1;
         let outbox = state.boxes.entry(key).or_default();
         outbox.batches.insert(seq, batch);
         outbox.wake.notify_waiters();
@@ -108,13 +113,27 @@ impl Outboxes {
 
     /// True when no batch waits for delivery.
     pub(crate) fn is_empty(&self) -> bool {
-        self.lock().boxes.values().all(|o| o.batches.is_empty())
+        self.len() == 0
+    }
+
+    /// Batches waiting for delivery, over every consumer.
+    pub(crate) fn len(&self) -> usize {
+        self.lock().boxes.values().map(|o| o.batches.len()).sum()
+    }
+
+    /// Batches queued or handed over since the worker started; it moves
+    /// whenever production or delivery moves.
+    pub(crate) fn progress(&self) -> u64 {
+        self.lock().progress
     }
 
     /// Records a batch handed to its consumer some other way (a ring slot)
     /// and wakes the link to report it, as a `Fetch` stream's delivery does.
     pub(crate) fn record_delivered(&self, key: ConsumerKey, seq: u64) {
-        self.lock().delivered.entry(key).or_default().push(seq);
+        let mut state = self.lock();
+        state.progress += 1;
+        state.delivered.entry(key).or_default().push(seq);
+        drop(state);
         self.report.notify_one();
     }
 
@@ -150,6 +169,19 @@ impl Outboxes {
             outbox.batches.clear();
         }
         state.boxes.retain(|_, o| !o.idle());
+    }
+
+    /// Drops the undelivered batches of one consumer (nobody will fetch them:
+    /// the coordinator took them back); a stream attached for it stays, for
+    /// batches of later tasks. Returns how many were dropped.
+    pub(crate) fn drop_consumer(&self, key: ConsumerKey) -> usize {
+        let mut state = self.lock();
+        let Some(outbox) = state.boxes.get_mut(&key) else { return 0 };
+        let dropped = std::mem::take(&mut outbox.batches).len();
+        if outbox.idle() {
+            state.boxes.remove(&key);
+        }
+        dropped
     }
 
     /// Drops every batch, refuses new ones and ends every stream.
@@ -233,6 +265,7 @@ impl Attachment {
             return Step::Wait(Arc::clone(&outbox.wake));
         };
         outbox.credits -= 1;
+        state.progress += 1;
         state.delivered.entry(self.key).or_default().push(seq);
         drop(state);
         self.outboxes.report.notify_one();
@@ -368,6 +401,25 @@ mod tests {
         assert_eq!(ready(&a), Some(None));
         o.push((1, 1), 1, batch(12));
         assert!(o.is_empty(), "a closed worker queues nothing");
+    }
+
+    #[test]
+    fn dropping_a_consumer_keeps_its_stream_and_the_others() {
+        let o = Outboxes::new();
+        for seq in 0..3 {
+            o.push(KEY, seq, batch(seq));
+        }
+        o.push((1, 1), 0, batch(10));
+        let a = o.attach(KEY, 1, 5);
+        assert_eq!(ready(&a), Some(Some(batch(0))));
+        let before = o.progress();
+        assert_eq!(o.drop_consumer(KEY), 2);
+        assert_eq!(o.drop_consumer((9, 9)), 0, "an unknown consumer holds nothing");
+        assert_eq!(o.len(), 1, "the other consumer's batch stays");
+        assert_eq!(o.progress(), before, "dropping is not progress");
+        assert_eq!(ready(&a), None, "the stream waits for later batches");
+        o.push(KEY, 7, batch(7));
+        assert_eq!(ready(&a), Some(Some(batch(7))));
     }
 
     #[test]

@@ -70,6 +70,9 @@ struct Queue {
     tasks: VecDeque<(Task, Instant)>,
     /// The thread is producing a task right now.
     busy: bool,
+    /// Consumer of the task being produced, so that ending that consumer
+    /// abandons it.
+    running: Option<(u64, u32)>,
     /// Bumped by `clear`: a task started under an older generation is
     /// abandoned and its batches are not queued.
     generation: u64,
@@ -148,6 +151,29 @@ impl Producer {
         self.shared.rings.interrupt();
     }
 
+    /// Drops everything held for one consumer that nobody will fetch from
+    /// (the coordinator took its batches back): its queued tasks, the task
+    /// being produced if it is one of them, and its undelivered batches.
+    pub(crate) fn drop_consumer(&self, key: (u64, u32)) -> Dropped {
+        let mut q = self.shared.lock();
+        let before = q.tasks.len();
+        q.tasks.retain(|(task, _)| task_key(task) != key);
+        let mut tasks = before - q.tasks.len();
+        let abandon = q.running == Some(key);
+        if abandon {
+            self.shared.abandon_current(&mut q);
+            tasks += 1;
+        }
+        // Under the queue lock, so a batch of the abandoned task cannot slip
+        // into the outbox after this (see `Shared::produce`).
+        let batches = self.shared.outboxes.drop_consumer(key);
+        drop(q);
+        if abandon {
+            self.shared.rings.interrupt();
+        }
+        Dropped { batches, tasks }
+    }
+
     /// Stops the thread after its current batch and drops every task.
     pub(crate) fn stop(&self) {
         let mut q = self.shared.lock();
@@ -158,6 +184,15 @@ impl Producer {
         drop(q);
         self.shared.rings.interrupt();
     }
+}
+
+/// What [`Producer::drop_consumer`] dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Dropped {
+    /// Produced batches that were waiting for a `Fetch` stream.
+    pub(crate) batches: usize,
+    /// Tasks queued or being produced.
+    pub(crate) tasks: usize,
 }
 
 /// The consumer a task produces for: `(job_id, consumer)`.
@@ -205,6 +240,7 @@ impl Shared {
                     }
                     if let Some(task) = q.tasks.pop_front() {
                         q.busy = true;
+                        q.running = Some(task_key(&task.0));
                         break (task, q.generation);
                     }
                     q = self.ready.wait(q).unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -214,6 +250,7 @@ impl Shared {
                 .unwrap_or_else(|_| Err("the worker panicked while producing this task".to_owned()));
             let mut q = self.lock();
             q.busy = false;
+            q.running = None;
             if let Err(error) = outcome
                 && q.generation == generation
             {
@@ -462,6 +499,44 @@ pub(crate) mod tests {
         assert_eq!(insertion_point(queued.iter(), &task(1, 0, 14)), 4);
         assert_eq!(insertion_point(queued.iter(), &task(3, 0, 0)), 4);
         assert_eq!(insertion_point([].iter(), &task(1, 0, 0)), 0);
+    }
+
+    #[tokio::test]
+    async fn dropping_a_consumer_leaves_the_others() {
+        let outboxes = Outboxes::new();
+        let p = spawn(&outboxes);
+        let task = |consumer: u32, start_seq: u64| Task {
+            job: Some(synthetic(1)),
+            consumer,
+            start_seq,
+            end_seq: start_seq + 2,
+            ring_socket: String::new(),
+        };
+        p.submit(task(0, 0));
+        p.submit(task(1, 0));
+        settle(&p);
+        assert_eq!(outboxes.len(), 4);
+        assert_eq!(p.drop_consumer((1, 0)), Dropped { batches: 2, tasks: 0 });
+        assert_eq!(p.drop_consumer((1, 0)), Dropped { batches: 0, tasks: 0 });
+        assert_eq!(outboxes.len(), 2, "consumer 1 keeps its batches");
+
+        // A running and a queued task of the consumer are both dropped, and
+        // nothing of the running one reaches the outbox afterwards.
+        let slow =
+            Kind::Synthetic(SyntheticSpec { num_samples: 10, shape: vec![3], dtype: Dtype::U8 as i32, cost_ns: 50_000_000 });
+        let slow_task = |start_seq: u64| Task {
+            job: Some(job(2, slow.clone())),
+            consumer: 0,
+            start_seq,
+            end_seq: start_seq + 2,
+            ring_socket: String::new(),
+        };
+        p.submit(slow_task(0));
+        p.submit(slow_task(2));
+        assert_eq!(p.drop_consumer((2, 0)).tasks, 2);
+        settle(&p);
+        assert_eq!(outboxes.len(), 2, "no batch of the dropped consumer slipped in");
+        p.stop();
     }
 
     #[tokio::test]

@@ -270,7 +270,7 @@ async fn a_draining_worker_gets_no_tasks_and_its_leftovers_are_requeued_on_dereg
     c.drain_worker(w).expect("drain");
     let report = vec![pb::Delivered { job_id: job.job_id, consumer: 0, seqs: vec![0, 1] }];
     match c.worker_heartbeat(w, report, Vec::new(), Duration::from_secs(1)).await {
-        HeartbeatOutcome::Tasks { tasks, drain } => {
+        HeartbeatOutcome::Tasks { tasks, drain, .. } => {
             assert!(tasks.is_empty());
             assert!(drain);
         }
@@ -324,4 +324,137 @@ async fn a_full_worker_still_takes_batches_given_back_by_a_dead_one() {
     assert_eq!(seqs(&tasks(&c, full, Vec::new()).await, 0), vec![0, 1], "given-back batches exceed the limit");
     assert!(tasks(&c, full, Vec::new()).await.is_empty(), "but new ones do not");
     let _ = job;
+}
+
+/// A worker's heartbeat answer: its new tasks and the consumers it must drop.
+async fn orders(c: &Coordinator, worker: u64) -> (Vec<pb::Task>, Vec<ConsumerKey>) {
+    match c.worker_heartbeat(worker, Vec::new(), Vec::new(), Duration::ZERO).await {
+        HeartbeatOutcome::Tasks { tasks, ended, .. } => (tasks, ended),
+        HeartbeatOutcome::Reregister => panic!("worker unknown"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_consumer_whose_last_session_expires_is_taken_back_and_its_workers_told() {
+    let c = coordinator();
+    let ttl = c.config.lease_ttl;
+    let (job, _) = c.create_or_attach(spec("", 640, 64, 1)).expect("job");
+    let key = (job.job_id, 0);
+    let (first, _) = c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("first session");
+    let w = c.register_worker("http://w".into(), "n".into(), 4);
+    assert_eq!(seqs(&orders(&c, w).await.0, 0), vec![0, 1, 2, 3]);
+    // w hands 0 to the trainer, which dies before acknowledging it; w
+    // takes 4 in its place.
+    let t = tasks(&c, w, vec![pb::Delivered { job_id: job.job_id, consumer: 0, seqs: vec![0] }]).await;
+    assert_eq!(seqs(&t, 0), vec![4]);
+
+    // A second session of the consumer keeps it alive past the first one's lease.
+    tokio::time::advance(ttl / 2).await;
+    let (second, _) = c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("second session");
+    tokio::time::advance(ttl / 2 + Duration::from_millis(1)).await;
+    assert_eq!(orders(&c, w).await, (vec![], vec![]), "at its limit");
+    assert_eq!(c.expire(tokio::time::Instant::now()), (0, 1));
+    assert_eq!(c.session_heartbeat(first, 0, 0), None, "the first session is gone");
+    assert_eq!(orders(&c, w).await, (vec![], vec![]), "the consumer still has a session");
+    assert_eq!(c.list_workers()[0].outstanding, 4);
+
+    // Its last session expires: what w held (1..5) and what it delivered
+    // unacknowledged (0) go back to the queue; w is told once.
+    tokio::time::advance(ttl / 2).await;
+    orders(&c, w).await;
+    assert_eq!(c.expire(tokio::time::Instant::now()), (0, 1));
+    assert_eq!(c.session_heartbeat(second, 0, 0), None);
+    assert_eq!(c.list_workers()[0].outstanding, 0);
+    assert_eq!(c.list_jobs()[0].consumers[0].assigned, 0, "every batch handed out is back in the queue");
+    assert_eq!(orders(&c, w).await, (vec![], vec![key]));
+    assert_eq!(orders(&c, w).await, (vec![], vec![]), "told once");
+    let later = c.register_worker("http://later".into(), "n".into(), 4);
+    assert_eq!(orders(&c, later).await, (vec![], vec![]), "nothing for a consumer without a session");
+
+    // A trainer that comes later gets those batches first (beyond the
+    // limit, like a dead worker's), each exactly once.
+    c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("later session");
+    assert_eq!(seqs(&orders(&c, later).await.0, 0), vec![0, 1, 2, 3, 4]);
+    assert_eq!(seqs(&orders(&c, w).await.0, 0), vec![5, 6, 7, 8]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_long_poll_wakes_when_its_workers_consumer_ends() {
+    let c = coordinator();
+    let ttl = c.config.lease_ttl;
+    let job = create(&c, spec("", 640, 64, 1));
+    let w = c.register_worker("http://w".into(), "n".into(), 2);
+    assert_eq!(seqs(&orders(&c, w).await.0, 0), vec![0, 1]);
+    tokio::time::advance(ttl / 2).await;
+    // At its limit: the call waits (and renews the lease as it arrives).
+    let waiting = {
+        let c = c.clone();
+        tokio::spawn(async move { c.worker_heartbeat(w, Vec::new(), Vec::new(), ttl).await })
+    };
+    tokio::task::yield_now().await;
+    assert!(!waiting.is_finished());
+    tokio::time::advance(ttl / 2 + Duration::from_millis(1)).await;
+    let asked = tokio::time::Instant::now();
+    assert_eq!(c.expire(asked), (0, 1), "the session expired, the worker did not");
+    match waiting.await.expect("join") {
+        HeartbeatOutcome::Tasks { tasks, drain, ended } => {
+            assert!(tasks.is_empty());
+            assert!(!drain);
+            assert_eq!(ended, vec![(job.job_id, 0)]);
+        }
+        HeartbeatOutcome::Reregister => panic!("worker known"),
+    }
+    assert_eq!(asked.elapsed(), Duration::ZERO, "answered at once, not at the end of its wait");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_draining_worker_hears_that_its_consumer_ended_and_deregisters_with_nothing_to_give_back() {
+    let c = coordinator();
+    let ttl = c.config.lease_ttl;
+    let job = create(&c, spec("", 640, 64, 1));
+    let w = c.register_worker("http://w".into(), "n".into(), 2);
+    assert_eq!(seqs(&orders(&c, w).await.0, 0), vec![0, 1]);
+    c.drain_worker(w).expect("drain");
+    tokio::time::advance(ttl + Duration::from_millis(1)).await;
+    let answer = |outcome| match outcome {
+        HeartbeatOutcome::Tasks { tasks, drain, ended } => (tasks, drain, ended),
+        HeartbeatOutcome::Reregister => panic!("worker known"),
+    };
+    let renew = c.worker_heartbeat(w, Vec::new(), Vec::new(), Duration::ZERO).await;
+    assert_eq!(answer(renew), (vec![], true, vec![]));
+    assert_eq!(c.expire(tokio::time::Instant::now()), (0, 1));
+    let told = c.worker_heartbeat(w, Vec::new(), Vec::new(), Duration::ZERO).await;
+    assert_eq!(answer(told), (vec![], true, vec![(job.job_id, 0)]));
+    assert_eq!(c.list_jobs()[0].consumers[0].assigned, 0, "taken back when the consumer ended");
+    c.deregister(w).expect("deregister");
+    assert_eq!(c.list_jobs()[0].consumers[0].assigned, 0, "and not twice");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_finished_consumers_leftovers_go_when_its_session_ends_and_nothing_is_requeued() {
+    let c = coordinator();
+    let (job, _) = c.create_or_attach(spec("", 256, 64, 1)).expect("job");
+    let (session, _) = c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("session");
+    let slow = c.register_worker("http://slow".into(), "n".into(), 2);
+    let fast = c.register_worker("http://fast".into(), "n".into(), 2);
+    assert_eq!(seqs(&orders(&c, slow).await.0, 0), vec![0, 1]);
+    assert_eq!(seqs(&orders(&c, fast).await.0, 0), vec![2, 3]);
+    tasks(&c, fast, vec![pb::Delivered { job_id: job.job_id, consumer: 0, seqs: vec![2, 3] }]).await;
+    // The trainer has all 4 batches (0 and 1 as copies from elsewhere, e.g.
+    // after a requeue) and says so in its final heartbeat: slow's are
+    // leftovers. While the session is open, late delivery reports still
+    // count, so nothing is taken from the workers yet.
+    assert_eq!(c.session_heartbeat(session, 4, 0).as_deref(), Some(""));
+    assert_eq!(orders(&c, slow).await, (vec![], vec![]));
+    // The trainer leaves (its lease lapses): slow is told, fast is not, and
+    // nothing goes back to the queue, since every batch was acknowledged.
+    tokio::time::advance(c.config.lease_ttl + Duration::from_millis(1)).await;
+    orders(&c, fast).await;
+    assert_eq!(orders(&c, slow).await, (vec![], vec![]));
+    assert_eq!(c.expire(tokio::time::Instant::now()), (0, 1));
+    assert_eq!(orders(&c, slow).await, (vec![], vec![(job.job_id, 0)]));
+    assert_eq!(orders(&c, fast).await, (vec![], vec![]), "fast holds nothing");
+    assert!(c.list_workers().iter().all(|w| w.outstanding == 0));
+    let progress = &c.list_jobs()[0].consumers[0];
+    assert_eq!((progress.assigned, progress.consumed), (4, 4), "nothing requeued");
 }

@@ -41,10 +41,13 @@ impl WorkerService for WorkerApi {
             .min(MAX_WAIT)
             .min(self.0.config.heartbeat_interval);
         let response = match self.0.worker_heartbeat(r.worker_id, r.delivered, r.failed, wait).await {
-            HeartbeatOutcome::Reregister => {
-                pb::WorkerHeartbeatResponse { tasks: Vec::new(), reregister: true, drain: false }
-            }
-            HeartbeatOutcome::Tasks { tasks, drain } => pb::WorkerHeartbeatResponse { tasks, reregister: false, drain },
+            HeartbeatOutcome::Reregister => pb::WorkerHeartbeatResponse { reregister: true, ..Default::default() },
+            HeartbeatOutcome::Tasks { tasks, drain, ended } => pb::WorkerHeartbeatResponse {
+                tasks,
+                reregister: false,
+                drain,
+                ended: ended.into_iter().map(|(job_id, consumer)| pb::ConsumerId { job_id, consumer }).collect(),
+            },
         };
         Ok(Response::new(response))
     }

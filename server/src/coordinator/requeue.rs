@@ -1,0 +1,71 @@
+//! Taking batches back, so that another worker produces them again.
+//!
+//! Two events take batches back: a worker leaves (its lease expired, or it
+//! deregistered after a drain), and a consumer is left with no trainer (the
+//! last session of the consumer ended). Both go through [`give_back`]: every
+//! batch handed out above the consumer's acknowledged watermark returns to
+//! the front of its queue. One path, so the rules for what is produced again
+//! (and what is not) cannot drift apart.
+
+use super::Tables;
+use crate::jobs::JobTable;
+use crate::workers::ConsumerKey;
+
+/// Gives `seqs` of `key` back to its consumer's queue, except those below
+/// the acknowledged watermark, which need no copy anywhere any more.
+/// Returns how many went back.
+fn give_back(jobs: &mut JobTable, key: ConsumerKey, seqs: impl IntoIterator<Item = u64>) -> usize {
+    let (job_id, consumer) = key;
+    let Some(c) = jobs.get_mut(job_id).and_then(|j| j.consumers.get_mut(consumer as usize)) else {
+        return 0;
+    };
+    let consumed = c.consumed;
+    let seqs: Vec<u64> = seqs.into_iter().filter(|&s| s >= consumed).collect();
+    let n = seqs.len();
+    c.queue.give_back(seqs);
+    n
+}
+
+/// Removes a worker and gives the batches it held undelivered or
+/// unacknowledged back to their consumers' queues. Returns its address and
+/// the number of batches given back, or None when it is unknown.
+pub(super) fn retire(t: &mut Tables, worker_id: u64) -> Option<(String, usize)> {
+    let w = t.workers.workers.remove(&worker_id)?;
+    let requeued = w
+        .outstanding
+        .into_iter()
+        .chain(w.unacked)
+        .map(|(key, seqs)| give_back(&mut t.jobs, key, seqs))
+        .sum();
+    Some((w.address, requeued))
+}
+
+/// What [`end_consumer`] did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Ended {
+    /// Workers that held undelivered batches for the consumer and will be
+    /// told to drop them.
+    pub(super) workers: usize,
+    /// Batches given back to the consumer's queue.
+    pub(super) requeued: usize,
+}
+
+/// Ends a consumer at every worker: nobody will fetch its batches (its last
+/// session ended). What workers hold for it
+/// goes back to its queue, as if they had left, so a trainer that comes back
+/// for the consumer gets those batches from whichever worker takes them
+/// next; each worker that held undelivered batches for it is told, in its
+/// next heartbeat response, to drop them and their queued tasks.
+pub(super) fn end_consumer(t: &mut Tables, key: ConsumerKey) -> Ended {
+    let mut ended = Ended::default();
+    for w in t.workers.workers.values_mut() {
+        let held = w.outstanding.remove(&key).unwrap_or_default();
+        let unacked = w.unacked.remove(&key).unwrap_or_default();
+        if !held.is_empty() {
+            w.ended.insert(key);
+            ended.workers += 1;
+        }
+        ended.requeued += give_back(&mut t.jobs, key, held.into_iter().chain(unacked));
+    }
+    ended
+}
