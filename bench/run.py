@@ -287,14 +287,24 @@ def write_report(results, a):
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        fig, ax = plt.subplots(figsize=(9, 1 + 0.5 * len(chart)))
-        labels = [l for _, l, _ in chart]
-        ax.barh(range(len(chart)), [s for _, _, s in chart],
-                color=["#2b7bba" if l.startswith("Loader") else "#aaaaaa" for l in labels])
-        ax.set_yticks(range(len(chart)), labels)
-        ax.invert_yaxis()
-        ax.set_xlabel("samples/s (median)")
-        ax.set_title("; ".join(results.keys()), fontsize=9)
+        # One panel per scenario, each on its own scale: the scenarios'
+        # rates differ by 50x, so one shared axis would flatten the others.
+        names = list(results.keys())
+        sizes = [sum(1 for n, _, _ in chart if n == name) for name in names]
+        fig, axes = plt.subplots(len(names), 1, figsize=(9, 1.2 * len(names) + 0.45 * len(chart)),
+                                 gridspec_kw={"height_ratios": sizes}, squeeze=False)
+        for ax, name in zip(axes[:, 0], names):
+            bars = [(label, sps) for n, label, sps in chart if n == name]
+            torch = next((sps for label, sps in bars if label.startswith("torch")), None)
+            ax.barh(range(len(bars)), [sps for _, sps in bars],
+                    color=["#2b7bba" if label.lower().startswith("loader") else "#aaaaaa" for label, _ in bars])
+            ax.set_yticks(range(len(bars)),
+                          [f"{label}  ({sps / torch:.2f}x torch)" if torch else label for label, sps in bars],
+                          fontsize=8)
+            ax.invert_yaxis()
+            ax.set_title(name if len(name) < 90 else name[:87] + "...", fontsize=9, loc="left")
+            ax.tick_params(axis="x", labelsize=8)
+        axes[-1, 0].set_xlabel("samples/s (median)")
         fig.tight_layout()
         fig.savefig(docs / "benchmarks.png", dpi=110)
     except ImportError:
