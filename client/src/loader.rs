@@ -168,6 +168,18 @@ impl LoaderBuilder {
         self
     }
 
+    /// The saved state to continue from, if one was given.
+    #[cfg(feature = "embedded")]
+    pub(crate) fn resume_state(&self) -> Option<&LoaderState> {
+        self.resume.as_ref()
+    }
+
+    /// The batch to start at, if one was given.
+    #[cfg(feature = "embedded")]
+    pub(crate) fn start_seq(&self) -> Option<u64> {
+        self.start_at
+    }
+
     /// Fails on ring settings that cannot work, before anything starts.
     #[cfg(feature = "embedded")]
     pub(crate) fn check_ring(&self) -> Result<(), LoaderError> {

@@ -9,6 +9,7 @@ mod coordinator;
 mod workers;
 
 use std::ffi::OsString;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use loader_proto::pb::JobSpec;
@@ -18,7 +19,7 @@ use loader_server::ServerConfig;
 
 use crate::connect;
 use crate::error::LoaderError;
-use crate::loader::{DEFAULT_PREFETCH, Loader, LoaderBuilder};
+use crate::loader::{Loader, LoaderBuilder};
 use crate::state::LoaderState;
 
 use self::coordinator::InProcessCoordinator;
@@ -42,18 +43,14 @@ pub(crate) struct LocalCluster {
 /// Settings of an embedded loader; start with [`Loader::local_builder`].
 #[derive(Debug, Clone)]
 pub struct LocalBuilder {
+    /// The loader's own settings (prefetch, order, ring, resume, start), as
+    /// for a coordinator elsewhere; `build` sets the coordinator and the rank
+    /// (0 of 1).
+    loader: LoaderBuilder,
     /// The job; its `consumers` is forced to 1 (this process is the only rank).
     spec: JobSpec,
     /// Worker processes to start.
     workers: usize,
-    /// Credits per worker stream.
-    prefetch: u32,
-    /// Yield in sequence order.
-    in_order: bool,
-    /// Deliver through a shared-memory ring (the workers are local).
-    shared_memory: bool,
-    /// Slot count and size of the ring, when set.
-    ring: Option<(u32, u64)>,
     /// Program and leading arguments that start a worker; see
     /// [`LocalBuilder::worker_command`].
     worker_command: Option<Vec<OsString>>,
@@ -61,35 +58,38 @@ pub struct LocalBuilder {
     server: ServerConfig,
     /// How long workers get to register.
     ready_timeout: Duration,
-    /// Continue where a saved state left off; replaces `spec`.
-    resume: Option<LoaderState>,
-    /// The first batch to yield when there is no `resume`.
-    start_at: Option<u64>,
 }
 
 impl LocalBuilder {
-    /// Batches each worker may send ahead of consumption (default 8).
+    /// Batches each worker may send ahead of consumption; see
+    /// [`LoaderBuilder::prefetch`].
     pub fn prefetch(mut self, prefetch: u32) -> Self {
-        self.prefetch = prefetch;
+        self.loader = self.loader.prefetch(prefetch);
         self
     }
 
     /// Yield strictly in sequence order (default) or as batches arrive.
     pub fn in_order(mut self, in_order: bool) -> Self {
-        self.in_order = in_order;
+        self.loader = self.loader.in_order(in_order);
         self
     }
 
     /// Whether the workers deliver through a shared-memory ring (default
     /// true: they run on this machine) or stream over gRPC (false).
     pub fn shared_memory(mut self, enabled: bool) -> Self {
-        self.shared_memory = enabled;
+        self.loader = self.loader.shared_memory(enabled);
         self
     }
 
     /// Geometry of the shared-memory ring; see [`LoaderBuilder::ring`].
     pub fn ring(mut self, slot_count: u32, slot_size: u64) -> Self {
-        self.ring = Some((slot_count, slot_size));
+        self.loader = self.loader.ring(slot_count, slot_size);
+        self
+    }
+
+    /// Where the ring's socket directory goes; see [`LoaderBuilder::ring_dir`].
+    pub fn ring_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.loader = self.loader.ring_dir(dir);
         self
     }
 
@@ -112,13 +112,13 @@ impl LocalBuilder {
     /// [`LoaderBuilder::resume`]. The state's job replaces the one given to
     /// [`Loader::local_builder`]; it must be a single-rank state.
     pub fn resume(mut self, state: LoaderState) -> Self {
-        self.resume = Some(state);
+        self.loader = self.loader.resume(state);
         self
     }
 
     /// Starts at batch `seq` instead of 0; see [`LoaderBuilder::start_at`].
     pub fn start_at(mut self, seq: u64) -> Self {
-        self.start_at = Some(seq);
+        self.loader = self.loader.start_at(seq);
         self
     }
 
@@ -132,7 +132,8 @@ impl LocalBuilder {
     /// registered, and opens the loader as consumer 0 of 1. Blocking; from
     /// async code, call it inside `spawn_blocking`.
     pub fn build(self) -> Result<Loader, LoaderError> {
-        let mut spec = match &self.resume {
+        let resume = self.loader.resume_state();
+        let mut spec = match resume {
             Some(state) if state.world_size() != 1 => {
                 return Err(LoaderError::InvalidArgument(format!(
                     "embedded mode runs one rank, but the loader state is rank {} of {}; resume it against a coordinator",
@@ -146,7 +147,7 @@ impl LocalBuilder {
         spec.consumers = 1;
         // Fail on a bad spec, start or ring before starting any process.
         let plan = crate::spec::validate(&spec)?;
-        if let (None, Some(seq)) = (&self.resume, self.start_at)
+        if let (None, Some(seq)) = (resume, self.loader.start_seq())
             && seq > plan.total_batches()
         {
             return Err(LoaderError::InvalidArgument(format!(
@@ -154,22 +155,7 @@ impl LocalBuilder {
                 plan.total_batches()
             )));
         }
-        let mut loader = LoaderBuilder::new(String::new())
-            .job(spec)
-            .rank(0)
-            .world_size(1)
-            .prefetch(self.prefetch)
-            .in_order(self.in_order)
-            .shared_memory(self.shared_memory);
-        if let Some(state) = self.resume {
-            loader = loader.resume(state);
-        }
-        if let Some(seq) = self.start_at {
-            loader = loader.start_at(seq);
-        }
-        if let Some((count, size)) = self.ring {
-            loader = loader.ring(count, size);
-        }
+        let loader = self.loader.job(spec).rank(0).world_size(1);
         loader.check_ring()?;
         if self.workers == 0 {
             return Err(LoaderError::InvalidArgument(
@@ -255,17 +241,12 @@ impl Loader {
     /// Like [`Loader::local`], with settings.
     pub fn local_builder(spec: JobSpec, workers: usize) -> LocalBuilder {
         LocalBuilder {
+            loader: LoaderBuilder::new(String::new()),
             spec,
             workers,
-            prefetch: DEFAULT_PREFETCH,
-            in_order: true,
-            shared_memory: true,
-            ring: None,
             worker_command: None,
             server: ServerConfig::default(),
             ready_timeout: DEFAULT_READY_TIMEOUT,
-            resume: None,
-            start_at: None,
         }
     }
 }
