@@ -479,15 +479,9 @@ mod tests {
         .expect("valid")
     }
 
-    /// Credits returned on the line, summed.
-    fn returned(rx: &mut mpsc::UnboundedReceiver<FetchRequest>) -> u32 {
-        std::iter::from_fn(|| rx.try_recv().ok())
-            .map(|r| r.credits)
-            .sum()
-    }
-
-    #[tokio::test]
-    async fn reorders_drops_copies_returns_credits_and_ends() {
+    /// An in-order consumer of `total` batches of job 1, the sender of its
+    /// events, and its session.
+    fn consumer(total: u64) -> (Consumer, crate::event::EventTx, Arc<Session>) {
         let session = Arc::new(Session::unconnected(
             Job {
                 job_id: 1,
@@ -497,8 +491,27 @@ mod tests {
         ));
         let wait = Arc::new(WaitSet::new().expect("wait set"));
         let (tx, rx) = crate::event::channel(Arc::clone(&wait));
-        let mut consumer =
-            Consumer::new(rx, wait, session.clone(), Arc::new(Notify::new()), 4, true);
+        let consumer = Consumer::new(
+            rx,
+            wait,
+            Arc::clone(&session),
+            Arc::new(Notify::new()),
+            total,
+            true,
+        );
+        (consumer, tx, session)
+    }
+
+    /// Credits returned on the line, summed.
+    fn returned(rx: &mut mpsc::UnboundedReceiver<FetchRequest>) -> u32 {
+        std::iter::from_fn(|| rx.try_recv().ok())
+            .map(|r| r.credits)
+            .sum()
+    }
+
+    #[tokio::test]
+    async fn reorders_drops_copies_returns_credits_and_ends() {
+        let (mut consumer, tx, session) = consumer(4);
         let (credit_tx, mut credit_rx) = mpsc::unbounded_channel();
         let line = CreditLine::new(credit_tx);
         line.grant(8);
@@ -533,16 +546,7 @@ mod tests {
         // The session's lazy channel spawns its connection task on a runtime.
         let runtime = tokio::runtime::Runtime::new().expect("runtime");
         let _enter = runtime.enter();
-        let session = Arc::new(Session::unconnected(
-            Job {
-                job_id: 1,
-                ..Default::default()
-            },
-            0,
-        ));
-        let wait = Arc::new(WaitSet::new().expect("wait set"));
-        let (tx, rx) = crate::event::channel(Arc::clone(&wait));
-        let mut consumer = Consumer::new(rx, wait, session, Arc::new(Notify::new()), 2, true);
+        let (mut consumer, tx, _session) = consumer(2);
         let (credit_tx, _credit_rx) = mpsc::unbounded_channel();
         let line = CreditLine::new(credit_tx);
         let sender = std::thread::spawn(move || {
@@ -571,16 +575,7 @@ mod tests {
     fn an_interrupted_blocking_wait_loses_nothing() {
         let runtime = tokio::runtime::Runtime::new().expect("runtime");
         let _enter = runtime.enter();
-        let session = Arc::new(Session::unconnected(
-            Job {
-                job_id: 1,
-                ..Default::default()
-            },
-            0,
-        ));
-        let wait = Arc::new(WaitSet::new().expect("wait set"));
-        let (tx, rx) = crate::event::channel(Arc::clone(&wait));
-        let mut consumer = Consumer::new(rx, wait, session, Arc::new(Notify::new()), 2, true);
+        let (mut consumer, tx, _session) = consumer(2);
         let (credit_tx, _credit_rx) = mpsc::unbounded_channel();
         let line = CreditLine::new(credit_tx);
         // Nothing arrives: the check runs while the thread blocks, and its
@@ -619,16 +614,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_fatal_event_is_yielded_once_then_the_end() {
-        let session = Arc::new(Session::unconnected(
-            Job {
-                job_id: 1,
-                ..Default::default()
-            },
-            0,
-        ));
-        let wait = Arc::new(WaitSet::new().expect("wait set"));
-        let (tx, rx) = crate::event::channel(Arc::clone(&wait));
-        let mut consumer = Consumer::new(rx, wait, session, Arc::new(Notify::new()), 4, true);
+        let (mut consumer, tx, _session) = consumer(4);
         tx.send(Event::Fatal(LoaderError::JobFailed(
             "sample 7: corrupt".into(),
         )))
