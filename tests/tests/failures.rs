@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 
 use loader_client::{Dtype, JobSpec, Loader, Transport, spec};
 use loader_e2e::{
-    Cluster, HOST_ADDR, NS_ADDR, Proc, RemoteNamespace, Trainer, assert_received, binary, loaderctl, run, wait_until,
+    Cluster, HOST_ADDR, NS_ADDR, Proc, RemoteNamespace, Scope, Trainer, assert_received, binary, loaderctl, run,
+    wait_until,
 };
 
 /// Lease TTL of the coordinator in most of these tests: short, so a death costs little.
@@ -117,16 +118,7 @@ fn sigkilled_trainer_session_expires_and_workers_unmap_its_ring() {
         for worker in &mut cluster.workers {
             assert!(worker.wait_exit(Duration::ZERO).is_none(), "a worker exited with the trainer");
         }
-        let args: Vec<String> = ["consume", "--coordinator", &cluster.url(), "--json"]
-            .into_iter()
-            .chain(["--samples", "4096", "--shape", "64", "--batch-size", "64"])
-            .map(str::to_owned)
-            .collect();
-        let mut second = loaderctl(&scope, &args);
-        let status = second.wait_exit(Duration::from_secs(60)).expect("the second consumer finishes within 60 s");
-        assert!(status.success(), "second consumer: {status}");
-        let report = last_json(&second);
-        assert_eq!(report["batches"], 64, "{report}");
+        let report = consume_64_batches(&scope, &cluster.url(), &[]);
         assert_eq!(report["shm_batches"], 64, "co-located workers deliver through the ring: {report}");
     });
 }
@@ -186,16 +178,25 @@ fn a_dead_trainers_batches_are_dropped_by_the_worker_holding_them() {
 
         // The worker outlives the trainer and serves the next one.
         assert!(cluster.workers[0].wait_exit(Duration::ZERO).is_none(), "the worker exited with the trainer");
-        let args: Vec<String> = ["consume", "--coordinator", &cluster.url(), "--transport", "grpc", "--json"]
-            .into_iter()
-            .chain(["--samples", "4096", "--shape", "64", "--batch-size", "64"])
-            .map(str::to_owned)
-            .collect();
-        let mut second = loaderctl(&scope, &args);
-        let status = second.wait_exit(Duration::from_secs(60)).expect("the second consumer finishes within 60 s");
-        assert!(status.success(), "second consumer: {status}");
-        assert_eq!(last_json(&second)["batches"], 64);
+        consume_64_batches(&scope, &cluster.url(), &["--transport", "grpc"]);
     });
+}
+
+/// A second trainer (`loaderctl consume`, 64 batches, `extra` flags) runs
+/// to the end within 60 s against the cluster at `url`; its report.
+fn consume_64_batches(scope: &Scope, url: &str, extra: &[&str]) -> serde_json::Value {
+    let args: Vec<String> = ["consume", "--coordinator", url, "--json"]
+        .into_iter()
+        .chain(extra.iter().copied())
+        .chain(["--samples", "4096", "--shape", "64", "--batch-size", "64"])
+        .map(str::to_owned)
+        .collect();
+    let mut second = loaderctl(scope, &args);
+    let status = second.wait_exit(Duration::from_secs(60)).expect("the second consumer finishes within 60 s");
+    assert!(status.success(), "second consumer: {status}");
+    let report = last_json(&second);
+    assert_eq!(report["batches"], 64, "{report}");
+    report
 }
 
 /// The JSON object a `loaderctl ... --json` child printed last.
