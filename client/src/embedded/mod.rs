@@ -250,3 +250,29 @@ impl Loader {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use loader_proto::pb::Dtype;
+
+    use super::*;
+
+    #[test]
+    fn a_start_past_the_job_is_one_line_before_any_process_starts() {
+        // 64 samples in batches of 16: 4 batches. A worker command that
+        // cannot run shows that nothing was started before the check.
+        let spec = crate::spec::synthetic(64, &[4], Dtype::U8)
+            .batch_size(16)
+            .build()
+            .expect("spec");
+        let e = Loader::local_builder(spec, 1)
+            .worker_command(Some(vec![OsString::from("/nonexistent/loader-worker")]))
+            .start_at(5)
+            .build()
+            .expect_err("past the end");
+        assert_eq!(
+            e.to_string(),
+            "cannot start at batch 5: this job has only 4 batches"
+        );
+    }
+}
