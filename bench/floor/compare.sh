@@ -7,11 +7,15 @@
 #   loaderctl  `loaderctl consume --transport shm` against loader-server and two
 #              loader-workers (zero-compute 3x224x224 uint8, batch 64)
 # Prints the median of each. Usage: bench/floor/compare.sh [REPEATS] [SAMPLES]
+# BIN=dir uses the loader binaries in dir instead of building target/release
+# (to compare a build of another commit in the same minutes).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 REPEATS=${1:-5}; SAMPLES=${2:-64000}
-BIN=target/release
-cargo build --release --bins -p loader-client -p loader-server -p loader-worker >&2
+if [ -z "${BIN:-}" ]; then
+  BIN=target/release
+  cargo build --release --bins -p loader-client -p loader-server -p loader-worker >&2
+fi
 T=$(mktemp -d); trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$T"' EXIT
 gcc -O2 -pthread -o "$T/ring_round" bench/floor/ring_round.c
 gcc -O2 -o "$T/futex_round" bench/floor/futex_round.c

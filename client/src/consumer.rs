@@ -5,9 +5,14 @@
 //! With a shared-memory ring, gaps are also handed to `ring::GapWatch`.
 //!
 //! Two ways to wait, one loop: the blocking iterator sleeps in the
-//! [`WaitSet`] itself (a ring report wakes this very thread), the async
-//! `next` awaits the event channel and the wait set's readiness on the
-//! caller's runtime.
+//! [`WaitSet`] itself, the async `next` awaits the event channel and the
+//! wait set's readiness on the caller's runtime. Either way a wait on the
+//! ring is paced (`ring::Pace`): before sleeping the consumer arms the
+//! ring's doorbell for several reports, so the workers wake it once per
+//! few batches instead of once per batch (a sleep and a wake-up is the
+//! largest CPU cost of a batch on a virtual machine), and it never sleeps
+//! past the hold deadline the pace sets. A hang-up on a worker's socket
+//! wakes it at once.
 
 use std::collections::{BTreeSet, HashSet};
 use std::convert::Infallible;
@@ -24,7 +29,7 @@ use crate::batch::{Batch, Transport};
 use crate::error::LoaderError;
 use crate::event::{Credit, Event, EventRx};
 use crate::reorder::Reorder;
-use crate::ring::{GapWatch, Inbox};
+use crate::ring::{GapWatch, Inbox, Pace};
 use crate::session::Session;
 use crate::wake::{Ready, WaitFd, WaitSet};
 
@@ -72,6 +77,19 @@ pub(crate) struct Consumer {
     /// `wait` registered with the caller's runtime, made by the first async
     /// `next` that waits on a ring.
     async_wait: Option<AsyncFd<WaitFd>>,
+    /// How many ring reports a wait sleeps through.
+    pace: Pace,
+}
+
+/// The ring's part in a wait.
+enum RingWait {
+    /// No ring.
+    Off,
+    /// Reports are in that were not read: read instead of sleeping.
+    Unread,
+    /// The workers ring after enough reports; read by the deadline, if any,
+    /// whatever came.
+    Armed(Option<Instant>),
 }
 
 /// What woke an async `next`.
@@ -80,8 +98,8 @@ enum Woke {
     Event(Option<Event>),
     /// The ring's sockets (or the wait set) have something.
     Ring(io::Result<()>),
-    /// Nothing for a whole tick.
-    Tick,
+    /// The hold deadline of an armed ring, or a whole tick without news.
+    Timer,
 }
 
 impl Consumer {
@@ -111,6 +129,7 @@ impl Consumer {
             inbox: None,
             ready: Ready::default(),
             async_wait: None,
+            pace: Pace::default(),
         }
     }
 
@@ -182,18 +201,32 @@ impl Consumer {
                 }
             }
             let waiting = Instant::now();
-            let tick = self.gap.as_ref().map_or(STALL_GRACE, GapWatch::tick);
+            let hold_at = match self.arm_ring(waiting) {
+                RingWait::Off => None,
+                RingWait::Armed(hold_at) => hold_at,
+                RingWait::Unread => match self.read_ring() {
+                    Ok(_) => continue,
+                    Err(e) => return self.fail(e),
+                },
+            };
+            let tick_at = waiting + self.gap.as_ref().map_or(STALL_GRACE, GapWatch::tick);
+            let timer = hold_at.map_or(tick_at, |hold| hold.min(tick_at));
             let woke = tokio::select! {
                 e = self.events.recv() => Woke::Event(e),
                 r = ring_ready(self.async_wait.as_ref(), &self.wait, &mut self.ready) => Woke::Ring(r),
-                () = tokio::time::sleep(tick) => Woke::Tick,
+                () = tokio::time::sleep_until(timer) => Woke::Timer,
             };
+            self.disarm_ring();
             self.session.progress().add_stall(waiting.elapsed());
             let ended = match woke {
                 Woke::Event(event) => self.on_event(event),
-                Woke::Ring(Ok(())) => self.read_ring(),
+                Woke::Ring(Ok(())) => self.read_ring().err(),
                 Woke::Ring(Err(e)) => Some(wait_failed(e)),
-                Woke::Tick => self.stuck(called),
+                Woke::Timer => match self.read_ring() {
+                    Ok(0) if Instant::now() >= tick_at => self.stuck(called),
+                    Ok(_) => None,
+                    Err(e) => Some(e),
+                },
             };
             if let Some(e) = ended {
                 return self.fail(e);
@@ -245,9 +278,23 @@ impl Consumer {
                 continue;
             }
             let waiting = Instant::now();
+            let hold_at = match self.arm_ring(waiting) {
+                RingWait::Off => None,
+                RingWait::Armed(hold_at) => hold_at,
+                RingWait::Unread => match self.read_ring() {
+                    Ok(_) => {
+                        tick_at = None;
+                        continue;
+                    }
+                    Err(e) => return Ok(self.fail(e)),
+                },
+            };
             let tick = self.gap.as_ref().map_or(STALL_GRACE, GapWatch::tick);
             let tick_deadline = *tick_at.get_or_insert(waiting + tick);
-            let deadline = check_at.map_or(tick_deadline, |check| check.min(tick_deadline));
+            let mut deadline = check_at.map_or(tick_deadline, |check| check.min(tick_deadline));
+            if let Some(hold) = hold_at {
+                deadline = deadline.min(hold);
+            }
             let events = &self.events;
             let waited = self.wait.wait(
                 deadline.saturating_duration_since(waiting),
@@ -255,22 +302,25 @@ impl Consumer {
                 || !events.is_empty(),
                 &mut self.ready,
             );
+            self.disarm_ring();
             let now = Instant::now();
             self.session.progress().add_stall(now - waiting);
             let ended = match waited {
                 Err(e) => Some(wait_failed(e)),
-                Ok(()) if self.ready.timed_out => {
-                    if now >= tick_deadline {
+                // Woken (a report count, an event, a hang-up), or a deadline:
+                // either way, what the ring has is read.
+                Ok(()) => match self.read_ring() {
+                    Err(e) => Some(e),
+                    Ok(n) if n > 0 || !self.ready.timed_out => {
                         tick_at = None;
-                        self.stuck(called)
-                    } else {
                         None
                     }
-                }
-                Ok(()) => {
-                    tick_at = None;
-                    self.read_ring()
-                }
+                    Ok(_) if now >= tick_deadline => {
+                        tick_at = None;
+                        self.stuck(called)
+                    }
+                    Ok(_) => None,
+                },
             };
             if let Some(e) = ended {
                 return Ok(self.fail(e));
@@ -330,19 +380,47 @@ impl Consumer {
         }
     }
 
-    /// Reads the ring's sockets the last wait reported: reports become
-    /// batches, writable sockets take the grants that waited for them.
-    fn read_ring(&mut self) -> Option<LoaderError> {
-        let inbox = self.inbox.as_ref()?;
+    /// Before a wait: asks the ring's workers to ring after the reports the
+    /// pace plans for (see `ring::pace`), unless some are in already.
+    fn arm_ring(&mut self, now: Instant) -> RingWait {
+        let Some(inbox) = &self.inbox else {
+            return RingWait::Off;
+        };
+        if inbox.unread() {
+            return RingWait::Unread;
+        }
+        let received = self.yielded + self.reorder.len() as u64;
+        let plan = self
+            .pace
+            .plan(inbox.in_flight(), self.total.saturating_sub(received));
+        if !inbox.arm(plan.reports) {
+            return RingWait::Unread;
+        }
+        self.pace.waiting(now);
+        RingWait::Armed(plan.hold.map(|hold| now + hold))
+    }
+
+    /// After a wait, whatever ended it.
+    fn disarm_ring(&self) {
+        if let Some(inbox) = &self.inbox {
+            inbox.disarm();
+        }
+    }
+
+    /// Reads every ring socket: reports become batches, writable sockets
+    /// take the grants that waited for them. Returns the batches read.
+    fn read_ring(&mut self) -> Result<u64, LoaderError> {
+        let Some(inbox) = self.inbox.as_ref() else {
+            return Ok(0);
+        };
         if !self.ready.writable.is_empty() {
             inbox.flush(&self.ready.writable);
+            self.ready.writable.clear();
         }
         let reorder = &mut self.reorder;
-        inbox
-            .read(&self.ready.readable, |batch, credit| {
-                accept(reorder, batch, credit)
-            })
-            .err()
+        let filled = inbox.read_all(|batch, credit| accept(reorder, batch, credit))?;
+        self.pace.read(Instant::now(), filled);
+        Ok(filled)
     }
 
     /// Nothing arrived for a tick: nudges the workers that may hold the
@@ -409,9 +487,9 @@ fn accept(reorder: &mut Reorder<(Batch, Credit)>, batch: Batch, credit: Credit) 
     }
 }
 
-/// Waits until the ring's sockets have something for an async consumer.
-/// Readiness is cleared only once the wait set was seen empty: a socket
-/// left with bytes to read keeps it.
+/// Waits until the ring's doorbell rings (the reports asked for are in) or
+/// one of its sockets hangs up, for an async consumer. Readiness is cleared
+/// only once the wait set was seen empty.
 async fn ring_ready(
     fd: Option<&AsyncFd<WaitFd>>,
     wait: &WaitSet,

@@ -1,6 +1,6 @@
 //! How a consumer thread blocked in `next()` sleeps: in one `epoll_wait`
-//! over the sockets of the ring's workers and a doorbell (an eventfd) that
-//! the background tasks ring when they send it something.
+//! over a doorbell (an eventfd) and the sockets of the ring's workers,
+//! watched for hang-ups only.
 //!
 //! Why not simply block on the event channel: a batch from the ring would
 //! then cost three cross-thread wake-ups (epoll wakes a runtime thread for
@@ -8,12 +8,17 @@
 //! and the dropped batch wakes a runtime thread again to write the grant).
 //! On a virtual machine each wake-up of a sleeping thread costs both sides
 //! several microseconds of scheduler work and VM exits, which made up most
-//! of the client's CPU per batch. Here the worker's report wakes the
-//! consumer thread itself, which reads and checks it; the grant is written
-//! by the thread that frees the slot (see `ring::link`).
+//! of the client's CPU per batch. Here the consumer thread itself reads and
+//! checks the workers' reports; the grant is written by the thread that
+//! frees the slot (see `ring::grant`).
 //!
-//! The doorbell is rung only while the consumer is parked, so a background
-//! task that sends while the consumer is busy pays no system call.
+//! The eventfd is rung by the background tasks after they send the consumer
+//! an event, only while the consumer is parked (a task that sends while the
+//! consumer is busy pays no system call), and by the ring's workers when the
+//! count of reports the consumer asked for is reached (see
+//! [`loader_proto::doorbell`]): the consumer sleeps through several reports
+//! instead of waking for each, which is why the sockets' data does not wake
+//! it.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
@@ -34,7 +39,7 @@ const BELL: u64 = u64::MAX;
 /// What one wait saw.
 #[derive(Debug, Default)]
 pub(crate) struct Ready {
-    /// Ring connections whose socket is readable (or closed, or failed).
+    /// Ring connections whose socket hung up (or failed).
     pub(crate) readable: Vec<u64>,
     /// Ring connections whose socket can take grants that did not fit
     /// before (see `Book::flush`).
@@ -52,11 +57,13 @@ impl Ready {
 }
 
 /// The consumer's epoll set: the doorbell and the ring's worker sockets.
+/// Every wake-up reads the ring's sockets (see `Inbox::read_all`).
 #[derive(Debug)]
 pub(crate) struct WaitSet {
     /// Level-triggered, so a socket left with unread bytes is reported again.
     epoll: Epoll,
-    /// Rung by background tasks after they send the consumer an event.
+    /// Rung by background tasks after they send the consumer an event, and
+    /// by ring workers (who hold a copy) when the reports asked for are in.
     bell: EventFd,
     /// The consumer is (about to be) asleep in `wait`: senders must ring.
     parked: AtomicBool,
@@ -88,8 +95,14 @@ impl WaitSet {
         }
     }
 
-    /// Reports `socket` under `token` from now on: readable, and writable
-    /// too when `writable`.
+    /// The doorbell's descriptor, lent to ring workers over SCM_RIGHTS.
+    pub(crate) fn bell_fd(&self) -> BorrowedFd<'_> {
+        self.bell.as_fd()
+    }
+
+    /// Reports `socket` under `token` from now on: when it hangs up, and
+    /// when writable too with `writable`. Data arriving does not wake the
+    /// set: the ring's doorbell does.
     pub(crate) fn watch(
         &self,
         socket: BorrowedFd<'_>,
@@ -178,7 +191,9 @@ impl WaitSet {
 }
 
 fn interest(writable: bool) -> EpollFlags {
-    let mut flags = EpollFlags::EPOLLIN | EpollFlags::EPOLLRDHUP;
+    // Hang-ups only (EPOLLHUP and EPOLLERR are always reported): a report's
+    // bytes wake no one; the worker rings the doorbell when it is time.
+    let mut flags = EpollFlags::EPOLLRDHUP;
     if writable {
         flags |= EpollFlags::EPOLLOUT;
     }
@@ -231,12 +246,17 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn a_registered_wait_set_is_readable_while_a_socket_is() {
+    async fn a_registered_wait_set_is_readable_once_a_socket_hangs_up() {
         let set = Arc::new(WaitSet::new().expect("wait set"));
         let fd = WaitFd::register(Arc::clone(&set)).expect("register");
         let (a, mut b) = UnixStream::pair().expect("pair");
         set.watch(a.as_fd(), 3, false).expect("watch");
         b.write_all(b"x").expect("write");
+        let mut ready = Ready::default();
+        set.wait(Duration::ZERO, false, || false, &mut ready)
+            .expect("wait");
+        assert!(ready.timed_out, "data alone wakes no one");
+        drop(b);
         let guard = tokio::time::timeout(Duration::from_secs(20), fd.readable())
             .await
             .expect("readable in time")
@@ -281,19 +301,19 @@ mod tests {
             .expect("wait");
         assert!(!ready.timed_out);
 
-        let (a, mut b) = UnixStream::pair().expect("pair");
+        let (a, b) = UnixStream::pair().expect("pair");
         set.watch(a.as_fd(), 7, false).expect("watch");
-        b.write_all(b"x").expect("write");
-        set.wait(Duration::from_secs(20), false, || false, &mut ready)
-            .expect("wait");
-        assert_eq!(ready.readable, vec![7]);
         set.rewatch(a.as_fd(), 7, true).expect("rewatch");
         set.wait(Duration::ZERO, false, || false, &mut ready)
             .expect("wait");
         assert_eq!(
             (ready.readable.clone(), ready.writable.clone()),
-            (vec![7], vec![7])
+            (vec![], vec![7])
         );
+        drop(b);
+        set.wait(Duration::from_secs(20), false, || false, &mut ready)
+            .expect("wait");
+        assert_eq!(ready.readable, vec![7], "hung up");
         set.forget(a.as_fd());
         set.wait(Duration::ZERO, false, || false, &mut ready)
             .expect("wait");

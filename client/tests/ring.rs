@@ -21,6 +21,7 @@ use bytes::BytesMut;
 use loader_client::{Dtype, Loader, RingSlots, Transport, spec};
 use loader_proto::PROTOCOL_VERSION;
 use loader_proto::batch::{BatchLayout, BatchMeta, TensorDesc};
+use loader_proto::doorbell::DOORBELL_LEN;
 use loader_proto::pb::{
     RingAttach, RingHello, RingToTrainer, RingToWorker, SlotFilled, SlotGrant, ring_to_trainer,
     ring_to_worker,
@@ -224,7 +225,9 @@ impl Peer {
         }
     }
 
-    /// Reads the attach message and the memfd riding on it; None on EOF.
+    /// Reads the attach message and the memfd riding on it (and the
+    /// doorbell's eventfd after it, when the trainer offers one, which this
+    /// peer never rings: the trainer must not depend on it); None on EOF.
     fn attach(&mut self) -> Option<(RingAttach, File)> {
         let mut fds = Vec::new();
         loop {
@@ -232,7 +235,12 @@ impl Peer {
                 let Some(ring_to_worker::Msg::Attach(a)) = msg.msg else {
                     panic!("expected attach, got {msg:?}")
                 };
-                assert_eq!(fds.len(), 1, "one memfd with the attach message");
+                let expected = if a.doorbell { 2 } else { 1 };
+                assert_eq!(
+                    fds.len(),
+                    expected,
+                    "the memfd (and eventfd) with the attach message"
+                );
                 return Some((a, File::from(fds.remove(0))));
             }
             let mut chunk = [0u8; 1024];
@@ -392,7 +400,11 @@ fn a_worker_whose_header_points_past_its_slot_is_named_and_ends_the_iterator() {
             let (attach, memfd) = peer.attach().expect("attached");
             assert_eq!((attach.job_id, attach.consumer), (job_id, 0));
             assert_eq!((attach.slot_count, attach.slot_size), (4, 64 << 10));
-            assert_eq!(memfd.metadata().expect("stat").len(), 4 * (64 << 10));
+            let doorbell_page = if attach.doorbell { DOORBELL_LEN } else { 0 };
+            assert_eq!(
+                memfd.metadata().expect("stat").len(),
+                4 * (64 << 10) + doorbell_page
+            );
             let g = peer.grant();
             // SAFETY: the mapping is private to this test thread; the trainer
             // only reads the slot after it is reported filled.

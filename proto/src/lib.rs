@@ -8,6 +8,8 @@
 //! - [`sampler`]: the seeded per-epoch permutation and the `DistributedSampler`
 //!   split of batches between data-parallel consumers.
 //! - [`ring`]: framing of the shared-memory ring messages and the slot geometry.
+//! - [`doorbell`]: the two shared words that let a trainer sleep until
+//!   several ring reports are waiting, instead of waking for each one.
 //! - [`spec`]: validation of job specs, one error message per bad field.
 //! - [`transforms`]: validation of an image pipeline and the tensor it
 //!   produces, as typed steps the worker runs.
@@ -15,6 +17,7 @@
 //! - [`node`]: the node identity that decides co-location.
 
 pub mod batch;
+pub mod doorbell;
 pub mod dtype;
 pub mod node;
 pub mod ring;

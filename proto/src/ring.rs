@@ -69,6 +69,13 @@ impl RingGeometry {
         self.slot_size.checked_mul(u64::from(self.slot_count))
     }
 
+    /// Bytes of the memfd of a ring with a doorbell: the slots, then the
+    /// doorbell page at offset [`total_len`](Self::total_len). None on
+    /// overflow.
+    pub fn file_len_with_doorbell(&self) -> Option<u64> {
+        self.total_len()?.checked_add(crate::doorbell::DOORBELL_LEN)
+    }
+
     /// Byte range of slot `slot`, or None when there is no such slot.
     pub fn slot_range(&self, slot: u32) -> Option<std::ops::Range<usize>> {
         if slot >= self.slot_count {
@@ -119,8 +126,10 @@ mod tests {
         assert_eq!(g.slot_range(2), Some(8192..12288));
         assert_eq!(g.slot_range(3), None);
         assert_eq!(g.total_len(), Some(12288));
+        assert_eq!(g.file_len_with_doorbell(), Some(12288 + 4096));
         let huge = RingGeometry { slot_size: u64::MAX, slot_count: 2 };
         assert_eq!(huge.slot_range(1), None);
         assert_eq!(huge.total_len(), None);
+        assert_eq!(huge.file_len_with_doorbell(), None);
     }
 }

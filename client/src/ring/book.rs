@@ -261,6 +261,16 @@ impl Book {
         }
     }
 
+    /// Grants the workers have been sent and not yet reported on: the
+    /// filled reports that can come before the consumer frees a slot.
+    pub(crate) fn known_grants(&self) -> u32 {
+        let st = self.lock();
+        st.accounts
+            .values()
+            .map(|a| a.grants.saturating_sub(a.line.queued()))
+            .sum()
+    }
+
     /// Connections with credits to spare but no grant while no slot is
     /// free: every slot is held by batches or granted elsewhere, so these
     /// workers cannot deliver until a batch is dropped.

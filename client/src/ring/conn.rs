@@ -136,7 +136,8 @@ async fn read_hello(stream: &mut UnixStream, buf: &mut BytesMut) -> Result<RingH
     }
 }
 
-/// Sends the attach message with the memfd riding on its first byte.
+/// Sends the attach message with the memfd and the consumer's eventfd (the
+/// doorbell the worker rings) riding on its first byte.
 async fn attach(served: &Served, stream: &UnixStream) -> Result<(), RingError> {
     let g = served.ring.memory.geometry();
     let attach = RingAttach {
@@ -145,11 +146,15 @@ async fn attach(served: &Served, stream: &UnixStream) -> Result<(), RingError> {
         consumer: served.ctx.expected.consumer,
         slot_size: g.slot_size,
         slot_count: g.slot_count,
+        doorbell: true,
     };
     let bytes = encode(&RingToWorker {
         msg: Some(ring_to_worker::Msg::Attach(attach)),
     });
-    let fds = [served.ring.memory.fd().as_raw_fd()];
+    let fds = [
+        served.ring.memory.fd().as_raw_fd(),
+        served.ctx.inbox.bell_fd().as_raw_fd(),
+    ];
     let sent = stream
         .async_io(Interest::WRITABLE, || {
             let cmsgs = [ControlMessage::ScmRights(&fds)];

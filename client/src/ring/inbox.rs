@@ -1,8 +1,14 @@
 //! The attached workers' sockets, read by the consumer itself: a worker's
-//! report wakes the thread that waits for the batch (it sleeps in the
-//! [`WaitSet`] these sockets are in), not a runtime thread that would have
-//! to wake it in turn. Grants go out on the same sockets through the book
-//! (see `grant`).
+//! reports are read by the thread that waits for the batch (it sleeps in the
+//! [`WaitSet`] whose eventfd the workers ring), not by a runtime thread that
+//! would have to wake it in turn. Grants go out on the same sockets through
+//! the book (see `grant`).
+//!
+//! The consumer does not wake for every report: before it sleeps it asks,
+//! through the ring's doorbell ([`loader_proto::doorbell`]), to be woken when
+//! a number of reports are in ([`Inbox::arm`]), and every wake-up reads
+//! every socket to its end ([`Inbox::read_all`]). The sockets themselves
+//! wake it only when they hang up.
 //!
 //! Every report is checked by the book before it becomes a view; every view
 //! is parsed and checked like a gRPC frame (`Batch::from_slot`, one path)
@@ -13,7 +19,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{ErrorKind, Read};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -32,9 +38,8 @@ use crate::event::Credit;
 use crate::wake::WaitSet;
 
 /// Bytes read from a socket at a time: reports are about twenty bytes, so
-/// one read takes every report a wake-up normally brings (a longer burst is
-/// reported again by the level-triggered wait set). Small, because the
-/// buffer is zeroed on every read.
+/// one read takes every report a wake-up normally brings; a full read is
+/// followed by another. Small, because the buffer is zeroed on every read.
 const READ_CHUNK: usize = 1024;
 
 /// A worker that attached: what errors and logs call it.
@@ -61,10 +66,23 @@ struct Link {
 
 /// How reading a link ended.
 enum Outcome {
-    /// Reports were handled; the socket stays open.
-    Open,
+    /// Every report was handled; the socket stays open.
+    Drained,
+    /// The read filled the buffer: more may wait.
+    More,
     /// The worker closed its socket (stopping, or dead).
     Closed,
+}
+
+/// Where reading stands against the doorbell's count.
+#[derive(Debug, Default)]
+struct Counts {
+    /// Filled reports read, all links together.
+    read: u64,
+    /// Every report counted up to here has been read: the larger of the
+    /// count seen before the last full read and `read` (a report can be read
+    /// before its worker counts it).
+    base: u64,
 }
 
 /// The ring's attached connections, shared by the accept loop (which adds
@@ -79,6 +97,9 @@ pub(crate) struct Inbox {
     expected: Expected,
     /// Open links by connection id; `None` once the loader stopped.
     links: Mutex<Option<BTreeMap<ConnId, Link>>>,
+    /// Reports read, against the doorbell's count; changed only by
+    /// `read_all` under the `links` lock.
+    counts: Mutex<Counts>,
 }
 
 impl Inbox {
@@ -89,7 +110,44 @@ impl Inbox {
             wait,
             expected,
             links: Mutex::new(Some(BTreeMap::new())),
+            counts: Mutex::new(Counts::default()),
         }
+    }
+
+    fn counts(&self) -> MutexGuard<'_, Counts> {
+        // Two counters stay consistent across a panic elsewhere.
+        self.counts
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The eventfd workers ring, to lend them at attach.
+    pub(crate) fn bell_fd(&self) -> BorrowedFd<'_> {
+        self.wait.bell_fd()
+    }
+
+    /// Whether workers counted reports that have not been read yet.
+    pub(crate) fn unread(&self) -> bool {
+        self.ring.memory.doorbell().reported() > self.counts().base
+    }
+
+    /// Asks the workers to ring the consumer's eventfd once `reports` more
+    /// filled reports are in (at least one). False when they already are:
+    /// read instead of sleeping. [`Inbox::disarm`] after waking.
+    pub(crate) fn arm(&self, reports: u64) -> bool {
+        let target = self.counts().base.saturating_add(reports.max(1));
+        self.ring.memory.doorbell().arm(target)
+    }
+
+    /// The consumer is awake: no worker needs to ring.
+    pub(crate) fn disarm(&self) {
+        self.ring.memory.doorbell().disarm();
+    }
+
+    /// Slots the ring's workers know they may fill: the reports that can
+    /// still come without the consumer giving a slot back.
+    pub(crate) fn in_flight(&self) -> u32 {
+        self.ring.book.known_grants()
     }
 
     fn lock(&self) -> MutexGuard<'_, Option<BTreeMap<ConnId, Link>>> {
@@ -138,39 +196,50 @@ impl Inbox {
         Ok(())
     }
 
-    /// Reads the sockets of the connections in `ready`, turning each filled
-    /// slot into a batch handed to `deliver`. A worker that broke the
-    /// protocol is disconnected and its error returned.
-    pub(crate) fn read(
+    /// Reads every link's socket to its end, turning each filled slot into
+    /// a batch handed to `deliver`; returns how many. A worker that broke
+    /// the protocol is disconnected and its error returned; a closed socket
+    /// ends its link.
+    pub(crate) fn read_all(
         &self,
-        ready: &[ConnId],
         mut deliver: impl FnMut(Batch, Credit),
-    ) -> Result<(), LoaderError> {
+    ) -> Result<u64, LoaderError> {
         let mut links = self.lock();
         let Some(open) = links.as_mut() else {
-            return Ok(());
+            return Ok(0);
         };
-        for &id in ready {
-            let Some(link) = open.get_mut(&id) else {
-                continue;
-            };
-            match self.read_link(id, link, &mut deliver) {
-                Ok(Outcome::Open) => {}
-                Ok(Outcome::Closed) => {
-                    if let Some(link) = open.remove(&id) {
-                        self.closed(id, link);
-                    }
-                }
+        // Every report counted now is already in its socket: read below.
+        let counted = self.ring.memory.doorbell().reported();
+        let mut filled = 0;
+        let mut ended = Vec::new();
+        let mut failed = None;
+        for (&id, link) in open.iter_mut() {
+            match self.read_link(id, link, &mut filled, &mut deliver) {
+                Ok(Outcome::Drained | Outcome::More) => {}
+                Ok(Outcome::Closed) => ended.push(id),
                 Err(e) => {
-                    if let Some(link) = open.remove(&id) {
-                        tracing::warn!(pid = link.worker.pid, "closing the ring connection: {e}");
-                        self.forget(id, &link);
-                    }
-                    return Err(e);
+                    failed = Some((id, e));
+                    break;
                 }
             }
         }
-        Ok(())
+        for id in ended {
+            if let Some(link) = open.remove(&id) {
+                self.closed(id, link);
+            }
+        }
+        let mut counts = self.counts();
+        counts.read += filled;
+        counts.base = counts.read.max(counted);
+        drop(counts);
+        if let Some((id, e)) = failed {
+            if let Some(link) = open.remove(&id) {
+                tracing::warn!(pid = link.worker.pid, "closing the ring connection: {e}");
+                self.forget(id, &link);
+            }
+            return Err(e);
+        }
+        Ok(filled)
     }
 
     /// Sends grants that waited for these connections' sockets to drain.
@@ -192,11 +261,29 @@ impl Inbox {
         }
     }
 
-    /// One read of `link`'s socket, and every complete report in it.
+    /// Reads `link`'s socket until it has nothing more, handling every
+    /// complete report; counts filled ones in `filled`.
     fn read_link(
         &self,
         id: ConnId,
         link: &mut Link,
+        filled: &mut u64,
+        deliver: &mut impl FnMut(Batch, Credit),
+    ) -> Result<Outcome, LoaderError> {
+        loop {
+            let outcome = self.read_once(id, link, filled, deliver)?;
+            if !matches!(outcome, Outcome::More) {
+                return Ok(outcome);
+            }
+        }
+    }
+
+    /// One read of `link`'s socket, and every complete report in it.
+    fn read_once(
+        &self,
+        id: ConnId,
+        link: &mut Link,
+        filled: &mut u64,
         deliver: &mut impl FnMut(Batch, Credit),
     ) -> Result<Outcome, LoaderError> {
         let mut chunk = [0u8; READ_CHUNK];
@@ -204,12 +291,15 @@ impl Inbox {
             Ok(0) => Outcome::Closed,
             Ok(n) => {
                 link.buf.extend_from_slice(&chunk[..n]);
-                Outcome::Open
+                // A short read emptied the socket's queue.
+                if n == READ_CHUNK {
+                    Outcome::More
+                } else {
+                    Outcome::Drained
+                }
             }
-            // Woken for nothing (or by a signal): the wait set reports it again.
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => {
-                return Ok(Outcome::Open);
-            }
+            Err(e) if e.kind() == ErrorKind::Interrupted => Outcome::More,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(Outcome::Drained),
             // A reset is a worker that died, like an orderly close.
             Err(_) => Outcome::Closed,
         };
@@ -218,6 +308,9 @@ impl Inbox {
         while let Some(msg) =
             decode::<RingToTrainer>(&mut link.buf).map_err(|e| bad(&link.worker, e.to_string()))?
         {
+            if matches!(msg.msg, Some(ring_to_trainer::Msg::Filled(_))) {
+                *filled += 1;
+            }
             self.on_report(id, &link.worker, &mut link.tables, msg, deliver)?;
         }
         Ok(outcome)

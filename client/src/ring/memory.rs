@@ -1,8 +1,9 @@
 //! The ring's shared memory, and the only `unsafe` of the trainer's side of
 //! the shared-memory transport.
 //!
-//! One sealed memfd holds every slot; the trainer maps it shared and keeps
-//! the descriptor only to pass it to workers. The mapping is writable because
+//! One sealed memfd holds every slot, then the doorbell page
+//! ([`loader_proto::doorbell`]); the trainer maps it shared and keeps the
+//! descriptor only to pass it to workers. The mapping is writable because
 //! a held slot is the trainer's own memory: the Python SDK hands it to torch
 //! through DLPack, and torch has no read-only tensors, so over a read-only
 //! mapping an in-place op (`x.sub_(mean)`) would kill the trainer with
@@ -16,6 +17,7 @@ use std::ops::Range;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
 
+use loader_proto::doorbell::Doorbell;
 use loader_proto::ring::RingGeometry;
 use memmap2::{MmapOptions, MmapRaw};
 use nix::fcntl::{FcntlArg, SealFlag, fcntl};
@@ -37,7 +39,8 @@ pub(crate) struct RingMemory {
     /// Shared. Raw because workers write slots this process does not hold:
     /// no `&[u8]` may cover more than one held slot.
     map: MmapRaw,
-    /// Where the slots lie; `total_len()` equals `map.len()`.
+    /// Where the slots lie; the doorbell page follows them, and
+    /// `file_len_with_doorbell()` equals `map.len()`.
     geometry: RingGeometry,
 }
 
@@ -46,7 +49,7 @@ impl RingMemory {
     /// must be valid (see [`super::RingConfig::geometry`]).
     pub(crate) fn create(geometry: RingGeometry) -> Result<Arc<Self>, RingError> {
         let len = geometry
-            .total_len()
+            .file_len_with_doorbell()
             .and_then(|l| usize::try_from(l).ok())
             .ok_or_else(|| {
                 RingError::Config("the ring's size overflows this address space".into())
@@ -73,11 +76,13 @@ impl RingMemory {
                 "the kernel mapped a different length".into(),
             ));
         }
-        Ok(Arc::new(Self {
+        let memory = Arc::new(Self {
             file,
             map,
             geometry,
-        }))
+        });
+        memory.doorbell().disarm();
+        Ok(memory)
     }
 
     /// The descriptor to pass to a worker.
@@ -88,6 +93,23 @@ impl RingMemory {
     /// Slot size and count.
     pub(crate) fn geometry(&self) -> RingGeometry {
         self.geometry
+    }
+
+    /// The doorbell words, after the slots.
+    pub(crate) fn doorbell(&self) -> &Doorbell {
+        // The ring's size was checked to fit; the page follows the slots.
+        let offset = self.geometry.total_len().unwrap_or(0) as usize;
+        // SAFETY: `create` mapped `file_len_with_doorbell()` bytes, so the
+        // doorbell page (DOORBELL_LEN >= size_of::<Doorbell>() bytes at
+        // `offset`) lies inside the mapping, which `self.map` keeps alive
+        // for the lifetime of the reference. `offset` is a multiple of the
+        // slot size, itself a multiple of the page size, and the mapping is
+        // page-aligned, so the pointer is aligned for `Doorbell`. Its fields
+        // are atomics, the only way either process touches those bytes (a
+        // fresh memfd is zeroed: `reported` starts at 0; `wake_at` 0 would
+        // only ask for one early wake-up, and it is written before any
+        // worker attaches).
+        unsafe { &*self.map.as_ptr().add(offset).cast::<Doorbell>() }
     }
 
     /// Address range of the whole mapping, to tell ring-backed bytes apart.
@@ -218,10 +240,12 @@ mod tests {
             slot_count: 2,
         };
         let mem = RingMemory::create(g).expect("ring");
-        assert_eq!(mem.address_range().len(), 8192);
+        assert_eq!(mem.address_range().len(), 8192 + 4096, "slots and doorbell");
+        assert_eq!(mem.doorbell().reported(), 0);
+        assert!(mem.doorbell().arm(1), "nothing reported yet");
         let file = mem.file.try_clone().expect("dup");
         assert!(file.set_len(4096).is_err(), "shrinking is sealed");
-        assert!(file.set_len(3 * 4096).is_err(), "growing is sealed");
+        assert!(file.set_len(4 * 4096).is_err(), "growing is sealed");
         let seals = fcntl(&file, FcntlArg::F_GET_SEALS).expect("seals");
         let want = SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SEAL;
         assert_eq!(SealFlag::from_bits_truncate(seals) & want, want);

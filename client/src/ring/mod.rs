@@ -19,6 +19,8 @@
 //!   the attach message with the memfd.
 //! - `inbox`: the attached workers' sockets, read by the consumer thread
 //!   itself: reports in, checked, turned into batches.
+//! - `pace`: how many reports a waiting consumer sleeps through before the
+//!   workers ring its doorbell.
 //! - `grant`: grants out, written straight to a worker's socket by the
 //!   thread that frees or credits a slot.
 //! - `gap`: what the consumer does when the in-order stream is stuck on a
@@ -30,6 +32,7 @@ mod gap;
 mod grant;
 mod inbox;
 mod memory;
+mod pace;
 mod peer;
 
 use std::collections::BTreeSet;
@@ -52,6 +55,7 @@ pub(crate) use self::gap::{GapWatch, Listed};
 pub(crate) use self::inbox::Inbox;
 use self::memory::RingMemory;
 pub(crate) use self::memory::SlotView;
+pub(crate) use self::pace::Pace;
 use self::peer::PeerPolicy;
 
 /// Bytes per slot unless told otherwise: a 64 x 3x224x224 uint8 batch fits.

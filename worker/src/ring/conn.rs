@@ -18,6 +18,7 @@ use loader_proto::pb::{
 use loader_proto::ring::{RingGeometry, decode, encode};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
+use super::bell::Bell;
 use super::slots::{Mapping, Outgoing, Slots};
 use super::socket::RingSocket;
 use super::{Rings, RingError, handshake};
@@ -35,12 +36,13 @@ pub(crate) async fn run(rings: Arc<Rings>, path: PathBuf, hello: RingHello) {
     };
     let attached = joined.and_then(|a| {
         let geometry = RingGeometry { slot_size: a.attach.slot_size, slot_count: a.attach.slot_count };
-        let mapping = Mapping::new(&a.memfd, geometry)?;
+        let mapping = Mapping::new(&a.memfd, geometry, a.attach.doorbell)?;
         // The mapping keeps the memory; the descriptor is not needed.
         drop(a.memfd);
-        Ok((a.stream, a.attach, a.rest, mapping))
+        let bell = Bell::new(Arc::clone(&mapping), a.eventfd);
+        Ok((a.stream, a.attach, a.rest, mapping, bell))
     });
-    let (stream, attach, rest, mapping) = match attached {
+    let (stream, attach, rest, mapping, bell) = match attached {
         Ok(parts) => parts,
         Err(e) => {
             tracing::warn!(socket, "cannot use the trainer's shared-memory ring, delivering over gRPC: {e}");
@@ -62,7 +64,7 @@ pub(crate) async fn run(rings: Arc<Rings>, path: PathBuf, hello: RingHello) {
         slot_size = attach.slot_size,
         "attached to the trainer's shared-memory ring"
     );
-    let outcome = serve(&rings, id, stream, rest, rx).await;
+    let outcome = serve(&rings, id, stream, rest, rx, bell.as_ref()).await;
     // Unmaps the ring (once the last lease is gone) before saying so.
     drop(registered);
     match outcome {
@@ -103,6 +105,7 @@ async fn serve(
     stream: tokio::net::UnixStream,
     mut buf: BytesMut,
     mut outgoing: UnboundedReceiver<Outgoing>,
+    bell: Option<&Bell>,
 ) -> Result<End, RingError> {
     let socket = RingSocket::new(stream)?;
     loop {
@@ -126,18 +129,28 @@ async fn serve(
                     return Ok(End::TrainerClosed);
                 }
             }
-            Some(out) = outgoing.recv() => report(rings, id, &socket, out).await?,
+            Some(out) = outgoing.recv() => report(rings, id, &socket, out, bell).await?,
         }
     }
 }
 
-/// Tells the trainer a lease ended, after the book knows.
-async fn report(rings: &Rings, id: u64, socket: &RingSocket, out: Outgoing) -> Result<(), RingError> {
+/// Tells the trainer a lease ended, after the book knows; a filled slot is
+/// counted on the doorbell once its report is in the socket.
+async fn report(
+    rings: &Rings,
+    id: u64,
+    socket: &RingSocket,
+    out: Outgoing,
+    bell: Option<&Bell>,
+) -> Result<(), RingError> {
     match out {
         Outgoing::Filled { slot, generation, len, seq, key } => {
             rings.settle(id, slot, generation);
             let msg = ring_to_trainer::Msg::Filled(SlotFilled { slot, generation, len, seq });
             socket.write_all(&encode(&RingToTrainer { msg: Some(msg) })).await?;
+            if let Some(bell) = bell {
+                bell.reported();
+            }
             rings.outboxes.record_delivered(key, seq);
         }
         Outgoing::Returned { slot, generation } => {

@@ -1,6 +1,6 @@
 //! Joining a trainer's ring: connect to its Unix socket, say hello, and
 //! receive the attach message with the ring's memfd riding on it
-//! (SCM_RIGHTS).
+//! (SCM_RIGHTS), and the trainer's eventfd when the ring has a doorbell.
 
 use std::fs::File;
 use std::io::IoSliceMut;
@@ -19,8 +19,8 @@ use super::slots::adopt_received_fds;
 
 /// Bytes read per `recvmsg` during the handshake.
 const CHUNK: usize = 4096;
-/// Descriptors one `recvmsg` has room for: one is expected, the rest are
-/// received only to be closed.
+/// Descriptors one `recvmsg` has room for: one or two are expected, the rest
+/// are received only to be closed.
 const MAX_FDS: usize = 4;
 
 /// A trainer's ring, attached but not yet mapped.
@@ -32,6 +32,8 @@ pub(crate) struct Attached {
     pub(crate) attach: RingAttach,
     /// The ring's memfd.
     pub(crate) memfd: File,
+    /// The trainer's eventfd, rung through the doorbell (see `bell`).
+    pub(crate) eventfd: Option<OwnedFd>,
     /// Bytes that arrived after the attach message (early grants).
     pub(crate) rest: BytesMut,
 }
@@ -60,12 +62,30 @@ pub(crate) async fn join(path: &Path, hello: RingHello) -> Result<Attached, Ring
         }
         None => return Err(RingError::Protocol("an empty or unknown message instead of attach".into())),
     };
-    let memfd = match fds.len() {
-        0 => return Err(RingError::NoMemfd),
-        1 => fds.pop().map(File::from).ok_or(RingError::NoMemfd)?,
-        n => return Err(RingError::Protocol(format!("attach carried {n} file descriptors, expected one"))),
-    };
-    Ok(Attached { stream, attach, memfd, rest: buf })
+    let expected = if attach.doorbell { 2 } else { 1 };
+    if fds.is_empty() {
+        return Err(RingError::NoMemfd);
+    }
+    if fds.len() != expected {
+        return Err(RingError::Protocol(format!(
+            "attach carried {} file descriptors, expected {expected}",
+            fds.len()
+        )));
+    }
+    let eventfd = if attach.doorbell { fds.pop().map(checked_eventfd).transpose()? } else { None };
+    let memfd = fds.pop().map(File::from).ok_or(RingError::NoMemfd)?;
+    Ok(Attached { stream, attach, memfd, eventfd, rest: buf })
+}
+
+/// The doorbell's descriptor, if it is an eventfd: the worker writes eight
+/// bytes to it now and then, which must not land in some other file.
+fn checked_eventfd(fd: OwnedFd) -> Result<OwnedFd, RingError> {
+    let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))?;
+    if link.as_os_str() == "anon_inode:[eventfd]" {
+        Ok(fd)
+    } else {
+        Err(RingError::Protocol(format!("the doorbell descriptor is {}, not an eventfd", link.display())))
+    }
 }
 
 /// Reads what is available into `buf`, keeping any descriptors that came

@@ -16,10 +16,13 @@
 //! # Layout
 //! - `handshake`: connect, hello, and the attach message with its memfd.
 //! - `conn`: the connection task: grants in, filled/returned reports out.
+//! - `bell`: after each filled report, the doorbell that wakes the trainer
+//!   only once the reports it waits for are in.
 //! - `socket`: the connection's socket, watched by the runtime for reads
 //!   only (registering it is the module's one `unsafe` line).
 //! - `slots`: the mapping, the book of slots, and leases: the other `unsafe`.
 
+mod bell;
 mod conn;
 mod handshake;
 mod slots;

@@ -16,6 +16,7 @@ use std::ops::Range;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 
+use loader_proto::doorbell::{DOORBELL_LEN, Doorbell};
 use loader_proto::ring::RingGeometry;
 use memmap2::{MmapOptions, MmapRaw};
 use tokio::sync::mpsc::UnboundedSender;
@@ -103,13 +104,17 @@ pub(crate) struct Mapping {
     /// A raw mapping: slots are handed out as `&mut` one lease at a time, so
     /// no `&mut` to the whole ring may exist.
     map: MmapRaw,
-    /// Where the slots lie; `total_len()` equals `map.len()`.
+    /// Where the slots lie; `total_len()` equals `map.len()`, plus
+    /// `DOORBELL_LEN` with a doorbell.
     geometry: RingGeometry,
+    /// The doorbell page follows the slots.
+    doorbell: bool,
 }
 
 impl Mapping {
-    /// Maps `memfd` after checking that it holds the whole ring.
-    pub(crate) fn new(memfd: &File, geometry: RingGeometry) -> Result<Arc<Self>, MapError> {
+    /// Maps `memfd` after checking that it holds the whole ring, and the
+    /// doorbell page after the slots when `doorbell`.
+    pub(crate) fn new(memfd: &File, geometry: RingGeometry, doorbell: bool) -> Result<Arc<Self>, MapError> {
         let bad = |why| MapError::Geometry { count: geometry.slot_count, size: geometry.slot_size, why };
         if geometry.slot_size == 0 {
             return Err(bad("slots must not be empty"));
@@ -125,7 +130,11 @@ impl Mapping {
         if !geometry.slot_size.is_multiple_of(loader_proto::batch::ALIGN as u64) {
             return Err(bad("slot size must be a multiple of 64 bytes"));
         }
-        let Some(total) = geometry.total_len() else {
+        let total = match doorbell {
+            true => geometry.file_len_with_doorbell(),
+            false => geometry.total_len(),
+        };
+        let Some(total) = total else {
             return Err(bad("the ring's size overflows"));
         };
         let Ok(len) = usize::try_from(total) else {
@@ -144,7 +153,27 @@ impl Mapping {
         if map.len() != len {
             return Err(bad("the kernel mapped a different length"));
         }
-        Ok(Arc::new(Self { map, geometry }))
+        Ok(Arc::new(Self { map, geometry, doorbell }))
+    }
+
+    /// The doorbell words after the slots, if the ring has them.
+    pub(crate) fn doorbell(&self) -> Option<&Doorbell> {
+        if !self.doorbell {
+            return None;
+        }
+        let offset = usize::try_from(self.geometry.total_len()?).ok()?;
+        debug_assert!(offset as u64 + DOORBELL_LEN <= self.map.len() as u64);
+        // SAFETY: with a doorbell, `new` checked the memfd holds and mapped
+        // `file_len_with_doorbell()` bytes, so the page at `offset` (the end
+        // of the slots) lies inside the live mapping, which `self.map` keeps
+        // mapped for the lifetime of the reference. `offset` is a multiple of
+        // the slot size, itself a multiple of 64, and the mapping is
+        // page-aligned, so the pointer is aligned for `Doorbell` (align 64).
+        // No slot covers the page, so no lease's `&mut [u8]` aliases it; its
+        // fields are atomics, the only way this process touches those bytes.
+        // The trainer may write any values there: they are hints that decide
+        // when it is woken, never a size or an offset.
+        Some(unsafe { &*self.map.as_ptr().add(offset).cast::<Doorbell>() })
     }
 }
 
@@ -298,7 +327,7 @@ impl SlotLease {
     pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
         let base = self.mapping.map.as_mut_ptr();
         // SAFETY: `range` comes from the geometry the mapping was created and
-        // checked with (`Mapping::new`: mapped length == geometry.total_len()),
+        // checked with (`Mapping::new`: mapped length >= geometry.total_len()),
         // so it lies inside the live mapping, which `self.mapping` keeps
         // mapped for as long as the slice (borrowed from `self`) lives. The
         // book hands out one lease per grant and refuses a new grant of a
@@ -349,7 +378,7 @@ mod tests {
     fn ring(size: u64, count: u32) -> (File, Slots, UnboundedSender<Outgoing>, UnboundedReceiver<Outgoing>) {
         let g = RingGeometry { slot_size: size, slot_count: count };
         let file = memfd(size * u64::from(count));
-        let slots = Slots::new(Mapping::new(&file, g).expect("map"));
+        let slots = Slots::new(Mapping::new(&file, g, false).expect("map"));
         let (tx, rx) = unbounded_channel();
         (file, slots, tx, rx)
     }
@@ -357,13 +386,20 @@ mod tests {
     #[test]
     fn bad_geometry_and_short_memfds_are_refused() {
         let file = memfd(8192);
-        let map = |size, count| Mapping::new(&file, RingGeometry { slot_size: size, slot_count: count });
+        let map = |size, count| Mapping::new(&file, RingGeometry { slot_size: size, slot_count: count }, false);
         assert!(map(4096, 2).is_ok());
         for (size, count) in [(0, 2), (4096, 0), (100, 2), (64, MAX_SLOTS + 1), (u64::MAX - 63, 2)] {
             assert!(matches!(map(size, count), Err(MapError::Geometry { .. })), "{size} x {count}");
         }
         let e = map(4096, 3).expect_err("too small");
         assert_eq!(e.to_string(), "the ring's memfd holds 8192 bytes, its 3 slots of 4096 bytes need 12288");
+        let g = RingGeometry { slot_size: 4096, slot_count: 1 };
+        let with_bell = Mapping::new(&file, g, true).expect("one slot and the doorbell page");
+        assert!(with_bell.doorbell().is_some());
+        assert!(Mapping::new(&file, g, false).expect("no doorbell").doorbell().is_none());
+        let g = RingGeometry { slot_size: 4096, slot_count: 2 };
+        let e = Mapping::new(&file, g, true).expect_err("no room for the doorbell");
+        assert_eq!(e.to_string(), "the ring's memfd holds 8192 bytes, its 2 slots of 4096 bytes need 12288");
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use std::fs::File;
 use std::io::{ErrorKind, IoSlice, Read, Write};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::os::unix::fs::FileExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
@@ -18,6 +18,7 @@ use loader_proto::pb::{
     SyntheticSpec, Task, dataset_spec::Kind, ring_to_trainer, ring_to_worker,
 };
 use loader_proto::ring::{decode, encode};
+use nix::sys::eventfd::{EfdFlags, EventFd};
 use nix::sys::memfd::{MFdFlags, memfd_create};
 use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
 use tokio::runtime::Runtime;
@@ -157,10 +158,18 @@ enum Got {
 }
 
 impl Peer {
+    /// Attaches without a doorbell: the trainer wakes on the socket.
     fn attach(&mut self, slot_size: u64, slot_count: u32, memfd: Option<&File>) {
-        let attach = RingAttach { session_id: 9, job_id: 1, consumer: 0, slot_size, slot_count };
+        self.attach_with(slot_size, slot_count, memfd, None);
+    }
+
+    /// Attaches with a doorbell when `bell` (the descriptor sent as its
+    /// eventfd) is given.
+    fn attach_with(&mut self, slot_size: u64, slot_count: u32, memfd: Option<&File>, bell: Option<BorrowedFd<'_>>) {
+        let doorbell = bell.is_some();
+        let attach = RingAttach { session_id: 9, job_id: 1, consumer: 0, slot_size, slot_count, doorbell };
         let bytes = encode(&RingToWorker { msg: Some(ring_to_worker::Msg::Attach(attach)) });
-        let fds: Vec<_> = memfd.iter().map(|f| f.as_raw_fd()).collect();
+        let fds: Vec<_> = memfd.iter().map(|f| f.as_raw_fd()).chain(bell.map(|b| b.as_raw_fd())).collect();
         let cmsgs: Vec<_> = if fds.is_empty() { vec![] } else { vec![ControlMessage::ScmRights(&fds)] };
         let sent = sendmsg::<()>(self.stream.as_raw_fd(), &[IoSlice::new(&bytes)], &cmsgs, MsgFlags::empty(), None)
             .expect("sendmsg");
@@ -397,16 +406,20 @@ fn an_unusable_ring_falls_back_to_grpc() {
     let rt = runtime();
     let outboxes = Outboxes::new();
     let p = producer(&rt, &outboxes);
-    let cases: [(&str, Option<File>, u64); 3] = [
-        ("no memfd", None, 4096),
-        ("memfd too small", Some(memfd("loader-ring-short", 4096)), 4096),
-        ("slots not 64-byte multiples", Some(memfd("loader-ring-odd", 2 * 4096)), 1000),
+    let eventfd = EventFd::from_flags(EfdFlags::EFD_NONBLOCK).expect("eventfd");
+    let (pipe_read, _pipe_write) = nix::unistd::pipe().expect("pipe");
+    let cases: [(&str, Option<File>, u64, Option<BorrowedFd<'_>>); 5] = [
+        ("no memfd", None, 4096, None),
+        ("memfd too small", Some(memfd("loader-ring-short", 4096)), 4096, None),
+        ("slots not 64-byte multiples", Some(memfd("loader-ring-odd", 2 * 4096)), 1000, None),
+        ("no room for the doorbell", Some(memfd("loader-ring-nobell", 2 * 4096)), 4096, Some(eventfd.as_fd())),
+        ("a doorbell that is no eventfd", Some(memfd("loader-ring-pipe", 3 * 4096)), 4096, Some(pipe_read.as_fd())),
     ];
-    for (job_id, (what, ring, slot_size)) in (10..).zip(cases) {
+    for (job_id, (what, ring, slot_size, bell)) in (10..).zip(cases) {
         let trainer = Trainer::listen();
         p.submit(task(job_id, 0..2, trainer.socket()));
         let (mut peer, _) = trainer.accept();
-        peer.attach(slot_size, 2, ring.as_ref());
+        peer.attach_with(slot_size, 2, ring.as_ref(), bell);
         match peer.recv(LIMIT) {
             Got::Eof => {}
             other => panic!("{what}: expected the worker to hang up, got {other:?}"),
@@ -414,6 +427,45 @@ fn an_unusable_ring_falls_back_to_grpc() {
         assert_eq!(from_outbox(&rt, &outboxes, job_id, 2).len(), 2, "{what}: batches over gRPC");
         settle(&p);
     }
+    p.stop();
+}
+
+/// The doorbell page of a ring of `slots` slots of 4096 bytes: the count of
+/// reports, and the count the trainer wants to be woken at.
+fn doorbell_words(ring: &File, slots: u64) -> (u64, u64) {
+    let mut words = [0u8; 72];
+    ring.read_exact_at(&mut words, slots * 4096).expect("read doorbell");
+    let word = |at: usize| u64::from_ne_bytes(words[at..at + 8].try_into().expect("8 bytes"));
+    (word(0), word(64))
+}
+
+#[test]
+fn the_doorbell_rings_once_at_the_count_the_trainer_asked_for() {
+    let rt = runtime();
+    let outboxes = Outboxes::new();
+    let p = producer(&rt, &outboxes);
+    let trainer = Trainer::listen();
+    let ring = memfd("loader-ring-bell", 4 * 4096 + 4096);
+    let eventfd = EventFd::from_flags(EfdFlags::EFD_NONBLOCK).expect("eventfd");
+    // The trainer sleeps until two reports are in.
+    ring.write_all_at(&2u64.to_ne_bytes(), 4 * 4096 + 64).expect("arm");
+    p.submit(task(1, 0..3, trainer.socket()));
+    let (mut peer, _) = trainer.accept();
+    peer.attach_with(4096, 4, Some(&ring), Some(eventfd.as_fd()));
+    peer.grant(0, 0);
+    let f = peer.filled();
+    check_slot(&ring, 4096, &f);
+    eventually("the first report counted", || doorbell_words(&ring, 4).0 == 1);
+    assert!(eventfd.read().is_err(), "one report of two: no ring");
+    peer.grant(1, 0);
+    peer.grant(2, 0);
+    for seq in [1, 2] {
+        assert_eq!(peer.filled().seq, seq);
+    }
+    eventually("three reports counted", || doorbell_words(&ring, 4).0 == 3);
+    assert_eq!(eventfd.read().expect("rung"), 1, "rung once, at the second report");
+    assert_eq!(doorbell_words(&ring, 4).1, u64::MAX, "the ringer disarmed it");
+    assert_eq!(delivered(&outboxes, 1, 3), vec![0, 1, 2]);
     p.stop();
 }
 
