@@ -127,35 +127,60 @@ NOTES = """## How to read these numbers
   The trainer's own cost is measured against an external coordinator by
   `bench/floor/compare.sh` (`loader-server` and two `loader-worker`s,
   `loaderctl consume --samples 64000 --transport shm`), next to the
-  machine's floors in the same minutes, repeats interleaved. On a quiet
-  machine, 2026-11-22, medians of 5 (µs of client CPU per batch):
+  machine's floors in the same minutes, repeats interleaved
+  (`BIN=dir bench/floor/compare.sh` measures another build's binaries).
+  2026-11-23, medians of 5 (µs of client CPU per batch), this commit and
+  the one before the doorbell measured one after the other:
 
   | what | µs/batch |
   | --- | ---: |
-  | futex: one sleep + one wake-up across processes, nothing else | 18.0 |
-  | futex, the worker writing 10 MB per batch | 18.6 |
-  | socket: `poll`, read a report, write a grant | 36.6 |
+  | futex: one sleep + one wake-up across processes, nothing else | 19.1 |
+  | futex, the worker writing 10 MB per batch | 21.5 |
+  | socket: `poll`, read a report, write a grant | 40.5 |
   | socket, the worker writing 10 MB per batch | 43.2 |
-  | `loaderctl consume --transport shm` | 41.4 |
+  | `loaderctl consume --transport shm`, with the doorbell | **25.9** (20.5-27.9) |
+  | the same before the doorbell (56257d3) | 36.2 (34.8-48.7) |
 
   In a zero-compute loop the trainer is faster than its workers, so it
-  sleeps once per batch and is woken by the report; on this VM that
-  sleep and wake-up alone costs 18 µs (scheduler work and VM exits), and
-  Loader's report/grant round over the ring's Unix socket costs what the
-  bare C round costs. Loader's own user-space work is about 5,300
-  instructions per batch (callgrind; 7,700 before the tensor table of a
-  stream was parsed once instead of per batch). The issue's target of
-  < 20 µs is below what a socket round costs here; the way under it is a
-  doorbell in the shared ring itself (reports and grants as counters in
-  the memfd, a futex wake only when the other side sleeps), not yet built.
+  waits for nearly every batch; on this VM a sleep and a wake-up alone
+  costs 18-20 µs (scheduler work and VM exits). Before the doorbell the
+  trainer slept once per batch and was woken by each report on the
+  ring's socket, and paid the bare C socket round. With the ring's
+  doorbell (docs/protocol.md, "Trainer <- co-located worker", 4) it asks
+  the workers to wake it once half the grants they hold are reported (at
+  most 8), and reads every socket then: 0.37 sleeps per batch instead of
+  1, and 0.6 grant writes. That makes it cheaper than the C
+  socket round, but not yet under the issue's 20 µs (in quieter minutes,
+  8 runs of `--samples 128000`: median 23.2, 17.8-24.8). What is left,
+  by the trainer's profile: a quarter the grant writes (each wakes the
+  worker's reactor: an inter-processor interrupt, paid by the writer, on
+  a VM), a sixth reading reports (mostly freeing one socket buffer per
+  report), a sixth sleeping, and user-space work (reports, headers, the
+  book). Holding grants back longer (a quarter of the fair share instead
+  of half, all sent when the trainer sleeps) cut the writes from 0.6 to
+  0.4 per batch but saved only ~1 µs and cost 8% throughput, so it is not
+  in. The way under 20 µs is reports and grants as queues in the doorbell
+  page itself, with the socket kept for hand-shake and hang-ups.
+  Throughput with the doorbell is unchanged or better (56-62k samples/s
+  vs 49-59k in the same minutes, `loaderctl consume --samples 64000`).
   History: 94-106 µs before the consumer thread read the ring's sockets
-  itself (2.75 wake-ups of other threads per batch, now 0.34).
+  itself (2.75 wake-ups of other threads per batch, then 0.34); 41.4 µs
+  on 2026-11-22 before the doorbell.
 - Absolute rates move with the host from day to day, ratios much less: in
   the run above torch DataLoader made 5,596 samples/s and Loader's gRPC
   path 1.47 GB/s (1.75x torch); on 2026-11-21 the same gRPC code made
   1.96 GB/s (1.47x a torch at 8,842 samples/s), and last session's
   binaries measure the same as today's in the same minutes (0.9-1.2 GB/s
   right after this run). Only same-run ratios compare systems.
+- The gRPC path is CPU-bound on this 2-core host (two workers and the
+  trainer share it). On 2026-11-23 `loaderctl consume --transport grpc
+  --samples 64000` against `loader-server` and two `loader-worker`s made
+  1.24-1.38 GB/s; the trainer's profile (`perf record --call-graph dwarf`)
+  is 30% the kernel's copy out of the TCP socket and 20-29% a second copy
+  of every byte in tonic's `StreamingInner::poll_frame`, which appends each
+  HTTP/2 DATA chunk to its decode buffer. Taking that second copy out
+  (reading the response body's chunks straight into the batch buffer) is
+  the next step toward the 1.5 GB/s target on this host.
 - The shared-memory path is at the machine's copy limit: the workers' own
   fill of 9.6 MB per batch (memset) is most of its CPU profile.
 - Images: an ImageNet-shaped folder made by `bench/make_images.py` (class
