@@ -220,7 +220,8 @@ def main():
     p.add_argument("--image-files", type=int, default=2560,
                    help="JPEG files in the generated image folder (>= 2000)")
     p.add_argument("--image-epochs", type=int, default=2)
-    p.add_argument("--only", default=None, help="run only scenarios whose name contains this")
+    p.add_argument("--only", default=None, help="run only scenarios whose name contains this; the report keeps the "
+                        "others' results from the last run")
     p.add_argument("--report-only", action="store_true",
                    help="rewrite docs/benchmarks.md and .png from the raw results of the last run "
                         "(docs/benchmarks.json), e.g. after editing the notes")
@@ -228,10 +229,10 @@ def main():
     raw = ROOT / "docs" / "benchmarks.json"
     if a.report_only:
         saved = json.loads(raw.read_text())
-        for key, value in saved["args"].items():
-            setattr(a, key, value)
-        write_report({name: [tuple(s) for s in systems] for name, systems in saved["results"].items()}, a)
+        write_report(saved_results(saved), saved_runs(saved))
         return
+    today = datetime.date.today().isoformat()
+    this_run = {"command": command_of(a), "date": today, "machine": machine()}
     results = {}
     for name, systems in scenarios(a.samples, a.image_files, a.image_epochs, a.only).items():
         runs = {label: [] for label, _, _ in systems}
@@ -244,10 +245,47 @@ def main():
                 runs[label].append(res)
         same_data(name, runs)
         results[name] = [(label, role, runs[label]) for label, _, role in systems]
+    measured = {name: this_run for name in results}
+    if a.only and raw.exists():
+        # A partial run replaces its scenarios in the last report and keeps
+        # the others, each still naming the command and date it came from.
+        saved = json.loads(raw.read_text())
+        old, old_runs = saved_results(saved), saved_runs(saved)
+        merged = {name: results.get(name, old[name]) for name in old}
+        merged.update(results)
+        measured = {name: measured.get(name, old_runs[name]) for name in merged}
+        results = merged
     args = {k: getattr(a, k) for k in ("samples", "repeats", "image_files", "image_epochs", "only")}
-    raw.write_text(json.dumps({"args": args, "date": datetime.date.today().isoformat(),
+    raw.write_text(json.dumps({"args": args, "date": today, "runs": measured,
                                "results": results}, indent=1) + "\n")
-    write_report(results, a)
+    write_report(results, measured)
+
+
+def command_of(a):
+    """The bench/run.sh command line that `a` (parsed arguments) stands for."""
+    return (f"bench/run.sh --samples {a.samples} --repeats {a.repeats} "
+            f"--image-files {a.image_files} --image-epochs {a.image_epochs}"
+            + (f" --only {shlex.quote(a.only)}" if a.only else ""))
+
+
+def machine():
+    return f"{os.cpu_count()} cores, {platform.platform()}"
+
+
+def saved_results(saved):
+    """The results of docs/benchmarks.json, as a run returns them."""
+    return {name: [tuple(s) for s in systems] for name, systems in saved["results"].items()}
+
+
+def saved_runs(saved):
+    """Scenario name -> the command, date and machine that measured it.
+    Files written before scenarios were kept across partial runs have one
+    run for all (and no machine: this one is assumed)."""
+    if "runs" in saved:
+        return saved["runs"]
+    args = argparse.Namespace(**saved["args"])
+    run = {"command": command_of(args), "date": saved["date"], "machine": machine()}
+    return {name: run for name in saved["results"]}
 
 
 def same_data(name, runs):
@@ -264,7 +302,9 @@ def med(runs, key):
     return statistics.median(vals) if vals else None
 
 
-def write_report(results, a):
+def write_report(results, measured):
+    """docs/benchmarks.md and .png from `results`; `measured` names the
+    command, date and machine of each scenario."""
     docs = ROOT / "docs"
     lines = [
         "# Benchmarks",
@@ -274,22 +314,25 @@ def write_report(results, a):
         "runs every system in the same run on the same data, interleaved, medians of the",
         "repeats:",
         "",
-        "```",
-        f"bench/run.sh --samples {a.samples} --repeats {a.repeats} "
-        f"--image-files {a.image_files} --image-epochs {a.image_epochs}"
-        + (f" --only {shlex.quote(a.only)}" if a.only else ""),
-        "```",
-        "",
-        f"Machine: {os.cpu_count()} cores, {platform.platform()}, "
-        f"{datetime.date.today().isoformat()}.",
-        "",
     ]
+    distinct = {(m["command"], m["date"], m["machine"]) for m in measured.values()}
+    if len(distinct) == 1:
+        command, date, host = next(iter(distinct))
+        lines += ["```", command, "```", "", f"Machine: {host}, {date}.", ""]
+    else:
+        lines += ["```", "bench/run.sh", "```", "",
+                  "The scenarios below come from more than one run (`--only` runs some and keeps",
+                  "the others); each names its command, date and machine. Only rows of one",
+                  "scenario compare.", ""]
     chart = []
     for name, systems in results.items():
         anchors = [(label, med(runs, "samples_per_s")) for label, role, runs in systems if role == "anchor"]
         best_anchor = max(anchors, key=lambda x: x[1]) if anchors else None
-        lines += [f"## {name}", "",
-                  "| system | samples/s | MB/s | first batch | vs torch DataLoader | vs best anchor |",
+        lines += [f"## {name}", ""]
+        if len(distinct) > 1:
+            m = measured[name]
+            lines += [f"`{m['command']}`, {m['date']}, {m['machine']}.", ""]
+        lines += ["| system | samples/s | MB/s | first batch | vs torch DataLoader | vs best anchor |",
                   "| --- | ---: | ---: | ---: | ---: | ---: |"]
         torch_sps = next((s for l, s in anchors if l.startswith("torch")), None)
         for label, role, runs in systems:
