@@ -175,12 +175,17 @@ NOTES = """## How to read these numbers
 - The gRPC path is CPU-bound on this 2-core host (two workers and the
   trainer share it). On 2026-11-23 `loaderctl consume --transport grpc
   --samples 64000` against `loader-server` and two `loader-worker`s made
-  1.24-1.38 GB/s; the trainer's profile (`perf record --call-graph dwarf`)
-  is 30% the kernel's copy out of the TCP socket and 20-29% a second copy
-  of every byte in tonic's `StreamingInner::poll_frame`, which appends each
-  HTTP/2 DATA chunk to its decode buffer. Taking that second copy out
-  (reading the response body's chunks straight into the batch buffer) is
-  the next step toward the 1.5 GB/s target on this host.
+  1.24-1.38 GB/s, and 1.39-1.54 GB/s a few minutes later; the trainer's
+  profile (`perf record --call-graph dwarf`) is 30% the kernel's copy out
+  of the TCP socket and 20-29% a second copy of every byte in tonic's
+  `StreamingInner::poll_frame`, which appends each HTTP/2 DATA chunk to
+  its decode buffer (the worker's tonic encoder copies each batch once
+  more too, 16% of its profile). Letting a whole batch come in one HTTP/2
+  frame (max frame 16 MiB instead of 1 MiB, the step before reading such
+  frames without that copy) made it slower, 1.26 against 1.50 GB/s in the
+  same minutes: each batch then needs a fresh 10 MB receive buffer. Taking
+  tonic's copies out means framing the gRPC messages ourselves on both
+  sides; not done.
 - The shared-memory path is at the machine's copy limit: the workers' own
   fill of 9.6 MB per batch (memset) is most of its CPU profile.
 - Images: an ImageNet-shaped folder made by `bench/make_images.py` (class
