@@ -129,17 +129,25 @@ NOTES = """## How to read these numbers
   `loaderctl consume --samples 64000 --transport shm`), next to the
   machine's floors in the same minutes, repeats interleaved
   (`BIN=dir bench/floor/compare.sh` measures another build's binaries).
-  2026-11-23, medians of 5 (µs of client CPU per batch), this commit and
-  the one before the doorbell measured one after the other:
+  2026-11-23, medians of 5 (µs of client CPU per batch); the rows of one
+  build were measured in the same minutes as the build before it:
 
   | what | µs/batch |
   | --- | ---: |
-  | futex: one sleep + one wake-up across processes, nothing else | 19.1 |
-  | futex, the worker writing 10 MB per batch | 21.5 |
-  | socket: `poll`, read a report, write a grant | 40.5 |
-  | socket, the worker writing 10 MB per batch | 43.2 |
-  | `loaderctl consume --transport shm`, with the doorbell | **25.9** (20.5-27.9) |
-  | the same before the doorbell (56257d3) | 36.2 (34.8-48.7) |
+  | futex: one sleep + one wake-up across processes, nothing else | 20.2 |
+  | futex, the worker writing 10 MB per batch | 22.7 |
+  | socket: `poll`, read a report, write a grant | 45.2 |
+  | socket, the worker writing 10 MB per batch | 59.3 |
+  | `loaderctl consume --transport shm`, doorbell waking after 3/4 of the reports in flight | **20.4** (18.5-23.2) |
+  | the same, waking after half of them (43ab9c2), same minutes | 21.6 (20.0-23.5) |
+  | the same, waking after half of them (43ab9c2), earlier | 25.9 (20.5-27.9) |
+  | before the doorbell (56257d3), same minutes as the row above | 36.2 (34.8-48.7) |
+
+  Longer runs, interleaved (8 runs each of `loaderctl consume --samples
+  128000`, waking after 3/4 against after half, 43ab9c2): **18.3** µs (15.0-19.3) against
+  21.6 (17.5-23.5), at the same rate, 73.1k against 72.6k samples/s; with
+  small batches (`--shape 3,32,32 --samples 640000`, 10,000 batches) 26.0
+  µs against 33.1 before the doorbell, 25.4k against 23.6k samples/s.
 
   In a zero-compute loop the trainer is faster than its workers, so it
   waits for nearly every batch; on this VM a sleep and a wake-up alone
@@ -147,22 +155,20 @@ NOTES = """## How to read these numbers
   trainer slept once per batch and was woken by each report on the
   ring's socket, and paid the bare C socket round. With the ring's
   doorbell (docs/protocol.md, "Trainer <- co-located worker", 4) it asks
-  the workers to wake it once half the grants they hold are reported (at
-  most 8), and reads every socket then: 0.37 sleeps per batch instead of
-  1, and 0.6 grant writes. That makes it cheaper than the C
-  socket round, but not yet under the issue's 20 µs (in quieter minutes,
-  8 runs of `--samples 128000`: median 23.2, 17.8-24.8). What is left,
-  by the trainer's profile: a quarter the grant writes (each wakes the
-  worker's reactor: an inter-processor interrupt, paid by the writer, on
-  a VM), a sixth reading reports (mostly freeing one socket buffer per
-  report), a sixth sleeping, and user-space work (reports, headers, the
-  book). Holding grants back longer (a quarter of the fair share instead
-  of half, all sent when the trainer sleeps) cut the writes from 0.6 to
-  0.4 per batch but saved only ~1 µs and cost 8% throughput, so it is not
-  in. The way under 20 µs is reports and grants as queues in the doorbell
-  page itself, with the socket kept for hand-shake and hang-ups.
-  Throughput with the doorbell is unchanged or better (56-62k samples/s
-  vs 49-59k in the same minutes, `loaderctl consume --samples 64000`).
+  the workers to wake it once three quarters of the grants they hold are
+  reported (at most 12), and reads every socket then: 0.19 sleeps per
+  batch instead of 1 (0.26 when waking after half), and 0.6 grant writes.
+  That is about the issue's 20 µs on this host: under it in quiet
+  minutes, at it in busy ones. What is left, by the trainer's profile: a
+  quarter the grant writes (each wakes the worker's reactor: an
+  inter-processor interrupt, paid by the writer, on a VM), a sixth
+  reading reports (mostly freeing one socket buffer per report), a sixth
+  sleeping, and user-space work (reports, headers, the book). Holding
+  grants back longer (a quarter of the fair share instead of half, all
+  sent when the trainer sleeps) cut the writes from 0.6 to 0.4 per batch
+  but saved only ~1 µs and cost 8% throughput, so it is not in. The way
+  well under 20 µs is reports and grants as queues in the doorbell page
+  itself, with the socket kept for hand-shake and hang-ups.
   History: 94-106 µs before the consumer thread read the ring's sockets
   itself (2.75 wake-ups of other threads per batch, then 0.34); 41.4 µs
   on 2026-11-22 before the doorbell.
