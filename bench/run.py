@@ -166,7 +166,10 @@ NOTES = """## How to read these numbers
   sleeping, and user-space work (reports, headers, the book). Holding
   grants back longer (a quarter of the fair share instead of half, all
   sent when the trainer sleeps) cut the writes from 0.6 to 0.4 per batch
-  but saved only ~1 µs and cost 8% throughput, so it is not in. The way
+  but saved only ~1 µs and cost 8% throughput, so it is not in. Neither
+  is holding back, for 50-200 µs after a read, the grants of workers that
+  still had a slot: 0.2 writes per batch and 15-17 µs, but 8-10% fewer
+  samples/s in two interleaved runs of 8. The way
   well under 20 µs is reports and grants as queues in the doorbell page
   itself, with the socket kept for hand-shake and hang-ups.
   History: 94-106 µs before the consumer thread read the ring's sockets
