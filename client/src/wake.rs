@@ -40,7 +40,7 @@ const BELL: u64 = u64::MAX;
 #[derive(Debug, Default)]
 pub(crate) struct Ready {
     /// Ring connections whose socket hung up (or failed).
-    pub(crate) readable: Vec<u64>,
+    pub(crate) hung_up: Vec<u64>,
     /// Ring connections whose socket can take grants that did not fit
     /// before (see `Book::flush`).
     pub(crate) writable: Vec<u64>,
@@ -50,7 +50,7 @@ pub(crate) struct Ready {
 
 impl Ready {
     fn clear(&mut self) {
-        self.readable.clear();
+        self.hung_up.clear();
         self.writable.clear();
         self.timed_out = false;
     }
@@ -178,7 +178,7 @@ impl WaitSet {
                             | EpollFlags::EPOLLHUP
                             | EpollFlags::EPOLLERR,
                     ) {
-                        ready.readable.push(token);
+                        ready.hung_up.push(token);
                     }
                     if flags.contains(EpollFlags::EPOLLOUT) {
                         ready.writable.push(token);
@@ -264,7 +264,7 @@ mod tests {
         let mut ready = Ready::default();
         set.wait(Duration::ZERO, false, || false, &mut ready)
             .expect("wait");
-        assert_eq!(ready.readable, vec![3]);
+        assert_eq!(ready.hung_up, vec![3]);
         drop(guard);
     }
 
@@ -288,7 +288,7 @@ mod tests {
         let started = Instant::now();
         set.wait(Duration::from_secs(20), true, || false, &mut ready)
             .expect("wait");
-        assert!(!ready.timed_out && ready.readable.is_empty());
+        assert!(!ready.timed_out && ready.hung_up.is_empty());
         assert!(started.elapsed() < Duration::from_secs(10));
         ringer.join().expect("ringer");
         // Drained: the next look sees nothing.
@@ -307,13 +307,13 @@ mod tests {
         set.wait(Duration::ZERO, false, || false, &mut ready)
             .expect("wait");
         assert_eq!(
-            (ready.readable.clone(), ready.writable.clone()),
+            (ready.hung_up.clone(), ready.writable.clone()),
             (vec![], vec![7])
         );
         drop(b);
         set.wait(Duration::from_secs(20), false, || false, &mut ready)
             .expect("wait");
-        assert_eq!(ready.readable, vec![7], "hung up");
+        assert_eq!(ready.hung_up, vec![7], "hung up");
         set.forget(a.as_fd());
         set.wait(Duration::ZERO, false, || false, &mut ready)
             .expect("wait");
