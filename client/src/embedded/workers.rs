@@ -271,10 +271,14 @@ mod tests {
 
     #[test]
     fn missing_worker_says_how_to_fix_it() {
+        // Nested two deep, so neither directory searched beside the
+        // executable is the shared temporary directory itself.
         let tmp = tempfile::tempdir().expect("tempdir");
+        let bin_dir = tmp.path().join("target/debug");
+        std::fs::create_dir_all(&bin_dir).expect("mkdir");
         let none = CommandSources {
-            current_exe: Some(tmp.path().join("exe")),
-            path: Some(tmp.path().as_os_str().to_owned()),
+            current_exe: Some(bin_dir.join("exe")),
+            path: Some(bin_dir.as_os_str().to_owned()),
             ..Default::default()
         };
         let e = none.resolve().expect_err("nothing to find").to_string();
