@@ -7,7 +7,8 @@
 //! the same consumer replaces the older one, which then ends, and batches not
 //! yet handed over stay queued for the newcomer. Handing a batch to a stream
 //! is what "delivered" means: the seq is recorded for the next heartbeat and
-//! the coordinator link is woken to report it at once.
+//! the coordinator link is woken, to report it when enough are recorded
+//! (see `crate::link`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::pin::pin;
@@ -135,6 +136,11 @@ impl Outboxes {
         state.delivered.entry(key).or_default().push(seq);
         drop(state);
         self.report.notify_one();
+    }
+
+    /// Deliveries recorded and not yet taken for a heartbeat.
+    pub(crate) fn unreported(&self) -> usize {
+        self.lock().delivered.values().map(Vec::len).sum()
     }
 
     /// Takes the delivery records for a heartbeat.

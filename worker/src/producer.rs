@@ -55,7 +55,9 @@ struct Shared {
     /// Copy of `Queue::generation`, readable without the queue lock by a
     /// thread waiting for a ring slot.
     abandon: AtomicU64,
-    /// Wakes the coordinator link when a failure waits to be reported.
+    /// Wakes the coordinator link when a failure waits to be reported, or
+    /// when the thread ran out of tasks (the link holds back delivery
+    /// reports while there is work left; see `crate::link`).
     report: Notify,
     /// The datasets this worker can open (built-in and registered custom).
     datasets: Datasets,
@@ -121,6 +123,11 @@ impl Producer {
         q.tasks.is_empty() && !q.busy
     }
 
+    /// True when failures wait to be reported.
+    pub(crate) fn has_failures(&self) -> bool {
+        !self.shared.lock().failed.is_empty()
+    }
+
     /// Takes the failures to report.
     pub(crate) fn take_failed(&self) -> Vec<Failed> {
         std::mem::take(&mut self.shared.lock().failed)
@@ -133,8 +140,9 @@ impl Producer {
         q.failed = failed;
     }
 
-    /// Waits until a failure was recorded since the last call.
-    pub(crate) async fn failed(&self) {
+    /// Waits until, since the last call, a failure was recorded or the
+    /// thread finished its last queued task.
+    pub(crate) async fn report_wanted(&self) {
         self.shared.report.notified().await;
     }
 
@@ -251,6 +259,7 @@ impl Shared {
             let mut q = self.lock();
             q.busy = false;
             q.running = None;
+            let mut report = q.tasks.is_empty();
             if let Err(error) = outcome
                 && q.generation == generation
             {
@@ -263,7 +272,10 @@ impl Shared {
                     end_seq: task.end_seq,
                     error,
                 });
-                drop(q);
+                report = true;
+            }
+            drop(q);
+            if report {
                 self.report.notify_one();
             }
         }
@@ -481,6 +493,20 @@ pub(crate) mod tests {
             assert_eq!(h.indices, plan.batch_indices(1, seq));
         }
         assert!(outboxes.is_empty());
+        p.stop();
+    }
+
+    /// The coordinator link holds back delivery reports while the producer
+    /// has work; running out must wake it, or the last deliveries of a task
+    /// would wait for the next tick.
+    #[tokio::test]
+    async fn running_out_of_tasks_wakes_the_link() {
+        let outboxes = Outboxes::new();
+        let p = spawn(&outboxes);
+        p.submit(Task { job: Some(synthetic(1)), consumer: 1, start_seq: 0, end_seq: 2, ring_socket: String::new() });
+        tokio::time::timeout(Duration::from_secs(20), p.report_wanted()).await.expect("woken when the queue ran out");
+        settle(&p);
+        assert!(!p.has_failures(), "a wake-up, not a failure");
         p.stop();
     }
 
