@@ -120,11 +120,14 @@ NOTES = """## How to read these numbers
 - "First batch" runs from the first `next()`. Loader's and tf.data service's
   workers are already running (registered) when the clock starts; PyTorch's
   are forked by `iter()`, as a DataLoader user sees them.
-- "client CPU" is the consuming process's user + system CPU per batch from
-  the first batch on (`loaderctl run` and `consume` report it as
-  `client_cpu_us_per_batch`). In `loaderctl run` the coordinator runs inside
-  that process too (so the tables above overstate what a trainer pays).
-  The trainer's own cost is measured against an external coordinator by
+- "trainer CPU" is the consuming process's user + system CPU per batch from
+  the first batch on, less the CPU of the embedded coordinator's threads
+  (`loaderctl run` hosts the coordinator in the trainer's process, a
+  deployment does not; `run` reports both, as `client_cpu_us_per_batch` and
+  `trainer_cpu_us_per_batch`, the coordinator's threads read from
+  `/proc/self/task/*/schedstat`; "client CPU" in older rows is the whole
+  process). The trainer's own cost is also measured against an external
+  coordinator by
   `bench/floor/compare.sh` (`loader-server` and two `loader-worker`s,
   `loaderctl consume --samples 64000 --transport shm`), next to the
   machine's floors in the same minutes, repeats interleaved
@@ -357,7 +360,10 @@ def write_report(results, measured):
             vs_best = f"{sps / best_anchor[1]:.2f}x" if best_anchor else "-"
             extra = ""
             cpu = med(runs, "client_cpu_us_per_batch")
-            if cpu is not None:
+            trainer = med(runs, "trainer_cpu_us_per_batch")
+            if trainer is not None and cpu is not None:
+                extra = f" (trainer CPU {trainer:.1f} µs/batch; {cpu:.1f} with the embedded coordinator)"
+            elif cpu is not None:
                 extra = f" (client CPU {cpu:.1f} µs/batch)"
             lines.append(f"| {label}{extra} | {sps:,.0f} | {mbs:,.0f} | {fb * 1000:.0f} ms | {vs_torch} | {vs_best} |")
             chart.append((name, label, sps))

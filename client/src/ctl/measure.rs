@@ -10,11 +10,10 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use loader_proto::pb::{CorruptPolicy, Dtype, JobSpec};
-use nix::sys::resource::{UsageWho, getrusage};
 use serde::Serialize;
 use tempfile::NamedTempFile;
 
-use super::{DatasetArgs, MeasureArgs, OnCorruptArg, TransportArg};
+use super::{DatasetArgs, MeasureArgs, OnCorruptArg, TransportArg, cpu};
 use crate::{Batch, Loader, LoaderBuilder, Transport, spec};
 
 /// Windows per epoch in a generated token file (with the chosen batch size).
@@ -40,6 +39,11 @@ pub(super) struct Report {
     shm_batches: u64,
     /// Process CPU time (user + sys) over the consuming loop, per batch.
     client_cpu_us_per_batch: f64,
+    /// The same less the embedded coordinator's threads (`run` hosts the
+    /// coordinator in this process; a trainer does not): what the trainer
+    /// itself spends. Equal to `client_cpu_us_per_batch` under `consume`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    trainer_cpu_us_per_batch: Option<f64>,
 }
 
 impl TransportArg {
@@ -104,7 +108,7 @@ pub(super) fn consume_and_report(
         let batch = batch?;
         if first_batch.is_none() {
             first_batch = Some(started.elapsed());
-            cpu_from_first = Some(process_cpu()?);
+            cpu_from_first = Some((cpu::process()?, coordinator_cpu()));
         }
         samples += batch.len() as u64;
         bytes += batch.bytes().len() as u64;
@@ -127,15 +131,20 @@ pub(super) fn consume_and_report(
         }
     }
     let elapsed = started.elapsed();
-    let cpu = match cpu_from_first {
-        Some(at_first) => process_cpu()?.saturating_sub(at_first),
-        None => Duration::ZERO,
+    let (cpu, coordinator) = match cpu_from_first {
+        Some((process, coordinator)) => (
+            cpu::process()?.saturating_sub(process),
+            coordinator.zip(coordinator_cpu()).map(|(from, to)| to.saturating_sub(from)),
+        ),
+        None => (Duration::ZERO, Some(Duration::ZERO)),
     };
     bar.finish_and_clear();
     // Stops the workers and the coordinator (embedded); not measured.
     drop(loader);
 
     let seconds = elapsed.as_secs_f64().max(1e-9);
+    // From the first batch on: one batch fewer than were yielded.
+    let per_batch = |t: Duration| t.as_secs_f64() * 1e6 / batches.saturating_sub(1).max(1) as f64;
     let report = Report {
         samples,
         batches,
@@ -148,7 +157,8 @@ pub(super) fn consume_and_report(
         dataset: dataset.to_owned(),
         transport: args.transport.name(),
         shm_batches,
-        client_cpu_us_per_batch: cpu.as_secs_f64() * 1e6 / batches.saturating_sub(1).max(1) as f64,
+        client_cpu_us_per_batch: per_batch(cpu),
+        trainer_cpu_us_per_batch: coordinator.map(|c| per_batch(cpu.saturating_sub(c))),
     };
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
@@ -157,9 +167,15 @@ pub(super) fn consume_and_report(
             .workers
             .map(|w| format!(" from {w} workers"))
             .unwrap_or_default();
+        // Only `run` hosts a coordinator whose share is worth naming.
+        let trainer = report
+            .trainer_cpu_us_per_batch
+            .filter(|_| report.workers.is_some())
+            .map(|t| format!(" ({t:.0} us without the embedded coordinator)"))
+            .unwrap_or_default();
         println!(
             "{} samples in {} batches ({:.1} MB){from} in {:.2} s over {} ({} through shared memory)\n\
-             {:.0} samples/s, {:.1} MB/s, first batch after {:.1} ms, {:.0} us of CPU per batch",
+             {:.0} samples/s, {:.1} MB/s, first batch after {:.1} ms, {:.0} us of CPU per batch{trainer}",
             report.samples,
             report.batches,
             report.bytes as f64 / 1e6,
@@ -211,14 +227,14 @@ impl Dump {
     }
 }
 
-/// CPU time (user + sys) this process has used so far.
-fn process_cpu() -> anyhow::Result<Duration> {
-    let usage = getrusage(UsageWho::RUSAGE_SELF).context("getrusage")?;
-    let micros = |t: nix::sys::time::TimeVal| {
-        Duration::from_secs(t.tv_sec().max(0) as u64)
-            + Duration::from_micros(t.tv_usec().max(0) as u64)
-    };
-    Ok(micros(usage.user_time()) + micros(usage.system_time()))
+/// CPU time the embedded coordinator's threads used so far; zero without
+/// one (`consume`, or a build without embedded mode); None when the kernel
+/// cannot say.
+fn coordinator_cpu() -> Option<Duration> {
+    #[cfg(feature = "embedded")]
+    return cpu::threads_named(crate::embedded::COORDINATOR_THREAD);
+    #[cfg(not(feature = "embedded"))]
+    Some(Duration::ZERO)
 }
 
 /// Drawn on stderr only when a person is watching.

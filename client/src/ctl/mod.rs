@@ -10,6 +10,7 @@
 //! - `table`: plain aligned text tables.
 
 mod consume;
+mod cpu;
 mod measure;
 #[cfg(feature = "embedded")]
 mod run;

@@ -13,6 +13,10 @@ use tokio::sync::oneshot;
 
 use crate::error::LoaderError;
 
+/// Name of the coordinator's threads (its runtime's and the one that runs
+/// it), by which `loaderctl run` tells their CPU time from the trainer's.
+pub(crate) const THREAD_NAME: &str = "loader-coordinator";
+
 /// How long stopping the coordinator may take before its thread is left to
 /// finish on its own.
 const STOP_GRACE: Duration = Duration::from_secs(3);
@@ -50,7 +54,7 @@ impl InProcessCoordinator {
         let local = listener.local_addr().map_err(|e| fail("local_addr", e))?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
-            .thread_name("loader-coordinator")
+            .thread_name(THREAD_NAME)
             .enable_all()
             .build()
             .map_err(|e| fail("runtime", e))?;
@@ -60,7 +64,7 @@ impl InProcessCoordinator {
         let failure = Arc::new(Mutex::new(None));
         let failure_slot = failure.clone();
         let thread = std::thread::Builder::new()
-            .name("loader-coordinator".into())
+            .name(THREAD_NAME.into())
             .spawn(move || {
                 let served = runtime.block_on(async move {
                     let listener =

@@ -22,6 +22,7 @@ use crate::error::LoaderError;
 use crate::loader::{Loader, LoaderBuilder};
 use crate::state::LoaderState;
 
+pub(crate) use self::coordinator::THREAD_NAME as COORDINATOR_THREAD;
 use self::coordinator::InProcessCoordinator;
 pub use self::workers::WORKER_BIN_ENV;
 use self::workers::{CommandSources, WorkerProcesses};
