@@ -15,10 +15,13 @@
 //!   produces, as typed steps the worker runs.
 //! - [`dtype`]: sizes and names of element types.
 //! - [`node`]: the node identity that decides co-location.
+//! - [`heap`]: malloc settings for processes that allocate a batch-sized
+//!   buffer per batch.
 
 pub mod batch;
 pub mod doorbell;
 pub mod dtype;
+pub mod heap;
 pub mod node;
 pub mod ring;
 pub mod sampler;

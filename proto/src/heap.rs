@@ -1,0 +1,37 @@
+//! Keeps freed batch-sized buffers in the process instead of handing them
+//! back to the kernel.
+//!
+//! Why: over gRPC every batch is a fresh buffer of ~10 MB on both sides (the
+//! worker encodes into one, the trainer's tonic stream decodes into one).
+//! glibc's malloc serves that size with `mmap` and returns it with `munmap`
+//! on free, or, once its dynamic threshold has moved, from an arena it trims
+//! back to the kernel as soon as the top is free: either way each batch
+//! faults in and zeroes 2,400 fresh pages. Which of those happens depends
+//! on which thread freed what first, so two builds of the same code
+//! differed by 10-15% in gRPC samples/s; with the buffers kept, the
+//! trainer's CPU per batch fell from ~5.0 to ~4.2 ms (`loaderctl run
+//! --transport grpc`, interleaved runs). Called first thing by
+//! `loader-server`, `loader-worker` and `loaderctl`; a library (the Python
+//! SDK) leaves its host process's malloc alone.
+
+/// Largest request still served from malloc's arenas (glibc caps it at
+/// 32 MiB on 64-bit): batches up to this size are reused, not unmapped.
+const MMAP_THRESHOLD: i32 = 32 << 20;
+/// Free memory at the top of an arena that is kept rather than trimmed: a
+/// prefetch window of batches and then some.
+const TRIM_THRESHOLD: i32 = 512 << 20;
+
+/// Sets malloc to keep batch-sized buffers (glibc only; elsewhere nothing).
+/// Best called before the process starts threads.
+pub fn keep_batch_buffers() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: `mallopt` only changes malloc's parameters, under
+        // glibc's own lock; both values are in the documented range. A
+        // refused value (0 returned) leaves the default: slower, not wrong.
+        unsafe {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD);
+            libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD);
+        }
+    }
+}
