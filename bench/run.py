@@ -178,26 +178,37 @@ NOTES = """## How to read these numbers
   History: 94-106 µs before the consumer thread read the ring's sockets
   itself (2.75 wake-ups of other threads per batch, then 0.34); 41.4 µs
   on 2026-11-22 before the doorbell.
-- Absolute rates move with the host from day to day, ratios much less: in
-  the run above torch DataLoader made 5,596 samples/s and Loader's gRPC
-  path 1.47 GB/s (1.75x torch); on 2026-11-21 the same gRPC code made
-  1.96 GB/s (1.47x a torch at 8,842 samples/s), and last session's
-  binaries measure the same as today's in the same minutes (0.9-1.2 GB/s
-  right after this run). Only same-run ratios compare systems.
+- Absolute rates move with the host from day to day, ratios much less: on
+  2026-11-22 torch DataLoader made 5,596 samples/s and Loader's gRPC path
+  1.47 GB/s (1.75x torch); on 2026-11-21 the same gRPC code made 1.96 GB/s
+  (1.47x a torch at 8,842 samples/s). Only same-run ratios compare
+  systems.
+- What changed before the 2026-11-23 run, each measured against the build
+  before it in interleaved runs of `loaderctl run --samples 64000
+  --workers 2`:
+  - Workers report deliveries once half their window (`max_outstanding`)
+    is delivered, or at once when out of tasks, instead of after every
+    batch: the coordinator's CPU per batch went from 77-89 to 44-49 µs,
+    and `loaderctl run`'s whole-process CPU per shared-memory batch from
+    108-133 to 47-63 µs, at 76k against 72k samples/s (medians of 6).
+  - The binaries keep freed batch-sized buffers (`mallopt`,
+    `proto/src/heap.rs`): glibc served each ~10 MB gRPC buffer with fresh
+    pages (mmap, or an arena trimmed back to the kernel), depending on
+    which thread freed what first, so two builds of the same code differed
+    by 10-15% over gRPC. Over gRPC, 11.2k against 9.1-9.7k samples/s and
+    3.7-3.9 against 4.4-5.1 ms of trainer CPU per batch; shared memory
+    unchanged.
 - The gRPC path is CPU-bound on this 2-core host (two workers and the
-  trainer share it). On 2026-11-23 `loaderctl consume --transport grpc
-  --samples 64000` against `loader-server` and two `loader-worker`s made
-  1.24-1.38 GB/s, and 1.39-1.54 GB/s a few minutes later; the trainer's
-  profile (`perf record --call-graph dwarf`) is 30% the kernel's copy out
-  of the TCP socket and 20-29% a second copy of every byte in tonic's
-  `StreamingInner::poll_frame`, which appends each HTTP/2 DATA chunk to
-  its decode buffer (the worker's tonic encoder copies each batch once
-  more too, 16% of its profile). Letting a whole batch come in one HTTP/2
-  frame (max frame 16 MiB instead of 1 MiB, the step before reading such
-  frames without that copy) made it slower, 1.26 against 1.50 GB/s in the
-  same minutes: each batch then needs a fresh 10 MB receive buffer. Taking
-  tonic's copies out means framing the gRPC messages ourselves on both
-  sides; not done.
+  trainer share it). The trainer's profile (`perf record --call-graph
+  dwarf`) is 30% the kernel's copy out of the TCP socket and 20-29% a
+  second copy of every byte in tonic's `StreamingInner::poll_frame`, which
+  appends each HTTP/2 DATA chunk to its decode buffer (the worker's tonic
+  encoder copies each batch once more too, 16% of its profile). Letting a
+  whole batch come in one HTTP/2 frame (max frame 16 MiB instead of 1 MiB,
+  the step before reading such frames without that copy) made it slower,
+  1.26 against 1.50 GB/s in the same minutes: each batch then needs a
+  fresh 10 MB receive buffer. Taking tonic's copies out means framing the
+  gRPC messages ourselves on both sides; not done.
 - The shared-memory path is at the machine's copy limit: the workers' own
   fill of 9.6 MB per batch (memset) is most of its CPU profile.
 - Images: an ImageNet-shaped folder made by `bench/make_images.py` (class
