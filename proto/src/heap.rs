@@ -9,10 +9,11 @@
 //! faults in and zeroes 2,400 fresh pages. Which of those happens depends
 //! on which thread freed what first, so two builds of the same code
 //! differed by 10-15% in gRPC samples/s; with the buffers kept, the
-//! trainer's CPU per batch fell from ~5.0 to ~4.2 ms (`loaderctl run
+//! trainer's CPU per batch fell from 4.4-5.1 to 3.7-3.9 ms (`loaderctl run
 //! --transport grpc`, interleaved runs). Called first thing by
-//! `loader-server`, `loader-worker` and `loaderctl`; a library (the Python
-//! SDK) leaves its host process's malloc alone.
+//! `loader-server`, `loader-worker`, `loaderctl` and the Python package's
+//! worker entry point; the Python SDK's trainer side is a library in the
+//! user's interpreter and leaves that process's malloc alone.
 
 /// Largest request still served from malloc's arenas (glibc caps it at
 /// 32 MiB on 64-bit): batches up to this size are reused, not unmapped.
