@@ -190,7 +190,8 @@ NOTES = """## How to read these numbers
     is delivered, or at once when out of tasks, instead of after every
     batch: the coordinator's CPU per batch went from 77-89 to 44-49 µs
     (`bench/floor/coordinator_cpu.sh 3`, against an external
-    `loader-server`; 37-39 µs with the final build of that day), and `loaderctl run`'s whole-process CPU per shared-memory batch from
+    `loader-server`; 37-39 µs with the final build of that day), and
+    `loaderctl run`'s whole-process CPU per shared-memory batch from
     108-133 to 47-63 µs, at 76k against 72k samples/s (medians of 6).
   - The binaries keep freed batch-sized buffers (`mallopt`,
     `proto/src/heap.rs`): glibc served each ~10 MB gRPC buffer with fresh
