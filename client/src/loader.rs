@@ -251,9 +251,15 @@ impl LoaderBuilder {
                 )));
             }
         }
+        // Batches in flight are counted in bytes (`loader_proto::window`):
+        // small batches get a long window, a ring of many small slots and
+        // as many stream credits, so hand-offs are paid per window.
+        let batch_bytes = crate::spec::batch_bytes(&spec);
+        let window = batch_bytes.map_or(self.prefetch, |b| loader_proto::window::batches(b, self.prefetch));
         let mut ring = if self.shared_memory {
-            let geometry = self.ring.geometry(self.prefetch)?;
-            match Ring::bind(&self.ring, geometry, self.prefetch) {
+            let config = self.ring.sized_for(batch_bytes);
+            let geometry = config.geometry(window)?;
+            match Ring::bind(&config, geometry, window) {
                 Ok(ring) => Some(ring),
                 Err(e) => {
                     tracing::warn!("no shared-memory ring, every batch streams over gRPC: {e}");
@@ -312,7 +318,7 @@ impl LoaderBuilder {
         let routes = Routes::new(
             session.clone(),
             expected,
-            self.prefetch,
+            window,
             events_tx,
             stalled.clone(),
         );

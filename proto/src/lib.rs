@@ -13,6 +13,8 @@
 //! - [`spec`]: validation of job specs, one error message per bad field.
 //! - [`transforms`]: validation of an image pipeline and the tensor it
 //!   produces, as typed steps the worker runs.
+//! - [`window`]: how many batches of a job may be in flight per consumer,
+//!   sized by bytes so that small batches travel in large windows.
 //! - [`dtype`]: sizes and names of element types.
 //! - [`node`]: the node identity that decides co-location.
 //! - [`heap`]: malloc settings for processes that allocate a batch-sized
@@ -27,6 +29,7 @@ pub mod ring;
 pub mod sampler;
 pub mod spec;
 pub mod transforms;
+pub mod window;
 
 /// Generated protobuf and gRPC code for `loader.v1`.
 #[allow(missing_docs, unreachable_pub, clippy::all, missing_debug_implementations)]

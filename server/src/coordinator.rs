@@ -58,6 +58,17 @@ pub(crate) enum HeartbeatOutcome {
     },
 }
 
+/// What a worker's heartbeat reports.
+#[derive(Debug, Default)]
+pub(crate) struct WorkerReport {
+    /// Batches handed to their consumers since the last report.
+    pub(crate) delivered: Vec<pb::Delivered>,
+    /// Tasks it could not complete.
+    pub(crate) failed: Vec<pb::Failed>,
+    /// Its window per job (see `loader_proto::window`).
+    pub(crate) windows: Vec<pb::JobWindow>,
+}
+
 impl HeartbeatOutcome {
     /// True for an answer that carries nothing: a long poll keeps waiting.
     fn is_empty(&self) -> bool {
@@ -228,11 +239,10 @@ impl Coordinator {
     pub(crate) async fn worker_heartbeat(
         &self,
         worker_id: u64,
-        delivered: Vec<pb::Delivered>,
-        failed: Vec<pb::Failed>,
+        report: WorkerReport,
         wait: Duration,
     ) -> HeartbeatOutcome {
-        if !self.apply_report(worker_id, delivered, failed) {
+        if !self.apply_report(worker_id, report) {
             return HeartbeatOutcome::Reregister;
         }
         let deadline = tokio::time::Instant::now() + wait;
@@ -253,14 +263,17 @@ impl Coordinator {
         }
     }
 
-    /// Records delivered and failed batches; false when the worker is unknown.
-    fn apply_report(&self, worker_id: u64, delivered: Vec<pb::Delivered>, failed: Vec<pb::Failed>) -> bool {
+    /// Records delivered and failed batches and the worker's windows; false
+    /// when the worker is unknown.
+    fn apply_report(&self, worker_id: u64, report: WorkerReport) -> bool {
+        let WorkerReport { delivered, failed, windows } = report;
         let mut guard = self.lock();
         let t = &mut *guard;
         let Some(w) = t.workers.workers.get_mut(&worker_id) else {
             return false;
         };
         w.last_seen = Instant::now();
+        w.set_windows(windows.into_iter().map(|jw| (jw.job_id, jw.batches)));
         for d in delivered {
             let key = (d.job_id, d.consumer);
             let Some(held) = w.outstanding.get_mut(&key) else { continue };
@@ -296,7 +309,6 @@ impl Coordinator {
     /// that came back is never older than the notice that it ended). None
     /// when the worker is unknown; a draining worker gets no tasks.
     fn assign(&self, worker_id: u64) -> Option<HeartbeatOutcome> {
-        let range_len = self.config.range_len.max(1);
         let mut guard = self.lock();
         let t = &mut *guard;
         let w = t.workers.workers.get_mut(&worker_id)?;
@@ -309,6 +321,10 @@ impl Coordinator {
             let mut progressed = false;
             for job in t.jobs.iter_mut().filter(|j| j.error.is_none()) {
                 let job_id = job.job.job_id;
+                // Windows and ranges sized by the job's batch bytes, as the
+                // worker measured them: small batches go out in long ranges.
+                let window = w.window_for(job_id);
+                let range_len = loader_proto::window::range_len(window, self.config.range_len);
                 for (c, consumer) in job.consumers.iter_mut().enumerate() {
                     let key = (job_id, c as u32);
                     // Only for a trainer that is there: its session says
@@ -318,13 +334,13 @@ impl Coordinator {
                         continue;
                     }
                     let held = w.outstanding_for(key);
-                    let room = w.max_outstanding.saturating_sub(held);
+                    let room = window.saturating_sub(held);
                     // Batches taken back from a dead worker are the ones the
                     // trainer waits for, while this worker's held batches
                     // may be blocked behind them for want of the trainer's
                     // credits: they may exceed the limit, by at most the
                     // limit again, so memory stays bounded.
-                    let extra = (2 * w.max_outstanding).saturating_sub(held);
+                    let extra = (2 * window).saturating_sub(held);
                     let Some(range) = consumer
                         .queue
                         .take_returned(extra.min(range_len))

@@ -13,8 +13,12 @@ pub(crate) struct WorkerState {
     pub(crate) address: String,
     /// Node identity, for co-location with trainers.
     pub(crate) node: String,
-    /// Batches it may hold undelivered per consumer.
+    /// Batches it may hold undelivered per consumer, for a job it has not
+    /// sized a window for yet.
     pub(crate) max_outstanding: u64,
+    /// Batches it holds undelivered per consumer of each job it sized a
+    /// window for (by the job's batch bytes; see `loader_proto::window`).
+    pub(crate) windows: BTreeMap<u64, u64>,
     /// Last time it heartbeated (or registered).
     pub(crate) last_seen: Instant,
     /// Sequence numbers assigned to it and not yet delivered, per consumer:
@@ -37,6 +41,21 @@ pub(crate) struct WorkerState {
 impl WorkerState {
     pub(crate) fn outstanding_for(&self, key: ConsumerKey) -> u64 {
         self.outstanding.get(&key).map_or(0, |s| s.len() as u64)
+    }
+
+    /// Batches of `job_id` it may hold undelivered per consumer.
+    pub(crate) fn window_for(&self, job_id: u64) -> u64 {
+        self.windows.get(&job_id).copied().unwrap_or(self.max_outstanding)
+    }
+
+    /// Records the windows a heartbeat announced. A window is never below
+    /// the registered `max_outstanding` nor above what the protocol allows,
+    /// whatever the worker says.
+    pub(crate) fn set_windows(&mut self, windows: impl IntoIterator<Item = (u64, u32)>) {
+        let cap = u64::from(loader_proto::window::MAX_WINDOW).max(self.max_outstanding);
+        for (job_id, batches) in windows {
+            self.windows.insert(job_id, u64::from(batches).clamp(self.max_outstanding, cap));
+        }
     }
 
     pub(crate) fn outstanding_total(&self) -> u64 {
@@ -64,6 +83,7 @@ impl WorkerTable {
             address,
             node,
             max_outstanding: max_outstanding.max(1),
+            windows: BTreeMap::new(),
             last_seen: Instant::now(),
             outstanding: BTreeMap::new(),
             unacked: BTreeMap::new(),

@@ -21,6 +21,8 @@
 //!   normalize) that the image datasets run per sample.
 //! - [`collate`]: one batch written in place into one buffer in the wire
 //!   format of `loader_proto::batch`.
+//! - `window`: how many batches this worker holds per consumer of each
+//!   job, sized by the job's batch bytes, announced to the coordinator.
 //! - `outbox`: per-consumer queues of produced batches, handed out one per
 //!   credit to the consumer's current `Fetch` stream.
 //! - `ring`: the shared-memory transport to co-located trainers: one Unix
@@ -42,6 +44,7 @@ mod outbox;
 mod producer;
 mod ring;
 mod service;
+mod window;
 
 use std::future::Future;
 use std::time::Duration;
@@ -59,6 +62,7 @@ use crate::link::Link;
 use crate::outbox::Outboxes;
 use crate::producer::Producer;
 use crate::ring::Rings;
+use crate::window::Windows;
 
 /// How long open connections get to close after the worker stops (their
 /// streams have already ended).
@@ -93,12 +97,14 @@ pub async fn run_with_datasets(
     let node = config.node.clone().unwrap_or_else(loader_proto::node::local_node);
     let outboxes = Outboxes::new();
     let rings = Rings::new(outboxes.clone(), advertise.clone(), tokio::runtime::Handle::current());
-    let producer = Producer::spawn(outboxes.clone(), rings.clone(), datasets).map_err(WorkerError::Thread)?;
+    let windows = Windows::new(config.max_outstanding);
+    let producer =
+        Producer::spawn(outboxes.clone(), rings.clone(), windows.clone(), datasets).map_err(WorkerError::Thread)?;
     let mut link = match Link::new(
         &config.coordinator,
         advertise,
         node,
-        config.max_outstanding,
+        windows,
         producer.clone(),
         outboxes.clone(),
         rings.clone(),

@@ -3,8 +3,9 @@
 //!
 //! At most one call is in flight. The worker heartbeats at least every
 //! `heartbeat_interval_ms`; at once after a failure, or when its producer
-//! runs out of tasks; and after deliveries once they add up to half the
-//! batches it may hold per consumer (`max_outstanding`). Why not after each
+//! runs out of tasks; and after deliveries once one consumer's add up to
+//! half the batches it may hold for that consumer (its job's window, sized
+//! by batch bytes: see `crate::window`, which every heartbeat announces). Why not after each
 //! delivery: at a thousand batches a second that is a thousand calls, and
 //! the coordinator spent 80-90 µs of CPU per batch on them (HTTP/2, TCP,
 //! wake-ups), on the cores the batches are made on. Half the window still
@@ -34,6 +35,7 @@ use crate::error::{WorkerError, one_line};
 use crate::outbox::Outboxes;
 use crate::producer::Producer;
 use crate::ring::Rings;
+use crate::window::Windows;
 
 /// Longest a heartbeat asks the coordinator to hold it when idle.
 const LONG_POLL: Duration = Duration::from_millis(500);
@@ -72,9 +74,13 @@ pub(crate) struct Link {
     outboxes: std::sync::Arc<Outboxes>,
     /// Told this worker's id, which ring hellos carry.
     rings: std::sync::Arc<Rings>,
-    /// Deliveries that are worth a heartbeat of their own while the
-    /// producer still has tasks: half of `max_outstanding`, at least one.
-    report_every: usize,
+    /// Each job's window, announced in every heartbeat; deliveries are
+    /// worth a heartbeat of their own once half a consumer's window is
+    /// delivered.
+    windows: std::sync::Arc<Windows>,
+    /// Fewer queued batches than this, with the producer idle, is
+    /// starving: half the configured `max_outstanding`, at least one.
+    low_water: usize,
 }
 
 /// What waits to be reported between heartbeats.
@@ -84,14 +90,16 @@ struct Waiting {
     failures: bool,
     /// Deliveries recorded since the last heartbeat.
     unreported: usize,
+    /// One consumer's deliveries add up to half its window.
+    half_window: bool,
     /// The producer is out of tasks and little is left in the outboxes.
     starving: bool,
 }
 
 impl Waiting {
     /// Whether this is worth a heartbeat before the next tick.
-    fn worth_a_call(self, report_every: usize) -> bool {
-        self.failures || self.unreported >= report_every || (self.unreported > 0 && self.starving)
+    fn worth_a_call(self) -> bool {
+        self.failures || self.half_window || (self.unreported > 0 && self.starving)
     }
 }
 
@@ -135,7 +143,7 @@ impl Link {
         addr: &str,
         address: String,
         node: String,
-        max_outstanding: u32,
+        windows: std::sync::Arc<Windows>,
         producer: Producer,
         outboxes: std::sync::Arc<Outboxes>,
         rings: std::sync::Arc<Rings>,
@@ -153,17 +161,23 @@ impl Link {
         Ok(Self {
             addr: addr.to_owned(),
             client: WorkerServiceClient::new(channel),
-            register: RegisterWorkerRequest { protocol_version: PROTOCOL_VERSION, address, node, max_outstanding },
+            register: RegisterWorkerRequest {
+                protocol_version: PROTOCOL_VERSION,
+                address,
+                node,
+                max_outstanding: windows.at_least(),
+            },
             producer,
             outboxes,
             rings,
-            report_every: (max_outstanding as usize / 2).max(1),
+            low_water: (windows.at_least() as usize / 2).max(1),
+            windows,
         })
     }
 
     /// Resolves when a heartbeat has something worth a call: a failure;
-    /// deliveries adding up to `report_every`; or any delivery while the
-    /// producer is out of tasks and fewer than `report_every` batches wait
+    /// half a consumer's window delivered; or any delivery while the
+    /// producer is out of tasks and fewer than `low_water` batches wait
     /// in the outboxes (it needs tasks, or the job is done). The producer
     /// wakes this when it runs out, in case that happens after the last
     /// delivery was looked at.
@@ -173,12 +187,14 @@ impl Link {
                 () = self.outboxes.delivered() => {}
                 () = self.producer.report_wanted() => {}
             }
+            let unreported = self.outboxes.unreported(|job| self.windows.of(job));
             let waiting = Waiting {
                 failures: self.producer.has_failures(),
-                unreported: self.outboxes.unreported(),
-                starving: self.producer.is_idle() && self.outboxes.len() < self.report_every,
+                unreported: unreported.total,
+                half_window: unreported.half_window,
+                starving: self.producer.is_idle() && self.outboxes.len() < self.low_water,
             };
-            if waiting.worth_a_call(self.report_every) {
+            if waiting.worth_a_call() {
                 return;
             }
         }
@@ -271,6 +287,7 @@ impl Link {
                 delivered: delivered.clone(),
                 failed: failed.clone(),
                 wait_ms: wait.as_millis() as u64,
+                windows: self.windows.announce(),
             };
             let started = Instant::now();
             match timeout_at(lease_end, self.client.heartbeat(request)).await {
@@ -413,12 +430,12 @@ mod tests {
 
     #[test]
     fn deliveries_wait_for_half_the_window_unless_the_producer_starves() {
-        let every = 4;
-        let at = |unreported, starving| Waiting { failures: false, unreported, starving }.worth_a_call(every);
-        assert!(!at(0, false) && !at(0, true), "nothing to say");
-        assert!(!at(1, false) && !at(3, false), "work left: wait for more deliveries");
-        assert!(at(4, false) && at(5, false), "half the window delivered");
-        assert!(at(1, true), "out of tasks: report what there is");
-        assert!(Waiting { failures: true, unreported: 0, starving: false }.worth_a_call(every), "failures at once");
+        let at = |unreported, half_window, starving| Waiting { failures: false, unreported, half_window, starving }.worth_a_call();
+        assert!(!at(0, false, false) && !at(0, false, true), "nothing to say");
+        assert!(!at(1, false, false) && !at(3, false, false), "work left: wait for more deliveries");
+        assert!(at(4, true, false) && at(5, true, false), "half the window delivered");
+        assert!(at(1, false, true), "out of tasks: report what there is");
+        let failed = Waiting { failures: true, unreported: 0, half_window: false, starving: false };
+        assert!(failed.worth_a_call(), "failures at once");
     }
 }

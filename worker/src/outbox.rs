@@ -21,6 +21,15 @@ use tokio::sync::Notify;
 /// A consumer of a job: `(job_id, consumer)`.
 pub(crate) type ConsumerKey = (u64, u32);
 
+/// Deliveries not yet reported to the coordinator.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Unreported {
+    /// Delivered batches, all consumers together.
+    pub(crate) total: usize,
+    /// Some consumer's deliveries add up to half its window.
+    pub(crate) half_window: bool,
+}
+
 /// Every consumer's queue of undelivered batches, shared by the producer
 /// (pushes), the `Fetch` streams (take) and the coordinator link (reports).
 #[derive(Debug, Default)]
@@ -138,9 +147,17 @@ impl Outboxes {
         self.report.notify_one();
     }
 
-    /// Deliveries recorded and not yet taken for a heartbeat.
-    pub(crate) fn unreported(&self) -> usize {
-        self.lock().delivered.values().map(Vec::len).sum()
+    /// Deliveries recorded and not yet taken for a heartbeat: how many, and
+    /// whether one consumer's add up to half its job's window (`window_of`
+    /// a job id, in batches).
+    pub(crate) fn unreported(&self, window_of: impl Fn(u64) -> u32) -> Unreported {
+        let state = self.lock();
+        let mut out = Unreported::default();
+        for (&(job_id, _), seqs) in &state.delivered {
+            out.total += seqs.len();
+            out.half_window |= seqs.len() >= (window_of(job_id) as usize / 2).max(1);
+        }
+        out
     }
 
     /// Takes the delivery records for a heartbeat.

@@ -33,6 +33,7 @@ use crate::collate::{BatchRules, Skipped, collate_bytes, collate_into, layout};
 use crate::dataset::{Dataset, Datasets};
 use crate::outbox::Outboxes;
 use crate::ring::{Rings, Route};
+use crate::window::Windows;
 
 /// Jobs whose datasets stay open; older ones are closed first.
 const DATASET_CACHE: usize = 8;
@@ -52,6 +53,8 @@ struct Shared {
     outboxes: Arc<Outboxes>,
     /// Trainers' shared-memory rings, for tasks that name one.
     rings: Arc<Rings>,
+    /// Where each job's window is sized, from its batch bytes.
+    windows: Arc<Windows>,
     /// Copy of `Queue::generation`, readable without the queue lock by a
     /// thread waiting for a ring slot.
     abandon: AtomicU64,
@@ -85,12 +88,18 @@ struct Queue {
 
 impl Producer {
     /// Starts the producer thread.
-    pub(crate) fn spawn(outboxes: Arc<Outboxes>, rings: Arc<Rings>, datasets: Datasets) -> std::io::Result<Self> {
+    pub(crate) fn spawn(
+        outboxes: Arc<Outboxes>,
+        rings: Arc<Rings>,
+        windows: Arc<Windows>,
+        datasets: Datasets,
+    ) -> std::io::Result<Self> {
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue::default()),
             ready: Condvar::new(),
             outboxes,
             rings,
+            windows,
             abandon: AtomicU64::new(0),
             report: Notify::new(),
             datasets,
@@ -303,6 +312,11 @@ impl Shared {
                 plan.num_samples
             ));
         }
+        // The window this worker holds for the job follows its batch bytes
+        // (the coordinator learns it from the next heartbeat).
+        if let Ok(full) = layout(&*dataset, usize::try_from(plan.batch_size).unwrap_or(usize::MAX)) {
+            self.windows.learn(job.job_id, full.total_len() as u64);
+        }
         let key = (job.job_id, task.consumer);
         let ring = Some(Path::new(&task.ring_socket)).filter(|p| !p.as_os_str().is_empty());
         let abandoned = || self.abandon.load(Ordering::SeqCst) != generation;
@@ -446,7 +460,7 @@ pub(crate) mod tests {
     /// A producer whose ring connections run on the test's runtime.
     pub(crate) fn spawn(outboxes: &Arc<Outboxes>) -> Producer {
         let rings = Rings::new(Arc::clone(outboxes), "http://worker.test:1".into(), tokio::runtime::Handle::current());
-        Producer::spawn(Arc::clone(outboxes), rings, Datasets::new()).expect("spawn")
+        Producer::spawn(Arc::clone(outboxes), rings, Windows::new(8), Datasets::new()).expect("spawn")
     }
 
     /// Waits (bounded) until the producer has worked through its queue.

@@ -122,6 +122,23 @@ impl Default for RingConfig {
 }
 
 impl RingConfig {
+    /// These settings for batches of about `batch_bytes`: slots the size of
+    /// the batch (rounded up to the page) unless the slot size was set.
+    /// Small batches then take small slots, and a ring of many of them
+    /// costs little memory.
+    pub(crate) fn sized_for(&self, batch_bytes: Option<u64>) -> Self {
+        let mut out = self.clone();
+        if let Some(bytes) = batch_bytes
+            && self.slot_size == DEFAULT_SLOT_SIZE
+        {
+            let page = page_size();
+            // Never larger than the default: a batch that big streams over
+            // gRPC, as it did before sizing.
+            out.slot_size = bytes.max(1).div_ceil(page).saturating_mul(page).min(DEFAULT_SLOT_SIZE);
+        }
+        out
+    }
+
     /// The ring's geometry for `prefetch` grants per worker, or a one-line
     /// reason why these settings cannot work.
     pub(crate) fn geometry(&self, prefetch: u32) -> Result<RingGeometry, LoaderError> {

@@ -6,6 +6,8 @@
 //!   job shares.
 //! - [`transforms`]: constructors of the image pipeline's steps, and the
 //!   standard training pipeline.
+//! - `size`: the bytes of a job's batch, told from its spec, by which the
+//!   trainer sizes its ring and prefetch window.
 //! - `counts`: what [`JobSpecBuilder::build`] reads from the dataset's files
 //!   (token count, image listing and fingerprint, shard sizes, npy rows).
 //!
@@ -13,6 +15,7 @@
 //! [`crate::spec_file::parse`].
 
 mod counts;
+mod size;
 pub mod transforms;
 
 use std::path::Path;
@@ -24,6 +27,8 @@ use loader_proto::pb::{
 use loader_proto::sampler::Plan;
 
 use crate::error::LoaderError;
+
+pub(crate) use size::batch_bytes;
 
 /// Validates `spec` exactly as the coordinator will.
 pub fn validate(spec: &JobSpec) -> Result<Plan, LoaderError> {

@@ -34,7 +34,7 @@ fn seqs(tasks: &[pb::Task], consumer: u32) -> Vec<u64> {
 }
 
 async fn tasks(c: &Coordinator, worker: u64, delivered: Vec<pb::Delivered>) -> Vec<pb::Task> {
-    match c.worker_heartbeat(worker, delivered, Vec::new(), Duration::ZERO).await {
+    match c.worker_heartbeat(worker, WorkerReport { delivered: delivered, failed: Vec::new(), ..Default::default() }, Duration::ZERO).await {
         HeartbeatOutcome::Tasks { tasks, .. } => tasks,
         HeartbeatOutcome::Reregister => panic!("worker unknown"),
     }
@@ -76,7 +76,7 @@ async fn idle_heartbeat_waits_for_work_and_wakes_on_new_job() {
     let w = c.register_worker("http://w".into(), "n".into(), 4);
     let waiting = {
         let c = c.clone();
-        tokio::spawn(async move { c.worker_heartbeat(w, Vec::new(), Vec::new(), Duration::from_secs(1)).await })
+        tokio::spawn(async move { c.worker_heartbeat(w, WorkerReport { delivered: Vec::new(), failed: Vec::new(), ..Default::default() }, Duration::from_secs(1)).await })
     };
     tokio::time::advance(Duration::from_millis(100)).await;
     create(&c, spec("", 10, 5, 1));
@@ -86,7 +86,7 @@ async fn idle_heartbeat_waits_for_work_and_wakes_on_new_job() {
     }
     // With nothing to do the call ends at its deadline, empty.
     let start = tokio::time::Instant::now();
-    match c.worker_heartbeat(w, Vec::new(), Vec::new(), Duration::from_millis(300)).await {
+    match c.worker_heartbeat(w, WorkerReport { delivered: Vec::new(), failed: Vec::new(), ..Default::default() }, Duration::from_millis(300)).await {
         HeartbeatOutcome::Tasks { tasks: t, .. } => assert!(t.is_empty()),
         HeartbeatOutcome::Reregister => panic!("worker unknown"),
     }
@@ -97,7 +97,7 @@ async fn idle_heartbeat_waits_for_work_and_wakes_on_new_job() {
 async fn unknown_worker_is_told_to_reregister() {
     let c = coordinator();
     assert!(matches!(
-        c.worker_heartbeat(42, Vec::new(), Vec::new(), Duration::ZERO).await,
+        c.worker_heartbeat(42, WorkerReport { delivered: Vec::new(), failed: Vec::new(), ..Default::default() }, Duration::ZERO).await,
         HeartbeatOutcome::Reregister
     ));
 }
@@ -111,7 +111,7 @@ async fn failed_task_fails_the_job_and_stops_assignment() {
     let t = tasks(&c, w, Vec::new()).await;
     assert_eq!(t.len(), 1);
     let failed = vec![pb::Failed { job_id: job.job_id, consumer: 0, start_seq: 0, end_seq: 2, error: "bad file /x".into() }];
-    match c.worker_heartbeat(w, Vec::new(), failed, Duration::ZERO).await {
+    match c.worker_heartbeat(w, WorkerReport { delivered: Vec::new(), failed: failed, ..Default::default() }, Duration::ZERO).await {
         HeartbeatOutcome::Tasks { tasks: t, .. } => assert!(t.is_empty()),
         HeartbeatOutcome::Reregister => panic!("worker unknown"),
     }
@@ -182,7 +182,7 @@ async fn expired_worker_batches_go_to_another_worker_first() {
     assert_eq!(c.expire(tokio::time::Instant::now()), (0, 0));
     tokio::time::advance(ttl / 2 + Duration::from_millis(1)).await;
     c.session_heartbeat(session, 1, 0);
-    match c.worker_heartbeat(b, Vec::new(), Vec::new(), Duration::ZERO).await {
+    match c.worker_heartbeat(b, WorkerReport { delivered: Vec::new(), failed: Vec::new(), ..Default::default() }, Duration::ZERO).await {
         HeartbeatOutcome::Tasks { .. } => {}
         HeartbeatOutcome::Reregister => panic!("b is alive"),
     }
@@ -193,7 +193,7 @@ async fn expired_worker_batches_go_to_another_worker_first() {
     assert_eq!(again[..3], [1, 2, 3]);
     // a is told to register again.
     assert!(matches!(
-        c.worker_heartbeat(a, Vec::new(), Vec::new(), Duration::ZERO).await,
+        c.worker_heartbeat(a, WorkerReport { delivered: Vec::new(), failed: Vec::new(), ..Default::default() }, Duration::ZERO).await,
         HeartbeatOutcome::Reregister
     ));
 }
@@ -208,7 +208,7 @@ async fn silent_session_expires_and_its_ring_is_no_longer_routed() {
     tokio::time::advance(c.config.lease_ttl + Duration::from_millis(1)).await;
     // The worker renews; the session does not.
     let report = vec![pb::Delivered { job_id: job.job_id, consumer: 0, seqs: vec![0] }];
-    match c.worker_heartbeat(w, report, Vec::new(), Duration::ZERO).await {
+    match c.worker_heartbeat(w, WorkerReport { delivered: report, failed: Vec::new(), ..Default::default() }, Duration::ZERO).await {
         HeartbeatOutcome::Tasks { tasks: t, .. } => assert_eq!(t[0].ring_socket, "/tmp/ring.sock", "not expired before the reaper runs"),
         HeartbeatOutcome::Reregister => panic!("worker alive"),
     }
@@ -218,13 +218,13 @@ async fn silent_session_expires_and_its_ring_is_no_longer_routed() {
     assert!(c.list_sessions().is_empty(), "an expired session is no longer listed");
     assert_eq!(c.session_heartbeat(session, 0, 0), None, "the trainer is told to reopen");
     let report = vec![pb::Delivered { job_id: job.job_id, consumer: 0, seqs: vec![1] }];
-    match c.worker_heartbeat(w, report, Vec::new(), Duration::ZERO).await {
+    match c.worker_heartbeat(w, WorkerReport { delivered: report, failed: Vec::new(), ..Default::default() }, Duration::ZERO).await {
         HeartbeatOutcome::Tasks { tasks: t, .. } => assert!(t.is_empty(), "nothing is produced for a dead trainer"),
         HeartbeatOutcome::Reregister => panic!("worker alive"),
     }
     // A new trainer for the consumer gets batches again, over gRPC.
     c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("new session");
-    match c.worker_heartbeat(w, Vec::new(), Vec::new(), Duration::ZERO).await {
+    match c.worker_heartbeat(w, WorkerReport { delivered: Vec::new(), failed: Vec::new(), ..Default::default() }, Duration::ZERO).await {
         HeartbeatOutcome::Tasks { tasks: t, .. } => assert_eq!(t[0].ring_socket, ""),
         HeartbeatOutcome::Reregister => panic!("worker alive"),
     }
@@ -250,7 +250,7 @@ async fn a_restart_on_the_same_state_dir_resumes_at_the_watermark() {
     assert_eq!(job.job_id, job_id);
     // A worker of the previous run must register again.
     assert!(matches!(
-        c.worker_heartbeat(old_worker, Vec::new(), Vec::new(), Duration::ZERO).await,
+        c.worker_heartbeat(old_worker, WorkerReport { delivered: Vec::new(), failed: Vec::new(), ..Default::default() }, Duration::ZERO).await,
         HeartbeatOutcome::Reregister
     ));
     let w = c.register_worker("http://w2".into(), "n".into(), 2);
@@ -269,7 +269,7 @@ async fn a_draining_worker_gets_no_tasks_and_its_leftovers_are_requeued_on_dereg
     assert_eq!(seqs(&tasks(&c, w, Vec::new()).await, 0), vec![0, 1, 2, 3]);
     c.drain_worker(w).expect("drain");
     let report = vec![pb::Delivered { job_id: job.job_id, consumer: 0, seqs: vec![0, 1] }];
-    match c.worker_heartbeat(w, report, Vec::new(), Duration::from_secs(1)).await {
+    match c.worker_heartbeat(w, WorkerReport { delivered: report, failed: Vec::new(), ..Default::default() }, Duration::from_secs(1)).await {
         HeartbeatOutcome::Tasks { tasks, drain, .. } => {
             assert!(tasks.is_empty());
             assert!(drain);
@@ -315,7 +315,7 @@ async fn a_full_worker_still_takes_batches_given_back_by_a_dead_one() {
         c.session_heartbeat(s.session_id, 0, 0);
     }
     let HeartbeatOutcome::Tasks { tasks: none, .. } =
-        c.worker_heartbeat(full, Vec::new(), Vec::new(), Duration::ZERO).await
+        c.worker_heartbeat(full, WorkerReport { delivered: Vec::new(), failed: Vec::new(), ..Default::default() }, Duration::ZERO).await
     else {
         panic!("full is alive")
     };
@@ -328,7 +328,7 @@ async fn a_full_worker_still_takes_batches_given_back_by_a_dead_one() {
 
 /// A worker's heartbeat answer: its new tasks and the consumers it must drop.
 async fn orders(c: &Coordinator, worker: u64) -> (Vec<pb::Task>, Vec<ConsumerKey>) {
-    match c.worker_heartbeat(worker, Vec::new(), Vec::new(), Duration::ZERO).await {
+    match c.worker_heartbeat(worker, WorkerReport { delivered: Vec::new(), failed: Vec::new(), ..Default::default() }, Duration::ZERO).await {
         HeartbeatOutcome::Tasks { tasks, ended, .. } => (tasks, ended),
         HeartbeatOutcome::Reregister => panic!("worker unknown"),
     }
@@ -389,7 +389,7 @@ async fn a_long_poll_wakes_when_its_workers_consumer_ends() {
     // At its limit: the call waits (and renews the lease as it arrives).
     let waiting = {
         let c = c.clone();
-        tokio::spawn(async move { c.worker_heartbeat(w, Vec::new(), Vec::new(), ttl).await })
+        tokio::spawn(async move { c.worker_heartbeat(w, WorkerReport { delivered: Vec::new(), failed: Vec::new(), ..Default::default() }, ttl).await })
     };
     tokio::task::yield_now().await;
     assert!(!waiting.is_finished());
@@ -420,10 +420,10 @@ async fn a_draining_worker_hears_that_its_consumer_ended_and_deregisters_with_no
         HeartbeatOutcome::Tasks { tasks, drain, ended } => (tasks, drain, ended),
         HeartbeatOutcome::Reregister => panic!("worker known"),
     };
-    let renew = c.worker_heartbeat(w, Vec::new(), Vec::new(), Duration::ZERO).await;
+    let renew = c.worker_heartbeat(w, WorkerReport { delivered: Vec::new(), failed: Vec::new(), ..Default::default() }, Duration::ZERO).await;
     assert_eq!(answer(renew), (vec![], true, vec![]));
     assert_eq!(c.expire(tokio::time::Instant::now()), (0, 1));
-    let told = c.worker_heartbeat(w, Vec::new(), Vec::new(), Duration::ZERO).await;
+    let told = c.worker_heartbeat(w, WorkerReport { delivered: Vec::new(), failed: Vec::new(), ..Default::default() }, Duration::ZERO).await;
     assert_eq!(answer(told), (vec![], true, vec![(job.job_id, 0)]));
     assert_eq!(c.list_jobs()[0].consumers[0].assigned, 0, "taken back when the consumer ended");
     c.deregister(w).expect("deregister");

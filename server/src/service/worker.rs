@@ -5,7 +5,7 @@ use std::time::Duration;
 use loader_proto::pb::{self, worker_service_server::WorkerService};
 use tonic::{Request, Response, Status};
 
-use crate::coordinator::{Coordinator, HeartbeatOutcome};
+use crate::coordinator::{Coordinator, HeartbeatOutcome, WorkerReport};
 use crate::error::check_version;
 
 /// Longest a heartbeat may be held open: well inside a lease, so a waiting
@@ -40,7 +40,8 @@ impl WorkerService for WorkerApi {
         let wait = Duration::from_millis(r.wait_ms)
             .min(MAX_WAIT)
             .min(self.0.config.heartbeat_interval);
-        let response = match self.0.worker_heartbeat(r.worker_id, r.delivered, r.failed, wait).await {
+        let report = WorkerReport { delivered: r.delivered, failed: r.failed, windows: r.windows };
+        let response = match self.0.worker_heartbeat(r.worker_id, report, wait).await {
             HeartbeatOutcome::Reregister => pb::WorkerHeartbeatResponse { reregister: true, ..Default::default() },
             HeartbeatOutcome::Tasks { tasks, drain, ended } => pb::WorkerHeartbeatResponse {
                 tasks,
