@@ -34,7 +34,7 @@ use loader_proto::pb::{
     worker_service_server::WorkerServiceServer,
 };
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::server::TcpIncoming;
 
 pub use config::ServerConfig;
 
@@ -79,14 +79,18 @@ pub async fn serve(
         .register_encoded_file_descriptor_set(loader_proto::pb::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
+    // `Server::tcp_nodelay` applies only to listeners tonic binds itself;
+    // an incoming stream of ours sets it on each accepted connection, or
+    // Nagle holds a response's trailers for the peer's delayed ACK (40 ms
+    // stalls of every small heartbeat).
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     let served = tonic::transport::Server::builder()
-        .tcp_nodelay(true)
         .add_service(health_service)
         .add_service(reflection)
         .add_service(WorkerServiceServer::new(WorkerApi(coordinator.clone())))
         .add_service(TrainerServiceServer::new(TrainerApi(coordinator.clone())))
         .add_service(AdminServiceServer::new(AdminApi(coordinator)))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(incoming, shutdown)
         .await;
     stop.cancel();
     let _ = reaper.await;

@@ -8,7 +8,7 @@ use futures::Stream;
 use loader_proto::pb::batch_service_server::{BatchService, BatchServiceServer};
 use loader_proto::pb::{BatchFrame, FetchRequest};
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::server::TcpIncoming;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -103,11 +103,16 @@ pub(crate) async fn serve(
     let batches = BatchServiceServer::new(FetchService::new(outboxes, stop.clone()))
         .max_encoding_message_size(usize::MAX);
     tonic::transport::Server::builder()
-        .tcp_nodelay(true)
         .add_service(health_service)
         .add_service(reflection)
         .add_service(batches)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop.cancelled_owned())
+        .serve_with_incoming_shutdown(
+            // Set per accepted connection: `Server::tcp_nodelay` does not
+            // reach an incoming stream of ours, and Nagle would hold small
+            // frames for the trainer's delayed ACK.
+            TcpIncoming::from(listener).with_nodelay(Some(true)),
+            stop.cancelled_owned(),
+        )
         .await
         .map_err(|e| WorkerError::Serve(crate::error::one_line(&e)))
 }
