@@ -21,6 +21,9 @@ BENCH = ROOT / "bench"
 LOADERCTL = ROOT / "target" / "release" / "loaderctl"
 PY = sys.executable
 
+sys.path.insert(0, str(BENCH))
+import matrix  # noqa: E402  (bench/matrix.py: the small-batch matrix)
+
 
 IMAGE_SCENARIO = "JPEG decode + RandomResizedCrop(224) + flip, uint8"
 # The same Python loop over the Python SDK and over torch's DataLoader
@@ -259,7 +262,7 @@ def main():
     raw = ROOT / "docs" / "benchmarks.json"
     if a.report_only:
         saved = json.loads(raw.read_text())
-        write_report(saved_results(saved), saved_runs(saved))
+        write_report(saved_results(saved), saved_runs(saved), saved.get("matrix"))
         return
     today = datetime.date.today().isoformat()
     this_run = {"command": command_of(a), "date": today, "machine": machine()}
@@ -276,6 +279,9 @@ def main():
         same_data(name, runs)
         results[name] = [(label, role, runs[label]) for label, _, role in systems]
     measured = {name: this_run for name in results}
+    small = None
+    if a.only is None or a.only in matrix.MATRIX:
+        small = {"results": matrix.run(run_one, a.repeats), "run": this_run}
     if a.only and raw.exists():
         # A partial run replaces its scenarios in the last report and keeps
         # the others, each still naming the command and date it came from.
@@ -285,10 +291,13 @@ def main():
         merged.update(results)
         measured = {name: measured.get(name, old_runs[name]) for name in merged}
         results = merged
+    if small is None and raw.exists():
+        # A run without the matrix keeps the last one.
+        small = json.loads(raw.read_text()).get("matrix")
     args = {k: getattr(a, k) for k in ("samples", "repeats", "image_files", "image_epochs", "only")}
     raw.write_text(json.dumps({"args": args, "date": today, "runs": measured,
-                               "results": results}, indent=1) + "\n")
-    write_report(results, measured)
+                               "results": results, "matrix": small}, indent=1) + "\n")
+    write_report(results, measured, small)
 
 
 def command_of(a):
@@ -332,9 +341,10 @@ def med(runs, key):
     return statistics.median(vals) if vals else None
 
 
-def write_report(results, measured):
+def write_report(results, measured, small=None):
     """docs/benchmarks.md and .png from `results`; `measured` names the
-    command, date and machine of each scenario."""
+    command, date and machine of each scenario; `small` is the small-batch
+    matrix (bench/matrix.py) with the run that measured it."""
     docs = ROOT / "docs"
     lines = [
         "# Benchmarks",
@@ -383,6 +393,16 @@ def write_report(results, measured):
         if best_anchor:
             lines += ["", f"Best anchor: {best_anchor[0]}."]
         lines.append("")
+    if small:
+        m = small["run"]
+        lines += [f"## {matrix.MATRIX}", "",
+                  f"`{m['command']}`, {m['date']}, {m['machine']}. Medians of the repeats; 2 workers, "
+                  "shuffled. \"Rust loop\" is `loaderctl run` (embedded mode), \"Python loop\" is "
+                  "`loader.Loader.local` in bench/python_loop.py, which runs torch's DataLoader too, "
+                  "with the same loop body. \"wait\" is the trainer's time blocked in `next()` per "
+                  "batch; \"coordinator CPU\" is the embedded coordinator's threads per batch.", ""]
+        lines += matrix.render(small["results"], med)
+        lines += ["", "Against the bar of issue 15:", ""] + matrix.check(small["results"], med) + [""]
     (docs / "benchmarks.md").write_text("\n".join(lines).rstrip("\n") + "\n\n" + NOTES)
     try:
         import matplotlib

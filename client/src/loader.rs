@@ -115,7 +115,10 @@ impl LoaderBuilder {
         self
     }
 
-    /// Batches each worker may send ahead of consumption (default 8).
+    /// Batches each worker may send ahead of consumption, at least (default
+    /// 8). Small batches get more: the window is sized by bytes (32 MiB of
+    /// batches, 256 at most; see [`loader_proto::window`]), so a token
+    /// window of 4 KB does not pay a hand-off per batch.
     pub fn prefetch(mut self, prefetch: u32) -> Self {
         self.prefetch = prefetch;
         self
@@ -137,8 +140,9 @@ impl LoaderBuilder {
     }
 
     /// Geometry of the shared-memory ring: `slot_count` slots of `slot_size`
-    /// bytes each (a multiple of 64 and of the page size; default 16 MiB,
-    /// and `2 x prefetch` slots, at least 4). A batch larger than a slot
+    /// bytes each (a multiple of 64 and of the page size; default: the
+    /// batch's size as the spec tells it, at most 16 MiB, and twice as many
+    /// slots as batches in flight, at least 4). A batch larger than a slot
     /// streams over gRPC instead. Memory is only touched as slots fill.
     pub fn ring(mut self, slot_count: u32, slot_size: u64) -> Self {
         self.ring.slot_count = Some(slot_count);

@@ -104,13 +104,15 @@ class Loader:
         job: the job spec: a dict, a path to a .json/.yaml file, or its text.
         rank: this trainer's data-parallel rank.
         world_size: number of ranks (default: the spec's ``consumers``, 1).
-        prefetch: batches each worker may send ahead of consumption.
+        prefetch: batches each worker may send ahead of consumption, at
+            least; small batches get more, up to 32 MiB of them (256 at most).
         in_order: yield batches in sequence order (default), or as they
             arrive (faster when workers are uneven; still each batch once).
         shared_memory: let workers on this machine write batches straight
             into this process's memory (default) instead of streaming them.
         ring: ``(slots, slot_bytes)`` of the shared-memory ring; by default
-            ``2 * prefetch`` slots (at least 4) of 16 MiB. Each yielded batch
+            slots the size of a batch (at most 16 MiB), twice as many as
+            batches in flight (at least 4). Each yielded batch
             holds a slot until it and its arrays are freed.
     """
 

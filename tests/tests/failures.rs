@@ -43,7 +43,7 @@ fn killing_workers_repeatedly_loses_and_duplicates_nothing() {
     run(Duration::from_secs(180), |scope| {
         let job = spec::synthetic(3_000, &[16], Dtype::U8)
             .batch_size(16)
-            .epochs(3)
+            .epochs(8)
             .shuffle(99)
             // Slow enough that the kills land mid-run.
             .cost_ns(400_000)

@@ -313,10 +313,12 @@ impl Shared {
             ));
         }
         // The window this worker holds for the job follows its batch bytes
-        // (the coordinator learns it from the next heartbeat).
+        // and how long a batch takes to make (the coordinator learns it from
+        // the next heartbeat).
         if let Ok(full) = layout(&*dataset, usize::try_from(plan.batch_size).unwrap_or(usize::MAX)) {
-            self.windows.learn(job.job_id, full.total_len() as u64);
+            self.windows.learn_bytes(job.job_id, full.total_len() as u64);
         }
+        let mut timing = BatchTiming::default();
         let key = (job.job_id, task.consumer);
         let ring = Some(Path::new(&task.ring_socket)).filter(|p| !p.as_os_str().is_empty());
         let abandoned = || self.abandon.load(Ordering::SeqCst) != generation;
@@ -333,8 +335,10 @@ impl Shared {
                 match self.rings.acquire(path, key, submitted, layout.total_len(), &abandoned) {
                     Route::Slot(mut lease) => {
                         // A failure drops the lease, which gives the slot back.
+                        let started = Instant::now();
                         let collated = collate_into(&*dataset, &layout, &meta, &indices, rules, lease.bytes_mut())
                             .map_err(|e| failed(seq, &e))?;
+                        timing.made(started.elapsed(), &self.windows, job.job_id);
                         self.log_skipped(job.job_id, seq, &collated.skipped);
                         let q = self.lock();
                         if q.generation != generation {
@@ -356,8 +360,10 @@ impl Shared {
                     }
                 }
             }
+            let started = Instant::now();
             let (batch, skipped) =
                 collate_bytes(&*dataset, &layout, &meta, &indices, rules).map_err(|e| failed(seq, &e))?;
+            timing.made(started.elapsed(), &self.windows, job.job_id);
             self.log_skipped(job.job_id, seq, &skipped);
             let q = self.lock();
             if q.generation != generation {
@@ -382,6 +388,33 @@ impl Shared {
                 "skipped {} (on_corrupt: skip)",
                 s.error
             );
+        }
+    }
+}
+
+/// How long the batches of one task took to make (collate only: not the
+/// wait for a ring slot), told to [`Windows`] after the first batch and then
+/// every `EVERY` batches, so a new job's window opens after one batch.
+#[derive(Debug, Default)]
+struct BatchTiming {
+    /// Time and batches since the last report.
+    spent: std::time::Duration,
+    batches: u32,
+    /// A first report was made.
+    reported: bool,
+}
+
+impl BatchTiming {
+    const EVERY: u32 = 16;
+
+    fn made(&mut self, took: std::time::Duration, windows: &Windows, job_id: u64) {
+        self.spent += took;
+        self.batches += 1;
+        if !self.reported || self.batches >= Self::EVERY {
+            windows.learn_time(job_id, self.spent / self.batches);
+            self.reported = true;
+            self.spent = std::time::Duration::ZERO;
+            self.batches = 0;
         }
     }
 }

@@ -44,6 +44,24 @@ pub(super) struct Report {
     /// itself spends. Equal to `client_cpu_us_per_batch` under `consume`.
     #[serde(skip_serializing_if = "Option::is_none")]
     trainer_cpu_us_per_batch: Option<f64>,
+    /// CPU of the embedded coordinator's threads per batch (`run` only):
+    /// what handing out the work costs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    coordinator_cpu_us_per_batch: Option<f64>,
+    /// How long the trainer waited in `next()` for a batch, from the second
+    /// batch on: median and 99th percentile, in microseconds.
+    wait_p50_us: f64,
+    wait_p99_us: f64,
+}
+
+/// The `q` quantile (0..=1) of `waits`, sorted in place, in microseconds.
+fn quantile_us(waits: &mut [Duration], q: f64) -> f64 {
+    if waits.is_empty() {
+        return 0.0;
+    }
+    waits.sort_unstable();
+    let at = ((waits.len() - 1) as f64 * q).round() as usize;
+    waits[at.min(waits.len() - 1)].as_secs_f64() * 1e6
 }
 
 impl TransportArg {
@@ -104,8 +122,15 @@ pub(super) fn consume_and_report(
     if let Some(save) = save.as_ref().filter(|s| s.after == 0) {
         loader.state().save(&save.path)?;
     }
-    while let Some(batch) = loader.next() {
+    // One entry per batch: a few MB for a million batches.
+    let mut waits: Vec<Duration> = Vec::new();
+    loop {
+        let asked = Instant::now();
+        let Some(batch) = loader.next() else { break };
         let batch = batch?;
+        if first_batch.is_some() {
+            waits.push(asked.elapsed());
+        }
         if first_batch.is_none() {
             first_batch = Some(started.elapsed());
             cpu_from_first = Some((cpu::process()?, coordinator_cpu()));
@@ -159,6 +184,9 @@ pub(super) fn consume_and_report(
         shm_batches,
         client_cpu_us_per_batch: per_batch(cpu),
         trainer_cpu_us_per_batch: coordinator.map(|c| per_batch(cpu.saturating_sub(c))),
+        coordinator_cpu_us_per_batch: coordinator.filter(|_| workers.is_some()).map(per_batch),
+        wait_p50_us: quantile_us(&mut waits, 0.5),
+        wait_p99_us: quantile_us(&mut waits, 0.99),
     };
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
@@ -387,6 +415,15 @@ fn generate_tokens(args: &DatasetArgs, dtype: Dtype) -> anyhow::Result<NamedTemp
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn quantiles_of_waits() {
+        let us = Duration::from_micros;
+        let mut waits: Vec<Duration> = (1..=100).rev().map(us).collect();
+        assert_eq!(quantile_us(&mut waits, 0.5), 51.0);
+        assert_eq!(quantile_us(&mut waits, 0.99), 99.0);
+        assert_eq!(quantile_us(&mut [], 0.99), 0.0);
+    }
 
     #[test]
     fn shapes_parse_or_say_what_is_expected() {

@@ -182,7 +182,8 @@ pub enum TransportArg {
 /// Transport, prefetch and output, shared by `run` and `consume`.
 #[derive(Debug, Clone, Args)]
 pub struct MeasureArgs {
-    /// Batches each worker may send ahead.
+    /// Batches each worker may send ahead, at least: small batches get more
+    /// (32 MiB of them, up to 256).
     #[arg(long, default_value_t = crate::DEFAULT_PREFETCH)]
     pub prefetch: u32,
     /// How co-located workers deliver batches.

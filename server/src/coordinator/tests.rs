@@ -34,8 +34,61 @@ fn seqs(tasks: &[pb::Task], consumer: u32) -> Vec<u64> {
 }
 
 async fn tasks(c: &Coordinator, worker: u64, delivered: Vec<pb::Delivered>) -> Vec<pb::Task> {
-    match c.worker_heartbeat(worker, WorkerReport { delivered: delivered, failed: Vec::new(), ..Default::default() }, Duration::ZERO).await {
+    match c.worker_heartbeat(worker, WorkerReport { delivered, failed: Vec::new(), ..Default::default() }, Duration::ZERO).await {
         HeartbeatOutcome::Tasks { tasks, .. } => tasks,
+        HeartbeatOutcome::Reregister => panic!("worker unknown"),
+    }
+}
+
+/// A worker's announced window replaces `max_outstanding` for that job
+/// only: small batches go out in ranges of a quarter of it, and what the
+/// worker says is clamped to what the protocol allows.
+#[tokio::test]
+async fn announced_windows_size_the_ranges_of_their_job_only() {
+    let c = coordinator();
+    let small = create(&c, spec("small", 10_000, 1, 1));
+    let other = create(&c, spec("other", 10_000, 1, 1));
+    let w = c.register_worker("http://w".into(), "n".into(), 8);
+    let announce = |job_id, batches| WorkerReport {
+        windows: vec![pb::JobWindow { job_id, batches }],
+        ..Default::default()
+    };
+    let t = match c.worker_heartbeat(w, announce(small.job_id, 256), Duration::ZERO).await {
+        HeartbeatOutcome::Tasks { tasks, .. } => tasks,
+        HeartbeatOutcome::Reregister => panic!("worker unknown"),
+    };
+    let ranges = |job_id: u64| -> Vec<(u64, u64)> {
+        t.iter()
+            .filter(|t| t.job.as_ref().map(|j| j.job_id) == Some(job_id))
+            .map(|t| (t.start_seq, t.end_seq))
+            .collect()
+    };
+    assert_eq!(ranges(small.job_id), vec![(0, 64), (64, 128), (128, 192), (192, 256)]);
+    assert_eq!(ranges(other.job_id), vec![(0, 2), (2, 4), (4, 6), (6, 8)], "not announced: max_outstanding");
+
+    // Out of bounds either way: clamped.
+    let w2 = c.register_worker("http://w2".into(), "n".into(), 8);
+    match c.worker_heartbeat(w2, announce(other.job_id, 1 << 30), Duration::ZERO).await {
+        HeartbeatOutcome::Tasks { tasks, .. } => {
+            let held: u64 = tasks
+                .iter()
+                .filter(|t| t.job.as_ref().map(|j| j.job_id) == Some(other.job_id))
+                .map(|t| t.end_seq - t.start_seq)
+                .sum();
+            assert_eq!(held, u64::from(loader_proto::window::MAX_WINDOW));
+        }
+        HeartbeatOutcome::Reregister => panic!("worker unknown"),
+    }
+    let w3 = c.register_worker("http://w3".into(), "n".into(), 8);
+    match c.worker_heartbeat(w3, announce(small.job_id, 0), Duration::ZERO).await {
+        HeartbeatOutcome::Tasks { tasks, .. } => {
+            let held: u64 = tasks
+                .iter()
+                .filter(|t| t.job.as_ref().map(|j| j.job_id) == Some(small.job_id))
+                .map(|t| t.end_seq - t.start_seq)
+                .sum();
+            assert_eq!(held, 8, "never below max_outstanding");
+        }
         HeartbeatOutcome::Reregister => panic!("worker unknown"),
     }
 }
