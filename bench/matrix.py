@@ -126,8 +126,22 @@ def run(run_one, repeats, log=print):
                     f"{res['batches_per_s']:,.0f} batches/s, wait p50 {res.get('wait_p50_us', 0):.0f} us",
                     flush=True)
                 runs[label].append(res)
+        same_data(cell, runs)
         results[cell[0]] = runs
     return results
+
+
+def same_data(cell, runs):
+    """The Python loops report a checksum of what they read (labels, and the
+    last element of each sample); per epoch it must be the same for Loader
+    and torch, which run different numbers of epochs of the same data."""
+    name, _, _, torch_epochs, loader_epochs, _ = cell
+    per_epoch = set()
+    for label, rs in runs.items():
+        epochs = torch_epochs if label.startswith("torch") else loader_epochs
+        per_epoch |= {r["checksum"] / epochs for r in rs if "checksum" in r}
+    if len(per_epoch) > 1:
+        sys.exit(f"[{name}] the systems read different data (checksums per epoch {per_epoch})")
 
 
 def render(results, med):

@@ -131,6 +131,13 @@ NOTES = """## How to read these numbers
   reach a listener of our own, so every heartbeat answer waited 40 ms for a
   delayed ACK). Tokens at batch 1 over shared memory went from 384 to
   ~200k batches/s in `loaderctl run`.
+- No regression elsewhere, same-run A/B against the build before issue 15
+  (dd1997f), interleaved, 4 runs each, medians (2026-11-24, `loaderctl run
+  --workers 2 --batch-size 64`; zero-compute `--samples 32000 --shape
+  3,224,224`, images `--dataset imagefolder` on the folder below, 1 epoch):
+  zero-compute shared memory 80.9k -> 114.7k samples/s (slots sized to the
+  batch), gRPC 13.7k -> 13.9k, images 2,574 -> 2,832 samples/s; trainer CPU
+  per shared-memory batch 15.5 -> 15.2 µs.
 
 - Every system reads the same samples: a 3x224x224 uint8 tensor per sample
   filled with `index % 251`, plus its int64 index as the label, batch 64,
