@@ -323,7 +323,7 @@ impl LoaderBuilder {
             session.clone(),
             expected,
             window,
-            events_tx,
+            events_tx.clone(),
             stalled.clone(),
         );
         let gap = slots
@@ -350,6 +350,8 @@ impl LoaderBuilder {
             runtime: None,
             #[cfg(feature = "embedded")]
             cluster: None,
+            #[cfg(feature = "embedded")]
+            events: events_tx,
         })
     }
 }
@@ -383,6 +385,10 @@ pub struct Loader {
     /// Embedded mode's coordinator and workers; dropped after everything else.
     #[cfg(feature = "embedded")]
     pub(crate) cluster: Option<crate::embedded::LocalCluster>,
+    /// The consumer's event channel, for embedded mode's supervisor to end
+    /// the iteration with an error when its workers keep dying.
+    #[cfg(feature = "embedded")]
+    pub(crate) events: event::EventTx,
 }
 
 impl Loader {

@@ -152,3 +152,112 @@ fn a_failed_job_ends_the_iterator_with_its_error() {
         assert!(loader.next().is_none());
     });
 }
+
+/// Embedded mode supervises its workers as a Deployment would: the only
+/// worker SIGKILLed mid-run is replaced, and the run still yields every
+/// batch exactly once, on either transport, within a bound (its batches
+/// come back when the dead worker's lease expires).
+#[test]
+fn a_sigkilled_only_worker_is_replaced_and_the_run_completes() {
+    for shared_memory in [false, true] {
+        bounded(Duration::from_secs(90), move || {
+            let job = spec::synthetic(2_000, &[64], Dtype::U8)
+                .batch_size(8)
+                .shuffle(3)
+                // ~2.5 s of work for one worker: the kill lands mid-run.
+                .cost_ns(1_250_000)
+                .build()
+                .expect("spec");
+            let total = loader_proto::spec::plan(&job).expect("plan").total_batches();
+            let server = loader_server::ServerConfig {
+                lease_ttl: Duration::from_millis(1000),
+                heartbeat_interval: Duration::from_millis(300),
+                ..Default::default()
+            };
+            let mut loader = Loader::local_builder(job, 1)
+                .worker_command(worker_command())
+                .shared_memory(shared_memory)
+                .server_config(server)
+                .build()
+                .expect("local");
+            let victim = loader.worker_pids()[0];
+            let mut seqs = Vec::new();
+            while let Some(batch) = loader.next() {
+                let batch = batch.unwrap_or_else(|e| panic!("shared_memory={shared_memory}: {e}"));
+                seqs.push(batch.seq());
+                if seqs.len() == 20 {
+                    nix::sys::signal::kill(nix::unistd::Pid::from_raw(victim as i32), nix::sys::signal::Signal::SIGKILL)
+                        .expect("kill the worker");
+                }
+            }
+            assert_eq!(seqs, (0..total).collect::<Vec<_>>(), "shared_memory={shared_memory}");
+            let now = loader.worker_pids();
+            assert_eq!(now.len(), 1, "one worker again");
+            assert_ne!(now[0], victim, "a replacement");
+        });
+    }
+}
+
+/// A worker that keeps dying fails the run with one line naming it, instead
+/// of a hang.
+#[test]
+fn a_worker_that_keeps_dying_fails_the_run_in_one_line() {
+    bounded(Duration::from_secs(60), || {
+        let job = spec::synthetic(2_000, &[64], Dtype::U8)
+            .batch_size(8)
+            .cost_ns(1_250_000)
+            .build()
+            .expect("spec");
+        let loader = Loader::local_builder(job, 1)
+            .worker_command(worker_command())
+            .build()
+            .expect("local");
+        // Every worker of this loader dies at once, replacements too (they
+        // name the same coordinator; other tests' workers name theirs).
+        let first = loader.worker_pids()[0];
+        let cmdline = std::fs::read(format!("/proc/{first}/cmdline")).expect("cmdline");
+        let args: Vec<String> = cmdline.split(|&b| b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+        let coordinator = args.iter().skip_while(|a| *a != "--coordinator").nth(1).expect("--coordinator").clone();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let killer = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    for pid in worker_children(&coordinator) {
+                        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            })
+        };
+        let mut error = None;
+        for batch in loader {
+            if let Err(e) = batch {
+                error = Some(e.to_string());
+                break;
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        killer.join().expect("killer");
+        let error = error.expect("the run fails");
+        assert!(error.contains("worker 1 of 1") && error.contains("keeps dying"), "{error}");
+        assert!(!error.contains('\n'), "one line: {error}");
+    });
+}
+
+/// Process ids of this process's children that run a worker of `coordinator`.
+fn worker_children(coordinator: &str) -> Vec<i32> {
+    let me = std::process::id().to_string();
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            // The parent pid is the second field after the parenthesised name.
+            let ppid = stat.rsplit(')').next().and_then(|rest| rest.split_whitespace().nth(1));
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let cmdline = String::from_utf8_lossy(&cmdline);
+            ppid == Some(me.as_str()) && cmdline.contains("__worker") && cmdline.contains(coordinator)
+        })
+        .collect()
+}

@@ -13,6 +13,7 @@
 //! - [`spec`]: validation of job specs, one error message per bad field.
 //! - [`transforms`]: validation of an image pipeline and the tensor it
 //!   produces, as typed steps the worker runs.
+//! - [`footprint`]: the bytes of a job's batch, told from its spec.
 //! - [`window`]: how many batches of a job may be in flight per consumer,
 //!   sized by bytes so that small batches travel in large windows.
 //! - [`dtype`]: sizes and names of element types.
@@ -23,6 +24,7 @@
 pub mod batch;
 pub mod doorbell;
 pub mod dtype;
+pub mod footprint;
 pub mod heap;
 pub mod node;
 pub mod ring;

@@ -48,6 +48,12 @@ pub fn check(spec: &JobSpec) -> Result<(), SpecError> {
     if spec.batch_size == 0 {
         return err("batch_size", "must be > 0");
     }
+    if spec.batch_size as usize > crate::batch::MAX_SAMPLES {
+        return err(
+            "batch_size",
+            format!("{} exceeds the limit of {} samples per batch", spec.batch_size, crate::batch::MAX_SAMPLES),
+        );
+    }
     if spec.epochs == 0 {
         return err("epochs", "must be > 0");
     }
@@ -280,6 +286,7 @@ mod tests {
     fn bad_specs_name_the_field() {
         let cases: Vec<(&str, JobSpec)> = vec![
             ("batch_size", JobSpec { batch_size: 0, ..synthetic() }),
+            ("batch_size", JobSpec { batch_size: u32::MAX, ..synthetic() }),
             ("epochs", JobSpec { epochs: 0, ..synthetic() }),
             ("consumers", JobSpec { consumers: 0, ..synthetic() }),
             ("dataset", JobSpec { dataset: None, ..synthetic() }),

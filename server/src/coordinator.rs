@@ -58,6 +58,26 @@ pub(crate) enum HeartbeatOutcome {
     },
 }
 
+/// Workers that may die holding a job's batches, with no batch of it
+/// delivered in between, before the job is failed.
+const POISON_DEATHS: u32 = 3;
+
+/// Counts one more worker that died holding batches of `job_id`; fails the
+/// job once `POISON_DEATHS` died without any of its batches delivered.
+fn poisoned(t: &mut Tables, job_id: u64, address: &str) {
+    let Some(job) = t.jobs.get_mut(job_id) else { return };
+    job.deaths_without_progress += 1;
+    if job.deaths_without_progress >= POISON_DEATHS && job.error.is_none() {
+        let error = format!(
+            "{} workers died while producing batches of job {job_id} and none was delivered (the last was {address}); \
+             the job is failed so that it takes down no more: check its batch size, sample shape and dataset",
+            job.deaths_without_progress
+        );
+        tracing::warn!(job_id, "job failed: {error}");
+        job.error = Some(error);
+    }
+}
+
 /// What a worker's heartbeat reports.
 #[derive(Debug, Default)]
 pub(crate) struct WorkerReport {
@@ -134,7 +154,10 @@ impl Coordinator {
     pub(crate) fn create_or_attach(&self, spec: pb::JobSpec) -> Result<(pb::Job, bool), CoordinatorError> {
         let journal = self.journal.clone();
         let persist = |job: &pb::Job| journal.as_ref().map_or(Ok(()), |j| j.put_job(job));
-        let out = self.lock().jobs.create_or_attach(spec, persist)?;
+        let mut t = self.lock();
+        crate::admission::admit(&t.workers, &spec)?;
+        let out = t.jobs.create_or_attach(spec, persist)?;
+        drop(t);
         if !out.1 {
             tracing::info!(job_id = out.0.job_id, "job created");
             self.work_available.notify_waiters();
@@ -228,8 +251,8 @@ impl Coordinator {
         Ok((routes, error))
     }
 
-    pub(crate) fn register_worker(&self, address: String, node: String, max_outstanding: u32) -> u64 {
-        let id = self.lock().workers.register(address.clone(), node, u64::from(max_outstanding));
+    pub(crate) fn register_worker(&self, address: String, node: String, max_outstanding: u32, memory_budget: u64) -> u64 {
+        let id = self.lock().workers.register(address.clone(), node, u64::from(max_outstanding), memory_budget);
         tracing::info!(worker_id = id, %address, "worker registered");
         id
     }
@@ -282,6 +305,11 @@ impl Coordinator {
             let moved: Vec<u64> = d.seqs.iter().copied().filter(|s| held.remove(s)).collect();
             let n = moved.len() as u64;
             w.delivered += n;
+            if n > 0
+                && let Some(job) = t.jobs.get_mut(d.job_id)
+            {
+                job.deaths_without_progress = 0;
+            }
             if let Some(c) = t.jobs.get_mut(d.job_id).and_then(|j| j.consumers.get_mut(d.consumer as usize)) {
                 c.delivered += n;
                 let consumed = c.consumed;
@@ -385,8 +413,17 @@ impl Coordinator {
             .map(|(&id, _)| id)
             .collect();
         for &id in &dead {
+            // Jobs it was making batches of: a job whose workers keep dying
+            // before any of its batches is delivered is failed, so that it
+            // takes down no more of them.
+            let held: std::collections::BTreeSet<u64> = t.workers.workers.get(&id).map_or_else(Default::default, |w| {
+                w.outstanding.iter().filter(|(_, s)| !s.is_empty()).map(|(&(job_id, _), _)| job_id).collect()
+            });
             if let Some((address, requeued)) = retire(t, id) {
                 tracing::warn!(worker_id = id, %address, requeued, "worker lease expired");
+                for job_id in held {
+                    poisoned(t, job_id, &address);
+                }
             }
         }
         let before = t.sessions.sessions.len();

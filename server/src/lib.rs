@@ -10,12 +10,14 @@
 //! - `coordinator`: the state and the operations on it (assignment, reports,
 //!   leases); `coordinator::requeue` is the one path by which batches go
 //!   back to a queue (a worker left, or a consumer lost its last session).
+//! - `admission`: refuses a job whose batches fit no worker's memory.
 //! - `jobs`, `workers`, `sessions`, `range_queue`: the tables it keeps.
 //! - `journal`: jobs and watermarks in redb, so a restart resumes delivery.
 //! - `service`: the gRPC services, thin adapters over the coordinator.
 //! - [`error`]: errors and their single mapping to gRPC codes.
 //! - [`cli`]: the `loader-server` command line.
 
+mod admission;
 pub mod cli;
 pub mod config;
 mod coordinator;

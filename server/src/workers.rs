@@ -19,6 +19,8 @@ pub(crate) struct WorkerState {
     /// Batches it holds undelivered per consumer of each job it sized a
     /// window for (by the job's batch bytes; see `loader_proto::window`).
     pub(crate) windows: BTreeMap<u64, u64>,
+    /// Bytes the batches it holds may take, as it announced (0: not said).
+    pub(crate) memory_budget: u64,
     /// Last time it heartbeated (or registered).
     pub(crate) last_seen: Instant,
     /// Sequence numbers assigned to it and not yet delivered, per consumer:
@@ -77,13 +79,14 @@ impl WorkerTable {
         Self { next_id: base, ..Self::default() }
     }
 
-    pub(crate) fn register(&mut self, address: String, node: String, max_outstanding: u64) -> u64 {
+    pub(crate) fn register(&mut self, address: String, node: String, max_outstanding: u64, memory_budget: u64) -> u64 {
         self.next_id += 1;
         let state = WorkerState {
             address,
             node,
             max_outstanding: max_outstanding.max(1),
             windows: BTreeMap::new(),
+            memory_budget,
             last_seen: Instant::now(),
             outstanding: BTreeMap::new(),
             unacked: BTreeMap::new(),

@@ -35,6 +35,11 @@ struct Args {
     #[arg(long, default_value_t = WorkerConfig::default().max_outstanding, value_name = "K",
           value_parser = clap::value_parser!(u32).range(1..))]
     max_outstanding: u32,
+    /// Memory the batches this worker holds may take, e.g. 8GiB; a job whose
+    /// batches do not fit fails with an error naming the sizes [default:
+    /// half the container's memory limit, or of RAM].
+    #[arg(long, env = "LOADER_MEMORY_BUDGET", value_name = "SIZE", value_parser = crate::budget::parse_bytes)]
+    memory_budget: Option<u64>,
     /// Seconds to keep retrying the first registration.
     #[arg(long, default_value_t = 5.0, value_name = "SECS", value_parser = parse_secs, allow_hyphen_values = true)]
     connect_timeout: f64,
@@ -102,6 +107,7 @@ async fn serve(args: Args, datasets: Datasets) -> Result<(), WorkerError> {
         advertise: args.advertise,
         node: args.node,
         max_outstanding: args.max_outstanding,
+        memory_budget: args.memory_budget,
         connect_timeout: Duration::from_secs_f64(args.connect_timeout),
     };
     crate::run_with_datasets(listener, config, datasets, terminated()).await

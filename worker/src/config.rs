@@ -18,6 +18,9 @@ pub struct WorkerConfig {
     /// Batches held undelivered per consumer: bounds the worker's memory and
     /// how far one slow trainer lets it run ahead.
     pub max_outstanding: u32,
+    /// Memory the batches this worker holds may take; `None` detects it
+    /// (half the cgroup limit or RAM, see [`crate::budget`]).
+    pub memory_budget: Option<u64>,
     /// How long to retry the first registration before giving up, so a
     /// worker started next to its coordinator tolerates a slow start but a
     /// wrong address fails fast.
@@ -31,6 +34,7 @@ impl Default for WorkerConfig {
             advertise: None,
             node: None,
             max_outstanding: 8,
+            memory_budget: None,
             connect_timeout: Duration::from_secs(5),
         }
     }

@@ -23,6 +23,8 @@
 //!   format of `loader_proto::batch`.
 //! - `window`: how many batches this worker holds per consumer of each
 //!   job, sized by the job's batch bytes, announced to the coordinator.
+//! - [`budget`]: the memory the batches a worker holds may take, and the
+//!   refusal of a job whose batches do not fit it.
 //! - `outbox`: per-consumer queues of produced batches, handed out one per
 //!   credit to the consumer's current `Fetch` stream.
 //! - `ring`: the shared-memory transport to co-located trainers: one Unix
@@ -32,6 +34,7 @@
 //! - [`error`]: [`WorkerError`], and the one mapping of errors to gRPC
 //!   statuses.
 
+pub mod budget;
 pub mod cli;
 pub mod collate;
 pub mod config;
@@ -98,13 +101,15 @@ pub async fn run_with_datasets(
     let outboxes = Outboxes::new();
     let rings = Rings::new(outboxes.clone(), advertise.clone(), tokio::runtime::Handle::current());
     let windows = Windows::new(config.max_outstanding);
-    let producer =
-        Producer::spawn(outboxes.clone(), rings.clone(), windows.clone(), datasets).map_err(WorkerError::Thread)?;
+    let budget = config.memory_budget.unwrap_or_else(budget::detect);
+    let producer = Producer::spawn(outboxes.clone(), rings.clone(), windows.clone(), budget, datasets)
+        .map_err(WorkerError::Thread)?;
     let mut link = match Link::new(
         &config.coordinator,
         advertise,
         node,
         windows,
+        budget,
         producer.clone(),
         outboxes.clone(),
         rings.clone(),

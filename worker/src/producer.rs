@@ -55,6 +55,8 @@ struct Shared {
     rings: Arc<Rings>,
     /// Where each job's window is sized, from its batch bytes.
     windows: Arc<Windows>,
+    /// Memory the batches this worker holds may take (see `crate::budget`).
+    budget: u64,
     /// Copy of `Queue::generation`, readable without the queue lock by a
     /// thread waiting for a ring slot.
     abandon: AtomicU64,
@@ -92,6 +94,7 @@ impl Producer {
         outboxes: Arc<Outboxes>,
         rings: Arc<Rings>,
         windows: Arc<Windows>,
+        budget: u64,
         datasets: Datasets,
     ) -> std::io::Result<Self> {
         let shared = Arc::new(Shared {
@@ -100,6 +103,7 @@ impl Producer {
             outboxes,
             rings,
             windows,
+            budget,
             abandon: AtomicU64::new(0),
             report: Notify::new(),
             datasets,
@@ -315,9 +319,15 @@ impl Shared {
         // The window this worker holds for the job follows its batch bytes
         // and how long a batch takes to make (the coordinator learns it from
         // the next heartbeat).
-        if let Ok(full) = layout(&*dataset, usize::try_from(plan.batch_size).unwrap_or(usize::MAX)) {
-            self.windows.learn_bytes(job.job_id, full.total_len() as u64);
+        // A batch that cannot fit fails the task before anything is
+        // allocated: the worker keeps serving every other job.
+        let full = layout(&*dataset, usize::try_from(plan.batch_size).unwrap_or(usize::MAX))
+            .map_err(|e| format!("job {}: {e}", job.job_id))?;
+        let batch_bytes = full.total_len() as u64;
+        if let Some(refused) = crate::budget::refuse(job.job_id, batch_bytes, self.windows.at_least(), self.budget) {
+            return Err(refused);
         }
+        self.windows.learn_bytes(job.job_id, batch_bytes);
         let mut timing = BatchTiming::default();
         let key = (job.job_id, task.consumer);
         let ring = Some(Path::new(&task.ring_socket)).filter(|p| !p.as_os_str().is_empty());
@@ -493,7 +503,7 @@ pub(crate) mod tests {
     /// A producer whose ring connections run on the test's runtime.
     pub(crate) fn spawn(outboxes: &Arc<Outboxes>) -> Producer {
         let rings = Rings::new(Arc::clone(outboxes), "http://worker.test:1".into(), tokio::runtime::Handle::current());
-        Producer::spawn(Arc::clone(outboxes), rings, Windows::new(8), Datasets::new()).expect("spawn")
+        Producer::spawn(Arc::clone(outboxes), rings, Windows::new(8), 1 << 30, Datasets::new()).expect("spawn")
     }
 
     /// Waits (bounded) until the producer has worked through its queue.

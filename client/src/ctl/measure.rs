@@ -4,20 +4,24 @@
 
 use std::fs::File;
 use std::io::{BufWriter, IsTerminal, Write};
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use loader_proto::pb::{CorruptPolicy, Dtype, JobSpec};
+use loader_proto::pb::{CorruptPolicy, Dtype, JobSpec, dataset_spec::Kind};
 use serde::Serialize;
 use tempfile::NamedTempFile;
 
-use super::{DatasetArgs, MeasureArgs, OnCorruptArg, TransportArg, cpu};
+use super::{DatasetArgs, MeasureArgs, OnCorruptArg, TransportArg, cpu, signals};
 use crate::{Batch, Loader, LoaderBuilder, Transport, spec};
 
 /// Windows per epoch in a generated token file (with the chosen batch size).
 const GENERATED_TOKEN_BATCHES: u64 = 64;
+
+/// How often a blocked `next()` looks for SIGTERM and SIGINT.
+const SIGNAL_TICK: Duration = Duration::from_millis(50);
 
 /// The one JSON object `--json` prints.
 #[derive(Debug, Serialize)]
@@ -125,8 +129,11 @@ pub(super) fn consume_and_report(
     // One entry per batch: a few MB for a million batches.
     let mut waits: Vec<Duration> = Vec::new();
     loop {
+        // A signal stops the loop here or in a wait (checked every tick);
+        // returning drops the loader, which stops what it started.
+        signals::check()?;
         let asked = Instant::now();
-        let Some(batch) = loader.next() else { break };
+        let Some(batch) = loader.next_interruptible(SIGNAL_TICK, signals::check)? else { break };
         let batch = batch?;
         if first_batch.is_some() {
             waits.push(asked.elapsed());
@@ -371,6 +378,27 @@ fn parse_shape(s: &str) -> anyhow::Result<Vec<u64>> {
             "invalid --shape {s:?}; expected positive comma-separated sizes like 3,224,224"
         )
     })
+}
+
+/// A generated token file that has no name any more: it lives while this
+/// process holds it open, and workers started by this process (same user)
+/// read it through `/proc/<pid>/fd/<n>`. For `run`, whose workers are its
+/// own children: nothing is left on disk however the process ends.
+pub(super) fn unlink_token_file(
+    mut spec: JobSpec,
+    file: Option<NamedTempFile>,
+) -> anyhow::Result<(JobSpec, Option<File>)> {
+    let Some(named) = file else {
+        return Ok((spec, None));
+    };
+    let open = named.reopen().context("cannot reopen the temporary token file")?;
+    // Unlinks the name; `open` keeps the contents.
+    drop(named);
+    let path = format!("/proc/{}/fd/{}", std::process::id(), open.as_raw_fd());
+    if let Some(Kind::Tokens(t)) = spec.dataset.as_mut().and_then(|d| d.kind.as_mut()) {
+        t.path = path;
+    }
+    Ok((spec, Some(open)))
 }
 
 /// A temporary token file of `GENERATED_TOKEN_BATCHES` batches per epoch:

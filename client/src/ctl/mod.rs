@@ -8,12 +8,14 @@
 //! - `status`: tables of a coordinator's workers, sessions and jobs, and
 //!   `drain`.
 //! - `table`: plain aligned text tables.
+//! - `signals`: SIGTERM and SIGINT stop `run` and `consume` cleanly.
 
 mod consume;
 mod cpu;
 mod measure;
 #[cfg(feature = "embedded")]
 mod run;
+mod signals;
 mod status;
 mod table;
 
@@ -230,11 +232,11 @@ pub fn main() -> ExitCode {
         Command::Worker { args } => return worker(args),
         Command::Run(args) => {
             init_tracing();
-            run_command(args)
+            signals::watch().and_then(|()| run_command(args))
         }
         Command::Consume(args) => {
             init_tracing();
-            consume::run(&args)
+            signals::watch().and_then(|()| consume::run(&args))
         }
         Command::Status(args) => {
             init_tracing();
@@ -247,6 +249,11 @@ pub fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.downcast_ref::<signals::Stopped>().is_some() => {
+            let stopped = e.downcast_ref::<signals::Stopped>().copied().unwrap_or(signals::Stopped(15));
+            eprintln!("loaderctl: {stopped}; workers stopped");
+            ExitCode::from(stopped.exit_code())
+        }
         Err(e) => {
             eprintln!("loaderctl: error: {}", one_line(&format!("{e:#}")));
             ExitCode::FAILURE

@@ -7,13 +7,15 @@ use std::ffi::OsString;
 use anyhow::Context;
 
 use super::RunArgs;
-use super::measure::{consume_and_report, dataset_kind, job_spec, shared_memory};
+use super::measure::{consume_and_report, dataset_kind, job_spec, shared_memory, unlink_token_file};
 use crate::Loader;
 
 /// Runs the job and prints the report.
 pub(crate) fn run(args: &RunArgs) -> anyhow::Result<()> {
-    // Kept alive until the run ends: the workers read it.
+    // Kept open until the run ends: the workers read it. Its name is gone
+    // already, so no exit, even SIGKILL, leaves it behind.
     let (spec, _token_file) = job_spec(&args.dataset, None)?;
+    let (spec, _token_file) = unlink_token_file(spec, _token_file)?;
     let dataset = dataset_kind(&spec);
     let exe =
         std::env::current_exe().context("cannot find this executable to start workers from")?;

@@ -10,6 +10,9 @@ mod workers;
 
 use std::ffi::OsString;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use loader_proto::pb::JobSpec;
@@ -19,6 +22,7 @@ use loader_server::ServerConfig;
 
 use crate::connect;
 use crate::error::LoaderError;
+use crate::event::{Event, EventTx};
 use crate::loader::{Loader, LoaderBuilder};
 use crate::state::LoaderState;
 
@@ -35,8 +39,11 @@ pub const DEFAULT_READY_TIMEOUT: Duration = Duration::from_secs(10);
 /// coordinator.
 #[derive(Debug)]
 pub(crate) struct LocalCluster {
-    /// Declared first: dropped (terminated and reaped) first.
-    workers: WorkerProcesses,
+    /// Restarts workers that exit; declared first: stopped before the
+    /// workers are.
+    supervisor: Option<Supervisor>,
+    /// Dropped (terminated and reaped) once the supervisor is stopped.
+    workers: Arc<Mutex<WorkerProcesses>>,
     /// Stopped once the workers are gone.
     coordinator: InProcessCoordinator,
 }
@@ -167,13 +174,61 @@ impl LocalBuilder {
         let coordinator = InProcessCoordinator::start(self.server)?;
         let workers = WorkerProcesses::spawn(command, coordinator.address(), self.workers)?;
         let mut cluster = LocalCluster {
-            workers,
+            supervisor: None,
+            workers: Arc::new(Mutex::new(workers)),
             coordinator,
         };
         cluster.wait_ready(self.workers, self.ready_timeout)?;
         let mut loader = loader.coordinator(cluster.coordinator.address()).build()?;
+        cluster.supervisor = Some(Supervisor::start(Arc::clone(&cluster.workers), loader.events.clone())?);
         loader.cluster = Some(cluster);
         Ok(loader)
+    }
+}
+
+/// How often the supervisor looks at the workers.
+const SUPERVISE_EVERY: Duration = Duration::from_millis(100);
+
+fn lock(workers: &Mutex<WorkerProcesses>) -> MutexGuard<'_, WorkerProcesses> {
+    workers.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The thread that supervises the workers for as long as the loader lives
+/// (see [`WorkerProcesses::supervise`]); when they keep dying it ends the
+/// iteration with the error, so a run fails in one line instead of hanging.
+#[derive(Debug)]
+struct Supervisor {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Supervisor {
+    fn start(workers: Arc<Mutex<WorkerProcesses>>, events: EventTx) -> Result<Self, LoaderError> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("loader-supervisor".into())
+            .spawn(move || {
+                while !stopped.load(Ordering::Relaxed) {
+                    if let Err(e) = lock(&workers).supervise(Instant::now()) {
+                        tracing::error!("{e}");
+                        let _gone = events.send(Event::Fatal(e));
+                        return;
+                    }
+                    std::thread::sleep(SUPERVISE_EVERY);
+                }
+            })
+            .map_err(|e| LoaderError::Embedded(format!("cannot start the worker supervisor: {e}")))?;
+        Ok(Self { stop, thread: Some(thread) })
+    }
+}
+
+impl Drop for Supervisor {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
     }
 }
 
@@ -191,7 +246,7 @@ impl LocalCluster {
         let deadline = Instant::now() + timeout;
         let mut listed = 0;
         loop {
-            self.workers.check()?;
+            lock(&self.workers).check()?;
             self.coordinator.check()?;
             let mut admin = admin.clone();
             let reply = self.coordinator.handle().block_on(async move {
@@ -229,7 +284,7 @@ impl Loader {
     pub fn worker_pids(&self) -> Vec<u32> {
         self.cluster
             .as_ref()
-            .map(|c| c.workers.pids())
+            .map(|c| lock(&c.workers).pids())
             .unwrap_or_default()
     }
 

@@ -1,11 +1,14 @@
 //! Embedded mode's worker processes: finding the executable, starting N of
 //! them against the embedded coordinator, draining their stdout, noticing an
-//! early exit, and stopping them (SIGTERM, then SIGKILL) when dropped.
+//! early exit, supervising them (a worker that exits is started again, one
+//! that keeps exiting fails the run), and stopping them (SIGTERM, then
+//! SIGKILL) when dropped.
 
 use std::ffi::{OsStr, OsString};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::collections::VecDeque;
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
@@ -17,8 +20,10 @@ use crate::error::LoaderError;
 pub const WORKER_BIN_ENV: &str = "LOADER_WORKER_BIN";
 /// File name of the worker executable.
 const WORKER_BIN: &str = "loader-worker";
-/// Time between SIGTERM and SIGKILL.
-const TERM_GRACE: Duration = Duration::from_secs(2);
+/// Time between SIGTERM and SIGKILL: workers stop in well under it (their
+/// trainer's connections are closed first), and a stopped `loaderctl run`
+/// must leave no worker behind within 2 s.
+const TERM_GRACE: Duration = Duration::from_secs(1);
 
 /// Where the worker command may come from, gathered by the caller so the
 /// resolution itself reads no process state (and tests set none).
@@ -90,18 +95,47 @@ fn is_executable(path: &Path) -> bool {
     std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
-/// The worker processes of one embedded deployment.
+/// Exits a worker slot may have within `RESTART_WINDOW` before the run
+/// fails instead of restarting it again.
+const MAX_RESTARTS: usize = 5;
+/// How far back exits count towards `MAX_RESTARTS`.
+const RESTART_WINDOW: Duration = Duration::from_secs(60);
+/// Pause before the first restart of a slot; doubles up to `MAX_BACKOFF`.
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+/// The worker processes of an embedded cluster, supervised as a Deployment
+/// would be: a worker that exits is started again (after a backoff that
+/// doubles), and one that keeps exiting fails the run with a line naming
+/// it. Its batches meanwhile go to the others, or to the replacement, when
+/// its lease expires (the coordinator requeues them).
 #[derive(Debug)]
 pub(crate) struct WorkerProcesses {
-    /// The command, for error messages.
+    /// Program and leading arguments of every worker.
     command: Vec<OsString>,
-    /// Started processes, in order.
-    children: Vec<Child>,
+    /// The embedded coordinator's URL, for replacements.
+    coordinator: String,
+    /// One slot per worker the user asked for.
+    slots: Vec<Slot>,
+}
+
+/// One worker of the cluster and its restarts.
+#[derive(Debug)]
+struct Slot {
+    /// The running process; None between an exit and its restart.
+    child: Option<Child>,
+    /// When it exited lately, within `RESTART_WINDOW`.
+    exits: VecDeque<Instant>,
+    /// How it last exited, for the message.
+    last_exit: Option<ExitStatus>,
+    /// When to start it again, after an exit.
+    restart_at: Option<Instant>,
+    /// The pause before the next restart.
+    backoff: Duration,
 }
 
 impl WorkerProcesses {
-    /// Starts `count` workers of `command` against `coordinator`, each
-    /// listening on a port of its own on 127.0.0.1.
+    /// Starts `count` workers of `command` against `coordinator`.
     pub(crate) fn spawn(
         command: Vec<OsString>,
         coordinator: &str,
@@ -109,54 +143,110 @@ impl WorkerProcesses {
     ) -> Result<Self, LoaderError> {
         let mut procs = WorkerProcesses {
             command,
-            children: Vec::with_capacity(count),
+            coordinator: coordinator.to_owned(),
+            slots: Vec::with_capacity(count),
         };
         for i in 0..count {
-            let Some((program, leading)) = procs.command.split_first() else {
-                return Err(LoaderError::Embedded("the worker command is empty".into()));
-            };
-            let mut child = Command::new(program)
-                .args(leading)
-                .args(["--coordinator", coordinator, "--listen", "127.0.0.1:0"])
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .map_err(|e| {
-                    LoaderError::Embedded(format!(
-                        "cannot start worker {} ({}): {e}",
-                        i + 1,
-                        display(program)
-                    ))
-                })?;
-            if let Some(stdout) = child.stdout.take() {
-                drain(i + 1, stdout);
-            }
-            // Pushed at once so a failure below still stops this one.
-            procs.children.push(child);
+            let child = procs.start(i)?;
+            procs.slots.push(Slot {
+                child: Some(child),
+                exits: VecDeque::new(),
+                last_exit: None,
+                restart_at: None,
+                backoff: FIRST_BACKOFF,
+            });
         }
         Ok(procs)
     }
 
-    /// The workers' process ids, in start order.
-    pub(crate) fn pids(&self) -> Vec<u32> {
-        self.children.iter().map(Child::id).collect()
+    /// Starts the worker of slot `i`.
+    fn start(&self, i: usize) -> Result<Child, LoaderError> {
+        let Some((program, leading)) = self.command.split_first() else {
+            return Err(LoaderError::Embedded("the worker command is empty".into()));
+        };
+        let mut child = Command::new(program)
+            .args(leading)
+            .args(["--coordinator", &self.coordinator, "--listen", "127.0.0.1:0"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| {
+                LoaderError::Embedded(format!(
+                    "cannot start worker {} ({}): {e}",
+                    i + 1,
+                    display(program)
+                ))
+            })?;
+        if let Some(stdout) = child.stdout.take() {
+            drain(i + 1, stdout);
+        }
+        Ok(child)
     }
 
-    /// An error naming the first worker that has exited.
+    /// Process ids of the running workers.
+    pub(crate) fn pids(&self) -> Vec<u32> {
+        self.slots.iter().filter_map(|s| s.child.as_ref()).map(Child::id).collect()
+    }
+
+    fn command_line(&self) -> String {
+        self.command.iter().map(|a| display(a)).collect::<Vec<_>>().join(" ")
+    }
+
+    /// Fails if a worker has exited: while the cluster starts, an exit is a
+    /// broken worker command, not something to restart.
     pub(crate) fn check(&mut self) -> Result<(), LoaderError> {
-        let count = self.children.len();
-        for (i, child) in self.children.iter_mut().enumerate() {
-            if let Ok(Some(status)) = child.try_wait() {
+        let count = self.slots.len();
+        for (i, slot) in self.slots.iter_mut().enumerate() {
+            if let Some(child) = &mut slot.child
+                && let Ok(Some(status)) = child.try_wait()
+            {
                 return Err(LoaderError::Embedded(format!(
                     "worker {} of {count} ({}) exited early with {status}",
                     i + 1,
-                    self.command
-                        .iter()
-                        .map(|a| display(a))
-                        .collect::<Vec<_>>()
-                        .join(" ")
+                    self.command_line()
                 )));
+            }
+        }
+        Ok(())
+    }
+
+    /// One round of supervision at `now`: notes workers that exited, starts
+    /// again those whose backoff is over, and fails when one exited
+    /// `MAX_RESTARTS` times within `RESTART_WINDOW`.
+    pub(crate) fn supervise(&mut self, now: Instant) -> Result<(), LoaderError> {
+        let count = self.slots.len();
+        let command = self.command_line();
+        for i in 0..count {
+            let slot = &mut self.slots[i];
+            if let Some(child) = &mut slot.child
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                slot.child = None;
+                slot.last_exit = Some(status);
+                slot.exits.push_back(now);
+                while slot.exits.front().is_some_and(|&t| now.duration_since(t) > RESTART_WINDOW) {
+                    slot.exits.pop_front();
+                }
+                if slot.exits.len() >= MAX_RESTARTS {
+                    return Err(LoaderError::Embedded(format!(
+                        "worker {} of {count} ({}) keeps dying: it exited {} times within {}s, last with {status}",
+                        i + 1,
+                        command,
+                        slot.exits.len(),
+                        RESTART_WINDOW.as_secs()
+                    )));
+                }
+                tracing::warn!(worker = i + 1, %status, "embedded worker exited; starting another in {:?}", slot.backoff);
+                slot.restart_at = Some(now + slot.backoff);
+                slot.backoff = (slot.backoff * 2).min(MAX_BACKOFF);
+            }
+            let slot = &self.slots[i];
+            if slot.child.is_none() && slot.restart_at.is_some_and(|t| t <= now) {
+                let child = self.start(i)?;
+                let slot = &mut self.slots[i];
+                slot.child = Some(child);
+                slot.restart_at = None;
             }
         }
         Ok(())
@@ -165,14 +255,13 @@ impl WorkerProcesses {
 
 impl Drop for WorkerProcesses {
     fn drop(&mut self) {
-        for child in &self.children {
+        for child in self.slots.iter().filter_map(|s| s.child.as_ref()) {
             if let Ok(pid) = i32::try_from(child.id()) {
-                // Already gone is fine: it is reaped below either way.
                 let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
             }
         }
         let deadline = Instant::now() + TERM_GRACE;
-        for child in &mut self.children {
+        for child in self.slots.iter_mut().filter_map(|s| s.child.as_mut()) {
             loop {
                 match child.try_wait() {
                     Ok(Some(_)) => break,
@@ -190,8 +279,6 @@ impl Drop for WorkerProcesses {
     }
 }
 
-/// Reads a worker's stdout so it never blocks on a full pipe; its
-/// `listening <addr>` line is logged.
 fn drain(n: usize, stdout: std::process::ChildStdout) {
     let spawned = std::thread::Builder::new()
         .name(format!("loader-worker-{n}-stdout"))

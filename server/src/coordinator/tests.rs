@@ -48,7 +48,7 @@ async fn announced_windows_size_the_ranges_of_their_job_only() {
     let c = coordinator();
     let small = create(&c, spec("small", 10_000, 1, 1));
     let other = create(&c, spec("other", 10_000, 1, 1));
-    let w = c.register_worker("http://w".into(), "n".into(), 8);
+    let w = c.register_worker("http://w".into(), "n".into(), 8, 0);
     let announce = |job_id, batches| WorkerReport {
         windows: vec![pb::JobWindow { job_id, batches }],
         ..Default::default()
@@ -67,7 +67,7 @@ async fn announced_windows_size_the_ranges_of_their_job_only() {
     assert_eq!(ranges(other.job_id), vec![(0, 2), (2, 4), (4, 6), (6, 8)], "not announced: max_outstanding");
 
     // Out of bounds either way: clamped.
-    let w2 = c.register_worker("http://w2".into(), "n".into(), 8);
+    let w2 = c.register_worker("http://w2".into(), "n".into(), 8, 0);
     match c.worker_heartbeat(w2, announce(other.job_id, 1 << 30), Duration::ZERO).await {
         HeartbeatOutcome::Tasks { tasks, .. } => {
             let held: u64 = tasks
@@ -79,7 +79,7 @@ async fn announced_windows_size_the_ranges_of_their_job_only() {
         }
         HeartbeatOutcome::Reregister => panic!("worker unknown"),
     }
-    let w3 = c.register_worker("http://w3".into(), "n".into(), 8);
+    let w3 = c.register_worker("http://w3".into(), "n".into(), 8, 0);
     match c.worker_heartbeat(w3, announce(small.job_id, 0), Duration::ZERO).await {
         HeartbeatOutcome::Tasks { tasks, .. } => {
             let held: u64 = tasks
@@ -97,7 +97,7 @@ async fn announced_windows_size_the_ranges_of_their_job_only() {
 async fn assignment_is_bounded_per_consumer_and_resumes_on_delivery() {
     let c = coordinator();
     let job = create(&c, spec("", 200, 10, 2));
-    let w = c.register_worker("http://w".into(), "n".into(), 4);
+    let w = c.register_worker("http://w".into(), "n".into(), 4, 0);
     let t = tasks(&c, w, Vec::new()).await;
     assert_eq!(seqs(&t, 0), vec![0, 1, 2, 3]);
     assert_eq!(seqs(&t, 1), vec![0, 1, 2, 3]);
@@ -115,8 +115,8 @@ async fn assignment_is_bounded_per_consumer_and_resumes_on_delivery() {
 async fn two_workers_split_the_sequence() {
     let c = coordinator();
     create(&c, spec("", 64, 8, 1));
-    let a = c.register_worker("http://a".into(), "n".into(), 2);
-    let b = c.register_worker("http://b".into(), "n".into(), 2);
+    let a = c.register_worker("http://a".into(), "n".into(), 2, 0);
+    let b = c.register_worker("http://b".into(), "n".into(), 2, 0);
     let ta = tasks(&c, a, Vec::new()).await;
     let tb = tasks(&c, b, Vec::new()).await;
     assert_eq!(seqs(&ta, 0), vec![0, 1]);
@@ -126,7 +126,7 @@ async fn two_workers_split_the_sequence() {
 #[tokio::test(start_paused = true)]
 async fn idle_heartbeat_waits_for_work_and_wakes_on_new_job() {
     let c = coordinator();
-    let w = c.register_worker("http://w".into(), "n".into(), 4);
+    let w = c.register_worker("http://w".into(), "n".into(), 4, 0);
     let waiting = {
         let c = c.clone();
         tokio::spawn(async move { c.worker_heartbeat(w, WorkerReport { delivered: Vec::new(), failed: Vec::new(), ..Default::default() }, Duration::from_secs(1)).await })
@@ -160,11 +160,11 @@ async fn failed_task_fails_the_job_and_stops_assignment() {
     let c = coordinator();
     let (job, _) = c.create_or_attach(spec("", 10, 2, 1)).expect("job");
     let (session, _) = c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("session");
-    let w = c.register_worker("http://w".into(), "n".into(), 2);
+    let w = c.register_worker("http://w".into(), "n".into(), 2, 0);
     let t = tasks(&c, w, Vec::new()).await;
     assert_eq!(t.len(), 1);
     let failed = vec![pb::Failed { job_id: job.job_id, consumer: 0, start_seq: 0, end_seq: 2, error: "bad file /x".into() }];
-    match c.worker_heartbeat(w, WorkerReport { delivered: Vec::new(), failed: failed, ..Default::default() }, Duration::ZERO).await {
+    match c.worker_heartbeat(w, WorkerReport { delivered: Vec::new(), failed, ..Default::default() }, Duration::ZERO).await {
         HeartbeatOutcome::Tasks { tasks: t, .. } => assert!(t.is_empty()),
         HeartbeatOutcome::Reregister => panic!("worker unknown"),
     }
@@ -206,7 +206,7 @@ async fn tasks_of_a_colocated_ring_session_carry_its_socket() {
     let (job, _) = c.create_or_attach(spec("", 100, 10, 2)).expect("job");
     c.open_session(job.job_id, 0, "host-a".into(), "/run/loader/a.sock".into(), None).expect("session 0");
     c.open_session(job.job_id, 1, "host-b".into(), "/run/loader/b.sock".into(), None).expect("session 1");
-    let local = c.register_worker("http://a".into(), "host-a".into(), 2);
+    let local = c.register_worker("http://a".into(), "host-a".into(), 2, 0);
     let t = tasks(&c, local, Vec::new()).await;
     for task in &t {
         let expect = if task.consumer == 0 { "/run/loader/a.sock" } else { "" };
@@ -220,14 +220,14 @@ async fn expired_worker_batches_go_to_another_worker_first() {
     let c = coordinator();
     let (job, _) = c.create_or_attach(spec("", 640, 64, 1)).expect("job");
     let (session, _) = c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("session");
-    let a = c.register_worker("http://a".into(), "n".into(), 4);
+    let a = c.register_worker("http://a".into(), "n".into(), 4, 0);
     assert_eq!(seqs(&tasks(&c, a, Vec::new()).await, 0), vec![0, 1, 2, 3]);
     // a delivers 0 and 1; the trainer acknowledges 0 only.
     let report = vec![pb::Delivered { job_id: job.job_id, consumer: 0, seqs: vec![0, 1] }];
     tasks(&c, a, report).await;
     c.session_heartbeat(session, 1, 0);
 
-    let b = c.register_worker("http://b".into(), "n".into(), 8);
+    let b = c.register_worker("http://b".into(), "n".into(), 8, 0);
     let ttl = c.config.lease_ttl;
     // Within the TTL nothing expires: b heartbeats, a stays silent.
     tokio::time::advance(ttl / 2).await;
@@ -256,7 +256,7 @@ async fn silent_session_expires_and_its_ring_is_no_longer_routed() {
     let c = coordinator();
     let (job, _) = c.create_or_attach(spec("", 640, 64, 1)).expect("job");
     let (session, _) = c.open_session(job.job_id, 0, "n".into(), "/tmp/ring.sock".into(), None).expect("session");
-    let w = c.register_worker("http://w".into(), "n".into(), 1);
+    let w = c.register_worker("http://w".into(), "n".into(), 1, 0);
     assert_eq!(tasks(&c, w, Vec::new()).await[0].ring_socket, "/tmp/ring.sock");
     tokio::time::advance(c.config.lease_ttl + Duration::from_millis(1)).await;
     // The worker renews; the session does not.
@@ -291,7 +291,7 @@ async fn a_restart_on_the_same_state_dir_resumes_at_the_watermark() {
         let c = Coordinator::open(config.clone()).expect("open");
         let (job, _) = c.create_or_attach(spec("train", 640, 64, 1)).expect("job");
         let (session, _) = c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("session");
-        let w = c.register_worker("http://w".into(), "n".into(), 4);
+        let w = c.register_worker("http://w".into(), "n".into(), 4, 0);
         tasks(&c, w, Vec::new()).await;
         c.session_heartbeat(session, 3, 0);
         (job.job_id, w)
@@ -306,7 +306,7 @@ async fn a_restart_on_the_same_state_dir_resumes_at_the_watermark() {
         c.worker_heartbeat(old_worker, WorkerReport { delivered: Vec::new(), failed: Vec::new(), ..Default::default() }, Duration::ZERO).await,
         HeartbeatOutcome::Reregister
     ));
-    let w = c.register_worker("http://w2".into(), "n".into(), 2);
+    let w = c.register_worker("http://w2".into(), "n".into(), 2, 0);
     assert_ne!(w, old_worker);
     assert!(tasks(&c, w, Vec::new()).await.is_empty(), "no trainer yet");
     c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("trainer reopens");
@@ -318,7 +318,7 @@ async fn a_restart_on_the_same_state_dir_resumes_at_the_watermark() {
 async fn a_draining_worker_gets_no_tasks_and_its_leftovers_are_requeued_on_deregister() {
     let c = coordinator();
     let job = create(&c, spec("", 640, 64, 1));
-    let w = c.register_worker("http://w".into(), "n".into(), 4);
+    let w = c.register_worker("http://w".into(), "n".into(), 4, 0);
     assert_eq!(seqs(&tasks(&c, w, Vec::new()).await, 0), vec![0, 1, 2, 3]);
     c.drain_worker(w).expect("drain");
     let report = vec![pb::Delivered { job_id: job.job_id, consumer: 0, seqs: vec![0, 1] }];
@@ -332,7 +332,7 @@ async fn a_draining_worker_gets_no_tasks_and_its_leftovers_are_requeued_on_dereg
     assert!(c.list_workers()[0].draining);
     c.deregister(w).expect("deregister");
     assert!(c.list_workers().is_empty());
-    let other = c.register_worker("http://o".into(), "n".into(), 8);
+    let other = c.register_worker("http://o".into(), "n".into(), 8, 0);
     let again = seqs(&tasks(&c, other, Vec::new()).await, 0);
     assert_eq!(again[..4], [0, 1, 2, 3], "unacknowledged and undelivered batches come back first");
     let err = c.drain_worker(w).expect_err("gone");
@@ -344,7 +344,7 @@ async fn a_resumed_session_restarts_its_consumer_at_the_saved_batch() {
     let c = coordinator();
     let (job, _) = c.create_or_attach(spec("", 640, 64, 1)).expect("job");
     c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("first trainer");
-    let w = c.register_worker("http://w".into(), "n".into(), 4);
+    let w = c.register_worker("http://w".into(), "n".into(), 4, 0);
     assert_eq!(seqs(&tasks(&c, w, Vec::new()).await, 0), vec![0, 1, 2, 3]);
     c.open_session(job.job_id, 0, "n".into(), String::new(), Some(7)).expect("resumed trainer");
     let report = vec![pb::Delivered { job_id: job.job_id, consumer: 0, seqs: vec![0, 1, 2, 3] }];
@@ -358,8 +358,8 @@ async fn a_resumed_session_restarts_its_consumer_at_the_saved_batch() {
 async fn a_full_worker_still_takes_batches_given_back_by_a_dead_one() {
     let c = coordinator();
     let job = create(&c, spec("", 6400, 64, 1));
-    let dead = c.register_worker("http://dead".into(), "n".into(), 2);
-    let full = c.register_worker("http://full".into(), "n".into(), 2);
+    let dead = c.register_worker("http://dead".into(), "n".into(), 2, 0);
+    let full = c.register_worker("http://full".into(), "n".into(), 2, 0);
     assert_eq!(seqs(&tasks(&c, dead, Vec::new()).await, 0), vec![0, 1]);
     assert_eq!(seqs(&tasks(&c, full, Vec::new()).await, 0), vec![2, 3]);
     // `full` cannot hand its batches over: the trainer waits for 0 and 1.
@@ -394,7 +394,7 @@ async fn a_consumer_whose_last_session_expires_is_taken_back_and_its_workers_tol
     let (job, _) = c.create_or_attach(spec("", 640, 64, 1)).expect("job");
     let key = (job.job_id, 0);
     let (first, _) = c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("first session");
-    let w = c.register_worker("http://w".into(), "n".into(), 4);
+    let w = c.register_worker("http://w".into(), "n".into(), 4, 0);
     assert_eq!(seqs(&orders(&c, w).await.0, 0), vec![0, 1, 2, 3]);
     // w hands 0 to the trainer, which dies before acknowledging it; w
     // takes 4 in its place.
@@ -421,7 +421,7 @@ async fn a_consumer_whose_last_session_expires_is_taken_back_and_its_workers_tol
     assert_eq!(c.list_jobs()[0].consumers[0].assigned, 0, "every batch handed out is back in the queue");
     assert_eq!(orders(&c, w).await, (vec![], vec![key]));
     assert_eq!(orders(&c, w).await, (vec![], vec![]), "told once");
-    let later = c.register_worker("http://later".into(), "n".into(), 4);
+    let later = c.register_worker("http://later".into(), "n".into(), 4, 0);
     assert_eq!(orders(&c, later).await, (vec![], vec![]), "nothing for a consumer without a session");
 
     // A trainer that comes later gets those batches first (beyond the
@@ -436,7 +436,7 @@ async fn a_long_poll_wakes_when_its_workers_consumer_ends() {
     let c = coordinator();
     let ttl = c.config.lease_ttl;
     let job = create(&c, spec("", 640, 64, 1));
-    let w = c.register_worker("http://w".into(), "n".into(), 2);
+    let w = c.register_worker("http://w".into(), "n".into(), 2, 0);
     assert_eq!(seqs(&orders(&c, w).await.0, 0), vec![0, 1]);
     tokio::time::advance(ttl / 2).await;
     // At its limit: the call waits (and renews the lease as it arrives).
@@ -465,7 +465,7 @@ async fn a_draining_worker_hears_that_its_consumer_ended_and_deregisters_with_no
     let c = coordinator();
     let ttl = c.config.lease_ttl;
     let job = create(&c, spec("", 640, 64, 1));
-    let w = c.register_worker("http://w".into(), "n".into(), 2);
+    let w = c.register_worker("http://w".into(), "n".into(), 2, 0);
     assert_eq!(seqs(&orders(&c, w).await.0, 0), vec![0, 1]);
     c.drain_worker(w).expect("drain");
     tokio::time::advance(ttl + Duration::from_millis(1)).await;
@@ -488,8 +488,8 @@ async fn a_finished_consumers_leftovers_go_when_its_session_ends_and_nothing_is_
     let c = coordinator();
     let (job, _) = c.create_or_attach(spec("", 256, 64, 1)).expect("job");
     let (session, _) = c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("session");
-    let slow = c.register_worker("http://slow".into(), "n".into(), 2);
-    let fast = c.register_worker("http://fast".into(), "n".into(), 2);
+    let slow = c.register_worker("http://slow".into(), "n".into(), 2, 0);
+    let fast = c.register_worker("http://fast".into(), "n".into(), 2, 0);
     assert_eq!(seqs(&orders(&c, slow).await.0, 0), vec![0, 1]);
     assert_eq!(seqs(&orders(&c, fast).await.0, 0), vec![2, 3]);
     tasks(&c, fast, vec![pb::Delivered { job_id: job.job_id, consumer: 0, seqs: vec![2, 3] }]).await;
@@ -510,4 +510,56 @@ async fn a_finished_consumers_leftovers_go_when_its_session_ends_and_nothing_is_
     assert!(c.list_workers().iter().all(|w| w.outstanding == 0));
     let progress = &c.list_jobs()[0].consumers[0];
     assert_eq!((progress.assigned, progress.consumed), (4, 4), "nothing requeued");
+}
+
+/// A job whose workers keep dying before any of its batches is delivered is
+/// failed after `POISON_DEATHS` of them; one delivery in between starts the
+/// count again, so workers killed while a job makes progress fail nothing.
+#[tokio::test(start_paused = true)]
+async fn a_job_that_kills_its_workers_is_failed_and_progress_resets_the_count() {
+    let c = coordinator();
+    let (job, _) = c.create_or_attach(spec("", 6400, 1, 1)).expect("job");
+    let (session, _) = c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("session");
+    let ttl = c.config.lease_ttl;
+    let job_id = job.job_id;
+    let die = |delivered: bool| {
+        let c = c.clone();
+        async move {
+            let w = c.register_worker("http://w".into(), "n".into(), 4, 0);
+            let t = tasks(&c, w, Vec::new()).await;
+            if delivered {
+                let report = vec![pb::Delivered { job_id, consumer: 0, seqs: vec![t[0].start_seq] }];
+                tasks(&c, w, report).await;
+            }
+            tokio::time::advance(ttl + Duration::from_millis(1)).await;
+            c.session_heartbeat(session, 0, 0);
+            assert_eq!(c.expire(tokio::time::Instant::now()), (1, 0));
+        }
+    };
+    die(false).await;
+    die(false).await;
+    // Its delivery starts the count again; its own death is the first.
+    die(true).await;
+    assert_eq!(c.session_heartbeat(session, 0, 0).as_deref(), Some(""), "a delivery started the count again");
+    die(false).await;
+    assert_eq!(c.session_heartbeat(session, 0, 0).as_deref(), Some(""));
+    die(false).await;
+    let error = c.session_heartbeat(session, 0, 0).expect("session");
+    assert!(error.starts_with("3 workers died while producing batches of job"), "{error}");
+}
+
+/// Workers that announce a memory budget no batch of a job fits get the job
+/// refused at submission, naming the field.
+#[test]
+fn a_job_no_worker_can_hold_is_refused_at_submission() {
+    let c = coordinator();
+    c.register_worker("http://w".into(), "n".into(), 8, 1 << 30);
+    let mut huge = spec("", 16, 4, 1);
+    if let Some(Kind::Synthetic(s)) = huge.dataset.as_mut().and_then(|d| d.kind.as_mut()) {
+        s.shape = vec![100_000, 100_000];
+    }
+    let err = c.create_or_attach(huge).expect_err("refused");
+    assert!(err.to_string().contains("batch_size: a batch of 4 samples takes 40.0 GB"), "{err}");
+    assert_eq!(tonic::Status::from(err).code(), tonic::Code::InvalidArgument);
+    assert!(c.create_or_attach(spec("", 16, 4, 1)).is_ok());
 }

@@ -23,7 +23,7 @@ impl WorkerService for WorkerApi {
     ) -> Result<Response<pb::RegisterWorkerResponse>, Status> {
         let r = request.into_inner();
         check_version(r.protocol_version)?;
-        let worker_id = self.0.register_worker(r.address, r.node, r.max_outstanding);
+        let worker_id = self.0.register_worker(r.address, r.node, r.max_outstanding, r.memory_budget);
         Ok(Response::new(pb::RegisterWorkerResponse {
             worker_id,
             lease_ttl_ms: self.0.config.lease_ttl.as_millis() as u64,

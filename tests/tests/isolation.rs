@@ -1,0 +1,182 @@
+//! One bad job must not hurt the others (issue 16): a job whose batches are
+//! enormous but valid, or whose batch size is absurd, fails its own trainer
+//! with one line within seconds, while every worker keeps running and a
+//! healthy job on the same deployment finishes exactly once.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use loader_client::{Dtype, Loader, spec};
+use loader_e2e::{Cluster, Proc, Trainer, assert_received, binary, run};
+
+/// Runs `loaderctl args`, waits (bounded) for it to exit; returns its exit
+/// code, stderr and how long it ran.
+fn loaderctl(scope: &loader_e2e::Scope, args: &[&str], limit: Duration) -> (Option<i32>, Vec<String>, Duration) {
+    let mut command = Command::new(binary("loaderctl"));
+    command.args(args);
+    let started = Instant::now();
+    let mut proc = Proc::spawn_capturing_stderr(scope, "loaderctl", command, false);
+    let status = proc.wait_exit(limit).unwrap_or_else(|| panic!("loaderctl {args:?} did not exit within {limit:?}"));
+    let took = started.elapsed();
+    // The reader thread drains the pipe once the process is gone.
+    std::thread::sleep(Duration::from_millis(100));
+    (status.code(), proc.stderr(), took)
+}
+
+/// The error line of a failed `loaderctl`: its stderr is that one line.
+fn one_line(stderr: &[String]) -> &str {
+    let errors: Vec<&String> = stderr.iter().filter(|l| l.starts_with("loaderctl: error")).collect();
+    assert_eq!(errors.len(), 1, "one error line, got {stderr:?}");
+    errors[0]
+}
+
+#[test]
+fn a_poison_job_fails_its_trainer_and_hurts_no_worker_and_no_other_job() {
+    run(Duration::from_secs(180), |scope| {
+        let mut cluster = Cluster::builder().workers(3).start(&scope);
+        let url = cluster.url();
+        let healthy = spec::synthetic(4_000, &[64], Dtype::U8)
+            .batch_size(16)
+            .epochs(2)
+            .shuffle(5)
+            // Slow enough to still be running while the poison jobs come and go.
+            .cost_ns(300_000)
+            .build()
+            .expect("spec");
+        let plan = loader_proto::spec::plan(&healthy).expect("plan");
+        let total = plan.total_batches();
+        let trainer = Trainer::spawn(Loader::builder(&url).shared_memory(false), healthy);
+        trainer.wait_for(4, Duration::from_secs(30));
+
+        // A valid shape whose batches take 40 GB: refused by the coordinator,
+        // since no worker's memory budget holds them.
+        let (code, stderr, took) = loaderctl(
+            &scope,
+            &[
+                "consume", "--coordinator", &url, "--samples", "16", "--shape", "100000,100000", "--batch-size", "4",
+                "--transport", "grpc",
+            ],
+            Duration::from_secs(20),
+        );
+        assert_ne!(code, Some(0));
+        let line = one_line(&stderr);
+        assert!(line.contains("batch_size") && line.contains("40.0 GB"), "{line}");
+        eprintln!("huge shape: {took:?}: {line}");
+
+        // A batch size of u32::MAX: refused before any worker sees it.
+        let (code, stderr, _) = loaderctl(
+            &scope,
+            &["consume", "--coordinator", &url, "--samples", "16", "--batch-size", "4294967295", "--transport", "grpc"],
+            Duration::from_secs(20),
+        );
+        assert_ne!(code, Some(0));
+        let line = one_line(&stderr);
+        assert!(line.contains("batch_size: 4294967295 exceeds the limit"), "{line}");
+
+        // The healthy job finishes exactly once, and no worker died.
+        let seen = trainer.join(Duration::from_secs(120));
+        assert_received(&seen, &plan, 0, 0..total);
+        for (i, worker) in cluster.workers.iter_mut().enumerate() {
+            assert!(worker.wait_exit(Duration::ZERO).is_none(), "worker {i} died");
+        }
+    });
+}
+
+/// Embedded mode with the same shape: its workers refuse the job (or the
+/// coordinator does, if they registered first); either way one line, fast.
+#[test]
+fn embedded_run_of_a_poison_job_fails_in_one_line() {
+    run(Duration::from_secs(60), |scope| {
+        let (code, stderr, took) = loaderctl(
+            &scope,
+            &["run", "--workers", "1", "--samples", "16", "--shape", "100000,100000", "--batch-size", "4", "--json"],
+            Duration::from_secs(30),
+        );
+        assert_ne!(code, Some(0));
+        let line = one_line(&stderr);
+        assert!(line.contains("40.0 GB"), "{line}");
+        eprintln!("embedded: {took:?}: {line}");
+    });
+}
+
+/// Process ids of `parent`'s children.
+fn children(parent: u32) -> Vec<i32> {
+    let parent = parent.to_string();
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            // The parent pid is the second field after the parenthesised name.
+            stat.rsplit(')').next().and_then(|rest| rest.split_whitespace().nth(1)) == Some(parent.as_str())
+        })
+        .collect()
+}
+
+fn alive(pid: i32) -> bool {
+    // A zombie has exited; only its entry waits to be reaped.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|stat| stat.rsplit(')').next().and_then(|rest| rest.split_whitespace().next()) != Some("Z"))
+}
+
+/// SIGTERM (and SIGINT) to `loaderctl run` stop its workers and exit with
+/// the shell's code within 2 s; the generated token file and the ring's
+/// socket directory go too (this run's own TMPDIR stays empty).
+#[test]
+fn a_signalled_loaderctl_run_stops_its_workers_and_leaves_nothing() {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    for (signal, code) in [(Signal::SIGTERM, 143), (Signal::SIGINT, 130)] {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let tmp_path = tmp.path().to_path_buf();
+        run(Duration::from_secs(60), move |scope| {
+            let mut command = Command::new(binary("loaderctl"));
+            command
+                .args(["run", "--workers", "2", "--dataset", "tokens", "--batch-size", "8", "--epochs", "100000", "--json"])
+                .env("TMPDIR", &tmp_path);
+            let mut proc = Proc::spawn_capturing_stderr(&scope, "loaderctl", command, false);
+            let pid = proc.pid();
+            let mut workers = Vec::new();
+            loader_e2e::wait_until("loaderctl run starts its workers", Duration::from_secs(20), || {
+                workers = children(pid);
+                workers.len() >= 2
+            });
+            // Consuming for a moment: workers map the ring, the file is read.
+            std::thread::sleep(Duration::from_millis(500));
+            kill(Pid::from_raw(pid as i32), signal).expect("signal");
+            let sent = Instant::now();
+            let status = proc.wait_exit(Duration::from_secs(2)).expect("loaderctl exits within 2 s");
+            assert_eq!(status.code(), Some(code), "{signal}");
+            loader_e2e::wait_until("every worker is gone", Duration::from_secs(2).saturating_sub(sent.elapsed()), || {
+                workers.iter().all(|&w| !alive(w))
+            });
+            let left: Vec<_> = std::fs::read_dir(&tmp_path).expect("tmp").filter_map(Result::ok).map(|e| e.path()).collect();
+            assert!(left.is_empty(), "{signal} left {left:?}");
+        });
+    }
+}
+
+/// A SIGKILLed `loaderctl run` cannot clean up: its generated token file
+/// has no name from the start, so nothing of it is left either.
+#[test]
+fn a_sigkilled_loaderctl_run_leaves_no_token_file() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let tmp_path = tmp.path().to_path_buf();
+    run(Duration::from_secs(60), move |scope| {
+        let mut command = Command::new(binary("loaderctl"));
+        command
+            .args(["run", "--workers", "1", "--dataset", "tokens", "--batch-size", "8", "--epochs", "100000", "--json"])
+            .env("TMPDIR", &tmp_path);
+        let mut proc = Proc::spawn_capturing_stderr(&scope, "loaderctl", command, false);
+        loader_e2e::wait_until("loaderctl run starts its worker", Duration::from_secs(20), || !children(proc.pid()).is_empty());
+        std::thread::sleep(Duration::from_millis(500));
+        proc.kill();
+        let tokens: Vec<_> = std::fs::read_dir(&tmp_path)
+            .expect("tmp")
+            .filter_map(Result::ok)
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("loaderctl-tokens"))
+            .collect();
+        assert!(tokens.is_empty(), "left {tokens:?}");
+    });
+}

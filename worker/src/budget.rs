@@ -1,0 +1,128 @@
+//! The worker's memory budget: how much memory the batches it holds may
+//! take, so one job with an enormous (but valid) batch fails with a clear
+//! error instead of aborting the worker on an allocation, and the worker
+//! keeps serving every other job.
+//!
+//! The budget covers the batches a worker holds per consumer: its outbox of
+//! produced gRPC batches and the batches it is making. A job whose full
+//! batch times the configured `max_outstanding` does not fit is refused by
+//! the worker (its tasks fail, naming the sizes and the flags) and, when
+//! every registered worker announced a budget it cannot fit, by the
+//! coordinator when it is submitted.
+//!
+//! By default the budget is half the memory this process may use: the
+//! cgroup's limit when there is one (a container's), else the machine's RAM.
+
+use std::path::Path;
+
+/// Budget when neither a cgroup limit nor /proc/meminfo can be read.
+const FALLBACK: u64 = 4 << 30;
+
+/// Half of what this process may use: the cgroup limit (v2 `memory.max`,
+/// v1 `memory.limit_in_bytes`) when set, else the machine's RAM.
+pub fn detect() -> u64 {
+    let ram = meminfo_total(Path::new("/proc/meminfo"));
+    let cgroup = cgroup_limit(Path::new("/sys/fs/cgroup"));
+    let limit = match (cgroup, ram) {
+        (Some(c), Some(r)) => c.min(r),
+        (Some(c), None) => c,
+        (None, Some(r)) => r,
+        (None, None) => return FALLBACK,
+    };
+    limit / 2
+}
+
+/// `MemTotal` of a meminfo file, in bytes.
+fn meminfo_total(path: &Path) -> Option<u64> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kb.checked_mul(1024)
+}
+
+/// The memory limit of the cgroup mounted at `root` (v2, or v1's memory
+/// controller); None when unlimited or unreadable.
+fn cgroup_limit(root: &Path) -> Option<u64> {
+    for file in ["memory.max", "memory/memory.limit_in_bytes"] {
+        if let Ok(text) = std::fs::read_to_string(root.join(file)) {
+            // "max" (v2) or a huge number (v1) mean no limit.
+            return text.trim().parse::<u64>().ok().filter(|&n| n < (1 << 60));
+        }
+    }
+    None
+}
+
+/// Parses a size as a person writes it: `8GiB`, `512MiB`, `2G`, `1000000`.
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let unit_bytes: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" => 1e3,
+        "m" | "mb" => 1e6,
+        "g" | "gb" => 1e9,
+        "t" | "tb" => 1e12,
+        "ki" | "kib" => 1024.0,
+        "mi" | "mib" => f64::from(1u32 << 20),
+        "gi" | "gib" => f64::from(1u32 << 30),
+        "ti" | "tib" => (1u64 << 40) as f64,
+        _ => return Err(format!("unknown unit in {s:?}; expected e.g. 8GiB, 512MiB, 2G or a number of bytes")),
+    };
+    match number.parse::<f64>() {
+        Ok(n) if n.is_finite() && n > 0.0 && n * unit_bytes < u64::MAX as f64 => Ok((n * unit_bytes) as u64),
+        _ => Err(format!("expected a positive size such as 8GiB, got {s:?}")),
+    }
+}
+
+/// Why a job's batches do not fit, in one line; None when they do.
+pub(crate) fn refuse(job_id: u64, batch_bytes: u64, in_flight: u32, budget: u64) -> Option<String> {
+    let need = batch_bytes.saturating_mul(u64::from(in_flight.max(1)));
+    (need > budget).then(|| {
+        use loader_proto::footprint::human_bytes;
+        format!(
+            "job {job_id}: batches of {} do not fit this worker's memory budget of {} with {in_flight} in flight \
+             (--memory-budget, --max-outstanding); use a smaller batch_size or sample shape",
+            human_bytes(batch_bytes),
+            human_bytes(budget),
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_as_written_or_say_what_is_expected() {
+        assert_eq!(parse_bytes("8GiB"), Ok(8 << 30));
+        assert_eq!(parse_bytes("512 MiB"), Ok(512 << 20));
+        assert_eq!(parse_bytes("2G"), Ok(2_000_000_000));
+        assert_eq!(parse_bytes("1000000"), Ok(1_000_000));
+        assert_eq!(parse_bytes("1.5GB"), Ok(1_500_000_000));
+        for bad in ["", "0", "-1G", "8 parsecs", "G"] {
+            assert!(parse_bytes(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn limits_come_from_the_cgroup_or_meminfo() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("meminfo"), "MemTotal:       24576000 kB\nMemFree: 1 kB\n").expect("write");
+        assert_eq!(meminfo_total(&dir.path().join("meminfo")), Some(24_576_000 * 1024));
+        assert_eq!(cgroup_limit(dir.path()), None, "no cgroup files");
+        std::fs::write(dir.path().join("memory.max"), "max\n").expect("write");
+        assert_eq!(cgroup_limit(dir.path()), None, "unlimited");
+        std::fs::write(dir.path().join("memory.max"), "4294967296\n").expect("write");
+        assert_eq!(cgroup_limit(dir.path()), Some(4 << 30));
+        assert!(detect() > 0);
+    }
+
+    #[test]
+    fn a_batch_that_does_not_fit_is_refused_in_one_line() {
+        assert_eq!(refuse(1, 10 << 20, 8, 1 << 30), None);
+        let e = refuse(7, 40_000_000_224, 8, 12 << 30).expect("refused");
+        assert!(e.starts_with("job 7: batches of 40.0 GB do not fit this worker's memory budget of 12.9 GB"), "{e}");
+        assert!(!e.contains('\n'));
+    }
+}
