@@ -12,14 +12,14 @@
 //! warning per outage; batches already held by workers keep flowing.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use loader_proto::PROTOCOL_VERSION;
 use loader_proto::pb::trainer_service_client::TrainerServiceClient;
 use loader_proto::pb::{
-    CreateOrAttachJobRequest, Job, JobSpec, OpenSessionRequest, OpenSessionResponse,
-    SessionHeartbeatRequest,
+    CloseSessionRequest, CreateOrAttachJobRequest, Job, JobSpec, OpenSessionRequest,
+    OpenSessionResponse, SessionHeartbeatRequest,
 };
 use tokio::sync::{Notify, watch};
 use tokio::time::{Instant, MissedTickBehavior};
@@ -92,6 +92,9 @@ pub(crate) struct Session {
     /// Set by the routes task when the coordinator no longer knows the
     /// session, so the heartbeat task reopens it now rather than next tick.
     reopen_wanted: Notify,
+    /// Set once the session is closed (the trainer finished): heartbeats
+    /// stop and a forgotten session is not reopened.
+    closed: AtomicBool,
 }
 
 impl Session {
@@ -122,6 +125,7 @@ impl Session {
             heartbeat_interval: DEFAULT_HEARTBEAT,
             progress: Arc::default(),
             reopen_wanted: Notify::new(),
+            closed: AtomicBool::new(false),
         };
         if let Some(start) = resume_at {
             session.progress.set_consumed(start);
@@ -247,6 +251,22 @@ impl Session {
 
     /// One heartbeat. Reopens the session when the coordinator lost it.
     /// Returns the job's error, if it failed.
+    /// Closes the session: the coordinator records the final watermark and
+    /// forgets the session at once (so `loaderctl status` stops listing it),
+    /// instead of when its lease expires. Heartbeats stop. Best effort: a
+    /// close that fails leaves lease expiry to do the same.
+    pub(crate) async fn close(&self) -> Result<(), LoaderError> {
+        self.closed.store(true, Ordering::SeqCst);
+        let request = CloseSessionRequest {
+            protocol_version: PROTOCOL_VERSION,
+            session_id: self.id(),
+            consumed: self.progress.consumed(),
+        };
+        let mut client = self.client.clone();
+        attempt(&self.address, "CloseSession", client.close_session(request)).await?;
+        Ok(())
+    }
+
     pub(crate) async fn heartbeat(&self) -> Result<Option<String>, LoaderError> {
         let request = SessionHeartbeatRequest {
             protocol_version: PROTOCOL_VERSION,
@@ -268,7 +288,7 @@ impl Session {
             Err(e) if e.code() == Some(Code::NotFound) => true,
             Err(e) => return Err(e),
         };
-        if reopen {
+        if reopen && !self.closed.load(Ordering::SeqCst) {
             tracing::info!(old = self.id(), "coordinator lost the session; reopening");
             self.reopen().await?;
         }
@@ -290,6 +310,9 @@ impl Session {
                 () = stop.cancelled() => return,
                 _ = tick.tick() => {}
                 () = self.reopen_wanted.notified() => {}
+            }
+            if self.closed.load(Ordering::SeqCst) {
+                return;
             }
             match self.heartbeat().await {
                 Ok(None) => {
@@ -348,6 +371,7 @@ impl Session {
             heartbeat_interval: DEFAULT_HEARTBEAT,
             progress: Arc::default(),
             reopen_wanted: Notify::new(),
+            closed: AtomicBool::new(false),
         }
     }
 

@@ -462,6 +462,28 @@ impl Coordinator {
         (dead.len(), sessions)
     }
 
+    /// Ends a session at once, after recording its watermark: the trainer
+    /// finished or stopped. When it was its consumer's last session, what
+    /// workers hold for the consumer is taken back, as when a lease expires.
+    /// An unknown session (closed already, expired) is no error.
+    pub(crate) fn close_session(&self, session_id: u64, consumed: u64) {
+        if self.session_heartbeat(session_id, consumed, 0).is_none() {
+            return;
+        }
+        let mut guard = self.lock();
+        let t = &mut *guard;
+        let Some(s) = t.sessions.sessions.remove(&session_id) else { return };
+        tracing::info!(session_id, job_id = s.job_id, consumer = s.consumer, "session closed");
+        let mut told = 0;
+        if !t.sessions.has_consumer(s.job_id, s.consumer) {
+            told = end_consumer(t, (s.job_id, s.consumer)).workers;
+        }
+        drop(guard);
+        if told > 0 {
+            self.work_available.notify_waiters();
+        }
+    }
+
     /// Marks a worker draining: no new tasks; it leaves when done.
     pub(crate) fn drain_worker(&self, worker_id: u64) -> Result<(), CoordinatorError> {
         let mut t = self.lock();
@@ -551,6 +573,7 @@ impl Coordinator {
                         consumer: i as u32,
                         assigned: c.queue.handed_out(),
                         delivered: c.delivered,
+                        resent: c.resent,
                         consumed: c.consumed,
                         total: j.plan.total_batches(),
                     })

@@ -16,6 +16,10 @@ pub(crate) struct ConsumerState {
     pub(crate) queue: RangeQueue,
     /// Batches workers reported handed to this consumer's stream.
     pub(crate) delivered: u64,
+    /// Delivered batches taken back unacknowledged (their worker died, or
+    /// their trainer left), so delivered once more: `delivered` counts them
+    /// twice.
+    pub(crate) resent: u64,
     /// Watermark the trainer acknowledged: every seq below it was consumed.
     pub(crate) consumed: u64,
 }
@@ -94,6 +98,7 @@ impl JobTable {
                 ConsumerState {
                     queue: RangeQueue::starting_at(consumed, plan.total_batches()),
                     delivered: consumed,
+                    resent: 0,
                     consumed,
                 }
             })

@@ -180,3 +180,29 @@ fn a_sigkilled_loaderctl_run_leaves_no_token_file() {
         assert!(tokens.is_empty(), "left {tokens:?}");
     });
 }
+
+/// A trainer that finishes closes its session: it leaves `status` at once
+/// (well within one heartbeat), not when its lease expires; and `status`
+/// counts distinct deliveries apart from re-sent ones.
+#[test]
+fn a_finished_trainers_session_leaves_status_within_one_heartbeat() {
+    run(Duration::from_secs(60), |scope| {
+        let cluster = Cluster::builder().workers(1).start(&scope);
+        let admin = cluster.admin();
+        let job = spec::synthetic(400, &[16], Dtype::U8).batch_size(8).build().expect("spec");
+        let plan = loader_proto::spec::plan(&job).expect("plan");
+        let total = plan.total_batches();
+        let trainer = Trainer::spawn(Loader::builder(cluster.url()), job);
+        let seen = trainer.join(Duration::from_secs(30));
+        assert_received(&seen, &plan, 0, 0..total);
+        let finished = Instant::now();
+        // The default heartbeat interval is 1.67 s, the lease 5 s.
+        admin.wait_for("the finished session is gone", Duration::from_millis(1666), |a| {
+            Ok(a.sessions()?.is_empty().then_some(()))
+        });
+        eprintln!("session gone {:?} after the last batch", finished.elapsed());
+        let jobs = admin.jobs().expect("jobs");
+        let progress = &jobs[0].consumers[0];
+        assert_eq!((progress.delivered, progress.resent, progress.consumed), (total, 0, total));
+    });
+}

@@ -144,7 +144,12 @@ fn render_status(status: &Status) -> String {
             let consumers = info
                 .consumers
                 .iter()
-                .map(|c| format!("{}:{}/{}/{}", c.consumer, c.delivered, c.consumed, c.total))
+                .map(|c| {
+                    // Distinct batches delivered, and those delivered once
+                    // more, apart: a re-sent copy is dropped by the trainer.
+                    let distinct = c.delivered.saturating_sub(c.resent);
+                    format!("{}:{}/{}/{}/{}", c.consumer, distinct, c.resent, c.consumed, c.total)
+                })
                 .collect::<Vec<_>>()
                 .join(" ");
             vec![
@@ -202,7 +207,7 @@ fn render_status(status: &Status) -> String {
                 "DATASET",
                 "N",
                 "BATCHES/EPOCH",
-                "RANK:DELIVERED/CONSUMED/TOTAL",
+                "RANK:DELIVERED/RESENT/CONSUMED/TOTAL",
                 "ERROR"
             ],
             &job_rows
@@ -287,9 +292,10 @@ mod tests {
             consumers: vec![ConsumerProgress {
                 consumer: 0,
                 assigned: 2,
-                delivered: 2,
+                delivered: 3,
                 consumed: 1,
                 total: 2,
+                resent: 1,
             }],
             error: String::new(),
         }];
@@ -304,7 +310,7 @@ mod tests {
             "{out}"
         );
         assert!(out.contains("synthetic 3x4 uint8"), "{out}");
-        assert!(out.contains("0:2/1/2"), "{out}");
+        assert!(out.contains("0:2/1/1/2"), "{out}");
         let lines: Vec<&str> = out.lines().collect();
         let header = lines
             .iter()

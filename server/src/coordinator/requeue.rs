@@ -13,8 +13,9 @@ use crate::workers::ConsumerKey;
 
 /// Gives `seqs` of `key` back to its consumer's queue, except those below
 /// the acknowledged watermark, which need no copy anywhere any more.
-/// Returns how many went back.
-fn give_back(jobs: &mut JobTable, key: ConsumerKey, seqs: impl IntoIterator<Item = u64>) -> usize {
+/// `delivered`: they had been delivered (unacknowledged), so they will be
+/// delivered again and count as re-sent. Returns how many went back.
+fn give_back(jobs: &mut JobTable, key: ConsumerKey, seqs: impl IntoIterator<Item = u64>, delivered: bool) -> usize {
     let (job_id, consumer) = key;
     let Some(c) = jobs.get_mut(job_id).and_then(|j| j.consumers.get_mut(consumer as usize)) else {
         return 0;
@@ -22,6 +23,9 @@ fn give_back(jobs: &mut JobTable, key: ConsumerKey, seqs: impl IntoIterator<Item
     let consumed = c.consumed;
     let seqs: Vec<u64> = seqs.into_iter().filter(|&s| s >= consumed).collect();
     let n = seqs.len();
+    if delivered {
+        c.resent += n as u64;
+    }
     c.queue.give_back(seqs);
     n
 }
@@ -31,12 +35,9 @@ fn give_back(jobs: &mut JobTable, key: ConsumerKey, seqs: impl IntoIterator<Item
 /// the number of batches given back, or None when it is unknown.
 pub(super) fn retire(t: &mut Tables, worker_id: u64) -> Option<(String, usize)> {
     let w = t.workers.workers.remove(&worker_id)?;
-    let requeued = w
-        .outstanding
-        .into_iter()
-        .chain(w.unacked)
-        .map(|(key, seqs)| give_back(&mut t.jobs, key, seqs))
-        .sum();
+    let undelivered: usize = w.outstanding.into_iter().map(|(key, seqs)| give_back(&mut t.jobs, key, seqs, false)).sum();
+    let unacked: usize = w.unacked.into_iter().map(|(key, seqs)| give_back(&mut t.jobs, key, seqs, true)).sum();
+    let requeued = undelivered + unacked;
     Some((w.address, requeued))
 }
 
@@ -65,7 +66,7 @@ pub(super) fn end_consumer(t: &mut Tables, key: ConsumerKey) -> Ended {
             w.ended.insert(key);
             ended.workers += 1;
         }
-        ended.requeued += give_back(&mut t.jobs, key, held.into_iter().chain(unacked));
+        ended.requeued += give_back(&mut t.jobs, key, held, false) + give_back(&mut t.jobs, key, unacked, true);
     }
     ended
 }

@@ -563,3 +563,27 @@ fn a_job_no_worker_can_hold_is_refused_at_submission() {
     assert_eq!(tonic::Status::from(err).code(), tonic::Code::InvalidArgument);
     assert!(c.create_or_attach(spec("", 16, 4, 1)).is_ok());
 }
+
+/// Closing a session forgets it at once, records its watermark, and ends
+/// its consumer when it was the last session: workers holding batches for
+/// it are told, and batches they had delivered unacknowledged count as
+/// re-sent when they go out again.
+#[tokio::test]
+async fn a_closed_session_is_gone_at_once_and_its_consumer_ends() {
+    let c = coordinator();
+    let (job, _) = c.create_or_attach(spec("", 100, 10, 1)).expect("job");
+    let (session, _) = c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("session");
+    let w = c.register_worker("http://w".into(), "n".into(), 4, 0);
+    tasks(&c, w, Vec::new()).await;
+    let report = vec![pb::Delivered { job_id: job.job_id, consumer: 0, seqs: vec![0, 1, 2] }];
+    tasks(&c, w, report).await;
+    c.close_session(session, 1);
+    assert!(c.list_sessions().is_empty(), "gone at once");
+    let progress = &c.list_jobs()[0].consumers[0];
+    assert_eq!((progress.consumed, progress.delivered, progress.resent), (1, 3, 2), "1 and 2 go out again");
+    match c.worker_heartbeat(w, WorkerReport::default(), Duration::ZERO).await {
+        HeartbeatOutcome::Tasks { ended, .. } => assert_eq!(ended, vec![(job.job_id, 0)]),
+        HeartbeatOutcome::Reregister => panic!("worker unknown"),
+    }
+    c.close_session(session, 1);
+}

@@ -50,6 +50,16 @@ impl TrainerService for TrainerApi {
         Ok(Response::new(response))
     }
 
+    async fn close_session(
+        &self,
+        request: Request<pb::CloseSessionRequest>,
+    ) -> Result<Response<pb::CloseSessionResponse>, Status> {
+        let r = request.into_inner();
+        check_version(r.protocol_version)?;
+        self.0.close_session(r.session_id, r.consumed);
+        Ok(Response::new(pb::CloseSessionResponse {}))
+    }
+
     async fn routes(&self, request: Request<pb::RoutesRequest>) -> Result<Response<pb::RoutesResponse>, Status> {
         let (routes, job_error) = self.0.routes(request.into_inner().session_id)?;
         Ok(Response::new(pb::RoutesResponse { routes, job_error }))
