@@ -150,9 +150,11 @@ impl LoaderBuilder {
         self
     }
 
-    /// Creates the ring's private socket directory under `dir` instead of
-    /// the system temporary directory: for a sidecar worker that shares
-    /// only that directory (e.g. a Kubernetes `emptyDir`).
+    /// Binds the ring's socket in a private directory under `dir` instead of
+    /// the abstract socket namespace: for a worker that shares that
+    /// directory but not this process's network namespace. (A sidecar in
+    /// the same Kubernetes pod shares the network namespace and needs no
+    /// directory.) The directory is removed when the loader is dropped.
     pub fn ring_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.ring.dir = Some(dir.into());
         self
@@ -413,7 +415,11 @@ impl Loader {
     }
 
     /// The Unix socket co-located workers attach to the shared-memory ring
-    /// through; None when the ring is off (or could not be set up).
+    /// through; None when the ring is off (or could not be set up). By
+    /// default a name in Linux's abstract socket namespace, written as tokio
+    /// takes it, with a leading NUL byte (no file exists, so nothing is left
+    /// behind even by SIGKILL); a path under [`LoaderBuilder::ring_dir`]
+    /// when that was set.
     pub fn ring_socket(&self) -> Option<&Path> {
         self.ring.as_ref().map(Ring::socket)
     }

@@ -34,6 +34,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import signal
 import sys
 import threading
 import weakref
@@ -205,6 +206,7 @@ class Loader:
         self._next_epoch: Optional[int] = None
         self._closed = False
         _live.add(self)
+        _stop_on_sigterm()
 
     # -- DataLoader surface -------------------------------------------------
 
@@ -406,6 +408,26 @@ class _Epoch:
 # down), so their worker processes stop and none outlives the trainer, even
 # when a daemon thread is still blocked iterating: close() unblocks it.
 _live: "weakref.WeakSet[Loader]" = weakref.WeakSet()
+
+
+def _stop_on_sigterm() -> None:
+    """Makes SIGTERM (how Kubernetes and most supervisors stop a process)
+    raise ``SystemExit(143)`` instead of killing the interpreter outright,
+    so open loaders are closed on the way out (``_close_all``): their worker
+    processes stop and nothing is left behind. Only over the default action
+    (a handler the program set is left alone) and only from the main thread,
+    where Python allows it. SIGINT already raises KeyboardInterrupt."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    except (ValueError, OSError):
+        pass
+
+
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)
 
 
 @atexit.register

@@ -132,3 +132,48 @@ print("exiting", time.monotonic(), flush=True)
     assert code == 0, f"exit code {code}; stderr: {c.stderr()}"
     assert time.monotonic() - exiting < 5
     assert wait_gone(pids, 1) == [], "workers outlived the trainer"
+
+
+def _dev_shm() -> set[str]:
+    try:
+        return set(os.listdir("/dev/shm"))
+    except FileNotFoundError:
+        return set()
+
+
+def test_sigterm_and_sigkill_of_a_trainer_leave_nothing_behind(child, tmp_path):
+    # SIGTERM: SystemExit(143), the loader closes, its workers stop within 2 s.
+    # SIGKILL: nothing can run, but nothing was left to clean up: the ring is
+    # a memfd and its socket a name in the abstract namespace. Either way the
+    # trainer's TMPDIR stays empty and /dev/shm gets nothing new.
+    before = _dev_shm()
+    for sig, code in [(signal.SIGTERM, 128 + signal.SIGTERM), (signal.SIGKILL, -signal.SIGKILL)]:
+        tmp = tmp_path / sig.name
+        tmp.mkdir()
+        script = f"os.environ['TMPDIR'] = {str(tmp)!r}\n" + PRELUDE.format(
+            spec=synthetic(num_samples=64000, batch_size=16, epochs=50, cost_ns=20000)
+        ) + """
+dl = loader.Loader.local(spec, workers=2)
+it = iter(dl)
+next(it)
+print("pids", *dl.worker_pids(), flush=True)
+for batch in it:
+    pass
+"""
+        c = child(script)
+        pids = [int(p) for p in c.expect("pids").split()]
+        time.sleep(0.3)
+        sent = time.monotonic()
+        os.kill(c.proc.pid, sig)
+        got = c.wait(5)
+        assert got == code, f"{sig.name}: exit {got}; stderr: {c.stderr()}"
+        if sig == signal.SIGTERM:
+            assert time.monotonic() - sent < 2.0, "SIGTERM exit took too long"
+            assert wait_gone(pids, 2.0 - (time.monotonic() - sent) + 0.2) == [], "workers outlived SIGTERM"
+        else:
+            # Killed outright, embedded coordinator and all: the workers
+            # cannot renew their leases, fence and exit (TTL 5 s).
+            assert wait_gone(pids, 10) == [], "workers outlived their lease"
+
+        assert list(tmp.iterdir()) == [], f"{sig.name} left {list(tmp.iterdir())}"
+    assert _dev_shm() - before == set(), "/dev/shm got a new entry"

@@ -96,6 +96,18 @@ pub(crate) enum RingError {
     Protocol(String),
 }
 
+/// A fresh name in the abstract socket namespace, as tokio takes it (a
+/// leading NUL byte): unique among this host's live rings, since a name
+/// lives only as long as the socket bound to it.
+fn abstract_name() -> PathBuf {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    PathBuf::from(format!("\0loader-ring-{}-{n}-{nanos:08x}", std::process::id()))
+}
+
 /// Settings of the ring, from the loader's builder.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct RingConfig {
@@ -248,8 +260,9 @@ pub(crate) struct Ring {
     path: PathBuf,
     /// Taken when the accept loop starts.
     listener: Option<UnixListener>,
-    /// The private directory holding the socket; removed on drop.
-    _dir: tempfile::TempDir,
+    /// The private directory holding the socket, when the ring has one
+    /// (`ring_dir`); removed on drop.
+    _dir: Option<tempfile::TempDir>,
     /// Who may attach.
     policy: PeerPolicy,
     /// Attached workers' sockets, once serving; closed when the ring drops.
@@ -265,17 +278,27 @@ impl Ring {
         prefetch: u32,
     ) -> Result<Self, RingError> {
         let memory = RingMemory::create(geometry)?;
-        let mut builder = tempfile::Builder::new();
-        builder.prefix("loader-ring-");
-        let dir = match &config.dir {
-            Some(parent) => builder.tempdir_in(parent),
-            None => builder.tempdir(),
-        }
-        .map_err(|cause| RingError::Listen {
-            path: config.dir.clone().unwrap_or_else(std::env::temp_dir),
-            cause,
-        })?;
-        let path = dir.path().join("ring.sock");
+        let (dir, path) = match &config.dir {
+            // A directory shared with a sidecar (an emptyDir): a private
+            // directory in it, removed on drop.
+            Some(parent) => {
+                let dir = tempfile::Builder::new()
+                    .prefix("loader-ring-")
+                    .tempdir_in(parent)
+                    .map_err(|cause| RingError::Listen {
+                        path: parent.clone(),
+                        cause,
+                    })?;
+                let path = dir.path().join("ring.sock");
+                (Some(dir), path)
+            }
+            // By default a name in Linux's abstract socket namespace: no
+            // file, so nothing is left behind however this process ends
+            // (SIGKILL included). Containers of one pod share the network
+            // namespace, so a sidecar worker still reaches it; who may
+            // attach is decided by the peer's credentials, as for a path.
+            None => (None, abstract_name()),
+        };
         if path.to_str().is_none() {
             return Err(RingError::Config(format!(
                 "socket path {} is not UTF-8",

@@ -21,7 +21,12 @@ fn give_back(jobs: &mut JobTable, key: ConsumerKey, seqs: impl IntoIterator<Item
         return 0;
     };
     let consumed = c.consumed;
-    let seqs: Vec<u64> = seqs.into_iter().filter(|&s| s >= consumed).collect();
+    let (seqs, below): (Vec<u64>, Vec<u64>) = seqs.into_iter().partition(|&s| s >= consumed);
+    if !delivered {
+        // Not reported delivered yet, but the trainer consumed them: they
+        // were (their report was still coalescing at the worker).
+        c.delivered += below.len() as u64;
+    }
     let n = seqs.len();
     if delivered {
         c.resent += n as u64;
