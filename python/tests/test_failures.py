@@ -150,7 +150,7 @@ def test_sigterm_and_sigkill_of_a_trainer_leave_nothing_behind(child, tmp_path):
     for sig, code in [(signal.SIGTERM, 128 + signal.SIGTERM), (signal.SIGKILL, -signal.SIGKILL)]:
         tmp = tmp_path / sig.name
         tmp.mkdir()
-        script = f"os.environ['TMPDIR'] = {str(tmp)!r}\n" + PRELUDE.format(
+        script = f"import os\nos.environ['TMPDIR'] = {str(tmp)!r}\n" + PRELUDE.format(
             spec=synthetic(num_samples=64000, batch_size=16, epochs=50, cost_ns=20000)
         ) + """
 dl = loader.Loader.local(spec, workers=2)

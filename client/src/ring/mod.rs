@@ -1,8 +1,9 @@
 //! The trainer's side of the shared-memory transport: a ring of fixed-size
 //! slots in one memfd that co-located workers collate batches straight into.
 //!
-//! The trainer owns the ring. It listens on a Unix socket in a private
-//! temporary directory (announced as `ring_socket` in OpenSession), checks
+//! The trainer owns the ring. It listens on a Unix socket (a name in the
+//! abstract namespace by default, or a path in a private directory under
+//! `ring_dir`; announced as `ring_socket` in OpenSession), checks
 //! each peer's credentials, answers its hello with the attach message and the
 //! memfd (SCM_RIGHTS), and grants it slots. A filled slot becomes a
 //! [`Batch`](crate::Batch) whose bytes are a view of the slot
