@@ -28,6 +28,19 @@ pub enum LoaderError {
         /// The last connection error, innermost cause.
         cause: String,
     },
+    /// The coordinator stopped answering while the trainer was running, for
+    /// longer than the loader's `coordinator_timeout`: the same error on
+    /// every transport, instead of a stall with no end.
+    #[error(
+        "lost the coordinator {address}: no answer for {}s; stopping (LoaderBuilder::coordinator_timeout waits longer)",
+        after.as_secs()
+    )]
+    CoordinatorLost {
+        /// Coordinator URL.
+        address: String,
+        /// How long it had not answered.
+        after: std::time::Duration,
+    },
     /// A gRPC call failed; [`LoaderError::is_retryable`] tells whether trying
     /// again may help.
     #[error("{call} on {address} failed: {message} ({code:?})")]

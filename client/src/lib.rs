@@ -66,7 +66,7 @@ pub mod spec_file;
 
 pub use batch::{Batch, Tensor, Transport};
 pub use error::LoaderError;
-pub use loader::{BatchStream, DEFAULT_PREFETCH, Loader, LoaderBuilder, RingSlots};
+pub use loader::{BatchStream, DEFAULT_COORDINATOR_TIMEOUT, DEFAULT_PREFETCH, Loader, LoaderBuilder, RingSlots};
 pub use loader_proto::pb::{CorruptPolicy, Dtype, Job, JobSpec, Transform};
 pub use spec_file::parse;
 pub use ring::DEFAULT_SLOT_SIZE;

@@ -20,6 +20,7 @@ use crate::connect;
 use crate::consumer::{Consumer, STALL_GRACE};
 use crate::error::LoaderError;
 use crate::event;
+pub use crate::session::DEFAULT_COORDINATOR_TIMEOUT;
 use crate::ring::{ConnContext, GapWatch, Inbox, Ring, RingConfig, SlotRing};
 use crate::routes::Routes;
 use crate::session::Session;
@@ -55,7 +56,11 @@ pub struct LoaderBuilder {
     /// The first batch to yield when there is no `resume`: an epoch other
     /// than the first without starting (and restarting) at batch 0.
     start_at: Option<u64>,
+    /// How long the coordinator may not answer before the loader fails.
+    coordinator_timeout: Duration,
 }
+
+
 
 impl LoaderBuilder {
     /// A builder for the coordinator at `coordinator`.
@@ -71,7 +76,17 @@ impl LoaderBuilder {
             ring: RingConfig::default(),
             resume: None,
             start_at: None,
+            coordinator_timeout: DEFAULT_COORDINATOR_TIMEOUT,
         }
+    }
+
+    /// How long the coordinator may stop answering while the loader runs
+    /// (a restart on the same address is survived within it) before
+    /// iteration fails with `LoaderError::CoordinatorLost` (default 15 s),
+    /// on every transport.
+    pub fn coordinator_timeout(mut self, timeout: Duration) -> Self {
+        self.coordinator_timeout = timeout;
+        self
     }
 
     /// The job to create, or to attach to when a job of the same name exists.
@@ -285,7 +300,9 @@ impl LoaderBuilder {
         let channel = connect::coordinator(&address).await?;
         let resume_at = resume.as_ref().map(|(next_seq, _)| *next_seq);
         let session = Arc::new(
-            Session::open(&address, channel, spec.clone(), rank, socket, resume_at).await?,
+            Session::open(&address, channel, spec.clone(), rank, socket, resume_at)
+                .await?
+                .lost_after(self.coordinator_timeout),
         );
         let job = session.job().clone();
         let spec = job.spec.clone().unwrap_or(spec);

@@ -64,6 +64,12 @@ impl Progress {
     }
 }
 
+/// How long a running trainer waits for a coordinator that stopped
+/// answering before it fails (`LoaderError::CoordinatorLost`): longer than a
+/// coordinator restart takes, shorter than the shared-memory path's own
+/// bound on a stuck stream, so the error is the same on every transport.
+pub const DEFAULT_COORDINATOR_TIMEOUT: Duration = Duration::from_secs(15);
+
 /// An open session.
 #[derive(Debug)]
 pub(crate) struct Session {
@@ -95,9 +101,18 @@ pub(crate) struct Session {
     /// Set once the session is closed (the trainer finished): heartbeats
     /// stop and a forgotten session is not reopened.
     closed: AtomicBool,
+    /// How long the coordinator may not answer before the session gives up
+    /// (`LoaderError::CoordinatorLost`).
+    lost_after: Duration,
 }
 
 impl Session {
+    /// Gives up on a coordinator that has not answered for `after`.
+    pub(crate) fn lost_after(mut self, after: Duration) -> Self {
+        self.lost_after = after;
+        self
+    }
+
     /// Creates (or attaches to) the job of `spec` and opens `consumer`'s
     /// session on it, offering the shared-memory ring at `ring_socket`
     /// (empty for none); `resume_at` restarts the consumer at that batch
@@ -126,6 +141,7 @@ impl Session {
             progress: Arc::default(),
             reopen_wanted: Notify::new(),
             closed: AtomicBool::new(false),
+            lost_after: DEFAULT_COORDINATOR_TIMEOUT,
         };
         if let Some(start) = resume_at {
             session.progress.set_consumed(start);
@@ -330,6 +346,15 @@ impl Session {
                     return;
                 }
                 Err(e) if e.is_retryable() => {
+                    if let Some(since) = outage
+                        && since.elapsed() >= self.lost_after
+                    {
+                        let _ = events.send(Event::Fatal(LoaderError::CoordinatorLost {
+                            address: self.address.clone(),
+                            after: since.elapsed(),
+                        }));
+                        return;
+                    }
                     if outage.is_none() {
                         outage = Some(Instant::now());
                         tracing::warn!(
@@ -372,6 +397,7 @@ impl Session {
             progress: Arc::default(),
             reopen_wanted: Notify::new(),
             closed: AtomicBool::new(false),
+            lost_after: DEFAULT_COORDINATOR_TIMEOUT,
         }
     }
 

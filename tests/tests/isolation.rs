@@ -206,3 +206,36 @@ fn a_finished_trainers_session_leaves_status_within_one_heartbeat() {
         assert_eq!((progress.delivered, progress.resent, progress.consumed), (total, 0, total));
     });
 }
+
+/// A coordinator gone for good: the trainer fails after its
+/// `coordinator_timeout` with the same one line on both transports, instead
+/// of waiting forever (gRPC) or failing later with another message (shared
+/// memory, whose workers fence and leave the ring).
+#[test]
+fn a_trainer_whose_coordinator_is_gone_fails_in_one_bound_on_every_transport() {
+    for shared_memory in [false, true] {
+        run(Duration::from_secs(60), move |scope| {
+            let mut cluster = Cluster::builder().workers(2).ttl_ms(1000).start(&scope);
+            let job = spec::synthetic(100_000, &[64], Dtype::U8)
+                .batch_size(16)
+                .cost_ns(100_000)
+                .build()
+                .expect("spec");
+            let timeout = Duration::from_secs(3);
+            let trainer = Trainer::spawn(
+                Loader::builder(cluster.url()).shared_memory(shared_memory).coordinator_timeout(timeout),
+                job,
+            );
+            trainer.wait_for(10, Duration::from_secs(20));
+            cluster.server.kill();
+            let killed = Instant::now();
+            // The outage is noticed at the next heartbeat (every TTL/3).
+            let error = trainer.finish(timeout + Duration::from_secs(5)).expect_err("the trainer fails");
+            let after = killed.elapsed();
+            eprintln!("shared_memory={shared_memory}: failed {after:?} after the coordinator's SIGKILL: {error}");
+            assert!(error.contains("lost the coordinator") && error.contains("no answer for"), "{error}");
+            assert!(!error.contains('\n'));
+            assert!(after >= timeout, "not before the timeout: {after:?}");
+        });
+    }
+}
