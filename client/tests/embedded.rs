@@ -182,7 +182,7 @@ fn a_sigkilled_only_worker_is_replaced_and_the_run_completes() {
                 .expect("local");
             let victim = loader.worker_pids()[0];
             let mut seqs = Vec::new();
-            while let Some(batch) = loader.next() {
+            for batch in loader.by_ref() {
                 let batch = batch.unwrap_or_else(|e| panic!("shared_memory={shared_memory}: {e}"));
                 seqs.push(batch.seq());
                 if seqs.len() == 20 {

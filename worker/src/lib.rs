@@ -66,6 +66,7 @@ use crate::outbox::Outboxes;
 use crate::producer::Producer;
 use crate::ring::Rings;
 use crate::window::Windows;
+use loader_proto::pb::RegisterWorkerRequest;
 
 /// How long open connections get to close after the worker stops (their
 /// streams have already ended).
@@ -106,10 +107,8 @@ pub async fn run_with_datasets(
         .map_err(WorkerError::Thread)?;
     let mut link = match Link::new(
         &config.coordinator,
-        advertise,
-        node,
+        RegisterWorkerRequest { address: advertise, node, memory_budget: budget, ..Default::default() },
         windows,
-        budget,
         producer.clone(),
         outboxes.clone(),
         rings.clone(),

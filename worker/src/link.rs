@@ -139,12 +139,12 @@ fn describe(status: &Status) -> String {
 
 impl Link {
     /// A link to the coordinator at `addr`; no connection is made yet.
+    /// `register` is what this worker announces (its protocol version is
+    /// set here; `max_outstanding` comes from `windows`).
     pub(crate) fn new(
         addr: &str,
-        address: String,
-        node: String,
+        register: RegisterWorkerRequest,
         windows: std::sync::Arc<Windows>,
-        memory_budget: u64,
         producer: Producer,
         outboxes: std::sync::Arc<Outboxes>,
         rings: std::sync::Arc<Rings>,
@@ -164,10 +164,8 @@ impl Link {
             client: WorkerServiceClient::new(channel),
             register: RegisterWorkerRequest {
                 protocol_version: PROTOCOL_VERSION,
-                address,
-                node,
                 max_outstanding: windows.at_least(),
-                memory_budget,
+                ..register
             },
             producer,
             outboxes,

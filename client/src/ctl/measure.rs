@@ -4,13 +4,12 @@
 
 use std::fs::File;
 use std::io::{BufWriter, IsTerminal, Write};
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use loader_proto::pb::{CorruptPolicy, Dtype, JobSpec, dataset_spec::Kind};
+use loader_proto::pb::{CorruptPolicy, Dtype, JobSpec};
 use serde::Serialize;
 use tempfile::NamedTempFile;
 
@@ -384,10 +383,14 @@ fn parse_shape(s: &str) -> anyhow::Result<Vec<u64>> {
 /// process holds it open, and workers started by this process (same user)
 /// read it through `/proc/<pid>/fd/<n>`. For `run`, whose workers are its
 /// own children: nothing is left on disk however the process ends.
+#[cfg(feature = "embedded")]
 pub(super) fn unlink_token_file(
     mut spec: JobSpec,
     file: Option<NamedTempFile>,
 ) -> anyhow::Result<(JobSpec, Option<File>)> {
+    use loader_proto::pb::dataset_spec::Kind;
+    use std::os::fd::AsRawFd;
+
     let Some(named) = file else {
         return Ok((spec, None));
     };
