@@ -58,20 +58,26 @@ pub(crate) enum HeartbeatOutcome {
     },
 }
 
-/// Workers that may die holding a job's batches, with no batch of it
-/// delivered in between, before the job is failed.
+/// Workers that may die holding batches of a job none of whose batches was
+/// ever delivered, before the job is failed.
 const POISON_DEATHS: u32 = 3;
 
 /// Counts one more worker that died holding batches of `job_id`; fails the
-/// job once `POISON_DEATHS` died without any of its batches delivered.
+/// job once `POISON_DEATHS` died before any batch of it was delivered. A
+/// job that delivered once is never failed this way: workers killed while
+/// it runs (an in-order trainer may legitimately stop all deliveries while
+/// it waits for a dead worker's batch) are not its fault.
 fn poisoned(t: &mut Tables, job_id: u64, address: &str) {
     let Some(job) = t.jobs.get_mut(job_id) else { return };
-    job.deaths_without_progress += 1;
-    if job.deaths_without_progress >= POISON_DEATHS && job.error.is_none() {
+    if job.delivered_any {
+        return;
+    }
+    job.deaths_before_delivery += 1;
+    if job.deaths_before_delivery >= POISON_DEATHS && job.error.is_none() {
         let error = format!(
-            "{} workers died while producing batches of job {job_id} and none was delivered (the last was {address}); \
+            "{} workers died while producing batches of job {job_id} and none was ever delivered (the last was {address}); \
              the job is failed so that it takes down no more: check its batch size, sample shape and dataset",
-            job.deaths_without_progress
+            job.deaths_before_delivery
         );
         tracing::warn!(job_id, "job failed: {error}");
         job.error = Some(error);
@@ -308,7 +314,7 @@ impl Coordinator {
             if n > 0
                 && let Some(job) = t.jobs.get_mut(d.job_id)
             {
-                job.deaths_without_progress = 0;
+                job.delivered_any = true;
             }
             if let Some(c) = t.jobs.get_mut(d.job_id).and_then(|j| j.consumers.get_mut(d.consumer as usize)) {
                 c.delivered += n;

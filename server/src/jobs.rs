@@ -35,11 +35,12 @@ pub(crate) struct JobState {
     pub(crate) consumers: Vec<ConsumerState>,
     /// Set when a worker could not produce a batch; the job is stopped.
     pub(crate) error: Option<String>,
-    /// Workers whose lease expired while they held batches of this job,
-    /// since it last delivered a batch: a job that kills every worker it
-    /// reaches is failed instead of being handed around (see
-    /// `Coordinator::expire`).
-    pub(crate) deaths_without_progress: u32,
+    /// Some batch of it was delivered (or consumed before a restart).
+    pub(crate) delivered_any: bool,
+    /// Workers whose lease expired while they held batches of this job
+    /// before any was delivered: a job that kills every worker it reaches
+    /// is failed instead of being handed around (see `Coordinator::expire`).
+    pub(crate) deaths_before_delivery: u32,
 }
 
 /// Every job, by id, and named jobs by name.
@@ -108,7 +109,14 @@ impl JobTable {
         {
             self.names.insert(spec.name.clone(), job.job_id);
         }
-        self.jobs.insert(job.job_id, JobState { job, plan, consumers, error: None, deaths_without_progress: 0 });
+        self.jobs.insert(job.job_id, JobState {
+                job,
+                plan,
+                consumers,
+                error: None,
+                delivered_any: watermarks.iter().any(|&(_, w)| w > 0),
+                deaths_before_delivery: 0,
+            });
     }
 
     pub(crate) fn get(&self, id: u64) -> Result<&JobState, CoordinatorError> {

@@ -513,10 +513,10 @@ async fn a_finished_consumers_leftovers_go_when_its_session_ends_and_nothing_is_
 }
 
 /// A job whose workers keep dying before any of its batches is delivered is
-/// failed after `POISON_DEATHS` of them; one delivery in between starts the
-/// count again, so workers killed while a job makes progress fail nothing.
+/// failed after `POISON_DEATHS` of them; a job that delivered once is never
+/// failed by deaths, so workers killed while it runs fail nothing.
 #[tokio::test(start_paused = true)]
-async fn a_job_that_kills_its_workers_is_failed_and_progress_resets_the_count() {
+async fn a_job_that_kills_its_workers_before_delivering_is_failed() {
     let c = coordinator();
     let (job, _) = c.create_or_attach(spec("", 6400, 1, 1)).expect("job");
     let (session, _) = c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("session");
@@ -538,14 +538,35 @@ async fn a_job_that_kills_its_workers_is_failed_and_progress_resets_the_count() 
     };
     die(false).await;
     die(false).await;
-    // Its delivery starts the count again; its own death is the first.
-    die(true).await;
-    assert_eq!(c.session_heartbeat(session, 0, 0).as_deref(), Some(""), "a delivery started the count again");
-    die(false).await;
-    assert_eq!(c.session_heartbeat(session, 0, 0).as_deref(), Some(""));
+    assert_eq!(c.session_heartbeat(session, 0, 0).as_deref(), Some(""), "two deaths: not yet");
     die(false).await;
     let error = c.session_heartbeat(session, 0, 0).expect("session");
     assert!(error.starts_with("3 workers died while producing batches of job"), "{error}");
+
+    // Another job delivers once; then no number of deaths fails it.
+    let (job, _) = c.create_or_attach(spec("other", 6400, 1, 1)).expect("job");
+    let (session, _) = c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("session");
+    let job_id = job.job_id;
+    let die = |delivered: bool| {
+        let c = c.clone();
+        async move {
+            let w = c.register_worker("http://w".into(), "n".into(), 4, 0);
+            let t = tasks(&c, w, Vec::new()).await;
+            if delivered {
+                let report = vec![pb::Delivered { job_id, consumer: 0, seqs: vec![t[0].start_seq] }];
+                tasks(&c, w, report).await;
+            }
+            tokio::time::advance(ttl + Duration::from_millis(1)).await;
+            c.session_heartbeat(session, 0, 0);
+            // The first job's session, silent now, expires too.
+            assert_eq!(c.expire(tokio::time::Instant::now()).0, 1);
+        }
+    };
+    die(true).await;
+    for _ in 0..5 {
+        die(false).await;
+    }
+    assert_eq!(c.session_heartbeat(session, 0, 0).as_deref(), Some(""), "it delivered once");
 }
 
 /// Workers that announce a memory budget no batch of a job fits get the job
