@@ -316,9 +316,6 @@ impl Shared {
                 plan.num_samples
             ));
         }
-        // The window this worker holds for the job follows its batch bytes
-        // and how long a batch takes to make (the coordinator learns it from
-        // the next heartbeat).
         // A batch that cannot fit fails the task before anything is
         // allocated: the worker keeps serving every other job.
         let full = layout(&*dataset, usize::try_from(plan.batch_size).unwrap_or(usize::MAX))
@@ -327,6 +324,9 @@ impl Shared {
         if let Some(refused) = crate::budget::refuse(job.job_id, batch_bytes, self.windows.at_least(), self.budget) {
             return Err(refused);
         }
+        // The window this worker holds for the job follows its batch bytes
+        // and how long a batch takes to make (the coordinator learns it from
+        // the next heartbeat).
         self.windows.learn_bytes(job.job_id, batch_bytes);
         let mut timing = BatchTiming::default();
         let key = (job.job_id, task.consumer);
