@@ -3,7 +3,9 @@ Loader over shared memory, Loader over gRPC and torch DataLoader, in the Rust
 loop (`loaderctl run`) and the Python loop (`loader.Loader.local`, through
 bench/python_loop.py, which also runs torch's DataLoader), interleaved,
 medians of the repeats. bench/run.py runs it as the scenario named MATRIX and
-renders the table; the raw runs go to docs/benchmarks.json with the rest.
+renders the table (`bench/run.sh --only matrix` runs it alone and keeps the
+other scenarios' last results); the raw runs go to docs/benchmarks.json with
+the rest.
 
 Each cell reads the same data in every system: a token file (uint16 ids,
 windows of 2049), synthetic uint8 samples of a shape, or the rows of a
@@ -181,14 +183,3 @@ def check(results, med):
             out.append(f"- {cell}: {bps:,.0f} batches/s over shared memory (bar 20,000): "
                        f"{'met' if bps >= 20000 else 'NOT met'}")
     return out
-
-
-if __name__ == "__main__":
-    # Standalone: bench/.venv/bin/python bench/matrix.py [repeats]; bench/run.py
-    # is the usual way (it keeps the results and renders docs/benchmarks.md).
-    sys.path.insert(0, str(BENCH))
-    import run as bench_run  # noqa: E402
-
-    res = run(bench_run.run_one, int(sys.argv[1]) if len(sys.argv) > 1 else 1)
-    print("\n".join(render(res, bench_run.med)))
-    print("\n".join(check(res, bench_run.med)))
