@@ -5,7 +5,7 @@
 # docs/benchmarks.md and docs/benchmarks.png.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release --bins -p loader-client -p loader-server -p loader-worker
+cargo build --release --bins -p loader-ctl -p loader-server -p loader-worker
 if [ ! -x bench/.venv/bin/python ]; then
   python3 -m venv bench/.venv
 fi

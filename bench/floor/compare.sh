@@ -14,7 +14,7 @@ cd "$(dirname "$0")/../.."
 REPEATS=${1:-5}; SAMPLES=${2:-64000}
 if [ -z "${BIN:-}" ]; then
   BIN=target/release
-  cargo build --release --bins -p loader-client -p loader-server -p loader-worker >&2
+  cargo build --release --bins -p loader-ctl -p loader-server -p loader-worker >&2
 fi
 T=$(mktemp -d); trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$T"' EXIT
 gcc -O2 -pthread -o "$T/ring_round" bench/floor/ring_round.c

@@ -11,7 +11,7 @@ cd "$(dirname "$0")/../.."
 REPEATS=${1:-3}; SAMPLES=${2:-64000}; TRANSPORT=${3:-shm}
 if [ -z "${BIN:-}" ]; then
   BIN=target/release
-  cargo build --release --bins -p loader-client -p loader-server -p loader-worker >&2
+  cargo build --release --bins -p loader-ctl -p loader-server -p loader-worker >&2
 fi
 T=$(mktemp -d); trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$T"' EXIT
 $BIN/loader-server --listen 127.0.0.1:0 >"$T/server.out" 2>"$T/server.err" &

@@ -4,15 +4,20 @@
 //! time the heartbeat reports, and ends after the last batch of the job.
 //! With a shared-memory ring, gaps are also handed to `ring::GapWatch`.
 //!
-//! Two ways to wait, one loop: the blocking iterator sleeps in the
-//! [`WaitSet`] itself, the async `next` awaits the event channel and the
-//! wait set's readiness on the caller's runtime. Either way a wait on the
-//! ring is paced (`ring::Pace`): before sleeping the consumer arms the
-//! ring's doorbell for several reports, so the workers wake it once per
-//! few batches instead of once per batch (a sleep and a wake-up is the
-//! largest CPU cost of a batch on a virtual machine), and it never sleeps
-//! past the hold deadline the pace sets. A hang-up on a worker's socket
-//! wakes it at once.
+//! Two ways to wait, one loop. Every turn of it runs the same two steps:
+//! `prepare` takes a ready batch (or the end), takes in queued events and
+//! reports without blocking, and otherwise arms the ring and plans the wait;
+//! `after_wait` takes what ended the wait, counts it as stall, reads the
+//! ring and, when a whole tick brought nothing, looks into why (`stuck`).
+//! The two fronts differ only in how they sleep between the steps: the
+//! blocking iterator sleeps in the [`WaitSet`] itself, the async `next`
+//! awaits the event channel and the wait set's readiness on the caller's
+//! runtime. Either way a wait on the ring is paced (`ring::Pace`): before
+//! sleeping the consumer arms the ring's doorbell for several reports, so
+//! the workers wake it once per few batches instead of once per batch (a
+//! sleep and a wake-up is the largest CPU cost of a batch on a virtual
+//! machine), and it never sleeps past the hold deadline the pace sets. A
+//! hang-up on a worker's socket wakes it at once.
 
 use std::collections::{BTreeSet, HashSet};
 use std::convert::Infallible;
@@ -92,14 +97,58 @@ enum RingWait {
     Armed(Option<Instant>),
 }
 
-/// What woke an async `next`.
+/// What `prepare` found.
+enum Step {
+    /// A batch, the end, or the error that ends the iterator: hand it out.
+    Yield(Option<Result<Batch, LoaderError>>),
+    /// Nothing yet: sleep as planned, then `after_wait`.
+    Wait(WaitPlan),
+}
+
+/// One wait, as `prepare` planned it.
+struct WaitPlan {
+    /// When the wait began: stall time counts from here.
+    waiting: Instant,
+    /// When a wait that brings nothing finds the consumer stuck (see
+    /// `Consumer::stuck`).
+    tick_at: Instant,
+    /// Wake by then whatever comes: the tick, an armed ring's hold deadline
+    /// or the caller's next check, whichever is first.
+    deadline: Instant,
+}
+
+/// What ended a wait, told the same way by both fronts.
 enum Woke {
-    /// An event, or `None`: the channel closed.
+    /// An event, or `None`: the channel closed. Only the async front takes
+    /// events while it sleeps; the blocking one is woken by their doorbell.
     Event(Option<Event>),
-    /// The ring's sockets (or the wait set) have something.
-    Ring(io::Result<()>),
-    /// The hold deadline of an armed ring, or a whole tick without news.
+    /// The wait set has something: the doorbell rang (the ring's reports
+    /// asked for are in, or, for a blocking wait, an event was sent) or a
+    /// ring socket hung up or can take grants. Or waiting failed.
+    WaitSet(io::Result<()>),
+    /// The plan's deadline passed first.
     Timer,
+}
+
+/// What the waits of one `next` call share.
+struct Call {
+    /// When the call began: time the user spends on a batch is no gap, so a
+    /// worker that left the ring is judged lost from here at the earliest
+    /// (see `GapWatch::lost`).
+    called: Instant,
+    /// When nothing has arrived for a tick (see `Consumer::stuck`): kept
+    /// across wake-ups that bring nothing, restarted by anything that
+    /// arrives.
+    tick_at: Option<Instant>,
+}
+
+impl Call {
+    fn new() -> Self {
+        Self {
+            called: Instant::now(),
+            tick_at: None,
+        }
+    }
 }
 
 impl Consumer {
@@ -175,60 +224,34 @@ impl Consumer {
         if let Some(batch) = self.last.take() {
             return Some(Ok(batch));
         }
-        if self.done {
-            return None;
-        }
-        // Time the user spends on a batch is no gap: only blocking counts.
-        let called = Instant::now();
+        let mut call = Call::new();
         loop {
-            if let Some(item) = self.take_ready() {
-                if self.take_finish_due() {
-                    // Held while the final heartbeat is awaited, so a
-                    // cancelled wait hands it out on the next call.
-                    if let Some(Ok(batch)) = item {
-                        self.last = Some(batch);
+            let plan = match self.prepare(&mut call, None) {
+                Step::Wait(plan) => plan,
+                Step::Yield(item) => {
+                    if self.take_finish_due() {
+                        // Held while the final heartbeat is awaited, so a
+                        // cancelled wait hands it out on the next call.
+                        if let Some(Ok(batch)) = item {
+                            self.last = Some(batch);
+                            self.finish().await;
+                            return self.last.take().map(Ok);
+                        }
                         self.finish().await;
-                        return self.last.take().map(Ok);
                     }
-                    self.finish().await;
+                    return item;
                 }
-                return item;
-            }
-            if self.inbox.is_some() && self.async_wait.is_none() {
-                match WaitFd::register(Arc::clone(&self.wait)) {
-                    Ok(fd) => self.async_wait = Some(fd),
-                    Err(e) => return self.fail(wait_failed(e)),
-                }
-            }
-            let waiting = Instant::now();
-            let hold_at = match self.arm_ring(waiting) {
-                RingWait::Off => None,
-                RingWait::Armed(hold_at) => hold_at,
-                RingWait::Unread => match self.read_ring() {
-                    Ok(_) => continue,
-                    Err(e) => return self.fail(e),
+            };
+            // A wait set that cannot join the runtime is a wait that failed.
+            let woke = match self.register_async_wait() {
+                Err(e) => Woke::WaitSet(Err(e)),
+                Ok(()) => tokio::select! {
+                    e = self.events.recv() => Woke::Event(e),
+                    r = ring_ready(self.async_wait.as_ref(), &self.wait, &mut self.ready) => Woke::WaitSet(r),
+                    () = tokio::time::sleep_until(plan.deadline) => Woke::Timer,
                 },
             };
-            let tick_at = waiting + self.gap.as_ref().map_or(STALL_GRACE, GapWatch::tick);
-            let timer = hold_at.map_or(tick_at, |hold| hold.min(tick_at));
-            let woke = tokio::select! {
-                e = self.events.recv() => Woke::Event(e),
-                r = ring_ready(self.async_wait.as_ref(), &self.wait, &mut self.ready) => Woke::Ring(r),
-                () = tokio::time::sleep_until(timer) => Woke::Timer,
-            };
-            self.disarm_ring();
-            self.session.progress().add_stall(waiting.elapsed());
-            let ended = match woke {
-                Woke::Event(event) => self.on_event(event),
-                Woke::Ring(Ok(())) => self.read_ring().err(),
-                Woke::Ring(Err(e)) => Some(wait_failed(e)),
-                Woke::Timer => match self.read_ring() {
-                    Ok(0) if Instant::now() >= tick_at => self.stuck(called),
-                    Ok(_) => None,
-                    Err(e) => Some(e),
-                },
-            };
-            if let Some(e) = ended {
+            if let Some(e) = self.after_wait(woke, &plan, &mut call) {
                 return self.fail(e);
             }
         }
@@ -254,26 +277,56 @@ impl Consumer {
         every: Option<Duration>,
         mut interrupted: impl FnMut() -> Result<(), E>,
     ) -> Result<Option<Result<Batch, LoaderError>>, E> {
-        if self.done {
-            return Ok(None);
+        let mut call = Call::new();
+        let mut check_at = every.map(|every| call.called + every);
+        loop {
+            let plan = match self.prepare(&mut call, check_at) {
+                Step::Wait(plan) => plan,
+                Step::Yield(item) => return Ok(item),
+            };
+            let events = &self.events;
+            let waited = self.wait.wait(
+                plan.deadline.saturating_duration_since(plan.waiting),
+                true,
+                || !events.is_empty(),
+                &mut self.ready,
+            );
+            let woke = match waited {
+                Ok(()) if self.ready.timed_out => Woke::Timer,
+                waited => Woke::WaitSet(waited),
+            };
+            if let Some(e) = self.after_wait(woke, &plan, &mut call) {
+                return Ok(self.fail(e));
+            }
+            let now = Instant::now();
+            if check_at.is_some_and(|check| now >= check) {
+                check_at = every.map(|every| now + every);
+                interrupted()?;
+            }
         }
-        let called = Instant::now();
-        let mut check_at = every.map(|every| called + every);
-        // When nothing has arrived for a tick (see `stuck`); restarted by
-        // anything that arrives.
-        let mut tick_at = None;
+    }
+
+    /// The steps before a wait, the same for both fronts: hands out a ready
+    /// batch, the end or an error; takes in queued events and reports that
+    /// are in without blocking; otherwise arms the ring and plans a wait
+    /// that ends by `check_at` too, if given.
+    fn prepare(&mut self, call: &mut Call, check_at: Option<Instant>) -> Step {
+        if self.done {
+            return Step::Yield(None);
+        }
         loop {
             if let Some(item) = self.take_ready() {
-                return Ok(item);
+                return Step::Yield(item);
             }
-            let event = match self.events.try_recv() {
+            let queued = match self.events.try_recv() {
                 Ok(event) => Some(Some(event)),
                 Err(TryRecvError::Disconnected) => Some(None),
                 Err(TryRecvError::Empty) => None,
             };
-            if let Some(event) = event {
+            if let Some(event) = queued {
+                call.tick_at = None;
                 if let Some(e) = self.on_event(event) {
-                    return Ok(self.fail(e));
+                    return Step::Yield(self.fail(e));
                 }
                 continue;
             }
@@ -283,53 +336,67 @@ impl Consumer {
                 RingWait::Armed(hold_at) => hold_at,
                 RingWait::Unread => match self.read_ring() {
                     Ok(_) => {
-                        tick_at = None;
+                        call.tick_at = None;
                         continue;
                     }
-                    Err(e) => return Ok(self.fail(e)),
+                    Err(e) => return Step::Yield(self.fail(e)),
                 },
             };
             let tick = self.gap.as_ref().map_or(STALL_GRACE, GapWatch::tick);
-            let tick_deadline = *tick_at.get_or_insert(waiting + tick);
-            let mut deadline = check_at.map_or(tick_deadline, |check| check.min(tick_deadline));
-            if let Some(hold) = hold_at {
-                deadline = deadline.min(hold);
-            }
-            let events = &self.events;
-            let waited = self.wait.wait(
-                deadline.saturating_duration_since(waiting),
-                true,
-                || !events.is_empty(),
-                &mut self.ready,
-            );
-            self.disarm_ring();
-            let now = Instant::now();
-            self.session.progress().add_stall(now - waiting);
-            let ended = match waited {
-                Err(e) => Some(wait_failed(e)),
-                // Woken (a report count, an event, a hang-up), or a deadline:
-                // either way, what the ring has is read.
-                Ok(()) => match self.read_ring() {
-                    Err(e) => Some(e),
-                    Ok(n) if n > 0 || !self.ready.timed_out => {
-                        tick_at = None;
-                        None
-                    }
-                    Ok(_) if now >= tick_deadline => {
-                        tick_at = None;
-                        self.stuck(called)
-                    }
-                    Ok(_) => None,
-                },
-            };
-            if let Some(e) = ended {
-                return Ok(self.fail(e));
-            }
-            if check_at.is_some_and(|check| now >= check) {
-                check_at = every.map(|every| now + every);
-                interrupted()?;
-            }
+            let tick_at = *call.tick_at.get_or_insert(waiting + tick);
+            let deadline = [hold_at, check_at]
+                .into_iter()
+                .flatten()
+                .fold(tick_at, Instant::min);
+            return Step::Wait(WaitPlan {
+                waiting,
+                tick_at,
+                deadline,
+            });
         }
+    }
+
+    /// The steps after a wait, the same for both fronts, whatever ended it:
+    /// disarms the ring, counts the wait as stall, takes in what came (the
+    /// event, or whatever the ring's sockets have), and when a whole tick
+    /// brought nothing, looks into why (`stuck`). Returns the error that
+    /// ends the iterator, if any.
+    fn after_wait(&mut self, woke: Woke, plan: &WaitPlan, call: &mut Call) -> Option<LoaderError> {
+        self.disarm_ring();
+        let now = Instant::now();
+        self.session.progress().add_stall(now - plan.waiting);
+        let arrived = match woke {
+            Woke::Event(event) => match self.on_event(event) {
+                Some(e) => Err(e),
+                None => Ok(true),
+            },
+            Woke::WaitSet(Err(e)) => Err(wait_failed(e)),
+            // Woken (a report count, an event, a hang-up) or timed out:
+            // either way, what the ring has is read.
+            Woke::WaitSet(Ok(())) => self.read_ring().map(|_| true),
+            Woke::Timer => self.read_ring().map(|filled| filled > 0),
+        };
+        match arrived {
+            Err(e) => Some(e),
+            Ok(true) => {
+                call.tick_at = None;
+                None
+            }
+            Ok(false) if now >= plan.tick_at => {
+                call.tick_at = None;
+                self.stuck(call.called)
+            }
+            Ok(false) => None,
+        }
+    }
+
+    /// Registers the wait set with the caller's runtime, the first time an
+    /// async `next` waits on a ring.
+    fn register_async_wait(&mut self) -> io::Result<()> {
+        if self.inbox.is_some() && self.async_wait.is_none() {
+            self.async_wait = Some(WaitFd::register(Arc::clone(&self.wait))?);
+        }
+        Ok(())
     }
 
     /// The next batch if it arrived, or the end: `None` means wait.
@@ -433,7 +500,7 @@ impl Consumer {
                 self.spread_credits();
             }
             if let Some(gap) = &mut self.gap {
-                gap.stuck(self.reorder.pending_mut());
+                gap.stuck(self.reorder.pending_mut(), Credit::give_back_early);
             }
         }
         self.gap.as_ref()?.lost(called)
@@ -515,192 +582,4 @@ fn wait_failed(e: io::Error) -> LoaderError {
 }
 
 #[cfg(test)]
-mod tests {
-    use bytes::Bytes;
-    use loader_proto::batch::{BatchLayout, BatchMeta, TensorDesc};
-    use loader_proto::pb::{Dtype, FetchRequest, Job};
-    use tokio::sync::mpsc;
-
-    use super::*;
-    use crate::batch::Expected;
-    use crate::event::CreditLine;
-
-    const EXPECTED: Expected = Expected {
-        job_id: 1,
-        consumer: 0,
-        batches_per_epoch: 4,
-        total: 4,
-    };
-
-    fn batch(seq: u64) -> Batch {
-        let layout = BatchLayout::new(
-            1,
-            vec![TensorDesc {
-                name: "label".into(),
-                dtype: Dtype::I64,
-                shape: vec![1],
-            }],
-        )
-        .expect("layout");
-        let mut buf = vec![0u8; layout.total_len()];
-        let meta = BatchMeta {
-            job_id: 1,
-            epoch: 0,
-            consumer: 0,
-            seq,
-        };
-        layout.write(&meta, &[seq], &mut buf).expect("write");
-        Batch::from_frame(
-            Bytes::from(buf),
-            &EXPECTED,
-            "http://w:1",
-            &mut loader_proto::batch::TableCache::default(),
-        )
-        .expect("valid")
-    }
-
-    /// An in-order consumer of `total` batches of job 1, the sender of its
-    /// events, and its session.
-    fn consumer(total: u64) -> (Consumer, crate::event::EventTx, Arc<Session>) {
-        let session = Arc::new(Session::unconnected(
-            Job {
-                job_id: 1,
-                ..Default::default()
-            },
-            0,
-        ));
-        let wait = Arc::new(WaitSet::new().expect("wait set"));
-        let (tx, rx) = crate::event::channel(Arc::clone(&wait));
-        let consumer = Consumer::new(
-            rx,
-            wait,
-            Arc::clone(&session),
-            Arc::new(Notify::new()),
-            total,
-            true,
-        );
-        (consumer, tx, session)
-    }
-
-    /// Credits returned on the line, summed.
-    fn returned(rx: &mut mpsc::UnboundedReceiver<FetchRequest>) -> u32 {
-        std::iter::from_fn(|| rx.try_recv().ok())
-            .map(|r| r.credits)
-            .sum()
-    }
-
-    #[tokio::test]
-    async fn reorders_drops_copies_returns_credits_and_ends() {
-        let (mut consumer, tx, session) = consumer(4);
-        let (credit_tx, mut credit_rx) = mpsc::unbounded_channel();
-        let line = CreditLine::new(credit_tx);
-        line.grant(8);
-        assert_eq!(returned(&mut credit_rx), 8);
-        for seq in [1, 0, 1, 3] {
-            tx.send(Event::Batch(batch(seq), Credit::for_frame(&line)))
-                .expect("send");
-        }
-        let seq =
-            |item: Option<Result<Batch, LoaderError>>| item.expect("item").expect("batch").seq();
-        assert_eq!(seq(consumer.next().await), 0);
-        assert_eq!(seq(consumer.next().await), 1);
-        // Two yielded: two credits back (the second copy of 1 is still queued).
-        assert_eq!(returned(&mut credit_rx), 2);
-        assert_eq!(session.reported_consumed(), 2);
-        // A late copy of 0 arrives before 2.
-        tx.send(Event::Batch(batch(0), Credit::for_frame(&line)))
-            .expect("send");
-        tx.send(Event::Batch(batch(2), Credit::for_frame(&line)))
-            .expect("send");
-        assert_eq!(seq(consumer.next().await), 2);
-        assert_eq!(seq(consumer.next().await), 3);
-        // Both dropped copies and both yielded batches: every frame's credit.
-        assert_eq!(returned(&mut credit_rx), 4);
-        assert_eq!(session.reported_consumed(), 4);
-        assert!(consumer.next().await.is_none());
-        assert_eq!(consumer.yielded(), 4);
-    }
-
-    #[test]
-    fn a_blocked_consumer_is_woken_by_events_sent_from_another_thread() {
-        // The session's lazy channel spawns its connection task on a runtime.
-        let runtime = tokio::runtime::Runtime::new().expect("runtime");
-        let _enter = runtime.enter();
-        let (mut consumer, tx, _session) = consumer(2);
-        let (credit_tx, _credit_rx) = mpsc::unbounded_channel();
-        let line = CreditLine::new(credit_tx);
-        let sender = std::thread::spawn(move || {
-            for seq in [1, 0] {
-                // Long enough for the consumer to be asleep in its wait set.
-                std::thread::sleep(Duration::from_millis(50));
-                tx.send(Event::Batch(batch(seq), Credit::for_frame(&line)))
-                    .expect("send");
-            }
-            tx
-        });
-        let seq =
-            |item: Option<Result<Batch, LoaderError>>| item.expect("item").expect("batch").seq();
-        assert_eq!(seq(consumer.next_blocking()), 0);
-        assert!(!consumer.take_finish_due());
-        assert_eq!(seq(consumer.next_blocking()), 1);
-        assert!(
-            consumer.take_finish_due(),
-            "the last batch: the final heartbeat is due"
-        );
-        assert!(consumer.next_blocking().is_none());
-        drop(sender.join().expect("sender"));
-    }
-
-    #[test]
-    fn an_interrupted_blocking_wait_loses_nothing() {
-        let runtime = tokio::runtime::Runtime::new().expect("runtime");
-        let _enter = runtime.enter();
-        let (mut consumer, tx, _session) = consumer(2);
-        let (credit_tx, _credit_rx) = mpsc::unbounded_channel();
-        let line = CreditLine::new(credit_tx);
-        // Nothing arrives: the check runs while the thread blocks, and its
-        // error ends the call.
-        let mut checks = 0;
-        let every = Some(Duration::from_millis(20));
-        let interrupted = consumer.next_blocking_checked(every, || {
-            checks += 1;
-            if checks == 3 {
-                Err("interrupted")
-            } else {
-                Ok(())
-            }
-        });
-        assert_eq!(interrupted.expect_err("interrupted"), "interrupted");
-        assert_eq!(checks, 3);
-        // Batch 1 arrives while nobody waits, then 0 during the next call.
-        tx.send(Event::Batch(batch(1), Credit::for_frame(&line)))
-            .expect("send");
-        let sender = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(50));
-            tx.send(Event::Batch(batch(0), Credit::for_frame(&line)))
-                .expect("send");
-            tx
-        });
-        let seq = |item: Result<Option<Result<Batch, LoaderError>>, &str>| {
-            item.expect("not interrupted")
-                .expect("item")
-                .expect("batch")
-                .seq()
-        };
-        assert_eq!(seq(consumer.next_blocking_checked(every, || Ok(()))), 0);
-        assert_eq!(seq(consumer.next_blocking_checked(every, || Ok(()))), 1);
-        drop(sender.join().expect("sender"));
-    }
-
-    #[tokio::test]
-    async fn a_fatal_event_is_yielded_once_then_the_end() {
-        let (mut consumer, tx, _session) = consumer(4);
-        tx.send(Event::Fatal(LoaderError::JobFailed(
-            "sample 7: corrupt".into(),
-        )))
-        .expect("send");
-        let e = consumer.next().await.expect("item").expect_err("fatal");
-        assert_eq!(e.to_string(), "job failed: sample 7: corrupt");
-        assert!(consumer.next().await.is_none());
-    }
-}
+mod tests;

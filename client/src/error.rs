@@ -190,17 +190,6 @@ impl LoaderError {
     }
 }
 
-/// The innermost cause of an error chain: for a transport error that is the
-/// part a user can act on ("Connection refused (os error 111)"), not
-/// "transport error".
-pub(crate) fn root_cause(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut cur = err;
-    while let Some(next) = cur.source() {
-        cur = next;
-    }
-    one_line(&cur.to_string())
-}
-
 /// Keeps messages to one line whatever the peer sent.
 fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")

@@ -124,6 +124,13 @@ pub(crate) enum Credit {
     Returned,
 }
 
+impl From<SlotCredit> for Credit {
+    /// The credit of a batch the ring's inbox read.
+    fn from(credit: SlotCredit) -> Self {
+        Credit::Slot(credit)
+    }
+}
+
 impl Credit {
     /// The credit for a frame just received on `line`.
     pub(crate) fn for_frame(line: &CreditLine) -> Self {

@@ -1,5 +1,5 @@
 //! Loader's trainer SDK: every batch of a data-parallel rank, exactly once,
-//! from a fleet of workers, and `loaderctl`, the operator's CLI.
+//! from a fleet of workers.
 //!
 //! ```no_run
 //! use loader_client::{Dtype, Loader, spec};
@@ -17,8 +17,14 @@
 //! ```
 //!
 //! # Layout
-//! - [`loader`](LoaderBuilder): the public [`Loader`] and its builder; owns the
-//!   runtime and the background tasks.
+//! - [`options`](LoaderOptions): [`LoaderOptions`], how a loader delivers
+//!   (prefetch, order, the ring, the coordinator timeout) as plain data,
+//!   with the defaults; what the Python SDK passes whole.
+//! - [`builder`](LoaderBuilder): [`LoaderBuilder`], what to read, from
+//!   which coordinator (a URL, or embedded mode's), with which options;
+//!   checks them all, then opens the loader.
+//! - [`loader`](Loader): the public [`Loader`]; opens a session on a
+//!   coordinator's address, owns the runtime and the background tasks.
 //! - `session`: CreateOrAttachJob, OpenSession and the heartbeat that renews
 //!   the session's lease with the consumed watermark and stall time; reopens
 //!   the session when a restarted coordinator forgot it.
@@ -38,19 +44,22 @@
 //! - [`spec`]: [`JobSpec`] builders, validated locally; the image pipeline's
 //!   steps.
 //! - [`spec_file`]: a job written as YAML or JSON ([`spec_file::parse`]).
-//! - `connect`: endpoints and bounded retries to the coordinator.
+//! - [`connect`]: calls to the coordinator in `LoaderError` terms: bounded
+//!   connects, per-call timeouts, retries (channels and the backoff come
+//!   from `loader_process`).
 //! - [`error`](LoaderError): [`LoaderError`]; the one place a gRPC status is mapped.
-//! - [`embedded`] (feature `embedded`): [`Loader::local`], a coordinator
-//!   in-process and worker processes, for one machine with no deployment.
-//! - [`ctl`]: the library behind the `loaderctl` binary.
+//! - [`embedded`] (feature `embedded`): what [`Loader::local`] starts, a
+//!   coordinator in-process and worker processes, for one machine with no
+//!   deployment.
 
 mod batch;
-mod connect;
+mod builder;
 mod consumer;
 mod error;
 mod event;
 mod fetch;
 mod loader;
+mod options;
 mod reorder;
 mod ring;
 mod routes;
@@ -58,7 +67,7 @@ mod session;
 mod state;
 mod wake;
 
-pub mod ctl;
+pub mod connect;
 #[cfg(feature = "embedded")]
 pub mod embedded;
 pub mod spec;
@@ -66,7 +75,9 @@ pub mod spec_file;
 
 pub use batch::{Batch, Tensor, Transport};
 pub use error::LoaderError;
-pub use loader::{BatchStream, DEFAULT_COORDINATOR_TIMEOUT, DEFAULT_PREFETCH, Loader, LoaderBuilder, RingSlots};
+pub use builder::LoaderBuilder;
+pub use loader::{BatchStream, Loader, RingSlots};
+pub use options::{DEFAULT_COORDINATOR_TIMEOUT, DEFAULT_PREFETCH, LoaderOptions, RingSize};
 pub use loader_proto::pb::{CorruptPolicy, Dtype, Job, JobSpec, Transform};
 pub use spec_file::parse;
 pub use ring::DEFAULT_SLOT_SIZE;

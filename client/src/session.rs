@@ -30,6 +30,7 @@ use tonic::transport::Channel;
 use crate::connect::{attempt, with_retries};
 use crate::error::LoaderError;
 use crate::event::{Event, EventTx};
+use crate::options::DEFAULT_COORDINATOR_TIMEOUT;
 
 /// Used when the coordinator does not say how often to heartbeat.
 const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(1);
@@ -63,12 +64,6 @@ impl Progress {
             .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
     }
 }
-
-/// How long a running trainer waits for a coordinator that stopped
-/// answering before it fails (`LoaderError::CoordinatorLost`): longer than a
-/// coordinator restart takes, shorter than the shared-memory path's own
-/// bound on a stuck stream, so the error is the same on every transport.
-pub const DEFAULT_COORDINATOR_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// An open session.
 #[derive(Debug)]
@@ -133,7 +128,7 @@ impl Session {
             client,
             job,
             consumer,
-            node: loader_proto::node::local_node(),
+            node: loader_process::node::local_node(),
             ring_socket,
             lease_ttl: DEFAULT_LEASE_TTL,
             id: watch::Sender::new(0),
@@ -258,6 +253,12 @@ impl Session {
     /// The current session id, following reopens.
     pub(crate) fn id(&self) -> u64 {
         *self.id.borrow()
+    }
+
+    /// The current session id as a watch, for those below the session (the
+    /// ring's connections) that need the id and nothing else of it.
+    pub(crate) fn id_watch(&self) -> watch::Receiver<u64> {
+        self.id.subscribe()
     }
 
     /// Shared with the consumer.
@@ -404,6 +405,11 @@ impl Session {
     /// The watermark the next heartbeat would report.
     pub(crate) fn reported_consumed(&self) -> u64 {
         self.progress.consumed()
+    }
+
+    /// The stall time the next heartbeat would report, in microseconds.
+    pub(crate) fn reported_stall_us(&self) -> u64 {
+        self.progress.stall_us.load(Ordering::Relaxed)
     }
 }
 

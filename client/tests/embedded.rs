@@ -1,5 +1,5 @@
 //! The SDK against a real embedded deployment (in-process coordinator, worker
-//! processes started from this package's `loaderctl __worker`): every batch
+//! processes started from the workspace's `loader-worker`): every batch
 //! exactly once, in order or not, blocking and async. Each test is bounded in
 //! time; dropping the loader stops the processes it started.
 #![cfg(feature = "embedded")]
@@ -12,11 +12,13 @@ use std::time::Duration;
 use futures::StreamExt;
 use loader_client::{Dtype, Loader, spec};
 
+/// The workspace's `loader-worker`, built next to this test executable
+/// (`cargo test --workspace` builds it).
 fn worker_command() -> Option<Vec<OsString>> {
-    Some(vec![
-        env!("CARGO_BIN_EXE_loaderctl").into(),
-        "__worker".into(),
-    ])
+    let exe = std::env::current_exe().expect("test executable path");
+    let bin = exe.parent().and_then(|d| d.parent()).expect("target directory").join("loader-worker");
+    assert!(bin.exists(), "{} is missing: build it with `cargo build -p loader-worker`", bin.display());
+    Some(vec![bin.into()])
 }
 
 /// Runs `f` on a thread and fails the test if it takes longer than `limit`.
@@ -257,7 +259,51 @@ fn worker_children(coordinator: &str) -> Vec<i32> {
             let ppid = stat.rsplit(')').next().and_then(|rest| rest.split_whitespace().nth(1));
             let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
             let cmdline = String::from_utf8_lossy(&cmdline);
-            ppid == Some(me.as_str()) && cmdline.contains("__worker") && cmdline.contains(coordinator)
+            ppid == Some(me.as_str()) && cmdline.contains("loader-worker") && cmdline.contains(coordinator)
         })
         .collect()
+}
+
+/// `LoaderBuilder::options` sets the same options as the setters, one by
+/// one: the same ring (slots, socket directory), order and batches.
+#[test]
+fn options_set_whole_behave_like_the_setters() {
+    use loader_client::{LoaderOptions, RingSize};
+
+    /// What a loader shows of its options: where its ring's socket lives,
+    /// how many slots the ring has, and the batches it yields.
+    fn observe(builder: loader_client::LoaderBuilder) -> (std::path::PathBuf, usize, Vec<u64>) {
+        let mut loader = builder.worker_command(worker_command()).build().expect("local");
+        let socket = loader.ring_socket().expect("a ring").to_path_buf();
+        let slots = loader.ring_slots().expect("a ring");
+        let dir = socket.parent().and_then(|d| d.parent()).expect("socket dir").to_path_buf();
+        let mut seqs: Vec<u64> = loader.by_ref().map(|b| b.expect("batch").seq()).collect();
+        seqs.sort_unstable();
+        (dir, slots.free + slots.granted + slots.held, seqs)
+    }
+
+    bounded(Duration::from_secs(60), || {
+        let job = || spec::synthetic(96, &[64], Dtype::U8).batch_size(8).build().expect("spec");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let by_setters = observe(
+            Loader::local_builder(job(), 1)
+                .prefetch(1)
+                .in_order(false)
+                .ring(3, 64 << 10)
+                .ring_dir(dir.path())
+                .coordinator_timeout(Duration::from_secs(5)),
+        );
+        let whole = observe(Loader::local_builder(job(), 1).options(LoaderOptions {
+            prefetch: 1,
+            in_order: false,
+            ring: Some(RingSize { slots: 3, slot_bytes: 64 << 10 }),
+            ring_dir: Some(dir.path().to_path_buf()),
+            coordinator_timeout: Duration::from_secs(5),
+            ..LoaderOptions::default()
+        }));
+        assert_eq!(by_setters.0, dir.path(), "the socket lives under ring_dir");
+        assert_eq!(by_setters.1, 3, "the ring has the slots asked for");
+        assert_eq!(by_setters.2, (0..12).collect::<Vec<_>>());
+        assert_eq!(whole, by_setters);
+    });
 }

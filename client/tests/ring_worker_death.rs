@@ -18,7 +18,7 @@ use nix::unistd::Pid;
 
 use common::{bounded, worker_command};
 
-/// Pids of this process's children started as `loaderctl __worker`.
+/// Pids of this process's children started as `loader-worker`.
 fn worker_pids() -> Vec<i32> {
     let me = std::process::id().to_string();
     std::fs::read_dir("/proc")
@@ -31,7 +31,7 @@ fn worker_pids() -> Vec<i32> {
                 .rsplit_once(')')
                 .and_then(|(_, rest)| rest.split_whitespace().nth(1));
             let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            ppid == Some(me.as_str()) && String::from_utf8_lossy(&cmdline).contains("__worker")
+            ppid == Some(me.as_str()) && String::from_utf8_lossy(&cmdline).contains("loader-worker")
         })
         .collect()
 }

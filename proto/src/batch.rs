@@ -419,7 +419,7 @@ impl<'a> BatchView<'a> {
         Self::parse_inner(buf, Some(cache))
     }
 
-    fn parse_inner(buf: &'a [u8], mut cache: Option<&mut TableCache>) -> Result<Self, BatchError> {
+    fn parse_inner(buf: &'a [u8], cache: Option<&mut TableCache>) -> Result<Self, BatchError> {
         let r = Reader { buf };
         let magic: [u8; 4] = r.bytes(0, 4, "magic")?.try_into().expect("4 bytes");
         if magic != MAGIC {
@@ -536,7 +536,7 @@ impl<'a> BatchView<'a> {
             return invalid("tensor payloads overlap".into());
         }
         let tensors: Arc<[TensorInfo]> = infos.into();
-        if let Some(cache) = cache.as_deref_mut() {
+        if let Some(cache) = cache {
             cache.store(&buf[table_start..table_end as usize], table_start, tensor_count, total_len, &tensors);
         }
         Ok(Self { buf: &buf[..total_len], header: BatchHeader { meta, indices, tensors, total_len } })

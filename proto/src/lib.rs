@@ -11,25 +11,23 @@
 //! - [`doorbell`]: the two shared words that let a trainer sleep until
 //!   several ring reports are waiting, instead of waking for each one.
 //! - [`spec`]: validation of job specs, one error message per bad field.
+//! - [`spec_error`]: [`SpecError`](spec_error::SpecError), the error of
+//!   every spec check, below both `spec` and `transforms`.
 //! - [`transforms`]: validation of an image pipeline and the tensor it
 //!   produces, as typed steps the worker runs.
 //! - [`footprint`]: the bytes of a job's batch, told from its spec.
 //! - [`window`]: how many batches of a job may be in flight per consumer,
 //!   sized by bytes so that small batches travel in large windows.
 //! - [`dtype`]: sizes and names of element types.
-//! - [`node`]: the node identity that decides co-location.
-//! - [`heap`]: malloc settings for processes that allocate a batch-sized
-//!   buffer per batch.
 
 pub mod batch;
 pub mod doorbell;
 pub mod dtype;
 pub mod footprint;
-pub mod heap;
-pub mod node;
 pub mod ring;
 pub mod sampler;
 pub mod spec;
+pub mod spec_error;
 pub mod transforms;
 pub mod window;
 
@@ -42,6 +40,11 @@ pub mod pb {
     pub const FILE_DESCRIPTOR_SET: &[u8] =
         include_bytes!(concat!(env!("OUT_DIR"), "/loader_descriptor.bin"));
 }
+
+/// One consumer of one job: (job id, consumer index), the consumer index
+/// being the trainer's data-parallel rank. The coordinator keys the batches
+/// it handed out by it, the worker its outboxes and ring leases.
+pub type ConsumerKey = (u64, u32);
 
 /// Version of the coordinator/worker/trainer protocol. A peer speaking another
 /// version is rejected with `FailedPrecondition`.

@@ -4,21 +4,8 @@
 use crate::batch::MAX_NAME_LEN;
 use crate::pb::{CorruptPolicy, DatasetSpec, Dtype, JobSpec, dataset_spec::Kind};
 use crate::sampler::Plan;
-
-/// A job spec field that holds an impossible value.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid job spec: {field}: {problem}")]
-pub struct SpecError {
-    /// Dotted path of the field, e.g. `batch_size`, `dataset.tokens.path` or
-    /// `transforms[1].random_resized_crop.size`.
-    pub field: String,
-    /// What was wrong and what was expected.
-    pub problem: String,
-}
-
-fn err<T>(field: impl Into<String>, problem: impl Into<String>) -> Result<T, SpecError> {
-    Err(SpecError { field: field.into(), problem: problem.into() })
-}
+use crate::spec_error::err;
+pub use crate::spec_error::SpecError;
 
 /// The dataset kinds a spec may name, for messages.
 const KINDS: &str = "synthetic, tokens, image_folder, webdataset, npy, custom";

@@ -4,7 +4,7 @@
 //! same rules, and the output tensor of a job is known before any image is.
 
 use crate::pb::{Dtype, Layout, Transform, transform::Op};
-use crate::spec::SpecError;
+use crate::spec_error::{SpecError, err};
 
 /// Largest height or width a step may ask for: far above any training
 /// resolution, low enough that a typo cannot make a worker allocate
@@ -147,10 +147,6 @@ pub fn check(transforms: &[Transform]) -> Result<Pipeline, SpecError> {
         );
     };
     Ok(Pipeline { steps, dtype, layout, height, width })
-}
-
-fn err<T>(field: impl Into<String>, problem: impl Into<String>) -> Result<T, SpecError> {
-    Err(SpecError { field: field.into(), problem: problem.into() })
 }
 
 fn op_name(t: &Transform) -> &'static str {

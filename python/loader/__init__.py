@@ -33,23 +33,34 @@ from __future__ import annotations
 
 import atexit
 import json
+import math
 import os
 import signal
 import sys
 import threading
 import weakref
 from collections.abc import Iterator, Mapping
-from typing import Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 from . import _native
 from ._native import Batch, LoaderError, TensorView
+
+if TYPE_CHECKING:
+    from typing import Unpack
+
+    from ._native import LoaderOptions
 
 __all__ = ["Loader", "Batch", "TensorView", "LoaderError"]
 
 Mapping.register(Batch)
 
+#: Every option ``Loader`` takes, with its default: the Rust SDK's
+#: ``LoaderOptions``, read from it (``ring`` as ``[slots, slot_bytes]``,
+#: ``coordinator_timeout`` in seconds).
+DEFAULT_OPTIONS: dict[str, Any] = json.loads(_native.default_options())
+
 #: Credits per worker stream unless told otherwise (as in the Rust SDK).
-DEFAULT_PREFETCH = 8
+DEFAULT_PREFETCH: int = DEFAULT_OPTIONS["prefetch"]
 
 _SPEC_SUFFIXES = (".json", ".yaml", ".yml")
 
@@ -91,6 +102,26 @@ def _worker_command() -> list[str]:
     return [sys.executable, "-P", "-c", boot, parent]
 
 
+def _options_json(options: Mapping[str, Any]) -> str:
+    """``options`` as the JSON of the Rust SDK's ``LoaderOptions``, checked
+    by it: an unknown or bad option raises ``ValueError`` now, in one line
+    naming it (an unknown one with the list of known ones)."""
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, os.PathLike):
+            return os.fspath(value)
+        if isinstance(value, (set, frozenset)):
+            return sorted(value)
+        raise TypeError(f"{type(value).__name__} is not a loader option value")
+
+    # JSON has no NaN or infinity: as text they fail naming their option.
+    values = {
+        k: repr(v) if isinstance(v, float) and not math.isfinite(v) else v
+        for k, v in options.items()
+    }
+    return _native.check_options(json.dumps(values, default=plain))
+
+
 class Loader:
     """Batches of a Loader job for one data-parallel rank, like a DataLoader.
 
@@ -105,8 +136,13 @@ class Loader:
         job: the job spec: a dict, a path to a .json/.yaml file, or its text.
         rank: this trainer's data-parallel rank.
         world_size: number of ranks (default: the spec's ``consumers``, 1).
+
+    Options (keywords of both ``Loader`` and ``Loader.local``; the defaults
+    are the Rust SDK's, in ``loader.DEFAULT_OPTIONS``; a bad or unknown one
+    raises ``ValueError`` at once):
         prefetch: batches each worker may send ahead of consumption, at
-            least; small batches get more, up to 32 MiB of them (256 at most).
+            least (default 8); small batches get more, up to 32 MiB of them
+            (256 at most).
         in_order: yield batches in sequence order (default), or as they
             arrive (faster when workers are uneven; still each batch once).
         shared_memory: let workers on this machine write batches straight
@@ -115,6 +151,16 @@ class Loader:
             slots the size of a batch (at most 16 MiB), twice as many as
             batches in flight (at least 4). Each yielded batch
             holds a slot until it and its arrays are freed.
+        ring_dir: a directory for the ring's socket (a private directory in
+            it, removed on close), for workers that share the directory but
+            not this process's network namespace; by default an abstract
+            socket, which a sidecar in the same pod reaches too.
+        allow_ring_peer_uids: user ids besides this process's own whose
+            workers may attach to the ring (a sidecar running as another
+            user).
+        coordinator_timeout: seconds the coordinator may not answer while
+            the loader runs (a restart is survived within it) before
+            iteration raises ``LoaderError`` (default 15).
     """
 
     def __init__(
@@ -124,25 +170,22 @@ class Loader:
         *,
         rank: int = 0,
         world_size: Optional[int] = None,
-        prefetch: int = DEFAULT_PREFETCH,
-        in_order: bool = True,
-        shared_memory: bool = True,
-        ring: Optional[tuple[int, int]] = None,
+        **options: Unpack[LoaderOptions],
     ) -> None:
         spec = _spec_bytes(job)
-        options = dict(prefetch=prefetch, in_order=in_order, shared_memory=shared_memory, ring=ring)
+        checked = _options_json(options)
 
         def start(
             spec: bytes, resume: Optional[str], start_at: Optional[int]
         ) -> _native.NativeLoader:
-            return _native.NativeLoader.connect(
-                coordinator,
+            return _native.NativeLoader.open(
                 spec,
+                checked,
+                coordinator=coordinator,
                 rank=rank,
                 world_size=world_size,
                 resume=resume,
                 start_at=start_at,
-                **options,
             )
 
         self._init(spec, rank, world_size, start)
@@ -153,14 +196,13 @@ class Loader:
         job: Union[Mapping, str, os.PathLike],
         workers: int = 2,
         *,
-        prefetch: int = DEFAULT_PREFETCH,
-        in_order: bool = True,
-        shared_memory: bool = True,
-        ring: Optional[tuple[int, int]] = None,
         ready_timeout: float = 10.0,
+        **options: Unpack[LoaderOptions],
     ) -> "Loader":
         """A loader over ``workers`` local worker processes and a coordinator
         in this process: no deployment, the same protocol and code paths.
+        ``ready_timeout``: seconds the workers get to register; ``options``
+        as for ``Loader``.
 
         Workers run this interpreter (``loader._worker``), so the
         installed package is all that is needed. They stop when the loader is
@@ -171,20 +213,14 @@ class Loader:
         if workers < 1:
             raise ValueError("Loader.local needs at least one worker")
         spec = _spec_bytes(job)
-        command = _worker_command()
-        options = dict(
-            prefetch=prefetch,
-            in_order=in_order,
-            shared_memory=shared_memory,
-            ring=ring,
-            ready_timeout=ready_timeout,
-        )
+        checked = _options_json(options)
+        local = (workers, _worker_command(), ready_timeout)
 
         def start(
             spec: bytes, resume: Optional[str], start_at: Optional[int]
         ) -> _native.NativeLoader:
-            return _native.NativeLoader.local(
-                spec, workers, worker_command=command, resume=resume, start_at=start_at, **options
+            return _native.NativeLoader.open(
+                spec, checked, local=local, resume=resume, start_at=start_at
             )
 
         self = cls.__new__(cls)
@@ -329,6 +365,14 @@ class Loader:
         without one (or before the first iteration)."""
         native = self._native
         return native.ring_slots() if native is not None else None
+
+    def ring_socket(self) -> Optional[str]:
+        """The Unix socket co-located workers attach to the shared-memory
+        ring through: a path under ``ring_dir``, or an abstract name (it
+        starts with a NUL character). None without a ring (or before the
+        first iteration)."""
+        native = self._native
+        return native.ring_socket() if native is not None else None
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else ("started" if self._native else "not started")

@@ -1,11 +1,27 @@
 """Type stubs for ``loader._native``, the compiled half of the SDK."""
 
+import os
 from collections.abc import Iterator
-from typing import Any, Optional
+from typing import Any, Optional, TypedDict, Union
 
 import numpy as np
 
 STATE_FORMAT: int
+
+class LoaderOptions(TypedDict, total=False):
+    """How a loader delivers batches: the keywords of ``loader.Loader`` and
+    ``loader.Loader.local`` (documented in ``loader.Loader``), the Rust
+    SDK's ``LoaderOptions``. A missing one keeps the default
+    (``loader.DEFAULT_OPTIONS``). For type checkers only: the module has
+    no such name at run time."""
+
+    prefetch: int
+    in_order: bool
+    shared_memory: bool
+    ring: Optional[tuple[int, int]]
+    ring_dir: Optional[Union[str, os.PathLike[str]]]
+    allow_ring_peer_uids: list[int]
+    coordinator_timeout: float
 
 class LoaderError(RuntimeError):
     """Loading failed: a worker or the coordinator could not deliver, or the job failed."""
@@ -73,44 +89,38 @@ class Batch:
 
 class NativeLoader:
     @staticmethod
-    def connect(
-        coordinator: str,
+    def open(
         spec: bytes,
+        options: str,
         *,
-        rank: int,
-        world_size: Optional[int],
-        prefetch: int,
-        in_order: bool,
-        shared_memory: bool,
-        ring: Optional[tuple[int, int]],
-        resume: Optional[str],
+        coordinator: Optional[str] = None,
+        rank: int = 0,
+        world_size: Optional[int] = None,
+        resume: Optional[str] = None,
         start_at: Optional[int] = None,
-    ) -> NativeLoader: ...
-    @staticmethod
-    def local(
-        spec: bytes,
-        workers: int,
-        *,
-        worker_command: list[str],
-        prefetch: int,
-        in_order: bool,
-        shared_memory: bool,
-        ring: Optional[tuple[int, int]],
-        resume: Optional[str],
-        ready_timeout: float,
-        start_at: Optional[int] = None,
-    ) -> NativeLoader: ...
+        local: Optional[tuple[int, list[str], float]] = None,
+    ) -> NativeLoader:
+        """A loader on ``spec`` with ``options`` (the JSON of
+        ``LoaderOptions``, as ``check_options`` returns it), fed by the
+        coordinator at ``coordinator`` or, with ``local=(workers,
+        worker_command, ready_timeout)``, by embedded mode."""
     def next(self) -> Optional[Batch]: ...
     def state(self) -> str: ...
     def yielded(self) -> int: ...
     def batches_per_epoch(self) -> int: ...
     def total_batches(self) -> int: ...
     def ring_slots(self) -> Optional[tuple[int, int, int]]: ...
+    def ring_socket(self) -> Optional[str]: ...
     def worker_pids(self) -> list[int]: ...
     @property
     def closed(self) -> bool: ...
     def close(self) -> None: ...
 
+def default_options() -> str:
+    """Every option with its default, as the JSON of ``LoaderOptions``."""
+def check_options(options: str) -> str:
+    """Checks options given as JSON (missing ones keep their default) and
+    returns them whole as JSON; ``ValueError`` names a bad or unknown one."""
 def parse_spec(text: str, base_dir: str) -> bytes: ...
 def parse_spec_file(path: str) -> bytes: ...
 def plan(spec: bytes, rank: int, world_size: Optional[int] = None) -> tuple[int, int]: ...

@@ -13,6 +13,8 @@
 //! - `tensor`: [`TensorView`](tensor::TensorView), the keep-alive owner of
 //!   one tensor's bytes: the buffer protocol (numpy) and DLPack (torch).
 //! - `dlpack`: the DLPack C structures and the capsule that carries them.
+//! - `options`: the loader's options as the Rust SDK's `LoaderOptions`
+//!   JSON: their defaults and their checks, for `loader.Loader`'s keywords.
 //! - `spec`: job specs from JSON/YAML text, and what a spec or a saved state
 //!   plans (batches per epoch, epochs).
 //! - `errors`: the one mapping of `LoaderError` to Python exceptions.
@@ -21,6 +23,7 @@
 mod batch;
 mod dlpack;
 mod errors;
+mod options;
 mod session;
 mod spec;
 mod tensor;
@@ -36,6 +39,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<batch::Batch>()?;
     m.add_class::<tensor::TensorView>()?;
     m.add("LoaderError", py.get_type::<errors::LoaderError>())?;
+    m.add_function(wrap_pyfunction!(options::default_options, m)?)?;
+    m.add_function(wrap_pyfunction!(options::check_options, m)?)?;
     m.add_function(wrap_pyfunction!(spec::parse_spec, m)?)?;
     m.add_function(wrap_pyfunction!(spec::parse_spec_file, m)?)?;
     m.add_function(wrap_pyfunction!(spec::plan, m)?)?;

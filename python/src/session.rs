@@ -89,80 +89,48 @@ impl NativeLoader {
 
 #[pymethods]
 impl NativeLoader {
-    /// A loader fed by the coordinator at `coordinator` (embedded workers
-    /// none). See `loader.Loader`. `resume` is a saved state (JSON), else
-    /// `start_at` the first batch to yield (the first of the epoch that
-    /// `set_epoch` chose before the first iteration).
+    /// Opens a loader on the job `spec` with `options` (the JSON of
+    /// `LoaderOptions`, passed whole to the SDK): fed by the coordinator at
+    /// `coordinator`, or with `local = (workers, worker_command,
+    /// ready_timeout)` by embedded mode's coordinator in this process and
+    /// `workers` worker processes started with `worker_command`. See
+    /// `loader.Loader`. `resume` is a saved state (JSON), else `start_at`
+    /// the first batch to yield (the first of the epoch that `set_epoch`
+    /// chose before the first iteration).
     #[staticmethod]
-    #[pyo3(signature = (coordinator, spec, *, rank, world_size, prefetch, in_order, shared_memory, ring, resume, start_at=None))]
+    #[pyo3(signature = (spec, options, *, coordinator=None, rank=0, world_size=None, resume=None, start_at=None, local=None))]
     #[allow(clippy::too_many_arguments)]
-    fn connect(
+    fn open(
         py: Python<'_>,
-        coordinator: String,
         spec: &[u8],
+        options: &str,
+        coordinator: Option<String>,
         rank: u32,
         world_size: Option<u32>,
-        prefetch: u32,
-        in_order: bool,
-        shared_memory: bool,
-        ring: Option<(u32, u64)>,
         resume: Option<&str>,
         start_at: Option<u64>,
+        local: Option<(usize, Vec<String>, f64)>,
     ) -> PyResult<Self> {
-        let mut builder = Loader::builder(coordinator)
-            .job(decode(spec)?)
-            .rank(rank)
-            .prefetch(prefetch)
-            .in_order(in_order)
-            .shared_memory(shared_memory);
+        let spec = decode(spec)?;
+        let mut builder = match (coordinator, local) {
+            (Some(coordinator), None) => Loader::builder(coordinator).job(spec),
+            (None, Some((workers, command, ready_timeout))) => {
+                let ready = Duration::try_from_secs_f64(ready_timeout).map_err(|_| {
+                    PyValueError::new_err("ready_timeout must be a positive number of seconds")
+                })?;
+                Loader::local_builder(spec, workers)
+                    .worker_command(Some(command.into_iter().map(OsString::from).collect()))
+                    .ready_timeout(ready)
+            }
+            _ => {
+                return Err(PyValueError::new_err(
+                    "give either a coordinator or local=(workers, worker_command, ready_timeout)",
+                ));
+            }
+        };
+        builder = builder.options(crate::options::parse(options)?).rank(rank);
         if let Some(w) = world_size {
             builder = builder.world_size(w);
-        }
-        if let Some((slots, size)) = ring {
-            builder = builder.ring(slots, size);
-        }
-        if let Some(state) = resume_state(resume)? {
-            builder = builder.resume(state);
-        }
-        if let Some(seq) = start_at {
-            builder = builder.start_at(seq);
-        }
-        let loader = py.detach(move || builder.build()).map_err(to_py)?;
-        Ok(Self::wrap(loader))
-    }
-
-    /// Embedded mode: a coordinator in this process and `workers` worker
-    /// processes started with `worker_command`. See `loader.Loader.local`;
-    /// `resume` and `start_at` as for `connect`.
-    #[staticmethod]
-    #[pyo3(signature = (spec, workers, *, worker_command, prefetch, in_order, shared_memory, ring, resume, ready_timeout, start_at=None))]
-    #[allow(clippy::too_many_arguments)]
-    fn local(
-        py: Python<'_>,
-        spec: &[u8],
-        workers: usize,
-        worker_command: Vec<String>,
-        prefetch: u32,
-        in_order: bool,
-        shared_memory: bool,
-        ring: Option<(u32, u64)>,
-        resume: Option<&str>,
-        ready_timeout: f64,
-        start_at: Option<u64>,
-    ) -> PyResult<Self> {
-        let ready = Duration::try_from_secs_f64(ready_timeout).map_err(|_| {
-            PyValueError::new_err("ready_timeout must be a positive number of seconds")
-        })?;
-        let mut builder = Loader::local_builder(decode(spec)?, workers)
-            .worker_command(Some(
-                worker_command.into_iter().map(OsString::from).collect(),
-            ))
-            .prefetch(prefetch)
-            .in_order(in_order)
-            .shared_memory(shared_memory)
-            .ready_timeout(ready);
-        if let Some((slots, size)) = ring {
-            builder = builder.ring(slots, size);
         }
         if let Some(state) = resume_state(resume)? {
             builder = builder.resume(state);
@@ -224,6 +192,16 @@ impl NativeLoader {
     /// None without a ring. Waits for a `next` running in another thread.
     fn ring_slots(&self, py: Python<'_>) -> PyResult<Option<(usize, usize, usize)>> {
         self.with(py, |l| l.ring_slots().map(|s| (s.free, s.granted, s.held)))
+    }
+
+    /// The Unix socket co-located workers attach to the ring through (a
+    /// path under `ring_dir`, or an abstract name starting with NUL), or
+    /// None without a ring. Waits for a `next` running in another thread.
+    fn ring_socket(&self, py: Python<'_>) -> PyResult<Option<String>> {
+        self.with(py, |l| {
+            l.ring_socket()
+                .map(|p| p.to_string_lossy().into_owned())
+        })
     }
 
     /// Process ids of embedded mode's workers (empty for a deployment's).

@@ -12,7 +12,7 @@ use pyo3::prelude::*;
 #[pyfunction]
 pub(crate) fn run_worker(py: Python<'_>, argv: Vec<String>) -> i32 {
     // This interpreter is only the worker's host: its malloc is ours to set.
-    loader_proto::heap::keep_batch_buffers();
+    loader_process::heap::keep_batch_buffers();
     let code = py.detach(move || loader_worker::main_with_args(argv));
     if code == ExitCode::SUCCESS { 0 } else { 1 }
 }

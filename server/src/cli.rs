@@ -44,7 +44,7 @@ where
             return if e.use_stderr() { ExitCode::from(2) } else { ExitCode::SUCCESS };
         }
     };
-    init_tracing();
+    loader_process::telemetry::init();
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
@@ -52,12 +52,6 @@ where
             ExitCode::FAILURE
         }
     }
-}
-
-fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
 }
 
 fn run(args: Args) -> Result<(), String> {
@@ -80,20 +74,6 @@ fn run(args: Args) -> Result<(), String> {
         let local = listener.local_addr().map_err(|e| format!("cannot read listening address: {e}"))?;
         println!("listening {local}");
         let _ = std::io::stdout().flush();
-        crate::serve(listener, config, shutdown_signal()).await.map_err(|e| e.to_string())
+        crate::serve(listener, config, loader_process::signals::stop_requested()).await.map_err(|e| e.to_string())
     })
-}
-
-/// Resolves on SIGTERM or SIGINT.
-async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
-        // Without signal handlers the process still stops on the default
-        // action of the signal; just never resolve.
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => {},
-        _ = int.recv() => {},
-    }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use loader_proto::pb;
+use loader_proto::{ConsumerKey, pb};
 use tokio::sync::Notify;
 
 use crate::config::ServerConfig;
@@ -17,7 +17,7 @@ use crate::error::CoordinatorError;
 use crate::jobs::JobTable;
 use crate::journal::{Journal, JournalError};
 use crate::sessions::SessionTable;
-use crate::workers::{ConsumerKey, WorkerTable};
+use crate::workers::WorkerTable;
 
 mod requeue;
 use requeue::{end_consumer, retire};

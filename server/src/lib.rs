@@ -35,8 +35,8 @@ use loader_proto::pb::{
     admin_service_server::AdminServiceServer, trainer_service_server::TrainerServiceServer,
     worker_service_server::WorkerServiceServer,
 };
+use loader_process::grpc::Services;
 use tokio::net::TcpListener;
-use tonic::transport::server::TcpIncoming;
 
 pub use config::ServerConfig;
 
@@ -47,14 +47,11 @@ use crate::service::{admin::AdminApi, trainer::TrainerApi, worker::WorkerApi};
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
     /// The gRPC server failed.
-    #[error("gRPC server failed: {0}")]
-    Transport(#[from] tonic::transport::Error),
+    #[error(transparent)]
+    Serve(#[from] loader_process::grpc::server::ServeError),
     /// The journal could not be opened or read.
     #[error(transparent)]
     Journal(#[from] journal::JournalError),
-    /// The reflection service could not be built from the descriptors.
-    #[error("cannot build gRPC reflection: {0}")]
-    Reflection(#[from] tonic_reflection::server::Error),
 }
 
 /// Serves the coordinator on `listener` until `shutdown` resolves.
@@ -73,27 +70,11 @@ pub async fn serve(
             stop.cancel();
         }
     };
-    let (health, health_service) = tonic_health::server::health_reporter();
-    health.set_serving::<WorkerServiceServer<WorkerApi>>().await;
-    health.set_serving::<TrainerServiceServer<TrainerApi>>().await;
-    health.set_serving::<AdminServiceServer<AdminApi>>().await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(loader_proto::pb::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()?;
-    // `Server::tcp_nodelay` applies only to listeners tonic binds itself;
-    // an incoming stream of ours sets it on each accepted connection, or
-    // Nagle holds a response's trailers for the peer's delayed ACK (40 ms
-    // stalls of every small heartbeat).
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-    let served = tonic::transport::Server::builder()
-        .add_service(health_service)
-        .add_service(reflection)
-        .add_service(WorkerServiceServer::new(WorkerApi(coordinator.clone())))
-        .add_service(TrainerServiceServer::new(TrainerApi(coordinator.clone())))
-        .add_service(AdminServiceServer::new(AdminApi(coordinator)))
-        .serve_with_incoming_shutdown(incoming, shutdown)
-        .await;
+    let services = Services::new(loader_proto::pb::FILE_DESCRIPTOR_SET)
+        .serve(WorkerServiceServer::new(WorkerApi(coordinator.clone())))
+        .serve(TrainerServiceServer::new(TrainerApi(coordinator.clone())))
+        .serve(AdminServiceServer::new(AdminApi(coordinator)));
+    let served = loader_process::grpc::serve(listener, services, shutdown).await;
     stop.cancel();
     let _ = reaper.await;
     served?;

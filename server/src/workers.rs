@@ -1,10 +1,9 @@
 //! Registered workers and the batches each one holds undelivered.
 
 use std::collections::{BTreeMap, BTreeSet};
-use tokio::time::Instant;
 
-/// Key of one consumer of one job.
-pub(crate) type ConsumerKey = (u64, u32);
+use loader_proto::ConsumerKey;
+use tokio::time::Instant;
 
 /// A registered worker.
 #[derive(Debug)]

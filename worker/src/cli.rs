@@ -79,7 +79,7 @@ where
         }
         Err(e) => return fail(&clap_message(&e)),
     };
-    init_tracing();
+    loader_process::telemetry::init();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => return fail(&format!("cannot start the async runtime: {e}")),
@@ -110,30 +110,7 @@ async fn serve(args: Args, datasets: Datasets) -> Result<(), WorkerError> {
         memory_budget: args.memory_budget,
         connect_timeout: Duration::from_secs_f64(args.connect_timeout),
     };
-    crate::run_with_datasets(listener, config, datasets, terminated()).await
-}
-
-/// Resolves on SIGTERM or SIGINT.
-async fn terminated() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
-            (Ok(mut term), Ok(mut int)) => {
-                tokio::select! {
-                    _ = term.recv() => {}
-                    _ = int.recv() => {}
-                }
-            }
-            _ => std::future::pending().await,
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        if tokio::signal::ctrl_c().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    }
+    crate::run_with_datasets(listener, config, datasets, loader_process::signals::stop_requested()).await
 }
 
 /// Clap's report up to its first blank line (the error, and for a missing
@@ -154,16 +131,4 @@ fn clap_message(e: &clap::Error) -> String {
 fn fail(message: &str) -> ExitCode {
     let _ = writeln!(std::io::stderr().lock(), "loader-worker: error: {message}");
     ExitCode::FAILURE
-}
-
-/// Logs to stderr (stdout carries only the `listening` line), filtered by
-/// `RUST_LOG`, `warn` by default. A second call (loaderctl already set one
-/// up) is a no-op.
-fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
 }

@@ -13,7 +13,7 @@ pub struct WorkerConfig {
     /// reachable from the trainers (not `0.0.0.0`).
     pub advertise: Option<String>,
     /// Node identity for co-location; defaults to
-    /// [`loader_proto::node::local_node`] (hostname + boot id).
+    /// [`loader_process::node::local_node`] (hostname + boot id).
     pub node: Option<String>,
     /// Batches held undelivered per consumer: bounds the worker's memory and
     /// how far one slow trainer lets it run ahead.

@@ -1,12 +1,13 @@
-//! The worker's errors: what ends the process, and the one place where
-//! errors become gRPC statuses.
+//! The worker's errors: what ends the process ([`WorkerError`]), why a
+//! trainer's `Fetch` call is refused (`FetchError`), and the one place where
+//! errors become gRPC statuses. The services use these types; this module
+//! uses none of theirs.
 
 use std::time::Duration;
 
 use tonic::Status;
 
 use crate::config::human;
-use crate::service::FetchError;
 
 /// Why the worker stopped. Every message is one line that names the address
 /// or file at fault.
@@ -62,6 +63,17 @@ pub enum WorkerError {
     /// The gRPC server failed.
     #[error("batch server failed: {0}")]
     Serve(String),
+}
+
+/// Why a `Fetch` call was refused.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum FetchError {
+    /// The stream ended before naming its job and consumer.
+    #[error("Fetch stream closed before its opening request")]
+    NoOpening,
+    /// The worker is shutting down.
+    #[error("worker is shutting down")]
+    Closed,
 }
 
 impl From<FetchError> for Status {

@@ -98,7 +98,7 @@ pub async fn run_with_datasets(
     if config.advertise.is_none() && local.ip().is_unspecified() {
         tracing::warn!("advertising {advertise}, which trainers cannot reach; set --advertise");
     }
-    let node = config.node.clone().unwrap_or_else(loader_proto::node::local_node);
+    let node = config.node.clone().unwrap_or_else(loader_process::node::local_node);
     let outboxes = Outboxes::new();
     let rings = Rings::new(outboxes.clone(), advertise.clone(), tokio::runtime::Handle::current());
     let windows = Windows::new(config.max_outstanding);

@@ -21,17 +21,19 @@
 //! before it queues the response's tasks. A drain order is carried out as
 //! [`crate::drain`] describes.
 
+use std::sync::Mutex;
 use std::time::Duration;
 
+use loader_process::retry::{self, Backoff};
 use loader_proto::PROTOCOL_VERSION;
 use loader_proto::pb::worker_service_client::WorkerServiceClient;
 use loader_proto::pb::{ConsumerId, DeregisterRequest, RegisterWorkerRequest, WorkerHeartbeatRequest};
 use tokio::time::{Instant, sleep_until, timeout_at};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic::{Code, Status};
 
 use crate::drain::{Drain, DrainStep};
-use crate::error::{WorkerError, one_line};
+use crate::error::WorkerError;
 use crate::outbox::Outboxes;
 use crate::producer::Producer;
 use crate::ring::Rings;
@@ -39,10 +41,10 @@ use crate::window::Windows;
 
 /// Longest a heartbeat asks the coordinator to hold it when idle.
 const LONG_POLL: Duration = Duration::from_millis(500);
-/// First pause between failed registration attempts; doubles up to
-/// `MAX_BACKOFF`.
-const FIRST_BACKOFF: Duration = Duration::from_millis(50);
-const MAX_BACKOFF: Duration = Duration::from_secs(1);
+/// Pauses between failed registration attempts.
+const REGISTER_BACKOFF: Backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
+/// One connection attempt to the coordinator.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Floor on the heartbeat interval, so a misconfigured coordinator cannot
 /// make the worker spin.
 const MIN_INTERVAL_MS: u64 = 10;
@@ -103,6 +105,24 @@ impl Waiting {
     }
 }
 
+/// How one registration attempt failed.
+#[derive(Debug)]
+enum Attempt {
+    /// The coordinator answered with an error.
+    Refused(Status),
+    /// The deadline passed during the call.
+    NoAnswer,
+}
+
+impl std::fmt::Display for Attempt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Attempt::Refused(status) => f.write_str(&describe(status)),
+            Attempt::NoAnswer => f.write_str("no answer"),
+        }
+    }
+}
+
 /// A status a retry cannot fix: the coordinator refuses this worker, or the
 /// address is not a Loader coordinator.
 fn is_fatal(status: &Status) -> bool {
@@ -149,16 +169,11 @@ impl Link {
         outboxes: std::sync::Arc<Outboxes>,
         rings: std::sync::Arc<Rings>,
     ) -> Result<Self, WorkerError> {
-        let bad = |reason: String| WorkerError::CoordinatorAddress { addr: addr.to_owned(), reason };
-        let endpoint = Endpoint::from_shared(addr.to_owned()).map_err(|e| bad(one_line(&e)))?;
-        let uri = endpoint.uri();
-        if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
-            return Err(bad("expected a URL such as http://host:port".into()));
-        }
-        let channel = endpoint
-            .connect_timeout(Duration::from_secs(5))
-            .tcp_nodelay(true)
-            .connect_lazy();
+        let endpoint = loader_process::grpc::endpoint(addr)
+            .map_err(|e| WorkerError::CoordinatorAddress { addr: addr.to_owned(), reason: e.cause })?;
+        // Longer than a trainer's: registration retries within its own
+        // deadline, and a heartbeat may wait out a loaded coordinator.
+        let channel = endpoint.connect_timeout(CONNECT_TIMEOUT).connect_lazy();
         Ok(Self {
             addr: addr.to_owned(),
             client: WorkerServiceClient::new(channel),
@@ -203,44 +218,46 @@ impl Link {
     /// Registers, retrying with backoff until `deadline`; `patience` is how
     /// long that was, for the message.
     pub(crate) async fn register(&mut self, deadline: Instant, patience: Duration) -> Result<Registration, WorkerError> {
-        let mut backoff = FIRST_BACKOFF;
-        let mut cause = None;
-        loop {
-            let sent = Instant::now();
-            match timeout_at(deadline, self.client.register_worker(self.register.clone())).await {
-                Ok(Ok(resp)) => {
-                    let r = resp.into_inner();
-                    let reg = Registration {
-                        worker_id: r.worker_id,
-                        lease_ttl: Duration::from_millis(r.lease_ttl_ms.max(1)),
-                        heartbeat_interval: Duration::from_millis(r.heartbeat_interval_ms.max(MIN_INTERVAL_MS)),
-                        granted: sent,
-                    };
-                    tracing::info!(worker_id = reg.worker_id, coordinator = %self.addr, "registered");
-                    self.rings.set_worker_id(reg.worker_id);
-                    return Ok(reg);
+        // Why the last answered attempt failed: an attempt that the deadline
+        // cuts off reports that instead of "no answer".
+        let cause = Mutex::new(None::<String>);
+        let attempt = || {
+            let mut client = self.client.clone();
+            let request = self.register.clone();
+            let (addr, cause) = (&self.addr, &cause);
+            async move {
+                let sent = Instant::now();
+                match timeout_at(deadline, client.register_worker(request)).await {
+                    Ok(Ok(resp)) => Ok((sent, resp.into_inner())),
+                    Ok(Err(status)) => {
+                        let text = describe(&status);
+                        tracing::debug!(coordinator = %addr, "registration failed: {text}");
+                        *cause.lock().unwrap_or_else(|p| p.into_inner()) = Some(text);
+                        Err(Attempt::Refused(status))
+                    }
+                    Err(_) => Err(Attempt::NoAnswer),
                 }
-                Ok(Err(status)) if is_fatal(&status) => return Err(self.refused(&status)),
-                Ok(Err(status)) => {
-                    let text = describe(&status);
-                    tracing::debug!(coordinator = %self.addr, "registration failed: {text}");
-                    cause = Some(text);
-                }
-                // The deadline passed during the call: report why the
-                // earlier attempts failed, if they did.
-                Err(_) => {}
             }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(WorkerError::Unreachable {
-                    addr: self.addr.clone(),
-                    after: patience,
-                    cause: cause.unwrap_or_else(|| "no answer".to_owned()),
-                });
+        };
+        let retryable = |a: &Attempt| !matches!(a, Attempt::Refused(s) if is_fatal(s));
+        match retry::until(deadline, REGISTER_BACKOFF, attempt, retryable).await {
+            Ok((sent, r)) => {
+                let reg = Registration {
+                    worker_id: r.worker_id,
+                    lease_ttl: Duration::from_millis(r.lease_ttl_ms.max(1)),
+                    heartbeat_interval: Duration::from_millis(r.heartbeat_interval_ms.max(MIN_INTERVAL_MS)),
+                    granted: sent,
+                };
+                tracing::info!(worker_id = reg.worker_id, coordinator = %self.addr, "registered");
+                self.rings.set_worker_id(reg.worker_id);
+                Ok(reg)
             }
-            // One last attempt right at the deadline.
-            sleep_until((now + backoff).min(deadline)).await;
-            backoff = (backoff * 2).min(MAX_BACKOFF);
+            Err(Attempt::Refused(status)) if is_fatal(&status) => Err(self.refused(&status)),
+            Err(_) => Err(WorkerError::Unreachable {
+                addr: self.addr.clone(),
+                after: patience,
+                cause: cause.into_inner().unwrap_or_else(|p| p.into_inner()).unwrap_or_else(|| "no answer".to_owned()),
+            }),
         }
     }
 

@@ -15,11 +15,9 @@ use std::pin::pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
+use loader_proto::ConsumerKey;
 use loader_proto::pb::Delivered;
 use tokio::sync::Notify;
-
-/// A consumer of a job: `(job_id, consumer)`.
-pub(crate) type ConsumerKey = (u64, u32);
 
 /// Deliveries not yet reported to the coordinator.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

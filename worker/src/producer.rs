@@ -24,13 +24,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
-use loader_proto::batch::BatchMeta;
+use loader_proto::ConsumerKey;
+use loader_proto::batch::{BatchError, BatchMeta};
 use loader_proto::pb::{Failed, JobSpec, Task};
 use loader_proto::sampler::Plan;
+use loader_proto::spec::SpecError;
 use tokio::sync::Notify;
 
-use crate::collate::{BatchRules, Skipped, collate_bytes, collate_into, layout};
-use crate::dataset::{Dataset, Datasets};
+use crate::collate::{BatchRules, CollateError, Skipped, collate_bytes, collate_into, layout};
+use crate::dataset::{Dataset, DatasetError, Datasets};
 use crate::outbox::Outboxes;
 use crate::ring::{Rings, Route};
 use crate::window::Windows;
@@ -79,7 +81,7 @@ struct Queue {
     busy: bool,
     /// Consumer of the task being produced, so that ending that consumer
     /// abandons it.
-    running: Option<(u64, u32)>,
+    running: Option<ConsumerKey>,
     /// Bumped by `clear`: a task started under an older generation is
     /// abandoned and its batches are not queued.
     generation: u64,
@@ -175,7 +177,7 @@ impl Producer {
     /// Drops everything held for one consumer that nobody will fetch from
     /// (the coordinator took its batches back): its queued tasks, the task
     /// being produced if it is one of them, and its undelivered batches.
-    pub(crate) fn drop_consumer(&self, key: (u64, u32)) -> Dropped {
+    pub(crate) fn drop_consumer(&self, key: ConsumerKey) -> Dropped {
         let mut q = self.shared.lock();
         let before = q.tasks.len();
         q.tasks.retain(|(task, _)| task_key(task) != key);
@@ -216,8 +218,8 @@ pub(crate) struct Dropped {
     pub(crate) tasks: usize,
 }
 
-/// The consumer a task produces for: `(job_id, consumer)`.
-fn task_key(task: &Task) -> (u64, u32) {
+/// The consumer a task produces for.
+fn task_key(task: &Task) -> ConsumerKey {
     (task.job.as_ref().map_or(0, |j| j.job_id), task.consumer)
 }
 
@@ -235,8 +237,74 @@ fn insertion_point<'a>(queued: impl Iterator<Item = &'a Task>, task: &Task) -> u
     len
 }
 
-/// Why a task failed: one line, for the coordinator and the trainers.
-type TaskError = String;
+/// Why a task failed. Each message is one line, for the coordinator and
+/// the trainers (it travels as `Failed.error`).
+#[derive(Debug, thiserror::Error)]
+enum TaskError {
+    /// The task names no job.
+    #[error("task carries no job")]
+    NoJob,
+    /// The task's job has no spec.
+    #[error("job carries no spec")]
+    NoSpec,
+    /// The spec cannot be planned.
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    /// The task names a consumer the job does not have.
+    #[error("consumer {consumer} is out of range for {consumers} consumers")]
+    ConsumerOutOfRange {
+        /// The consumer named.
+        consumer: u32,
+        /// Consumers of the job.
+        consumers: u32,
+    },
+    /// The task names seqs the job does not have.
+    #[error("seqs {start}..{end} are out of range for {total} batches")]
+    SeqsOutOfRange {
+        /// First seq of the task.
+        start: u64,
+        /// End of the task's seqs (exclusive).
+        end: u64,
+        /// Batches of the job.
+        total: u64,
+    },
+    /// The dataset could not be opened.
+    #[error(transparent)]
+    Dataset(#[from] DatasetError),
+    /// The dataset is not the one the job was planned for.
+    #[error("dataset holds {held} samples, the job was planned for {planned}")]
+    SampleCount {
+        /// Samples in the dataset.
+        held: u64,
+        /// Samples the plan counts.
+        planned: u64,
+    },
+    /// A full batch of the job cannot be laid out.
+    #[error("job {job_id}: {source}")]
+    Layout {
+        /// The job.
+        job_id: u64,
+        /// Why the layout failed.
+        source: BatchError,
+    },
+    /// The job's batches do not fit this worker's memory budget; the
+    /// message is `crate::budget::refuse`'s.
+    #[error("{0}")]
+    OverBudget(String),
+    /// One batch could not be built.
+    #[error("job {job_id} batch {seq}: {source}")]
+    Batch {
+        /// The job.
+        job_id: u64,
+        /// The batch.
+        seq: u64,
+        /// Why it could not be built.
+        source: CollateError,
+    },
+    /// Producing the task panicked.
+    #[error("the worker panicked while producing this task")]
+    Panicked,
+}
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, Queue> {
@@ -268,7 +336,7 @@ impl Shared {
                 }
             };
             let outcome = catch_unwind(AssertUnwindSafe(|| self.produce(&task, submitted, generation, &mut cache)))
-                .unwrap_or_else(|_| Err("the worker panicked while producing this task".to_owned()));
+                .unwrap_or(Err(TaskError::Panicked));
             let mut q = self.lock();
             q.busy = false;
             q.running = None;
@@ -283,7 +351,7 @@ impl Shared {
                     consumer: task.consumer,
                     start_seq: task.start_seq,
                     end_seq: task.end_seq,
-                    error,
+                    error: error.to_string(),
                 });
                 report = true;
             }
@@ -303,26 +371,22 @@ impl Shared {
         generation: u64,
         cache: &mut DatasetCache,
     ) -> Result<(), TaskError> {
-        let job = task.job.as_ref().ok_or("task carries no job")?;
-        let spec = job.spec.as_ref().ok_or("job carries no spec")?;
-        let plan = loader_proto::spec::plan(spec).map_err(|e| e.to_string())?;
+        let job = task.job.as_ref().ok_or(TaskError::NoJob)?;
+        let spec = job.spec.as_ref().ok_or(TaskError::NoSpec)?;
+        let plan = loader_proto::spec::plan(spec)?;
         check_range(task, &plan)?;
         let dataset = cache.open(job.job_id, spec, &self.datasets)?;
         let rules = BatchRules { seed: plan.seed, on_corrupt: loader_proto::spec::corrupt_policy(spec) };
         if dataset.len() != plan.num_samples {
-            return Err(format!(
-                "dataset holds {} samples, the job was planned for {}",
-                dataset.len(),
-                plan.num_samples
-            ));
+            return Err(TaskError::SampleCount { held: dataset.len(), planned: plan.num_samples });
         }
         // A batch that cannot fit fails the task before anything is
         // allocated: the worker keeps serving every other job.
         let full = layout(&*dataset, usize::try_from(plan.batch_size).unwrap_or(usize::MAX))
-            .map_err(|e| format!("job {}: {e}", job.job_id))?;
+            .map_err(|source| TaskError::Layout { job_id: job.job_id, source })?;
         let batch_bytes = full.total_len() as u64;
         if let Some(refused) = crate::budget::refuse(job.job_id, batch_bytes, self.windows.at_least(), self.budget) {
-            return Err(refused);
+            return Err(TaskError::OverBudget(refused));
         }
         // The window this worker holds for the job follows its batch bytes
         // and how long a batch takes to make (the coordinator learns it from
@@ -332,7 +396,7 @@ impl Shared {
         let key = (job.job_id, task.consumer);
         let ring = Some(Path::new(&task.ring_socket)).filter(|p| !p.as_os_str().is_empty());
         let abandoned = || self.abandon.load(Ordering::SeqCst) != generation;
-        let failed = |seq: u64, e: &dyn std::fmt::Display| format!("job {} batch {seq}: {e}", job.job_id);
+        let failed = |seq: u64, source: CollateError| TaskError::Batch { job_id: job.job_id, seq, source };
         for seq in task.start_seq..task.end_seq {
             if abandoned() {
                 return Ok(());
@@ -340,14 +404,14 @@ impl Shared {
             let (epoch, _) = plan.locate(seq);
             let meta = BatchMeta { job_id: job.job_id, epoch, consumer: task.consumer, seq };
             let indices = plan.batch_indices(task.consumer, seq);
-            let layout = layout(&*dataset, indices.len()).map_err(|e| failed(seq, &e))?;
+            let layout = layout(&*dataset, indices.len()).map_err(|e| failed(seq, e.into()))?;
             if let Some(path) = ring {
                 match self.rings.acquire(path, key, submitted, layout.total_len(), &abandoned) {
                     Route::Slot(mut lease) => {
                         // A failure drops the lease, which gives the slot back.
                         let started = Instant::now();
                         let collated = collate_into(&*dataset, &layout, &meta, &indices, rules, lease.bytes_mut())
-                            .map_err(|e| failed(seq, &e))?;
+                            .map_err(|e| failed(seq, e))?;
                         timing.made(started.elapsed(), &self.windows, job.job_id);
                         self.log_skipped(job.job_id, seq, &collated.skipped);
                         let q = self.lock();
@@ -372,7 +436,7 @@ impl Shared {
             }
             let started = Instant::now();
             let (batch, skipped) =
-                collate_bytes(&*dataset, &layout, &meta, &indices, rules).map_err(|e| failed(seq, &e))?;
+                collate_bytes(&*dataset, &layout, &meta, &indices, rules).map_err(|e| failed(seq, e))?;
             timing.made(started.elapsed(), &self.windows, job.job_id);
             self.log_skipped(job.job_id, seq, &skipped);
             let q = self.lock();
@@ -433,14 +497,11 @@ impl BatchTiming {
 /// confused coordinator cannot make the worker produce garbage.
 fn check_range(task: &Task, plan: &Plan) -> Result<(), TaskError> {
     if task.consumer >= plan.consumers {
-        return Err(format!("consumer {} is out of range for {} consumers", task.consumer, plan.consumers));
+        return Err(TaskError::ConsumerOutOfRange { consumer: task.consumer, consumers: plan.consumers });
     }
     let total = plan.total_batches();
     if task.start_seq >= task.end_seq || task.end_seq > total {
-        return Err(format!(
-            "seqs {}..{} are out of range for {total} batches",
-            task.start_seq, task.end_seq
-        ));
+        return Err(TaskError::SeqsOutOfRange { start: task.start_seq, end: task.end_seq, total });
     }
     Ok(())
 }
@@ -462,7 +523,7 @@ impl DatasetCache {
         }
         // Failures are not cached: a file that appears later is picked up by
         // the next task.
-        let ds = datasets.open(spec).map_err(|e| e.to_string())?;
+        let ds = datasets.open(spec)?;
         if self.open.len() >= DATASET_CACHE
             && let Some(oldest) = self.open.iter().min_by_key(|(_, (_, used))| *used).map(|(id, _)| *id)
         {

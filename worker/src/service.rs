@@ -7,24 +7,13 @@ use std::sync::Arc;
 use futures::Stream;
 use loader_proto::pb::batch_service_server::{BatchService, BatchServiceServer};
 use loader_proto::pb::{BatchFrame, FetchRequest};
+use loader_process::grpc::Services;
 use tokio::net::TcpListener;
-use tonic::transport::server::TcpIncoming;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::error::WorkerError;
+use crate::error::{FetchError, WorkerError};
 use crate::outbox::{Attachment, Outboxes};
-
-/// Why a `Fetch` call was refused.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum FetchError {
-    /// The stream ended before naming its job and consumer.
-    #[error("Fetch stream closed before its opening request")]
-    NoOpening,
-    /// The worker is shutting down.
-    #[error("worker is shutting down")]
-    Closed,
-}
 
 /// Serves each consumer's outbox on `Fetch` streams.
 #[derive(Debug, Clone)]
@@ -87,32 +76,17 @@ impl BatchService for FetchService {
 }
 
 /// Serves `BatchService`, health and reflection on `listener` until
-/// `shutdown` resolves.
+/// `stop` is cancelled.
 pub(crate) async fn serve(
     listener: TcpListener,
     outboxes: Arc<Outboxes>,
     stop: CancellationToken,
 ) -> Result<(), WorkerError> {
-    let (health, health_service) = tonic_health::server::health_reporter();
-    health.set_serving::<BatchServiceServer<FetchService>>().await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(loader_proto::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .map_err(|e| WorkerError::Serve(e.to_string()))?;
     // Batches are ~10 MB: no cap on what the worker sends.
     let batches = BatchServiceServer::new(FetchService::new(outboxes, stop.clone()))
         .max_encoding_message_size(usize::MAX);
-    tonic::transport::Server::builder()
-        .add_service(health_service)
-        .add_service(reflection)
-        .add_service(batches)
-        .serve_with_incoming_shutdown(
-            // Set per accepted connection: `Server::tcp_nodelay` does not
-            // reach an incoming stream of ours, and Nagle would hold small
-            // frames for the trainer's delayed ACK.
-            TcpIncoming::from(listener).with_nodelay(Some(true)),
-            stop.cancelled_owned(),
-        )
+    let services = Services::new(loader_proto::pb::FILE_DESCRIPTOR_SET).serve(batches);
+    loader_process::grpc::serve(listener, services, stop.cancelled_owned())
         .await
         .map_err(|e| WorkerError::Serve(crate::error::one_line(&e)))
 }

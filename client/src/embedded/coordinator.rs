@@ -15,7 +15,7 @@ use crate::error::LoaderError;
 
 /// Name of the coordinator's threads (its runtime's and the one that runs
 /// it), by which `loaderctl run` tells their CPU time from the trainer's.
-pub(crate) const THREAD_NAME: &str = "loader-coordinator";
+pub const THREAD_NAME: &str = "loader-coordinator";
 
 /// How long stopping the coordinator may take before its thread is left to
 /// finish on its own.

@@ -20,10 +20,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use loader_proto::pb::SlotGrant;
 use loader_proto::ring::RingGeometry;
 
+use super::conn_id::ConnId;
 use super::grant::GrantLine;
-
-/// Identifies one ring connection for the life of the ring.
-pub(crate) type ConnId = u64;
 
 /// A report the book refuses: the worker broke the protocol.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -17,12 +17,12 @@ use loader_proto::ring::{decode, encode};
 use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
 use tokio::io::{AsyncReadExt, Interest};
 use tokio::net::UnixStream;
+use tokio::sync::watch;
 
 use super::inbox::{Inbox, Worker};
 use super::peer::{PeerCreds, PeerPolicy, authorize};
 use super::{RingError, SlotRing};
 use crate::batch::Expected;
-use crate::session::Session;
 
 /// How long a peer gets to say hello after connecting.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
@@ -30,8 +30,10 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 /// What the connections need from the loader.
 #[derive(Debug)]
 pub(crate) struct ConnContext {
-    /// For the current session id, which the attach message carries.
-    pub(crate) session: Arc<Session>,
+    /// The current session id, which the attach message carries; it
+    /// changes when the session is reopened. An id, not the session: the
+    /// ring sits below the session and needs nothing else of it.
+    pub(crate) session_id: watch::Receiver<u64>,
     /// The job and consumer the attach message names.
     pub(crate) expected: Expected,
     /// Where attached workers' sockets go.
@@ -141,7 +143,7 @@ async fn read_hello(stream: &mut UnixStream, buf: &mut BytesMut) -> Result<RingH
 async fn attach(served: &Served, stream: &UnixStream) -> Result<(), RingError> {
     let g = served.ring.memory.geometry();
     let attach = RingAttach {
-        session_id: served.ctx.session.id(),
+        session_id: *served.ctx.session_id.borrow(),
         job_id: served.ctx.expected.job_id,
         consumer: served.ctx.expected.consumer,
         slot_size: g.slot_size,

@@ -24,7 +24,6 @@ use tokio::time::Instant;
 use super::SlotRing;
 use crate::batch::{Batch, Transport};
 use crate::error::LoaderError;
-use crate::event::Credit;
 
 /// How often a gap is looked at while a worker that left is recovered from.
 const RECOVERY_TICK: Duration = Duration::from_millis(100);
@@ -97,17 +96,20 @@ impl GapWatch {
     }
 
     /// The consumer is stuck on a gap holding `waiting` batches (lowest
-    /// `seq` first): frees ring slots as described in the module docs.
-    pub(crate) fn stuck<'a>(
+    /// `seq` first), each with what it holds of its source (a credit):
+    /// frees ring slots as described in the module docs. `give_back_early`
+    /// returns a batch's credit once its bytes were copied out of its slot.
+    pub(crate) fn stuck<'a, C: 'a>(
         &mut self,
-        waiting: impl DoubleEndedIterator<Item = &'a mut (Batch, Credit)>,
+        waiting: impl DoubleEndedIterator<Item = &'a mut (Batch, C)>,
+        mut give_back_early: impl FnMut(&mut C),
     ) {
         if self.recovering() {
             let mut copied = 0usize;
             for (batch, credit) in waiting {
                 if self.in_ring(batch) {
                     batch.copy_out();
-                    credit.give_back_early();
+                    give_back_early(credit);
                     copied += 1;
                 }
             }

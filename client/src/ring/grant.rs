@@ -20,7 +20,7 @@ use loader_proto::ring::encode_into;
 use nix::errno::Errno;
 use nix::sys::socket::{MsgFlags, send};
 
-use super::book::ConnId;
+use super::conn_id::ConnId;
 use crate::wake::WaitSet;
 
 /// Grants on their way to one worker.

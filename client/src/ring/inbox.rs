@@ -29,12 +29,12 @@ use loader_proto::pb::{RingToTrainer, ring_to_trainer};
 use loader_proto::ring::decode;
 use tokio::time::Instant;
 
-use super::book::{ConnId, SlotCredit};
+use super::book::SlotCredit;
+use super::conn_id::ConnId;
 use super::grant::GrantLine;
 use super::{Disconnect, RingError, SlotRing, SlotView};
 use crate::batch::{Batch, Expected};
 use crate::error::LoaderError;
-use crate::event::Credit;
 use crate::wake::WaitSet;
 
 /// Bytes read from a socket at a time: reports are about twenty bytes, so
@@ -197,12 +197,14 @@ impl Inbox {
     }
 
     /// Reads every link's socket to its end, turning each filled slot into
-    /// a batch handed to `deliver`; returns how many. A worker that broke
-    /// the protocol is disconnected and its error returned; a closed socket
-    /// ends its link.
-    pub(crate) fn read_all(
+    /// a batch handed to `deliver` with the credit it owes its connection,
+    /// in whatever type the consumer keeps credits as (one made from a
+    /// [`SlotCredit`]: the ring knows nothing of gRPC streams' credits);
+    /// returns how many. A worker that broke the protocol is disconnected
+    /// and its error returned; a closed socket ends its link.
+    pub(crate) fn read_all<C: From<SlotCredit>>(
         &self,
-        mut deliver: impl FnMut(Batch, Credit),
+        mut deliver: impl FnMut(Batch, C),
     ) -> Result<u64, LoaderError> {
         let mut links = self.lock();
         let Some(open) = links.as_mut() else {
@@ -263,12 +265,12 @@ impl Inbox {
 
     /// Reads `link`'s socket until it has nothing more, handling every
     /// complete report; counts filled ones in `filled`.
-    fn read_link(
+    fn read_link<C: From<SlotCredit>>(
         &self,
         id: ConnId,
         link: &mut Link,
         filled: &mut u64,
-        deliver: &mut impl FnMut(Batch, Credit),
+        deliver: &mut impl FnMut(Batch, C),
     ) -> Result<Outcome, LoaderError> {
         loop {
             let outcome = self.read_once(id, link, filled, deliver)?;
@@ -279,12 +281,12 @@ impl Inbox {
     }
 
     /// One read of `link`'s socket, and every complete report in it.
-    fn read_once(
+    fn read_once<C: From<SlotCredit>>(
         &self,
         id: ConnId,
         link: &mut Link,
         filled: &mut u64,
-        deliver: &mut impl FnMut(Batch, Credit),
+        deliver: &mut impl FnMut(Batch, C),
     ) -> Result<Outcome, LoaderError> {
         let mut chunk = [0u8; READ_CHUNK];
         let outcome = match (&*link.socket).read(&mut chunk) {
@@ -317,13 +319,13 @@ impl Inbox {
     }
 
     /// Handles one report.
-    fn on_report(
+    fn on_report<C: From<SlotCredit>>(
         &self,
         id: ConnId,
         worker: &Worker,
         tables: &mut TableCache,
         msg: RingToTrainer,
-        deliver: &mut impl FnMut(Batch, Credit),
+        deliver: &mut impl FnMut(Batch, C),
     ) -> Result<(), LoaderError> {
         match msg.msg {
             Some(ring_to_trainer::Msg::Filled(f)) => {
@@ -340,8 +342,8 @@ impl Inbox {
                         ),
                     ));
                 }
-                let credit = Credit::Slot(SlotCredit::new(Arc::clone(&self.ring.book), id));
-                deliver(batch, credit);
+                let credit = SlotCredit::new(Arc::clone(&self.ring.book), id);
+                deliver(batch, C::from(credit));
                 Ok(())
             }
             Some(ring_to_trainer::Msg::Returned(r)) => self

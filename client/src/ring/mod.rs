@@ -18,6 +18,8 @@
 //! - `peer`: SO_PEERCRED and the policy of who may attach.
 //! - `conn`: one worker's connection until it attaches: credentials, hello,
 //!   the attach message with the memfd.
+//! - `conn_id`: [`ConnId`], the number that names a connection to the
+//!   book, the inbox and the wait set.
 //! - `inbox`: the attached workers' sockets, read by the consumer thread
 //!   itself: reports in, checked, turned into batches.
 //! - `pace`: how many reports a waiting consumer sleeps through before the
@@ -29,6 +31,7 @@
 
 mod book;
 mod conn;
+mod conn_id;
 mod gap;
 mod grant;
 mod inbox;
@@ -48,10 +51,12 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::LoaderError;
+use crate::options::LoaderOptions;
 
 use self::book::Book;
-pub(crate) use self::book::{Census, ConnId, SlotCredit};
+pub(crate) use self::book::{Census, SlotCredit};
 pub(crate) use self::conn::ConnContext;
+pub(crate) use self::conn_id::ConnId;
 pub(crate) use self::gap::{GapWatch, Listed};
 pub(crate) use self::inbox::Inbox;
 use self::memory::RingMemory;
@@ -109,7 +114,7 @@ fn abstract_name() -> PathBuf {
     PathBuf::from(format!("\0loader-ring-{}-{n}-{nanos:08x}", std::process::id()))
 }
 
-/// Settings of the ring, from the loader's builder.
+/// Settings of the ring, from the loader's options.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct RingConfig {
     /// Slots; default `2 x prefetch`, at least 4.
@@ -130,6 +135,19 @@ impl Default for RingConfig {
             slot_size: DEFAULT_SLOT_SIZE,
             dir: None,
             allowed_uids: BTreeSet::new(),
+        }
+    }
+}
+
+impl From<&LoaderOptions> for RingConfig {
+    /// The ring the options ask for: slots sized from the batch unless
+    /// `ring` gives a geometry.
+    fn from(options: &LoaderOptions) -> Self {
+        Self {
+            slot_count: options.ring.map(|r| r.slots),
+            slot_size: options.ring.map_or(DEFAULT_SLOT_SIZE, |r| r.slot_bytes),
+            dir: options.ring_dir.clone(),
+            allowed_uids: options.allow_ring_peer_uids.clone(),
         }
     }
 }

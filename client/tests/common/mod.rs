@@ -7,6 +7,7 @@ use std::collections::BTreeSet;
 use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::ops::Range;
+use std::path::PathBuf;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -19,12 +20,29 @@ use loader_server::ServerConfig;
 use tokio::runtime::Runtime;
 use tokio::sync::oneshot;
 
-/// This package's `loaderctl`, as a worker.
+/// The workspace's `loader-worker`, built next to this test executable:
+/// `cargo test --workspace` builds it (alone: `cargo build -p loader-worker`).
+/// The SDK does not link the worker crate, so its tests start the real
+/// binary, as embedded mode does.
+pub fn worker_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/<test> -> target/<profile>/loader-worker
+    let path = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .expect("target directory")
+        .join("loader-worker");
+    assert!(
+        path.exists(),
+        "{} is missing: build it with `cargo build -p loader-worker` (`cargo test --workspace` does)",
+        path.display()
+    );
+    path
+}
+
+/// The worker command embedded mode runs in these tests.
 pub fn worker_command() -> Option<Vec<OsString>> {
-    Some(vec![
-        env!("CARGO_BIN_EXE_loaderctl").into(),
-        "__worker".into(),
-    ])
+    Some(vec![worker_bin().into()])
 }
 
 /// Logs of this process (the SDK, the in-process coordinator) in the test's
@@ -163,7 +181,7 @@ impl Drop for RestartableCoordinator {
     }
 }
 
-/// Worker processes (`loaderctl __worker`) against a coordinator, each in a
+/// Worker processes (`loader-worker`) against a coordinator, each in a
 /// process group of its own, killed when dropped.
 pub struct WorkerProcesses(pub Vec<Child>);
 
@@ -172,8 +190,8 @@ impl WorkerProcesses {
         Self(
             (0..count)
                 .map(|_| {
-                    Command::new(env!("CARGO_BIN_EXE_loaderctl"))
-                        .args(["__worker", "--coordinator", coordinator])
+                    Command::new(worker_bin())
+                        .args(["--coordinator", coordinator])
                         .args(["--listen", "127.0.0.1:0"])
                         .stdin(Stdio::null())
                         .stdout(Stdio::null())

@@ -7,9 +7,10 @@
 //! the front of its queue. One path, so the rules for what is produced again
 //! (and what is not) cannot drift apart.
 
+use loader_proto::ConsumerKey;
+
 use super::Tables;
 use crate::jobs::JobTable;
-use crate::workers::ConsumerKey;
 
 /// Gives `seqs` of `key` back to its consumer's queue, except those below
 /// the acknowledged watermark, which need no copy anywhere any more.

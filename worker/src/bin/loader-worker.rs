@@ -3,6 +3,6 @@
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    loader_proto::heap::keep_batch_buffers();
+    loader_process::heap::keep_batch_buffers();
     loader_worker::main_with_args(std::env::args_os())
 }

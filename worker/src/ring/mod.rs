@@ -36,14 +36,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use loader_proto::PROTOCOL_VERSION;
 use loader_proto::pb::{RingAttach, RingHello};
+use loader_proto::{ConsumerKey, PROTOCOL_VERSION};
 use loader_proto::ring::FrameError;
 use tokio::runtime::Handle;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
-use crate::outbox::{ConsumerKey, Outboxes};
+use crate::outbox::Outboxes;
 pub(crate) use slots::SlotLease;
 use slots::{GrantError, MapError, Outgoing, Slots};
 

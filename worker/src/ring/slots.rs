@@ -16,12 +16,11 @@ use std::ops::Range;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 
+use loader_proto::ConsumerKey;
 use loader_proto::doorbell::{DOORBELL_LEN, Doorbell};
 use loader_proto::ring::RingGeometry;
 use memmap2::{MmapOptions, MmapRaw};
 use tokio::sync::mpsc::UnboundedSender;
-
-use crate::outbox::ConsumerKey;
 
 /// Most slots a ring may have: the book keeps a few bytes per slot, and no
 /// sensible trainer prefetches more batches than this.

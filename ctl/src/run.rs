@@ -8,7 +8,7 @@ use anyhow::Context;
 
 use super::RunArgs;
 use super::measure::{consume_and_report, dataset_kind, job_spec, shared_memory, unlink_token_file};
-use crate::Loader;
+use loader_client::Loader;
 
 /// Runs the job and prints the report.
 pub(crate) fn run(args: &RunArgs) -> anyhow::Result<()> {

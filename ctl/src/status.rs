@@ -12,8 +12,8 @@ use tonic::transport::Channel;
 
 use super::table::render;
 use super::{DrainArgs, StatusArgs};
-use crate::connect::{self, attempt};
-use crate::error::LoaderError;
+use loader_client::LoaderError;
+use loader_client::connect::{self, attempt};
 
 /// What `status` shows.
 #[derive(Debug, Default)]

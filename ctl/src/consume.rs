@@ -6,7 +6,7 @@
 
 use super::ConsumeArgs;
 use super::measure::{SaveState, configure, consume_and_report, dataset_kind, job_spec};
-use crate::{Loader, LoaderState};
+use loader_client::{Loader, LoaderState};
 
 /// Consumes the job and prints the report.
 pub(crate) fn run(args: &ConsumeArgs) -> anyhow::Result<()> {

@@ -8,6 +8,8 @@
 
 use std::sync::atomic::{AtomicI32, Ordering};
 
+use loader_process::signals::StopSignals;
+
 const SIGTERM: i32 = nix::sys::signal::Signal::SIGTERM as i32;
 const SIGINT: i32 = nix::sys::signal::Signal::SIGINT as i32;
 
@@ -43,20 +45,12 @@ pub(crate) fn watch() -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("cannot watch for signals: {e}"))?;
     // Registered here, before any worker starts: no window in which a
     // signal still kills the process outright.
-    let (mut term, mut int) = runtime.block_on(async {
-        use tokio::signal::unix::{SignalKind, signal};
-        Ok::<_, std::io::Error>((signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?))
-    })?;
+    let mut signals = runtime.block_on(async { StopSignals::install() })?;
     std::thread::Builder::new()
         .name("loaderctl-signals".into())
         .spawn(move || {
-            runtime.block_on(async {
-                let got = tokio::select! {
-                    _ = term.recv() => SIGTERM,
-                    _ = int.recv() => SIGINT,
-                };
-                RECEIVED.store(got, Ordering::SeqCst);
-            });
+            let got = runtime.block_on(signals.recv());
+            RECEIVED.store(got.number(), Ordering::SeqCst);
         })?;
     Ok(())
 }

@@ -1,6 +1,10 @@
-//! The library behind the `loaderctl` binary: flag definitions and the
-//! subcommands, so the binary itself only calls [`main`].
+//! `loaderctl`, the operator's CLI, as a library: flag definitions and the
+//! subcommands, so the binary itself only calls [`main`]. It sits above the
+//! trainer SDK (`loader-client`), which it drives like any trainer, and
+//! links the worker crate for one reason: `loaderctl run` starts its
+//! workers as `loaderctl __worker ...`, so one binary is all a user needs.
 //!
+//! # Layout
 //! - `run`: the embedded one-command demo/benchmark.
 //! - `consume`: the same measurement against an external coordinator.
 //! - `measure`: what both share: the job from flags, the consuming loop and
@@ -9,11 +13,12 @@
 //!   `drain`.
 //! - `table`: plain aligned text tables.
 //! - `signals`: SIGTERM and SIGINT stop `run` and `consume` cleanly.
+//! - `cpu`: this process's CPU time, less the embedded coordinator's
+//!   threads, for the per-batch figures of the reports.
 
 mod consume;
 mod cpu;
 mod measure;
-#[cfg(feature = "embedded")]
 mod run;
 mod signals;
 mod status;
@@ -186,7 +191,7 @@ pub enum TransportArg {
 pub struct MeasureArgs {
     /// Batches each worker may send ahead, at least: small batches get more
     /// (32 MiB of them, up to 256).
-    #[arg(long, default_value_t = crate::DEFAULT_PREFETCH)]
+    #[arg(long, default_value_t = loader_client::DEFAULT_PREFETCH)]
     pub prefetch: u32,
     /// How co-located workers deliver batches.
     #[arg(long, value_enum, default_value = "shm")]
@@ -231,19 +236,19 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Command::Worker { args } => return worker(args),
         Command::Run(args) => {
-            init_tracing();
+            loader_process::telemetry::init();
             signals::watch().and_then(|()| run_command(args))
         }
         Command::Consume(args) => {
-            init_tracing();
+            loader_process::telemetry::init();
             signals::watch().and_then(|()| consume::run(&args))
         }
         Command::Status(args) => {
-            init_tracing();
+            loader_process::telemetry::init();
             status::run(&args)
         }
         Command::Drain(args) => {
-            init_tracing();
+            loader_process::telemetry::init();
             status::drain(&args)
         }
     };
@@ -261,39 +266,15 @@ pub fn main() -> ExitCode {
     }
 }
 
-#[cfg(feature = "embedded")]
 fn run_command(args: RunArgs) -> anyhow::Result<()> {
     run::run(&args)
 }
 
-#[cfg(not(feature = "embedded"))]
-fn run_command(_args: RunArgs) -> anyhow::Result<()> {
-    anyhow::bail!(
-        "this loaderctl was built without the `embedded` feature, so it cannot run jobs locally"
-    )
-}
-
-#[cfg(feature = "embedded")]
 fn worker(args: Vec<OsString>) -> ExitCode {
     // The worker sets up its own tracing and runtime.
     loader_worker::main_with_args(std::iter::once(OsString::from("loader-worker")).chain(args))
 }
 
-#[cfg(not(feature = "embedded"))]
-fn worker(_args: Vec<OsString>) -> ExitCode {
-    eprintln!("loaderctl: error: this loaderctl was built without the `embedded` feature");
-    ExitCode::FAILURE
-}
-
-/// Logs to stderr, filtered by `RUST_LOG`, warnings by default.
-fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
-}
 
 fn one_line(s: &str) -> String {
     s.lines()

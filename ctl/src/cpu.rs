@@ -24,7 +24,6 @@ pub(super) fn process() -> anyhow::Result<Duration> {
 /// thread's `schedstat` (nanoseconds on the CPU). None when the kernel
 /// does not keep `schedstat`. A thread that exits drops out of the sum, so
 /// a difference of two readings can only undercount these threads.
-#[cfg_attr(not(feature = "embedded"), allow(dead_code))]
 pub(super) fn threads_named(name: &str) -> Option<Duration> {
     std::fs::metadata("/proc/self/schedstat").ok()?;
     let comm = &name.as_bytes()[..name.len().min(15)];

@@ -10,13 +10,28 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 
-#[cfg(feature = "embedded")]
-mod common;
+use loader_e2e::Cluster;
 
 struct Run {
     code: Option<i32>,
     stdout: String,
     stderr: String,
+}
+
+/// Where the coordinator of [`with_cluster`] listens.
+struct Coordinator {
+    url: String,
+}
+
+/// A real coordinator (`loader-server`) and `workers` registered
+/// `loader-worker` processes for `body`; everything is killed when it
+/// returns, and the whole of it is bounded in time.
+fn with_cluster<T: Send + 'static>(workers: usize, body: impl FnOnce(&mut Cluster) -> T + Send + 'static) -> T {
+    loader_e2e::run(Duration::from_secs(240), move |scope| {
+        let mut cluster = Cluster::start(&scope, workers);
+        cluster.wait_for_workers(workers);
+        body(&mut cluster)
+    })
 }
 
 fn loaderctl(args: &[&str], limit: Duration) -> Run {
@@ -88,7 +103,6 @@ fn assert_one_line_error(run: &Run, needle: &str) {
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
 
-#[cfg(feature = "embedded")]
 fn json(run: &Run) -> serde_json::Value {
     assert_eq!(run.code, Some(0), "stderr: {}", run.stderr);
     let lines: Vec<&str> = run.stdout.lines().collect();
@@ -102,7 +116,6 @@ fn json(run: &Run) -> serde_json::Value {
 }
 
 #[test]
-#[cfg(feature = "embedded")]
 fn run_json_synthetic() {
     let run = loaderctl(
         &[
@@ -136,7 +149,6 @@ fn run_json_synthetic() {
 }
 
 #[test]
-#[cfg(feature = "embedded")]
 fn run_json_reports_its_transport_and_client_cpu() {
     for transport in ["shm", "grpc"] {
         let run = loaderctl(
@@ -173,10 +185,9 @@ fn run_json_reports_its_transport_and_client_cpu() {
 }
 
 #[test]
-#[cfg(feature = "embedded")]
 fn consume_measures_a_job_of_an_external_coordinator() {
-    let coordinator = common::Coordinator::start(loader_server::ServerConfig::default());
-    let workers = common::WorkerProcesses::start(&coordinator.url, 2);
+    with_cluster(2, |cluster| {
+    let coordinator = Coordinator { url: cluster.url() };
     for transport in ["shm", "grpc"] {
         let run = loaderctl(
             &[
@@ -201,11 +212,10 @@ fn consume_measures_a_job_of_an_external_coordinator() {
         assert!(v.get("workers").is_none(), "consume starts no workers: {v}");
         assert!(v["client_cpu_us_per_batch"].as_f64().is_some(), "{v}");
     }
-    drop(workers);
+    });
 }
 
 #[test]
-#[cfg(feature = "embedded")]
 fn run_json_generated_tokens() {
     let run = loaderctl(
         &[
@@ -231,7 +241,6 @@ fn run_json_generated_tokens() {
 }
 
 #[test]
-#[cfg(feature = "embedded")]
 fn bad_inputs_are_one_line_errors() {
     let limit = Duration::from_secs(20);
     assert_one_line_error(
@@ -275,9 +284,9 @@ fn status_of_an_unreachable_coordinator_fails_fast() {
 }
 
 #[test]
-#[cfg(feature = "embedded")]
 fn drain_of_an_unknown_worker_is_a_one_line_error() {
-    let coordinator = common::Coordinator::start(loader_server::ServerConfig::default());
+    with_cluster(0, |cluster| {
+    let coordinator = Coordinator { url: cluster.url() };
     let run = loaderctl(
         &[
             "drain",
@@ -289,10 +298,10 @@ fn drain_of_an_unknown_worker_is_a_one_line_error() {
         Duration::from_secs(20),
     );
     assert_one_line_error(&run, "has no worker with id 999");
+    });
 }
 
 /// The ids in the WORKERS table of `loaderctl status`.
-#[cfg(feature = "embedded")]
 fn listed_workers(url: &str) -> Vec<(String, String)> {
     let run = loaderctl(&["status", "--coordinator", url], Duration::from_secs(20));
     assert_eq!(run.code, Some(0), "{}", run.stderr);
@@ -309,10 +318,9 @@ fn listed_workers(url: &str) -> Vec<(String, String)> {
 }
 
 #[test]
-#[cfg(feature = "embedded")]
 fn drain_tells_a_worker_to_finish_and_exit() {
-    let coordinator = common::Coordinator::start(loader_server::ServerConfig::default());
-    let mut workers = common::WorkerProcesses::start(&coordinator.url, 1);
+    with_cluster(1, |cluster| {
+    let coordinator = Coordinator { url: cluster.url() };
     let deadline = Instant::now() + Duration::from_secs(30);
     let id = loop {
         if let Some((id, draining)) = listed_workers(&coordinator.url).pop() {
@@ -334,18 +342,14 @@ fn drain_tells_a_worker_to_finish_and_exit() {
         run.stdout
     );
     // With nothing to finish, it deregisters and exits cleanly.
-    let status = loop {
-        if let Some(status) = workers.0[0].try_wait().expect("wait") {
-            break status;
-        }
-        assert!(Instant::now() < deadline, "the drained worker did not exit");
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = cluster.workers[0]
+        .wait_exit(deadline.saturating_duration_since(Instant::now()))
+        .expect("the drained worker did not exit");
     assert!(status.success(), "{status}");
+    });
 }
 
 /// The `--dump` lines of a run: `seq epoch indices`.
-#[cfg(feature = "embedded")]
 fn dump_lines(path: &std::path::Path) -> Vec<String> {
     std::fs::read_to_string(path)
         .expect("dump file")
@@ -355,10 +359,9 @@ fn dump_lines(path: &std::path::Path) -> Vec<String> {
 }
 
 #[test]
-#[cfg(feature = "embedded")]
 fn consume_saves_its_state_and_resumes_exactly_after_it() {
-    let coordinator = common::Coordinator::start(loader_server::ServerConfig::default());
-    let _workers = common::WorkerProcesses::start(&coordinator.url, 2);
+    with_cluster(2, |cluster| {
+    let coordinator = Coordinator { url: cluster.url() };
     let dir = tempfile::tempdir().expect("tempdir");
     let path = |name: &str| dir.path().join(name).to_string_lossy().into_owned();
     let (state, whole, rest) = (path("state.json"), path("whole.txt"), path("rest.txt"));
@@ -445,4 +448,5 @@ fn consume_saves_its_state_and_resumes_exactly_after_it() {
         Duration::from_secs(20),
     );
     assert_one_line_error(&run, "format 9 is not supported");
+    });
 }

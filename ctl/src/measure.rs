@@ -14,7 +14,7 @@ use serde::Serialize;
 use tempfile::NamedTempFile;
 
 use super::{DatasetArgs, MeasureArgs, OnCorruptArg, TransportArg, cpu, signals};
-use crate::{Batch, Loader, LoaderBuilder, Transport, spec};
+use loader_client::{Batch, Loader, LoaderBuilder, Transport, spec};
 
 /// Windows per epoch in a generated token file (with the chosen batch size).
 const GENERATED_TOKEN_BATCHES: u64 = 64;
@@ -88,7 +88,6 @@ pub(super) fn configure(builder: LoaderBuilder, args: &MeasureArgs) -> LoaderBui
 }
 
 /// Whether `--transport` asks for shared memory.
-#[cfg(feature = "embedded")]
 pub(super) fn shared_memory(args: &MeasureArgs) -> bool {
     args.transport.shared_memory()
 }
@@ -262,13 +261,9 @@ impl Dump {
 }
 
 /// CPU time the embedded coordinator's threads used so far; zero without
-/// one (`consume`, or a build without embedded mode); None when the kernel
-/// cannot say.
+/// one (`consume`); None when the kernel cannot say.
 fn coordinator_cpu() -> Option<Duration> {
-    #[cfg(feature = "embedded")]
-    return cpu::threads_named(crate::embedded::COORDINATOR_THREAD);
-    #[cfg(not(feature = "embedded"))]
-    Some(Duration::ZERO)
+    cpu::threads_named(loader_client::embedded::COORDINATOR_THREAD)
 }
 
 /// Drawn on stderr only when a person is watching.
@@ -309,7 +304,7 @@ pub(super) fn job_spec(
     name: Option<&str>,
 ) -> anyhow::Result<(JobSpec, Option<NamedTempFile>)> {
     if let Some(path) = &args.spec {
-        let mut builder = crate::spec_file::parse_file(path)?;
+        let mut builder = loader_client::spec_file::parse_file(path)?;
         if let Some(name) = name {
             builder = builder.name(name);
         }
@@ -383,7 +378,6 @@ fn parse_shape(s: &str) -> anyhow::Result<Vec<u64>> {
 /// process holds it open, and workers started by this process (same user)
 /// read it through `/proc/<pid>/fd/<n>`. For `run`, whose workers are its
 /// own children: nothing is left on disk however the process ends.
-#[cfg(feature = "embedded")]
 pub(super) fn unlink_token_file(
     mut spec: JobSpec,
     file: Option<NamedTempFile>,

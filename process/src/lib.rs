@@ -1,0 +1,29 @@
+//! What every Loader process — `loader-server`, `loader-worker`, a trainer
+//! (the SDK and `loaderctl`), the Python package — sets up the same way,
+//! written once so that cross-cutting policy (TLS, auth, limits, metrics,
+//! tracing export) plugs in at one place for all of them.
+//!
+//! # Layout
+//! - [`telemetry`]: the tracing subscriber every binary installs (logs on
+//!   stderr, filtered by `RUST_LOG`).
+//! - [`signals`]: SIGTERM and SIGINT as a future: how a process learns it
+//!   should stop.
+//! - [`heap`]: malloc settings for processes that allocate a batch-sized
+//!   buffer per batch.
+//! - [`node`]: the node identity that decides co-location.
+//! - [`grpc`]: gRPC servers (health, reflection, TCP_NODELAY, the tower
+//!   layer stack every server runs behind) and channels (address checks,
+//!   transport settings sized for batches, bounded connects).
+//! - [`retry`]: the one backoff schedule, and retrying a call until a
+//!   deadline.
+//!
+//! Nothing here knows Loader's protocol: it sits below the crates that do
+//! (`loader-proto` defines the messages; server, worker and client map their
+//! own errors to gRPC codes).
+
+pub mod grpc;
+pub mod heap;
+pub mod node;
+pub mod retry;
+pub mod signals;
+pub mod telemetry;
