@@ -12,7 +12,7 @@ use std::fmt::Display;
 use std::future::Future;
 use std::time::Duration;
 
-use backon::{ExponentialBuilder, Retryable};
+use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder, Retryable};
 use tokio::time::Instant;
 
 /// Pauses between attempts: `first`, doubling up to `max`.
@@ -30,12 +30,30 @@ impl Backoff {
         Self { first, max }
     }
 
+    /// The pauses one after another, for a caller that schedules its
+    /// attempts itself (a supervisor restarting a process).
+    pub fn pauses(self) -> Pauses {
+        Pauses(self.schedule().build())
+    }
+
     fn schedule(self) -> ExponentialBuilder {
         ExponentialBuilder::new()
             .with_min_delay(self.first)
             .with_max_delay(self.max)
             .with_factor(2.0)
             .without_max_times()
+    }
+}
+
+/// The pauses of a [`Backoff`], in order; endless (the last one repeats).
+#[derive(Debug)]
+pub struct Pauses(ExponentialBackoff);
+
+impl Iterator for Pauses {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        self.0.next()
     }
 }
 
@@ -99,6 +117,12 @@ mod tests {
             assert!((expected..=expected + 1).contains(pause), "{at:?}");
         }
         assert_eq!(at.last(), Some(&3000), "{at:?}");
+    }
+
+    #[test]
+    fn pauses_double_up_to_the_cap_and_stay_there() {
+        let ms: Vec<u128> = BACKOFF.pauses().take(7).map(|p| p.as_millis()).collect();
+        assert_eq!(ms, vec![50, 100, 200, 400, 800, 800, 800]);
     }
 
     #[tokio::test(start_paused = true)]

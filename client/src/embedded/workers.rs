@@ -11,6 +11,7 @@ use std::collections::VecDeque;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use loader_process::retry::{Backoff, Pauses};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
@@ -100,9 +101,8 @@ fn is_executable(path: &Path) -> bool {
 const MAX_RESTARTS: usize = 5;
 /// How far back exits count towards `MAX_RESTARTS`.
 const RESTART_WINDOW: Duration = Duration::from_secs(60);
-/// Pause before the first restart of a slot; doubles up to `MAX_BACKOFF`.
-const FIRST_BACKOFF: Duration = Duration::from_millis(100);
-const MAX_BACKOFF: Duration = Duration::from_secs(2);
+/// Pauses before the restarts of a slot: 100 ms, doubling up to 2 s.
+const RESTART_BACKOFF: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
 
 /// The worker processes of an embedded cluster, supervised as a Deployment
 /// would be: a worker that exits is started again (after a backoff that
@@ -130,8 +130,8 @@ struct Slot {
     last_exit: Option<ExitStatus>,
     /// When to start it again, after an exit.
     restart_at: Option<Instant>,
-    /// The pause before the next restart.
-    backoff: Duration,
+    /// The pauses before this slot's next restarts.
+    pauses: Pauses,
 }
 
 impl WorkerProcesses {
@@ -153,7 +153,7 @@ impl WorkerProcesses {
                 exits: VecDeque::new(),
                 last_exit: None,
                 restart_at: None,
-                backoff: FIRST_BACKOFF,
+                pauses: RESTART_BACKOFF.pauses(),
             });
         }
         Ok(procs)
@@ -237,9 +237,9 @@ impl WorkerProcesses {
                         RESTART_WINDOW.as_secs()
                     )));
                 }
-                tracing::warn!(worker = i + 1, %status, "embedded worker exited; starting another in {:?}", slot.backoff);
-                slot.restart_at = Some(now + slot.backoff);
-                slot.backoff = (slot.backoff * 2).min(MAX_BACKOFF);
+                let pause = slot.pauses.next().unwrap_or(RESTART_BACKOFF.max);
+                tracing::warn!(worker = i + 1, %status, "embedded worker exited; starting another in {pause:?}");
+                slot.restart_at = Some(now + pause);
             }
             let slot = &self.slots[i];
             if slot.child.is_none() && slot.restart_at.is_some_and(|t| t <= now) {

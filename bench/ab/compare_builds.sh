@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Same-run A/B of two builds of loaderctl on the zero-compute (shared memory
+# and gRPC) and image scenarios: interleaved runs, the order alternating per
+# repeat, one JSON line per run on stdout (build, scenario, samples_per_s,
+# client_cpu_us_per_batch). Summarize with bench/ab/summarize.py.
+#   bench/ab/compare_builds.sh OLD_LOADERCTL NEW_LOADERCTL REPEATS IMAGE_DIR
+set -euo pipefail
+old="$1"; new="$2"; repeats="${3:-4}"; images="${4:-bench/data/imagenet-shaped}"
+common=(run --json --workers 2 --batch-size 64)
+scenario() {
+  case "$1" in
+    shm) echo "--samples 32000 --shape 3,224,224" ;;
+    grpc) echo "--samples 16000 --shape 3,224,224 --transport grpc" ;;
+    images) echo "--dataset imagefolder --path $images" ;;
+  esac
+}
+for r in $(seq 1 "$repeats"); do
+  for s in shm grpc images; do
+    if (( r % 2 )); then order=(old new); else order=(new old); fi
+    for b in "${order[@]}"; do
+      bin="$old"; [ "$b" = new ] && bin="$new"
+      # shellcheck disable=SC2046
+      out=$("$bin" "${common[@]}" $(scenario "$s"))
+      python3 -c 'import json,sys; v=json.loads(sys.argv[1]); print(json.dumps({"build": sys.argv[2], "scenario": sys.argv[3], "samples_per_s": v["samples_per_s"], "client_cpu_us_per_batch": v.get("client_cpu_us_per_batch")}))' "$out" "$b" "$s"
+    done
+  done
+done
