@@ -1,21 +1,25 @@
 #!/usr/bin/env bash
-# Same-run A/B of two builds of loaderctl on the zero-compute (shared memory
-# and gRPC) and image scenarios: interleaved runs, the order alternating per
-# repeat, one JSON line per run on stdout (build, scenario, samples_per_s,
-# client_cpu_us_per_batch). Summarize with bench/ab/summarize.py.
-#   bench/ab/compare_builds.sh OLD_LOADERCTL NEW_LOADERCTL REPEATS IMAGE_DIR
+# Same-run A/B of two builds of loaderctl: interleaved runs, the order
+# alternating per repeat, one JSON line per run on stdout (build, scenario,
+# samples_per_s, client_cpu_us_per_batch). Summarize with
+# bench/ab/summarize.py. Scenarios (SCENARIOS, default "shm grpc images"):
+# zero-compute 3x224x224 over shared memory and gRPC, the image pipeline,
+# and two small-batch cells (3x32x32 at batch 256; 2049 uint16 at batch 1).
+#   [SCENARIOS="..."] bench/ab/compare_builds.sh OLD_LOADERCTL NEW_LOADERCTL REPEATS IMAGE_DIR
 set -euo pipefail
 old="$1"; new="$2"; repeats="${3:-4}"; images="${4:-bench/data/imagenet-shaped}"
-common=(run --json --workers 2 --batch-size 64)
+common=(run --json --workers 2)
 scenario() {
   case "$1" in
-    shm) echo "--samples 32000 --shape 3,224,224" ;;
-    grpc) echo "--samples 16000 --shape 3,224,224 --transport grpc" ;;
-    images) echo "--dataset imagefolder --path $images" ;;
+    shm) echo "--batch-size 64 --samples 32000 --shape 3,224,224" ;;
+    grpc) echo "--batch-size 64 --samples 16000 --shape 3,224,224 --transport grpc" ;;
+    images) echo "--batch-size 64 --dataset imagefolder --path $images" ;;
+    small) echo "--batch-size 256 --samples 640000 --shape 3,32,32" ;;
+    tokens1) echo "--batch-size 1 --samples 100000 --shape 2049 --dtype uint16" ;;
   esac
 }
 for r in $(seq 1 "$repeats"); do
-  for s in shm grpc images; do
+  for s in ${SCENARIOS:-shm grpc images}; do
     if (( r % 2 )); then order=(old new); else order=(new old); fi
     for b in "${order[@]}"; do
       bin="$old"; [ "$b" = new ] && bin="$new"
