@@ -211,6 +211,14 @@ impl LoaderBuilder {
         self
     }
 
+    /// Serve this process's Prometheus metrics (batches consumed, stall
+    /// time) on `addr` (`IP:PORT`, port 0 for any free one; see
+    /// [`Loader::metrics_addr`]). Off by default.
+    pub fn metrics_listen(mut self, addr: impl Into<String>) -> Self {
+        self.options.metrics_listen = Some(addr.into());
+        self
+    }
+
     /// Embedded mode: the command that starts a worker (program, then
     /// leading arguments; `--coordinator URL --listen 127.0.0.1:0` are
     /// appended). Without it: `$LOADER_WORKER_BIN`, else `loader-worker`

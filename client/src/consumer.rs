@@ -33,6 +33,7 @@ use tokio::time::Instant;
 use crate::batch::{Batch, Transport};
 use crate::error::LoaderError;
 use crate::event::{Credit, Event, EventRx};
+use crate::meters::TrainerMeters;
 use crate::reorder::Reorder;
 use crate::ring::{GapWatch, Inbox, Pace};
 use crate::session::Session;
@@ -84,6 +85,8 @@ pub(crate) struct Consumer {
     async_wait: Option<AsyncFd<WaitFd>>,
     /// How many ring reports a wait sleeps through.
     pace: Pace,
+    /// Batches yielded and time waited, for Prometheus.
+    meters: TrainerMeters,
 }
 
 /// The ring's part in a wait.
@@ -179,7 +182,14 @@ impl Consumer {
             ready: Ready::default(),
             async_wait: None,
             pace: Pace::default(),
+            meters: TrainerMeters::default(),
         }
+    }
+
+    /// A consumer that records into `meters` (a loader with metrics on).
+    pub(crate) fn with_meters(mut self, meters: TrainerMeters) -> Self {
+        self.meters = meters;
+        self
     }
 
     /// A consumer resumed from a saved state: the batches below `next_seq`
@@ -365,6 +375,7 @@ impl Consumer {
         self.disarm_ring();
         let now = Instant::now();
         self.session.progress().add_stall(now - plan.waiting);
+        self.meters.stalled(now - plan.waiting);
         let arrived = match woke {
             Woke::Event(event) => match self.on_event(event) {
                 Some(e) => Err(e),
@@ -404,6 +415,7 @@ impl Consumer {
         if let Some((_, (batch, credit))) = self.reorder.pop() {
             credit.give_back();
             self.yielded += 1;
+            self.meters.consumed(batch.len());
             self.session
                 .progress()
                 .set_consumed(self.reorder.watermark());

@@ -36,6 +36,8 @@
 //! - `wake`: where a blocked consumer sleeps: one epoll set over the ring's
 //!   worker sockets and a doorbell for the background tasks' events.
 //! - `consumer`: `next()`: reorder, de-duplicate, return credits, end of job.
+//! - `meters`: batches consumed and stall time for Prometheus, when
+//!   `LoaderOptions::metrics_listen` serves them.
 //! - [`state`](LoaderState): [`LoaderState`], what [`Loader::state`] saves and
 //!   [`LoaderBuilder::resume`] continues from, exactly.
 //! - `reorder`: the reorder buffer keyed by sequence number.
@@ -59,6 +61,7 @@ mod error;
 mod event;
 mod fetch;
 mod loader;
+mod meters;
 mod options;
 mod reorder;
 mod ring;

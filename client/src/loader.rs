@@ -4,6 +4,7 @@
 //! ([`LoaderBuilder`](crate::LoaderBuilder)), which checked what to open.
 
 use std::collections::BTreeSet;
+use std::net::SocketAddr;
 use std::path::Path;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -23,6 +24,7 @@ use crate::consumer::{Consumer, STALL_GRACE};
 use crate::embedded::LocalCluster;
 use crate::error::LoaderError;
 use crate::event;
+use crate::meters::TrainerMeters;
 use crate::options::LoaderOptions;
 use crate::ring::{ConnContext, GapWatch, Inbox, Ring, RingConfig, SlotRing};
 use crate::routes::Routes;
@@ -70,6 +72,15 @@ pub(crate) async fn open(
     options: &LoaderOptions,
 ) -> Result<Loader, LoaderError> {
     let Seat { spec, rank, start: resume } = seat;
+    // Before any handle is made: handles made without the recorder record
+    // nothing.
+    let metrics_addr = match options.metrics_addr()? {
+        Some(addr) => Some(
+            loader_process::telemetry::metrics::serve(addr)
+                .map_err(|e| LoaderError::InvalidArgument(format!("metrics_listen: {e}")))?,
+        ),
+        None => None,
+    };
     // Batches in flight are counted in bytes (`loader_proto::window`):
     // small batches get a long window, a ring of many small slots and
     // as many stream credits, so hand-offs are paid per window.
@@ -148,6 +159,9 @@ pub(crate) async fn open(
         .map(|ring| GapWatch::new(ring, routes.listed(), session.lease_ttl(), STALL_GRACE));
     tokio::spawn(routes.run(stop.child_token()));
     let mut consumer = Consumer::new(events_rx, wait, session, stalled, total, options.in_order);
+    if metrics_addr.is_some() {
+        consumer = consumer.with_meters(TrainerMeters::new(job.job_id, rank));
+    }
     if let (Some(inbox), Some(gap)) = (inbox, gap) {
         consumer = consumer.with_ring(inbox, gap);
     }
@@ -165,6 +179,7 @@ pub(crate) async fn open(
         stop,
         handle: Handle::current(),
         runtime: None,
+        metrics_addr,
         #[cfg(feature = "embedded")]
         cluster: None,
         #[cfg(feature = "embedded")]
@@ -198,6 +213,8 @@ pub struct Loader {
     handle: Handle,
     /// Set by [`open_blocking`]: the runtime the loader owns.
     runtime: Option<Runtime>,
+    /// Where this process serves its metrics, when the options asked.
+    metrics_addr: Option<SocketAddr>,
     /// Embedded mode's coordinator and workers, handed over by the builder;
     /// dropped after everything else.
     #[cfg(feature = "embedded")]
@@ -222,6 +239,13 @@ impl Loader {
     /// Batches over all epochs for this rank.
     pub fn total_batches(&self) -> u64 {
         self.total
+    }
+
+    /// Where this process serves Prometheus metrics (`GET /metrics`), when
+    /// [`LoaderOptions::metrics_listen`](crate::LoaderOptions::metrics_listen)
+    /// asked for it: the bound address, so port 0 tells which port.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
     }
 
     /// The Unix socket co-located workers attach to the shared-memory ring

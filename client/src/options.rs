@@ -10,7 +10,8 @@
 //!
 //! ```json
 //! {"prefetch": 8, "in_order": true, "shared_memory": true, "ring": [16, 1048576],
-//!  "ring_dir": "/shared", "allow_ring_peer_uids": [1000], "coordinator_timeout": 15.0}
+//!  "ring_dir": "/shared", "allow_ring_peer_uids": [1000], "coordinator_timeout": 15.0,
+//!  "metrics_listen": "127.0.0.1:9464"}
 //! ```
 
 use std::collections::BTreeSet;
@@ -57,6 +58,11 @@ pub struct LoaderOptions {
     /// a coordinator restart is survived but a lost one is not waited for.
     #[serde(with = "seconds")]
     pub coordinator_timeout: Duration,
+    /// Serve this process's Prometheus metrics (`/metrics`: batches
+    /// consumed, stall time) on this `IP:PORT`, port 0 for any free one
+    /// ([`Loader::metrics_addr`](crate::Loader::metrics_addr) tells which);
+    /// None: no endpoint. One endpoint per process, shared by its loaders.
+    pub metrics_listen: Option<String>,
 }
 
 /// Slots of the shared-memory ring and bytes per slot; `[slots, slot_bytes]`
@@ -93,6 +99,7 @@ impl Default for LoaderOptions {
             ring_dir: None,
             allow_ring_peer_uids: BTreeSet::new(),
             coordinator_timeout: DEFAULT_COORDINATOR_TIMEOUT,
+            metrics_listen: None,
         }
     }
 }
@@ -105,7 +112,17 @@ impl LoaderOptions {
         if self.prefetch == 0 {
             return Err(LoaderError::InvalidArgument("prefetch must be > 0".into()));
         }
+        self.metrics_addr()?;
         Ok(())
+    }
+
+    /// The parsed [`metrics_listen`](Self::metrics_listen), if set.
+    pub(crate) fn metrics_addr(&self) -> Result<Option<std::net::SocketAddr>, LoaderError> {
+        self.metrics_listen
+            .as_deref()
+            .map(loader_process::telemetry::metrics::parse_listen)
+            .transpose()
+            .map_err(|e| LoaderError::InvalidArgument(format!("invalid loader option metrics_listen: {e}")))
     }
 
     /// Parses and checks options written as JSON (as [`to_json`](Self::to_json)
@@ -196,7 +213,7 @@ mod tests {
         assert_eq!(LoaderOptions::from_json("{}").expect("empty"), d);
         assert_eq!(
             d.to_json().expect("json"),
-            r#"{"prefetch":8,"in_order":true,"shared_memory":true,"ring":null,"ring_dir":null,"allow_ring_peer_uids":[],"coordinator_timeout":15.0}"#
+            r#"{"prefetch":8,"in_order":true,"shared_memory":true,"ring":null,"ring_dir":null,"allow_ring_peer_uids":[],"coordinator_timeout":15.0,"metrics_listen":null}"#
         );
     }
 
@@ -210,6 +227,7 @@ mod tests {
             ring_dir: Some(PathBuf::from("/shared/ring")),
             allow_ring_peer_uids: [1000, 65534].into(),
             coordinator_timeout: Duration::from_millis(2500),
+            metrics_listen: Some("127.0.0.1:0".into()),
         };
         let json = options.to_json().expect("json");
         assert!(json.contains(r#""ring":[6,65536]"#), "{json}");
@@ -241,6 +259,8 @@ mod tests {
             (r#"{"ring": [4]}"#, "invalid loader option ring: invalid length 1"),
             (r#"{"ring": [4, -1]}"#, "invalid loader option ring[1]: invalid value"),
             (r#"{"allow_ring_peer_uids": [-1]}"#, "invalid loader option allow_ring_peer_uids[0]"),
+            (r#"{"metrics_listen": "localhost:9464"}"#, "invalid loader option metrics_listen: invalid metrics address \"localhost:9464\": expected IP:PORT"),
+            (r#"{"metrics_listen": 9464}"#, "invalid loader option metrics_listen: invalid type"),
             (r#"[8]"#, "invalid loader options: expected a JSON object"),
             (r#"{} {}"#, "invalid loader options: trailing characters"),
         ] {

@@ -382,7 +382,7 @@ impl Session {
     /// call on it fails fast.
     pub(crate) fn unconnected(job: Job, consumer: u32) -> Self {
         let address = "http://127.0.0.1:1".to_owned();
-        let channel = tonic::transport::Endpoint::from_shared(address.clone())
+        let channel = crate::connect::endpoint(&address)
             .expect("static address")
             .connect_lazy();
         Session {

@@ -9,10 +9,14 @@
 //! - `consume`: the same measurement against an external coordinator.
 //! - `measure`: what both share: the job from flags, the consuming loop and
 //!   its report.
-//! - `status`: tables of a coordinator's workers, sessions and jobs, and
-//!   `drain`.
+//! - `status`: tables (or one JSON object) of a coordinator's workers,
+//!   sessions and jobs, the AdminService poll `top` shares, and `drain`.
+//! - `top`: the live view: rates from successive polls, one frame's text,
+//!   the redraw loop.
+//! - `terminal`: the terminal while `top` runs: alternate screen, keys
+//!   without Enter, restored on every way out.
 //! - `table`: plain aligned text tables.
-//! - `signals`: SIGTERM and SIGINT stop `run` and `consume` cleanly.
+//! - `signals`: SIGTERM and SIGINT stop `run`, `consume` and `top` cleanly.
 //! - `cpu`: this process's CPU time, less the embedded coordinator's
 //!   threads, for the per-batch figures of the reports.
 
@@ -23,6 +27,8 @@ mod run;
 mod signals;
 mod status;
 mod table;
+mod terminal;
+mod top;
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -50,6 +56,9 @@ pub enum Command {
     Consume(ConsumeArgs),
     /// Show a coordinator's workers, trainer sessions and jobs.
     Status(StatusArgs),
+    /// A live view of a coordinator's workers, sessions and jobs, with
+    /// rates, redrawn every interval.
+    Top(TopArgs),
     /// Tell a worker to drain: it finishes what it holds, takes no new
     /// tasks, and exits.
     Drain(DrainArgs),
@@ -208,6 +217,11 @@ pub struct MeasureArgs {
     /// runs can be compared batch for batch. Each line is flushed.
     #[arg(long, value_name = "FILE")]
     pub dump: Option<PathBuf>,
+    /// Serve this trainer's Prometheus metrics on ADDR (`/metrics`; port 0
+    /// picks one, printed as `metrics <addr>` on stderr). Under `run` the
+    /// embedded coordinator's metrics are served there too.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<String>,
 }
 
 /// Flags of `loaderctl drain`.
@@ -227,6 +241,44 @@ pub struct StatusArgs {
     /// Coordinator URL.
     #[arg(long, env = "LOADER_COORDINATOR", value_name = "URL")]
     pub coordinator: String,
+    /// Print one JSON object on one line instead of the tables, for
+    /// scripts.
+    ///
+    /// {"workers": [...], "sessions": [...], "jobs": [...]}. A worker has
+    /// worker_id, address, node, outstanding (batches assigned, not yet
+    /// delivered), delivered (batches), delivered_samples, busy (fraction
+    /// 0..1 of the last heartbeat interval its producer spent making
+    /// batches), last_seen_ms, draining. A session has session_id, job_id,
+    /// consumer (the rank), node, ring, last_seen_ms, stall_ms (total time
+    /// the trainer waited for batches). A job has job_id, name, dataset,
+    /// num_samples, batch_size, batches_per_epoch, error (null unless the
+    /// job failed) and consumers: consumer, assigned, delivered, resent,
+    /// consumed, total (batches). Field names are stable; new fields may be
+    /// added.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Flags of `loaderctl top`.
+#[derive(Debug, Clone, Args)]
+#[command(after_long_help = "Workers: samples/s and batches/s delivered, BUSY = time the producer spent making \
+batches, QUEUE = batches assigned and not yet delivered. Sessions: STALL = share of the interval the trainer \
+waited for batches, WATERMARK = batches consumed / total. Jobs: batches consumed / total, delivery rate, and \
+the ETA at that rate. Rates are differences between polls of the coordinator's AdminService, taken \
+between the heartbeats the polls saw (`-` until there are two). \
+Quit with q, Ctrl-C or SIGTERM; the terminal is restored and the exit code is 0.")]
+pub struct TopArgs {
+    /// Coordinator URL.
+    #[arg(long, env = "LOADER_COORDINATOR", value_name = "URL")]
+    pub coordinator: String,
+    /// Seconds between polls of the coordinator (and redraws), 0.1 to
+    /// 3600; fractions allowed.
+    #[arg(long, value_name = "SECONDS", default_value = "1", allow_negative_numbers = true)]
+    pub interval: String,
+    /// Print one frame (after two polls one interval apart, so rates are
+    /// real) as plain text on stdout, and exit.
+    #[arg(long)]
+    pub once: bool,
 }
 
 /// The whole `loaderctl` command line. Errors are printed as one line,
@@ -246,6 +298,10 @@ pub fn main() -> ExitCode {
         Command::Status(args) => {
             loader_process::telemetry::init();
             status::run(&args)
+        }
+        Command::Top(args) => {
+            loader_process::telemetry::init();
+            top::run(&args)
         }
         Command::Drain(args) => {
             loader_process::telemetry::init();

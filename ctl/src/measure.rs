@@ -82,14 +82,13 @@ impl TransportArg {
 
 /// Applies the transport and prefetch flags to a remote loader's builder.
 pub(super) fn configure(builder: LoaderBuilder, args: &MeasureArgs) -> LoaderBuilder {
-    builder
+    let builder = builder
         .prefetch(args.prefetch)
-        .shared_memory(args.transport.shared_memory())
-}
-
-/// Whether `--transport` asks for shared memory.
-pub(super) fn shared_memory(args: &MeasureArgs) -> bool {
-    args.transport.shared_memory()
+        .shared_memory(args.transport.shared_memory());
+    match &args.metrics_listen {
+        Some(addr) => builder.metrics_listen(addr.clone()),
+        None => builder,
+    }
 }
 
 /// Where and when `consume --save-state-after` writes the loader's state.
@@ -111,6 +110,9 @@ pub(super) fn consume_and_report(
     workers: Option<u64>,
     save: Option<SaveState>,
 ) -> anyhow::Result<()> {
+    if let Some(addr) = loader.metrics_addr() {
+        eprintln!("metrics {addr}");
+    }
     let mut dump = args.dump.as_deref().map(Dump::create).transpose()?;
     // A resumed loader starts part-way; the bar shows the whole job.
     let bar = progress_bar(loader.total_batches(), args.json);

@@ -7,7 +7,7 @@ use std::ffi::OsString;
 use anyhow::Context;
 
 use super::RunArgs;
-use super::measure::{consume_and_report, dataset_kind, job_spec, shared_memory, unlink_token_file};
+use super::measure::{configure, consume_and_report, dataset_kind, job_spec, unlink_token_file};
 use loader_client::Loader;
 
 /// Runs the job and prints the report.
@@ -20,9 +20,7 @@ pub(crate) fn run(args: &RunArgs) -> anyhow::Result<()> {
     let exe =
         std::env::current_exe().context("cannot find this executable to start workers from")?;
     let workers = usize::try_from(args.workers).unwrap_or(usize::MAX);
-    let loader = Loader::local_builder(spec, workers)
-        .prefetch(args.measure.prefetch)
-        .shared_memory(shared_memory(&args.measure))
+    let loader = configure(Loader::local_builder(spec, workers), &args.measure)
         .worker_command(Some(vec![exe.into_os_string(), OsString::from("__worker")]))
         .build()?;
     consume_and_report(

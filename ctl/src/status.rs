@@ -1,5 +1,7 @@
 //! `loaderctl status`: the coordinator's workers, trainer sessions and jobs,
-//! from AdminService; and `loaderctl drain`, which tells a worker to drain.
+//! from AdminService, as tables or as one JSON object (`--json`); the polls
+//! that `loaderctl top` shares; and `loaderctl drain`, which tells a worker
+//! to drain.
 
 use loader_proto::pb::admin_service_client::AdminServiceClient;
 use loader_proto::pb::dataset_spec::Kind;
@@ -7,6 +9,7 @@ use loader_proto::pb::{
     DrainWorkerRequest, Dtype, JobInfo, ListJobsRequest, ListSessionsRequest, ListWorkersRequest,
     SessionInfo, WorkerInfo,
 };
+use serde_json::json;
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -15,18 +18,29 @@ use super::{DrainArgs, StatusArgs};
 use loader_client::LoaderError;
 use loader_client::connect::{self, attempt};
 
-/// What `status` shows.
-#[derive(Debug, Default)]
-struct Status {
-    workers: Vec<WorkerInfo>,
-    sessions: Vec<SessionInfo>,
-    jobs: Vec<JobInfo>,
+/// What `status` shows: one poll of the three AdminService lists.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Status {
+    /// ListWorkers.
+    pub(crate) workers: Vec<WorkerInfo>,
+    /// ListSessions.
+    pub(crate) sessions: Vec<SessionInfo>,
+    /// ListJobs.
+    pub(crate) jobs: Vec<JobInfo>,
 }
 
-/// Prints the tables on stdout.
+/// Prints the tables, or the JSON object, on stdout.
 pub(crate) fn run(args: &StatusArgs) -> anyhow::Result<()> {
-    let status = runtime()?.block_on(fetch(&connect::normalize(&args.coordinator)))?;
-    print!("{}", render_status(&status));
+    let address = connect::normalize(&args.coordinator);
+    let status = runtime()?.block_on(async {
+        let mut admin = admin(&address).await?;
+        poll(&mut admin, &address).await
+    })?;
+    if args.json {
+        println!("{}", status_json(&status));
+    } else {
+        print!("{}", render_status(&status));
+    }
     Ok(())
 }
 
@@ -56,20 +70,21 @@ pub(crate) fn drain(args: &DrainArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime, LoaderError> {
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, LoaderError> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| LoaderError::Runtime(e.to_string()))
 }
 
-async fn admin(address: &str) -> Result<AdminServiceClient<Channel>, LoaderError> {
+/// A client of the coordinator's AdminService, connected (bounded).
+pub(crate) async fn admin(address: &str) -> Result<AdminServiceClient<Channel>, LoaderError> {
     let channel = connect::coordinator(address).await?;
     Ok(AdminServiceClient::new(channel).max_decoding_message_size(usize::MAX))
 }
 
-async fn fetch(address: &str) -> Result<Status, LoaderError> {
-    let mut admin = admin(address).await?;
+/// Lists workers, sessions and jobs, one bounded call each.
+pub(crate) async fn poll(admin: &mut AdminServiceClient<Channel>, address: &str) -> Result<Status, LoaderError> {
     let workers = attempt(
         address,
         "ListWorkers",
@@ -92,6 +107,76 @@ async fn fetch(address: &str) -> Result<Status, LoaderError> {
         sessions,
         jobs,
     })
+}
+
+/// The JSON object of `status --json`. The field names are an interface
+/// for scripts (listed in the flag's help): add, never rename.
+fn status_json(status: &Status) -> serde_json::Value {
+    let workers: Vec<serde_json::Value> = status
+        .workers
+        .iter()
+        .map(|w| {
+            json!({
+                "worker_id": w.worker_id,
+                "address": w.address,
+                "node": w.node,
+                "outstanding": w.outstanding,
+                "delivered": w.delivered,
+                "delivered_samples": w.delivered_samples,
+                "busy": w.busy,
+                "last_seen_ms": w.last_seen_ms,
+                "draining": w.draining,
+            })
+        })
+        .collect();
+    let sessions: Vec<serde_json::Value> = status
+        .sessions
+        .iter()
+        .map(|s| {
+            json!({
+                "session_id": s.session_id,
+                "job_id": s.job_id,
+                "consumer": s.consumer,
+                "node": s.node,
+                "ring": s.ring,
+                "last_seen_ms": s.last_seen_ms,
+                "stall_ms": s.stall_ms,
+            })
+        })
+        .collect();
+    let jobs: Vec<serde_json::Value> = status
+        .jobs
+        .iter()
+        .map(|info| {
+            let job = info.job.clone().unwrap_or_default();
+            let spec = job.spec.unwrap_or_default();
+            let consumers: Vec<serde_json::Value> = info
+                .consumers
+                .iter()
+                .map(|c| {
+                    json!({
+                        "consumer": c.consumer,
+                        "assigned": c.assigned,
+                        "delivered": c.delivered,
+                        "resent": c.resent,
+                        "consumed": c.consumed,
+                        "total": c.total,
+                    })
+                })
+                .collect();
+            json!({
+                "job_id": job.job_id,
+                "name": spec.name,
+                "dataset": dataset(&spec.dataset.and_then(|d| d.kind)),
+                "num_samples": job.num_samples,
+                "batch_size": spec.batch_size,
+                "batches_per_epoch": job.batches_per_epoch,
+                "error": (!info.error.is_empty()).then_some(&info.error),
+                "consumers": consumers,
+            })
+        })
+        .collect();
+    json!({ "workers": workers, "sessions": sessions, "jobs": jobs })
 }
 
 fn ago(ms: u64) -> String {
@@ -250,6 +335,60 @@ mod tests {
 
     use super::*;
 
+    /// One worker, one session and one job of the test below.
+    fn sample() -> Status {
+        let mut status = Status::default();
+        status.workers.push(WorkerInfo { worker_id: 7, address: "http://w:1".into(), busy: 0.25, ..Default::default() });
+        status.sessions.push(SessionInfo { session_id: 9, job_id: 3, stall_ms: 1500, ..Default::default() });
+        status.jobs.push(JobInfo {
+            job: Some(Job {
+                job_id: 3,
+                spec: Some(JobSpec { name: "demo".into(), batch_size: 8, ..Default::default() }),
+                num_samples: 100,
+                batches_per_epoch: 13,
+            }),
+            consumers: vec![ConsumerProgress { consumer: 0, delivered: 5, consumed: 4, total: 13, ..Default::default() }],
+            error: String::new(),
+        });
+        status
+    }
+
+    #[test]
+    fn json_names_every_field() {
+        let v = status_json(&sample());
+        let keys = |v: &serde_json::Value| {
+            let mut keys: Vec<String> = v.as_object().expect("object").keys().cloned().collect();
+            keys.sort();
+            keys
+        };
+        assert_eq!(keys(&v), ["jobs", "sessions", "workers"]);
+        assert_eq!(
+            keys(&v["workers"][0]),
+            [
+                "address", "busy", "delivered", "delivered_samples", "draining", "last_seen_ms", "node",
+                "outstanding", "worker_id"
+            ]
+        );
+        assert_eq!(v["workers"][0]["worker_id"], 7);
+        assert_eq!(v["workers"][0]["busy"], 0.25);
+        assert_eq!(
+            keys(&v["sessions"][0]),
+            ["consumer", "job_id", "last_seen_ms", "node", "ring", "session_id", "stall_ms"]
+        );
+        assert_eq!(v["sessions"][0]["stall_ms"], 1500);
+        assert_eq!(
+            keys(&v["jobs"][0]),
+            ["batch_size", "batches_per_epoch", "consumers", "dataset", "error", "job_id", "name", "num_samples"]
+        );
+        assert_eq!(v["jobs"][0]["name"], "demo");
+        assert_eq!(v["jobs"][0]["error"], serde_json::Value::Null);
+        assert_eq!(
+            keys(&v["jobs"][0]["consumers"][0]),
+            ["assigned", "consumed", "consumer", "delivered", "resent", "total"]
+        );
+        assert_eq!(v["jobs"][0]["consumers"][0]["consumed"], 4);
+    }
+
     #[test]
     fn renders_workers_and_jobs() {
         let workers = vec![WorkerInfo {
@@ -260,6 +399,8 @@ mod tests {
             delivered: 10,
             last_seen_ms: 250,
             draining: true,
+            busy: 0.5,
+            delivered_samples: 640,
         }];
         let sessions = vec![SessionInfo {
             session_id: 4294967297,

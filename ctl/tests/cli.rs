@@ -450,3 +450,146 @@ fn consume_saves_its_state_and_resumes_exactly_after_it() {
     assert_one_line_error(&run, "format 9 is not supported");
     });
 }
+
+/// A coordinator with two workers and a `loaderctl consume` child reading
+/// job `name` over gRPC (far longer than any test: it is killed, with the
+/// rest, when `body` returns), once the trainer has consumed something.
+fn with_consumer<T: Send + 'static>(name: &'static str, body: impl FnOnce(&Cluster) -> T + Send + 'static) -> T {
+    loader_e2e::run(Duration::from_secs(240), move |scope| {
+        let cluster = Cluster::start(&scope, 2);
+        cluster.wait_for_workers(2);
+        let url = cluster.url();
+        let _trainer = loader_e2e::loaderctl(
+            &scope,
+            &[
+                "consume", "--coordinator", &url, "--job-name", name, "--json", "--samples", "100000000",
+                "--shape", "1", "--batch-size", "4", "--transport", "grpc",
+            ],
+        );
+        cluster.admin().wait_for("the trainer consuming", Duration::from_secs(60), |admin| {
+            let consumed: u64 = admin
+                .jobs()?
+                .iter()
+                .filter(|j| j.job.as_ref().and_then(|j| j.spec.as_ref()).is_some_and(|s| s.name == name))
+                .flat_map(|j| j.consumers.iter().map(|c| c.consumed))
+                .sum();
+            Ok((consumed > 0 && !admin.sessions()?.is_empty()).then_some(()))
+        });
+        body(&cluster)
+    })
+}
+
+fn worker_ids(cluster: &Cluster) -> Vec<u64> {
+    let mut ids: Vec<u64> = cluster.admin().workers().expect("ListWorkers").iter().map(|w| w.worker_id).collect();
+    ids.sort_unstable();
+    ids
+}
+
+#[test]
+fn status_json_lists_workers_sessions_and_jobs() {
+    with_consumer("status-json", |cluster| {
+        let ids = worker_ids(cluster);
+        let v = json(&loaderctl(&["status", "--json", "--coordinator", &cluster.url()], Duration::from_secs(20)));
+        let workers = v["workers"].as_array().expect("workers");
+        let mut listed: Vec<u64> = workers.iter().map(|w| w["worker_id"].as_u64().expect("worker_id")).collect();
+        listed.sort_unstable();
+        assert_eq!(listed, ids, "{v}");
+        for w in workers {
+            assert!(w["address"].as_str().is_some_and(|a| a.starts_with("http://")), "{w}");
+            assert!(w["busy"].as_f64().is_some_and(|b| (0.0..=1.0).contains(&b)), "{w}");
+            assert_eq!(w["draining"], false, "{w}");
+            // Every batch of this job holds 4 samples.
+            let delivered = w["delivered"].as_u64().expect("delivered");
+            assert_eq!(w["delivered_samples"].as_u64(), Some(4 * delivered), "{w}");
+        }
+        let jobs = v["jobs"].as_array().expect("jobs");
+        let job = jobs.iter().find(|j| j["name"] == "status-json").unwrap_or_else(|| panic!("job not listed: {v}"));
+        assert_eq!(job["batch_size"], 4, "{job}");
+        assert_eq!(job["num_samples"], 100_000_000, "{job}");
+        assert_eq!(job["error"], serde_json::Value::Null, "{job}");
+        let rank0 = &job["consumers"][0];
+        assert_eq!(rank0["total"], 25_000_000, "{job}");
+        assert!(rank0["consumed"].as_u64().is_some_and(|c| c > 0), "{job}");
+        let sessions = v["sessions"].as_array().expect("sessions");
+        let session = sessions.iter().find(|s| s["job_id"] == job["job_id"]).unwrap_or_else(|| panic!("no session: {v}"));
+        assert_eq!(session["consumer"], 0, "{session}");
+        assert_eq!(session["ring"], false, "{session}");
+        assert!(session["stall_ms"].as_u64().is_some(), "{session}");
+    });
+}
+
+/// The rows under the section that starts with `section`, as cells.
+fn section_rows(out: &str, section: &str) -> Vec<Vec<String>> {
+    out.lines()
+        .skip_while(|l| !l.starts_with(section))
+        .skip(2)
+        .take_while(|l| !l.is_empty() && !["WORKERS", "SESSIONS", "JOBS"].iter().any(|s| l.starts_with(s)))
+        .map(|l| l.split_whitespace().map(str::to_owned).collect())
+        .collect()
+}
+
+#[test]
+fn top_once_renders_workers_sessions_and_job_progress() {
+    with_consumer("top-once", |cluster| {
+        let ids = worker_ids(cluster);
+        // Longer than a session's heartbeat interval (TTL / 3, 1.7 s), so
+        // that every worker and session reports between the two polls.
+        let run = loaderctl(
+            &["top", "--once", "--interval", "3", "--coordinator", &cluster.url()],
+            Duration::from_secs(20),
+        );
+        assert_eq!(run.code, Some(0), "{}", run.stderr);
+        let out = &run.stdout;
+        assert!(!out.contains('\x1b'), "escapes in a --once frame: {out:?}");
+        assert!(out.lines().any(|l| l == "WORKERS (2)"), "{out}");
+
+        // ID ADDRESS SAMPLES/S BATCHES/S BUSY QUEUE DRAINING
+        let workers = section_rows(out, "WORKERS");
+        let mut listed: Vec<u64> = workers.iter().map(|r| r[0].parse().expect("worker id")).collect();
+        listed.sort_unstable();
+        assert_eq!(listed, ids, "{out}");
+        for row in &workers {
+            assert_eq!(row.len(), 7, "{out}");
+            // Both polls listed every worker: real rates, not `-`.
+            assert!(row[2].parse::<f64>().is_ok() && row[3].parse::<f64>().is_ok(), "{out}");
+            assert!(row[4].ends_with('%'), "{out}");
+            assert_eq!(row[6], "no", "{out}");
+        }
+
+        // ID NAME PROGRESS(2 cells) BATCHES/S SAMPLES/S ETA
+        let jobs = section_rows(out, "JOBS");
+        let job = jobs.iter().find(|r| r[1] == "top-once").unwrap_or_else(|| panic!("no progress line: {out}"));
+        let (consumed, total) = job[2].split_once('/').expect("consumed/total");
+        assert!(consumed.parse::<u64>().is_ok_and(|c| c > 0), "{out}");
+        assert_eq!(total, "25000000", "{out}");
+        assert!(job[3].starts_with('(') && job[3].ends_with("%)"), "{out}");
+        assert!(job[4].parse::<f64>().is_ok(), "{out}");
+        assert!(!job[6].is_empty(), "{out}");
+
+        // ID JOB RANK NODE STALL WATERMARK
+        let sessions = section_rows(out, "SESSIONS");
+        let session = sessions.iter().find(|r| r[1] == job[0]).unwrap_or_else(|| panic!("no session of the job: {out}"));
+        assert_eq!(session[2], "0", "{out}");
+        assert!(session[4].ends_with('%'), "{out}");
+        assert!(session[5].ends_with("/25000000"), "{out}");
+    });
+}
+
+#[test]
+fn top_and_status_json_errors_are_one_line() {
+    let limit = Duration::from_secs(20);
+    let down = "http://127.0.0.1:1";
+    for interval in ["0", "soon", "-1"] {
+        let run = loaderctl(&["top", "--once", "--interval", interval, "--coordinator", down], limit);
+        assert_one_line_error(&run, &format!("--interval {interval:?}"));
+    }
+    assert_one_line_error(
+        &loaderctl(&["top", "--once", "--coordinator", down], limit),
+        "cannot reach coordinator http://127.0.0.1:1: ",
+    );
+    assert_one_line_error(&loaderctl(&["top", "--once", "--coordinator", "ftp://x:1"], limit), "ftp://x:1");
+    assert_one_line_error(
+        &loaderctl(&["status", "--json", "--coordinator", down], limit),
+        "cannot reach coordinator http://127.0.0.1:1: ",
+    );
+}

@@ -1,8 +1,10 @@
 //! The tracing subscriber of every Loader binary: human-readable lines on
 //! stderr (stdout carries the machine-readable output: `listening <addr>`,
 //! `--json` reports), filtered by `RUST_LOG`, warnings and errors by
-//! default. Exporters (OTLP, metrics) join the subscriber here, so every
-//! process gets them the same way.
+//! default. Exporters join here, so every process gets them the same way:
+//! [`metrics`] serves Prometheus metrics on `--metrics-listen`.
+
+pub mod metrics;
 
 /// Level filter used when `RUST_LOG` is unset or unparsable.
 const DEFAULT_FILTER: &str = "warn";

@@ -206,6 +206,13 @@ impl Plan {
         start..(start + self.batch_size).min(per)
     }
 
+    /// Samples in the batch with sequence number `seq` (of any consumer):
+    /// `batch_size`, less for the short last batch of an epoch.
+    pub fn batch_len(&self, seq: u64) -> u64 {
+        let positions = self.batch_positions(self.locate(seq).1);
+        positions.end - positions.start
+    }
+
     /// Dataset index of the sample at consumer-local `position` of `consumer`.
     pub fn index_at(&self, order: &EpochOrder, consumer: u32, position: u64) -> u64 {
         // DistributedSampler: rank r takes indices[r::W] of the padded list,
@@ -271,6 +278,9 @@ mod tests {
                     assert_eq!(p.batches_per_epoch(), expect.len() as u64, "n={n} b={b} w={w} drop={drop_last}");
                     let got: Vec<Vec<u64>> = (0..p.batches_per_epoch()).map(|s| p.batch_indices(r, s)).collect();
                     assert_eq!(got, expect, "n={n} b={b} w={w} r={r} drop={drop_last}");
+                    let lens: Vec<u64> = (0..p.total_batches()).map(|s| p.batch_len(s)).collect();
+                    let want: Vec<u64> = (0..p.epochs).flat_map(|_| expect.iter().map(|b| b.len() as u64)).collect();
+                    assert_eq!(lens, want, "batch_len n={n} b={b} w={w} drop={drop_last}");
                 }
             }
         }

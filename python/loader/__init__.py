@@ -161,6 +161,9 @@ class Loader:
         coordinator_timeout: seconds the coordinator may not answer while
             the loader runs (a restart is survived within it) before
             iteration raises ``LoaderError`` (default 15).
+        metrics_listen: ``"IP:PORT"`` to serve this process's Prometheus
+            metrics at ``/metrics`` (batches consumed, stall time; port 0
+            picks a free one); by default none. One endpoint per process.
     """
 
     def __init__(

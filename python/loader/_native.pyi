@@ -22,6 +22,7 @@ class LoaderOptions(TypedDict, total=False):
     ring_dir: Optional[Union[str, os.PathLike[str]]]
     allow_ring_peer_uids: list[int]
     coordinator_timeout: float
+    metrics_listen: Optional[str]
 
 class LoaderError(RuntimeError):
     """Loading failed: a worker or the coordinator could not deliver, or the job failed."""

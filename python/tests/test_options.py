@@ -20,6 +20,7 @@ def test_defaults_and_names_come_from_the_rust_sdk():
         "ring_dir": None,
         "allow_ring_peer_uids": [],
         "coordinator_timeout": 15.0,
+        "metrics_listen": None,
     }
     assert loader.DEFAULT_PREFETCH == 8
 

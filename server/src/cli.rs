@@ -29,6 +29,11 @@ struct Args {
     /// Batches per task handed to a worker.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..))]
     range_len: u64,
+    /// Serve Prometheus metrics on this address, at /metrics (e.g.
+    /// 0.0.0.0:9464; port 0 picks a free one, printed as `metrics <addr>`).
+    /// Off by default.
+    #[arg(long, value_name = "ADDR")]
+    metrics_listen: Option<String>,
 }
 
 /// Runs the CLI with `args` (including the program name); returns the exit code.
@@ -59,6 +64,11 @@ fn run(args: Args) -> Result<(), String> {
         .listen
         .parse()
         .map_err(|e| format!("invalid --listen address {:?}: {e} (expected HOST:PORT, e.g. 127.0.0.1:7070)", args.listen))?;
+    let metrics = args
+        .metrics_listen
+        .as_deref()
+        .map(|given| loader_process::telemetry::metrics::parse_listen(given).map_err(|e| format!("--metrics-listen: {e}")))
+        .transpose()?;
     let ttl = Duration::from_millis(args.lease_ttl_ms);
     let config = ServerConfig {
         lease_ttl: ttl,
@@ -72,7 +82,13 @@ fn run(args: Args) -> Result<(), String> {
             .await
             .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
         let local = listener.local_addr().map_err(|e| format!("cannot read listening address: {e}"))?;
+        let metrics = metrics
+            .map(|addr| loader_process::telemetry::metrics::serve(addr).map_err(|e| format!("--metrics-listen: {e}")))
+            .transpose()?;
         println!("listening {local}");
+        if let Some(addr) = metrics {
+            println!("metrics {addr}");
+        }
         let _ = std::io::stdout().flush();
         crate::serve(listener, config, loader_process::signals::stop_requested()).await.map_err(|e| e.to_string())
     })

@@ -93,6 +93,9 @@ pub(crate) struct WorkerReport {
     pub(crate) failed: Vec<pb::Failed>,
     /// Its window per job (see `loader_proto::window`).
     pub(crate) windows: Vec<pb::JobWindow>,
+    /// Fraction of wall time its producer was busy since its previous
+    /// heartbeat (shown to operators only).
+    pub(crate) busy: f64,
 }
 
 impl HeartbeatOutcome {
@@ -215,6 +218,10 @@ impl Coordinator {
         let mut t = self.lock();
         let s = t.sessions.sessions.get_mut(&session_id)?;
         s.last_seen = Instant::now();
+        // A trainer's stall only grows; the 0 of `close_session` is no report.
+        if stall_ms >= s.stall_ms {
+            crate::meters::trainer_stall(s.job_id, s.consumer, session_id, stall_ms);
+        }
         s.stall_ms = stall_ms;
         let (job_id, consumer) = (s.job_id, s.consumer);
         let job = t.jobs.get_mut(job_id)?;
@@ -295,13 +302,16 @@ impl Coordinator {
     /// Records delivered and failed batches and the worker's windows; false
     /// when the worker is unknown.
     fn apply_report(&self, worker_id: u64, report: WorkerReport) -> bool {
-        let WorkerReport { delivered, failed, windows } = report;
+        let WorkerReport { delivered, failed, windows, busy } = report;
         let mut guard = self.lock();
         let t = &mut *guard;
         let Some(w) = t.workers.workers.get_mut(&worker_id) else {
             return false;
         };
         w.last_seen = Instant::now();
+        if busy.is_finite() {
+            w.busy = busy.clamp(0.0, 1.0);
+        }
         w.set_windows(windows.into_iter().map(|jw| (jw.job_id, jw.batches)));
         for d in delivered {
             let key = (d.job_id, d.consumer);
@@ -311,10 +321,12 @@ impl Coordinator {
             let moved: Vec<u64> = d.seqs.iter().copied().filter(|s| held.remove(s)).collect();
             let n = moved.len() as u64;
             w.delivered += n;
+            crate::meters::delivered(d.job_id, n);
             if n > 0
                 && let Some(job) = t.jobs.get_mut(d.job_id)
             {
                 job.delivered_any = true;
+                w.delivered_samples += moved.iter().map(|&seq| job.plan.batch_len(seq)).sum::<u64>();
             }
             if let Some(c) = t.jobs.get_mut(d.job_id).and_then(|j| j.consumers.get_mut(d.consumer as usize)) {
                 c.delivered += n;
@@ -443,6 +455,8 @@ impl Coordinator {
             alive
         });
         let sessions = before - t.sessions.sessions.len();
+        crate::meters::lease_expired("worker", dead.len());
+        crate::meters::lease_expired("session", sessions);
         orphans.sort_unstable();
         orphans.dedup();
         let mut told = 0;
@@ -460,6 +474,7 @@ impl Coordinator {
                 "consumer has no session; batches held for it taken back"
             );
         }
+        crate::meters::tables(t.workers.workers.len(), t.sessions.sessions.len(), t.jobs.iter().count());
         drop(guard);
         // Wake long polls: requeued batches, and workers to tell.
         if !dead.is_empty() || told > 0 {
@@ -540,6 +555,8 @@ impl Coordinator {
                 delivered: w.delivered,
                 last_seen_ms: now.duration_since(w.last_seen).as_millis() as u64,
                 draining: w.draining,
+                busy: w.busy,
+                delivered_samples: w.delivered_samples,
             })
             .collect()
     }

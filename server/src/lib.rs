@@ -13,6 +13,8 @@
 //! - `admission`: refuses a job whose batches fit no worker's memory.
 //! - `jobs`, `workers`, `sessions`, `range_queue`: the tables it keeps.
 //! - `journal`: jobs and watermarks in redb, so a restart resumes delivery.
+//! - `meters`: what the coordinator records for Prometheus (leases,
+//!   requeues, deliveries, trainers' stall).
 //! - `service`: the gRPC services, thin adapters over the coordinator.
 //! - [`error`]: errors and their single mapping to gRPC codes.
 //! - [`cli`]: the `loader-server` command line.
@@ -24,6 +26,7 @@ mod coordinator;
 pub mod error;
 mod jobs;
 mod journal;
+mod meters;
 mod range_queue;
 mod service;
 mod sessions;

@@ -31,6 +31,11 @@ pub(crate) struct WorkerState {
     pub(crate) unacked: BTreeMap<ConsumerKey, BTreeSet<u64>>,
     /// Batches it delivered since it registered.
     pub(crate) delivered: u64,
+    /// Samples in those batches, for operators' samples per second.
+    pub(crate) delivered_samples: u64,
+    /// Fraction of wall time its producer was busy, from its latest
+    /// heartbeat, for operators.
+    pub(crate) busy: f64,
     /// Told to drain: it gets no new tasks and leaves when done.
     pub(crate) draining: bool,
     /// Consumers it held batches for that nobody will fetch any more (their
@@ -90,6 +95,8 @@ impl WorkerTable {
             outstanding: BTreeMap::new(),
             unacked: BTreeMap::new(),
             delivered: 0,
+            delivered_samples: 0,
+            busy: 0.0,
             draining: false,
             ended: BTreeSet::new(),
         };

@@ -8,7 +8,7 @@ use loader_proto::pb::admin_service_client::AdminServiceClient;
 use loader_proto::pb::{
     DrainWorkerRequest, JobInfo, ListJobsRequest, ListSessionsRequest, ListWorkersRequest, SessionInfo, WorkerInfo,
 };
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 /// Longest one admin call may take.
 const CALL: Duration = Duration::from_secs(5);
@@ -30,10 +30,7 @@ impl Admin {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("admin runtime");
         let channel = {
             let _enter = runtime.enter();
-            Endpoint::from_shared(url.to_owned())
-                .expect("coordinator URL")
-                .connect_timeout(Duration::from_secs(1))
-                .connect_lazy()
+            loader_process::grpc::endpoint(url).expect("coordinator URL").connect_lazy()
         };
         Admin { runtime, client: AdminServiceClient::new(channel) }
     }

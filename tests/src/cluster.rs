@@ -27,6 +27,8 @@ pub struct ClusterBuilder {
     /// `RUST_LOG` of the workers, for tests that check what they log below
     /// the default level (warn).
     worker_log: Option<String>,
+    /// `--metrics-listen 127.0.0.1:0` on the coordinator and every worker.
+    metrics: bool,
 }
 
 impl ClusterBuilder {
@@ -61,6 +63,13 @@ impl ClusterBuilder {
         self
     }
 
+    /// Serve Prometheus metrics from the coordinator and every worker, each
+    /// on a port of its own (see [`Proc::announced`] with `"metrics "`).
+    pub fn metrics(mut self) -> Self {
+        self.metrics = true;
+        self
+    }
+
     /// Address the coordinator listens on (default `127.0.0.1:0`).
     pub fn listen(mut self, addr: impl Into<String>) -> Self {
         self.listen = addr.into();
@@ -87,6 +96,9 @@ fn start_server(scope: &Scope, config: &ClusterBuilder, listen: &str) -> Proc {
     }
     if let Some(dir) = &config.state_dir {
         args.extend(["--state-dir".to_owned(), dir.display().to_string()]);
+    }
+    if config.metrics {
+        args.extend(["--metrics-listen".to_owned(), "127.0.0.1:0".to_owned()]);
     }
     Proc::listening(scope, "loader-server", &args)
 }
@@ -115,6 +127,7 @@ impl Cluster {
             listen: "127.0.0.1:0".into(),
             capture_worker_stderr: false,
             worker_log: None,
+            metrics: false,
         }
     }
 
@@ -148,6 +161,9 @@ impl Cluster {
     pub fn add_worker_with(&mut self, extra: &[&str]) -> &Proc {
         let mut command = Command::new(binary("loader-worker"));
         command.args(["--coordinator", &self.url(), "--listen", "127.0.0.1:0"]).args(extra);
+        if self.config.metrics {
+            command.args(["--metrics-listen", "127.0.0.1:0"]);
+        }
         if let Some(filter) = &self.config.worker_log {
             command.env("RUST_LOG", filter);
         }

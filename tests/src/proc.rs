@@ -127,6 +127,20 @@ impl Proc {
         self.stdout.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
+    /// What follows `prefix` on the first stdout line that starts with it
+    /// (e.g. `metrics ` for the metrics address); panics if no such line
+    /// comes within `limit`.
+    pub fn announced(&self, prefix: &str, limit: Duration) -> String {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(rest) = self.stdout().iter().find_map(|l| l.strip_prefix(prefix)) {
+                return rest.to_owned();
+            }
+            assert!(Instant::now() < deadline, "{} printed no {prefix:?} line within {limit:?}", self.name);
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// Every line printed on stderr so far (empty unless started with
     /// [`Proc::spawn_capturing_stderr`]).
     pub fn stderr(&self) -> Vec<String> {

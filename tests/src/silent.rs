@@ -11,7 +11,6 @@ use std::time::Duration;
 use loader_proto::PROTOCOL_VERSION;
 use loader_proto::pb::trainer_service_client::TrainerServiceClient;
 use loader_proto::pb::{CreateOrAttachJobRequest, JobSpec, OpenSessionRequest, SessionHeartbeatRequest};
-use tonic::transport::Endpoint;
 
 /// Longest one call may take.
 const CALL: Duration = Duration::from_secs(5);
@@ -44,7 +43,7 @@ impl SilentTrainer {
             .spawn(move || {
                 let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
                 runtime.block_on(async move {
-                    let channel = Endpoint::from_shared(url).expect("coordinator URL").connect_lazy();
+                    let channel = loader_process::grpc::endpoint(&url).expect("coordinator URL").connect_lazy();
                     let mut client = TrainerServiceClient::new(channel);
                     let job = tokio::time::timeout(
                         CALL,

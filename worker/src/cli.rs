@@ -4,6 +4,7 @@
 
 use std::ffi::OsString;
 use std::io::Write;
+use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -43,6 +44,15 @@ struct Args {
     /// Seconds to keep retrying the first registration.
     #[arg(long, default_value_t = 5.0, value_name = "SECS", value_parser = parse_secs, allow_hyphen_values = true)]
     connect_timeout: f64,
+    /// Serve Prometheus metrics on this address, at /metrics (e.g.
+    /// 0.0.0.0:9464; port 0 picks a free one, printed as `metrics <addr>`).
+    /// Off by default.
+    #[arg(long, env = "LOADER_METRICS_LISTEN", value_name = "ADDR", value_parser = parse_metrics_listen)]
+    metrics_listen: Option<SocketAddr>,
+}
+
+fn parse_metrics_listen(s: &str) -> Result<SocketAddr, String> {
+    loader_process::telemetry::metrics::parse_listen(s).map_err(|e| e.to_string())
 }
 
 fn parse_secs(s: &str) -> Result<f64, String> {
@@ -97,10 +107,14 @@ async fn serve(args: Args, datasets: Datasets) -> Result<(), WorkerError> {
     let local = listener
         .local_addr()
         .map_err(|source| WorkerError::Listen { addr: args.listen.clone(), source })?;
+    let metrics = args.metrics_listen.map(loader_process::telemetry::metrics::serve).transpose()?;
     {
         let mut out = std::io::stdout().lock();
         // A closed stdout (parent not reading) must not stop the worker.
         let _ = writeln!(out, "listening {local}").and_then(|()| out.flush());
+        if let Some(addr) = metrics {
+            let _ = writeln!(out, "metrics {addr}").and_then(|()| out.flush());
+        }
     }
     let config = WorkerConfig {
         coordinator: args.coordinator,
@@ -131,4 +145,22 @@ fn clap_message(e: &clap::Error) -> String {
 fn fail(message: &str) -> ExitCode {
     let _ = writeln!(std::io::stderr().lock(), "loader-worker: error: {message}");
     ExitCode::FAILURE
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bad_metrics_address_is_one_line_naming_the_flag() {
+        let base = ["loader-worker", "--coordinator", "http://127.0.0.1:1", "--listen", "127.0.0.1:0"];
+        let ok = Args::try_parse_from(base.iter().chain(&["--metrics-listen", "127.0.0.1:0"])).expect("port 0");
+        assert_eq!(ok.metrics_listen, Some(SocketAddr::from(([127, 0, 0, 1], 0))));
+        assert_eq!(Args::try_parse_from(base).expect("off").metrics_listen, None);
+        let e = Args::try_parse_from(base.iter().chain(&["--metrics-listen", "localhost:9464"])).expect_err("host name");
+        let message = clap_message(&e);
+        assert!(message.contains("--metrics-listen"), "{message}");
+        assert!(message.contains("invalid metrics address \"localhost:9464\": expected IP:PORT"), "{message}");
+        assert!(!message.contains('\n'), "{message}");
+    }
 }

@@ -15,6 +15,8 @@
 //! sample and its index list says exactly which samples it holds. The caller
 //! logs and counts what was skipped.
 
+use std::time::{Duration, Instant};
+
 use bytes::{Bytes, BytesMut};
 use loader_proto::batch::{BatchError, BatchLayout, BatchMeta, TensorDesc};
 use loader_proto::pb::CorruptPolicy;
@@ -63,6 +65,9 @@ pub struct Collated {
     pub len: usize,
     /// Samples left out, in batch order.
     pub skipped: Vec<Skipped>,
+    /// Time spent reading (and transforming) the samples, of the whole
+    /// time the batch took: the worker's per-stage timings.
+    pub read: Duration,
 }
 
 /// The layout of a batch of `samples` samples of `dataset`.
@@ -88,7 +93,8 @@ pub fn collate(
     rules: BatchRules,
 ) -> Result<(Bytes, Vec<Skipped>), CollateError> {
     let layout = layout(dataset, indices.len())?;
-    collate_bytes(dataset, &layout, meta, indices, rules)
+    let (bytes, collated) = collate_bytes(dataset, &layout, meta, indices, rules)?;
+    Ok((bytes, collated.skipped))
 }
 
 /// Builds the batch `meta` with a `layout` already computed, in a buffer of
@@ -99,11 +105,11 @@ pub fn collate_bytes(
     meta: &BatchMeta,
     indices: &[u64],
     rules: BatchRules,
-) -> Result<(Bytes, Vec<Skipped>), CollateError> {
+) -> Result<(Bytes, Collated), CollateError> {
     let mut buf = BytesMut::zeroed(layout.total_len());
     let collated = fill(dataset, layout, meta, indices, rules, &mut buf, true)?;
     buf.truncate(collated.len);
-    Ok((buf.freeze(), collated.skipped))
+    Ok((buf.freeze(), collated))
 }
 
 /// Writes the batch `meta` at the front of `buf` (a shared-memory slot),
@@ -139,6 +145,7 @@ fn fill(
     let row_len: Vec<usize> = payloads.iter().map(|p| p.len() / indices.len().max(1)).collect();
     let mut kept = Vec::with_capacity(indices.len());
     let mut skipped = Vec::new();
+    let reading = Instant::now();
     for &index in indices {
         // The next free row of every tensor: a skipped sample's rows are
         // written again by the sample after it.
@@ -157,12 +164,13 @@ fn fill(
             Err(e) => return Err(e.into()),
         }
     }
+    let read = reading.elapsed();
     if skipped.is_empty() {
-        return Ok(Collated { len: layout.total_len(), skipped });
+        return Ok(Collated { len: layout.total_len(), skipped, read });
     }
     let short = layout.truncated(kept.len())?;
     short.write(meta, &kept, buf)?;
-    Ok(Collated { len: short.total_len(), skipped })
+    Ok(Collated { len: short.total_len(), skipped, read })
 }
 
 #[cfg(test)]

@@ -63,6 +63,9 @@ pub enum WorkerError {
     /// The gRPC server failed.
     #[error("batch server failed: {0}")]
     Serve(String),
+    /// `--metrics-listen` could not be served.
+    #[error("--metrics-listen: {0}")]
+    Metrics(#[from] loader_process::telemetry::metrics::MetricsError),
 }
 
 /// Why a `Fetch` call was refused.

@@ -19,12 +19,16 @@
 //!   (see [`run_with_datasets`] and `examples/custom-worker`).
 //! - [`image`]: the image pipeline (decode, crops, resizes, flips,
 //!   normalize) that the image datasets run per sample.
+//! - `busy`: the fraction of wall time the producer spends making batches,
+//!   marked around each batch and read by the link for each heartbeat.
 //! - [`collate`]: one batch written in place into one buffer in the wire
 //!   format of `loader_proto::batch`.
 //! - `window`: how many batches this worker holds per consumer of each
 //!   job, sized by the job's batch bytes, announced to the coordinator.
 //! - [`budget`]: the memory the batches a worker holds may take, and the
 //!   refusal of a job whose batches do not fit it.
+//! - `meters`: what the worker records for Prometheus, with each
+//!   consumer's handles built once (served with `--metrics-listen`).
 //! - `outbox`: per-consumer queues of produced batches, handed out one per
 //!   credit to the consumer's current `Fetch` stream.
 //! - `ring`: the shared-memory transport to co-located trainers: one Unix
@@ -35,6 +39,7 @@
 //!   statuses.
 
 pub mod budget;
+mod busy;
 pub mod cli;
 pub mod collate;
 pub mod config;
@@ -43,6 +48,7 @@ mod drain;
 pub mod error;
 pub mod image;
 mod link;
+mod meters;
 mod outbox;
 mod producer;
 mod ring;

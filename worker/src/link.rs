@@ -305,7 +305,10 @@ impl Link {
                 failed: failed.clone(),
                 wait_ms: wait.as_millis() as u64,
                 windows: self.windows.announce(),
+                busy: self.producer.take_busy(std::time::Instant::now()),
             };
+            crate::meters::busy(request.busy);
+            self.outboxes.sample_meters();
             let started = Instant::now();
             match timeout_at(lease_end, self.client.heartbeat(request)).await {
                 Ok(Ok(resp)) => {

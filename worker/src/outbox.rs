@@ -13,11 +13,14 @@
 use std::collections::{BTreeMap, HashMap};
 use std::pin::pin;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
 
 use bytes::Bytes;
 use loader_proto::ConsumerKey;
 use loader_proto::pb::Delivered;
 use tokio::sync::Notify;
+
+use crate::meters::{BLOCKED_TICK, BlockedClock, ConsumerMeters, Meters};
 
 /// Deliveries not yet reported to the coordinator.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -38,6 +41,8 @@ pub(crate) struct Outboxes {
     /// Wakes the coordinator link when a batch was delivered. A permit is
     /// stored when nobody waits, so reports coalesce into one heartbeat.
     report: Notify,
+    /// Each consumer's metric handles, shared with the producer.
+    meters: Meters,
 }
 
 #[derive(Debug, Default)]
@@ -57,10 +62,10 @@ struct State {
     progress: u64,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Outbox {
     /// Produced batches by seq, handed out lowest first.
-    batches: BTreeMap<u64, Bytes>,
+    batches: BTreeMap<u64, Queued>,
     /// Generation of the attached stream, if any.
     stream: Option<u64>,
     /// Session of the attached stream, for logs.
@@ -69,9 +74,25 @@ struct Outbox {
     credits: u64,
     /// Wakes the attached stream (and a replaced one, so that it ends).
     wake: Arc<Notify>,
+    /// The consumer's metric handles.
+    meters: Arc<ConsumerMeters>,
+}
+
+/// A produced batch waiting for its stream.
+#[derive(Debug)]
+struct Queued {
+    batch: Bytes,
+    /// Samples it holds, for the delivery counters.
+    samples: u64,
+    /// When it was queued, for the deliver stage's timing.
+    at: Instant,
 }
 
 impl Outbox {
+    fn new(meters: Arc<ConsumerMeters>) -> Self {
+        Self { batches: BTreeMap::new(), stream: None, session: 0, credits: 0, wake: Arc::default(), meters }
+    }
+
     fn idle(&self) -> bool {
         self.stream.is_none() && self.batches.is_empty()
     }
@@ -89,16 +110,21 @@ impl Outboxes {
         self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Queues a produced batch for its consumer. Dropped if the worker is
-    /// closed.
-    pub(crate) fn push(&self, key: ConsumerKey, seq: u64, batch: Bytes) {
+    /// The metric handles of every consumer.
+    pub(crate) fn meters(&self) -> &Meters {
+        &self.meters
+    }
+
+    /// Queues a produced batch of `samples` samples for its consumer.
+    /// Dropped if the worker is closed.
+    pub(crate) fn push(&self, key: ConsumerKey, seq: u64, batch: Bytes, samples: u64) {
         let mut state = self.lock();
         if state.closed {
             return;
         }
         state.progress += 1;
-        let outbox = state.boxes.entry(key).or_default();
-        outbox.batches.insert(seq, batch);
+        let outbox = state.boxes.entry(key).or_insert_with(|| Outbox::new(self.meters.consumer(key)));
+        outbox.batches.insert(seq, Queued { batch, samples, at: Instant::now() });
         outbox.wake.notify_waiters();
     }
 
@@ -108,7 +134,7 @@ impl Outboxes {
         let mut state = self.lock();
         state.generation += 1;
         let generation = state.generation;
-        let outbox = state.boxes.entry(key).or_default();
+        let outbox = state.boxes.entry(key).or_insert_with(|| Outbox::new(self.meters.consumer(key)));
         if outbox.stream.is_some() {
             tracing::debug!(job = key.0, consumer = key.1, old = outbox.session, new = session, "stream replaced");
         }
@@ -116,7 +142,8 @@ impl Outboxes {
         outbox.session = session;
         outbox.credits = u64::from(credits);
         outbox.wake.notify_waiters();
-        Attachment { outboxes: Arc::clone(self), key, generation }
+        let meters = Arc::clone(&outbox.meters);
+        Attachment { outboxes: Arc::clone(self), key, generation, meters }
     }
 
     /// True when no batch waits for delivery.
@@ -127,6 +154,15 @@ impl Outboxes {
     /// Batches waiting for delivery, over every consumer.
     pub(crate) fn len(&self) -> usize {
         self.lock().boxes.values().map(|o| o.batches.len()).sum()
+    }
+
+    /// Sets the gauges of batches waiting and of credits not yet used.
+    pub(crate) fn sample_meters(&self) {
+        let state = self.lock();
+        let batches = state.boxes.values().map(|o| o.batches.len()).sum();
+        let credits = state.boxes.values().filter(|o| o.stream.is_some()).map(|o| o.credits).sum();
+        drop(state);
+        crate::meters::outboxes(batches, credits);
     }
 
     /// Batches queued or handed over since the worker started; it moves
@@ -226,12 +262,16 @@ pub(crate) struct Attachment {
     key: ConsumerKey,
     /// This stream's generation; stale once a newer stream attaches.
     generation: u64,
+    /// The consumer's metric handles.
+    meters: Arc<ConsumerMeters>,
 }
 
 /// What the stream should do next.
 enum Step {
     Send(Bytes),
-    Wait(Arc<Notify>),
+    /// Wait for a wake-up; `true`: batches are queued but the trainer
+    /// granted no credit (it is not reading).
+    Wait(Arc<Notify>, bool),
     End,
 }
 
@@ -250,11 +290,15 @@ impl Attachment {
     /// The next batch for this stream: waits for both a credit and a batch.
     /// `None` once the stream was replaced or the worker closed.
     pub(crate) async fn next(&self) -> Option<Bytes> {
+        let mut blocked = BlockedClock::new(&self.meters.blocked_grpc);
         loop {
             let wake = match self.step() {
                 Step::Send(batch) => return Some(batch),
                 Step::End => return None,
-                Step::Wait(wake) => wake,
+                Step::Wait(wake, no_credit) => {
+                    blocked.tick(no_credit);
+                    wake
+                }
             };
             // Register interest, then look again: a push or credit between
             // the first look and the wait is not missed.
@@ -263,7 +307,15 @@ impl Attachment {
             match self.step() {
                 Step::Send(batch) => return Some(batch),
                 Step::End => return None,
-                Step::Wait(_) => notified.await,
+                Step::Wait(_, no_credit) => {
+                    blocked.tick(no_credit);
+                    if blocked.running() {
+                        // Wakes to count the blocked time as it goes.
+                        let _ = tokio::time::timeout(BLOCKED_TICK, notified).await;
+                    } else {
+                        notified.await;
+                    }
+                }
             }
         }
     }
@@ -280,12 +332,14 @@ impl Attachment {
             return Step::End;
         }
         if outbox.credits == 0 {
-            return Step::Wait(Arc::clone(&outbox.wake));
+            return Step::Wait(Arc::clone(&outbox.wake), !outbox.batches.is_empty());
         }
-        let Some((seq, batch)) = outbox.batches.pop_first() else {
-            return Step::Wait(Arc::clone(&outbox.wake));
+        let Some((seq, Queued { batch, samples, at })) = outbox.batches.pop_first() else {
+            return Step::Wait(Arc::clone(&outbox.wake), false);
         };
         outbox.credits -= 1;
+        outbox.meters.grpc.record(samples, batch.len() as u64);
+        outbox.meters.delivered_after(at.elapsed());
         state.progress += 1;
         state.delivered.entry(self.key).or_default().push(seq);
         drop(state);
@@ -330,11 +384,13 @@ mod tests {
         o.take_delivered().into_iter().flat_map(|d| d.seqs).collect()
     }
 
-    #[test]
-    fn credits_bound_what_is_sent() {
+    // On a runtime: a stream blocked for want of credits wakes on a timer
+    // to count its blocked time.
+    #[tokio::test]
+    async fn credits_bound_what_is_sent() {
         let o = Outboxes::new();
         for seq in 0..5 {
-            o.push(KEY, seq, batch(seq));
+            o.push(KEY, seq, batch(seq), 1);
         }
         let a = o.attach(KEY, 9, 2);
         assert_eq!(ready(&a), Some(Some(batch(0))));
@@ -356,7 +412,7 @@ mod tests {
         let a = o.attach(KEY, 9, 1);
         let waiter = tokio::spawn(async move { a.next().await });
         tokio::task::yield_now().await;
-        o.push(KEY, 0, batch(0));
+        o.push(KEY, 0, batch(0), 1);
         assert_eq!(waiter.await.expect("join"), Some(batch(0)));
         // The link was told there is something to report.
         o.delivered().await;
@@ -368,10 +424,10 @@ mod tests {
         let o = Outboxes::new();
         let a = o.attach(KEY, 1, 0);
         for seq in [5, 6, 7] {
-            o.push(KEY, seq, batch(seq));
+            o.push(KEY, seq, batch(seq), 1);
         }
         // Seq 2 was requeued after its first worker died.
-        o.push(KEY, 2, batch(2));
+        o.push(KEY, 2, batch(2), 1);
         a.add_credits(2);
         assert_eq!(ready(&a), Some(Some(batch(2))));
         assert_eq!(ready(&a), Some(Some(batch(5))));
@@ -381,7 +437,7 @@ mod tests {
     fn a_replacing_stream_receives_the_remaining_batches() {
         let o = Outboxes::new();
         for seq in 0..4 {
-            o.push(KEY, seq, batch(seq));
+            o.push(KEY, seq, batch(seq), 1);
         }
         let old = o.attach(KEY, 1, 1);
         assert_eq!(ready(&old), Some(Some(batch(0))));
@@ -399,7 +455,7 @@ mod tests {
     fn batches_outlive_a_dropped_stream() {
         let o = Outboxes::new();
         for seq in 0..3 {
-            o.push(KEY, seq, batch(seq));
+            o.push(KEY, seq, batch(seq), 1);
         }
         let a = o.attach(KEY, 1, 1);
         assert_eq!(ready(&a), Some(Some(batch(0))));
@@ -413,14 +469,14 @@ mod tests {
     #[test]
     fn consumers_are_separate_and_close_ends_everything() {
         let o = Outboxes::new();
-        o.push((1, 0), 0, batch(10));
-        o.push((1, 1), 0, batch(11));
+        o.push((1, 0), 0, batch(10), 1);
+        o.push((1, 1), 0, batch(11), 1);
         let a = o.attach((1, 1), 1, 5);
         assert_eq!(ready(&a), Some(Some(batch(11))));
         assert_eq!(ready(&a), None);
         o.close();
         assert_eq!(ready(&a), Some(None));
-        o.push((1, 1), 1, batch(12));
+        o.push((1, 1), 1, batch(12), 1);
         assert!(o.is_empty(), "a closed worker queues nothing");
     }
 
@@ -428,9 +484,9 @@ mod tests {
     fn dropping_a_consumer_keeps_its_stream_and_the_others() {
         let o = Outboxes::new();
         for seq in 0..3 {
-            o.push(KEY, seq, batch(seq));
+            o.push(KEY, seq, batch(seq), 1);
         }
-        o.push((1, 1), 0, batch(10));
+        o.push((1, 1), 0, batch(10), 1);
         let a = o.attach(KEY, 1, 5);
         assert_eq!(ready(&a), Some(Some(batch(0))));
         let before = o.progress();
@@ -439,15 +495,15 @@ mod tests {
         assert_eq!(o.len(), 1, "the other consumer's batch stays");
         assert_eq!(o.progress(), before, "dropping is not progress");
         assert_eq!(ready(&a), None, "the stream waits for later batches");
-        o.push(KEY, 7, batch(7));
+        o.push(KEY, 7, batch(7), 1);
         assert_eq!(ready(&a), Some(Some(batch(7))));
     }
 
     #[test]
     fn failed_reports_are_restored_in_order() {
         let o = Outboxes::new();
-        o.push(KEY, 0, batch(0));
-        o.push(KEY, 1, batch(1));
+        o.push(KEY, 0, batch(0), 1);
+        o.push(KEY, 1, batch(1), 1);
         let a = o.attach(KEY, 1, 5);
         assert!(ready(&a).is_some());
         let lost = o.take_delivered();

@@ -31,6 +31,7 @@ use loader_proto::sampler::Plan;
 use loader_proto::spec::SpecError;
 use tokio::sync::Notify;
 
+use crate::busy::BusyMeter;
 use crate::collate::{BatchRules, CollateError, Skipped, collate_bytes, collate_into, layout};
 use crate::dataset::{Dataset, DatasetError, Datasets};
 use crate::outbox::Outboxes;
@@ -70,6 +71,9 @@ struct Shared {
     datasets: Datasets,
     /// Corrupt samples skipped by this worker since it started, for the log.
     skipped: AtomicU64,
+    /// How much of the wall time this thread spends making batches, read by
+    /// the link for each heartbeat.
+    busy_meter: BusyMeter,
 }
 
 #[derive(Debug, Default)]
@@ -110,12 +114,19 @@ impl Producer {
             report: Notify::new(),
             datasets,
             skipped: AtomicU64::new(0),
+            busy_meter: BusyMeter::new(Instant::now()),
         });
         let thread = Arc::clone(&shared);
         std::thread::Builder::new()
             .name("loader-producer".into())
             .spawn(move || thread.run())?;
         Ok(Self { shared })
+    }
+
+    /// The fraction of the time since the previous call that the thread
+    /// spent making batches (see `crate::busy`).
+    pub(crate) fn take_busy(&self, at: Instant) -> f64 {
+        self.shared.busy_meter.take(at)
     }
 
     /// Queues a task behind the ones already queued, except ahead of queued
@@ -394,6 +405,7 @@ impl Shared {
         self.windows.learn_bytes(job.job_id, batch_bytes);
         let mut timing = BatchTiming::default();
         let key = (job.job_id, task.consumer);
+        let meters = self.outboxes.meters().consumer(key);
         let ring = Some(Path::new(&task.ring_socket)).filter(|p| !p.as_os_str().is_empty());
         let abandoned = || self.abandon.load(Ordering::SeqCst) != generation;
         let failed = |seq: u64, source: CollateError| TaskError::Batch { job_id: job.job_id, seq, source };
@@ -406,19 +418,28 @@ impl Shared {
             let indices = plan.batch_indices(task.consumer, seq);
             let layout = layout(&*dataset, indices.len()).map_err(|e| failed(seq, e.into()))?;
             if let Some(path) = ring {
-                match self.rings.acquire(path, key, submitted, layout.total_len(), &abandoned) {
+                let asked = Instant::now();
+                match self.rings.acquire(path, key, submitted, layout.total_len(), &abandoned, &meters.blocked_shm) {
                     Route::Slot(mut lease) => {
                         // A failure drops the lease, which gives the slot back.
                         let started = Instant::now();
+                        let _busy = self.busy_meter.spell(started);
                         let collated = collate_into(&*dataset, &layout, &meta, &indices, rules, lease.bytes_mut())
                             .map_err(|e| failed(seq, e))?;
-                        timing.made(started.elapsed(), &self.windows, job.job_id);
+                        let took = started.elapsed();
+                        timing.made(took, &self.windows, job.job_id);
+                        meters.made(took, collated.read);
                         self.log_skipped(job.job_id, seq, &collated.skipped);
+                        meters.skipped(collated.skipped.len());
                         let q = self.lock();
                         if q.generation != generation {
                             return Ok(());
                         }
                         lease.fill(collated.len as u64, seq, key);
+                        drop(q);
+                        // The slot was waited for before the batch was made.
+                        meters.delivered_after(started.saturating_duration_since(asked));
+                        meters.shm.record(held(&indices, &collated.skipped), collated.len as u64);
                         continue;
                     }
                     Route::Grpc => {}
@@ -435,15 +456,19 @@ impl Shared {
                 }
             }
             let started = Instant::now();
-            let (batch, skipped) =
+            let _busy = self.busy_meter.spell(started);
+            let (batch, collated) =
                 collate_bytes(&*dataset, &layout, &meta, &indices, rules).map_err(|e| failed(seq, e))?;
-            timing.made(started.elapsed(), &self.windows, job.job_id);
-            self.log_skipped(job.job_id, seq, &skipped);
+            let took = started.elapsed();
+            timing.made(took, &self.windows, job.job_id);
+            meters.made(took, collated.read);
+            self.log_skipped(job.job_id, seq, &collated.skipped);
+            meters.skipped(collated.skipped.len());
             let q = self.lock();
             if q.generation != generation {
                 return Ok(());
             }
-            self.outboxes.push(key, seq, batch);
+            self.outboxes.push(key, seq, batch, held(&indices, &collated.skipped));
         }
         Ok(())
     }
@@ -491,6 +516,11 @@ impl BatchTiming {
             self.batches = 0;
         }
     }
+}
+
+/// Samples a batch of `indices` holds once `skipped` were left out.
+fn held(indices: &[u64], skipped: &[Skipped]) -> u64 {
+    indices.len().saturating_sub(skipped.len()) as u64
 }
 
 /// Rejects a task that names seqs or a consumer the job does not have, so a

@@ -127,7 +127,7 @@ mod tests {
         tokio::time::timeout(LIMIT, async {
             let outboxes = Outboxes::new();
             for seq in 0..6u64 {
-                outboxes.push((3, 1), seq, Bytes::from(vec![seq as u8; 1 << 20]));
+                outboxes.push((3, 1), seq, Bytes::from(vec![seq as u8; 1 << 20]), 1);
             }
             let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
             let addr = listener.local_addr().expect("addr");

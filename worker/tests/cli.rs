@@ -126,7 +126,7 @@ fn serves_health_while_registering_and_stops_on_sigterm() {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     let status = runtime.block_on(async {
         tokio::time::timeout(LIMIT, async {
-            let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            let channel = loader_process::grpc::endpoint(&format!("http://{addr}"))
                 .expect("endpoint")
                 .connect()
                 .await

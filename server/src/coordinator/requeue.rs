@@ -33,6 +33,7 @@ fn give_back(jobs: &mut JobTable, key: ConsumerKey, seqs: impl IntoIterator<Item
         c.resent += n as u64;
     }
     c.queue.give_back(seqs);
+    crate::meters::requeued(n);
     n
 }
 

@@ -608,3 +608,31 @@ async fn a_closed_session_is_gone_at_once_and_its_consumer_ends() {
     }
     c.close_session(session, 1);
 }
+
+/// ListWorkers shows what operators turn into rates: delivered samples
+/// (a short last batch counts short) and the busy fraction of the latest
+/// heartbeat, clamped to 0..=1; a report that is not a number is ignored.
+#[tokio::test]
+async fn workers_list_delivered_samples_and_busy() {
+    let c = coordinator();
+    let job = create(&c, spec("ops", 10, 4, 1));
+    let w = c.register_worker("http://w".into(), "n".into(), 8, 0);
+    assert_eq!(seqs(&tasks(&c, w, Vec::new()).await, 0), vec![0, 1, 2]);
+    let report = |delivered: Vec<u64>, busy: f64| WorkerReport {
+        delivered: vec![pb::Delivered { job_id: job.job_id, consumer: 0, seqs: delivered }],
+        busy,
+        ..Default::default()
+    };
+    let listed = |c: &Coordinator| {
+        let workers = c.list_workers();
+        assert_eq!(workers.len(), 1);
+        (workers[0].delivered, workers[0].delivered_samples, workers[0].busy)
+    };
+    c.worker_heartbeat(w, report(vec![0, 1, 2], 0.25), Duration::ZERO).await;
+    assert_eq!(listed(&c), (3, 10, 0.25));
+    // Batches it no longer holds count once.
+    c.worker_heartbeat(w, report(vec![2], f64::NAN), Duration::ZERO).await;
+    assert_eq!(listed(&c), (3, 10, 0.25));
+    c.worker_heartbeat(w, report(Vec::new(), 7.0), Duration::ZERO).await;
+    assert_eq!(listed(&c), (3, 10, 1.0));
+}

@@ -40,7 +40,7 @@ impl WorkerService for WorkerApi {
         let wait = Duration::from_millis(r.wait_ms)
             .min(MAX_WAIT)
             .min(self.0.config.heartbeat_interval);
-        let report = WorkerReport { delivered: r.delivered, failed: r.failed, windows: r.windows };
+        let report = WorkerReport { delivered: r.delivered, failed: r.failed, windows: r.windows, busy: r.busy };
         let response = match self.0.worker_heartbeat(r.worker_id, report, wait).await {
             HeartbeatOutcome::Reregister => pb::WorkerHeartbeatResponse { reregister: true, ..Default::default() },
             HeartbeatOutcome::Tasks { tasks, drain, ended } => pb::WorkerHeartbeatResponse {

@@ -43,6 +43,7 @@ use tokio::runtime::Handle;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
+use crate::meters::{BLOCKED_TICK, BlockedClock};
 use crate::outbox::Outboxes;
 pub(crate) use slots::SlotLease;
 use slots::{GrantError, MapError, Outgoing, Slots};
@@ -159,7 +160,10 @@ struct Conn {
 /// What `acquire` does next, decided under the lock.
 enum Next {
     Connect,
+    /// Wait: the ring is joining.
     Wait,
+    /// Wait: every slot is filled or held, the trainer is not reading.
+    Full,
     Done(Route),
 }
 
@@ -191,6 +195,7 @@ impl Rings {
     /// at `submitted` that names the socket `path`, goes. Blocks the calling
     /// (producer) thread while the ring is joining or has no free grant;
     /// returns as soon as `abandoned()` holds after [`interrupt`](Self::interrupt).
+    /// The wait for a free grant is added to `blocked` as it goes.
     pub(crate) fn acquire(
         self: &Arc<Self>,
         path: &Path,
@@ -198,12 +203,16 @@ impl Rings {
         submitted: Instant,
         len: usize,
         abandoned: &dyn Fn() -> bool,
+        blocked: &metrics::Gauge,
     ) -> Route {
+        let mut blocked = BlockedClock::new(blocked);
         let mut st = self.lock();
         loop {
-            match Self::next(&mut st, path, key, submitted, len, abandoned) {
+            let next = Self::next(&mut st, path, key, submitted, len, abandoned);
+            blocked.tick(matches!(next, Next::Full));
+            match next {
                 Next::Done(route) => return route,
-                Next::Wait => {}
+                Next::Wait | Next::Full => {}
                 Next::Connect => {
                     st.conns.insert(path.to_owned(), Entry::Connecting);
                     let hello = RingHello {
@@ -214,7 +223,12 @@ impl Rings {
                     self.runtime.spawn(conn::run(Arc::clone(self), path.to_owned(), hello));
                 }
             }
-            st = self.changed.wait(st).unwrap_or_else(|poisoned| poisoned.into_inner());
+            st = if blocked.running() {
+                // Wakes to count the blocked time as it goes.
+                self.changed.wait_timeout(st, BLOCKED_TICK).unwrap_or_else(|poisoned| poisoned.into_inner()).0
+            } else {
+                self.changed.wait(st).unwrap_or_else(|poisoned| poisoned.into_inner())
+            };
         }
     }
 
@@ -263,7 +277,7 @@ impl Rings {
                 }
                 match conn.slots.take(&conn.outgoing) {
                     Some(lease) => Next::Done(Route::Slot(lease)),
-                    None => Next::Wait,
+                    None => Next::Full,
                 }
             }
         }

@@ -1,0 +1,279 @@
+//! Prometheus metrics: the process's one recorder and its one scrape
+//! endpoint, `GET /metrics` on the address given by `--metrics-listen`
+//! (`loader-server`, `loader-worker`) or `LoaderOptions::metrics_listen`
+//! (a trainer).
+//!
+//! The crates record through the `metrics` facade (counters, gauges and
+//! histograms, their label sets built once per job or consumer, not per
+//! batch). Until [`serve`] installs the recorder (`metrics-exporter-prometheus`)
+//! those handles are no-ops, so metrics that are off cost a call that does
+//! nothing. The endpoint is a small handler of our own on a thread of its
+//! own: the exporter's listener binds inside and cannot tell which port
+//! `:0` picked, and the address must be printed (`metrics <addr>`) for
+//! scripts and tests to find it. One endpoint per process: a second
+//! [`serve`] for the same address is answered with the first one's, for
+//! another address it fails.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Upper bounds of every histogram's buckets, in seconds (every Loader
+/// histogram is a duration): 100 µs to 10 s.
+pub const BUCKETS_SECONDS: &[f64] =
+    &[0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
+
+/// How often histograms are compacted when nobody scrapes, so that an
+/// unscraped process does not keep every sample.
+const UPKEEP: Duration = Duration::from_secs(5);
+/// How long one scrape may take, request and response, before its
+/// connection is dropped.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest request head read; a scrape's is a few hundred bytes.
+const MAX_HEAD: usize = 16 << 10;
+
+/// Why metrics cannot be served. One line each.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    /// The address is not `IP:PORT`.
+    #[error("invalid metrics address {given:?}: expected IP:PORT, e.g. 127.0.0.1:9464 (port 0 picks a free one)")]
+    Address {
+        /// What was given.
+        given: String,
+    },
+    /// The address cannot be bound.
+    #[error("cannot serve metrics on {addr}: {source}")]
+    Bind {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// Why binding failed.
+        source: io::Error,
+    },
+    /// This process serves metrics on another address already.
+    #[error("metrics are served on {serving} already (asked for {asked}); a process has one metrics endpoint")]
+    AlreadyServing {
+        /// The address being served.
+        serving: SocketAddr,
+        /// The address asked for now.
+        asked: SocketAddr,
+    },
+    /// Another metrics recorder was installed in this process (by the
+    /// program that embeds Loader).
+    #[error("cannot install the Prometheus recorder: {0}")]
+    Install(String),
+    /// The endpoint's thread or runtime could not start.
+    #[error("cannot start the metrics endpoint: {0}")]
+    Start(io::Error),
+}
+
+/// The endpoint of this process, once served.
+#[derive(Debug, Clone, Copy)]
+struct Endpoint {
+    /// The address asked for (port 0 stays 0), to answer a repeated call.
+    asked: SocketAddr,
+    /// The address bound.
+    bound: SocketAddr,
+}
+
+/// This process's endpoint; the lock also keeps two first calls apart.
+static ENDPOINT: Mutex<Option<Endpoint>> = Mutex::new(None);
+
+/// Parses a metrics address as people write it: `IP:PORT`, port 0 for any
+/// free port (`[::1]:9464` for IPv6).
+pub fn parse_listen(given: &str) -> Result<SocketAddr, MetricsError> {
+    given.trim().parse().map_err(|_| MetricsError::Address { given: given.to_owned() })
+}
+
+/// Where this process serves metrics, if it does.
+pub fn serving() -> Option<SocketAddr> {
+    ENDPOINT.lock().unwrap_or_else(PoisonError::into_inner).map(|e| e.bound)
+}
+
+/// Installs the Prometheus recorder and serves `GET /metrics` on `addr`
+/// from a thread of its own, for the rest of the process's life. Returns
+/// the bound address. A second call for the same `addr` returns the first
+/// one's address; for another address it fails.
+pub fn serve(addr: SocketAddr) -> Result<SocketAddr, MetricsError> {
+    let mut endpoint = ENDPOINT.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(e) = *endpoint {
+        return if e.asked == addr {
+            Ok(e.bound)
+        } else {
+            Err(MetricsError::AlreadyServing { serving: e.bound, asked: addr })
+        };
+    }
+    // Bound before the recorder is installed: a bad address leaves the
+    // process as it was.
+    let listener = std::net::TcpListener::bind(addr).map_err(|source| MetricsError::Bind { addr, source })?;
+    let bound = listener.local_addr().map_err(|source| MetricsError::Bind { addr, source })?;
+    listener.set_nonblocking(true).map_err(|source| MetricsError::Bind { addr, source })?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(MetricsError::Start)?;
+    let recorder = PrometheusBuilder::new()
+        .set_buckets(BUCKETS_SECONDS)
+        .map_err(|e| MetricsError::Install(e.to_string()))?
+        .build_recorder();
+    let handle = recorder.handle();
+    metrics::set_global_recorder(recorder).map_err(|e| MetricsError::Install(e.to_string()))?;
+    std::thread::Builder::new()
+        .name("loader-metrics".into())
+        .spawn(move || runtime.block_on(accept(listener, handle)))
+        .map_err(MetricsError::Start)?;
+    *endpoint = Some(Endpoint { asked: addr, bound });
+    tracing::info!(%bound, "serving metrics");
+    Ok(bound)
+}
+
+/// Answers scrapes, one task per connection, and compacts histograms.
+async fn accept(listener: std::net::TcpListener, handle: PrometheusHandle) {
+    let listener = match tokio::net::TcpListener::from_std(listener) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!("metrics endpoint stopped: {e}");
+            return;
+        }
+    };
+    let mut upkeep = tokio::time::interval(UPKEEP);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let handle = handle.clone();
+                    tokio::spawn(async move {
+                        let _ = tokio::time::timeout(REQUEST_TIMEOUT, answer(stream, &handle)).await;
+                    });
+                }
+                // Out of descriptors, or a connection reset before it was
+                // taken: try again shortly.
+                Err(e) => {
+                    tracing::debug!("metrics endpoint: accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            _ = upkeep.tick() => handle.run_upkeep(),
+        }
+    }
+}
+
+/// Reads one request head and writes one response, then closes.
+async fn answer(mut stream: tokio::net::TcpStream, handle: &PrometheusHandle) -> io::Result<()> {
+    let mut head = Vec::with_capacity(512);
+    let mut buf = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < MAX_HEAD {
+        let n = stream.read(&mut buf).await?;
+        if n == 0 {
+            break;
+        }
+        head.extend_from_slice(&buf[..n]);
+    }
+    let response = match route(&head) {
+        Reply::Metrics => response("200 OK", "text/plain; version=0.0.4; charset=utf-8", &handle.render()),
+        Reply::NotFound => {
+            response("404 Not Found", "text/plain; charset=utf-8", "not found; metrics are at /metrics\n")
+        }
+        Reply::MethodNotAllowed => response("405 Method Not Allowed", "text/plain; charset=utf-8", "only GET\n"),
+        Reply::BadRequest => response("400 Bad Request", "text/plain; charset=utf-8", "bad request\n"),
+    };
+    stream.write_all(response.as_bytes()).await?;
+    stream.shutdown().await
+}
+
+/// What a request head asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reply {
+    /// `GET /metrics` (any query string).
+    Metrics,
+    /// `GET` of another path.
+    NotFound,
+    /// Another method.
+    MethodNotAllowed,
+    /// Not an HTTP request line.
+    BadRequest,
+}
+
+fn route(head: &[u8]) -> Reply {
+    let line = head.split(|&b| b == b'\n').next().unwrap_or_default();
+    let Ok(line) = std::str::from_utf8(line) else { return Reply::BadRequest };
+    let mut parts = line.trim_end_matches('\r').split(' ');
+    let (Some(method), Some(target), Some(version), None) = (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Reply::BadRequest;
+    };
+    if !version.starts_with("HTTP/1.") {
+        return Reply::BadRequest;
+    }
+    if method != "GET" {
+        return Reply::MethodNotAllowed;
+    }
+    let path = target.split('?').next().unwrap_or_default();
+    if path == "/metrics" { Reply::Metrics } else { Reply::NotFound }
+}
+
+fn response(status: &str, content_type: &str, body: &str) -> String {
+    format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+
+    use super::*;
+
+    #[test]
+    fn addresses_are_ip_and_port() {
+        assert_eq!(parse_listen("127.0.0.1:0").expect("v4"), "127.0.0.1:0".parse().expect("addr"));
+        assert_eq!(parse_listen(" [::1]:9464 ").expect("v6"), "[::1]:9464".parse().expect("addr"));
+        for bad in ["", "9464", "localhost:9464", "127.0.0.1", "127.0.0.1:99999", "http://127.0.0.1:1"] {
+            let e = parse_listen(bad).expect_err(bad).to_string();
+            assert!(e.starts_with(&format!("invalid metrics address {bad:?}: expected IP:PORT")), "{bad}: {e}");
+            assert!(!e.contains('\n'), "{e}");
+        }
+    }
+
+    #[test]
+    fn requests_are_routed_by_method_and_path() {
+        assert_eq!(route(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"), Reply::Metrics);
+        assert_eq!(route(b"GET /metrics?x=1 HTTP/1.0\r\n\r\n"), Reply::Metrics);
+        assert_eq!(route(b"GET / HTTP/1.1\r\n\r\n"), Reply::NotFound);
+        assert_eq!(route(b"POST /metrics HTTP/1.1\r\n\r\n"), Reply::MethodNotAllowed);
+        assert_eq!(route(b"GET /metrics\r\n\r\n"), Reply::BadRequest);
+        assert_eq!(route(b"\xff\xfe"), Reply::BadRequest);
+        assert_eq!(route(b""), Reply::BadRequest);
+    }
+
+    fn get(addr: SocketAddr, path: &str) -> String {
+        let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+        stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+        write!(stream, "GET {path} HTTP/1.1\r\nHost: test\r\n\r\n").expect("write");
+        let mut out = String::new();
+        stream.read_to_string(&mut out).expect("read");
+        out
+    }
+
+    /// One test: the recorder and the endpoint are the process's.
+    #[test]
+    fn serves_what_is_recorded_once_per_process() {
+        let asked = parse_listen("127.0.0.1:0").expect("addr");
+        let bound = serve(asked).expect("serve");
+        assert_ne!(bound.port(), 0);
+        assert_eq!(serving(), Some(bound));
+        assert_eq!(serve(asked).expect("same address again"), bound);
+        let other = parse_listen("127.0.0.1:1").expect("addr");
+        let e = serve(other).expect_err("another address").to_string();
+        assert!(e.starts_with(&format!("metrics are served on {bound} already")), "{e}");
+
+        metrics::counter!("loader_test_things_total", "job" => "7").increment(3);
+        metrics::histogram!("loader_test_wait_seconds").record(0.003);
+        let page = get(bound, "/metrics");
+        assert!(page.starts_with("HTTP/1.1 200 OK\r\n"), "{page}");
+        assert!(page.contains("loader_test_things_total{job=\"7\"} 3\n"), "{page}");
+        assert!(page.contains("loader_test_wait_seconds_bucket{le=\"0.005\"} 1\n"), "{page}");
+        assert!(get(bound, "/").starts_with("HTTP/1.1 404 "));
+    }
+}

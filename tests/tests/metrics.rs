@@ -1,0 +1,272 @@
+//! Prometheus metrics on every process: a real `loader-server` and two
+//! `loader-worker` processes with `--metrics-listen 127.0.0.1:0`, a trainer
+//! (the Rust SDK, in this process) with `metrics_listen`, every `/metrics`
+//! scraped over plain HTTP and parsed as the Prometheus text format.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use loader_client::{Batch, Dtype, JobSpec, Loader, LoaderError, spec};
+use loader_e2e::{Cluster, Proc, Scope, binary, run};
+use prometheus_parse::{Scrape, Value};
+
+/// How long a process may take to print its `metrics` line.
+const ANNOUNCE: Duration = Duration::from_secs(10);
+/// Bound on every wait for a metric to move.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// One `GET /metrics`, parsed.
+fn scrape(addr: SocketAddr) -> Scrape {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect to /metrics");
+    stream.set_read_timeout(Some(Duration::from_secs(10))).expect("read timeout");
+    write!(stream, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nAccept: text/plain\r\n\r\n").expect("send the request");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("read the response");
+    let (head, body) = response.split_once("\r\n\r\n").expect("an HTTP response");
+    assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
+    assert!(head.contains("Content-Type: text/plain; version=0.0.4"), "{head}");
+    Scrape::parse(body.lines().map(|l| Ok(l.to_owned()))).expect("Prometheus text format")
+}
+
+/// Sum of the counter or gauge `name` over the series whose labels include
+/// every pair of `labels`.
+fn sum(scrape: &Scrape, name: &str, labels: &[(&str, &str)]) -> f64 {
+    scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == name && labels.iter().all(|&(k, v)| s.labels.get(k) == Some(v)))
+        .map(|s| match s.value {
+            Value::Counter(v) | Value::Gauge(v) | Value::Untyped(v) => v,
+            ref other => panic!("{name} is not a counter or gauge: {other:?}"),
+        })
+        .sum()
+}
+
+/// [`sum`] over several processes.
+fn sum_over(addrs: &[SocketAddr], name: &str, labels: &[(&str, &str)]) -> f64 {
+    addrs.iter().map(|&a| sum(&scrape(a), name, labels)).sum()
+}
+
+/// Polls `value` until `done` holds for it; panics after [`PATIENCE`].
+fn wait_for(what: &str, mut value: impl FnMut() -> f64, done: impl Fn(f64) -> bool) -> f64 {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let v = value();
+        if done(v) {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "{what}: still {v} after {PATIENCE:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A real Prometheus server (Debian's `prometheus`) scraping `targets`
+/// every second, started by the test.
+struct Prometheus {
+    /// Its HTTP API.
+    addr: SocketAddr,
+    /// The server, killed with the scope.
+    _proc: Proc,
+    /// Its configuration and storage.
+    _dir: tempfile::TempDir,
+}
+
+impl Prometheus {
+    /// Starts it, or says why it cannot run here.
+    fn start(scope: &Scope, targets: &[SocketAddr]) -> Result<Prometheus, String> {
+        let version = Command::new("prometheus").arg("--version").output();
+        if !version.is_ok_and(|out| out.status.success()) {
+            return Err("no `prometheus` binary (Debian: apt-get install prometheus)".into());
+        }
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let targets: Vec<String> = targets.iter().map(|t| format!("'{t}'")).collect();
+        let config = dir.path().join("prometheus.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "global: {{scrape_interval: 1s, scrape_timeout: 1s}}\n\
+                 scrape_configs: [{{job_name: loader, static_configs: [{{targets: [{}]}}]}}]\n",
+                targets.join(", ")
+            ),
+        )
+        .expect("write the configuration");
+        // A free port: Prometheus does not print the port it picked.
+        let addr = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port");
+        let mut command = Command::new("prometheus");
+        command
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!("--storage.tsdb.path={}", dir.path().join("data").display()))
+            .arg(format!("--web.listen-address={addr}"))
+            .arg("--log.level=warn");
+        let proc = Proc::spawn_capturing_stderr(scope, "prometheus", command, false);
+        Ok(Prometheus { addr, _proc: proc, _dir: dir })
+    }
+
+    /// The value of an instant query that yields one number; NaN while it
+    /// yields none (or Prometheus is not up yet).
+    fn query(&self, query: &str) -> f64 {
+        let encoded: String = query
+            .bytes()
+            .map(|b| if b.is_ascii_alphanumeric() || b == b'_' { (b as char).to_string() } else { format!("%{b:02X}") })
+            .collect();
+        let Ok(mut stream) = TcpStream::connect_timeout(&self.addr, Duration::from_secs(2)) else { return f64::NAN };
+        stream.set_read_timeout(Some(Duration::from_secs(10))).expect("read timeout");
+        // HTTP/1.0: the answer comes whole, not chunked.
+        write!(stream, "GET /api/v1/query?query={encoded} HTTP/1.0\r\n\r\n").expect("send the query");
+        let mut response = String::new();
+        if stream.read_to_string(&mut response).is_err() {
+            return f64::NAN;
+        }
+        let Some((_, body)) = response.split_once("\r\n\r\n") else { return f64::NAN };
+        let json: serde_json::Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"));
+        json["data"]["result"][0]["value"][1].as_str().and_then(|v| v.parse().ok()).unwrap_or(f64::NAN)
+    }
+}
+
+/// Reads every batch left; returns how many.
+fn consume(batches: impl IntoIterator<Item = Result<Batch, LoaderError>>) -> u64 {
+    let mut n = 0;
+    for batch in batches {
+        batch.expect("batch");
+        n += 1;
+    }
+    n
+}
+
+fn metrics_addr(proc: &Proc) -> SocketAddr {
+    proc.announced("metrics ", ANNOUNCE).parse().expect("a socket address")
+}
+
+fn job(name: &str, samples: u64, sample_bytes: u64, cost_ns: u64) -> JobSpec {
+    spec::synthetic(samples, &[sample_bytes], Dtype::U8)
+        .name(name)
+        .batch_size(16)
+        .shuffle(7)
+        .cost_ns(cost_ns)
+        .build()
+        .expect("spec")
+}
+
+/// One test, one trainer process: the trainer's endpoint and recorder are
+/// this process's, so the three jobs run one after the other on one cluster
+/// and are told apart by their `job` label.
+#[test]
+fn every_process_serves_metrics_that_add_up() {
+    run(Duration::from_secs(240), |scope: Scope| {
+        let cluster = Cluster::builder().workers(2).ttl_ms(3000).metrics().start(&scope);
+        let server = metrics_addr(&cluster.server);
+        let workers: Vec<SocketAddr> = cluster.workers.iter().map(metrics_addr).collect();
+        let builder = || Loader::builder(cluster.url()).metrics_listen("127.0.0.1:0");
+
+        // A whole job: what the workers delivered is what the trainer consumed.
+        let loader = builder().job(job("whole", 2000, 256, 0)).build().expect("loader");
+        let trainer = loader.metrics_addr().expect("the trainer serves metrics");
+        let total = loader.total_batches();
+        let whole = loader.job().job_id.to_string();
+        assert_eq!(consume(loader), total);
+        let labels = [("job_id", whole.as_str())];
+        let delivered = sum_over(&workers, "loader_worker_batches_delivered_total", &labels);
+        assert_eq!(delivered, total as f64, "the workers' delivered batches");
+        let trainer_scrape = scrape(trainer);
+        assert_eq!(
+            sum(&trainer_scrape, "loader_trainer_batches_consumed_total", &[("job_id", &whole), ("rank", "0")]),
+            total as f64
+        );
+        assert_eq!(sum(&trainer_scrape, "loader_trainer_samples_consumed_total", &labels), 2000.0);
+        assert_eq!(sum_over(&workers, "loader_worker_samples_delivered_total", &labels), 2000.0);
+        let worker_scrape = scrape(workers[0]);
+        let stages: Vec<&str> = worker_scrape
+            .samples
+            .iter()
+            .filter(|s| s.metric == "loader_worker_stage_seconds" && s.labels.get("job_id") == Some(whole.as_str()))
+            .filter_map(|s| s.labels.get("stage"))
+            .collect();
+        for stage in ["read", "collate", "deliver"] {
+            assert!(stages.contains(&stage), "stage {stage} in {stages:?}");
+        }
+        assert!(worker_scrape.samples.iter().any(|s| s.metric == "loader_worker_busy_ratio"));
+        wait_for(
+            "the coordinator's worker gauge",
+            || sum(&scrape(server), "loader_coordinator_workers", &[]),
+            |v| v == 2.0,
+        );
+        let mut targets = workers.clone();
+        targets.extend([server, trainer]);
+        match Prometheus::start(&scope, &targets) {
+            Ok(prometheus) => {
+                let delivered = format!("sum(loader_worker_batches_delivered_total{{job_id=\"{whole}\"}})");
+                let consumed = format!("sum(loader_trainer_batches_consumed_total{{job_id=\"{whole}\"}})");
+                wait_for("targets up in Prometheus", || prometheus.query("sum(up)"), |v| v == targets.len() as f64);
+                wait_for("delivered batches in Prometheus", || prometheus.query(&delivered), |v| v == total as f64);
+                wait_for("consumed batches in Prometheus", || prometheus.query(&consumed), |v| v == total as f64);
+            }
+            Err(reason) => eprintln!("skipped the Prometheus server part: {reason}"),
+        }
+
+        // A trainer that stops reading: its batches wait at the workers (for
+        // a free ring slot, or for a stream credit), and the workers' blocked
+        // time rises while it does not read. The batches (1 MiB) are large
+        // enough that the trainer takes fewer of them ahead than the
+        // workers may make.
+        for (name, shared_memory, transport) in [("stops-shm", true, "shm"), ("stops-grpc", false, "grpc")] {
+            let loader =
+                builder().shared_memory(shared_memory).job(job(name, 1600, 64 << 10, 0)).build().expect("loader");
+            let total = loader.total_batches();
+            let id = loader.job().job_id.to_string();
+            let mut batches = loader.into_iter();
+            for _ in 0..3 {
+                batches.next().expect("a batch").expect("batch");
+            }
+            let labels = [("job_id", id.as_str()), ("transport", transport)];
+            let blocked = || sum_over(&workers, "loader_worker_blocked_seconds_total", &labels);
+            let first = wait_for(&format!("{name}: the workers' blocked time"), blocked, |v| v > 0.0);
+            wait_for(&format!("{name}: the workers' blocked time, later"), blocked, |v| v > first);
+            let rest = consume(batches);
+            assert_eq!(3 + rest, total, "{name}");
+        }
+
+        // A trainer that waits for slow workers sees its own stall, and the
+        // coordinator learns it from the session's heartbeats.
+        let loader = builder().job(job("slow", 1280, 256, 4_000_000)).build().expect("loader");
+        let slow = loader.job().job_id.to_string();
+        let total = loader.total_batches();
+        assert_eq!(consume(loader), total);
+        let labels = [("job_id", slow.as_str())];
+        let stall = sum(&scrape(trainer), "loader_trainer_stall_seconds_total", &labels);
+        assert!(stall > 0.0, "the trainer's stall: {stall}");
+        wait_for(
+            "the coordinator's stall",
+            || sum(&scrape(server), "loader_coordinator_trainer_stall_seconds_total", &labels),
+            |v| v > 0.0,
+        );
+    });
+}
+
+/// A bad `--metrics-listen` is one line naming the flag, and the process
+/// exits at once.
+#[test]
+fn a_bad_metrics_address_is_a_one_line_error() {
+    run(Duration::from_secs(60), |scope: Scope| {
+        let mut server = Command::new(binary("loader-server"));
+        server.args(["--listen", "127.0.0.1:0", "--metrics-listen", "localhost:9464"]);
+        let mut worker = Command::new(binary("loader-worker"));
+        worker.args(["--coordinator", "http://127.0.0.1:1", "--listen", "127.0.0.1:0", "--metrics-listen", "9464"]);
+        for (name, command) in [("loader-server", server), ("loader-worker", worker)] {
+            let mut proc = Proc::spawn_capturing_stderr(&scope, name, command, false);
+            let status = proc.wait_exit(Duration::from_secs(20)).expect("exits by itself");
+            assert_eq!(status.code(), Some(1), "{name}");
+            // The reader thread may still be collecting the last line.
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while proc.stderr().is_empty() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let stderr = proc.stderr();
+            assert_eq!(stderr.len(), 1, "{name}: {stderr:?}");
+            assert!(stderr[0].starts_with(&format!("{name}: error: ")), "{stderr:?}");
+            assert!(stderr[0].contains("--metrics-listen"), "{stderr:?}");
+            assert!(stderr[0].contains("invalid metrics address"), "{stderr:?}");
+        }
+    });
+}

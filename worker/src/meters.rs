@@ -1,0 +1,226 @@
+//! What a worker records for Prometheus (served when `loader-worker` runs
+//! with `--metrics-listen`; see `loader_process::telemetry::metrics` and
+//! docs/operations.md).
+//!
+//! The handles of one consumer (job, rank) are built once, when the worker
+//! first produces for it, and shared by the producer thread, the consumer's
+//! outbox and its `Fetch` streams: recording a batch is a few atomic adds
+//! and, for a histogram, a push into its lock-free bucket. Without a
+//! recorder installed every handle is a no-op.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use loader_proto::ConsumerKey;
+use metrics::{Counter, Gauge, Histogram};
+
+/// Consumers whose handles are kept; past it the cache starts over (the
+/// handles are registered again, to the same series).
+const KEPT: usize = 1024;
+
+/// While a batch waits on a trainer that does not take it, the wait is
+/// added to its gauge at least this often, so a scrape sees it rise.
+pub(crate) const BLOCKED_TICK: Duration = Duration::from_millis(250);
+
+/// The handles of every consumer this worker produced for.
+#[derive(Debug, Default)]
+pub(crate) struct Meters {
+    consumers: Mutex<HashMap<ConsumerKey, Arc<ConsumerMeters>>>,
+}
+
+impl Meters {
+    /// The handles of `key`, built the first time.
+    pub(crate) fn consumer(&self, key: ConsumerKey) -> Arc<ConsumerMeters> {
+        let mut consumers = self.consumers.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(m) = consumers.get(&key) {
+            return Arc::clone(m);
+        }
+        if consumers.len() >= KEPT {
+            consumers.clear();
+        }
+        let m = Arc::new(ConsumerMeters::new(key));
+        consumers.insert(key, Arc::clone(&m));
+        m
+    }
+}
+
+/// Batches outboxes hold and credits trainers granted on `Fetch` streams
+/// and not yet used, over every consumer (sampled on each heartbeat).
+pub(crate) fn outboxes(batches: usize, credits: u64) {
+    metrics::gauge!("loader_worker_outbox_batches").set(batches as f64);
+    metrics::gauge!("loader_worker_fetch_credits").set(credits as f64);
+}
+
+/// The fraction (0 to 1) of the last heartbeat interval the producer
+/// spent making batches (see `crate::busy`).
+pub(crate) fn busy(fraction: f64) {
+    metrics::gauge!("loader_worker_busy_ratio").set(fraction);
+}
+
+/// Batches, samples and bytes handed to a consumer over one transport.
+#[derive(Debug)]
+pub(crate) struct Delivery {
+    batches: Counter,
+    samples: Counter,
+    bytes: Counter,
+}
+
+impl Delivery {
+    fn new(job: &str, transport: &'static str) -> Self {
+        Self {
+            batches: metrics::counter!("loader_worker_batches_delivered_total", "job_id" => job.to_owned(), "transport" => transport),
+            samples: metrics::counter!("loader_worker_samples_delivered_total", "job_id" => job.to_owned(), "transport" => transport),
+            bytes: metrics::counter!("loader_worker_bytes_delivered_total", "job_id" => job.to_owned(), "transport" => transport),
+        }
+    }
+
+    /// One batch of `samples` samples and `bytes` bytes was handed over.
+    pub(crate) fn record(&self, samples: u64, bytes: u64) {
+        self.batches.increment(1);
+        self.samples.increment(samples);
+        self.bytes.increment(bytes);
+    }
+}
+
+/// The handles of one consumer (job, rank).
+pub(crate) struct ConsumerMeters {
+    /// Batches written into the trainer's shared-memory ring.
+    pub(crate) shm: Delivery,
+    /// Batches sent on the consumer's `Fetch` stream.
+    pub(crate) grpc: Delivery,
+    /// Per batch: reading and transforming its samples.
+    read: Histogram,
+    /// Per batch: the rest of making it (buffer, header, tensor table).
+    collate: Histogram,
+    /// Per batch: from made to handed over (see docs/operations.md).
+    deliver: Histogram,
+    /// Time batches waited for a free slot of the trainer's ring.
+    pub(crate) blocked_shm: Gauge,
+    /// Time batches waited for a credit of the trainer's stream.
+    pub(crate) blocked_grpc: Gauge,
+    /// Corrupt samples left out under `on_corrupt: skip`.
+    skipped: Counter,
+}
+
+impl std::fmt::Debug for ConsumerMeters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConsumerMeters").finish_non_exhaustive()
+    }
+}
+
+impl ConsumerMeters {
+    fn new((job_id, consumer): ConsumerKey) -> Self {
+        let job = job_id.to_string();
+        let stage = |stage: &'static str| metrics::histogram!("loader_worker_stage_seconds", "job_id" => job.clone(), "stage" => stage);
+        let blocked = |transport: &'static str| {
+            metrics::gauge!(
+                "loader_worker_blocked_seconds_total",
+                "job_id" => job.clone(),
+                "consumer" => consumer.to_string(),
+                "transport" => transport
+            )
+        };
+        Self {
+            shm: Delivery::new(&job, "shm"),
+            grpc: Delivery::new(&job, "grpc"),
+            read: stage("read"),
+            collate: stage("collate"),
+            deliver: stage("deliver"),
+            blocked_shm: blocked("shm"),
+            blocked_grpc: blocked("grpc"),
+            skipped: metrics::counter!("loader_worker_skipped_samples_total", "job_id" => job.clone()),
+        }
+    }
+
+    /// One batch was made in `took`, `read` of it reading and transforming
+    /// its samples.
+    pub(crate) fn made(&self, took: Duration, read: Duration) {
+        self.read.record(read.as_secs_f64());
+        self.collate.record(took.saturating_sub(read).as_secs_f64());
+    }
+
+    /// One batch took `took` from made to handed over.
+    pub(crate) fn delivered_after(&self, took: Duration) {
+        self.deliver.record(took.as_secs_f64());
+    }
+
+    /// `n` corrupt samples were left out of a batch.
+    pub(crate) fn skipped(&self, n: usize) {
+        if n > 0 {
+            self.skipped.increment(n as u64);
+        }
+    }
+}
+
+/// Adds the time a batch waits on its trainer to a gauge as the wait goes:
+/// call [`tick`](Self::tick) at every wake-up of the wait; dropping it ends
+/// the wait.
+#[derive(Debug)]
+pub(crate) struct BlockedClock<'a> {
+    gauge: &'a Gauge,
+    /// Start of the part of the wait not yet added.
+    since: Option<Instant>,
+}
+
+impl<'a> BlockedClock<'a> {
+    /// A clock that runs only while `tick` says the batch is blocked.
+    pub(crate) fn new(gauge: &'a Gauge) -> Self {
+        Self { gauge, since: None }
+    }
+
+    /// Adds the wait since the last tick, and keeps counting while
+    /// `blocked`.
+    pub(crate) fn tick(&mut self, blocked: bool) {
+        let now = Instant::now();
+        if let Some(since) = self.since.take() {
+            self.gauge.increment(now.saturating_duration_since(since).as_secs_f64());
+        }
+        if blocked {
+            self.since = Some(now);
+        }
+    }
+
+    /// Whether the batch is blocked now (so the wait should wake within
+    /// [`BLOCKED_TICK`]).
+    pub(crate) fn running(&self) -> bool {
+        self.since.is_some()
+    }
+}
+
+impl Drop for BlockedClock<'_> {
+    fn drop(&mut self) {
+        self.tick(false);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use super::*;
+
+    #[test]
+    fn a_blocked_clock_adds_only_blocked_time_and_adds_it_as_it_goes() {
+        // A gauge over a plain atomic (f64 bits), read back directly.
+        let value = Arc::new(AtomicU64::new(0));
+        let gauge = Gauge::from_arc(Arc::clone(&value));
+        let read = || f64::from_bits(value.load(Ordering::Relaxed));
+        let pause = Duration::from_millis(20);
+
+        let mut clock = BlockedClock::new(&gauge);
+        clock.tick(false);
+        std::thread::sleep(pause);
+        clock.tick(true);
+        assert_eq!(read(), 0.0, "time before the block is not blocked time");
+        assert!(clock.running());
+        std::thread::sleep(pause);
+        clock.tick(true);
+        let first = read();
+        assert!(first >= pause.as_secs_f64(), "{first}");
+        std::thread::sleep(pause);
+        drop(clock);
+        let second = read();
+        assert!(second >= first + pause.as_secs_f64(), "the wait up to the drop is added: {second}");
+    }
+}
