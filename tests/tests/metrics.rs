@@ -21,12 +21,12 @@ const PATIENCE: Duration = Duration::from_secs(30);
 fn scrape(addr: SocketAddr) -> Scrape {
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect to /metrics");
     stream.set_read_timeout(Some(Duration::from_secs(10))).expect("read timeout");
-    write!(stream, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nAccept: text/plain\r\n\r\n").expect("send the request");
+    write!(stream, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nAccept: text/plain\r\nConnection: close\r\n\r\n").expect("send the request");
     let mut response = String::new();
     stream.read_to_string(&mut response).expect("read the response");
     let (head, body) = response.split_once("\r\n\r\n").expect("an HTTP response");
     assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
-    assert!(head.contains("Content-Type: text/plain; version=0.0.4"), "{head}");
+    assert!(head.to_ascii_lowercase().contains("content-type: text/plain; version=0.0.4"), "{head}");
     Scrape::parse(body.lines().map(|l| Ok(l.to_owned()))).expect("Prometheus text format")
 }
 

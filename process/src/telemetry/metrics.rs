@@ -20,7 +20,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use axum::http::header::CONTENT_TYPE;
 
 /// Upper bounds of every histogram's buckets, in seconds (every Loader
 /// histogram is a duration): 100 µs to 10 s.
@@ -30,11 +30,6 @@ pub const BUCKETS_SECONDS: &[f64] =
 /// How often histograms are compacted when nobody scrapes, so that an
 /// unscraped process does not keep every sample.
 const UPKEEP: Duration = Duration::from_secs(5);
-/// How long one scrape may take, request and response, before its
-/// connection is dropped.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
-/// Longest request head read; a scrape's is a few hundred bytes.
-const MAX_HEAD: usize = 16 << 10;
 
 /// Why metrics cannot be served. One line each.
 #[derive(Debug, thiserror::Error)]
@@ -127,7 +122,8 @@ pub fn serve(addr: SocketAddr) -> Result<SocketAddr, MetricsError> {
     Ok(bound)
 }
 
-/// Answers scrapes, one task per connection, and compacts histograms.
+/// Answers scrapes (axum: `GET /metrics`; 404 elsewhere, 405 for other
+/// methods) and compacts histograms.
 async fn accept(listener: std::net::TcpListener, handle: PrometheusHandle) {
     let listener = match tokio::net::TcpListener::from_std(listener) {
         Ok(l) => l,
@@ -136,87 +132,22 @@ async fn accept(listener: std::net::TcpListener, handle: PrometheusHandle) {
             return;
         }
     };
-    let mut upkeep = tokio::time::interval(UPKEEP);
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => {
-                    let handle = handle.clone();
-                    tokio::spawn(async move {
-                        let _ = tokio::time::timeout(REQUEST_TIMEOUT, answer(stream, &handle)).await;
-                    });
-                }
-                // Out of descriptors, or a connection reset before it was
-                // taken: try again shortly.
-                Err(e) => {
-                    tracing::debug!("metrics endpoint: accept failed: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            },
-            _ = upkeep.tick() => handle.run_upkeep(),
+    let upkeep = handle.clone();
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(UPKEEP);
+        loop {
+            every.tick().await;
+            upkeep.run_upkeep();
         }
-    }
-}
-
-/// Reads one request head and writes one response, then closes.
-async fn answer(mut stream: tokio::net::TcpStream, handle: &PrometheusHandle) -> io::Result<()> {
-    let mut head = Vec::with_capacity(512);
-    let mut buf = [0u8; 1024];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < MAX_HEAD {
-        let n = stream.read(&mut buf).await?;
-        if n == 0 {
-            break;
-        }
-        head.extend_from_slice(&buf[..n]);
-    }
-    let response = match route(&head) {
-        Reply::Metrics => response("200 OK", "text/plain; version=0.0.4; charset=utf-8", &handle.render()),
-        Reply::NotFound => {
-            response("404 Not Found", "text/plain; charset=utf-8", "not found; metrics are at /metrics\n")
-        }
-        Reply::MethodNotAllowed => response("405 Method Not Allowed", "text/plain; charset=utf-8", "only GET\n"),
-        Reply::BadRequest => response("400 Bad Request", "text/plain; charset=utf-8", "bad request\n"),
+    });
+    let scrape = move || {
+        let page = handle.render();
+        async move { ([(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], page) }
     };
-    stream.write_all(response.as_bytes()).await?;
-    stream.shutdown().await
-}
-
-/// What a request head asks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Reply {
-    /// `GET /metrics` (any query string).
-    Metrics,
-    /// `GET` of another path.
-    NotFound,
-    /// Another method.
-    MethodNotAllowed,
-    /// Not an HTTP request line.
-    BadRequest,
-}
-
-fn route(head: &[u8]) -> Reply {
-    let line = head.split(|&b| b == b'\n').next().unwrap_or_default();
-    let Ok(line) = std::str::from_utf8(line) else { return Reply::BadRequest };
-    let mut parts = line.trim_end_matches('\r').split(' ');
-    let (Some(method), Some(target), Some(version), None) = (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
-        return Reply::BadRequest;
-    };
-    if !version.starts_with("HTTP/1.") {
-        return Reply::BadRequest;
+    let app = axum::Router::new().route("/metrics", axum::routing::get(scrape));
+    if let Err(e) = axum::serve(listener, app).await {
+        tracing::warn!("metrics endpoint stopped: {e}");
     }
-    if method != "GET" {
-        return Reply::MethodNotAllowed;
-    }
-    let path = target.split('?').next().unwrap_or_default();
-    if path == "/metrics" { Reply::Metrics } else { Reply::NotFound }
-}
-
-fn response(status: &str, content_type: &str, body: &str) -> String {
-    format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
 }
 
 #[cfg(test)]
@@ -236,21 +167,10 @@ mod tests {
         }
     }
 
-    #[test]
-    fn requests_are_routed_by_method_and_path() {
-        assert_eq!(route(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"), Reply::Metrics);
-        assert_eq!(route(b"GET /metrics?x=1 HTTP/1.0\r\n\r\n"), Reply::Metrics);
-        assert_eq!(route(b"GET / HTTP/1.1\r\n\r\n"), Reply::NotFound);
-        assert_eq!(route(b"POST /metrics HTTP/1.1\r\n\r\n"), Reply::MethodNotAllowed);
-        assert_eq!(route(b"GET /metrics\r\n\r\n"), Reply::BadRequest);
-        assert_eq!(route(b"\xff\xfe"), Reply::BadRequest);
-        assert_eq!(route(b""), Reply::BadRequest);
-    }
-
-    fn get(addr: SocketAddr, path: &str) -> String {
+    fn request(addr: SocketAddr, method: &str, path: &str) -> String {
         let mut stream = std::net::TcpStream::connect(addr).expect("connect");
         stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
-        write!(stream, "GET {path} HTTP/1.1\r\nHost: test\r\n\r\n").expect("write");
+        write!(stream, "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n").expect("write");
         let mut out = String::new();
         stream.read_to_string(&mut out).expect("read");
         out
@@ -270,10 +190,12 @@ mod tests {
 
         metrics::counter!("loader_test_things_total", "job" => "7").increment(3);
         metrics::histogram!("loader_test_wait_seconds").record(0.003);
-        let page = get(bound, "/metrics");
+        let page = request(bound, "GET", "/metrics");
         assert!(page.starts_with("HTTP/1.1 200 OK\r\n"), "{page}");
         assert!(page.contains("loader_test_things_total{job=\"7\"} 3\n"), "{page}");
         assert!(page.contains("loader_test_wait_seconds_bucket{le=\"0.005\"} 1\n"), "{page}");
-        assert!(get(bound, "/").starts_with("HTTP/1.1 404 "));
+        assert!(page.contains("content-type: text/plain; version=0.0.4"), "{page}");
+        assert!(request(bound, "GET", "/").starts_with("HTTP/1.1 404 "));
+        assert!(request(bound, "POST", "/metrics").starts_with("HTTP/1.1 405 "));
     }
 }
