@@ -9,15 +9,8 @@
 set -euo pipefail
 old="$1"; new="$2"; repeats="${3:-4}"; images="${4:-bench/data/imagenet-shaped}"
 common=(run --json --workers 2)
-scenario() {
-  case "$1" in
-    shm) echo "--batch-size 64 --samples 32000 --shape 3,224,224" ;;
-    grpc) echo "--batch-size 64 --samples 16000 --shape 3,224,224 --transport grpc" ;;
-    images) echo "--batch-size 64 --dataset imagefolder --path $images" ;;
-    small) echo "--batch-size 256 --samples 640000 --shape 3,32,32" ;;
-    tokens1) echo "--batch-size 1 --samples 100000 --shape 2049 --dtype uint16" ;;
-  esac
-}
+source "$(dirname "$0")/scenarios.sh"
+export IMAGES="$images"
 for r in $(seq 1 "$repeats"); do
   for s in ${SCENARIOS:-shm grpc images}; do
     if (( r % 2 )); then order=(old new); else order=(new old); fi
@@ -25,7 +18,7 @@ for r in $(seq 1 "$repeats"); do
       bin="$old"; [ "$b" = new ] && bin="$new"
       # shellcheck disable=SC2046
       out=$("$bin" "${common[@]}" $(scenario "$s"))
-      python3 -c 'import json,sys; v=json.loads(sys.argv[1]); print(json.dumps({"build": sys.argv[2], "scenario": sys.argv[3], "samples_per_s": v["samples_per_s"], "client_cpu_us_per_batch": v.get("client_cpu_us_per_batch")}))' "$out" "$b" "$s"
+      report "$out" "$b" "$s"
     done
   done
 done
