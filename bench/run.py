@@ -138,6 +138,17 @@ NOTES = """## How to read these numbers
   zero-compute shared memory 80.9k -> 114.7k samples/s (slots sized to the
   batch), gRPC 13.7k -> 13.9k, images 2,574 -> 2,832 samples/s; trainer CPU
   per shared-memory batch 15.5 -> 15.2 µs.
+- Issues 17 and 19 (the crate layout; metrics, `loaderctl top`), same-run
+  A/B against the build before them (8e257ea, release, a /tmp worktree):
+  `SCENARIOS="shm grpc images small tokens1" bench/ab/compare_builds.sh
+  OLD/loaderctl target/release/loaderctl 5`, then `SCENARIOS="tokens1
+  small" ... 10` (2026-11-24, `loaderctl run --workers 2`, interleaved, order
+  alternating, medians, new/old): zero-compute 3x224x224 b64 shared memory
+  1.009, gRPC 1.005, images 1.019, 2049xu16 b1 0.926 then 0.999, 3x32x32
+  b256 0.965 then 0.935, trainer CPU per batch equal in every cell (e.g.
+  10.8 / 10.7 µs at 3x32x32). The small cells' runs spread ±35% on both
+  sides (3x32x32: 2.5M-5.0M old, 2.5M-5.2M new), so neither a slowdown nor
+  a gain is shown. Metrics on vs off (same build): docs/operations.md, "Cost".
 
 - Every system reads the same samples: a 3x224x224 uint8 tensor per sample
   filled with `index % 251`, plus its int64 index as the label, batch 64,
