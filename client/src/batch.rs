@@ -2,8 +2,10 @@
 //! header, whichever transport delivered it.
 
 use bytes::Bytes;
+use loader_process::telemetry::trace;
 use loader_proto::batch::{BatchHeader, BatchView, TableCache};
 use loader_proto::pb::Dtype;
+use tracing::Span;
 
 use crate::error::LoaderError;
 
@@ -47,6 +49,9 @@ pub struct Batch {
     header: BatchHeader,
     /// Kept to answer `index_in_epoch` without the job at hand.
     batches_per_epoch: u64,
+    /// The `batch.consume` span of a batch sampled for tracing: from its
+    /// arrival until `next()` hands it over. [`Span::none`] otherwise.
+    consume: Span,
 }
 
 impl Batch {
@@ -121,7 +126,34 @@ impl Batch {
             transport,
             header,
             batches_per_epoch: per,
+            consume: Span::none(),
         })
+    }
+
+    /// Starts the batch's `batch.consume` span, a child of the worker's
+    /// delivery span whose `traceparent` came with it (nothing when empty:
+    /// the batch is not traced).
+    pub(crate) fn traced(mut self, traceparent: &str) -> Self {
+        let meta = self.header.meta;
+        let transport = match self.transport {
+            Transport::Grpc => "grpc",
+            Transport::SharedMemory => "ring",
+        };
+        self.consume = trace::child_of(traceparent, || {
+            tracing::info_span!(
+                "batch.consume",
+                job_id = meta.job_id,
+                consumer = meta.consumer,
+                seq = meta.seq,
+                transport
+            )
+        });
+        self
+    }
+
+    /// Ends the `batch.consume` span: `next()` hands the batch over.
+    pub(crate) fn consumed(&mut self) {
+        self.consume = Span::none();
     }
 
     /// How the batch reached this process.

@@ -412,7 +412,8 @@ impl Consumer {
 
     /// The next batch if it arrived, or the end: `None` means wait.
     fn take_ready(&mut self) -> Option<Option<Result<Batch, LoaderError>>> {
-        if let Some((_, (batch, credit))) = self.reorder.pop() {
+        if let Some((_, (mut batch, credit))) = self.reorder.pop() {
+            batch.consumed();
             credit.give_back();
             self.yielded += 1;
             self.meters.consumed(batch.len());

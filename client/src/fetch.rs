@@ -101,7 +101,7 @@ async fn run(
         .map_err(|s| LoaderError::rpc(address, "Fetch", s))?
     {
         let credit = Credit::for_frame(line);
-        let batch = Batch::from_frame(frame.data, &expected, address, &mut tables)?;
+        let batch = Batch::from_frame(frame.data, &expected, address, &mut tables)?.traced(&frame.traceparent);
         if events.send(Event::Batch(batch, credit)).is_err() {
             // The consumer is gone; nothing left to do.
             return Ok(());

@@ -377,6 +377,7 @@ fn a_worker_that_leaves_with_batches_outstanding_is_named_in_bounded_time() {
             generation: g.generation,
             len: len as u64,
             seq: 1,
+            traceparent: String::new(),
         });
         std::thread::sleep(Duration::from_millis(100));
         drop(peer);
@@ -436,6 +437,7 @@ fn a_worker_whose_header_points_past_its_slot_is_named_and_ends_the_iterator() {
                 generation: g.generation,
                 len: len as u64,
                 seq: 0,
+                traceparent: String::new(),
             });
             peer
         });

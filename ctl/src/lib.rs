@@ -285,26 +285,28 @@ pub struct TopArgs {
 /// `loaderctl: error: <message>`, with a non-zero exit code.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Each arm holds the telemetry guard to its end: dropping it flushes
+    // the spans not yet exported. The hidden worker sets up its own.
     let result = match cli.command {
         Command::Worker { args } => return worker(args),
         Command::Run(args) => {
-            loader_process::telemetry::init();
+            let _telemetry = loader_process::telemetry::init("loaderctl");
             signals::watch().and_then(|()| run_command(args))
         }
         Command::Consume(args) => {
-            loader_process::telemetry::init();
+            let _telemetry = loader_process::telemetry::init("loaderctl");
             signals::watch().and_then(|()| consume::run(&args))
         }
         Command::Status(args) => {
-            loader_process::telemetry::init();
+            let _telemetry = loader_process::telemetry::init("loaderctl");
             status::run(&args)
         }
         Command::Top(args) => {
-            loader_process::telemetry::init();
+            let _telemetry = loader_process::telemetry::init("loaderctl");
             top::run(&args)
         }
         Command::Drain(args) => {
-            loader_process::telemetry::init();
+            let _telemetry = loader_process::telemetry::init("loaderctl");
             status::drain(&args)
         }
     };

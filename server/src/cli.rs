@@ -49,7 +49,7 @@ where
             return if e.use_stderr() { ExitCode::from(2) } else { ExitCode::SUCCESS };
         }
     };
-    loader_process::telemetry::init();
+    let _telemetry = loader_process::telemetry::init("loader-server");
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {

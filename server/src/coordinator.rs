@@ -17,6 +17,7 @@ use crate::error::CoordinatorError;
 use crate::jobs::JobTable;
 use crate::journal::{Journal, JournalError};
 use crate::sessions::SessionTable;
+use crate::traces::BatchTraces;
 use crate::workers::WorkerTable;
 
 mod requeue;
@@ -27,6 +28,8 @@ struct Tables {
     jobs: JobTable,
     workers: WorkerTable,
     sessions: SessionTable,
+    /// Root spans of the batches sampled for tracing, while in flight.
+    traces: BatchTraces,
 }
 
 /// Shared coordinator state; cheap to clone.
@@ -81,6 +84,8 @@ fn poisoned(t: &mut Tables, job_id: u64, address: &str) {
         );
         tracing::warn!(job_id, "job failed: {error}");
         job.error = Some(error);
+        job.end_life();
+        t.traces.forget(job_id, None);
     }
 }
 
@@ -232,6 +237,9 @@ impl Coordinator {
             c.consumed = c.consumed.max(consumed);
             watermark = c.consumed;
         }
+        if advanced {
+            job.end_life_if_consumed();
+        }
         let error = job.error.clone().unwrap_or_default();
         // Acknowledged batches need no copy anywhere any more.
         for w in t.workers.workers.values_mut() {
@@ -319,6 +327,7 @@ impl Coordinator {
             // Only batches this worker was holding count: a report can
             // never deliver a batch twice.
             let moved: Vec<u64> = d.seqs.iter().copied().filter(|s| held.remove(s)).collect();
+            t.traces.delivered(key, &moved);
             let n = moved.len() as u64;
             w.delivered += n;
             crate::meters::delivered(d.job_id, n);
@@ -343,6 +352,8 @@ impl Coordinator {
             {
                 tracing::warn!(job_id = f.job_id, error = %f.error, "job failed");
                 job.error = Some(f.error);
+                job.end_life();
+                t.traces.forget(f.job_id, None);
             }
         }
         true
@@ -396,12 +407,14 @@ impl Coordinator {
                     };
                     w.outstanding.entry(key).or_default().extend(range.clone());
                     let ring_socket = t.sessions.ring_for(job_id, c as u32, &w.node).unwrap_or_default().to_owned();
+                    let traceparents = t.traces.assign(key, range.clone(), worker_id);
                     tasks.push(pb::Task {
                         job: Some(job.job.clone()),
                         consumer: c as u32,
                         start_seq: range.start,
                         end_seq: range.end,
                         ring_socket,
+                        traceparents,
                     });
                     progressed = true;
                 }

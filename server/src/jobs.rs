@@ -41,6 +41,26 @@ pub(crate) struct JobState {
     /// before any was delivered: a job that kills every worker it reaches
     /// is failed instead of being handed around (see `Coordinator::expire`).
     pub(crate) deaths_before_delivery: u32,
+    /// The `job` span: from creation (or restore) until every consumer
+    /// consumed its last batch or the job failed. Disabled (free) unless
+    /// spans are exported.
+    life: tracing::Span,
+}
+
+impl JobState {
+    /// Ends the job's span: it failed.
+    pub(crate) fn end_life(&mut self) {
+        self.life = tracing::Span::none();
+    }
+
+    /// Ends the job's span if every consumer consumed its last batch.
+    pub(crate) fn end_life_if_consumed(&mut self) {
+        let total = self.plan.total_batches();
+        if !self.life.is_none() && self.consumers.iter().all(|c| c.consumed >= total) {
+            tracing::info!(parent: &self.life, "consumed");
+            self.end_life();
+        }
+    }
 }
 
 /// Every job, by id, and named jobs by name.
@@ -109,7 +129,10 @@ impl JobTable {
         {
             self.names.insert(spec.name.clone(), job.job_id);
         }
+        let name = job.spec.as_ref().map_or("", |s| s.name.as_str());
+        let life = tracing::info_span!("job", job_id = job.job_id, name, batches = plan.total_batches());
         self.jobs.insert(job.job_id, JobState {
+                life,
                 job,
                 plan,
                 consumers,

@@ -13,6 +13,8 @@
 //! - `admission`: refuses a job whose batches fit no worker's memory.
 //! - `jobs`, `workers`, `sessions`, `range_queue`: the tables it keeps.
 //! - `journal`: jobs and watermarks in redb, so a restart resumes delivery.
+//! - `traces`: the root span of each batch sampled for tracing, from
+//!   assignment to delivery, and the context that goes with its task.
 //! - `meters`: what the coordinator records for Prometheus (leases,
 //!   requeues, deliveries, trainers' stall).
 //! - `service`: the gRPC services, thin adapters over the coordinator.
@@ -30,6 +32,7 @@ mod meters;
 mod range_queue;
 mod service;
 mod sessions;
+mod traces;
 mod workers;
 
 use std::future::Future;

@@ -29,6 +29,9 @@ pub struct ClusterBuilder {
     worker_log: Option<String>,
     /// `--metrics-listen 127.0.0.1:0` on the coordinator and every worker.
     metrics: bool,
+    /// Environment of the coordinator and every worker (e.g. the
+    /// OpenTelemetry exporter's), on top of the test's.
+    env: Vec<(String, String)>,
 }
 
 impl ClusterBuilder {
@@ -70,6 +73,13 @@ impl ClusterBuilder {
         self
     }
 
+    /// Sets `name=value` in the environment of the coordinator and of every
+    /// worker.
+    pub fn env(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.env.push((name.into(), value.into()));
+        self
+    }
+
     /// Address the coordinator listens on (default `127.0.0.1:0`).
     pub fn listen(mut self, addr: impl Into<String>) -> Self {
         self.listen = addr.into();
@@ -100,7 +110,9 @@ fn start_server(scope: &Scope, config: &ClusterBuilder, listen: &str) -> Proc {
     if config.metrics {
         args.extend(["--metrics-listen".to_owned(), "127.0.0.1:0".to_owned()]);
     }
-    Proc::listening(scope, "loader-server", &args)
+    let mut command = Command::new(binary("loader-server"));
+    command.args(&args).envs(config.env.iter().map(|(k, v)| (k, v)));
+    Proc::spawn(scope, "loader-server", command, true)
 }
 
 /// A coordinator and its workers.
@@ -128,6 +140,7 @@ impl Cluster {
             capture_worker_stderr: false,
             worker_log: None,
             metrics: false,
+            env: Vec::new(),
         }
     }
 
@@ -167,6 +180,7 @@ impl Cluster {
         if let Some(filter) = &self.config.worker_log {
             command.env("RUST_LOG", filter);
         }
+        command.envs(self.config.env.iter().map(|(k, v)| (k, v)));
         self.add_worker_command(command)
     }
 

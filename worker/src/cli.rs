@@ -89,7 +89,7 @@ where
         }
         Err(e) => return fail(&clap_message(&e)),
     };
-    loader_process::telemetry::init();
+    let _telemetry = loader_process::telemetry::init("loader-worker");
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => return fail(&format!("cannot start the async runtime: {e}")),

@@ -19,6 +19,8 @@
 //!   (see [`run_with_datasets`] and `examples/custom-worker`).
 //! - [`image`]: the image pipeline (decode, crops, resizes, flips,
 //!   normalize) that the image datasets run per sample.
+//! - `batch_spans`: the produce and deliver spans of a batch sampled for
+//!   tracing, children of the coordinator's span of it.
 //! - `busy`: the fraction of wall time the producer spends making batches,
 //!   marked around each batch and read by the link for each heartbeat.
 //! - [`collate`]: one batch written in place into one buffer in the wire
@@ -38,6 +40,7 @@
 //! - [`error`]: [`WorkerError`], and the one mapping of errors to gRPC
 //!   statuses.
 
+mod batch_spans;
 pub mod budget;
 mod busy;
 pub mod cli;

@@ -17,8 +17,9 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use loader_proto::ConsumerKey;
-use loader_proto::pb::Delivered;
+use loader_proto::pb::{BatchFrame, Delivered};
 use tokio::sync::Notify;
+use tracing::Span;
 
 use crate::meters::{BLOCKED_TICK, BlockedClock, ConsumerMeters, Meters};
 
@@ -86,6 +87,9 @@ struct Queued {
     samples: u64,
     /// When it was queued, for the deliver stage's timing.
     at: Instant,
+    /// The `batch.deliver` span of a batch sampled for tracing (from queued
+    /// to sent); [`Span::none`] otherwise.
+    deliver: Span,
 }
 
 impl Outbox {
@@ -115,16 +119,17 @@ impl Outboxes {
         &self.meters
     }
 
-    /// Queues a produced batch of `samples` samples for its consumer.
-    /// Dropped if the worker is closed.
-    pub(crate) fn push(&self, key: ConsumerKey, seq: u64, batch: Bytes, samples: u64) {
+    /// Queues a produced batch of `samples` samples for its consumer, with
+    /// its delivery span (see [`Queued::deliver`]). Dropped if the worker is
+    /// closed.
+    pub(crate) fn push(&self, key: ConsumerKey, seq: u64, batch: Bytes, samples: u64, deliver: Span) {
         let mut state = self.lock();
         if state.closed {
             return;
         }
         state.progress += 1;
         let outbox = state.boxes.entry(key).or_insert_with(|| Outbox::new(self.meters.consumer(key)));
-        outbox.batches.insert(seq, Queued { batch, samples, at: Instant::now() });
+        outbox.batches.insert(seq, Queued { batch, samples, at: Instant::now(), deliver });
         outbox.wake.notify_waiters();
     }
 
@@ -268,7 +273,7 @@ pub(crate) struct Attachment {
 
 /// What the stream should do next.
 enum Step {
-    Send(Bytes),
+    Send(BatchFrame),
     /// Wait for a wake-up; `true`: batches are queued but the trainer
     /// granted no credit (it is not reading).
     Wait(Arc<Notify>, bool),
@@ -287,9 +292,10 @@ impl Attachment {
         }
     }
 
-    /// The next batch for this stream: waits for both a credit and a batch.
-    /// `None` once the stream was replaced or the worker closed.
-    pub(crate) async fn next(&self) -> Option<Bytes> {
+    /// The next batch for this stream, as its frame: waits for both a
+    /// credit and a batch. `None` once the stream was replaced or the worker
+    /// closed.
+    pub(crate) async fn next(&self) -> Option<BatchFrame> {
         let mut blocked = BlockedClock::new(&self.meters.blocked_grpc);
         loop {
             let wake = match self.step() {
@@ -334,7 +340,7 @@ impl Attachment {
         if outbox.credits == 0 {
             return Step::Wait(Arc::clone(&outbox.wake), !outbox.batches.is_empty());
         }
-        let Some((seq, Queued { batch, samples, at })) = outbox.batches.pop_first() else {
+        let Some((seq, Queued { batch, samples, at, deliver })) = outbox.batches.pop_first() else {
             return Step::Wait(Arc::clone(&outbox.wake), false);
         };
         outbox.credits -= 1;
@@ -344,7 +350,9 @@ impl Attachment {
         state.delivered.entry(self.key).or_default().push(seq);
         drop(state);
         self.outboxes.report.notify_one();
-        Step::Send(batch)
+        // The trainer's span of this batch is a child of the delivery.
+        let traceparent = loader_process::telemetry::trace::carry(&deliver);
+        Step::Send(BatchFrame { data: batch, traceparent })
     }
 }
 
@@ -377,7 +385,7 @@ mod tests {
 
     /// The next batch if one is ready right now; `Some(None)` if the stream ended.
     fn ready(a: &Attachment) -> Option<Option<Bytes>> {
-        a.next().now_or_never()
+        a.next().now_or_never().map(|frame| frame.map(|f| f.data))
     }
 
     fn delivered(o: &Outboxes) -> Vec<u64> {
@@ -390,7 +398,7 @@ mod tests {
     async fn credits_bound_what_is_sent() {
         let o = Outboxes::new();
         for seq in 0..5 {
-            o.push(KEY, seq, batch(seq), 1);
+            o.push(KEY, seq, batch(seq), 1, Span::none());
         }
         let a = o.attach(KEY, 9, 2);
         assert_eq!(ready(&a), Some(Some(batch(0))));
@@ -410,9 +418,9 @@ mod tests {
     async fn a_waiting_stream_wakes_on_push() {
         let o = Outboxes::new();
         let a = o.attach(KEY, 9, 1);
-        let waiter = tokio::spawn(async move { a.next().await });
+        let waiter = tokio::spawn(async move { a.next().await.map(|f| f.data) });
         tokio::task::yield_now().await;
-        o.push(KEY, 0, batch(0), 1);
+        o.push(KEY, 0, batch(0), 1, Span::none());
         assert_eq!(waiter.await.expect("join"), Some(batch(0)));
         // The link was told there is something to report.
         o.delivered().await;
@@ -424,10 +432,10 @@ mod tests {
         let o = Outboxes::new();
         let a = o.attach(KEY, 1, 0);
         for seq in [5, 6, 7] {
-            o.push(KEY, seq, batch(seq), 1);
+            o.push(KEY, seq, batch(seq), 1, Span::none());
         }
         // Seq 2 was requeued after its first worker died.
-        o.push(KEY, 2, batch(2), 1);
+        o.push(KEY, 2, batch(2), 1, Span::none());
         a.add_credits(2);
         assert_eq!(ready(&a), Some(Some(batch(2))));
         assert_eq!(ready(&a), Some(Some(batch(5))));
@@ -437,7 +445,7 @@ mod tests {
     fn a_replacing_stream_receives_the_remaining_batches() {
         let o = Outboxes::new();
         for seq in 0..4 {
-            o.push(KEY, seq, batch(seq), 1);
+            o.push(KEY, seq, batch(seq), 1, Span::none());
         }
         let old = o.attach(KEY, 1, 1);
         assert_eq!(ready(&old), Some(Some(batch(0))));
@@ -455,7 +463,7 @@ mod tests {
     fn batches_outlive_a_dropped_stream() {
         let o = Outboxes::new();
         for seq in 0..3 {
-            o.push(KEY, seq, batch(seq), 1);
+            o.push(KEY, seq, batch(seq), 1, Span::none());
         }
         let a = o.attach(KEY, 1, 1);
         assert_eq!(ready(&a), Some(Some(batch(0))));
@@ -469,14 +477,14 @@ mod tests {
     #[test]
     fn consumers_are_separate_and_close_ends_everything() {
         let o = Outboxes::new();
-        o.push((1, 0), 0, batch(10), 1);
-        o.push((1, 1), 0, batch(11), 1);
+        o.push((1, 0), 0, batch(10), 1, Span::none());
+        o.push((1, 1), 0, batch(11), 1, Span::none());
         let a = o.attach((1, 1), 1, 5);
         assert_eq!(ready(&a), Some(Some(batch(11))));
         assert_eq!(ready(&a), None);
         o.close();
         assert_eq!(ready(&a), Some(None));
-        o.push((1, 1), 1, batch(12), 1);
+        o.push((1, 1), 1, batch(12), 1, Span::none());
         assert!(o.is_empty(), "a closed worker queues nothing");
     }
 
@@ -484,9 +492,9 @@ mod tests {
     fn dropping_a_consumer_keeps_its_stream_and_the_others() {
         let o = Outboxes::new();
         for seq in 0..3 {
-            o.push(KEY, seq, batch(seq), 1);
+            o.push(KEY, seq, batch(seq), 1, Span::none());
         }
-        o.push((1, 1), 0, batch(10), 1);
+        o.push((1, 1), 0, batch(10), 1, Span::none());
         let a = o.attach(KEY, 1, 5);
         assert_eq!(ready(&a), Some(Some(batch(0))));
         let before = o.progress();
@@ -495,15 +503,15 @@ mod tests {
         assert_eq!(o.len(), 1, "the other consumer's batch stays");
         assert_eq!(o.progress(), before, "dropping is not progress");
         assert_eq!(ready(&a), None, "the stream waits for later batches");
-        o.push(KEY, 7, batch(7), 1);
+        o.push(KEY, 7, batch(7), 1, Span::none());
         assert_eq!(ready(&a), Some(Some(batch(7))));
     }
 
     #[test]
     fn failed_reports_are_restored_in_order() {
         let o = Outboxes::new();
-        o.push(KEY, 0, batch(0), 1);
-        o.push(KEY, 1, batch(1), 1);
+        o.push(KEY, 0, batch(0), 1, Span::none());
+        o.push(KEY, 1, batch(1), 1, Span::none());
         let a = o.attach(KEY, 1, 5);
         assert!(ready(&a).is_some());
         let lost = o.take_delivered();

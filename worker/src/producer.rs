@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
+use loader_process::telemetry::trace;
 use loader_proto::ConsumerKey;
 use loader_proto::batch::{BatchError, BatchMeta};
 use loader_proto::pb::{Failed, JobSpec, Task};
@@ -31,6 +32,7 @@ use loader_proto::sampler::Plan;
 use loader_proto::spec::SpecError;
 use tokio::sync::Notify;
 
+use crate::batch_spans::{BatchSpans, Transport};
 use crate::busy::BusyMeter;
 use crate::collate::{BatchRules, CollateError, Skipped, collate_bytes, collate_into, layout};
 use crate::dataset::{Dataset, DatasetError, Datasets};
@@ -417,6 +419,7 @@ impl Shared {
             let meta = BatchMeta { job_id: job.job_id, epoch, consumer: task.consumer, seq };
             let indices = plan.batch_indices(task.consumer, seq);
             let layout = layout(&*dataset, indices.len()).map_err(|e| failed(seq, e.into()))?;
+            let spans = BatchSpans::start(task, job.job_id, seq);
             if let Some(path) = ring {
                 let asked = Instant::now();
                 match self.rings.acquire(path, key, submitted, layout.total_len(), &abandoned, &meters.blocked_shm) {
@@ -424,8 +427,12 @@ impl Shared {
                         // A failure drops the lease, which gives the slot back.
                         let started = Instant::now();
                         let _busy = self.busy_meter.spell(started);
+                        spans.waited_for_slot(started.saturating_duration_since(asked));
+                        let producing = spans.produce().enter();
                         let collated = collate_into(&*dataset, &layout, &meta, &indices, rules, lease.bytes_mut())
                             .map_err(|e| failed(seq, e))?;
+                        drop(producing);
+                        spans.made(indices.len(), &collated);
                         let took = started.elapsed();
                         timing.made(took, &self.windows, job.job_id);
                         meters.made(took, collated.read);
@@ -435,7 +442,8 @@ impl Shared {
                         if q.generation != generation {
                             return Ok(());
                         }
-                        lease.fill(collated.len as u64, seq, key);
+                        let deliver = spans.deliver(Transport::Ring);
+                        lease.fill(collated.len as u64, seq, key, trace::carry(&deliver));
                         drop(q);
                         // The slot was waited for before the batch was made.
                         meters.delivered_after(started.saturating_duration_since(asked));
@@ -457,8 +465,11 @@ impl Shared {
             }
             let started = Instant::now();
             let _busy = self.busy_meter.spell(started);
+            let producing = spans.produce().enter();
             let (batch, collated) =
                 collate_bytes(&*dataset, &layout, &meta, &indices, rules).map_err(|e| failed(seq, e))?;
+            drop(producing);
+            spans.made(indices.len(), &collated);
             let took = started.elapsed();
             timing.made(took, &self.windows, job.job_id);
             meters.made(took, collated.read);
@@ -468,7 +479,7 @@ impl Shared {
             if q.generation != generation {
                 return Ok(());
             }
-            self.outboxes.push(key, seq, batch, held(&indices, &collated.skipped));
+            self.outboxes.push(key, seq, batch, held(&indices, &collated.skipped), spans.deliver(Transport::Grpc));
         }
         Ok(())
     }
@@ -611,12 +622,12 @@ pub(crate) mod tests {
         let outboxes = Outboxes::new();
         let p = spawn(&outboxes);
         // Consumer 1 of 2: 5 samples per epoch -> 2 batches per epoch, 4 in all.
-        p.submit(Task { job: Some(synthetic(1)), consumer: 1, start_seq: 0, end_seq: 3, ring_socket: String::new() });
+        p.submit(Task { job: Some(synthetic(1)), consumer: 1, start_seq: 0, end_seq: 3, ring_socket: String::new(), ..Default::default() });
         let missing = "/nonexistent/loader-test/tokens.bin";
         let tokens = Kind::Tokens(TokensSpec { path: missing.into(), dtype: Dtype::U16 as i32, context_length: 4, num_tokens: 100 });
-        p.submit(Task { job: Some(job(2, tokens)), consumer: 0, start_seq: 0, end_seq: 1, ring_socket: String::new() });
-        p.submit(Task { job: Some(synthetic(1)), consumer: 1, start_seq: 3, end_seq: 9, ring_socket: String::new() });
-        p.submit(Task { job: Some(synthetic(1)), consumer: 1, start_seq: 3, end_seq: 4, ring_socket: String::new() });
+        p.submit(Task { job: Some(job(2, tokens)), consumer: 0, start_seq: 0, end_seq: 1, ring_socket: String::new(), ..Default::default() });
+        p.submit(Task { job: Some(synthetic(1)), consumer: 1, start_seq: 3, end_seq: 9, ring_socket: String::new(), ..Default::default() });
+        p.submit(Task { job: Some(synthetic(1)), consumer: 1, start_seq: 3, end_seq: 4, ring_socket: String::new(), ..Default::default() });
         settle(&p);
 
         let failed = p.take_failed();
@@ -633,7 +644,7 @@ pub(crate) mod tests {
         let attachment = outboxes.attach((1, 1), 1, 100);
         let plan = loader_proto::spec::plan(synthetic(1).spec.as_ref().expect("spec")).expect("plan");
         for seq in 0..4 {
-            let batch = attachment.next().await.expect("batch");
+            let batch = attachment.next().await.expect("batch").data;
             let view = BatchView::parse(&batch).expect("parse");
             let h = view.header();
             assert_eq!((h.meta.job_id, h.meta.consumer, h.meta.seq), (1, 1, seq));
@@ -651,7 +662,7 @@ pub(crate) mod tests {
     async fn running_out_of_tasks_wakes_the_link() {
         let outboxes = Outboxes::new();
         let p = spawn(&outboxes);
-        p.submit(Task { job: Some(synthetic(1)), consumer: 1, start_seq: 0, end_seq: 2, ring_socket: String::new() });
+        p.submit(Task { job: Some(synthetic(1)), consumer: 1, start_seq: 0, end_seq: 2, ring_socket: String::new(), ..Default::default() });
         tokio::time::timeout(Duration::from_secs(20), p.report_wanted()).await.expect("woken when the queue ran out");
         settle(&p);
         assert!(!p.has_failures(), "a wake-up, not a failure");
@@ -666,6 +677,7 @@ pub(crate) mod tests {
             start_seq,
             end_seq: start_seq + 2,
             ring_socket: String::new(),
+            ..Default::default()
         };
         let queued = [task(1, 0, 10), task(1, 1, 2), task(1, 0, 12), task(2, 0, 0)];
         assert_eq!(insertion_point(queued.iter(), &task(1, 0, 4)), 0);
@@ -685,6 +697,7 @@ pub(crate) mod tests {
             start_seq,
             end_seq: start_seq + 2,
             ring_socket: String::new(),
+            ..Default::default()
         };
         p.submit(task(0, 0));
         p.submit(task(1, 0));
@@ -704,6 +717,7 @@ pub(crate) mod tests {
             start_seq,
             end_seq: start_seq + 2,
             ring_socket: String::new(),
+            ..Default::default()
         };
         p.submit(slow_task(0));
         p.submit(slow_task(2));
@@ -717,13 +731,13 @@ pub(crate) mod tests {
     async fn clear_drops_queued_work() {
         let outboxes = Outboxes::new();
         let p = spawn(&outboxes);
-        p.submit(Task { job: Some(synthetic(1)), consumer: 0, start_seq: 0, end_seq: 4, ring_socket: String::new() });
+        p.submit(Task { job: Some(synthetic(1)), consumer: 0, start_seq: 0, end_seq: 4, ring_socket: String::new(), ..Default::default() });
         settle(&p);
         assert!(!outboxes.is_empty());
         p.clear();
         assert!(outboxes.is_empty());
         p.stop();
-        p.submit(Task { job: Some(synthetic(1)), consumer: 0, start_seq: 0, end_seq: 4, ring_socket: String::new() });
+        p.submit(Task { job: Some(synthetic(1)), consumer: 0, start_seq: 0, end_seq: 4, ring_socket: String::new(), ..Default::default() });
         assert!(p.is_idle(), "a stopped producer takes no task");
     }
 }

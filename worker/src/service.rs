@@ -68,8 +68,8 @@ impl BatchService for FetchService {
         // stream replaced), the outbox is detached and the reader stopped.
         let state = (attachment, done.drop_guard());
         let frames = futures::stream::unfold(state, |(attachment, guard)| async move {
-            let data = Attachment::next(&attachment).await?;
-            Some((Ok(BatchFrame { data }), (attachment, guard)))
+            let frame = Attachment::next(&attachment).await?;
+            Some((Ok(frame), (attachment, guard)))
         });
         Ok(Response::new(Box::pin(frames)))
     }
@@ -127,7 +127,7 @@ mod tests {
         tokio::time::timeout(LIMIT, async {
             let outboxes = Outboxes::new();
             for seq in 0..6u64 {
-                outboxes.push((3, 1), seq, Bytes::from(vec![seq as u8; 1 << 20]), 1);
+                outboxes.push((3, 1), seq, Bytes::from(vec![seq as u8; 1 << 20]), 1, tracing::Span::none());
             }
             let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
             let addr = listener.local_addr().expect("addr");

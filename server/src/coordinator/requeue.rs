@@ -65,6 +65,7 @@ pub(super) struct Ended {
 /// next; each worker that held undelivered batches for it is told, in its
 /// next heartbeat response, to drop them and their queued tasks.
 pub(super) fn end_consumer(t: &mut Tables, key: ConsumerKey) -> Ended {
+    t.traces.forget(key.0, Some(key.1));
     let mut ended = Ended::default();
     for w in t.workers.workers.values_mut() {
         let held = w.outstanding.remove(&key).unwrap_or_default();

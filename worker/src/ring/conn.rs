@@ -144,9 +144,9 @@ async fn report(
     bell: Option<&Bell>,
 ) -> Result<(), RingError> {
     match out {
-        Outgoing::Filled { slot, generation, len, seq, key } => {
+        Outgoing::Filled { slot, generation, len, seq, key, traceparent } => {
             rings.settle(id, slot, generation);
-            let msg = ring_to_trainer::Msg::Filled(SlotFilled { slot, generation, len, seq });
+            let msg = ring_to_trainer::Msg::Filled(SlotFilled { slot, generation, len, seq, traceparent });
             socket.write_all(&encode(&RingToTrainer { msg: Some(msg) })).await?;
             if let Some(bell) = bell {
                 bell.reported();

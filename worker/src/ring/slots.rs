@@ -191,6 +191,8 @@ pub(crate) enum Outgoing {
         seq: u64,
         /// Consumer the batch belongs to, for the delivery report.
         key: ConsumerKey,
+        /// W3C traceparent of its delivery span, when sampled for tracing.
+        traceparent: String,
     },
     /// The slot was not used (task abandoned, collate failed): it goes back.
     Returned {
@@ -340,10 +342,12 @@ impl SlotLease {
     }
 
     /// Reports a batch of `len` bytes, sequence number `seq` of `key`, at the
-    /// front of the slot.
-    pub(crate) fn fill(mut self, len: u64, seq: u64, key: ConsumerKey) {
+    /// front of the slot, with the `traceparent` of its delivery span (empty
+    /// when it is not traced).
+    pub(crate) fn fill(mut self, len: u64, seq: u64, key: ConsumerKey, traceparent: String) {
         self.done = true;
-        let _ = self.outgoing.send(Outgoing::Filled { slot: self.slot, generation: self.generation, len, seq, key });
+        let (slot, generation) = (self.slot, self.generation);
+        let _ = self.outgoing.send(Outgoing::Filled { slot, generation, len, seq, key, traceparent });
     }
 }
 
@@ -412,14 +416,14 @@ mod tests {
         assert_eq!(a.bytes_mut().len(), 4096);
         a.bytes_mut().fill(0xaa);
         b.bytes_mut().fill(0xbb);
-        a.fill(10, 7, (1, 0));
+        a.fill(10, 7, (1, 0), String::new());
         drop(b);
         let mut all = vec![0u8; 3 * 4096];
         file.read_exact_at(&mut all, 0).expect("read");
         assert!(all[..4096].iter().all(|&x| x == 0), "slot 0 untouched");
         assert!(all[4096..8192].iter().all(|&x| x == 0xaa));
         assert!(all[8192..].iter().all(|&x| x == 0xbb));
-        assert_eq!(rx.try_recv(), Ok(Outgoing::Filled { slot: 1, generation: 0, len: 10, seq: 7, key: (1, 0) }));
+        assert_eq!(rx.try_recv(), Ok(Outgoing::Filled { slot: 1, generation: 0, len: 10, seq: 7, key: (1, 0), traceparent: String::new() }));
         assert_eq!(rx.try_recv(), Ok(Outgoing::Returned { slot: 2, generation: 0 }));
     }
 
@@ -432,7 +436,7 @@ mod tests {
         assert_eq!(slots.grant(0, 6), Err(GrantError::AlreadyHeld { slot: 0 }), "granted, not yet leased");
         let lease = slots.take(&tx).expect("lease");
         assert_eq!(slots.grant(0, 6), Err(GrantError::AlreadyHeld { slot: 0 }), "being written");
-        lease.fill(1, 0, (1, 0));
+        lease.fill(1, 0, (1, 0), String::new());
         slots.settle(0, 5);
         assert_eq!(slots.grant(0, 5), Err(GrantError::StaleGeneration { slot: 0, generation: 5, last: 5 }));
         assert_eq!(slots.grant(0, 4), Err(GrantError::StaleGeneration { slot: 0, generation: 4, last: 5 }));
@@ -494,7 +498,7 @@ mod tests {
                     Step::Finish => {
                         if let Some(lease) = leases.pop_front() {
                             let slot = lease.slot;
-                            lease.fill(1, 0, (0, 0));
+                            lease.fill(1, 0, (0, 0), String::new());
                             let Ok(Outgoing::Filled { slot: s, generation, .. }) = rx.try_recv() else {
                                 return Err(TestCaseError::fail("no filled report"));
                             };

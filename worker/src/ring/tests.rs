@@ -75,7 +75,7 @@ fn job(job_id: u64) -> Job {
 }
 
 fn task(job_id: u64, seqs: std::ops::Range<u64>, socket: &str) -> Task {
-    Task { job: Some(job(job_id)), consumer: 0, start_seq: seqs.start, end_seq: seqs.end, ring_socket: socket.into() }
+    Task { job: Some(job(job_id)), consumer: 0, start_seq: seqs.start, end_seq: seqs.end, ring_socket: socket.into(), ..Default::default() }
 }
 
 fn memfd(name: &str, len: u64) -> File {
@@ -262,7 +262,7 @@ fn from_outbox(rt: &Runtime, outboxes: &Arc<Outboxes>, job_id: u64, n: usize) ->
         let mut got = Vec::new();
         for _ in 0..n {
             let batch = tokio::time::timeout(LIMIT, attachment.next()).await.expect("a gRPC batch in time");
-            got.push(batch.expect("stream open"));
+            got.push(batch.expect("stream open").data);
         }
         got
     })
