@@ -21,6 +21,8 @@
 //! - [`wait`](wait_until): bounded polling.
 //! - [`netns`](RemoteNamespace): a network namespace on a veth pair, for a
 //!   remote worker whose link can be cut.
+//! - [`otlp`](OtlpReceiver): a real OTLP/gRPC trace receiver that keeps
+//!   what it is sent.
 //! - [`dataset_files`]: images, class folders, tar shards and npy arrays
 //!   written by tests.
 
@@ -28,6 +30,7 @@ mod admin;
 mod cluster;
 pub mod dataset_files;
 mod netns;
+mod otlp;
 mod proc;
 mod scope;
 mod silent;
@@ -37,6 +40,7 @@ mod wait;
 pub use admin::Admin;
 pub use cluster::{Cluster, ClusterBuilder};
 pub use netns::{HOST_ADDR, NS_ADDR, RemoteNamespace};
+pub use otlp::{OtlpReceiver, ReceivedSpan, string_attribute};
 pub use proc::{Proc, binary, loaderctl};
 pub use scope::{Scope, run};
 pub use silent::SilentTrainer;

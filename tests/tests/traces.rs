@@ -8,76 +8,14 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use loader_e2e::{Cluster, Proc, Scope, run};
-use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{TraceService, TraceServiceServer};
-use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
-use opentelemetry_proto::tonic::common::v1::any_value::Value;
-use opentelemetry_proto::tonic::common::v1::KeyValue;
-use opentelemetry_proto::tonic::trace::v1::Span;
+use loader_e2e::{Cluster, OtlpReceiver, Proc, ReceivedSpan as Received, Scope, run, string_attribute};
 
 /// Bound on the wait for every span to arrive.
 const PATIENCE: Duration = Duration::from_secs(30);
 /// Batches per run: 256 samples in batches of 16.
 const BATCHES: usize = 16;
-
-/// A span as received, with the service that sent it.
-#[derive(Debug, Clone)]
-struct Received {
-    service: String,
-    span: Span,
-}
-
-/// The OTLP trace receiver: keeps every span it is sent.
-#[derive(Debug, Clone, Default)]
-struct Receiver {
-    spans: Arc<Mutex<Vec<Received>>>,
-}
-
-#[tonic::async_trait]
-impl TraceService for Receiver {
-    async fn export(
-        &self,
-        request: tonic::Request<ExportTraceServiceRequest>,
-    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
-        let mut spans = self.spans.lock().expect("spans");
-        for resource_spans in request.into_inner().resource_spans {
-            let attributes = resource_spans.resource.map(|r| r.attributes).unwrap_or_default();
-            let service = string_attribute(&attributes, "service.name").unwrap_or_default();
-            for scope in resource_spans.scope_spans {
-                spans.extend(scope.spans.into_iter().map(|span| Received { service: service.clone(), span }));
-            }
-        }
-        Ok(tonic::Response::new(ExportTraceServiceResponse { partial_success: None }))
-    }
-}
-
-fn string_attribute(attributes: &[KeyValue], key: &str) -> Option<String> {
-    attributes.iter().find(|kv| kv.key == key).and_then(|kv| match kv.value.as_ref()?.value.as_ref()? {
-        Value::StringValue(s) => Some(s.clone()),
-        Value::IntValue(i) => Some(i.to_string()),
-        _ => None,
-    })
-}
-
-/// Starts the receiver on a loopback port of its own, on a runtime that
-/// lives as long as the returned handle.
-fn start_receiver() -> (SocketAddr, Receiver, tokio::runtime::Runtime) {
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
-    let receiver = Receiver::default();
-    let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).expect("bind the receiver");
-    let addr = listener.local_addr().expect("receiver address");
-    let service = TraceServiceServer::new(receiver.clone());
-    runtime.spawn(async move {
-        tonic::transport::Server::builder()
-            .add_service(service)
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
-            .await
-    });
-    (addr, receiver, runtime)
-}
 
 /// The environment that turns export on, towards `receiver`, with short
 /// export batches so spans arrive while the test waits.
@@ -85,13 +23,14 @@ fn otel_env(receiver: SocketAddr) -> [(&'static str, String); 2] {
     [("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{receiver}")), ("OTEL_BSP_SCHEDULE_DELAY", "100".into())]
 }
 
-/// One `loaderctl consume` over `transport`: 256 samples, batch 16, as job
-/// `name`; waits for it to finish.
-fn consume(scope: &Scope, url: &str, receiver: SocketAddr, transport: &str, name: &str) {
+/// One `loaderctl consume` over `transport`: `batches` batches of 16
+/// samples, as job `name`; waits for it to finish.
+fn consume(scope: &Scope, url: &str, receiver: SocketAddr, transport: &str, name: &str, batches: usize) {
+    let samples = (batches * 16).to_string();
     let mut command = std::process::Command::new(loader_e2e::binary("loaderctl"));
     command
         .args(["consume", "--coordinator", url, "--transport", transport, "--job-name", name, "--json"])
-        .args(["--samples", "256", "--shape", "64", "--batch-size", "16"])
+        .args(["--samples", samples.as_str(), "--shape", "64", "--batch-size", "16"])
         .envs(otel_env(receiver));
     let mut trainer = Proc::spawn(scope, "loaderctl", command, false);
     let status = trainer.wait_exit(Duration::from_secs(60)).expect("loaderctl consume finishes within 60 s");
@@ -165,10 +104,10 @@ fn check_chain(seq: &str, trace: &BatchTrace, transport: &str) {
 }
 
 /// Waits (bounded) until every batch of job `job_id` has its whole chain.
-fn wait_for_batches(receiver: &Receiver, job_id: &str) -> HashMap<String, BatchTrace> {
+fn wait_for_batches(receiver: &OtlpReceiver, job_id: &str) -> HashMap<String, BatchTrace> {
     let deadline = Instant::now() + PATIENCE;
     loop {
-        let received = receiver.spans.lock().expect("spans").clone();
+        let received = receiver.spans();
         let batches = batches_of(&received, job_id);
         let whole = batches.values().filter(|b| b.spans.len() == CHAIN.len()).count();
         if whole == BATCHES {
@@ -186,7 +125,8 @@ fn wait_for_batches(receiver: &Receiver, job_id: &str) -> HashMap<String, BatchT
 #[test]
 fn one_batch_is_one_trace_across_coordinator_worker_and_trainer() {
     run(Duration::from_secs(120), |scope| {
-        let (addr, receiver, _runtime) = start_receiver();
+        let receiver = OtlpReceiver::start("127.0.0.1:0").expect("start the OTLP receiver");
+        let addr = receiver.addr();
         let mut builder = Cluster::builder().workers(1);
         for (name, value) in otel_env(addr) {
             builder = builder.env(name, value);
@@ -194,12 +134,12 @@ fn one_batch_is_one_trace_across_coordinator_worker_and_trainer() {
         let cluster = builder.start(&scope);
 
         // Job ids are given in order: the gRPC run is job 1, the ring run 2.
-        consume(&scope, &cluster.url(), addr, "grpc", "traced-grpc");
+        consume(&scope, &cluster.url(), addr, "grpc", "traced-grpc", BATCHES);
         let batches = wait_for_batches(&receiver, "1");
         for (seq, trace) in &batches {
             check_chain(seq, trace, "grpc");
         }
-        consume(&scope, &cluster.url(), addr, "shm", "traced-ring");
+        consume(&scope, &cluster.url(), addr, "shm", "traced-ring", BATCHES);
         let batches = wait_for_batches(&receiver, "2");
         for (seq, trace) in &batches {
             check_chain(seq, trace, "ring");
@@ -208,7 +148,7 @@ fn one_batch_is_one_trace_across_coordinator_worker_and_trainer() {
         // The job's own span, from creation to its last batch consumed.
         let deadline = Instant::now() + PATIENCE;
         loop {
-            let received = receiver.spans.lock().expect("spans").clone();
+            let received = receiver.spans();
             let jobs: Vec<String> = received
                 .iter()
                 .filter(|r| r.span.name == "job" && r.service == "loader-server")
@@ -219,6 +159,47 @@ fn one_batch_is_one_trace_across_coordinator_worker_and_trainer() {
             }
             assert!(Instant::now() < deadline, "no job span for both jobs after {PATIENCE:?}: {jobs:?}");
             std::thread::sleep(Duration::from_millis(100));
+        }
+    });
+}
+
+#[test]
+fn the_coordinator_samples_batches_and_the_others_follow() {
+    run(Duration::from_secs(120), |scope| {
+        let receiver = OtlpReceiver::start("127.0.0.1:0").expect("start the OTLP receiver");
+        let addr = receiver.addr();
+        let mut builder = Cluster::builder().workers(1).env("OTEL_TRACES_SAMPLER_ARG", "0.5");
+        for (name, value) in otel_env(addr) {
+            builder = builder.env(name, value);
+        }
+        let cluster = builder.start(&scope);
+        // 64 batches, each sampled with probability 1/2 by the coordinator
+        // (all or none: odds of 2^-63).
+        consume(&scope, &cluster.url(), addr, "grpc", "sampled", 64);
+
+        // The trainer flushed its spans when it exited; wait (bounded) for
+        // the coordinator's and the worker's of the same batches.
+        let deadline = Instant::now() + PATIENCE;
+        let batches = loop {
+            let batches = batches_of(&receiver.spans(), "1");
+            let consumed = batches.values().filter(|b| b.spans.contains_key("batch.consume")).count();
+            let whole = batches.values().filter(|b| b.spans.len() == CHAIN.len()).count();
+            if consumed > 0 && whole == consumed && whole == batches.len() {
+                break batches;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "after {PATIENCE:?}: {} batches with spans, {consumed} consumed, {whole} with all four",
+                batches.len()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        assert!(batches.len() < 64, "every batch was traced at a ratio of 0.5");
+        // No orphans: a batch the coordinator did not sample has no span
+        // anywhere (a worker or trainer span of one would have no root and
+        // show up here with fewer than four).
+        for (seq, trace) in &batches {
+            check_chain(seq, trace, "grpc");
         }
     });
 }
