@@ -39,14 +39,18 @@ pub fn init(service: &str) -> Telemetry {
         Some(Err(e)) => (None, None, Some(e)),
         None => (None, None, None),
     };
-    // Spans of Loader's own crates (targets loader_*), at info and above,
-    // whatever RUST_LOG says: the log filter decides what is printed, not
-    // what is traced. Other crates' spans (tonic, h2, the exporter itself)
-    // are not exported.
+    // Spans of Loader's own crates (targets loader_*) at info and above,
+    // and their warnings and errors (span events: a skipped sample inside
+    // its batch's span), whatever RUST_LOG says: the log filter decides
+    // what is printed, not what is traced. Other crates' spans (tonic, h2,
+    // the exporter itself) are not exported. The filter reads metadata
+    // only, so each callsite's answer is cached: an info event in a hot
+    // path stays as cheap as with export off.
     let spans = tracer.map(|tracer| {
-        tracing_opentelemetry::layer()
-            .with_tracer(tracer)
-            .with_filter(tracing_subscriber::filter::Targets::new().with_target("loader", tracing::Level::INFO))
+        tracing_opentelemetry::layer().with_tracer(tracer).with_filter(tracing_subscriber::filter::filter_fn(|meta| {
+            let level = if meta.is_span() { tracing::Level::INFO } else { tracing::Level::WARN };
+            meta.target().starts_with("loader") && *meta.level() <= level
+        }))
     });
     let installed = tracing_subscriber::registry().with(logs).with(spans).try_init().is_ok();
     if let Some(e) = failed {

@@ -57,7 +57,6 @@ impl JobState {
     pub(crate) fn end_life_if_consumed(&mut self) {
         let total = self.plan.total_batches();
         if !self.life.is_none() && self.consumers.iter().all(|c| c.consumed >= total) {
-            tracing::info!(parent: &self.life, "consumed");
             self.end_life();
         }
     }

@@ -12,6 +12,7 @@ use std::ops::Range;
 use loader_proto::ConsumerKey;
 use loader_process::telemetry::trace;
 use tracing::Span;
+use tracing::field::Empty;
 
 /// The root spans of traced batches in flight, by (job, consumer, seq).
 #[derive(Debug, Default)]
@@ -34,8 +35,10 @@ impl BatchTraces {
             let span = self
                 .open
                 .entry((job_id, consumer, seq))
-                .or_insert_with(|| tracing::info_span!("batch", job_id, consumer, seq));
-            tracing::info!(parent: &*span, worker_id, "assigned");
+                .or_insert_with(|| tracing::info_span!("batch", job_id, consumer, seq, worker_id = Empty));
+            // The last worker given it (a batch given out again keeps its
+            // span: the trace shows each attempt's produce span).
+            span.record("worker_id", worker_id);
             let traceparent = trace::carry(span);
             if traceparent.is_empty() {
                 self.open.remove(&(job_id, consumer, seq));

@@ -107,21 +107,26 @@ impl Prometheus {
     /// The value of an instant query that yields one number; NaN while it
     /// yields none (or Prometheus is not up yet).
     fn query(&self, query: &str) -> f64 {
+        let Some(json) = self.answer(query) else { return f64::NAN };
+        json["data"]["result"][0]["value"][1].as_str().and_then(|v| v.parse().ok()).unwrap_or(f64::NAN)
+    }
+
+    /// Prometheus' JSON answer to an instant query (`status` is `error`,
+    /// with the reason, for a query it cannot parse); None while it is not
+    /// up.
+    fn answer(&self, query: &str) -> Option<serde_json::Value> {
         let encoded: String = query
             .bytes()
             .map(|b| if b.is_ascii_alphanumeric() || b == b'_' { (b as char).to_string() } else { format!("%{b:02X}") })
             .collect();
-        let Ok(mut stream) = TcpStream::connect_timeout(&self.addr, Duration::from_secs(2)) else { return f64::NAN };
+        let mut stream = TcpStream::connect_timeout(&self.addr, Duration::from_secs(2)).ok()?;
         stream.set_read_timeout(Some(Duration::from_secs(10))).expect("read timeout");
         // HTTP/1.0: the answer comes whole, not chunked.
         write!(stream, "GET /api/v1/query?query={encoded} HTTP/1.0\r\n\r\n").expect("send the query");
         let mut response = String::new();
-        if stream.read_to_string(&mut response).is_err() {
-            return f64::NAN;
-        }
-        let Some((_, body)) = response.split_once("\r\n\r\n") else { return f64::NAN };
-        let json: serde_json::Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"));
-        json["data"]["result"][0]["value"][1].as_str().and_then(|v| v.parse().ok()).unwrap_or(f64::NAN)
+        stream.read_to_string(&mut response).ok()?;
+        let (_, body) = response.split_once("\r\n\r\n")?;
+        Some(serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}")))
     }
 }
 
@@ -201,6 +206,12 @@ fn every_process_serves_metrics_that_add_up() {
                 wait_for("targets up in Prometheus", || prometheus.query("sum(up)"), |v| v == targets.len() as f64);
                 wait_for("delivered batches in Prometheus", || prometheus.query(&delivered), |v| v == total as f64);
                 wait_for("consumed batches in Prometheus", || prometheus.query(&consumed), |v| v == total as f64);
+                // Every query of the Grafana dashboard parses and runs.
+                for expr in dashboard_queries() {
+                    let expr = expr.replace("$job_id", ".*");
+                    let answer = prometheus.answer(&expr).expect("Prometheus answers");
+                    assert_eq!(answer["status"], "success", "dashboard query {expr}: {answer}");
+                }
             }
             Err(reason) => eprintln!("skipped the Prometheus server part: {reason}"),
         }
@@ -269,4 +280,38 @@ fn a_bad_metrics_address_is_a_one_line_error() {
             assert!(stderr[0].contains("invalid metrics address"), "{stderr:?}");
         }
     });
+}
+
+/// The PromQL of every panel of `deploy/grafana/loader-dashboard.json`.
+fn dashboard_queries() -> Vec<String> {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/grafana/loader-dashboard.json");
+    let text = std::fs::read_to_string(path).expect("read the dashboard");
+    let dashboard: serde_json::Value = serde_json::from_str(&text).expect("the dashboard is JSON");
+    let panels = dashboard["panels"].as_array().expect("panels");
+    let queries: Vec<String> = panels
+        .iter()
+        .flat_map(|p| p["targets"].as_array().cloned().unwrap_or_default())
+        .map(|t| t["expr"].as_str().expect("a target's expr").to_owned())
+        .collect();
+    assert!(!queries.is_empty(), "the dashboard has queries");
+    queries
+}
+
+/// The dashboard queries only metrics the operations guide documents (the
+/// guide's tables are checked against real scrapes above).
+#[test]
+fn the_dashboard_queries_documented_metrics() {
+    let guide = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/operations.md")).expect("guide");
+    let mut seen = 0;
+    for query in dashboard_queries() {
+        for word in query.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+            if !word.starts_with("loader_") {
+                continue;
+            }
+            let metric = word.trim_end_matches("_bucket");
+            assert!(guide.contains(&format!("| `{metric}` |")), "the dashboard queries {metric}, which docs/operations.md does not list");
+            seen += 1;
+        }
+    }
+    assert!(seen >= 10, "only {seen} metric references found in the dashboard");
 }
