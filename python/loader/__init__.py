@@ -484,3 +484,6 @@ def _close_all() -> None:
             loader.close()
         except Exception:
             pass
+    # After the loaders closed: their last batches' spans are in, and go out
+    # to the OTLP endpoint now (a no-op unless trace export is on).
+    _native.flush_telemetry()

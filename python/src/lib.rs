@@ -18,6 +18,8 @@
 //! - `spec`: job specs from JSON/YAML text, and what a spec or a saved state
 //!   plans (batches per epoch, epochs).
 //! - `errors`: the one mapping of `LoaderError` to Python exceptions.
+//! - `telemetry`: trace export from the trainer when the OpenTelemetry
+//!   environment asks for it, flushed at exit.
 //! - `worker`: `run_worker`, `loader-worker`'s command line in this module.
 
 mod batch;
@@ -26,6 +28,7 @@ mod errors;
 mod options;
 mod session;
 mod spec;
+mod telemetry;
 mod tensor;
 mod worker;
 
@@ -46,6 +49,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(spec::plan, m)?)?;
     m.add_function(wrap_pyfunction!(spec::state_plan, m)?)?;
     m.add_function(wrap_pyfunction!(worker::run_worker, m)?)?;
+    m.add_function(wrap_pyfunction!(telemetry::flush_telemetry, m)?)?;
     m.add("STATE_FORMAT", loader_client::STATE_FORMAT)?;
     Ok(())
 }

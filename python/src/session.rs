@@ -111,6 +111,7 @@ impl NativeLoader {
         start_at: Option<u64>,
         local: Option<(usize, Vec<String>, f64)>,
     ) -> PyResult<Self> {
+        crate::telemetry::start();
         let spec = decode(spec)?;
         let mut builder = match (coordinator, local) {
             (Some(coordinator), None) => Loader::builder(coordinator).job(spec),

@@ -126,8 +126,9 @@ impl Drop for Export {
     }
 }
 
-/// Whether the environment asks for export.
-pub(super) fn wanted() -> bool {
+/// Whether the environment asks for export (`OTEL_EXPORTER_OTLP_ENDPOINT`
+/// or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` set and not empty).
+pub fn wanted() -> bool {
     ["OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"]
         .iter()
         .any(|name| std::env::var_os(name).is_some_and(|v| !v.is_empty()))
