@@ -1,5 +1,5 @@
 # The loaderctl run flags of each A/B scenario, sourced by compare_builds.sh
-# and metrics_overhead.sh: zero-compute 3x224x224 over shared memory and
+# and telemetry_overhead.sh: zero-compute 3x224x224 over shared memory and
 # gRPC, the image pipeline on IMAGES, and two small-batch cells.
 scenario() {
   case "$1" in
