@@ -15,11 +15,21 @@ source "$here/scenarios.sh"
 root="$(cd "$here/../.." && pwd)"
 
 (cd "$root" && cargo build --quiet -p loader-e2e --example otlp_sink)
-sink_out=$(mktemp)
-# stdin held open by sleep: the sink runs until this script kills it.
-(sleep 100000 | "$root/target/debug/examples/otlp_sink" 127.0.0.1:0 >"$sink_out") &
+work=$(mktemp -d)
+sink_out="$work/sink.out"
+# The sink runs until its stdin (a fifo this script holds open) closes;
+# then it prints how many spans it received.
+mkfifo "$work/sink.in"
+"$root/target/debug/examples/otlp_sink" 127.0.0.1:0 <"$work/sink.in" >"$sink_out" &
 sink=$!
-trap 'pkill -P $sink 2>/dev/null; kill $sink 2>/dev/null; pkill -f "examples/otlp_sink" 2>/dev/null; rm -f "$sink_out"' EXIT
+exec 3>"$work/sink.in"
+finish() {
+  exec 3>&-
+  wait "$sink" 2>/dev/null || true
+  sed -n 's/^spans /otlp sink received spans: /p' "$sink_out" >&2
+  rm -rf "$work"
+}
+trap finish EXIT
 for _ in $(seq 1 100); do grep -q '^listening ' "$sink_out" && break; sleep 0.1; done
 endpoint="http://$(sed -n 's/^listening //p' "$sink_out")"
 echo "otlp sink at $endpoint" >&2
