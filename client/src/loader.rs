@@ -27,7 +27,7 @@ use crate::error::LoaderError;
 use crate::event;
 use crate::meters::TrainerMeters;
 use crate::options::LoaderOptions;
-use crate::pin::{Backend, Device, PinStage, Pull};
+use crate::pin::{Backend, Device, Opening, PinStage, Pull};
 use crate::ring::{ConnContext, GapWatch, Inbox, Ring, RingConfig, SlotRing};
 use crate::routes::Routes;
 use crate::session::Session;
@@ -103,14 +103,18 @@ pub(crate) async fn open(
     };
     // Before anything connects: a device that cannot be used is an error
     // (or, for `auto`, the host) before any batch is asked for.
-    let stage = match Backend::open(options.device, ring.as_ref().map(Ring::shared))? {
-        Some(opened) => Some(PinStage::new(
-            opened.backend,
-            opened.device,
-            options.device_prefetch,
-            options.coordinator_timeout,
-        )?),
-        None => None,
+    let (stage, device_fallback) = match Backend::open(options.device, ring.as_ref().map(Ring::shared))? {
+        Opening::Staged(opened) => (
+            Some(PinStage::new(
+                opened.backend,
+                opened.device,
+                options.device_prefetch,
+                options.coordinator_timeout,
+            )?),
+            None,
+        ),
+        Opening::Host => (None, None),
+        Opening::FellBack(why) => (None, Some(why)),
     };
     let socket = ring
         .as_ref()
@@ -183,6 +187,7 @@ pub(crate) async fn open(
     }
     Ok(Loader {
         stage,
+        device_fallback,
         consumer,
         job,
         spec,
@@ -210,6 +215,9 @@ pub struct Loader {
     /// The pin-memory stage, for a loader with a device; dropped first, so
     /// every copy completes while the ring is still there.
     stage: Option<PinStage>,
+    /// Why `device: auto` stayed on the host, for hosts that log it their
+    /// own way (Python's `logging`).
+    device_fallback: Option<String>,
     /// Reorders, de-duplicates and counts.
     consumer: Consumer,
     /// The job as the coordinator planned it.
@@ -310,6 +318,12 @@ impl Loader {
     /// it resolved to ([`Device::Cpu`] when no GPU was usable).
     pub fn device(&self) -> Device {
         self.stage.as_ref().map_or(Device::Cpu, PinStage::device)
+    }
+
+    /// Why a loader asked for `auto` stayed on the host (no driver library,
+    /// no GPU, ...); None when it did not ask for `auto` or got a GPU.
+    pub fn device_fallback(&self) -> Option<&str> {
+        self.device_fallback.as_deref()
     }
 
     /// For a loader on a GPU: true when the shared-memory ring is registered

@@ -43,7 +43,7 @@ pub(crate) enum Event {
     Cuda(Arc<CudaEvent>),
 }
 
-/// Which device a loader's stage ended up on, and what it said about it.
+/// Which device a loader's stage ended up on.
 #[derive(Debug)]
 pub(crate) struct Opened {
     /// The backend.
@@ -52,29 +52,39 @@ pub(crate) struct Opened {
     pub(crate) device: Device,
 }
 
+/// What [`Backend::open`] found.
+#[derive(Debug)]
+pub(crate) enum Opening {
+    /// A stage on this backend.
+    Staged(Opened),
+    /// No stage: the device is the host (`cpu`).
+    Host,
+    /// No stage: `auto` found no usable GPU, for this reason.
+    FellBack(String),
+}
+
 impl Backend {
-    /// Opens the backend for `device` (not `cpu`); `ring` is registered with
-    /// a GPU. `auto` falls back to the host (no stage) with one log line:
-    /// None then.
-    pub(crate) fn open(device: Device, ring: Option<Arc<SlotRing>>) -> Result<Option<Opened>, LoaderError> {
+    /// Opens the backend for `device`; `ring` is registered with a GPU.
+    /// `auto` falls back to the host (no stage) with one log line.
+    pub(crate) fn open(device: Device, ring: Option<Arc<SlotRing>>) -> Result<Opening, LoaderError> {
         match device {
-            Device::Cpu => Ok(None),
-            Device::Host => Ok(Some(Opened {
+            Device::Cpu => Ok(Opening::Host),
+            Device::Host => Ok(Opening::Staged(Opened {
                 backend: Backend::Host(HostBackend::start()?),
                 device,
             })),
-            Device::Cuda(n) => cuda(n, ring).map(|backend| Some(Opened { backend, device })),
+            Device::Cuda(n) => cuda(n, ring).map(|backend| Opening::Staged(Opened { backend, device })),
             Device::Auto => match cuda(0, ring) {
                 Ok(backend) => {
                     tracing::info!("device auto: batches land on cuda:0");
-                    Ok(Some(Opened {
+                    Ok(Opening::Staged(Opened {
                         backend,
                         device: Device::Cuda(0),
                     }))
                 }
                 Err(e) => {
                     tracing::warn!("device auto: no usable GPU, batches stay on the host ({e})");
-                    Ok(None)
+                    Ok(Opening::FellBack(e.to_string()))
                 }
             },
         }

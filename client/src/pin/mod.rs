@@ -38,7 +38,7 @@ mod stage;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use backend::{Backend, preflight};
+pub(crate) use backend::{Backend, Opening, preflight};
 pub use device::{BadDevice, Device};
 pub use on_device::{DeviceCopy, DeviceTensor};
 pub(crate) use stage::{PinStage, Pull, unyield};
