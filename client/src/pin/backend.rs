@@ -112,16 +112,15 @@ impl Backend {
         }
     }
 
-    /// Orders the next copy after the work queued so far on the
-    /// consumer's `stream` (no-op on the host).
-    pub(crate) fn fence(&self, stream: u64) -> Result<(), LoaderError> {
-        match self {
-            Backend::Host(_) => {
-                let _ = stream;
-                Ok(())
-            }
+    /// Orders the next copy after `fence` (recorded on the stream a
+    /// consumer last read a buffer on; nothing to order on the host).
+    pub(crate) fn after(&self, fence: &Event) -> Result<(), LoaderError> {
+        match (self, fence) {
+            (Backend::Host(_), _) => Ok(()),
             #[cfg(feature = "cuda")]
-            Backend::Cuda(b) => b.fence(stream),
+            (Backend::Cuda(b), Event::Cuda(e)) => b.after(e),
+            #[cfg(feature = "cuda")]
+            (Backend::Cuda(_), Event::Host(_)) => Ok(()),
         }
     }
 
@@ -179,6 +178,19 @@ impl Memory {
             Memory::Host(m) => m.ptr(),
             #[cfg(feature = "cuda")]
             Memory::Cuda(m) => m.ptr(),
+        }
+    }
+
+    /// An event recorded now on the consumer's `stream`, which last read
+    /// this memory; None on the host (nothing to order).
+    pub(crate) fn record_on(&self, stream: u64) -> Result<Option<Event>, LoaderError> {
+        match self {
+            Memory::Host(_) => {
+                let _ = stream;
+                Ok(None)
+            }
+            #[cfg(feature = "cuda")]
+            Memory::Cuda(m) => m.record_on(stream).map(|e| Some(Event::Cuda(e))),
         }
     }
 

@@ -152,6 +152,26 @@ impl CudaMemory {
     }
 }
 
+impl CudaMemory {
+    /// An event recorded on the consumer's `stream` now: everything the
+    /// consumer queued there (its reads of this buffer) comes before it.
+    pub(crate) fn record_on(&self, stream: u64) -> Result<Arc<CudaEvent>, LoaderError> {
+        self.context.bind()?;
+        let event = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+            .map_err(|e| self.context.error("cuEventCreate", e))?;
+        let event = Arc::new(CudaEvent {
+            event,
+            context: Arc::clone(&self.context),
+        });
+        // SAFETY: the event is alive; `stream` is the consumer's stream of
+        // this device as it told us through DLPack, and it is still in use
+        // (the consumer is freeing the tensor it read on it right now).
+        unsafe { result::event::record(event.event, stream as sys::CUstream) }
+            .map_err(|e| self.context.error("cuEventRecord", e))?;
+        Ok(event)
+    }
+}
+
 impl Drop for CudaMemory {
     fn drop(&mut self) {
         if self.context.bind().is_err() {
@@ -305,21 +325,10 @@ impl CudaBackend {
         }))
     }
 
-    /// Makes the copy stream wait for the work queued so far on `stream`
-    /// (the consumer's), so a buffer the consumer may still read is not
-    /// overwritten by the next copy into it.
-    pub(crate) fn fence(&self, stream: u64) -> Result<(), LoaderError> {
-        self.context.bind()?;
-        let event = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
-            .map_err(|e| self.context.error("cuEventCreate", e))?;
-        let event = CudaEvent {
-            event,
-            context: Arc::clone(&self.context),
-        };
-        // SAFETY: the event is alive; `stream` is the consumer's stream of
-        // this device, as it told us through DLPack.
-        unsafe { result::event::record(event.event, stream as sys::CUstream) }
-            .map_err(|e| self.context.error("cuEventRecord", e))?;
+    /// Makes the copy stream wait for `event` (recorded on a consumer's
+    /// stream when it let go of a buffer), so the next copy into that
+    /// buffer cannot overtake the consumer's reads of it.
+    pub(crate) fn after(&self, event: &CudaEvent) -> Result<(), LoaderError> {
         event.order_before(self.context.stream as u64)
     }
 

@@ -89,9 +89,9 @@ impl DeviceCopy {
 
     /// Makes the consumer's `stream` (a `CUstream`; 1 is the legacy default
     /// stream, 2 the per-thread default stream) wait for the copy without
-    /// blocking this thread, and remembers the stream: before the buffer is
-    /// reused for another batch, the next copy waits for the work queued
-    /// on it. On the host backend this waits for the copy.
+    /// blocking this thread, and remembers the stream: the next copy into
+    /// this buffer (once the batch is dropped) waits for the work queued on
+    /// it until the drop. On the host backend this waits for the copy.
     pub fn wait_on_stream(&self, stream: u64) -> Result<(), LoaderError> {
         self.event.order_before(stream)?;
         self.buffer.used_on(stream);

@@ -8,7 +8,7 @@
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use super::backend::{Backend, Memory};
+use super::backend::{Backend, Event, Memory};
 use crate::error::LoaderError;
 
 /// Buffers are allocated in multiples of this, so the smaller last batch
@@ -25,14 +25,15 @@ struct Shelf {
     live: usize,
 }
 
-/// A buffer back in the pool, with the consumer stream it was last read on.
+/// A buffer back in the pool, with what the next copy into it must wait for.
 #[derive(Debug)]
 struct Returned {
     /// The memory.
     memory: Memory,
-    /// The stream the consumer last used it on, if it said (DLPack): the
-    /// next copy into it waits for that stream's work queued so far.
-    used_on: Option<u64>,
+    /// Recorded on the stream the consumer read it on (if it said, through
+    /// DLPack) when it let go: the next copy into it waits for it, so it
+    /// cannot overwrite what a queued kernel still reads.
+    fence: Option<Event>,
 }
 
 /// The pool; shared by the stage and every buffer it lent.
@@ -145,11 +146,12 @@ impl DevicePool {
 impl Lease {
     /// A buffer of at least `len` bytes on `backend`: the free one when it
     /// is large enough, else a new one (the small one is freed). A buffer
-    /// the consumer last read on a stream is fenced behind that stream.
+    /// a consumer read on a stream is written again only after that
+    /// stream's reads.
     pub(crate) fn fit(mut self, backend: &Backend, len: usize) -> Result<PooledBuffer, LoaderError> {
         let reuse = self.reuse.take();
-        let (memory, used_on) = match reuse {
-            Some(r) if r.memory.len() >= len => (r.memory, r.used_on),
+        let (memory, fence) = match reuse {
+            Some(r) if r.memory.len() >= len => (r.memory, r.fence),
             _ => {
                 let rounded = len.div_ceil(ROUND).max(1) * ROUND;
                 // The place stays ours while allocating; on error `drop`
@@ -157,8 +159,8 @@ impl Lease {
                 (backend.alloc(rounded)?, None)
             }
         };
-        if let Some(stream) = used_on {
-            backend.fence(stream)?;
+        if let Some(fence) = &fence {
+            backend.after(fence)?;
         }
         self.fitted = true;
         Ok(PooledBuffer {
@@ -184,7 +186,8 @@ impl PooledBuffer {
     }
 
     /// Records that the consumer reads the buffer on `stream`: the next
-    /// copy into it waits for that stream's work queued until then.
+    /// copy into it waits for the work queued on that stream until the
+    /// buffer is let go.
     pub(crate) fn used_on(&self, stream: u64) {
         if let Ok(mut s) = self.used_on.lock() {
             *s = Some(stream);
@@ -196,7 +199,17 @@ impl Drop for PooledBuffer {
     fn drop(&mut self) {
         if let Some(memory) = self.memory.take() {
             let used_on = self.used_on.lock().ok().and_then(|s| *s);
-            self.pool.give_back(Some(Returned { memory, used_on }));
+            let fence = match used_on.map(|stream| memory.record_on(stream)) {
+                Some(Ok(fence)) => fence,
+                Some(Err(e)) => {
+                    // Without the fence the buffer cannot be reused safely.
+                    tracing::warn!("a device buffer is dropped, not reused: {e}");
+                    self.pool.give_back(None);
+                    return;
+                }
+                None => None,
+            };
+            self.pool.give_back(Some(Returned { memory, fence }));
         }
     }
 }
