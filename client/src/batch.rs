@@ -168,7 +168,11 @@ impl Batch {
     /// kernel reads them.
     pub fn device_tensors(&self) -> impl ExactSizeIterator<Item = DeviceTensor<'_>> + '_ {
         let base = self.device.as_ref().map(|d| d.ptr());
-        let tensors = if base.is_some() { &self.header.tensors[..] } else { &[] };
+        let tensors = if base.is_some() {
+            &self.header.tensors[..]
+        } else {
+            &[]
+        };
         tensors.iter().map(move |t| DeviceTensor {
             name: &t.name,
             dtype: t.dtype,

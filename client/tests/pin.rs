@@ -41,7 +41,11 @@ fn run(device: Device) -> BTreeMap<u64, Vec<u8>> {
     let mut last = None;
     for batch in loader.by_ref() {
         let batch = batch.expect("batch");
-        assert!(last.is_none_or(|l| batch.seq() == l + 1), "in order: {last:?} then {}", batch.seq());
+        assert!(
+            last.is_none_or(|l| batch.seq() == l + 1),
+            "in order: {last:?} then {}",
+            batch.seq()
+        );
         last = Some(batch.seq());
         let bytes = match batch.on_device() {
             Some(copy) => {
@@ -49,7 +53,10 @@ fn run(device: Device) -> BTreeMap<u64, Vec<u8>> {
                 // Device tensors sit where the header says, in the copy.
                 let data = batch.device_tensor("data").expect("data");
                 assert_eq!(data.shape, &[batch.len() as u64, 3, 16, 16]);
-                assert!(data.ptr >= copy.ptr() && data.ptr + data.len as u64 <= copy.ptr() + copy.len() as u64);
+                assert!(
+                    data.ptr >= copy.ptr()
+                        && data.ptr + data.len as u64 <= copy.ptr() + copy.len() as u64
+                );
                 copy.read_back().expect("read back")
             }
             None => batch.bytes().to_vec(),
@@ -71,7 +78,10 @@ fn device_batches_are_in_order_and_byte_for_byte_the_host_batches() {
         let host = run(Device::Cpu);
         let device = run(Device::Host);
         assert_eq!(host.len(), 50);
-        assert_eq!(host.keys().collect::<Vec<_>>(), device.keys().collect::<Vec<_>>());
+        assert_eq!(
+            host.keys().collect::<Vec<_>>(),
+            device.keys().collect::<Vec<_>>()
+        );
         for (seq, bytes) in &host {
             assert!(device[seq] == *bytes, "batch {seq} differs on the device");
         }
@@ -131,7 +141,11 @@ fn a_gpu_this_machine_cannot_use_is_one_line_and_auto_falls_back() {
             .device(Device::Auto)
             .build()
             .expect("auto always opens");
-        assert!(matches!(auto.device(), Device::Cpu | Device::Cuda(0)), "{:?}", auto.device());
+        assert!(
+            matches!(auto.device(), Device::Cpu | Device::Cuda(0)),
+            "{:?}",
+            auto.device()
+        );
         let batch = auto.next().expect("some").expect("batch");
         assert_eq!(batch.device(), auto.device());
     });

@@ -66,14 +66,19 @@ pub(crate) enum Opening {
 impl Backend {
     /// Opens the backend for `device`; `ring` is registered with a GPU.
     /// `auto` falls back to the host (no stage) with one log line.
-    pub(crate) fn open(device: Device, ring: Option<Arc<SlotRing>>) -> Result<Opening, LoaderError> {
+    pub(crate) fn open(
+        device: Device,
+        ring: Option<Arc<SlotRing>>,
+    ) -> Result<Opening, LoaderError> {
         match device {
             Device::Cpu => Ok(Opening::Host),
             Device::Host => Ok(Opening::Staged(Opened {
                 backend: Backend::Host(HostBackend::start()?),
                 device,
             })),
-            Device::Cuda(n) => cuda(n, ring).map(|backend| Opening::Staged(Opened { backend, device })),
+            Device::Cuda(n) => {
+                cuda(n, ring).map(|backend| Opening::Staged(Opened { backend, device }))
+            }
             Device::Auto => match cuda(0, ring) {
                 Ok(backend) => {
                     tracing::info!("device auto: batches land on cuda:0");
@@ -108,7 +113,9 @@ impl Backend {
             #[cfg(feature = "cuda")]
             (Backend::Cuda(b), Memory::Cuda(m)) => b.copy(src, m).map(Event::Cuda),
             #[cfg(feature = "cuda")]
-            _ => Err(LoaderError::Device("memory of another device was handed to a copy".into())),
+            _ => Err(LoaderError::Device(
+                "memory of another device was handed to a copy".into(),
+            )),
         }
     }
 

@@ -120,7 +120,9 @@ unsafe impl Sync for CudaMemory {}
 
 impl std::fmt::Debug for CudaMemory {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CudaMemory").field("len", &self.len).finish_non_exhaustive()
+        f.debug_struct("CudaMemory")
+            .field("len", &self.len)
+            .finish_non_exhaustive()
     }
 }
 
@@ -207,7 +209,9 @@ unsafe impl Sync for CudaEvent {}
 
 impl std::fmt::Debug for CudaEvent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CudaEvent").field("event", &self.event).finish()
+        f.debug_struct("CudaEvent")
+            .field("event", &self.event)
+            .finish()
     }
 }
 
@@ -228,7 +232,8 @@ impl CudaEvent {
     pub(crate) fn wait(&self) -> Result<(), LoaderError> {
         self.context.bind()?;
         // SAFETY: the event lives until `self` drops.
-        unsafe { result::event::synchronize(self.event) }.map_err(|e| self.context.error("cuEventSynchronize", e))
+        unsafe { result::event::synchronize(self.event) }
+            .map_err(|e| self.context.error("cuEventSynchronize", e))
     }
 
     /// Makes `stream` (a `CUstream`, or 1 for the legacy default stream, 2
@@ -238,8 +243,14 @@ impl CudaEvent {
         self.context.bind()?;
         // SAFETY: the event lives until `self` drops; `stream` is the
         // caller's, valid by the DLPack contract (a stream of this device).
-        unsafe { result::stream::wait_event(stream as sys::CUstream, self.event, sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT) }
-            .map_err(|e| self.context.error("cuStreamWaitEvent", e))
+        unsafe {
+            result::stream::wait_event(
+                stream as sys::CUstream,
+                self.event,
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+        }
+        .map_err(|e| self.context.error("cuStreamWaitEvent", e))
     }
 }
 
@@ -278,10 +289,13 @@ impl CudaBackend {
     pub(crate) fn open(ordinal: u32, ring: Option<Arc<SlotRing>>) -> Result<Self, LoaderError> {
         probe(ordinal)?;
         let name = format!("device cuda:{ordinal}");
-        let fail = |call: &str, e: result::DriverError| LoaderError::Device(format!("{name}: {call} failed: {e}"));
+        let fail = |call: &str, e: result::DriverError| {
+            LoaderError::Device(format!("{name}: {call} failed: {e}"))
+        };
         let device = result::device::get(ordinal as i32).map_err(|e| fail("cuDeviceGet", e))?;
         // SAFETY: `device` came from `device::get`.
-        let ctx = unsafe { result::primary_ctx::retain(device) }.map_err(|e| fail("cuDevicePrimaryCtxRetain", e))?;
+        let ctx = unsafe { result::primary_ctx::retain(device) }
+            .map_err(|e| fail("cuDevicePrimaryCtxRetain", e))?;
         // SAFETY: just retained.
         if let Err(e) = unsafe { result::ctx::set_current(ctx) } {
             // SAFETY: retained once above.
@@ -303,7 +317,10 @@ impl CudaBackend {
             stream,
         });
         let registration = ring.and_then(|ring| register(&context, ring));
-        Ok(Self { context, registration })
+        Ok(Self {
+            context,
+            registration,
+        })
     }
 
     /// Whether ring batches are copied with no staging copy.
@@ -315,7 +332,8 @@ impl CudaBackend {
     pub(crate) fn alloc(&self, len: usize) -> Result<Arc<CudaMemory>, LoaderError> {
         self.context.bind()?;
         // SAFETY: the context is current; the memory is freed by `CudaMemory`.
-        let ptr = unsafe { result::malloc_sync(len.max(1)) }.map_err(|e| self.context.error("cuMemAlloc", e))?;
+        let ptr = unsafe { result::malloc_sync(len.max(1)) }
+            .map_err(|e| self.context.error("cuMemAlloc", e))?;
         Ok(Arc::new(CudaMemory {
             ptr,
             len,
@@ -335,7 +353,11 @@ impl CudaBackend {
     /// Queues the copy of `src` into `dst` on the copy stream and records
     /// its event. The caller keeps `src` untouched and alive until the event
     /// completes, and lends `dst` to this copy alone.
-    pub(crate) fn copy(&self, src: &Bytes, dst: &CudaMemory) -> Result<Arc<CudaEvent>, LoaderError> {
+    pub(crate) fn copy(
+        &self,
+        src: &Bytes,
+        dst: &CudaMemory,
+    ) -> Result<Arc<CudaEvent>, LoaderError> {
         self.context.bind()?;
         if src.len() > dst.len {
             return Err(LoaderError::Device(format!(
@@ -345,7 +367,10 @@ impl CudaBackend {
                 dst.len
             )));
         }
-        let in_ring = self.registration.as_ref().is_some_and(|r| r.ring.holds(src));
+        let in_ring = self
+            .registration
+            .as_ref()
+            .is_some_and(|r| r.ring.holds(src));
         let host: *const u8 = if in_ring {
             src.as_ptr()
         } else {
@@ -378,9 +403,16 @@ impl CudaBackend {
         // SAFETY: `host` points at `src.len()` readable bytes that stay
         // untouched until the event (the stage holds the batch; the staging
         // buffer is rewritten only after it); `dst` holds at least as many.
-        unsafe { sys::cuMemcpyHtoDAsync_v2(dst.ptr, host.cast::<c_void>(), src.len(), self.context.stream) }
-            .result()
-            .map_err(|e| self.context.error("cuMemcpyHtoDAsync", e))?;
+        unsafe {
+            sys::cuMemcpyHtoDAsync_v2(
+                dst.ptr,
+                host.cast::<c_void>(),
+                src.len(),
+                self.context.stream,
+            )
+        }
+        .result()
+        .map_err(|e| self.context.error("cuMemcpyHtoDAsync", e))?;
         let event = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
             .map_err(|e| self.context.error("cuEventCreate", e))?;
         let event = Arc::new(CudaEvent {
@@ -408,18 +440,24 @@ pub(crate) fn probe(ordinal: u32) -> Result<(), LoaderError> {
             "{name}: no CUDA driver library (libcuda.so) on this machine; use device \"cpu\" (or \"auto\")"
         )));
     }
-    let fail = |call: &str, e: result::DriverError| LoaderError::Device(format!("{name}: {call} failed: {e}"));
+    let fail = |call: &str, e: result::DriverError| {
+        LoaderError::Device(format!("{name}: {call} failed: {e}"))
+    };
     result::init().map_err(|e| match e.0 {
-        sys::CUresult::CUDA_ERROR_NO_DEVICE => {
-            LoaderError::Device(format!("{name}: the CUDA driver sees no GPU on this machine"))
-        }
+        sys::CUresult::CUDA_ERROR_NO_DEVICE => LoaderError::Device(format!(
+            "{name}: the CUDA driver sees no GPU on this machine"
+        )),
         _ => fail("cuInit", e),
     })?;
     let count = result::device::get_count().map_err(|e| fail("cuDeviceGetCount", e))?;
     if i64::from(ordinal) >= i64::from(count) {
         return Err(LoaderError::Device(format!(
             "{name}: no such GPU, this machine has {count}{}",
-            if count > 0 { format!(" (cuda:0 to cuda:{})", count - 1) } else { String::new() }
+            if count > 0 {
+                format!(" (cuda:0 to cuda:{})", count - 1)
+            } else {
+                String::new()
+            }
         )));
     }
     Ok(())
@@ -430,7 +468,10 @@ pub(crate) fn probe(ordinal: u32) -> Result<(), LoaderError> {
 fn register(context: &Arc<Context>, ring: Arc<SlotRing>) -> Option<Registration> {
     // SAFETY: `device` came from `device::get`.
     let supported = unsafe {
-        result::device::get_attribute(context.device, sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED)
+        result::device::get_attribute(
+            context.device,
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED,
+        )
     };
     if !matches!(supported, Ok(v) if v != 0) {
         tracing::warn!(
@@ -444,7 +485,11 @@ fn register(context: &Arc<Context>, ring: Arc<SlotRing>) -> Option<Registration>
     // against shrinking, so the pages stay while registered); `ring` keeps
     // it mapped until `Registration::drop` unregisters it.
     let registered = unsafe {
-        sys::cuMemHostRegister_v2(range.start as *mut c_void, range.len(), sys::CU_MEMHOSTREGISTER_PORTABLE)
+        sys::cuMemHostRegister_v2(
+            range.start as *mut c_void,
+            range.len(),
+            sys::CU_MEMHOSTREGISTER_PORTABLE,
+        )
     }
     .result();
     match registered {

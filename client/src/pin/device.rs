@@ -110,7 +110,10 @@ mod tests {
     fn a_bad_device_is_one_line_with_the_forms() {
         for text in ["tpu", "cuda:", "cuda:-1", "cuda:x", ""] {
             let e = text.parse::<Device>().expect_err(text).to_string();
-            assert!(e.starts_with("invalid device") && e.contains("\"cuda:N\""), "{e}");
+            assert!(
+                e.starts_with("invalid device") && e.contains("\"cuda:N\""),
+                "{e}"
+            );
             assert!(!e.contains('\n'));
         }
     }

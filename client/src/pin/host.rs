@@ -35,7 +35,9 @@ unsafe impl Sync for HostMemory {}
 
 impl std::fmt::Debug for HostMemory {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HostMemory").field("len", &self.bytes.len()).finish()
+        f.debug_struct("HostMemory")
+            .field("len", &self.bytes.len())
+            .finish()
     }
 }
 
@@ -86,7 +88,9 @@ impl HostEvent {
     /// Blocks until the copy ran. Bounded: the pool runs every queued job
     /// (a pool that lost its threads completes them as dropped, below).
     pub(crate) fn wait(&self) {
-        let Ok(mut done) = self.done.lock() else { return };
+        let Ok(mut done) = self.done.lock() else {
+            return;
+        };
         while !*done {
             match self.cond.wait(done) {
                 Ok(d) => done = d,
@@ -201,15 +205,22 @@ impl HostBackend {
     /// there is no such copy or it ran already.
     #[cfg(test)]
     pub(crate) fn run_job(&self, index: usize) -> bool {
-        let Mode::Manual(jobs) = &self.mode else { return false };
-        let job = jobs.lock().ok().and_then(|mut j| j.get_mut(index).and_then(Option::take));
+        let Mode::Manual(jobs) = &self.mode else {
+            return false;
+        };
+        let job = jobs
+            .lock()
+            .ok()
+            .and_then(|mut j| j.get_mut(index).and_then(Option::take));
         job.map(Job::run).is_some()
     }
 
     /// Runs every queued copy not run yet, the latest first.
     #[cfg(test)]
     pub(crate) fn run_pending_reversed(&self) {
-        let Mode::Manual(jobs) = &self.mode else { return };
+        let Mode::Manual(jobs) = &self.mode else {
+            return;
+        };
         let pending: Vec<Job> = jobs
             .lock()
             .map(|mut j| j.iter_mut().rev().filter_map(Option::take).collect())
@@ -223,7 +234,11 @@ impl HostBackend {
     }
 
     /// Queues a copy of `src` into `dst`; the event completes when it ran.
-    pub(crate) fn copy(&self, src: &Bytes, dst: &Arc<HostMemory>) -> Result<Arc<HostEvent>, LoaderError> {
+    pub(crate) fn copy(
+        &self,
+        src: &Bytes,
+        dst: &Arc<HostMemory>,
+    ) -> Result<Arc<HostEvent>, LoaderError> {
         let event = Arc::new(HostEvent::default());
         let job = Job {
             src: src.clone(),
@@ -235,7 +250,9 @@ impl HostBackend {
             Mode::Threads(tx) => {
                 let sent = tx.lock().map(|tx| tx.send(job).is_ok()).unwrap_or(false);
                 if !sent {
-                    return Err(LoaderError::Runtime("the host copy threads are gone".into()));
+                    return Err(LoaderError::Runtime(
+                        "the host copy threads are gone".into(),
+                    ));
                 }
             }
             #[cfg(test)]
@@ -249,7 +266,9 @@ impl HostBackend {
     }
 
     fn next_delay(&self) -> Duration {
-        let Ok(mut x) = self.jitter.lock() else { return Duration::ZERO };
+        let Ok(mut x) = self.jitter.lock() else {
+            return Duration::ZERO;
+        };
         *x ^= *x << 13;
         *x ^= *x >> 7;
         *x ^= *x << 17;

@@ -92,13 +92,19 @@ impl DevicePool {
 
     /// Buffers that exist and are held (not free).
     pub(crate) fn held(&self) -> usize {
-        self.shelf.lock().map(|s| s.live - s.free.len()).unwrap_or(0)
+        self.shelf
+            .lock()
+            .map(|s| s.live - s.free.len())
+            .unwrap_or(0)
     }
 
     /// A place for one more buffer. Without `wait_for`, None when every
     /// buffer is held; with it, waits that long for one to return, then
     /// fails saying the batches must be dropped.
-    pub(crate) fn lease(self: &Arc<Self>, wait_for: Option<Duration>) -> Result<Option<Lease>, LoaderError> {
+    pub(crate) fn lease(
+        self: &Arc<Self>,
+        wait_for: Option<Duration>,
+    ) -> Result<Option<Lease>, LoaderError> {
         let poisoned = || LoaderError::Device("the device pool's lock was poisoned".into());
         let mut shelf = self.shelf.lock().map_err(|_| poisoned())?;
         let deadline = wait_for.map(|w| Instant::now() + w);
@@ -110,7 +116,9 @@ impl DevicePool {
                 shelf.live += 1;
                 return Ok(Some(self.lease_of(None)));
             }
-            let Some(deadline) = deadline else { return Ok(None) };
+            let Some(deadline) = deadline else {
+                return Ok(None);
+            };
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Err(LoaderError::Device(format!(
@@ -119,7 +127,11 @@ impl DevicePool {
                     self.capacity
                 )));
             }
-            shelf = self.returned.wait_timeout(shelf, left).map_err(|_| poisoned())?.0;
+            shelf = self
+                .returned
+                .wait_timeout(shelf, left)
+                .map_err(|_| poisoned())?
+                .0;
         }
     }
 
@@ -148,7 +160,11 @@ impl Lease {
     /// is large enough, else a new one (the small one is freed). A buffer
     /// a consumer read on a stream is written again only after that
     /// stream's reads.
-    pub(crate) fn fit(mut self, backend: &Backend, len: usize) -> Result<PooledBuffer, LoaderError> {
+    pub(crate) fn fit(
+        mut self,
+        backend: &Backend,
+        len: usize,
+    ) -> Result<PooledBuffer, LoaderError> {
         let reuse = self.reuse.take();
         let (memory, fence) = match reuse {
             Some(r) if r.memory.len() >= len => (r.memory, r.fence),

@@ -63,7 +63,12 @@ pub(crate) struct PinStage {
 impl PinStage {
     /// A stage copying to `backend`'s `device`, `depth` copies ahead (at
     /// least 1), with `depth + 2` device buffers.
-    pub(crate) fn new(backend: Backend, device: Device, depth: u32, pool_wait: Duration) -> Result<Self, LoaderError> {
+    pub(crate) fn new(
+        backend: Backend,
+        device: Device,
+        depth: u32,
+        pool_wait: Duration,
+    ) -> Result<Self, LoaderError> {
         let depth = depth.max(1) as usize;
         Ok(Self {
             backend,
@@ -111,7 +116,10 @@ impl PinStage {
             return Ok(Pull::Enough);
         }
         if self.queued.is_empty() {
-            return Ok(self.pool.lease(Some(self.pool_wait))?.map_or(Pull::Enough, Pull::Must));
+            return Ok(self
+                .pool
+                .lease(Some(self.pool_wait))?
+                .map_or(Pull::Enough, Pull::Must));
         }
         Ok(self.pool.lease(None)?.map_or(Pull::Enough, Pull::May))
     }
@@ -203,7 +211,9 @@ impl Reaper {
                     drop(host);
                 }
             })
-            .map_err(|e| LoaderError::Runtime(format!("cannot start the pin stage's thread: {e}")))?;
+            .map_err(|e| {
+                LoaderError::Runtime(format!("cannot start the pin stage's thread: {e}"))
+            })?;
         Ok(Self { tx, thread })
     }
 
@@ -225,7 +235,11 @@ impl Reaper {
 /// the `pending` batches, which the consumer counted as yielded but the
 /// stage still holds: the batches yielded are `[0, next_seq) + above`,
 /// minus `pending`.
-pub(crate) fn unyield(next_seq: u64, above: BTreeSet<u64>, pending: impl IntoIterator<Item = u64>) -> (u64, BTreeSet<u64>) {
+pub(crate) fn unyield(
+    next_seq: u64,
+    above: BTreeSet<u64>,
+    pending: impl IntoIterator<Item = u64>,
+) -> (u64, BTreeSet<u64>) {
     let pending: BTreeSet<u64> = pending.into_iter().collect();
     let Some(&lowest) = pending.iter().next() else {
         return (next_seq, above);

@@ -96,12 +96,19 @@ fn next(stage: &mut PinStage, source: &mut VecDeque<Batch>) -> Option<Result<Bat
 }
 
 fn manual_stage(depth: u32) -> PinStage {
-    PinStage::new(Backend::Host(HostBackend::manual()), Device::Host, depth, Duration::from_millis(50))
-        .expect("stage")
+    PinStage::new(
+        Backend::Host(HostBackend::manual()),
+        Device::Host,
+        depth,
+        Duration::from_millis(50),
+    )
+    .expect("stage")
 }
 
 fn run_job(stage: &PinStage, index: usize) {
-    let Backend::Host(host) = stage.backend_for_tests() else { panic!("host backend") };
+    let Backend::Host(host) = stage.backend_for_tests() else {
+        panic!("host backend")
+    };
     assert!(host.run_job(index), "job {index}");
 }
 
@@ -123,13 +130,19 @@ fn batches_come_out_in_order_whatever_order_copies_complete() {
             assert_eq!(source.len(), 3, "the yielded copy and two ahead");
         }
         // Every queued copy completes, the latest first.
-        let Backend::Host(host) = stage.backend_for_tests() else { panic!("host backend") };
+        let Backend::Host(host) = stage.backend_for_tests() else {
+            panic!("host backend")
+        };
         host.run_pending_reversed();
         assert_eq!(b.seq(), seq);
         assert_eq!(b.device(), Device::Host);
         assert!(b.bytes().is_empty(), "no host bytes on a device batch");
         let copy = b.on_device().expect("on device");
-        assert_eq!(copy.read_back().expect("read"), expected[seq as usize], "batch {seq}");
+        assert_eq!(
+            copy.read_back().expect("read"),
+            expected[seq as usize],
+            "batch {seq}"
+        );
         let data = b.device_tensor("data").expect("data");
         assert_eq!(data.shape, &[4, 1000]);
         assert_eq!(data.ptr, copy.ptr() + b.header().tensors[0].offset as u64);
@@ -146,10 +159,16 @@ fn a_slot_is_let_go_only_after_its_copy_completed() {
     let b0 = next(&mut stage, &mut source).expect("some").expect("ok");
     // Yielded, but its copy has not run: the slot is still held.
     assert!(!b0.on_device().expect("dev").is_ready());
-    assert!(dropped.try_recv().is_err(), "a slot went back before its copy");
+    assert!(
+        dropped.try_recv().is_err(),
+        "a slot went back before its copy"
+    );
     run_job(&stage, 1);
     // Copy 1 is done, but the reaper lets go in queue order: 0 first.
-    assert!(dropped.try_recv().is_err(), "a slot went back before its copy");
+    assert!(
+        dropped.try_recv().is_err(),
+        "a slot went back before its copy"
+    );
     run_job(&stage, 0);
     let mut back = vec![
         dropped.recv_timeout(BOUND).expect("slot 0 back"),
@@ -176,15 +195,23 @@ fn a_full_device_pool_stops_the_pulls_until_a_batch_is_dropped() {
     assert_eq!(source.len(), 7, "no batch pulled beyond the pool");
     // Every buffer is held by the user and nothing is queued: after the
     // stage's wait, one line that says what to do, and still no pull.
-    let e = next(&mut stage, &mut source).expect("some").expect_err("full");
-    assert!(e.to_string().contains("all 3 device buffers are held"), "{e}");
+    let e = next(&mut stage, &mut source)
+        .expect("some")
+        .expect_err("full");
+    assert!(
+        e.to_string().contains("all 3 device buffers are held"),
+        "{e}"
+    );
     assert_eq!(source.len(), 7);
     // A dropped batch gives its buffer back: the next pull goes ahead.
     held.remove(0);
     let b = next(&mut stage, &mut source).expect("some").expect("ok");
     assert_eq!(b.seq(), 3);
     run_job(&stage, 3);
-    assert_eq!(b.on_device().expect("dev").read_back().expect("read").len(), b.on_device().expect("dev").len());
+    assert_eq!(
+        b.on_device().expect("dev").read_back().expect("read").len(),
+        b.on_device().expect("dev").len()
+    );
 }
 
 #[test]
@@ -198,13 +225,21 @@ fn the_threaded_host_backend_delivers_every_batch_in_order_byte_for_byte() {
         source.push_back(b);
         expected.push(bytes);
     }
-    let mut stage = PinStage::new(Backend::Host(HostBackend::start().expect("start")), Device::Host, 3, BOUND)
-        .expect("stage");
+    let mut stage = PinStage::new(
+        Backend::Host(HostBackend::start().expect("start")),
+        Device::Host,
+        3,
+        BOUND,
+    )
+    .expect("stage");
     let mut seq = 0;
     while let Some(b) = next(&mut stage, &mut source) {
         let b = b.expect("ok");
         assert_eq!(b.seq(), seq);
-        assert_eq!(b.on_device().expect("dev").read_back().expect("read"), expected[seq as usize]);
+        assert_eq!(
+            b.on_device().expect("dev").read_back().expect("read"),
+            expected[seq as usize]
+        );
         seq += 1;
     }
     assert_eq!(seq, n);
