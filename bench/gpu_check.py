@@ -32,6 +32,11 @@ IMAGE_BATCH = 256
 TOKENS_CONTEXT = 2048
 TOKENS_BATCH = 64
 WORKERS = 4
+# A 256-image batch (38.5 MB) is larger than the ring's default slot limit
+# (16 MiB, above which batches stream over gRPC): give the ring slots of
+# 40 MiB, and few credits per worker so it stays a few hundred MB.
+IMAGE_RING = (12, 40 << 20)
+PREFETCH = 2
 
 
 def log(msg: str) -> None:
@@ -68,10 +73,20 @@ def tokens_spec(path: str) -> dict:
 
 
 def loaderctl_args(workload: str, batches: int, tokens: str) -> list[str]:
+    common = ["--prefetch", str(PREFETCH)]
     if workload == "images":
         shape = ",".join(map(str, IMAGE_SHAPE))
-        return ["--samples", str(IMAGE_BATCH * batches), "--shape", shape, "--batch-size", str(IMAGE_BATCH)]
-    return ["--dataset", "tokens", "--path", tokens, "--context-length", str(TOKENS_CONTEXT), "--batch-size", str(TOKENS_BATCH)]
+        ring = f"{IMAGE_RING[0]},{IMAGE_RING[1]}"
+        return common + ["--samples", str(IMAGE_BATCH * batches), "--shape", shape, "--batch-size", str(IMAGE_BATCH), "--ring", ring]
+    return common + ["--dataset", "tokens", "--path", tokens, "--context-length", str(TOKENS_CONTEXT), "--batch-size", str(TOKENS_BATCH)]
+
+
+def options(workload: str, **more) -> dict:
+    """The Python loader's options for `workload`, as loaderctl's above."""
+    out = {"prefetch": PREFETCH, **more}
+    if workload == "images":
+        out["ring"] = IMAGE_RING
+    return out
 
 
 # -- (1) correctness -----------------------------------------------------------
@@ -96,12 +111,14 @@ def rust_correct(ctl: str, device: str, workload: str, batches: int, tokens: str
     return same, f"{len(sums[device])} batches" + ("" if same else " DIFFER")
 
 
-def py_correct(device: str, spec: dict) -> tuple[bool, str]:
+def py_correct(device: str, spec: dict, opts: dict) -> tuple[bool, str]:
     torch = None
     if device.startswith("cuda"):
         import torch  # noqa: F811
     n, bad = 0, 0
-    with loader.Loader.local(spec, workers=WORKERS) as host, loader.Loader.local(spec, workers=WORKERS, device=device) as dev:
+    with loader.Loader.local(spec, workers=WORKERS, **opts) as host, loader.Loader.local(
+        spec, workers=WORKERS, device=device, **opts
+    ) as dev:
         for h, d in zip(host, dev, strict=True):
             if h.seq != d.seq:
                 return False, f"batch {n}: seq {h.seq} on the host, {d.seq} on the device"
@@ -131,9 +148,9 @@ def rust_rate(ctl: str, device: str, workload: str, batches: int, tokens: str) -
     return json.loads(out.stdout.strip().splitlines()[-1])["mb_per_s"] / 1e3
 
 
-def py_rate(torch, device: str, spec: dict) -> float:
+def py_rate(torch, device: str, spec: dict, opts: dict) -> float:
     nbytes, started = 0, None
-    with loader.Loader.local(spec, workers=WORKERS, device=device) as dl:
+    with loader.Loader.local(spec, workers=WORKERS, device=device, **opts) as dl:
         for batch in dl:
             tensors = batch.torch()
             if started is None:
@@ -235,8 +252,8 @@ def idle_per_step_ms(torch, feed, steps: int) -> tuple[float, float]:
     return max(0.0, wall - compute) * 1e3, compute * 1e3
 
 
-def loader_feed(device: str, spec: dict):
-    with loader.Loader.local(spec, workers=WORKERS, device=device) as dl:
+def loader_feed(device: str, spec: dict, opts: dict):
+    with loader.Loader.local(spec, workers=WORKERS, device=device, **opts) as dl:
         for batch in dl:
             yield batch.torch()["data"]
 
@@ -266,7 +283,7 @@ def main() -> int:
             good, note = rust_correct(args.loaderctl, device, workload, args.batches, tokens, tmp)
             rows.append(("1 correctness", workload, "Rust (loaderctl)", note, "PASS" if good else "FAIL"))
             ok &= good
-            good, note = py_correct(device, specs[workload])
+            good, note = py_correct(device, specs[workload], options(workload))
             rows.append(("1 correctness", workload, "Python" + (" (torch)" if args.mode == "cuda" else " (numpy)"), note, "PASS" if good else "FAIL"))
             ok &= good
         if args.mode == "cuda":
@@ -276,7 +293,7 @@ def main() -> int:
             for workload in ("images", "tokens"):
                 log(f"H2D rates, {workload} ...")
                 rust = rust_rate(args.loaderctl, device, workload, args.batches * 4, tokens)
-                py = py_rate(torch, device, specs[workload])
+                py = py_rate(torch, device, specs[workload], options(workload))
                 theirs = torch_rate(torch, workload, args.batches)
                 per_batch = IMAGE_BATCH * int(np.prod(IMAGE_SHAPE)) if workload == "images" else TOKENS_BATCH * (TOKENS_CONTEXT + 1) * 2
                 raw = raw_rate(torch, per_batch)
@@ -295,7 +312,7 @@ def main() -> int:
                 )
             for workload in ("images", "tokens"):
                 log(f"overlap, {workload} ...")
-                ours, compute = idle_per_step_ms(torch, loader_feed(device, specs[workload]), args.batches - 2)
+                ours, compute = idle_per_step_ms(torch, loader_feed(device, specs[workload], options(workload)), args.batches - 2)
                 theirs, _ = idle_per_step_ms(torch, torch_feed(torch, workload, args.batches), args.batches - 2)
                 rows.append(
                     (

@@ -229,6 +229,11 @@ pub struct MeasureArgs {
     /// path with host memory as the device: checks it without a GPU).
     #[arg(long, value_name = "DEVICE", default_value = "cpu")]
     pub device: String,
+    /// The shared-memory ring as `SLOTS,SLOT_BYTES` [default: slots the
+    /// size of the batch, at most 16 MiB: a larger batch streams over gRPC
+    /// unless its slots are given here].
+    #[arg(long, value_name = "SLOTS,SLOT_BYTES")]
+    pub ring: Option<String>,
     /// Host-to-device copies queued ahead of the batch being consumed.
     #[arg(long, value_name = "N", default_value_t = loader_client::DEFAULT_DEVICE_PREFETCH)]
     pub device_prefetch: u32,
