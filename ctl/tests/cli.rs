@@ -624,6 +624,7 @@ fn run_device_cuda_without_a_usable_gpu_is_one_line_and_auto_runs_on_the_host() 
     }
     assert_one_line_error(&run_small(&["--device", "tpu"]), "--device: invalid device \"tpu\"");
     assert_one_line_error(&run_small(&["--device-prefetch", "0"]), "device_prefetch must be > 0");
+    assert_one_line_error(&run_small(&["--ring", "4,x"]), "--ring \"4,x\": expected SLOTS,SLOT_BYTES");
 }
 
 #[test]
