@@ -7,7 +7,7 @@
 #   3. the CUDA pin-memory stage (feature `cuda`, issue 18): cudarc loads
 #      libcuda at run time, so it builds and its tests run on a machine with
 #      no CUDA: the SDK's unit tests and device-path tests with the feature,
-#      and loaderctl built with it (its `--device cuda` error is in ctl/tests);
+#      and loaderctl's `--device` tests against a loaderctl built with it;
 #   4. the Python SDK's tests (python/test.sh: builds `pip install ./python`
 #      into the same virtualenv and runs pytest).
 # Needs cargo, Python >= 3.11 with venv, and PyPI. Extra args go to cargo test.
@@ -25,5 +25,5 @@ fi
 export LOADER_PYTHON="$venv/bin/python"
 cargo test --workspace "$@"
 cargo test -p loader-client --features cuda --lib --test pin "$@"
-cargo build -p loader-ctl --features cuda
+cargo test -p loader-ctl --features cuda --test cli run_device
 LOADER_PY_VENV="$venv" python/test.sh
