@@ -4,7 +4,11 @@
 #      target/test-venv, so the Pillow pixel-agreement test has its reference;
 #   2. every Rust test (`cargo test --workspace`: unit, property and
 #      end-to-end tests over real loader-server / loader-worker processes);
-#   3. the Python SDK's tests (python/test.sh: builds `pip install ./python`
+#   3. the CUDA pin-memory stage (feature `cuda`, issue 18): cudarc loads
+#      libcuda at run time, so it builds and its tests run on a machine with
+#      no CUDA: the SDK's unit tests and device-path tests with the feature,
+#      and loaderctl's `--device` tests against a loaderctl built with it;
+#   4. the Python SDK's tests (python/test.sh: builds `pip install ./python`
 #      into the same virtualenv and runs pytest).
 # Needs cargo, Python >= 3.11 with venv, and PyPI. Extra args go to cargo test.
 set -euo pipefail
@@ -20,4 +24,6 @@ fi
 
 export LOADER_PYTHON="$venv/bin/python"
 cargo test --workspace "$@"
+cargo test -p loader-client --features cuda --lib --test pin "$@"
+cargo test -p loader-ctl --features cuda --test cli run_device
 LOADER_PY_VENV="$venv" python/test.sh

@@ -281,6 +281,28 @@ NOTES = """## How to read these numbers
   shares the two cores with both workers (each batch is 9.6 MB the workers
   memset). The images are the folder and pipeline of the JPEG scenario
   (torch: torchvision's ImageFolder with the same transforms, PIL).
+
+## Host-to-device (GPU): pending a GPU machine
+
+The pin-memory stage (issue 18) has no measured table yet: no machine with
+an NVIDIA GPU was available while it was written. On one, this prints the
+table to paste here (with the GPU's name from `nvidia-smi -L`):
+
+```
+bench/gpu_check.sh
+```
+
+It builds `loaderctl` with the feature `cuda` and a venv with torch, then in
+one run: (1) correctness: every batch of an epoch, device bytes == host
+batch bytes, through `loaderctl --checksum` (Rust) and `batch.torch()`
+(Python), 3x224x224 uint8 at batch 256 and tokens (2048 x uint16) at batch
+64; (2) H2D GB/s of Loader's device path (Rust and Python), of torch
+`DataLoader(pin_memory=True)` + `.cuda(non_blocking=True)`, and of a raw
+pinned `cudaMemcpyAsync` loop (the limit), same workloads; the targets are
+>= 90% of the raw copy and >= 1.5x torch; (3) GPU idle ms per step of a
+matmul-loop training step fed by each loader. Without a GPU,
+`bench/gpu_check.sh --host` runs part (1) on the device path's host
+backend (it passes on the 2-core machine above).
 """
 
 

@@ -1,6 +1,8 @@
 //! The trainer's view of one batch: the frame's bytes plus its validated
 //! header, whichever transport delivered it.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use loader_process::telemetry::trace;
 use loader_proto::batch::{BatchHeader, BatchView, TableCache};
@@ -8,6 +10,7 @@ use loader_proto::pb::Dtype;
 use tracing::Span;
 
 use crate::error::LoaderError;
+use crate::pin::{Device, DeviceCopy, DeviceTensor};
 
 /// What a frame must say about itself to belong to this session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,11 +41,21 @@ pub enum Transport {
 /// was checked against them. Cloning is cheap (the bytes are shared). With
 /// shared memory, holding a batch (or any clone) holds its ring slot: drop
 /// batches when done with them so workers can refill the slots.
+///
+/// A loader with a [`device`](crate::LoaderBuilder::device) yields batches
+/// on that device: [`Batch::on_device`] and [`Batch::device_tensors`] give
+/// the device addresses and the copy's event; the host bytes are gone (the
+/// slot went back to the workers once the copy completed), so
+/// [`Batch::bytes`] is empty and [`Batch::tensors`] have empty `bytes`.
 #[derive(Debug, Clone)]
 pub struct Batch {
     /// The whole frame; tensors are slices of it, never copies. For a ring
     /// slot, the view that gives the slot back when the last clone drops.
+    /// Empty for a batch on a device.
     bytes: Bytes,
+    /// Where the frame lies on a device, for a loader with one; the device
+    /// buffer returns to the pool when the last clone drops.
+    device: Option<Arc<DeviceCopy>>,
     /// The transport that delivered it.
     transport: Transport,
     /// Parsed once on arrival so accessors never re-validate.
@@ -123,6 +136,7 @@ impl Batch {
         }
         Ok(Batch {
             bytes,
+            device: None,
             transport,
             header,
             batches_per_epoch: per,
@@ -154,6 +168,58 @@ impl Batch {
     /// Ends the `batch.consume` span: `next()` hands the batch over.
     pub(crate) fn consumed(&mut self) {
         self.consume = Span::none();
+    }
+
+    /// This batch as it is on a device once `copy` completes: the same
+    /// header, no host bytes (the caller keeps this batch, and with it the
+    /// slot, until the copy's event).
+    pub(crate) fn onto_device(&self, copy: DeviceCopy) -> Batch {
+        Batch {
+            bytes: Bytes::new(),
+            device: Some(Arc::new(copy)),
+            transport: self.transport,
+            header: self.header.clone(),
+            batches_per_epoch: self.batches_per_epoch,
+            // The consumer ended the span when it handed the host batch to
+            // the pin stage.
+            consume: Span::none(),
+        }
+    }
+
+    /// The device this batch is on ([`Device::Cpu`] for host bytes).
+    pub fn device(&self) -> Device {
+        self.device.as_ref().map_or(Device::Cpu, |d| d.device())
+    }
+
+    /// Where the batch lies on a device and its copy's event; None for a
+    /// batch in host memory.
+    pub fn on_device(&self) -> Option<&DeviceCopy> {
+        self.device.as_deref()
+    }
+
+    /// The tensors on the device, in the order the worker wrote them; empty
+    /// for a batch in host memory. Wait on the copy
+    /// ([`DeviceCopy::wait_on_stream`] or [`DeviceCopy::wait`]) before any
+    /// kernel reads them.
+    pub fn device_tensors(&self) -> impl ExactSizeIterator<Item = DeviceTensor<'_>> + '_ {
+        let base = self.device.as_ref().map(|d| d.ptr());
+        let tensors = if base.is_some() {
+            &self.header.tensors[..]
+        } else {
+            &[]
+        };
+        tensors.iter().map(move |t| DeviceTensor {
+            name: &t.name,
+            dtype: t.dtype,
+            shape: &t.shape,
+            ptr: base.unwrap_or(0) + t.offset as u64,
+            len: t.len,
+        })
+    }
+
+    /// The device tensor called `name`.
+    pub fn device_tensor(&self, name: &str) -> Option<DeviceTensor<'_>> {
+        self.device_tensors().find(|t| t.name == name)
     }
 
     /// How the batch reached this process.

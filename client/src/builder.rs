@@ -20,6 +20,7 @@ use crate::embedded::{ClusterConfig, LocalCluster};
 use crate::error::LoaderError;
 use crate::loader::{self, Loader, Seat};
 use crate::options::{LoaderOptions, RingSize};
+use crate::pin::Device;
 #[cfg(feature = "embedded")]
 use crate::ring::RingConfig;
 use crate::state::LoaderState;
@@ -166,6 +167,23 @@ impl LoaderBuilder {
         self
     }
 
+    /// Where batches land (default [`Device::Cpu`]): `Device::Cuda(n)`
+    /// copies each batch to GPU `n` straight from the shared-memory ring
+    /// (feature `cuda`; `build` fails in one line when no GPU is usable),
+    /// `Device::Auto` uses GPU 0 when it can and the host otherwise. Parse
+    /// a string with `"cuda:0".parse::<Device>()`.
+    pub fn device(mut self, device: Device) -> Self {
+        self.options.device = device;
+        self
+    }
+
+    /// Host-to-device copies queued ahead of the batch being yielded
+    /// (default 2); GPU memory is bounded by `device_prefetch + 2` batches.
+    pub fn device_prefetch(mut self, depth: u32) -> Self {
+        self.options.device_prefetch = depth;
+        self
+    }
+
     /// Whether workers on this machine deliver through a shared-memory ring
     /// (default true; they write batches straight into this process's
     /// memory) or everything streams over gRPC (false). Remote workers
@@ -260,6 +278,9 @@ impl LoaderBuilder {
     /// coordinator and the workers and waits until every worker has
     /// registered; from async code, call it inside `spawn_blocking`.
     pub fn build(self) -> Result<Loader, LoaderError> {
+        self.options.validate()?;
+        // A GPU that cannot be used fails here, before processes start.
+        crate::pin::preflight(self.options.device)?;
         match self.source {
             Source::Coordinator(ref coordinator) => {
                 self.check_misplaced(coordinator)?;

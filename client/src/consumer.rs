@@ -277,6 +277,13 @@ impl Consumer {
         }
     }
 
+    /// The next batch if one is in without waiting (None: none is yet). The
+    /// pin stage uses it to queue copies ahead without holding back the
+    /// batch it could yield.
+    pub(crate) fn try_next(&mut self) -> Option<Option<Result<Batch, LoaderError>>> {
+        self.next_blocking_checked(Some(Duration::ZERO), || Err(())).ok()
+    }
+
     /// [`Consumer::next_blocking`] that calls `interrupted` about every
     /// `every` while it blocks and returns its error, if it gives one.
     /// Nothing is lost: batches that arrived meanwhile wait for the next

@@ -140,6 +140,10 @@ pub enum LoaderError {
     /// Embedded mode could not start or lost a process it started.
     #[error("{0}")]
     Embedded(String),
+    /// The loader's device cannot be used (no driver library, no such GPU,
+    /// a driver call that failed) or its buffers are all held.
+    #[error("{0}")]
+    Device(String),
     /// The SDK's own tokio runtime could not be built.
     #[error("cannot start the loader runtime: {0}")]
     Runtime(String),

@@ -40,6 +40,9 @@
 //!   `LoaderOptions::metrics_listen` serves them.
 //! - [`state`](LoaderState): [`LoaderState`], what [`Loader::state`] saves and
 //!   [`LoaderBuilder::resume`] continues from, exactly.
+//! - [`pin`]: the pin-memory stage: batches copied to a device (a GPU
+//!   with the feature `cuda`) straight from the ring, one event each, in
+//!   order, slots returned after their copies; [`Device`] names the device.
 //! - `reorder`: the reorder buffer keyed by sequence number.
 //! - [`batch`](Batch): [`Batch`], [`Tensor`] and [`Transport`]: views over a
 //!   validated frame or ring slot.
@@ -63,6 +66,7 @@ mod fetch;
 mod loader;
 mod meters;
 mod options;
+pub mod pin;
 mod reorder;
 mod ring;
 mod routes;
@@ -77,6 +81,7 @@ pub mod spec;
 pub mod spec_file;
 
 pub use batch::{Batch, Tensor, Transport};
+pub use pin::{DEFAULT_DEVICE_PREFETCH, Device, DeviceCopy, DeviceTensor};
 pub use error::LoaderError;
 pub use builder::LoaderBuilder;
 pub use loader::{BatchStream, Loader, RingSlots};

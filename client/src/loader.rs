@@ -4,6 +4,7 @@
 //! ([`LoaderBuilder`](crate::LoaderBuilder)), which checked what to open.
 
 use std::collections::BTreeSet;
+use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::pin::Pin;
@@ -26,6 +27,7 @@ use crate::error::LoaderError;
 use crate::event;
 use crate::meters::TrainerMeters;
 use crate::options::LoaderOptions;
+use crate::pin::{Backend, Device, Opening, PinStage, Pull};
 use crate::ring::{ConnContext, GapWatch, Inbox, Ring, RingConfig, SlotRing};
 use crate::routes::Routes;
 use crate::session::Session;
@@ -99,6 +101,21 @@ pub(crate) async fn open(
     } else {
         None
     };
+    // Before anything connects: a device that cannot be used is an error
+    // (or, for `auto`, the host) before any batch is asked for.
+    let (stage, device_fallback) = match Backend::open(options.device, ring.as_ref().map(Ring::shared))? {
+        Opening::Staged(opened) => (
+            Some(PinStage::new(
+                opened.backend,
+                opened.device,
+                options.device_prefetch,
+                options.coordinator_timeout,
+            )?),
+            None,
+        ),
+        Opening::Host => (None, None),
+        Opening::FellBack(why) => (None, Some(why)),
+    };
     let socket = ring
         .as_ref()
         .and_then(|r| r.socket().to_str())
@@ -169,6 +186,8 @@ pub(crate) async fn open(
         consumer = consumer.resuming(next_seq, above);
     }
     Ok(Loader {
+        stage,
+        device_fallback,
         consumer,
         job,
         spec,
@@ -193,6 +212,12 @@ pub(crate) async fn open(
 /// mode, the coordinator and workers it started).
 #[derive(Debug)]
 pub struct Loader {
+    /// The pin-memory stage, for a loader with a device; dropped first, so
+    /// every copy completes while the ring is still there.
+    stage: Option<PinStage>,
+    /// Why `device: auto` stayed on the host, for hosts that log it their
+    /// own way (Python's `logging`).
+    device_fallback: Option<String>,
     /// Reorders, de-duplicates and counts.
     consumer: Consumer,
     /// The job as the coordinator planned it.
@@ -283,9 +308,35 @@ impl Loader {
     }
 
     /// Batches yielded so far (for a resumed loader, including those its
-    /// predecessors yielded).
+    /// predecessors yielded); not those the pin stage holds.
     pub fn yielded(&self) -> u64 {
-        self.consumer.yielded()
+        let held = self.stage.as_ref().map_or(0, |s| s.pending().count() as u64);
+        self.consumer.yielded().saturating_sub(held)
+    }
+
+    /// Where the batches land: the device asked for, or for `auto` the one
+    /// it resolved to ([`Device::Cpu`] when no GPU was usable).
+    pub fn device(&self) -> Device {
+        self.stage.as_ref().map_or(Device::Cpu, PinStage::device)
+    }
+
+    /// Why a loader asked for `auto` stayed on the host (no driver library,
+    /// no GPU, ...); None when it did not ask for `auto` or got a GPU.
+    pub fn device_fallback(&self) -> Option<&str> {
+        self.device_fallback.as_deref()
+    }
+
+    /// For a loader on a GPU: true when the shared-memory ring is registered
+    /// with the driver, so batches are DMA'd from their slots with no
+    /// staging copy (false: through pinned staging buffers).
+    pub fn ring_registered(&self) -> bool {
+        self.stage.as_ref().is_some_and(PinStage::ring_registered)
+    }
+
+    /// For a loader with a device: device buffers held now (by queued
+    /// copies and by batches not yet dropped) and the most there can be.
+    pub fn device_buffers(&self) -> Option<(usize, usize)> {
+        self.stage.as_ref().map(|s| (s.buffers_held(), s.buffers()))
     }
 
     /// Where this loader stands, to save with a checkpoint and continue from
@@ -295,6 +346,11 @@ impl Loader {
     /// right after the training step that consumed the last batch.
     pub fn state(&self) -> LoaderState {
         let (next_seq, above): (u64, BTreeSet<u64>) = self.consumer.position();
+        // Batches the pin stage took from the consumer but did not yield.
+        let (next_seq, above) = match &self.stage {
+            Some(stage) => crate::pin::unyield(next_seq, above, stage.pending()),
+            None => (next_seq, above),
+        };
         LoaderState::new(&self.spec, self.rank, next_seq, above)
     }
 
@@ -311,9 +367,15 @@ impl Loader {
         let _enter = self.handle.enter();
         // Like `Iterator::next`: this thread sleeps in the consumer's wait
         // set (woken by a worker's report), with a timeout at each check.
-        let item = self
-            .consumer
-            .next_blocking_checked(Some(every), interrupted)?;
+        let item = match self.stage.as_mut() {
+            None => self.consumer.next_blocking_checked(Some(every), interrupted)?,
+            Some(stage) => {
+                let mut interrupted = interrupted;
+                staged(stage, &mut self.consumer, |c| {
+                    c.next_blocking_checked(Some(every), &mut interrupted)
+                })?
+            }
+        };
         self.finish_if_due();
         Ok(item)
     }
@@ -332,13 +394,37 @@ impl Loader {
 
     /// The next batch, awaiting it; `None` after the last one.
     pub async fn next_batch(&mut self) -> Option<Result<Batch, LoaderError>> {
-        self.consumer.next().await
+        let Some(stage) = self.stage.as_mut() else {
+            return self.consumer.next().await;
+        };
+        // Bounded: each round queues one copy or stops; the stage asks for
+        // at most `device_prefetch + 1`.
+        loop {
+            match stage.plan() {
+                Err(e) => return Some(Err(e)),
+                Ok(Pull::Enough) => break,
+                Ok(Pull::Must(lease)) => {
+                    let item = self.consumer.next().await;
+                    stage.accept(item, lease);
+                }
+                Ok(Pull::May(lease)) => match self.consumer.try_next() {
+                    Some(item) => stage.accept(item, lease),
+                    None => break,
+                },
+            }
+        }
+        // The last batch came through `try_next`, which leaves the final
+        // heartbeat to its caller.
+        if self.consumer.take_finish_due() {
+            self.consumer.finish().await;
+        }
+        stage.pop()
     }
 
     /// The same batches as an async [`Stream`].
     pub fn into_stream(self) -> BatchStream {
         let inner = futures::stream::unfold(self, |mut loader| async move {
-            let item = loader.consumer.next().await?;
+            let item = loader.next_batch().await?;
             Some((item, loader))
         });
         BatchStream {
@@ -358,10 +444,44 @@ impl Iterator for Loader {
         let _enter = self.handle.enter();
         // This thread sleeps in the consumer's wait set: a worker's report
         // wakes it directly, without a hop through the runtime.
-        let item = self.consumer.next_blocking();
+        let item = match self.stage.as_mut() {
+            None => self.consumer.next_blocking(),
+            Some(stage) => match staged(stage, &mut self.consumer, |c| Ok::<_, Infallible>(c.next_blocking())) {
+                Ok(item) => item,
+                Err(never) => match never {},
+            },
+        };
         self.finish_if_due();
         item
     }
+}
+
+/// The blocking front of the pin stage: pulls what the stage asks for
+/// (`must` when it has nothing queued, only a ready batch otherwise), then
+/// yields its next batch. Bounded: each round queues one copy or stops,
+/// and the stage asks for at most `device_prefetch + 1`.
+fn staged<E>(
+    stage: &mut PinStage,
+    consumer: &mut Consumer,
+    mut must: impl FnMut(&mut Consumer) -> Result<Option<Result<Batch, LoaderError>>, E>,
+) -> Result<Option<Result<Batch, LoaderError>>, E> {
+    loop {
+        match stage.plan() {
+            Err(e) => return Ok(Some(Err(e))),
+            Ok(Pull::Enough) => break,
+            // An interruption drops the lease (its place returns to the
+            // pool) and loses no batch: the consumer keeps it.
+            Ok(Pull::Must(lease)) => {
+                let item = must(consumer)?;
+                stage.accept(item, lease);
+            }
+            Ok(Pull::May(lease)) => match consumer.try_next() {
+                Some(item) => stage.accept(item, lease),
+                None => break,
+            },
+        }
+    }
+    Ok(stage.pop())
 }
 
 impl Drop for Loader {

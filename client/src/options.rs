@@ -11,7 +11,7 @@
 //! ```json
 //! {"prefetch": 8, "in_order": true, "shared_memory": true, "ring": [16, 1048576],
 //!  "ring_dir": "/shared", "allow_ring_peer_uids": [1000], "coordinator_timeout": 15.0,
-//!  "metrics_listen": "127.0.0.1:9464"}
+//!  "metrics_listen": "127.0.0.1:9464", "device": "cuda:0", "device_prefetch": 2}
 //! ```
 
 use std::collections::BTreeSet;
@@ -21,6 +21,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::error::LoaderError;
+use crate::pin::{DEFAULT_DEVICE_PREFETCH, Device};
 
 /// Credits per worker stream unless told otherwise.
 pub const DEFAULT_PREFETCH: u32 = 8;
@@ -63,6 +64,16 @@ pub struct LoaderOptions {
     /// ([`Loader::metrics_addr`](crate::Loader::metrics_addr) tells which);
     /// None: no endpoint. One endpoint per process, shared by its loaders.
     pub metrics_listen: Option<String>,
+    /// Where batches land: `cpu` (host memory, the default), `cuda` /
+    /// `cuda:N` (copied to that GPU by the pin-memory stage, straight from
+    /// the ring; feature `cuda`; an error when no GPU is usable), `auto`
+    /// (GPU 0 when usable, else the host, said in one log line) or `host`
+    /// (the stage with host memory standing in for the device: tests).
+    pub device: Device,
+    /// Host-to-device copies queued ahead of the batch being yielded; the
+    /// stage holds at most `device_prefetch + 2` device buffers, which
+    /// bounds GPU memory.
+    pub device_prefetch: u32,
 }
 
 /// Slots of the shared-memory ring and bytes per slot; `[slots, slot_bytes]`
@@ -100,6 +111,8 @@ impl Default for LoaderOptions {
             allow_ring_peer_uids: BTreeSet::new(),
             coordinator_timeout: DEFAULT_COORDINATOR_TIMEOUT,
             metrics_listen: None,
+            device: Device::Cpu,
+            device_prefetch: DEFAULT_DEVICE_PREFETCH,
         }
     }
 }
@@ -111,6 +124,9 @@ impl LoaderOptions {
     pub fn validate(&self) -> Result<(), LoaderError> {
         if self.prefetch == 0 {
             return Err(LoaderError::InvalidArgument("prefetch must be > 0".into()));
+        }
+        if self.device_prefetch == 0 {
+            return Err(LoaderError::InvalidArgument("device_prefetch must be > 0".into()));
         }
         self.metrics_addr()?;
         Ok(())
@@ -213,7 +229,7 @@ mod tests {
         assert_eq!(LoaderOptions::from_json("{}").expect("empty"), d);
         assert_eq!(
             d.to_json().expect("json"),
-            r#"{"prefetch":8,"in_order":true,"shared_memory":true,"ring":null,"ring_dir":null,"allow_ring_peer_uids":[],"coordinator_timeout":15.0,"metrics_listen":null}"#
+            r#"{"prefetch":8,"in_order":true,"shared_memory":true,"ring":null,"ring_dir":null,"allow_ring_peer_uids":[],"coordinator_timeout":15.0,"metrics_listen":null,"device":"cpu","device_prefetch":2}"#
         );
     }
 
@@ -228,10 +244,13 @@ mod tests {
             allow_ring_peer_uids: [1000, 65534].into(),
             coordinator_timeout: Duration::from_millis(2500),
             metrics_listen: Some("127.0.0.1:0".into()),
+            device: Device::Cuda(1),
+            device_prefetch: 3,
         };
         let json = options.to_json().expect("json");
         assert!(json.contains(r#""ring":[6,65536]"#), "{json}");
         assert!(json.contains(r#""coordinator_timeout":2.5"#), "{json}");
+        assert!(json.contains(r#""device":"cuda:1""#), "{json}");
         assert_eq!(LoaderOptions::from_json(&json).expect("parse"), options);
         let written = r#"{"ring": [6, 65536], "coordinator_timeout": 0.25, "allow_ring_peer_uids": [7]}"#;
         let parsed = LoaderOptions::from_json(written).expect("parse");
@@ -261,6 +280,9 @@ mod tests {
             (r#"{"allow_ring_peer_uids": [-1]}"#, "invalid loader option allow_ring_peer_uids[0]"),
             (r#"{"metrics_listen": "localhost:9464"}"#, "invalid loader option metrics_listen: invalid metrics address \"localhost:9464\": expected IP:PORT"),
             (r#"{"metrics_listen": 9464}"#, "invalid loader option metrics_listen: invalid type"),
+            (r#"{"device": "tpu"}"#, "invalid loader option device: invalid device \"tpu\": expected \"cpu\", \"cuda\", \"cuda:N\""),
+            (r#"{"device": 0}"#, "invalid loader option device: invalid type"),
+            (r#"{"device_prefetch": 0}"#, "device_prefetch must be > 0"),
             (r#"[8]"#, "invalid loader options: expected a JSON object"),
             (r#"{} {}"#, "invalid loader options: trailing characters"),
         ] {

@@ -30,7 +30,7 @@ pub(crate) fn run(args: &ConsumeArgs) -> anyhow::Result<()> {
             (builder, dataset)
         }
     };
-    let loader = configure(builder, &args.measure).build()?;
+    let loader = configure(builder, &args.measure)?.build()?;
     let save = match (args.save_state_after, &args.state_file) {
         (Some(after), Some(path)) => Some(SaveState {
             after,

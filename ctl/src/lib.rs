@@ -222,6 +222,27 @@ pub struct MeasureArgs {
     /// embedded coordinator's metrics are served there too.
     #[arg(long, value_name = "ADDR")]
     pub metrics_listen: Option<String>,
+    /// Where batches land: cpu, cuda, cuda:N (copied to that GPU straight
+    /// from the shared-memory ring; each batch's copy is waited for, so the
+    /// rate is the host-to-device rate; needs a build with the feature
+    /// `cuda`), auto (a GPU if usable, else the host) or host (the device
+    /// path with host memory as the device: checks it without a GPU).
+    #[arg(long, value_name = "DEVICE", default_value = "cpu")]
+    pub device: String,
+    /// The shared-memory ring as `SLOTS,SLOT_BYTES` [default: slots the
+    /// size of the batch, at most 16 MiB: a larger batch streams over gRPC
+    /// unless its slots are given here].
+    #[arg(long, value_name = "SLOTS,SLOT_BYTES")]
+    pub ring: Option<String>,
+    /// Host-to-device copies queued ahead of the batch being consumed.
+    #[arg(long, value_name = "N", default_value_t = loader_client::DEFAULT_DEVICE_PREFETCH)]
+    pub device_prefetch: u32,
+    /// Write one line per batch to FILE: `<seq> <fnv1a-64 of the batch's
+    /// bytes>`; for a batch on a device, of its bytes read back from the
+    /// device. Two runs of one job (say `--device cpu` and `--device
+    /// cuda`) must write the same file.
+    #[arg(long, value_name = "FILE")]
+    pub checksum: Option<PathBuf>,
 }
 
 /// Flags of `loaderctl drain`.

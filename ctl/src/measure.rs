@@ -14,7 +14,7 @@ use serde::Serialize;
 use tempfile::NamedTempFile;
 
 use super::{DatasetArgs, MeasureArgs, OnCorruptArg, TransportArg, cpu, signals};
-use loader_client::{Batch, Loader, LoaderBuilder, Transport, spec};
+use loader_client::{Batch, Device, Loader, LoaderBuilder, Transport, spec};
 
 /// Windows per epoch in a generated token file (with the chosen batch size).
 const GENERATED_TOKEN_BATCHES: u64 = 64;
@@ -36,6 +36,9 @@ pub(super) struct Report {
     #[serde(skip_serializing_if = "Option::is_none")]
     workers: Option<u64>,
     dataset: String,
+    /// Where the batches landed (`cpu`, `cuda:N`, `host`); for a device,
+    /// `mb_per_s` counts each batch once its copy completed.
+    device: String,
     /// `shm` or `grpc`: what was asked for.
     transport: &'static str,
     /// Batches that actually arrived through the shared-memory ring.
@@ -80,15 +83,27 @@ impl TransportArg {
     }
 }
 
-/// Applies the transport and prefetch flags to a remote loader's builder.
-pub(super) fn configure(builder: LoaderBuilder, args: &MeasureArgs) -> LoaderBuilder {
-    let builder = builder
+/// Applies the transport, prefetch and device flags to a loader's builder.
+pub(super) fn configure(builder: LoaderBuilder, args: &MeasureArgs) -> anyhow::Result<LoaderBuilder> {
+    let device: Device = args.device.parse().map_err(|e| anyhow::anyhow!("--device: {e}"))?;
+    let mut builder = builder
         .prefetch(args.prefetch)
-        .shared_memory(args.transport.shared_memory());
-    match &args.metrics_listen {
+        .shared_memory(args.transport.shared_memory())
+        .device(device)
+        .device_prefetch(args.device_prefetch);
+    if let Some(ring) = &args.ring {
+        let parsed = ring
+            .split_once(',')
+            .and_then(|(slots, bytes)| Some((slots.trim().parse::<u32>().ok()?, bytes.trim().parse::<u64>().ok()?)));
+        let Some((slots, bytes)) = parsed else {
+            anyhow::bail!("--ring {ring:?}: expected SLOTS,SLOT_BYTES (e.g. 8,41943040)");
+        };
+        builder = builder.ring(slots, bytes);
+    }
+    Ok(match &args.metrics_listen {
         Some(addr) => builder.metrics_listen(addr.clone()),
         None => builder,
-    }
+    })
 }
 
 /// Where and when `consume --save-state-after` writes the loader's state.
@@ -114,6 +129,16 @@ pub(super) fn consume_and_report(
         eprintln!("metrics {addr}");
     }
     let mut dump = args.dump.as_deref().map(Dump::create).transpose()?;
+    let mut checksum = args.checksum.as_deref().map(Dump::create).transpose()?;
+    let device = loader.device();
+    if let Device::Cuda(_) = device {
+        let how = if loader.ring_registered() {
+            "the ring is registered with the driver: batches are DMA'd from their slots"
+        } else {
+            "batches are copied through pinned staging buffers"
+        };
+        eprintln!("device {device}: {how}");
+    }
     // A resumed loader starts part-way; the bar shows the whole job.
     let bar = progress_bar(loader.total_batches(), args.json);
     bar.set_position(loader.yielded());
@@ -143,7 +168,17 @@ pub(super) fn consume_and_report(
             cpu_from_first = Some((cpu::process()?, coordinator_cpu()));
         }
         samples += batch.len() as u64;
-        bytes += batch.bytes().len() as u64;
+        match batch.on_device() {
+            // The rate of the device path is that of completed copies.
+            Some(copy) => {
+                copy.wait()?;
+                bytes += copy.len() as u64;
+            }
+            None => bytes += batch.bytes().len() as u64,
+        }
+        if let Some(checksum) = &mut checksum {
+            checksum.checksum(&batch)?;
+        }
         batches += 1;
         if batch.transport() == Transport::SharedMemory {
             shm_batches += 1;
@@ -187,6 +222,7 @@ pub(super) fn consume_and_report(
         first_batch_s: first_batch.unwrap_or(Duration::ZERO).as_secs_f64(),
         workers,
         dataset: dataset.to_owned(),
+        device: device.to_string(),
         transport: args.transport.name(),
         shm_batches,
         client_cpu_us_per_batch: per_batch(cpu),
@@ -208,8 +244,9 @@ pub(super) fn consume_and_report(
             .filter(|_| report.workers.is_some())
             .map(|t| format!(" ({t:.0} us without the embedded coordinator)"))
             .unwrap_or_default();
+        let on = if device.is_staged() { format!(", landing on {device}") } else { String::new() };
         println!(
-            "{} samples in {} batches ({:.1} MB){from} in {:.2} s over {} ({} through shared memory)\n\
+            "{} samples in {} batches ({:.1} MB){from} in {:.2} s over {} ({} through shared memory{on})\n\
              {:.0} samples/s, {:.1} MB/s, first batch after {:.1} ms, {:.0} us of CPU per batch{trainer}",
             report.samples,
             report.batches,
@@ -245,6 +282,17 @@ impl Dump {
         })
     }
 
+    /// `<seq> <fnv1a-64 of the batch's bytes, from the device if on one>`
+    fn checksum(&mut self, batch: &Batch) -> anyhow::Result<()> {
+        let sum = match batch.on_device() {
+            Some(copy) => fnv1a(&copy.read_back()?),
+            None => fnv1a(batch.bytes()),
+        };
+        writeln!(self.out, "{} {sum:016x}", batch.seq())
+            .and_then(|()| self.out.flush())
+            .with_context(|| format!("cannot write --checksum file {}", self.path.display()))
+    }
+
     /// `<seq> <epoch> <idx0>,<idx1>,...`
     fn line(&mut self, batch: &Batch) -> anyhow::Result<()> {
         let mut write = || -> std::io::Result<()> {
@@ -260,6 +308,11 @@ impl Dump {
         };
         write().with_context(|| format!("cannot write --dump file {}", self.path.display()))
     }
+}
+
+/// FNV-1a, 64 bits: enough to tell two byte strings apart in a check.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
 }
 
 /// CPU time the embedded coordinator's threads used so far; zero without

@@ -20,7 +20,7 @@ pub(crate) fn run(args: &RunArgs) -> anyhow::Result<()> {
     let exe =
         std::env::current_exe().context("cannot find this executable to start workers from")?;
     let workers = usize::try_from(args.workers).unwrap_or(usize::MAX);
-    let loader = configure(Loader::local_builder(spec, workers), &args.measure)
+    let loader = configure(Loader::local_builder(spec, workers), &args.measure)?
         .worker_command(Some(vec![exe.into_os_string(), OsString::from("__worker")]))
         .build()?;
     consume_and_report(

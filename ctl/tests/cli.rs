@@ -593,3 +593,55 @@ fn top_and_status_json_errors_are_one_line() {
         "cannot reach coordinator http://127.0.0.1:1: ",
     );
 }
+
+/// `run --json` of a small synthetic job with `extra` flags.
+fn run_small(extra: &[&str]) -> Run {
+    let mut args = vec!["run", "--json", "--workers", "2", "--samples", "256", "--shape", "3,8,8", "--batch-size", "16", "--epochs", "2"];
+    args.extend_from_slice(extra);
+    loaderctl(&args, Duration::from_secs(90))
+}
+
+#[test]
+fn run_device_cuda_without_a_usable_gpu_is_one_line_and_auto_runs_on_the_host() {
+    let gpu = run_small(&["--device", "cuda"]);
+    if gpu.code == Some(0) {
+        // A machine with an NVIDIA GPU, built with the feature `cuda`.
+        assert_eq!(json(&gpu)["device"], "cuda:0");
+    } else {
+        // No driver library, no GPU, or a build without the feature: one
+        // line that says which, and nothing started.
+        assert_one_line_error(&gpu, "device cuda:0: ");
+    }
+    let auto = run_small(&["--device", "auto"]);
+    let report = json(&auto);
+    assert_eq!(report["batches"], 32, "{report}");
+    if report["device"] == "cpu" {
+        let said: Vec<&str> = auto.stderr.lines().filter(|l| l.contains("device auto")).collect();
+        assert_eq!(said.len(), 1, "one log line says auto fell back: {}", auto.stderr);
+        assert!(said[0].contains("batches stay on the host"), "{}", said[0]);
+    } else {
+        assert_eq!(report["device"], "cuda:0", "{report}");
+    }
+    assert_one_line_error(&run_small(&["--device", "tpu"]), "--device: invalid device \"tpu\"");
+    assert_one_line_error(&run_small(&["--device-prefetch", "0"]), "device_prefetch must be > 0");
+    assert_one_line_error(&run_small(&["--ring", "4,x"]), "--ring \"4,x\": expected SLOTS,SLOT_BYTES");
+}
+
+#[test]
+fn run_device_host_lands_every_batch_byte_for_byte() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sums = |device: &str| {
+        let path = dir.path().join(format!("{device}.sums"));
+        let run = run_small(&["--device", device, "--checksum", path.to_str().expect("utf-8")]);
+        let report = json(&run);
+        assert_eq!(report["device"], device, "{report}");
+        assert_eq!(report["batches"], 32, "{report}");
+        let text = std::fs::read_to_string(&path).expect("checksum file");
+        assert_eq!(text.lines().count(), 32, "{text}");
+        (text, report["bytes"].as_u64().expect("bytes"))
+    };
+    let (host, host_bytes) = sums("cpu");
+    let (device, device_bytes) = sums("host");
+    assert_eq!(device, host, "the device path's bytes differ from the host batches");
+    assert_eq!(device_bytes, host_bytes);
+}

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import logging
 import math
 import os
 import signal
@@ -63,6 +64,8 @@ DEFAULT_OPTIONS: dict[str, Any] = json.loads(_native.default_options())
 DEFAULT_PREFETCH: int = DEFAULT_OPTIONS["prefetch"]
 
 _SPEC_SUFFIXES = (".json", ".yaml", ".yml")
+
+_log = logging.getLogger("loader")
 
 
 def _spec_bytes(job: Union[Mapping, str, os.PathLike]) -> bytes:
@@ -164,6 +167,16 @@ class Loader:
         metrics_listen: ``"IP:PORT"`` to serve this process's Prometheus
             metrics at ``/metrics`` (batches consumed, stall time; port 0
             picks a free one); by default none. One endpoint per process.
+        device: where batches land: ``"cpu"`` (default), ``"cuda"`` /
+            ``"cuda:N"`` (copied to that GPU straight from the shared-memory
+            ring; ``batch.torch()`` gives CUDA tensors, ordered after the
+            copy on the current stream; ``LoaderError`` in one line when no
+            GPU is usable), ``"auto"`` (the GPU when usable, else the host,
+            said in one ``logging`` warning) or ``"host"`` (the device path
+            with host memory as the device: for tests).
+        device_prefetch: host-to-device copies queued ahead of the batch
+            being consumed (default 2); GPU memory holds at most
+            ``device_prefetch + 2`` batches.
     """
 
     def __init__(
@@ -398,6 +411,9 @@ class Loader:
             self._check_open()
             if self._native is None:
                 native = self._start(self._spec, self._resume, self._start_at)
+                fallback = native.device_fallback()
+                if fallback is not None:
+                    _log.warning("device auto: no usable GPU, batches stay on the host (%s)", fallback)
                 self._native = native
                 self._batches_per_epoch = native.batches_per_epoch()
                 self._yielded = native.yielded()

@@ -23,6 +23,8 @@ class LoaderOptions(TypedDict, total=False):
     allow_ring_peer_uids: list[int]
     coordinator_timeout: float
     metrics_listen: Optional[str]
+    device: str
+    device_prefetch: int
 
 class LoaderError(RuntimeError):
     """Loading failed: a worker or the coordinator could not deliver, or the job failed."""
@@ -49,7 +51,11 @@ class TensorView:
         dl_device: Optional[tuple[int, int]] = None,
         copy: Optional[bool] = None,
     ) -> Any: ...
-    def __dlpack_device__(self) -> tuple[int, int]: ...
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """``(1, 0)`` (kDLCPU), or ``(2, N)`` (kDLCUDA) for a batch on GPU N."""
+    @property
+    def device(self) -> str:
+        """``"cpu"`` or ``"cuda:N"``."""
     def __buffer__(self, flags: int, /) -> memoryview: ...
 
 class Batch:
@@ -69,9 +75,14 @@ class Batch:
     def numpy(self) -> dict[str, np.ndarray]:
         """A plain dict of the same zero-copy arrays."""
     def torch(self) -> dict[str, Any]:
-        """A dict of ``torch.Tensor`` over the same memory (DLPack, no copy)."""
+        """A dict of ``torch.Tensor`` over the same memory (DLPack, no copy);
+        CUDA tensors for a loader with ``device="cuda:N"``, ordered after the
+        batch's copy on torch's current stream."""
     def views(self) -> dict[str, TensorView]:
         """The raw zero-copy views, for any DLPack or buffer consumer."""
+    @property
+    def device(self) -> str:
+        """Where the tensors live: ``"cpu"``, ``"cuda:N"`` or ``"host"``."""
     @property
     def epoch(self) -> int: ...
     @property
@@ -112,6 +123,8 @@ class NativeLoader:
     def total_batches(self) -> int: ...
     def ring_slots(self) -> Optional[tuple[int, int, int]]: ...
     def ring_socket(self) -> Optional[str]: ...
+    def device(self) -> str: ...
+    def device_fallback(self) -> Optional[str]: ...
     def worker_pids(self) -> list[int]: ...
     @property
     def closed(self) -> bool: ...

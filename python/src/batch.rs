@@ -7,11 +7,17 @@
 //! tensor made from it lives; it returns to the workers when the last one is
 //! freed. Arrays are made on first access and cached, so `batch["data"]`
 //! is the same array each time.
+//!
+//! A batch from a loader with `device="cuda:N"` lives on that GPU: its
+//! tensors export through DLPack only (`batch.torch()`), as CUDA tensors
+//! whose consumer stream waits on the batch's copy; the slot went back to
+//! the workers when the copy completed, and the device buffer returns to
+//! the loader's pool when the last tensor is freed.
 
 use std::sync::Arc;
 
-use loader_client::{Batch as ClientBatch, Transport};
-use pyo3::exceptions::PyKeyError;
+use loader_client::{Batch as ClientBatch, Device, Transport};
+use pyo3::exceptions::{PyBufferError, PyKeyError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList};
@@ -34,9 +40,33 @@ pub(crate) struct Batch {
 impl Batch {
     /// Wraps a batch the loader yielded.
     pub(crate) fn new(inner: ClientBatch) -> Self {
+        // On the host backend the "device" is host memory: readable as
+        // numpy once its copy completed (a GPU batch is waited for on the
+        // consumer's stream instead, through DLPack).
+        if inner.device() == Device::Host
+            && let Some(copy) = inner.on_device()
+        {
+            let _ = copy.wait();
+        }
         Self {
             inner: Arc::new(inner),
             arrays: PyOnceLock::new(),
+        }
+    }
+
+    /// One view per tensor, in the worker's order: over the batch's host
+    /// bytes, or over its device copy.
+    fn each_view(&self) -> PyResult<Vec<(String, TensorView)>> {
+        if self.inner.on_device().is_some() {
+            self.inner
+                .device_tensors()
+                .map(|t| Ok((t.name.to_owned(), TensorView::on_device(&self.inner, &t)?)))
+                .collect()
+        } else {
+            self.inner
+                .tensors()
+                .map(|t| Ok((t.name.to_owned(), TensorView::new(&self.inner, &t)?)))
+                .collect()
         }
     }
 
@@ -45,10 +75,16 @@ impl Batch {
         let dict = self.arrays.get_or_try_init(py, || -> PyResult<Py<PyDict>> {
             let numpy = NUMPY.get_or_try_init(py, || py.import("numpy").map(Bound::unbind))?;
             let asarray = numpy.bind(py).getattr("asarray")?;
+            if let Device::Cuda(_) = self.inner.device() {
+                return Err(PyBufferError::new_err(format!(
+                    "the batch lives on {}: use batch.torch() (DLPack), not numpy",
+                    self.inner.device()
+                )));
+            }
             let dict = PyDict::new(py);
-            for tensor in self.inner.tensors() {
-                let view = Bound::new(py, TensorView::new(&self.inner, &tensor)?)?;
-                dict.set_item(tensor.name, asarray.call1((view,))?)?;
+            for (name, view) in self.each_view()? {
+                let view = Bound::new(py, view)?;
+                dict.set_item(name, asarray.call1((view,))?)?;
             }
             Ok(dict.unbind())
         })?;
@@ -124,10 +160,17 @@ impl Batch {
     /// DLPack or buffer-protocol consumer.
     fn views<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let dict = PyDict::new(py);
-        for tensor in self.inner.tensors() {
-            dict.set_item(tensor.name, TensorView::new(&self.inner, &tensor)?)?;
+        for (name, view) in self.each_view()? {
+            dict.set_item(name, view)?;
         }
         Ok(dict)
+    }
+
+    /// Where the tensors live: "cpu", "cuda:N", or "host" (the device
+    /// path's host backend).
+    #[getter]
+    fn device(&self) -> String {
+        self.inner.device().to_string()
     }
 
     /// Epoch of the batch.

@@ -3,7 +3,8 @@
 //! `"dltensor"` capsule that hands one to a consumer without copying.
 //!
 //! Ownership: the capsule owns a boxed [`Export`], which holds the batch
-//! (so its ring slot stays held) and the shape and strides the C structure
+//! (so its ring slot, or for a batch on a GPU its device buffer, stays
+//! held: the buffer returns to the loader's pool when the tensor is freed) and the shape and strides the C structure
 //! points into. A consumer that takes the tensor renames the capsule to
 //! `"used_dltensor"` and calls the deleter when its own tensor dies (from
 //! any thread, with or without the GIL: the deleter touches no Python
@@ -22,6 +23,8 @@ use pyo3::{PyErr, ffi};
 const DLTENSOR: &CStr = c"dltensor";
 /// `kDLCPU`.
 pub(crate) const DEVICE_CPU: i32 = 1;
+/// `kDLCUDA`.
+pub(crate) const DEVICE_CUDA: i32 = 2;
 
 /// `DLDevice`.
 #[repr(C)]
@@ -68,7 +71,8 @@ struct Export {
     shape: Box<[i64]>,
     /// `managed.dl_tensor.strides` points here (in elements, C order).
     strides: Box<[i64]>,
-    /// Keeps the bytes (and the ring slot) alive until the consumer is done.
+    /// Keeps the bytes (and the ring slot, or the device buffer) alive
+    /// until the consumer is done.
     _batch: Arc<Batch>,
 }
 
@@ -91,13 +95,15 @@ fn data_type(dtype: Dtype) -> Option<DlDataType> {
 }
 
 /// One tensor of `batch` as a DLPack capsule: `len` bytes at `data`, of
-/// `dtype` and `shape`, C-contiguous, on the CPU.
+/// `dtype` and `shape`, C-contiguous, on `device` (`(kDLCPU, 0)` or
+/// `(kDLCUDA, ordinal)`; a device address then).
 pub(crate) fn capsule<'py>(
     py: Python<'py>,
     batch: &Arc<Batch>,
     data: usize,
     dtype: Dtype,
     shape: &[isize],
+    device: (i32, i32),
 ) -> PyResult<Bound<'py, PyCapsule>> {
     let dl_dtype = data_type(dtype).ok_or_else(|| {
         PyBufferError::new_err(format!("dtype {} has no DLPack type", dtype.short_name()))
@@ -114,8 +120,8 @@ pub(crate) fn capsule<'py>(
             dl_tensor: DlTensor {
                 data: data as *mut c_void,
                 device: DlDevice {
-                    device_type: DEVICE_CPU,
-                    device_id: 0,
+                    device_type: device.0,
+                    device_id: device.1,
                 },
                 ndim,
                 dtype: dl_dtype,

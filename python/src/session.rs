@@ -179,6 +179,17 @@ impl NativeLoader {
         self.with(py, Loader::yielded)
     }
 
+    /// Where batches land: "cpu", "cuda:N" or "host"; for `device="auto"`
+    /// the device it resolved to.
+    fn device(&self, py: Python<'_>) -> PyResult<String> {
+        self.with(py, |l| l.device().to_string())
+    }
+
+    /// Why `device="auto"` stayed on the host, or None.
+    fn device_fallback(&self, py: Python<'_>) -> PyResult<Option<String>> {
+        self.with(py, |l| l.device_fallback().map(str::to_owned))
+    }
+
     /// Batches per epoch for this rank, as the coordinator planned the job.
     fn batches_per_epoch(&self) -> u64 {
         self.batches_per_epoch

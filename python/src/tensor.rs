@@ -14,7 +14,7 @@
 use std::ffi::{CStr, c_int, c_void};
 use std::sync::Arc;
 
-use loader_client::{Batch, Dtype, Tensor};
+use loader_client::{Batch, Device, DeviceTensor, Dtype, Tensor};
 use pyo3::exceptions::{PyBufferError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyTuple};
@@ -40,11 +40,40 @@ pub(crate) struct TensorView {
     shape: Box<[isize]>,
     /// C-order strides in bytes; the buffer protocol points into it.
     strides: Box<[isize]>,
+    /// Where `data` lies, as DLPack says it: `(kDLCPU, 0)` or
+    /// `(kDLCUDA, ordinal)`.
+    device: (i32, i32),
 }
 
 impl TensorView {
     /// A view of `tensor`, which must be a tensor of `batch`.
     pub(crate) fn new(batch: &Arc<Batch>, tensor: &Tensor<'_>) -> PyResult<Self> {
+        let (name, dtype, shape, data, len) = (tensor.name, tensor.dtype, tensor.shape, tensor.bytes.as_ptr() as usize, tensor.bytes.len());
+        Self::described(batch, name, dtype, shape, data, len, (dlpack::DEVICE_CPU, 0))
+    }
+
+    /// A view of `tensor`, a device tensor of `batch` (whose copy the host
+    /// backend completed already: its memory is the host's).
+    pub(crate) fn on_device(batch: &Arc<Batch>, tensor: &DeviceTensor<'_>) -> PyResult<Self> {
+        let device = match batch.device() {
+            Device::Cuda(n) => (dlpack::DEVICE_CUDA, i32::try_from(n).unwrap_or(i32::MAX)),
+            _ => (dlpack::DEVICE_CPU, 0),
+        };
+        let data = usize::try_from(tensor.ptr)
+            .map_err(|_| PyValueError::new_err(format!("tensor {}: device address too large", tensor.name)))?;
+        Self::described(batch, tensor.name, tensor.dtype, tensor.shape, data, tensor.len, device)
+    }
+
+    fn described(
+        batch: &Arc<Batch>,
+        name: &str,
+        dtype: Dtype,
+        shape: &[u64],
+        data: usize,
+        len: usize,
+        device: (i32, i32),
+    ) -> PyResult<Self> {
+        let tensor = Described { name, dtype, shape, len };
         let shape = tensor
             .shape
             .iter()
@@ -57,25 +86,34 @@ impl TensorView {
             strides[i] = strides[i + 1] * shape[i + 1].max(1);
         }
         let elements = shape.iter().try_fold(1isize, |n, &d| n.checked_mul(d));
-        if elements.and_then(|n| n.checked_mul(item)) != Some(tensor.bytes.len() as isize) {
+        if elements.and_then(|n| n.checked_mul(item)) != Some(tensor.len as isize) {
             return Err(PyValueError::new_err(format!(
                 "tensor {}: shape {:?} of {} does not match its {} bytes",
                 tensor.name,
                 tensor.shape,
                 tensor.dtype.short_name(),
-                tensor.bytes.len()
+                tensor.len
             )));
         }
         Ok(Self {
             batch: Arc::clone(batch),
             name: tensor.name.to_owned(),
             dtype: tensor.dtype,
-            data: tensor.bytes.as_ptr() as usize,
-            len: tensor.bytes.len(),
+            data,
+            len: tensor.len,
             shape,
             strides,
+            device,
         })
     }
+}
+
+/// What a view is made from, host or device alike.
+struct Described<'a> {
+    name: &'a str,
+    dtype: Dtype,
+    shape: &'a [u64],
+    len: usize,
 }
 
 /// The struct-module format of `dtype` for the buffer protocol. bfloat16
@@ -131,8 +169,13 @@ impl TensorView {
     }
 
     /// DLPack export (`torch.from_dlpack(view)`): a capsule over the same
-    /// bytes, no copy. CPU only; `copy=True` is refused (copy the tensor
-    /// you get instead), as is any device other than the CPU.
+    /// bytes, no copy; `copy=True` is refused (copy the tensor you get
+    /// instead), as is a device other than the tensor's. For a tensor on a
+    /// GPU, `stream` is the consumer's: the copy's event is waited on there
+    /// (1: the legacy default stream, also for None; 2: the per-thread
+    /// default stream; above 2: a `cudaStream_t`; -1: no wait, the consumer
+    /// orders itself), and the buffer is reused only after that stream's
+    /// work queued until the tensor is freed.
     #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
     fn __dlpack__<'py>(
         &self,
@@ -142,25 +185,64 @@ impl TensorView {
         dl_device: Option<(i32, i32)>,
         copy: Option<bool>,
     ) -> PyResult<Bound<'py, PyCapsule>> {
-        // Only meaningful for device memory; the legacy capsule is what we
-        // return whatever version is asked for, as the protocol allows.
-        let _ = (stream, max_version);
-        if let Some((kind, _)) = dl_device
-            && kind != dlpack::DEVICE_CPU
+        // The legacy capsule is what we return whatever version is asked
+        // for, as the protocol allows.
+        let _ = max_version;
+        if let Some(asked) = dl_device
+            && asked != self.device
         {
-            return Err(PyBufferError::new_err("batch tensors live on the CPU"));
+            return Err(PyBufferError::new_err(format!(
+                "tensor {} lives on {}; it exports without copying, so only there",
+                self.name,
+                self.batch.device()
+            )));
         }
         if copy == Some(true) {
             return Err(PyBufferError::new_err(
                 "batch tensors export without copying; copy the tensor you get",
             ));
         }
-        dlpack::capsule(py, &self.batch, self.data, self.dtype, &self.shape)
+        if self.device.0 == dlpack::DEVICE_CUDA {
+            let stream = match stream {
+                None => 1,
+                Some(s) => s.extract::<i64>().map_err(|_| {
+                    PyValueError::new_err("stream must be an integer (a CUDA stream handle, 1, 2 or -1)")
+                })?,
+            };
+            match stream {
+                -1 => {}
+                0 => {
+                    return Err(PyValueError::new_err(
+                        "stream 0 is ambiguous for CUDA (DLPack): pass 1 (legacy default), 2 (per-thread default) or a stream",
+                    ));
+                }
+                s if s > 0 => {
+                    let copy = self
+                        .batch
+                        .on_device()
+                        .ok_or_else(|| PyBufferError::new_err("the batch has no device copy"))?;
+                    py.detach(|| copy.wait_on_stream(s as u64)).map_err(crate::errors::to_py)?;
+                }
+                s => return Err(PyValueError::new_err(format!("invalid stream {s} for CUDA (DLPack)"))),
+            }
+        } else {
+            let _ = stream;
+        }
+        dlpack::capsule(py, &self.batch, self.data, self.dtype, &self.shape, self.device)
     }
 
-    /// `(kDLCPU, 0)`.
+    /// `(kDLCPU, 0)`, or `(kDLCUDA, ordinal)` for a batch on a GPU.
     fn __dlpack_device__(&self) -> (i32, i32) {
-        (dlpack::DEVICE_CPU, 0)
+        self.device
+    }
+
+    /// Where the tensor lives: "cpu", or "cuda:N".
+    #[getter]
+    fn device(&self) -> String {
+        match self.device {
+            (dlpack::DEVICE_CUDA, n) => format!("cuda:{n}"),
+            _ => "cpu".into(),
+        }
     }
 
     /// Buffer protocol: a read-only, C-contiguous view of the payload.
@@ -174,6 +256,13 @@ impl TensorView {
     ) -> PyResult<()> {
         if view.is_null() {
             return Err(PyBufferError::new_err("no buffer to fill"));
+        }
+        if slf.get().device.0 != dlpack::DEVICE_CPU {
+            return Err(PyBufferError::new_err(format!(
+                "tensor {} lives on {}: use batch.torch() (DLPack), not numpy",
+                slf.get().name,
+                slf.get().batch.device()
+            )));
         }
         if flags & ffi::PyBUF_WRITABLE == ffi::PyBUF_WRITABLE {
             return Err(PyBufferError::new_err(

@@ -21,6 +21,8 @@ def test_defaults_and_names_come_from_the_rust_sdk():
         "allow_ring_peer_uids": [],
         "coordinator_timeout": 15.0,
         "metrics_listen": None,
+        "device": "cpu",
+        "device_prefetch": 2,
     }
     assert loader.DEFAULT_PREFETCH == 8
 
@@ -48,6 +50,8 @@ def test_an_unknown_option_raises_at_once_in_one_line():
         ({"coordinator_timeout": float("nan")}, "coordinator_timeout"),
         ({"ring": (4,)}, "ring"),
         ({"allow_ring_peer_uids": [-1]}, "allow_ring_peer_uids"),
+        ({"device": "tpu"}, "device"),
+        ({"device_prefetch": 0}, "device_prefetch"),
     ],
 )
 def test_a_bad_option_value_raises_at_once_naming_it(options, named):

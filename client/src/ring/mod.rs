@@ -258,6 +258,13 @@ impl SlotRing {
             .contains(&(bytes.as_ptr() as usize))
     }
 
+    /// Address range of the whole mapping (slots and doorbell), for the
+    /// pin stage to register with a GPU driver; `self` keeps it mapped.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn address_range(&self) -> std::ops::Range<usize> {
+        self.memory.address_range()
+    }
+
     /// The latest worker that left the ring.
     pub(crate) fn last_disconnect(&self) -> Option<Disconnect> {
         self.disconnected.lock().ok().and_then(|d| d.clone())
