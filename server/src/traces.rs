@@ -3,8 +3,9 @@
 //! traced, and holds each traced batch's root span, `batch`, from the
 //! moment a worker is given it until that worker reports it delivered.
 //!
-//! Only sampled batches are held, so memory follows the sampling ratio
-//! times the batches in flight; with export off nothing is made at all.
+//! Only sampled batches get a span (`trace::sample_batch` decides first),
+//! so memory follows the sampling ratio times the batches in flight; with
+//! export off nothing is made at all.
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -32,6 +33,11 @@ impl BatchTraces {
         let (job_id, consumer) = key;
         let mut carried = HashMap::new();
         for seq in range {
+            // Decided before any span exists: an unsampled batch costs a
+            // hash (a batch given out again gets the same answer).
+            if !trace::sample_batch(job_id, consumer, seq) {
+                continue;
+            }
             let span = self
                 .open
                 .entry((job_id, consumer, seq))
