@@ -19,8 +19,11 @@
 //!   plans (batches per epoch, epochs).
 //! - `errors`: the one mapping of `LoaderError` to Python exceptions.
 //! - `worker`: `run_worker`, `loader-worker`'s command line in this module.
+//! - `dataset`: `PythonDataset`, a user's Python dataset served by that
+//!   worker (`__getitem__` per index, copied into the batch buffer).
 
 mod batch;
+mod dataset;
 mod dlpack;
 mod errors;
 mod options;

@@ -1,0 +1,342 @@
+"""Python map-style datasets inside Loader's workers: the trainer's half
+(the job spec of ``Loader.local(dataset)``, rebuilding the collated
+structure) and the worker's half (``Source``, which the worker's native
+dataset calls per sample).
+
+A sample (numpy arrays, torch tensors, Python numbers, and dicts, tuples and
+lists of them) is flattened into leaves; each leaf becomes one tensor of the
+batch, named by its path in the sample as JSON (``'["image"]'``, ``'[0]'``,
+``'["x", 1]'``, ``'[]'`` for a bare array). The worker copies each leaf
+straight into its row of the batch buffer; nothing is pickled between
+processes. The trainer rebuilds ``default_collate``'s structure from the
+names: dicts stay dicts, tuples and lists become lists, every leaf a
+tensor with the batch dimension first.
+
+Determinism: before each ``__getitem__`` the worker seeds Python's
+``random``, numpy's global RNG and torch's (when torch is imported) from
+(seed, epoch, index), so random augmentations are the same on any number of
+workers and after a resume.
+"""
+
+from __future__ import annotations
+
+import base64
+import importlib
+import json
+import pickle
+import random
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+#: The ``custom`` dataset name a Python dataset job carries (the spec-file
+#: entry ``python: {...}`` becomes it).
+DATASET_NAME = "python"
+
+#: Pickled datasets travel inside the job spec; larger ones would strain
+#: every message that carries the spec.
+MAX_PICKLE_BYTES = 512 * 1024
+
+_NUMPY_DTYPES = {
+    "uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64",
+    "float16", "float32", "float64", "bool",
+}
+
+
+class SampleError(ValueError):
+    """A sample Loader cannot batch: its leaves differ from sample 0's in
+    structure, shape or dtype, or a leaf is not an array or a number. It
+    fails the job (the corrupt policy is for samples that cannot be read)."""
+
+
+# -- trainer side -----------------------------------------------------------
+
+
+def is_dataset(obj: Any) -> bool:
+    """True for a map-style dataset (``__len__`` and ``__getitem__``), as
+    opposed to a job spec (a dict, a path, spec text)."""
+    if isinstance(obj, (Mapping, str, bytes)) or hasattr(obj, "__fspath__"):
+        return False
+    return hasattr(obj, "__getitem__") and hasattr(obj, "__len__")
+
+
+def pickle_dataset(dataset: Any, collate_fn: Any = None) -> str:
+    """The dataset (and ``collate_fn``), pickled and base64-encoded for the
+    job spec. Classes defined in ``__main__`` or a notebook go by value
+    through cloudpickle when it is installed. Raises ``TypeError`` in one
+    line when the dataset cannot be pickled."""
+    payload = (dataset, collate_fn)
+    try:
+        data = _dumps(payload)
+    except Exception as e:  # pickling runs user code (__reduce__): any error
+        reason = _last_line(e)
+        raise TypeError(
+            f"the dataset cannot be pickled to the workers ({type(dataset).__name__}): "
+            f"{reason}; define its class at module level, open files and "
+            f"handles lazily in __getitem__, or install cloudpickle"
+        ) from None
+    if len(data) > MAX_PICKLE_BYTES:
+        raise ValueError(
+            f"the dataset pickles to {len(data)} bytes, over the {MAX_PICKLE_BYTES} "
+            f"a job spec carries; keep large arrays in files (np.load(path, "
+            f"mmap_mode='r') in __getitem__) or use a python factory spec"
+        )
+    return base64.b64encode(data).decode("ascii")
+
+
+def _dumps(obj: Any) -> bytes:
+    try:
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        try:
+            import cloudpickle
+        except ImportError:
+            raise
+        return cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    if b"__main__" in data:
+        # Pickled by reference to __main__, which a worker does not run.
+        try:
+            import cloudpickle
+        except ImportError:
+            raise pickle.PicklingError(
+                "it refers to classes or functions of __main__, which workers "
+                "cannot import"
+            ) from None
+        return cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    return data
+
+
+def job_spec(
+    dataset: Any,
+    *,
+    batch_size: int,
+    shuffle: bool,
+    seed: int,
+    drop_last: bool,
+    epochs: int,
+    on_corrupt: str,
+    collate_fn: Any,
+) -> dict:
+    """The job spec (spec-file schema) of ``Loader.local(dataset, ...)``."""
+    try:
+        n = len(dataset)
+    except Exception as e:
+        raise TypeError(f"len(dataset) failed: {_last_line(e)}") from None
+    if n <= 0:
+        raise ValueError("the dataset is empty (len(dataset) == 0)")
+    return {
+        "dataset": {
+            "python": {"pickle": pickle_dataset(dataset, collate_fn), "num_samples": n}
+        },
+        "batch_size": batch_size,
+        "epochs": epochs,
+        "sampler": {"shuffle": bool(shuffle), "seed": int(seed), "drop_last": bool(drop_last)},
+        "on_corrupt": on_corrupt,
+    }
+
+
+def fill_num_samples(job: Any) -> Any:
+    """A dict spec with a ``python`` factory dataset and no
+    ``num_samples``: the factory's dataset, built here once, says how many."""
+    if not isinstance(job, Mapping):
+        return job
+    python = job.get("dataset", {}).get("python") if isinstance(job.get("dataset"), Mapping) else None
+    if not isinstance(python, Mapping) or "num_samples" in python or "factory" not in python:
+        return job
+    dataset = make_from_factory(python["factory"], python.get("args") or {})
+    job = dict(job)
+    job["dataset"] = {"python": {**python, "num_samples": len(dataset)}}
+    return job
+
+
+class Structure:
+    """Rebuilds ``default_collate``'s structure from a batch's tensor names."""
+
+    __slots__ = ("_paths", "_names")
+
+    def __init__(self, names: list[str]) -> None:
+        self._names = names
+        self._paths = [tuple(json.loads(n)) for n in names]
+
+    def build(self, leaves: Mapping[str, Any]) -> Any:
+        if len(self._paths) == 1 and self._paths[0] == ():
+            return leaves[self._names[0]]
+        root: Any = None
+        for name, path in zip(self._names, self._paths):
+            root = _insert(root, path, leaves[name])
+        return _freeze(root)
+
+
+def _insert(node: Any, path: tuple, value: Any) -> Any:
+    if not path:
+        return value
+    key, rest = path[0], path[1:]
+    if node is None:
+        node = {} if isinstance(key, str) else []
+    if isinstance(node, dict):
+        node[key] = _insert(node.get(key), rest, value)
+    else:
+        while len(node) <= key:
+            node.append(None)
+        node[key] = _insert(node[key], rest, value)
+    return node
+
+
+def _freeze(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {k: _freeze(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_freeze(v) for v in node]
+    return node
+
+
+def is_structured(names: list[str]) -> bool:
+    """True when every tensor name is a sample path (a Python dataset's
+    batch)."""
+    return bool(names) and all(n.startswith("[") for n in names)
+
+
+# -- worker side ------------------------------------------------------------
+
+
+def make_from_factory(factory: str, args: Mapping) -> Any:
+    """Calls ``package.module:function`` with ``args`` as keywords."""
+    module, sep, attr = factory.partition(":")
+    if not sep or not module or not attr:
+        raise ValueError(f"dataset.python.factory: {factory!r} is not 'package.module:function'")
+    try:
+        fn = importlib.import_module(module)
+        for part in attr.split("."):
+            fn = getattr(fn, part)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"dataset.python.factory: cannot import {factory}: {_last_line(e)}") from None
+    return fn(**dict(args))
+
+
+class Source:
+    """A Python dataset opened in a worker. The worker's native dataset
+    calls ``tensors()`` once and ``read(index, sample_seed)`` per sample."""
+
+    def __init__(self, params: Mapping[str, str], num_samples: int) -> None:
+        if "pickle" in params:
+            self._dataset, self._collate_fn = pickle.loads(base64.b64decode(params["pickle"]))
+        elif "factory" in params:
+            args = json.loads(params.get("args") or "{}")
+            self._dataset, self._collate_fn = make_from_factory(params["factory"], args), None
+        else:
+            raise ValueError("dataset.python: give `factory` (package.module:function) or `pickle`")
+        held = len(self._dataset)
+        if held != num_samples:
+            raise ValueError(f"dataset.python: len(dataset) is {held}, the job was planned for {num_samples}")
+        import numpy
+
+        self._np = numpy
+        self._random_seed = random.seed
+        self._numpy_seed = numpy.random.seed
+        self._schema: list[tuple[str, str, tuple[int, ...]]] = []
+        self._names: list[str] = []
+
+    def tensors(self) -> list[tuple[str, str, list[int]]]:
+        """``(name, dtype, shape)`` of each leaf, from sample 0 (read with
+        the seeds of epoch 0)."""
+        leaves = self._leaves(self._get(0, 0))
+        self._names = [name for name, _, _ in leaves]
+        self._schema = [(name, dtype, a.shape) for name, a, dtype in leaves]
+        return [(name, dtype, list(shape)) for name, dtype, shape in self._schema]
+
+    def _get(self, index: int, sample_seed: int) -> Any:
+        self._random_seed(sample_seed)
+        self._numpy_seed(sample_seed & 0xFFFF_FFFF)
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            torch.manual_seed(sample_seed)
+        return self._dataset[index]
+
+    def read(self, index: int, sample_seed: int) -> list:
+        """The leaves of sample ``index`` as C-contiguous byte memoryviews,
+        in the order of ``tensors()``. An exception of ``__getitem__``
+        propagates (the worker applies the job's corrupt policy); a sample
+        that does not match sample 0 raises ``SampleError``."""
+        leaves = self._leaves(self._get(index, sample_seed))
+        schema = self._schema
+        if len(leaves) != len(schema):
+            raise SampleError(
+                f"sample {index} has tensors {[n for n, _, _ in leaves]}, sample 0 has "
+                f"{self._names}; samples must have the same structure"
+            )
+        out = []
+        for (name, array, got), (want, dtype, shape) in zip(leaves, schema):
+            if name != want or array.shape != shape or got != dtype:
+                raise SampleError(
+                    f"{name} of sample {index} has shape {list(array.shape)} {got}, "
+                    f"sample 0 has {list(shape)} {dtype}; samples of a batch must "
+                    f"have equal shapes (resize or pad them in __getitem__)"
+                )
+            out.append(memoryview(array).cast("B"))
+        return out
+
+    def _leaves(self, sample: Any) -> list[tuple[str, Any, str]]:
+        out: list[tuple[str, Any, str]] = []
+        _flatten(sample, [], out, self._np)
+        return out
+
+
+def _flatten(sample: Any, path: list, out: list, np: Any) -> None:
+    if isinstance(sample, np.ndarray):
+        _leaf(out, path, np.ascontiguousarray(sample))
+    elif isinstance(sample, Mapping):
+        for key, value in sample.items():
+            if not isinstance(key, str):
+                raise SampleError(f"sample dict key {key!r} is not a str")
+            _flatten(value, path + [key], out, np)
+    elif isinstance(sample, (tuple, list)):
+        for i, value in enumerate(sample):
+            _flatten(value, path + [i], out, np)
+    elif isinstance(sample, bool):
+        _leaf(out, path, np.asarray(sample, dtype=np.bool_))
+    elif isinstance(sample, int):
+        _leaf(out, path, np.asarray(sample, dtype=np.int64))
+    elif isinstance(sample, float):
+        _leaf(out, path, np.asarray(sample, dtype=np.float64))
+    elif isinstance(sample, np.generic):
+        _leaf(out, path, np.asarray(sample))
+    elif type(sample).__module__ == "torch" and type(sample).__name__ == "Tensor":
+        array, dtype = _torch_leaf(sample, np)
+        out.append((json.dumps(path), array, dtype))
+    else:
+        where = json.dumps(path)
+        raise SampleError(
+            f"sample leaf {where} is a {type(sample).__name__}; samples hold numpy "
+            f"arrays, torch tensors, numbers, and dicts/tuples/lists of them"
+        )
+
+
+def _leaf(out: list, path: list, array: Any) -> None:
+    out.append((json.dumps(path), array, _dtype(array)))
+
+
+def _torch_leaf(t: Any, np: Any) -> tuple[Any, str]:
+    """A torch tensor as a numpy array over its bytes and its dtype name
+    (numpy has no bfloat16: its bits travel as int16)."""
+    import torch
+
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.contiguous()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy(), "bfloat16"
+    array = t.numpy()
+    return array, _dtype(array)
+
+
+def _dtype(array: Any) -> str:
+    name = array.dtype.name
+    if name not in _NUMPY_DTYPES:
+        raise SampleError(f"dtype {name} cannot be batched; use one of {sorted(_NUMPY_DTYPES)}")
+    return name
+
+
+def _last_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[-1]}" if text else type(e).__name__
