@@ -312,9 +312,11 @@ impl SpecFile {
                 num_samples: c.num_samples,
                 params: c.params.into_iter().map(|(k, v)| (k, v.0)).collect(),
             }),
-            DatasetFile::Python(p) => {
-                Kind::Custom(CustomSpec { name: PYTHON_DATASET.to_owned(), num_samples: p.num_samples, params: p.params() })
-            }
+            DatasetFile::Python(p) => Kind::Custom(CustomSpec {
+                name: PYTHON_DATASET.to_owned(),
+                num_samples: p.num_samples,
+                params: p.params(),
+            }),
         };
         JobSpec {
             name: self.name,

@@ -27,7 +27,7 @@ import pickle
 import random
 import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Optional
 
 #: The ``custom`` dataset name a Python dataset job carries (the spec-file
 #: entry ``python: {...}`` becomes it).
@@ -60,14 +60,18 @@ def is_dataset(obj: Any) -> bool:
     return hasattr(obj, "__getitem__") and hasattr(obj, "__len__")
 
 
-def pickle_dataset(dataset: Any, collate_fn: Any = None) -> str:
-    """The dataset (and ``collate_fn``), pickled and base64-encoded for the
-    job spec. Classes defined in ``__main__`` or a notebook go by value
-    through cloudpickle when it is installed. Raises ``TypeError`` in one
-    line when the dataset cannot be pickled."""
-    payload = (dataset, collate_fn)
+def pickle_dataset(dataset: Any) -> str:
+    """The dataset, pickled and base64-encoded for the job spec, with this
+    process's ``sys.path`` (so a worker imports the dataset's module from
+    where the trainer did, as multiprocessing's spawn does). Classes
+    defined in ``__main__`` or a notebook go by value through cloudpickle
+    when it is installed. Raises ``TypeError`` in one line when the dataset
+    cannot be pickled."""
     try:
-        data = _dumps(payload)
+        data = pickle.dumps(
+            ([p for p in sys.path if isinstance(p, str)], _dumps(dataset)),
+            protocol=pickle.HIGHEST_PROTOCOL,
+        )
     except Exception as e:  # pickling runs user code (__reduce__): any error
         reason = _last_line(e)
         raise TypeError(
@@ -87,11 +91,11 @@ def pickle_dataset(dataset: Any, collate_fn: Any = None) -> str:
 def _dumps(obj: Any) -> bytes:
     try:
         data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception:
+    except Exception as e:
         try:
             import cloudpickle
         except ImportError:
-            raise
+            raise e from None
         return cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     if b"__main__" in data:
         # Pickled by reference to __main__, which a worker does not run.
@@ -115,7 +119,6 @@ def job_spec(
     drop_last: bool,
     epochs: int,
     on_corrupt: str,
-    collate_fn: Any,
 ) -> dict:
     """The job spec (spec-file schema) of ``Loader.local(dataset, ...)``."""
     try:
@@ -126,13 +129,74 @@ def job_spec(
         raise ValueError("the dataset is empty (len(dataset) == 0)")
     return {
         "dataset": {
-            "python": {"pickle": pickle_dataset(dataset, collate_fn), "num_samples": n}
+            "python": {"pickle": pickle_dataset(dataset), "num_samples": n}
         },
         "batch_size": batch_size,
         "epochs": epochs,
         "sampler": {"shuffle": bool(shuffle), "seed": int(seed), "drop_last": bool(drop_last)},
         "on_corrupt": on_corrupt,
     }
+
+
+#: The ring's default slot (the Rust SDK's): a larger batch would stream
+#: over gRPC instead of shared memory.
+_DEFAULT_SLOT_BYTES = 16 << 20
+
+#: Memory the ring of one loader over a Python dataset may take by default.
+_RING_BUDGET = 1 << 30
+
+
+def ring_for(dataset: Any, batch_size: int, prefetch: int) -> Optional[tuple[int, int]]:
+    """``(slots, slot_bytes)`` of a ring whose slots hold a whole batch,
+    when a batch is larger than the default slot; None when the default
+    fits. A Python dataset's batch size is unknown until a sample is read,
+    so this reads sample 0 here (with the seeds a worker would use)."""
+    leaves: list = []
+    saved = _rng_states()
+    try:
+        _flatten(seeded_sample(dataset, 0), [], leaves, _numpy())
+    except Exception:
+        return None  # the workers report it, with the job's policy
+    finally:
+        _restore_rng_states(saved)
+    per_sample = sum(a.nbytes for _, a, _ in leaves)
+    # Payloads, their 64-byte alignment, the header and its index list.
+    batch = per_sample * batch_size + 64 * (len(leaves) + 1) + 8 * batch_size + (64 << 10)
+    if batch <= _DEFAULT_SLOT_BYTES:
+        return None
+    slot = -(-batch // 4096) * 4096
+    slots = max(4, min(2 * prefetch, _RING_BUDGET // slot))
+    return slots, slot
+
+
+def _rng_states() -> tuple:
+    """The trainer's global RNG states, which reading a sample here must
+    leave as they were (they seed the user's model, not Loader's)."""
+    numpy, torch = sys.modules.get("numpy"), sys.modules.get("torch")
+    return (
+        random.getstate(),
+        numpy.random.get_state() if numpy is not None else None,
+        torch.get_rng_state() if torch is not None else None,
+    )
+
+
+def _restore_rng_states(saved: tuple) -> None:
+    py, np_state, torch_state = saved
+    random.setstate(py)
+    numpy, torch = sys.modules.get("numpy"), sys.modules.get("torch")
+    if numpy is not None:
+        if np_state is None:
+            numpy.random.seed()  # numpy was imported by the sample: fresh entropy
+        else:
+            numpy.random.set_state(np_state)
+    if torch is not None and torch_state is not None:
+        torch.set_rng_state(torch_state)
+
+
+def _numpy() -> Any:
+    import numpy
+
+    return numpy
 
 
 def fill_num_samples(job: Any) -> Any:
@@ -190,10 +254,33 @@ def _freeze(node: Any) -> Any:
     return node
 
 
-def is_structured(names: list[str]) -> bool:
-    """True when every tensor name is a sample path (a Python dataset's
-    batch)."""
-    return bool(names) and all(n.startswith("[") for n in names)
+_structures: dict[tuple, Structure] = {}
+
+
+def collated(batch: Any) -> Any:
+    """A Python dataset's batch in ``default_collate``'s structure: torch
+    tensors when torch is importable (zero-copy, DLPack), else numpy
+    arrays. The tensors hold the batch's memory like the batch itself."""
+    names = tuple(batch.keys())
+    structure = _structures.get(names)
+    if structure is None:
+        structure = _structures.setdefault(names, Structure(list(names)))
+    leaves = batch.torch() if _torch_available() else batch.numpy()
+    return structure.build(leaves)
+
+
+_HAS_TORCH: list[bool] = []
+
+
+def _torch_available() -> bool:
+    if not _HAS_TORCH:
+        try:
+            import torch  # noqa: F401
+
+            _HAS_TORCH.append(True)
+        except ImportError:
+            _HAS_TORCH.append(False)
+    return _HAS_TORCH[0]
 
 
 # -- worker side ------------------------------------------------------------
@@ -219,10 +306,12 @@ class Source:
 
     def __init__(self, params: Mapping[str, str], num_samples: int) -> None:
         if "pickle" in params:
-            self._dataset, self._collate_fn = pickle.loads(base64.b64decode(params["pickle"]))
+            paths, data = pickle.loads(base64.b64decode(params["pickle"]))
+            sys.path.extend(p for p in paths if p not in sys.path)
+            self._dataset = pickle.loads(data)
         elif "factory" in params:
             args = json.loads(params.get("args") or "{}")
-            self._dataset, self._collate_fn = make_from_factory(params["factory"], args), None
+            self._dataset = make_from_factory(params["factory"], args)
         else:
             raise ValueError("dataset.python: give `factory` (package.module:function) or `pickle`")
         held = len(self._dataset)
@@ -231,25 +320,21 @@ class Source:
         import numpy
 
         self._np = numpy
-        self._random_seed = random.seed
-        self._numpy_seed = numpy.random.seed
-        self._schema: list[tuple[str, str, tuple[int, ...]]] = []
+        self._schema: list[tuple[list, str, tuple[int, ...]]] = []
+        self._paths: list[list] = []
         self._names: list[str] = []
 
     def tensors(self) -> list[tuple[str, str, list[int]]]:
         """``(name, dtype, shape)`` of each leaf, from sample 0 (read with
         the seeds of epoch 0)."""
         leaves = self._leaves(self._get(0, 0))
-        self._names = [name for name, _, _ in leaves]
-        self._schema = [(name, dtype, a.shape) for name, a, dtype in leaves]
-        return [(name, dtype, list(shape)) for name, dtype, shape in self._schema]
+        self._paths = [path for path, _, _ in leaves]
+        self._names = [json.dumps(path) for path in self._paths]
+        self._schema = [(path, dtype, a.shape) for path, a, dtype in leaves]
+        return [(name, dtype, list(a.shape)) for name, (_, a, dtype) in zip(self._names, leaves)]
 
     def _get(self, index: int, sample_seed: int) -> Any:
-        self._random_seed(sample_seed)
-        self._numpy_seed(sample_seed & 0xFFFF_FFFF)
-        torch = sys.modules.get("torch")
-        if torch is not None:
-            torch.manual_seed(sample_seed)
+        seed_rngs(sample_seed)
         return self._dataset[index]
 
     def read(self, index: int, sample_seed: int) -> list:
@@ -259,26 +344,51 @@ class Source:
         that does not match sample 0 raises ``SampleError``."""
         leaves = self._leaves(self._get(index, sample_seed))
         schema = self._schema
-        if len(leaves) != len(schema):
+        if [path for path, _, _ in leaves] != self._paths:
             raise SampleError(
-                f"sample {index} has tensors {[n for n, _, _ in leaves]}, sample 0 has "
-                f"{self._names}; samples must have the same structure"
+                f"sample {index} has tensors {[json.dumps(p) for p, _, _ in leaves]}, "
+                f"sample 0 has {self._names}; samples must have the same structure"
             )
         out = []
-        for (name, array, got), (want, dtype, shape) in zip(leaves, schema):
-            if name != want or array.shape != shape or got != dtype:
+        for (path, array, got), (_, dtype, shape) in zip(leaves, schema):
+            if array.shape != shape or got != dtype:
                 raise SampleError(
-                    f"{name} of sample {index} has shape {list(array.shape)} {got}, "
+                    f"{json.dumps(path)} of sample {index} has shape {list(array.shape)} {got}, "
                     f"sample 0 has {list(shape)} {dtype}; samples of a batch must "
                     f"have equal shapes (resize or pad them in __getitem__)"
                 )
             out.append(memoryview(array).cast("B"))
         return out
 
-    def _leaves(self, sample: Any) -> list[tuple[str, Any, str]]:
-        out: list[tuple[str, Any, str]] = []
+    def _leaves(self, sample: Any) -> list[tuple[list, Any, str]]:
+        out: list[tuple[list, Any, str]] = []
         _flatten(sample, [], out, self._np)
         return out
+
+
+def seed_rngs(sample_seed: int) -> None:
+    """Seeds Python's ``random``, numpy's global RNG and, when torch is
+    imported, torch's CPU generator, as a worker does before each
+    ``__getitem__``. ``torch.default_generator`` rather than
+    ``torch.manual_seed``, which also seeds every accelerator backend and
+    costs a hundred times more per sample."""
+    random.seed(sample_seed)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed(sample_seed & 0xFFFF_FFFF)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.default_generator.manual_seed(sample_seed)
+
+
+def seeded_sample(dataset: Any, index: int, *, seed: int = 0, epoch: int = 0) -> Any:
+    """``dataset[index]`` exactly as a worker draws it in ``epoch`` of a job
+    seeded ``seed`` (the same RNG seeds): for checking or debugging a
+    sample outside Loader."""
+    from . import _native
+
+    seed_rngs(_native.sample_seed(seed, epoch, index))
+    return dataset[index]
 
 
 def _flatten(sample: Any, path: list, out: list, np: Any) -> None:
@@ -302,7 +412,7 @@ def _flatten(sample: Any, path: list, out: list, np: Any) -> None:
         _leaf(out, path, np.asarray(sample))
     elif type(sample).__module__ == "torch" and type(sample).__name__ == "Tensor":
         array, dtype = _torch_leaf(sample, np)
-        out.append((json.dumps(path), array, dtype))
+        out.append((path, array, dtype))
     else:
         where = json.dumps(path)
         raise SampleError(
@@ -312,7 +422,7 @@ def _flatten(sample: Any, path: list, out: list, np: Any) -> None:
 
 
 def _leaf(out: list, path: list, array: Any) -> None:
-    out.append((json.dumps(path), array, _dtype(array)))
+    out.append((path, array, _dtype(array)))
 
 
 def _torch_leaf(t: Any, np: Any) -> tuple[Any, str]:

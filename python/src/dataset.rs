@@ -41,9 +41,8 @@ impl PythonDataset {
     /// Opens the dataset a `python` spec describes (unpickles it or calls
     /// its factory) and reads sample 0 for the schema.
     pub(crate) fn open(spec: &CustomSpec) -> Result<Self, DatasetError> {
-        Python::attach(|py| Self::open_in(py, spec)).map_err(|e| {
-            Python::attach(|py| DatasetError::Spec(format!("dataset.python: {}", last_line(py, &e))))
-        })
+        Python::attach(|py| Self::open_in(py, spec))
+            .map_err(|e| Python::attach(|py| DatasetError::Spec(format!("dataset.python: {}", last_line(py, &e)))))
     }
 
     fn open_in(py: Python<'_>, spec: &CustomSpec) -> PyResult<Self> {
@@ -78,10 +77,15 @@ impl PythonDataset {
                 return Err(DatasetError::Spec(e.value(py).to_string()));
             }
             Err(e) => {
-                return Err(DatasetError::Corrupt { path: format!("index {}", key.index), reason: last_line(py, &e) });
+                return Err(DatasetError::Corrupt {
+                    path: format!("index {}", key.index),
+                    reason: last_line(py, &e),
+                });
             }
         };
-        let leaves = leaves.cast::<PyList>().map_err(|_| DatasetError::RowMismatch { index: key.index })?;
+        let leaves = leaves
+            .cast::<PyList>()
+            .map_err(|_| DatasetError::RowMismatch { index: key.index })?;
         if leaves.len() != rows.len() {
             return Err(DatasetError::RowMismatch { index: key.index });
         }
@@ -110,15 +114,26 @@ impl Dataset for PythonDataset {
 
     fn read_into(&self, key: SampleKey, rows: &mut [&mut [u8]]) -> Result<(), DatasetError> {
         if key.index >= self.len {
-            return Err(DatasetError::IndexOutOfRange { index: key.index, len: self.len });
+            return Err(DatasetError::IndexOutOfRange {
+                index: key.index,
+                len: self.len,
+            });
         }
         Python::attach(|py| self.read_in(py, key, rows))
     }
 }
 
+/// The seed the RNGs get before `__getitem__(index)` in epoch `epoch` of a
+/// job seeded `seed`: for reproducing a sample outside Loader
+/// (`loader._dataset.seeded_sample`).
+#[pyfunction(name = "sample_seed")]
+pub(crate) fn py_sample_seed(seed: u64, epoch: u64, index: u64) -> u64 {
+    sample_seed(SampleKey { seed, epoch, index })
+}
+
 /// The seed of one draw of a sample: SplitMix64 over (seed, epoch, index),
 /// so it depends on nothing but the sample's key.
-pub(crate) fn sample_seed(key: SampleKey) -> u64 {
+fn sample_seed(key: SampleKey) -> u64 {
     let mut z = key.seed ^ key.epoch.rotate_left(21) ^ key.index.rotate_left(42);
     z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -128,7 +143,11 @@ pub(crate) fn sample_seed(key: SampleKey) -> u64 {
 
 /// The last line of a Python exception's traceback: `ValueError: boom`.
 fn last_line(py: Python<'_>, e: &PyErr) -> String {
-    let kind = e.get_type(py).name().map(|n| n.to_string()).unwrap_or_else(|_| "Exception".into());
+    let kind = e
+        .get_type(py)
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "Exception".into());
     let text = e.value(py).str().map(|s| s.to_string()).unwrap_or_default();
     match text.trim().lines().last() {
         Some(line) if !line.is_empty() => format!("{kind}: {line}"),
