@@ -271,7 +271,10 @@ class Loader:
             )
             if "ring" not in options and options.get("shared_memory", True):
                 ring = _dataset.ring_for(
-                    job_dataset, job["batch_size"], options.get("prefetch", DEFAULT_PREFETCH)
+                    job_dataset,
+                    job["batch_size"],
+                    options.get("prefetch", DEFAULT_PREFETCH),
+                    workers,
                 )
                 if ring is not None:
                     options["ring"] = ring

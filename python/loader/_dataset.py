@@ -37,6 +37,10 @@ DATASET_NAME = "python"
 #: every message that carries the spec.
 MAX_PICKLE_BYTES = 512 * 1024
 
+#: Samples tried for the schema before an exception in ``__getitem__`` is
+#: taken as the dataset's, not one sample's.
+_SCHEMA_TRIES = 16
+
 _NUMPY_DTYPES = {
     "uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64",
     "float16", "float32", "float64", "bool",
@@ -138,34 +142,30 @@ def job_spec(
     }
 
 
-#: The ring's default slot (the Rust SDK's): a larger batch would stream
-#: over gRPC instead of shared memory.
-_DEFAULT_SLOT_BYTES = 16 << 20
-
 #: Memory the ring of one loader over a Python dataset may take by default.
 _RING_BUDGET = 1 << 30
 
 
-def ring_for(dataset: Any, batch_size: int, prefetch: int) -> Optional[tuple[int, int]]:
-    """``(slots, slot_bytes)`` of a ring whose slots hold a whole batch,
-    when a batch is larger than the default slot; None when the default
-    fits. A Python dataset's batch size is unknown until a sample is read,
-    so this reads sample 0 here (with the seeds a worker would use)."""
+def ring_for(dataset: Any, batch_size: int, prefetch: int, workers: int) -> Optional[tuple[int, int]]:
+    """``(slots, slot_bytes)`` of a ring for a Python dataset's job: slots
+    that hold a whole batch (a larger batch would stream over gRPC) and
+    enough of them for every worker's prefetch twice over (the trainer
+    cannot tell a Python job's batch size from its spec, so the Rust SDK's
+    own sizing has nothing to go by). Reads sample 0 here, with the seeds a
+    worker would use; None when that fails (the workers then report it)."""
     leaves: list = []
     saved = _rng_states()
     try:
         _flatten(seeded_sample(dataset, 0), [], leaves, _numpy())
     except Exception:
-        return None  # the workers report it, with the job's policy
+        return None
     finally:
         _restore_rng_states(saved)
     per_sample = sum(a.nbytes for _, a, _ in leaves)
     # Payloads, their 64-byte alignment, the header and its index list.
     batch = per_sample * batch_size + 64 * (len(leaves) + 1) + 8 * batch_size + (64 << 10)
-    if batch <= _DEFAULT_SLOT_BYTES:
-        return None
     slot = -(-batch // 4096) * 4096
-    slots = max(4, min(2 * prefetch, _RING_BUDGET // slot))
+    slots = max(4, min(2 * prefetch * workers, _RING_BUDGET // slot, 1024))
     return slots, slot
 
 
@@ -323,11 +323,23 @@ class Source:
         self._schema: list[tuple[list, str, tuple[int, ...]]] = []
         self._paths: list[list] = []
         self._names: list[str] = []
+        self._first = 0
 
     def tensors(self) -> list[tuple[str, str, list[int]]]:
-        """``(name, dtype, shape)`` of each leaf, from sample 0 (read with
-        the seeds of epoch 0)."""
-        leaves = self._leaves(self._get(0, 0))
+        """``(name, dtype, shape)`` of each leaf, from the first sample that
+        reads without an exception (of the first few; read with seed 0)."""
+        leaves = None
+        for first in range(min(len(self._dataset), _SCHEMA_TRIES)):
+            try:
+                sample = self._get(first, 0)
+            except Exception:
+                # That sample's own batch applies the corrupt policy to it.
+                if first + 1 == min(len(self._dataset), _SCHEMA_TRIES):
+                    raise
+                continue
+            leaves = self._leaves(sample)
+            break
+        self._first = first
         self._paths = [path for path, _, _ in leaves]
         self._names = [json.dumps(path) for path in self._paths]
         self._schema = [(path, dtype, a.shape) for path, a, dtype in leaves]
@@ -347,14 +359,14 @@ class Source:
         if [path for path, _, _ in leaves] != self._paths:
             raise SampleError(
                 f"sample {index} has tensors {[json.dumps(p) for p, _, _ in leaves]}, "
-                f"sample 0 has {self._names}; samples must have the same structure"
+                f"sample {self._first} has {self._names}; samples must have the same structure"
             )
         out = []
         for (path, array, got), (_, dtype, shape) in zip(leaves, schema):
             if array.shape != shape or got != dtype:
                 raise SampleError(
                     f"{json.dumps(path)} of sample {index} has shape {list(array.shape)} {got}, "
-                    f"sample 0 has {list(shape)} {dtype}; samples of a batch must "
+                    f"sample {self._first} has {list(shape)} {dtype}; samples of a batch must "
                     f"have equal shapes (resize or pad them in __getitem__)"
                 )
             out.append(memoryview(array).cast("B"))

@@ -6,13 +6,14 @@
 //! dataset, seeds the RNGs from (seed, epoch, index), calls `__getitem__`
 //! and flattens the sample into C-contiguous byte views; this half copies
 //! each view straight into its row of the batch buffer (a ring slot or a
-//! gRPC frame). The schema (names, dtypes, shapes) comes from sample 0.
+//! gRPC frame). The schema (names, dtypes, shapes) comes from the first
+//! sample that reads (`Source.tensors`).
 //!
 //! Errors: an exception raised by the user's `__getitem__` is a corrupt
 //! sample ([`DatasetError::Corrupt`] naming the index and the exception's
 //! last line), so the job's `on_corrupt` policy fails the job or skips the
 //! sample; the worker itself never dies of it. A sample whose shapes differ
-//! from sample 0 fails the job with a one-line message.
+//! from the schema fails the job with a one-line message.
 
 use loader_proto::pb::{CustomSpec, Dtype};
 use loader_worker::{Dataset, DatasetError, SampleKey, SampleTensor};
@@ -31,7 +32,7 @@ pub(crate) struct PythonDataset {
     /// `SampleError` (a sample that cannot be batched), which fails the job
     /// whatever its corrupt policy.
     sample_error: Py<PyAny>,
-    /// The tensors of every sample, from sample 0.
+    /// The tensors of every sample, from the first sample that reads.
     tensors: Vec<SampleTensor>,
     /// `len(dataset)`, as the job was planned.
     len: u64,
@@ -39,7 +40,7 @@ pub(crate) struct PythonDataset {
 
 impl PythonDataset {
     /// Opens the dataset a `python` spec describes (unpickles it or calls
-    /// its factory) and reads sample 0 for the schema.
+    /// its factory) and reads a first sample for the schema.
     pub(crate) fn open(spec: &CustomSpec) -> Result<Self, DatasetError> {
         Python::attach(|py| Self::open_in(py, spec))
             .map_err(|e| Python::attach(|py| DatasetError::Spec(format!("dataset.python: {}", last_line(py, &e)))))
