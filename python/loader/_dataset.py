@@ -25,6 +25,7 @@ import importlib
 import json
 import pickle
 import random
+import struct
 import sys
 from collections.abc import Mapping
 from typing import Any, Optional
@@ -324,6 +325,11 @@ class Source:
         self._paths: list[list] = []
         self._names: list[str] = []
         self._first = 0
+        self._torch_threads = False
+        # What _fast_read checks: per leaf (numpy dtype, shape), or
+        # (None, ()) for a Python number; and the dicts' keys in order.
+        self._expect: list = []
+        self._keys: list = []
 
     def tensors(self) -> list[tuple[str, str, list[int]]]:
         """``(name, dtype, shape)`` of each leaf, from the first sample that
@@ -340,12 +346,19 @@ class Source:
             leaves = self._leaves(sample)
             break
         self._first = first
+        self._expect, self._keys = _fast_schema(sample, self._np)
         self._paths = [path for path, _, _ in leaves]
         self._names = [json.dumps(path) for path in self._paths]
         self._schema = [(path, dtype, a.shape) for path, a, dtype in leaves]
         return [(name, dtype, list(a.shape)) for name, (_, a, dtype) in zip(self._names, leaves)]
 
     def _get(self, index: int, sample_seed: int) -> Any:
+        if not self._torch_threads and "torch" in sys.modules:
+            # One intra-op thread per worker, as DataLoader's workers do:
+            # the workers are the parallelism, and N workers x N threads
+            # would oversubscribe every core.
+            sys.modules["torch"].set_num_threads(1)
+            self._torch_threads = True
         seed_rngs(sample_seed)
         return self._dataset[index]
 
@@ -354,7 +367,11 @@ class Source:
         in the order of ``tensors()``. An exception of ``__getitem__``
         propagates (the worker applies the job's corrupt policy); a sample
         that does not match sample 0 raises ``SampleError``."""
-        leaves = self._leaves(self._get(index, sample_seed))
+        sample = self._get(index, sample_seed)
+        fast = self._fast_read(sample)
+        if fast is not None:
+            return fast
+        leaves = self._leaves(sample)
         schema = self._schema
         if [path for path, _, _ in leaves] != self._paths:
             raise SampleError(
@@ -370,6 +387,32 @@ class Source:
                     f"have equal shapes (resize or pad them in __getitem__)"
                 )
             out.append(memoryview(array).cast("B"))
+        return out
+
+    def _fast_read(self, sample: Any) -> Optional[list]:
+        """``read``'s result for a sample of plain containers, numpy arrays
+        and Python numbers that matches the schema; None for anything else
+        (torch tensors, numpy scalars, a mismatch), which ``read`` then
+        handles in full. Per-sample Python work is the cost of small
+        samples: no paths, numbers straight to their little-endian bytes."""
+        leaves: list = []
+        keys: list = []
+        try:
+            _fast_leaves(sample, leaves, keys, self._np.ndarray)
+        except _NotPlain:
+            return None
+        if keys != self._keys or len(leaves) != len(self._expect):
+            return None
+        out = []
+        for leaf, (dtype, shape) in zip(leaves, self._expect):
+            if type(leaf) is bytes:
+                if dtype is not None:  # a number where the schema has an array
+                    return None
+                out.append(leaf)
+            elif dtype is None or leaf.dtype != dtype or leaf.shape != shape:
+                return None
+            else:
+                out.append(memoryview(leaf).cast("B"))
         return out
 
     def _leaves(self, sample: Any) -> list[tuple[list, Any, str]]:
@@ -401,6 +444,57 @@ def seeded_sample(dataset: Any, index: int, *, seed: int = 0, epoch: int = 0) ->
 
     seed_rngs(_native.sample_seed(seed, epoch, index))
     return dataset[index]
+
+
+class _NotPlain(Exception):
+    """A sample _fast_leaves leaves to the full path."""
+
+
+_PACK_F64 = struct.Struct("<d").pack
+
+
+def _fast_leaves(sample: Any, out: list, keys: list, ndarray: type) -> None:
+    """The leaves of a sample of dicts/tuples/lists, numpy arrays and Python
+    numbers, in ``_flatten``'s order: C-contiguous arrays as they are,
+    numbers as their little-endian bytes; dict keys go to ``keys``."""
+    t = type(sample)
+    if t is ndarray or (t is not bool and isinstance(sample, ndarray)):
+        if not sample.flags.c_contiguous:
+            raise _NotPlain
+        out.append(sample)
+    elif t is tuple or t is list:
+        for value in sample:
+            _fast_leaves(value, out, keys, ndarray)
+    elif t is dict:
+        keys.append(tuple(sample))
+        for value in sample.values():
+            _fast_leaves(value, out, keys, ndarray)
+    elif t is bool:
+        out.append(b"\x01" if sample else b"\x00")
+    elif t is int:
+        try:
+            out.append(sample.to_bytes(8, "little", signed=True))
+        except OverflowError:
+            raise _NotPlain from None
+    elif t is float:
+        out.append(_PACK_F64(sample))
+    else:
+        raise _NotPlain
+
+
+def _fast_schema(sample: Any, np: Any) -> tuple[list, list]:
+    """What ``_fast_read`` expects of every sample, from the schema
+    sample: per leaf (numpy dtype, shape) of an array or (None, ()) of a
+    number, and the dicts' keys. Empty when the sample is not plain (every
+    read then takes the full path)."""
+    leaves: list = []
+    keys: list = []
+    try:
+        _fast_leaves(sample, leaves, keys, np.ndarray)
+    except _NotPlain:
+        return [], [None]  # matches no sample's keys
+    expect = [(None, ()) if type(v) is bytes else (v.dtype, v.shape) for v in leaves]
+    return expect, keys
 
 
 def _flatten(sample: Any, path: list, out: list, np: Any) -> None:
