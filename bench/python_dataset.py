@@ -10,7 +10,9 @@ Scenarios:
 - images: PIL decode + torchvision RandomResizedCrop(224) +
   RandomHorizontalFlip + ToTensor, batch 64 (``ImageFiles``);
 - small samples: 1 KB float32 rows of a .npy file (mmap) + an int label,
-  batch 256 (``Rows``; the file is made in bench/data/ on first use).
+  batch 256 (``Rows``; the file is made in bench/data/ on first use), with
+  Loader's per-sample RNG seeding (the default) and without it
+  (``seed_rngs=False``: ``Rows`` draws no random numbers).
 
 Both loops take each batch as torch tensors and touch it (the last value of
 every sample and the labels), as a trainer does before the model. Timing
@@ -49,11 +51,12 @@ def run_torch(dataset, batch_size, workers, epochs) -> float:
     return _time(dl, epochs, lambda e: None)
 
 
-def run_loader(dataset, batch_size, workers, epochs) -> float:
+def run_loader(dataset, batch_size, workers, epochs, seed_rngs=True) -> float:
     import loader
 
     with loader.Loader.local(
-        dataset, workers=workers, batch_size=batch_size, shuffle=True, seed=0, epochs=epochs
+        dataset, workers=workers, batch_size=batch_size, shuffle=True, seed=0, epochs=epochs,
+        seed_rngs=seed_rngs,
     ) as dl:
         return _time(dl, epochs, dl.set_epoch)
 
@@ -93,19 +96,20 @@ def main() -> None:
     scenarios = []
     if args.only in (None, "images"):
         scenarios.append(("images: PIL + RandomResizedCrop(224) + flip + ToTensor, batch 64",
-                          ImageFiles(args.images), 64))
+                          ImageFiles(args.images), 64, True))
     if args.only in (None, "small"):
-        scenarios.append(("small samples: 1 KB float32 rows, batch 256",
-                          Rows(rows_file(args.rows)), 256))
+        rows = Rows(rows_file(args.rows))
+        scenarios.append(("small samples: 1 KB float32 rows, batch 256", rows, 256, True))
+        scenarios.append(("small samples, Loader with seed_rngs=False", rows, 256, False))
     print(f"workers={args.workers} repeats={args.repeats} epochs={args.epochs} "
           f"cpus={os.cpu_count()} torch={torch.__version__}", flush=True)
     print("| scenario | torch DataLoader samples/s | Loader samples/s | Loader / torch |")
     print("| --- | ---: | ---: | ---: |")
-    for name, dataset, batch in scenarios:
+    for name, dataset, batch, seed_rngs in scenarios:
         runs = {"torch": [], "loader": []}
         for _ in range(args.repeats):  # interleaved: load drifts hit both
             runs["torch"].append(run_torch(dataset, batch, args.workers, args.epochs))
-            runs["loader"].append(run_loader(dataset, batch, args.workers, args.epochs))
+            runs["loader"].append(run_loader(dataset, batch, args.workers, args.epochs, seed_rngs))
             print(f"  {name}: torch {runs['torch'][-1]:.0f}, loader {runs['loader'][-1]:.0f}",
                   file=sys.stderr, flush=True)
         t, l = statistics.median(runs["torch"]), statistics.median(runs["loader"])

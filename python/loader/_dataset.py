@@ -124,6 +124,7 @@ def job_spec(
     drop_last: bool,
     epochs: int,
     on_corrupt: str,
+    seed_rngs: bool = True,
 ) -> dict:
     """The job spec (spec-file schema) of ``Loader.local(dataset, ...)``."""
     try:
@@ -134,7 +135,11 @@ def job_spec(
         raise ValueError("the dataset is empty (len(dataset) == 0)")
     return {
         "dataset": {
-            "python": {"pickle": pickle_dataset(dataset), "num_samples": n}
+            "python": {
+                "pickle": pickle_dataset(dataset),
+                "args": {"seed_rngs": bool(seed_rngs)},
+                "num_samples": n,
+            }
         },
         "batch_size": batch_size,
         "epochs": epochs,
@@ -306,7 +311,10 @@ class Source:
     calls ``tensors()`` once and ``read(index, sample_seed)`` per sample."""
 
     def __init__(self, params: Mapping[str, str], num_samples: int) -> None:
+        # For a pickled dataset, `args` are Loader's own settings.
+        self._seed_rngs = True
         if "pickle" in params:
+            self._seed_rngs = bool(json.loads(params.get("args") or "{}").get("seed_rngs", True))
             paths, data = pickle.loads(base64.b64decode(params["pickle"]))
             sys.path.extend(p for p in paths if p not in sys.path)
             self._dataset = pickle.loads(data)
@@ -359,7 +367,8 @@ class Source:
             # would oversubscribe every core.
             sys.modules["torch"].set_num_threads(1)
             self._torch_threads = True
-        seed_rngs(sample_seed)
+        if self._seed_rngs:
+            seed_rngs(sample_seed)
         return self._dataset[index]
 
     def read(self, index: int, sample_seed: int) -> list:

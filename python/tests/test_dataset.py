@@ -191,3 +191,9 @@ with loader.Loader.local(Squares(), workers=2, batch_size=6) as dl:
     c = child(script)
     assert int(c.expect("sum", timeout=BOUND)) == sum(i * i for i in range(20))
     assert c.wait(BOUND) == 0, c.stderr()
+
+
+def test_seed_rngs_false_serves_the_same_deterministic_samples():
+    with loader.Loader.local(Raising(40, bad=[]), workers=2, batch_size=8, seed_rngs=False) as dl:
+        got = [b["i"].tolist() for b in dl]
+    assert got == [list(range(s, s + 8)) for s in range(0, 40, 8)]
