@@ -283,6 +283,11 @@ class Loader:
                 )
                 if ring is not None:
                     options["ring"] = ring
+        elif _dataset.is_iterable_dataset(job):
+            raise TypeError(
+                "an IterableDataset is not supported yet: Loader.local takes a "
+                "map-style dataset (__len__ and __getitem__)"
+            )
         else:
             given = [k for k, v in dataset_args.items() if v is not None]
             if collate_fn is not None:

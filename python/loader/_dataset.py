@@ -65,6 +65,14 @@ def is_dataset(obj: Any) -> bool:
     return hasattr(obj, "__getitem__") and hasattr(obj, "__len__")
 
 
+def is_iterable_dataset(obj: Any) -> bool:
+    """True for an iterable-style dataset (``__iter__``, no
+    ``__getitem__``), which Loader does not run yet."""
+    if isinstance(obj, (Mapping, str, bytes)) or hasattr(obj, "__fspath__"):
+        return False
+    return hasattr(obj, "__iter__") and not hasattr(obj, "__getitem__")
+
+
 def pickle_dataset(dataset: Any) -> str:
     """The dataset, pickled and base64-encoded for the job spec, with this
     process's ``sys.path`` (so a worker imports the dataset's module from

@@ -197,3 +197,12 @@ def test_seed_rngs_false_serves_the_same_deterministic_samples():
     with loader.Loader.local(Raising(40, bad=[]), workers=2, batch_size=8, seed_rngs=False) as dl:
         got = [b["i"].tolist() for b in dl]
     assert got == [list(range(s, s + 8)) for s in range(0, 40, 8)]
+
+
+def test_an_iterable_dataset_is_refused_in_one_line():
+    class Stream:
+        def __iter__(self):
+            return iter(range(3))
+
+    with pytest.raises(TypeError, match="IterableDataset is not supported yet"):
+        loader.Loader.local(Stream())
