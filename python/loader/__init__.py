@@ -282,7 +282,9 @@ class Loader:
                     workers,
                 )
                 if ring is not None:
-                    options["ring"] = ring
+                    window, slots, slot_bytes = ring
+                    options["ring"] = (slots, slot_bytes)
+                    options.setdefault("prefetch", window)
         elif _dataset.is_iterable_dataset(job):
             raise TypeError(
                 "an IterableDataset is not supported yet: Loader.local takes a "

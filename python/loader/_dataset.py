@@ -160,13 +160,17 @@ def job_spec(
 _RING_BUDGET = 1 << 30
 
 
-def ring_for(dataset: Any, batch_size: int, prefetch: int, workers: int) -> Optional[tuple[int, int]]:
-    """``(slots, slot_bytes)`` of a ring for a Python dataset's job: slots
-    that hold a whole batch (a larger batch would stream over gRPC) and
-    enough of them for every worker's prefetch twice over (the trainer
-    cannot tell a Python job's batch size from its spec, so the Rust SDK's
-    own sizing has nothing to go by). Reads sample 0 here, with the seeds a
-    worker would use; None when that fails (the workers then report it)."""
+def ring_for(dataset: Any, batch_size: int, prefetch: int, workers: int) -> Optional[tuple[int, int, int]]:
+    """``(prefetch, slots, slot_bytes)`` for a Python dataset's job, which
+    the trainer cannot size from its spec as the Rust SDK does for the
+    built-in datasets: the SDK's window for the batch's bytes (small
+    batches get a long one, as the workers' own window does), slots that
+    hold a whole batch (a larger one would stream over gRPC), and enough of
+    them for every worker's window twice over. Reads sample 0 here, with
+    the seeds a worker would use; None when that fails (the workers then
+    report it)."""
+    from . import _native
+
     leaves: list = []
     saved = _rng_states()
     try:
@@ -178,9 +182,10 @@ def ring_for(dataset: Any, batch_size: int, prefetch: int, workers: int) -> Opti
     per_sample = sum(a.nbytes for _, a, _ in leaves)
     # Payloads, their 64-byte alignment, the header and its index list.
     batch = per_sample * batch_size + 64 * (len(leaves) + 1) + 8 * batch_size + (64 << 10)
+    window = _native.window_batches(batch, prefetch)
     slot = -(-batch // 4096) * 4096
-    slots = max(4, min(2 * prefetch * workers, _RING_BUDGET // slot, 1024))
-    return slots, slot
+    slots = max(4, min(2 * window * workers, _RING_BUDGET // slot, 1 << 16))
+    return window, slots, slot
 
 
 def _rng_states() -> tuple:

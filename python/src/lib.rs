@@ -50,6 +50,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(spec::state_plan, m)?)?;
     m.add_function(wrap_pyfunction!(worker::run_worker, m)?)?;
     m.add_function(wrap_pyfunction!(dataset::py_sample_seed, m)?)?;
+    m.add_function(wrap_pyfunction!(dataset::window_batches, m)?)?;
     m.add("STATE_FORMAT", loader_client::STATE_FORMAT)?;
     Ok(())
 }
