@@ -348,7 +348,7 @@ class Source:
         self._first = 0
         self._torch_threads = False
         # What _fast_read checks: per leaf (numpy dtype, shape), or
-        # (None, ()) for a Python number; and the dicts' keys in order.
+        # (Python type, ()) for a number; and the dicts' keys in order.
         self._expect: list = []
         self._keys: list = []
 
@@ -427,11 +427,11 @@ class Source:
             return None
         out = []
         for leaf, (dtype, shape) in zip(leaves, self._expect):
-            if type(leaf) is bytes:
-                if dtype is not None:  # a number where the schema has an array
+            if type(leaf) is tuple:  # (Python type, bytes) of a number
+                if leaf[0] is not dtype:  # another type, or an array expected
                     return None
-                out.append(leaf)
-            elif dtype is None or leaf.dtype != dtype or leaf.shape != shape:
+                out.append(leaf[1])
+            elif isinstance(dtype, type) or leaf.dtype != dtype or leaf.shape != shape:
                 return None
             else:
                 out.append(memoryview(leaf).cast("B"))
@@ -478,7 +478,8 @@ _PACK_F64 = struct.Struct("<d").pack
 def _fast_leaves(sample: Any, out: list, keys: list, ndarray: type) -> None:
     """The leaves of a sample of dicts/tuples/lists, numpy arrays and Python
     numbers, in ``_flatten``'s order: C-contiguous arrays as they are,
-    numbers as their little-endian bytes; dict keys go to ``keys``."""
+    numbers as (their Python type, their little-endian bytes); dict keys
+    go to ``keys``."""
     t = type(sample)
     if t is ndarray or (t is not bool and isinstance(sample, ndarray)):
         if not sample.flags.c_contiguous:
@@ -492,22 +493,22 @@ def _fast_leaves(sample: Any, out: list, keys: list, ndarray: type) -> None:
         for value in sample.values():
             _fast_leaves(value, out, keys, ndarray)
     elif t is bool:
-        out.append(b"\x01" if sample else b"\x00")
+        out.append((bool, b"\x01" if sample else b"\x00"))
     elif t is int:
         try:
-            out.append(sample.to_bytes(8, "little", signed=True))
+            out.append((int, sample.to_bytes(8, "little", signed=True)))
         except OverflowError:
             raise _NotPlain from None
     elif t is float:
-        out.append(_PACK_F64(sample))
+        out.append((float, _PACK_F64(sample)))
     else:
         raise _NotPlain
 
 
 def _fast_schema(sample: Any, np: Any) -> tuple[list, list]:
     """What ``_fast_read`` expects of every sample, from the schema
-    sample: per leaf (numpy dtype, shape) of an array or (None, ()) of a
-    number, and the dicts' keys. Empty when the sample is not plain (every
+    sample: per leaf (numpy dtype, shape) of an array or (Python type, ())
+    of a number, and the dicts' keys. Empty when the sample is not plain (every
     read then takes the full path)."""
     leaves: list = []
     keys: list = []
@@ -515,7 +516,7 @@ def _fast_schema(sample: Any, np: Any) -> tuple[list, list]:
         _fast_leaves(sample, leaves, keys, np.ndarray)
     except _NotPlain:
         return [], [None]  # matches no sample's keys
-    expect = [(None, ()) if type(v) is bytes else (v.dtype, v.shape) for v in leaves]
+    expect = [(v[0], ()) if type(v) is tuple else (v.dtype, v.shape) for v in leaves]
     return expect, keys
 
 

@@ -105,3 +105,16 @@ class Slow:
 def make_numpy_rows(n: int, dim: int = 6) -> NumpyRows:
     """The factory a ``python: {factory: ...}`` spec names."""
     return NumpyRows(n, dim)
+
+
+class MixedNumbers:
+    """An int label, except a float at index ``odd``."""
+
+    def __init__(self, n: int = 24, odd: int = 5) -> None:
+        self.n, self.odd = n, odd
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return {"y": 0.5 if i == self.odd else i}

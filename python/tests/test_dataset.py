@@ -15,7 +15,7 @@ import pytest
 
 import loader
 from loader._dataset import seeded_sample
-from sample_datasets import Locked, NumpyRows, Ragged, Raising, Slow, TorchAugmented
+from sample_datasets import Locked, MixedNumbers, NumpyRows, Ragged, Raising, Slow, TorchAugmented
 
 torch = pytest.importorskip("torch", reason="torch is needed for default_collate and torch datasets")
 from torch.utils.data import default_collate  # noqa: E402
@@ -206,3 +206,10 @@ def test_an_iterable_dataset_is_refused_in_one_line():
 
     with pytest.raises(TypeError, match="IterableDataset is not supported yet"):
         loader.Loader.local(Stream())
+
+
+def test_a_number_of_another_type_is_a_mismatch_not_a_reinterpretation():
+    with loader.Loader.local(MixedNumbers(24, odd=5), workers=1, batch_size=4) as dl:
+        with pytest.raises(loader.LoaderError) as e:
+            collect(dl)
+    assert '["y"] of sample 5 has shape [] float64, sample 0 has [] int64' in str(e.value), str(e.value)
