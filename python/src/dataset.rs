@@ -2,7 +2,7 @@
 //! worker compiled into this module (`python -m loader._worker`), registered
 //! as the `custom` dataset `python` (the spec-file entry `python: {...}`).
 //!
-//! The Python half (`loader._dataset.Source`) unpickles or imports the
+//! The Python half (`loader._source.Source`) unpickles or imports the
 //! dataset, seeds the RNGs from (seed, epoch, index), calls `__getitem__`
 //! and flattens the sample into C-contiguous byte views; this half copies
 //! each view straight into its row of the batch buffer (a ring slot or a
@@ -22,12 +22,12 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
 /// The Python module that holds the dataset's Python half.
-const MODULE: &str = "loader._dataset";
+const MODULE: &str = "loader._source";
 
 /// A Python dataset opened in this worker.
 #[derive(Debug)]
 pub(crate) struct PythonDataset {
-    /// `loader._dataset.Source` over the user's dataset.
+    /// `loader._source.Source` over the user's dataset.
     source: Py<PyAny>,
     /// `SampleError` (a sample that cannot be batched), which fails the job
     /// whatever its corrupt policy.
