@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite, as the README gives it and CI runs it:
-#   1. a Python virtualenv for the tests (numpy, pytest, Pillow) under
-#      target/test-venv, so the Pillow pixel-agreement test has its reference;
+#   1. a Python virtualenv for the tests (numpy, pytest, Pillow, cloudpickle,
+#      torch) under target/test-venv, so the Pillow pixel-agreement test has
+#      its reference and the Python-dataset tests run against torch's
+#      default_collate instead of skipping (torch from PyPI, a few GB, once:
+#      skipped when already importable);
 #   2. every Rust test (`cargo test --workspace`: unit, property and
 #      end-to-end tests over real loader-server / loader-worker processes);
 #   3. the CUDA pin-memory stage (feature `cuda`, issue 18): cudarc loads
@@ -20,7 +23,10 @@ if [ ! -x "$venv/bin/python" ]; then
   mkdir -p "$root/target"
   python3 -m venv "$venv"
 fi
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check numpy pytest pillow
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check numpy pytest pillow cloudpickle
+if ! "$venv/bin/python" -c 'import torch' >/dev/null 2>&1; then
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check torch
+fi
 
 export LOADER_PYTHON="$venv/bin/python"
 cargo test --workspace "$@"

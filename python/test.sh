@@ -2,7 +2,8 @@
 # Builds the Python SDK, installs it into a virtualenv with numpy and pytest,
 # and runs its tests; exits with pytest's status. Needs only cargo, Python
 # >= 3.11 and PyPI. Torch tests run when torch is importable in the venv
-# (LOADER_PY_VENV=/path/to/venv with torch installed), else skip saying why.
+# (LOADER_PY_VENV=/path/to/venv with torch installed, as ../test.sh makes
+# it), else skip saying why.
 #
 #   python/test.sh            # from anywhere; extra args go to pytest
 set -euo pipefail

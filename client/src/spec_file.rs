@@ -135,10 +135,15 @@ enum DatasetFile {
     Tokens(TokensFile),
     Synthetic(SyntheticFile),
     Custom(CustomFile),
+    Python(PythonFile),
 }
 
 /// Names of the dataset kinds, for messages.
-const DATASETS: &str = "image_folder, webdataset, npy, tokens, synthetic, custom";
+const DATASETS: &str = "image_folder, webdataset, npy, tokens, synthetic, custom, python";
+
+/// The `custom` dataset name a `python` entry becomes: the Python SDK's
+/// worker (`loader._worker`) serves it by running a Python dataset.
+pub const PYTHON_DATASET: &str = "python";
 
 impl<'de> Deserialize<'de> for DatasetFile {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -159,6 +164,7 @@ impl<'de> Deserialize<'de> for DatasetFile {
                     "tokens" => DatasetFile::Tokens(map.next_value()?),
                     "synthetic" => DatasetFile::Synthetic(map.next_value()?),
                     "custom" => DatasetFile::Custom(map.next_value()?),
+                    "python" => DatasetFile::Python(map.next_value()?),
                     other => {
                         return Err(de::Error::custom(format!("unknown dataset `{other}`; expected one of: {DATASETS}")));
                     }
@@ -220,6 +226,39 @@ struct CustomFile {
     params: HashMap<String, Scalar>,
 }
 
+/// A Python map-style dataset run inside the workers: `factory`
+/// (`package.module:function`, called with `args` as keywords) for
+/// deployments, or `pickle` (the dataset object, pickled and base64-encoded)
+/// as `loader.Loader.local(dataset)` writes it.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PythonFile {
+    #[serde(default)]
+    factory: Option<String>,
+    #[serde(default)]
+    args: Option<serde_json::Map<String, serde_json::Value>>,
+    #[serde(default)]
+    pickle: Option<String>,
+    num_samples: u64,
+}
+
+impl PythonFile {
+    /// The `params` of the `custom` spec the worker opens it from.
+    fn params(self) -> HashMap<String, String> {
+        let mut params = HashMap::new();
+        if let Some(f) = self.factory {
+            params.insert("factory".to_owned(), f);
+        }
+        if let Some(a) = self.args {
+            params.insert("args".to_owned(), serde_json::Value::Object(a).to_string());
+        }
+        if let Some(p) = self.pickle {
+            params.insert("pickle".to_owned(), p);
+        }
+        params
+    }
+}
+
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct SamplerFile {
@@ -272,6 +311,11 @@ impl SpecFile {
                 name: c.name,
                 num_samples: c.num_samples,
                 params: c.params.into_iter().map(|(k, v)| (k, v.0)).collect(),
+            }),
+            DatasetFile::Python(p) => Kind::Custom(CustomSpec {
+                name: PYTHON_DATASET.to_owned(),
+                num_samples: p.num_samples,
+                params: p.params(),
             }),
         };
         JobSpec {

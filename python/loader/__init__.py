@@ -43,7 +43,7 @@ import weakref
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Optional, Union
 
-from . import _native
+from . import _dataset, _native
 from ._native import Batch, LoaderError, TensorView
 
 if TYPE_CHECKING:
@@ -87,6 +87,13 @@ def _spec_bytes(job: Union[Mapping, str, os.PathLike]) -> bytes:
     if isinstance(job, str):
         return _native.parse_spec(job, os.getcwd())
     raise TypeError(f"job must be a dict, a path or spec text, not {type(job).__name__}")
+
+
+def _python_job(job: Any) -> bool:
+    """True for a job over a Python dataset: its batches are yielded in
+    ``default_collate``'s structure, not as a ``Batch``."""
+    dataset = job.get("dataset") if isinstance(job, Mapping) else None
+    return isinstance(dataset, Mapping) and "python" in dataset
 
 
 def _worker_command() -> list[str]:
@@ -188,6 +195,7 @@ class Loader:
         world_size: Optional[int] = None,
         **options: Unpack[LoaderOptions],
     ) -> None:
+        job = _dataset.fill_num_samples(job)
         spec = _spec_bytes(job)
         checked = _options_json(options)
 
@@ -205,20 +213,48 @@ class Loader:
             )
 
         self._init(spec, rank, world_size, start)
+        self._collate = _python_job(job)
 
     @classmethod
     def local(
         cls,
-        job: Union[Mapping, str, os.PathLike],
+        job: Any,
         workers: int = 2,
         *,
         ready_timeout: float = 10.0,
+        batch_size: Optional[int] = None,
+        shuffle: Optional[bool] = None,
+        seed: Optional[int] = None,
+        drop_last: Optional[bool] = None,
+        epochs: Optional[int] = None,
+        on_corrupt: Optional[str] = None,
+        collate_fn: Any = None,
+        seed_rngs: Optional[bool] = None,
         **options: Unpack[LoaderOptions],
     ) -> "Loader":
         """A loader over ``workers`` local worker processes and a coordinator
         in this process: no deployment, the same protocol and code paths.
         ``ready_timeout``: seconds the workers get to register; ``options``
         as for ``Loader``.
+
+        ``job`` is a job spec (a dict, a path, spec text), or a map-style
+        dataset (``__len__`` and ``__getitem__``, e.g. a
+        ``torch.utils.data.Dataset``), like ``DataLoader(dataset,
+        batch_size=, shuffle=, drop_last=, num_workers=workers)``: the
+        dataset is pickled to each worker, which calls ``__getitem__`` for
+        the samples of its batches and writes them straight into the batch
+        buffer; iterating yields ``default_collate``'s structure (dicts stay
+        dicts, tuples and lists become lists, leaves are torch tensors, or
+        numpy arrays without torch). For a dataset: ``batch_size`` (default
+        1), ``shuffle`` (False), ``seed`` (0; with the epoch and the index it
+        seeds ``random``, numpy and torch before each ``__getitem__``),
+        ``drop_last`` (False), ``epochs`` (1), ``on_corrupt``: ``"fail"``
+        (an exception in ``__getitem__`` raises ``LoaderError`` naming the
+        index) or ``"skip"`` (the sample is left out and counted);
+        ``seed_rngs`` (True): False skips the per-sample seeding, for
+        datasets that draw no random numbers (about 10 us per sample).
+        ``collate_fn`` is not supported yet (see
+        docs/migrating-from-dataloader.md).
 
         Workers run this interpreter (``loader._worker``), so the
         installed package is all that is needed. They stop when the loader is
@@ -228,6 +264,54 @@ class Loader:
         """
         if workers < 1:
             raise ValueError("Loader.local needs at least one worker")
+        dataset_args = {
+            "batch_size": batch_size, "shuffle": shuffle, "seed": seed,
+            "drop_last": drop_last, "epochs": epochs, "on_corrupt": on_corrupt,
+            "seed_rngs": seed_rngs,
+        }
+        if _dataset.is_dataset(job):
+            if collate_fn is not None:
+                raise NotImplementedError(
+                    "collate_fn is not supported yet: Loader collates samples with "
+                    "default_collate semantics in the workers; return equal-shape "
+                    "arrays from __getitem__ instead"
+                )
+            job_dataset = job
+            job = _dataset.job_spec(
+                job,
+                batch_size=1 if batch_size is None else int(batch_size),
+                shuffle=bool(shuffle),
+                seed=int(seed or 0),
+                drop_last=bool(drop_last),
+                epochs=1 if epochs is None else int(epochs),
+                on_corrupt=on_corrupt or "fail",
+                seed_rngs=seed_rngs is not False,
+            )
+            if "ring" not in options and options.get("shared_memory", True):
+                ring = _dataset.ring_for(
+                    job_dataset,
+                    job["batch_size"],
+                    options.get("prefetch", DEFAULT_PREFETCH),
+                    workers,
+                )
+                if ring is not None:
+                    window, slots, slot_bytes = ring
+                    options["ring"] = (slots, slot_bytes)
+                    options.setdefault("prefetch", window)
+        elif _dataset.is_iterable_dataset(job):
+            raise TypeError(
+                "an IterableDataset is not supported yet: Loader.local takes a "
+                "map-style dataset (__len__ and __getitem__)"
+            )
+        else:
+            given = [k for k, v in dataset_args.items() if v is not None]
+            if collate_fn is not None:
+                given.append("collate_fn")
+            if given:
+                raise TypeError(
+                    f"{', '.join(given)}: only for a dataset; a job spec sets them itself"
+                )
+            job = _dataset.fill_num_samples(job)
         spec = _spec_bytes(job)
         checked = _options_json(options)
         local = (workers, _worker_command(), ready_timeout)
@@ -241,11 +325,14 @@ class Loader:
 
         self = cls.__new__(cls)
         self._init(spec, 0, 1, start)
+        self._collate = _python_job(job)
         return self
 
     def _init(self, spec: bytes, rank: int, world_size: Optional[int], start) -> None:
         self._start = start
         self._spec = spec
+        # Yield default_collate's structure (a Python dataset's job).
+        self._collate = False
         self._native: Optional[_native.NativeLoader] = None
         self._lock = threading.Lock()
         # Where the next start resumes from (JSON), and where the stream is.
@@ -296,7 +383,7 @@ class Loader:
             )
         self._next_epoch = epoch
 
-    def __iter__(self) -> Iterator[Batch]:
+    def __iter__(self) -> Iterator[Any]:
         """Yields the batches of one epoch (see ``set_epoch``)."""
         self._check_open()
         per = self._batches_per_epoch
@@ -312,11 +399,13 @@ class Loader:
             self._restart_at(epoch * per)
         return _Epoch(self, (epoch + 1) * per)
 
-    def _next(self) -> Optional[Batch]:
+    def _next(self) -> Any:
         native = self._started()
         batch = native.next()
         if batch is not None:
             self._yielded += 1
+            if self._collate:
+                return _dataset.collated(batch)
         return batch
 
     # -- Exact resumption ---------------------------------------------------
@@ -456,7 +545,7 @@ class _Epoch:
     def __iter__(self) -> "_Epoch":
         return self
 
-    def __next__(self) -> Batch:
+    def __next__(self) -> Any:
         loader = self._loader
         if loader._yielded >= self._end:
             raise StopIteration

@@ -5,6 +5,10 @@
 interpreter into this module, so the installed package is all that is needed:
 the worker is compiled into ``loader._native`` (the same code as the
 ``loader-worker`` binary), and there is no executable to find or install.
+It also serves jobs over Python datasets (``loader._source``). For a
+deployment's remote workers that run a ``python: {factory: ...}`` job, start
+it with the factory's package installed:
+``python -m loader._worker --coordinator URL --listen ADDR``.
 
 Each worker leaves the trainer's process group first: a Ctrl-C typed in the
 terminal interrupts only the trainer (``KeyboardInterrupt``, which the trainer

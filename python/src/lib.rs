@@ -21,8 +21,11 @@
 //! - `telemetry`: trace export from the trainer when the OpenTelemetry
 //!   environment asks for it, flushed at exit.
 //! - `worker`: `run_worker`, `loader-worker`'s command line in this module.
+//! - `dataset`: `PythonDataset`, a user's Python dataset served by that
+//!   worker (`__getitem__` per index, copied into the batch buffer).
 
 mod batch;
+mod dataset;
 mod dlpack;
 mod errors;
 mod options;
@@ -50,6 +53,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(spec::state_plan, m)?)?;
     m.add_function(wrap_pyfunction!(worker::run_worker, m)?)?;
     m.add_function(wrap_pyfunction!(telemetry::flush_telemetry, m)?)?;
+    m.add_function(wrap_pyfunction!(dataset::py_sample_seed, m)?)?;
+    m.add_function(wrap_pyfunction!(dataset::window_batches, m)?)?;
     m.add("STATE_FORMAT", loader_client::STATE_FORMAT)?;
     Ok(())
 }

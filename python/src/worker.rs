@@ -1,10 +1,18 @@
 //! The worker entry point inside the extension module, so that `pip install`
 //! ships the worker too: `Loader.local` starts `python -m loader._worker`,
-//! which calls [`run_worker`]. No separate binary to find or install.
+//! which calls [`run_worker`]. No separate binary to find or install. It
+//! serves Python datasets too (`python: {...}` jobs, see `dataset`).
 
 use std::process::ExitCode;
+use std::sync::Arc;
+
+use loader_client::spec_file::PYTHON_DATASET;
+use loader_proto::pb::CustomSpec;
+use loader_worker::{Dataset, Datasets};
 
 use pyo3::prelude::*;
+
+use crate::dataset::PythonDataset;
 
 /// Runs `loader-worker` with `argv` (program name first) until it is told to
 /// stop; returns its exit status (0 on a clean stop, 1 on a fatal error,
@@ -13,6 +21,9 @@ use pyo3::prelude::*;
 pub(crate) fn run_worker(py: Python<'_>, argv: Vec<String>) -> i32 {
     // This interpreter is only the worker's host: its malloc is ours to set.
     loader_process::heap::keep_batch_buffers();
-    let code = py.detach(move || loader_worker::main_with_args(argv));
+    let datasets = Datasets::new().register(PYTHON_DATASET, |spec: &CustomSpec| {
+        Ok(Arc::new(PythonDataset::open(spec)?) as Arc<dyn Dataset>)
+    });
+    let code = py.detach(move || loader_worker::main_with_datasets(argv, datasets));
     if code == ExitCode::SUCCESS { 0 } else { 1 }
 }

@@ -85,6 +85,18 @@ fn other_datasets_parse_with_their_fields() {
 }
 
 #[test]
+fn a_python_dataset_is_the_custom_dataset_the_python_worker_serves() {
+    let spec = spec_of("dataset: {python: {factory: 'pkg.data:make', args: {root: /x, size: [3, 4]}, num_samples: 9}}\nbatch_size: 2\n");
+    let Some(Kind::Custom(c)) = spec.dataset.and_then(|d| d.kind) else { panic!("not a custom dataset") };
+    assert_eq!((c.name.as_str(), c.num_samples), (PYTHON_DATASET, 9));
+    assert_eq!(c.params.get("factory").map(String::as_str), Some("pkg.data:make"));
+    let args: serde_json::Value = serde_json::from_str(&c.params["args"]).expect("args are JSON");
+    assert_eq!(args, serde_json::json!({"root": "/x", "size": [3, 4]}));
+    let e = error_of("dataset: {python: {factory: 'a:b', num_samples: 3, workers: 2}}\nbatch_size: 2\n");
+    assert!(e.contains("unknown field `workers`"), "{e}");
+}
+
+#[test]
 fn bad_specs_fail_on_one_line_naming_the_field() {
     let image = |transforms: &str| format!("dataset: {{image_folder: {{path: x}}}}\ntransforms: {transforms}\nbatch_size: 4\n");
     let cases: Vec<(String, &str)> = vec![

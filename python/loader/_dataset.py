@@ -1,0 +1,289 @@
+"""Python map-style datasets, the trainer's half: the job spec of
+``Loader.local(dataset)`` (the dataset pickled with this process's
+``sys.path``), the ring and window a Python job's batches need (from sample
+0), and ``default_collate``'s structure rebuilt from a batch's tensor
+names. The worker's half is ``loader._source``.
+
+A sample (numpy arrays, torch tensors, Python numbers, and dicts, tuples and
+lists of them) is flattened into leaves; each leaf becomes one tensor of the
+batch, named by its path in the sample as JSON (``'["image"]'``, ``'[0]'``,
+``'["x", 1]'``, ``'[]'`` for a bare array). The trainer rebuilds
+``default_collate``'s structure from the names: dicts stay dicts, tuples
+and lists become lists, every leaf a tensor with the batch dimension
+first.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import pickle
+import random
+import sys
+from collections.abc import Mapping
+from typing import Any, Optional
+
+from ._source import _flatten, _last_line, make_from_factory, seed_rngs
+
+#: The ``custom`` dataset name a Python dataset job carries (the spec-file
+#: entry ``python: {...}`` becomes it).
+DATASET_NAME = "python"
+
+#: Pickled datasets travel inside the job spec; larger ones would strain
+#: every message that carries the spec.
+MAX_PICKLE_BYTES = 512 * 1024
+
+
+def is_dataset(obj: Any) -> bool:
+    """True for a map-style dataset (``__len__`` and ``__getitem__``), as
+    opposed to a job spec (a dict, a path, spec text)."""
+    if isinstance(obj, (Mapping, str, bytes)) or hasattr(obj, "__fspath__"):
+        return False
+    return hasattr(obj, "__getitem__") and hasattr(obj, "__len__")
+
+
+def is_iterable_dataset(obj: Any) -> bool:
+    """True for an iterable-style dataset (``__iter__``, no
+    ``__getitem__``), which Loader does not run yet."""
+    if isinstance(obj, (Mapping, str, bytes)) or hasattr(obj, "__fspath__"):
+        return False
+    return hasattr(obj, "__iter__") and not hasattr(obj, "__getitem__")
+
+
+def pickle_dataset(dataset: Any) -> str:
+    """The dataset, pickled and base64-encoded for the job spec, with this
+    process's ``sys.path`` (so a worker imports the dataset's module from
+    where the trainer did, as multiprocessing's spawn does). Classes
+    defined in ``__main__`` or a notebook go by value through cloudpickle
+    when it is installed. Raises ``TypeError`` in one line when the dataset
+    cannot be pickled."""
+    try:
+        data = pickle.dumps(
+            ([p for p in sys.path if isinstance(p, str)], _dumps(dataset)),
+            protocol=pickle.HIGHEST_PROTOCOL,
+        )
+    except Exception as e:  # pickling runs user code (__reduce__): any error
+        reason = _last_line(e)
+        raise TypeError(
+            f"the dataset cannot be pickled to the workers ({type(dataset).__name__}): "
+            f"{reason}; define its class at module level, open files and "
+            f"handles lazily in __getitem__, or install cloudpickle"
+        ) from None
+    if len(data) > MAX_PICKLE_BYTES:
+        raise ValueError(
+            f"the dataset pickles to {len(data)} bytes, over the {MAX_PICKLE_BYTES} "
+            f"a job spec carries; keep large arrays in files (np.load(path, "
+            f"mmap_mode='r') in __getitem__) or use a python factory spec"
+        )
+    return base64.b64encode(data).decode("ascii")
+
+
+def _dumps(obj: Any) -> bytes:
+    try:
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as e:
+        try:
+            import cloudpickle
+        except ImportError:
+            raise e from None
+        return cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    if b"__main__" in data:
+        # Pickled by reference to __main__, which a worker does not run.
+        try:
+            import cloudpickle
+        except ImportError:
+            raise pickle.PicklingError(
+                "it refers to classes or functions of __main__, which workers "
+                "cannot import"
+            ) from None
+        return cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    return data
+
+
+def job_spec(
+    dataset: Any,
+    *,
+    batch_size: int,
+    shuffle: bool,
+    seed: int,
+    drop_last: bool,
+    epochs: int,
+    on_corrupt: str,
+    seed_rngs: bool = True,
+) -> dict:
+    """The job spec (spec-file schema) of ``Loader.local(dataset, ...)``."""
+    try:
+        n = len(dataset)
+    except Exception as e:
+        raise TypeError(f"len(dataset) failed: {_last_line(e)}") from None
+    if n <= 0:
+        raise ValueError("the dataset is empty (len(dataset) == 0)")
+    return {
+        "dataset": {
+            "python": {
+                "pickle": pickle_dataset(dataset),
+                "args": {"seed_rngs": bool(seed_rngs)},
+                "num_samples": n,
+            }
+        },
+        "batch_size": batch_size,
+        "epochs": epochs,
+        "sampler": {"shuffle": bool(shuffle), "seed": int(seed), "drop_last": bool(drop_last)},
+        "on_corrupt": on_corrupt,
+    }
+
+
+#: Memory the ring of one loader over a Python dataset may take by default.
+_RING_BUDGET = 1 << 30
+
+
+def ring_for(dataset: Any, batch_size: int, prefetch: int, workers: int) -> Optional[tuple[int, int, int]]:
+    """``(prefetch, slots, slot_bytes)`` for a Python dataset's job, which
+    the trainer cannot size from its spec as the Rust SDK does for the
+    built-in datasets: the SDK's window for the batch's bytes (small
+    batches get a long one, as the workers' own window does), slots that
+    hold a whole batch (a larger one would stream over gRPC), and enough of
+    them for every worker's window twice over. Reads sample 0 here, with
+    the seeds a worker would use; None when that fails (the workers then
+    report it)."""
+    from . import _native
+
+    leaves: list = []
+    saved = _rng_states()
+    try:
+        _flatten(seeded_sample(dataset, 0), [], leaves, _numpy())
+    except Exception:
+        return None
+    finally:
+        _restore_rng_states(saved)
+    per_sample = sum(a.nbytes for _, a, _ in leaves)
+    # Payloads, their 64-byte alignment, the header and its index list.
+    batch = per_sample * batch_size + 64 * (len(leaves) + 1) + 8 * batch_size + (64 << 10)
+    window = _native.window_batches(batch, prefetch)
+    slot = -(-batch // 4096) * 4096
+    slots = max(4, min(2 * window * workers, _RING_BUDGET // slot, 1 << 16))
+    return window, slots, slot
+
+
+def _rng_states() -> tuple:
+    """The trainer's global RNG states, which reading a sample here must
+    leave as they were (they seed the user's model, not Loader's)."""
+    numpy, torch = sys.modules.get("numpy"), sys.modules.get("torch")
+    return (
+        random.getstate(),
+        numpy.random.get_state() if numpy is not None else None,
+        torch.get_rng_state() if torch is not None else None,
+    )
+
+
+def _restore_rng_states(saved: tuple) -> None:
+    py, np_state, torch_state = saved
+    random.setstate(py)
+    numpy, torch = sys.modules.get("numpy"), sys.modules.get("torch")
+    if numpy is not None:
+        if np_state is None:
+            numpy.random.seed()  # numpy was imported by the sample: fresh entropy
+        else:
+            numpy.random.set_state(np_state)
+    if torch is not None and torch_state is not None:
+        torch.set_rng_state(torch_state)
+
+
+def _numpy() -> Any:
+    import numpy
+
+    return numpy
+
+
+def fill_num_samples(job: Any) -> Any:
+    """A dict spec with a ``python`` factory dataset and no
+    ``num_samples``: the factory's dataset, built here once, says how many."""
+    if not isinstance(job, Mapping):
+        return job
+    python = job.get("dataset", {}).get("python") if isinstance(job.get("dataset"), Mapping) else None
+    if not isinstance(python, Mapping) or "num_samples" in python or "factory" not in python:
+        return job
+    dataset = make_from_factory(python["factory"], python.get("args") or {})
+    job = dict(job)
+    job["dataset"] = {"python": {**python, "num_samples": len(dataset)}}
+    return job
+
+
+class Structure:
+    """Rebuilds ``default_collate``'s structure from a batch's tensor names."""
+
+    __slots__ = ("_paths", "_names")
+
+    def __init__(self, names: list[str]) -> None:
+        self._names = names
+        self._paths = [tuple(json.loads(n)) for n in names]
+
+    def build(self, leaves: Mapping[str, Any]) -> Any:
+        if len(self._paths) == 1 and self._paths[0] == ():
+            return leaves[self._names[0]]
+        root: Any = None
+        for name, path in zip(self._names, self._paths):
+            root = _insert(root, path, leaves[name])
+        return _freeze(root)
+
+
+def _insert(node: Any, path: tuple, value: Any) -> Any:
+    if not path:
+        return value
+    key, rest = path[0], path[1:]
+    if node is None:
+        node = {} if isinstance(key, str) else []
+    if isinstance(node, dict):
+        node[key] = _insert(node.get(key), rest, value)
+    else:
+        while len(node) <= key:
+            node.append(None)
+        node[key] = _insert(node[key], rest, value)
+    return node
+
+
+def _freeze(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {k: _freeze(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_freeze(v) for v in node]
+    return node
+
+
+_structures: dict[tuple, Structure] = {}
+
+
+def collated(batch: Any) -> Any:
+    """A Python dataset's batch in ``default_collate``'s structure: torch
+    tensors when torch is importable (zero-copy, DLPack), else numpy
+    arrays. The tensors hold the batch's memory like the batch itself."""
+    names = tuple(batch.keys())
+    structure = _structures.get(names)
+    if structure is None:
+        structure = _structures.setdefault(names, Structure(list(names)))
+    leaves = batch.torch() if _torch_available() else batch.numpy()
+    return structure.build(leaves)
+
+
+_HAS_TORCH: list[bool] = []
+
+
+def _torch_available() -> bool:
+    if not _HAS_TORCH:
+        try:
+            import torch  # noqa: F401
+
+            _HAS_TORCH.append(True)
+        except ImportError:
+            _HAS_TORCH.append(False)
+    return _HAS_TORCH[0]
+
+
+def seeded_sample(dataset: Any, index: int, *, seed: int = 0, epoch: int = 0) -> Any:
+    """``dataset[index]`` exactly as a worker draws it in ``epoch`` of a job
+    seeded ``seed`` (the same RNG seeds): for checking or debugging a
+    sample outside Loader."""
+    from . import _native
+
+    seed_rngs(_native.sample_seed(seed, epoch, index))
+    return dataset[index]

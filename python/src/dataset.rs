@@ -1,0 +1,166 @@
+//! [`PythonDataset`]: a user's map-style Python dataset served by the
+//! worker compiled into this module (`python -m loader._worker`), registered
+//! as the `custom` dataset `python` (the spec-file entry `python: {...}`).
+//!
+//! The Python half (`loader._source.Source`) unpickles or imports the
+//! dataset, seeds the RNGs from (seed, epoch, index), calls `__getitem__`
+//! and flattens the sample into C-contiguous byte views; this half copies
+//! each view straight into its row of the batch buffer (a ring slot or a
+//! gRPC frame). The schema (names, dtypes, shapes) comes from the first
+//! sample that reads (`Source.tensors`).
+//!
+//! Errors: an exception raised by the user's `__getitem__` is a corrupt
+//! sample ([`DatasetError::Corrupt`] naming the index and the exception's
+//! last line), so the job's `on_corrupt` policy fails the job or skips the
+//! sample; the worker itself never dies of it. A sample whose shapes differ
+//! from the schema fails the job with a one-line message.
+
+use loader_proto::pb::{CustomSpec, Dtype};
+use loader_worker::{Dataset, DatasetError, SampleKey, SampleTensor};
+use pyo3::buffer::PyBuffer;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+
+/// The Python module that holds the dataset's Python half.
+const MODULE: &str = "loader._source";
+
+/// A Python dataset opened in this worker.
+#[derive(Debug)]
+pub(crate) struct PythonDataset {
+    /// `loader._source.Source` over the user's dataset.
+    source: Py<PyAny>,
+    /// `SampleError` (a sample that cannot be batched), which fails the job
+    /// whatever its corrupt policy.
+    sample_error: Py<PyAny>,
+    /// The tensors of every sample, from the first sample that reads.
+    tensors: Vec<SampleTensor>,
+    /// `len(dataset)`, as the job was planned.
+    len: u64,
+}
+
+impl PythonDataset {
+    /// Opens the dataset a `python` spec describes (unpickles it or calls
+    /// its factory) and reads a first sample for the schema.
+    pub(crate) fn open(spec: &CustomSpec) -> Result<Self, DatasetError> {
+        Python::attach(|py| Self::open_in(py, spec))
+            .map_err(|e| Python::attach(|py| DatasetError::Spec(format!("dataset.python: {}", last_line(py, &e)))))
+    }
+
+    fn open_in(py: Python<'_>, spec: &CustomSpec) -> PyResult<Self> {
+        let module = py.import(MODULE)?;
+        let params = PyDict::new(py);
+        for (k, v) in &spec.params {
+            params.set_item(k, v)?;
+        }
+        let source = module.getattr("Source")?.call1((params, spec.num_samples))?;
+        let described = source.call_method0("tensors")?;
+        let mut tensors = Vec::new();
+        for item in described.cast::<PyList>()?.iter() {
+            let (name, dtype, shape): (String, String, Vec<u64>) = item.extract()?;
+            let dtype = Dtype::parse(&dtype).ok_or_else(|| {
+                pyo3::exceptions::PyTypeError::new_err(format!("{name}: dtype {dtype} cannot be batched"))
+            })?;
+            tensors.push(SampleTensor { name, dtype, shape });
+        }
+        Ok(Self {
+            sample_error: module.getattr("SampleError")?.unbind(),
+            source: source.unbind(),
+            tensors,
+            len: spec.num_samples,
+        })
+    }
+
+    /// Reads sample `key.index` into `rows`, with the GIL held.
+    fn read_in(&self, py: Python<'_>, key: SampleKey, rows: &mut [&mut [u8]]) -> Result<(), DatasetError> {
+        let leaves = match self.source.bind(py).call_method1("read", (key.index, sample_seed(key))) {
+            Ok(leaves) => leaves,
+            Err(e) if e.is_instance(py, self.sample_error.bind(py)) => {
+                return Err(DatasetError::Spec(e.value(py).to_string()));
+            }
+            Err(e) => {
+                return Err(DatasetError::Corrupt {
+                    path: format!("index {}", key.index),
+                    reason: last_line(py, &e),
+                });
+            }
+        };
+        let leaves = leaves
+            .cast::<PyList>()
+            .map_err(|_| DatasetError::RowMismatch { index: key.index })?;
+        if leaves.len() != rows.len() {
+            return Err(DatasetError::RowMismatch { index: key.index });
+        }
+        for (leaf, row) in leaves.iter().zip(rows.iter_mut()) {
+            let copied = PyBuffer::<u8>::get(&leaf).and_then(|buf| buf.copy_to_slice(py, row));
+            if copied.is_err() {
+                return Err(DatasetError::RowMismatch { index: key.index });
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Dataset for PythonDataset {
+    fn tensors(&self) -> &[SampleTensor] {
+        &self.tensors
+    }
+
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn writes_whole_rows(&self) -> bool {
+        true
+    }
+
+    fn read_into(&self, key: SampleKey, rows: &mut [&mut [u8]]) -> Result<(), DatasetError> {
+        if key.index >= self.len {
+            return Err(DatasetError::IndexOutOfRange {
+                index: key.index,
+                len: self.len,
+            });
+        }
+        Python::attach(|py| self.read_in(py, key, rows))
+    }
+}
+
+/// The seed the RNGs get before `__getitem__(index)` in epoch `epoch` of a
+/// job seeded `seed`: for reproducing a sample outside Loader
+/// (`loader._dataset.seeded_sample`).
+#[pyfunction(name = "sample_seed")]
+pub(crate) fn py_sample_seed(seed: u64, epoch: u64, index: u64) -> u64 {
+    sample_seed(SampleKey { seed, epoch, index })
+}
+
+/// Batches in flight per worker for batches of `batch_bytes` when the
+/// configured prefetch is `prefetch`: the SDK's own window rule
+/// (`loader_proto::window::batches`), for a Python job whose batch size
+/// only a sample tells (`loader._dataset.ring_for`).
+#[pyfunction]
+pub(crate) fn window_batches(batch_bytes: u64, prefetch: u32) -> u32 {
+    loader_proto::window::batches(batch_bytes, prefetch)
+}
+
+/// The seed of one draw of a sample: SplitMix64 over (seed, epoch, index),
+/// so it depends on nothing but the sample's key.
+fn sample_seed(key: SampleKey) -> u64 {
+    let mut z = key.seed ^ key.epoch.rotate_left(21) ^ key.index.rotate_left(42);
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The last line of a Python exception's traceback: `ValueError: boom`.
+fn last_line(py: Python<'_>, e: &PyErr) -> String {
+    let kind = e
+        .get_type(py)
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "Exception".into());
+    let text = e.value(py).str().map(|s| s.to_string()).unwrap_or_default();
+    match text.trim().lines().last() {
+        Some(line) if !line.is_empty() => format!("{kind}: {line}"),
+        _ => kind,
+    }
+}

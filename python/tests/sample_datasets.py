@@ -1,0 +1,120 @@
+"""Map-style datasets for test_dataset.py, at module level so workers
+unpickle them by reference (the trainer's sys.path travels with them)."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import numpy as np
+
+
+class NumpyRows:
+    """Dict samples: a float32 row with numpy and Python random noise (so
+    the seeding shows), the index, a Python float and a bool."""
+
+    def __init__(self, n: int = 100, dim: int = 6) -> None:
+        self.n, self.dim = n, dim
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        x = np.arange(self.dim, dtype=np.float32) + i + np.random.rand(self.dim).astype(np.float32)
+        return {"x": x, "i": i, "noise": random.random(), "even": i % 2 == 0}
+
+
+class TorchAugmented:
+    """Tuple samples of torch tensors with random transforms (torchvision
+    style: a random crop offset and a random flip from torch's RNG)."""
+
+    def __init__(self, n: int = 60) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        import torch
+
+        image = torch.arange(3 * 10 * 10, dtype=torch.float32).reshape(3, 10, 10) + i
+        top, left = (int(v) for v in torch.randint(0, 3, (2,)))
+        crop = image[:, top : top + 8, left : left + 8]
+        if torch.rand(()) < 0.5:
+            crop = torch.flip(crop, dims=[2])
+        return crop, torch.tensor(i), [np.int32(i * 2), float(i) / 2]
+
+
+class Raising:
+    """Raises in ``__getitem__`` for the indices in ``bad``."""
+
+    def __init__(self, n: int = 40, bad=(7,)) -> None:
+        self.n, self.bad = n, frozenset(bad)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        if i in self.bad:
+            raise ValueError(f"cannot decode sample {i}\nsecond line of the message")
+        return {"i": np.int64(i)}
+
+
+class Ragged:
+    """Sample ``odd`` has a longer row than the others."""
+
+    def __init__(self, n: int = 40, odd: int = 13) -> None:
+        self.n, self.odd = n, odd
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return {"x": np.zeros(5 if i == self.odd else 4, dtype=np.float32)}
+
+
+class Locked:
+    """Holds a lock: neither pickle nor cloudpickle can send it."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int):
+        return np.zeros(2)
+
+
+class Slow:
+    """Indexed samples that take a little while, so a worker can be killed
+    with batches still to come."""
+
+    def __init__(self, n: int = 240, delay: float = 0.002) -> None:
+        self.n, self.delay = n, delay
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        time.sleep(self.delay)
+        return {"i": i, "x": np.full(16, i, dtype=np.uint8)}
+
+
+def make_numpy_rows(n: int, dim: int = 6) -> NumpyRows:
+    """The factory a ``python: {factory: ...}`` spec names."""
+    return NumpyRows(n, dim)
+
+
+class MixedNumbers:
+    """An int label, except a float at index ``odd``."""
+
+    def __init__(self, n: int = 24, odd: int = 5) -> None:
+        self.n, self.odd = n, odd
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return {"y": 0.5 if i == self.odd else i}
