@@ -5,9 +5,11 @@
 //!
 //! # Layout
 //! - [`telemetry`]: the tracing subscriber every binary installs (logs on
-//!   stderr, filtered by `RUST_LOG`), and the Prometheus recorder and
-//!   `/metrics` endpoint of a process that asks for one
-//!   ([`telemetry::metrics`]).
+//!   stderr, filtered by `RUST_LOG`; OTLP span export when the
+//!   OpenTelemetry environment asks for it, with the per-batch sampling
+//!   decision and the trace context batches carry: [`telemetry::trace`]),
+//!   and the Prometheus recorder and `/metrics` endpoint of a process that
+//!   asks for one ([`telemetry::metrics`]).
 //! - [`signals`]: SIGTERM and SIGINT as a future: how a process learns it
 //!   should stop.
 //! - [`heap`]: malloc settings for processes that allocate a batch-sized
