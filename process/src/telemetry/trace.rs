@@ -55,8 +55,8 @@ pub fn exporting() -> bool {
     EXPORTING.load(Ordering::Relaxed)
 }
 
-/// The W3C `traceparent` of `span` when spans are exported and `span` is
-/// sampled; empty otherwise (nothing to carry).
+/// The W3C `traceparent` of `span` when an OpenTelemetry layer records it
+/// and it is sampled; empty otherwise (nothing to carry).
 pub fn carry(span: &Span) -> String {
     if span.is_disabled() {
         return String::new();
