@@ -77,11 +77,16 @@ pub fn adopt(span: &Span, traceparent: &str) {
     if traceparent.is_empty() || span.is_disabled() {
         return;
     }
-    let carrier = HashMap::from([(TRACEPARENT.to_owned(), traceparent.to_owned())]);
-    let cx = propagator().extract(&carrier);
-    if cx.span().span_context().is_valid() {
+    if let Some(cx) = remote_context(traceparent) {
         let _ = span.set_parent(cx);
     }
+}
+
+/// The remote parent a `traceparent` names; None when it is malformed.
+fn remote_context(traceparent: &str) -> Option<opentelemetry::Context> {
+    let carrier = HashMap::from([(TRACEPARENT.to_owned(), traceparent.to_owned())]);
+    let cx = propagator().extract(&carrier);
+    cx.span().span_context().is_valid().then_some(cx)
 }
 
 /// A span that is a child of the context `traceparent` carries, made by
@@ -237,6 +242,16 @@ mod tests {
         ];
         for (sampler, arg, want) in cases {
             assert_eq!(batch_ratio(sampler, arg), want, "{sampler:?} {arg:?}");
+        }
+    }
+
+    #[test]
+    fn a_malformed_traceparent_names_no_parent() {
+        let good = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+        let cx = remote_context(good).expect("a valid traceparent");
+        assert_eq!(format!("{:032x}", cx.span().span_context().trace_id()), "0af7651916cd43dd8448eb211c80319c");
+        for bad in ["", "garbage", "00-zz-b7ad6b7169203331-01", "00-00000000000000000000000000000000-b7ad6b7169203331-01"] {
+            assert!(remote_context(bad).is_none(), "{bad:?}");
         }
     }
 
