@@ -36,6 +36,10 @@ pub(crate) struct BatchSpans {
 impl BatchSpans {
     /// The spans of batch `seq` of `task` (of job `job_id`).
     pub(crate) fn start(task: &Task, job_id: u64, seq: u64) -> Self {
+        // Most tasks carry no context at all: no lookup for their batches.
+        if task.traceparents.is_empty() {
+            return Self { produce: Span::none() };
+        }
         let traceparent = task.traceparents.get(&seq).map_or("", String::as_str);
         let produce = trace::child_of(traceparent, || {
             tracing::info_span!(
@@ -53,7 +57,7 @@ impl BatchSpans {
         Self { produce }
     }
 
-    /// The produce span, entered while the batch is made.
+    /// The produce span, to make the batch in (`in_scope`).
     pub(crate) fn produce(&self) -> &Span {
         &self.produce
     }

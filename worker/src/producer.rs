@@ -428,10 +428,10 @@ impl Shared {
                         let started = Instant::now();
                         let _busy = self.busy_meter.spell(started);
                         spans.waited_for_slot(started.saturating_duration_since(asked));
-                        let producing = spans.produce().enter();
-                        let collated = collate_into(&*dataset, &layout, &meta, &indices, rules, lease.bytes_mut())
+                        let collated = spans
+                            .produce()
+                            .in_scope(|| collate_into(&*dataset, &layout, &meta, &indices, rules, lease.bytes_mut()))
                             .map_err(|e| failed(seq, e))?;
-                        drop(producing);
                         spans.made(indices.len(), &collated);
                         let took = started.elapsed();
                         timing.made(took, &self.windows, job.job_id);
@@ -465,10 +465,10 @@ impl Shared {
             }
             let started = Instant::now();
             let _busy = self.busy_meter.spell(started);
-            let producing = spans.produce().enter();
-            let (batch, collated) =
-                collate_bytes(&*dataset, &layout, &meta, &indices, rules).map_err(|e| failed(seq, e))?;
-            drop(producing);
+            let (batch, collated) = spans
+                .produce()
+                .in_scope(|| collate_bytes(&*dataset, &layout, &meta, &indices, rules))
+                .map_err(|e| failed(seq, e))?;
             spans.made(indices.len(), &collated);
             let took = started.elapsed();
             timing.made(took, &self.windows, job.job_id);
