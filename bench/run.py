@@ -351,6 +351,12 @@ spans across three processes plus their export. At 64-sample batches 1% is
 ±5-20% on this machine, so the small-batch metric-only cost (0.93-0.97 in
 three sessions' runs) is not told apart from noise more finely than that.
 
+A/B of this session's build (traces, the pin stage, Python datasets; telemetry off) against the build before it (cf71a9d), same run,
+`SCENARIOS="shm grpc images small tokens1" bench/ab/compare_builds.sh OLD NEW 6 bench/data/imagenet-shaped`
+(2026-11-25, 2 cores, medians, new/old): shm 0.968 (re-run alone with 14 repeats: 1.009, trainer CPU
+42.4 -> 38.8 µs/batch), grpc 1.013, images 1.029, 3x32x32 b256 1.048, 2049xu16 b1 1.090. The Python loop
+(`bench/python_loop.py`) was not A/B'd against the old wheel.
+
 ## Host-to-device (GPU): pending a GPU machine
 
 The pin-memory stage (issue 18) has no measured table yet: no machine with
