@@ -23,7 +23,8 @@ import sys
 from collections.abc import Mapping
 from typing import Any, Optional
 
-from ._source import _flatten, _last_line, make_from_factory, seed_rngs
+from ._rngs import seed_all
+from ._source import _flatten, _last_line, make_from_factory
 
 #: The ``custom`` dataset name a Python dataset job carries (the spec-file
 #: entry ``python: {...}`` becomes it).
@@ -285,5 +286,5 @@ def seeded_sample(dataset: Any, index: int, *, seed: int = 0, epoch: int = 0) ->
     sample outside Loader."""
     from . import _native
 
-    seed_rngs(_native.sample_seed(seed, epoch, index))
+    seed_all(_native.sample_seed(seed, epoch, index))
     return dataset[index]

@@ -1,11 +1,12 @@
 """Python map-style datasets, the worker's half: ``Source``, which the
 worker's native dataset (``python/src/dataset.rs``) opens per job and calls
-per sample. It unpickles the dataset (or calls its factory), seeds Python's
-``random``, numpy's global RNG and torch's (when torch is imported) from
-(seed, epoch, index) before each ``__getitem__``, so random augmentations
-are the same on any number of workers and after a resume, and flattens the
-sample into C-contiguous byte views the worker copies straight into the
-batch buffer; nothing is pickled between processes.
+once per batch. It unpickles the dataset (or calls its factory), seeds
+Python's ``random``, numpy's global RNG and torch's from (seed, epoch,
+index) before each ``__getitem__`` (those the dataset draws from:
+``loader._rngs``), so random augmentations are the same on any number of
+workers and after a resume, and flattens each sample into C-contiguous
+byte views the worker copies straight into the batch buffer; nothing is
+pickled between processes.
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ import base64
 import importlib
 import json
 import pickle
-import random
-import struct
 import sys
 from collections.abc import Mapping
 from typing import Any, Optional
+
+from ._rngs import Rngs, seed_all
 
 #: Samples tried for the schema before an exception in ``__getitem__`` is
 #: taken as the dataset's, not one sample's.
@@ -56,9 +57,9 @@ class Source:
 
     def __init__(self, params: Mapping[str, str], num_samples: int) -> None:
         # For a pickled dataset, `args` are Loader's own settings.
-        self._seed_rngs = True
+        seed_rngs = True
         if "pickle" in params:
-            self._seed_rngs = bool(json.loads(params.get("args") or "{}").get("seed_rngs", True))
+            seed_rngs = bool(json.loads(params.get("args") or "{}").get("seed_rngs", True))
             paths, data = pickle.loads(base64.b64decode(params["pickle"]))
             sys.path.extend(p for p in paths if p not in sys.path)
             self._dataset = pickle.loads(data)
@@ -67,6 +68,7 @@ class Source:
             self._dataset = make_from_factory(params["factory"], args)
         else:
             raise ValueError("dataset.python: give `factory` (package.module:function) or `pickle`")
+        self._rngs = Rngs(seed_rngs)
         held = len(self._dataset)
         if held != num_samples:
             raise ValueError(f"dataset.python: len(dataset) is {held}, the job was planned for {num_samples}")
@@ -78,10 +80,7 @@ class Source:
         self._names: list[str] = []
         self._first = 0
         self._torch_threads = False
-        # What _fast_read checks: per leaf (numpy dtype, shape), or
-        # (Python type, ()) for a number; and the dicts' keys in order.
-        self._expect: list = []
-        self._keys: list = []
+        self._schema_sample: Any = None
 
     def tensors(self) -> list[tuple[str, str, list[int]]]:
         """``(name, dtype, shape)`` of each leaf, from the first sample that
@@ -98,32 +97,73 @@ class Source:
             leaves = self._leaves(sample)
             break
         self._first = first
-        self._expect, self._keys = _fast_schema(sample, self._np)
+        self._schema_sample = sample
         self._paths = [path for path, _, _ in leaves]
         self._names = [json.dumps(path) for path in self._paths]
         self._schema = [(path, dtype, a.shape) for path, a, dtype in leaves]
         return [(name, dtype, list(a.shape)) for name, (_, a, dtype) in zip(self._names, leaves)]
 
     def _get(self, index: int, sample_seed: int) -> Any:
+        self._torch_one_thread()
+        if self._rngs.enabled:
+            seed_all(sample_seed)
+        return self._dataset[index]
+
+    def _torch_one_thread(self) -> None:
         if not self._torch_threads and "torch" in sys.modules:
             # One intra-op thread per worker, as DataLoader's workers do:
             # the workers are the parallelism, and N workers x N threads
             # would oversubscribe every core.
             sys.modules["torch"].set_num_threads(1)
             self._torch_threads = True
-        if self._seed_rngs:
-            seed_rngs(sample_seed)
-        return self._dataset[index]
+
+    def read_batch(self, indices: list, seeds: list) -> tuple[list, dict]:
+        """The samples ``indices`` of one batch as ``__getitem__`` returns
+        them, and, by position, the last line of the exception of each
+        that raised (its sample is None; the worker applies the job's
+        corrupt policy). One call per batch: the worker writes plain
+        samples into the batch itself (``python/src/sample_plan.rs``) and
+        hands the others to ``convert``. Generators are seeded as
+        ``loader._rngs`` says (a batch may be read twice, once per worker
+        and generator)."""
+        self._torch_one_thread()
+        read = self._read_samples(indices, seeds, self._rngs.begin(len(indices)))
+        if self._rngs.drawn():
+            self._torch_one_thread()
+            read = self._read_samples(indices, seeds, self._rngs.begin(0))
+        return read
+
+    def _read_samples(self, indices: list, seeds: list, seed: Any) -> tuple[list, dict]:
+        dataset = self._dataset
+        samples: list = []
+        errors: dict = {}
+        append = samples.append
+        for index, sample_seed in zip(indices, seeds):
+            if seed is not None:
+                seed(sample_seed)
+            try:
+                append(dataset[index])
+            except Exception as e:
+                errors[len(samples)] = _last_line(e)
+                append(None)
+        return samples, errors
+
+    def schema_sample(self) -> Any:
+        """The sample ``tensors()`` took the schema from."""
+        return self._schema_sample
 
     def read(self, index: int, sample_seed: int) -> list:
         """The leaves of sample ``index`` as C-contiguous byte memoryviews,
         in the order of ``tensors()``. An exception of ``__getitem__``
         propagates (the worker applies the job's corrupt policy); a sample
         that does not match sample 0 raises ``SampleError``."""
-        sample = self._get(index, sample_seed)
-        fast = self._fast_read(sample)
-        if fast is not None:
-            return fast
+        return self.convert(index, self._get(index, sample_seed))
+
+    def convert(self, index: int, sample: Any) -> list:
+        """The leaves of ``sample`` (sample ``index``) as C-contiguous byte
+        memoryviews, in the order of ``tensors()``, whatever the leaves
+        (torch tensors, numpy scalars, strided arrays); ``SampleError`` when
+        it does not match the schema sample."""
         leaves = self._leaves(sample)
         schema = self._schema
         if [path for path, _, _ in leaves] != self._paths:
@@ -142,103 +182,10 @@ class Source:
             out.append(memoryview(array).cast("B"))
         return out
 
-    def _fast_read(self, sample: Any) -> Optional[list]:
-        """``read``'s result for a sample of plain containers, numpy arrays
-        and Python numbers that matches the schema; None for anything else
-        (torch tensors, numpy scalars, a mismatch), which ``read`` then
-        handles in full. Per-sample Python work is the cost of small
-        samples: no paths, numbers straight to their little-endian bytes."""
-        leaves: list = []
-        keys: list = []
-        try:
-            _fast_leaves(sample, leaves, keys, self._np.ndarray)
-        except _NotPlain:
-            return None
-        if keys != self._keys or len(leaves) != len(self._expect):
-            return None
-        out = []
-        for leaf, (dtype, shape) in zip(leaves, self._expect):
-            if type(leaf) is tuple:  # (Python type, bytes) of a number
-                if leaf[0] is not dtype:  # another type, or an array expected
-                    return None
-                out.append(leaf[1])
-            elif isinstance(dtype, type) or leaf.dtype != dtype or leaf.shape != shape:
-                return None
-            else:
-                out.append(memoryview(leaf).cast("B"))
-        return out
-
     def _leaves(self, sample: Any) -> list[tuple[list, Any, str]]:
         out: list[tuple[list, Any, str]] = []
         _flatten(sample, [], out, self._np)
         return out
-
-
-def seed_rngs(sample_seed: int) -> None:
-    """Seeds Python's ``random``, numpy's global RNG and, when torch is
-    imported, torch's CPU generator, as a worker does before each
-    ``__getitem__``. ``torch.default_generator`` rather than
-    ``torch.manual_seed``, which also seeds every accelerator backend and
-    costs a hundred times more per sample."""
-    random.seed(sample_seed)
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        numpy.random.seed(sample_seed & 0xFFFF_FFFF)
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        torch.default_generator.manual_seed(sample_seed)
-
-
-class _NotPlain(Exception):
-    """A sample _fast_leaves leaves to the full path."""
-
-
-_PACK_F64 = struct.Struct("<d").pack
-
-
-def _fast_leaves(sample: Any, out: list, keys: list, ndarray: type) -> None:
-    """The leaves of a sample of dicts/tuples/lists, numpy arrays and Python
-    numbers, in ``_flatten``'s order: C-contiguous arrays as they are,
-    numbers as (their Python type, their little-endian bytes); dict keys
-    go to ``keys``."""
-    t = type(sample)
-    if t is ndarray or (t is not bool and isinstance(sample, ndarray)):
-        if not sample.flags.c_contiguous:
-            raise _NotPlain
-        out.append(sample)
-    elif t is tuple or t is list:
-        for value in sample:
-            _fast_leaves(value, out, keys, ndarray)
-    elif t is dict:
-        keys.append(tuple(sample))
-        for value in sample.values():
-            _fast_leaves(value, out, keys, ndarray)
-    elif t is bool:
-        out.append((bool, b"\x01" if sample else b"\x00"))
-    elif t is int:
-        try:
-            out.append((int, sample.to_bytes(8, "little", signed=True)))
-        except OverflowError:
-            raise _NotPlain from None
-    elif t is float:
-        out.append((float, _PACK_F64(sample)))
-    else:
-        raise _NotPlain
-
-
-def _fast_schema(sample: Any, np: Any) -> tuple[list, list]:
-    """What ``_fast_read`` expects of every sample, from the schema
-    sample: per leaf (numpy dtype, shape) of an array or (Python type, ())
-    of a number, and the dicts' keys. Empty when the sample is not plain (every
-    read then takes the full path)."""
-    leaves: list = []
-    keys: list = []
-    try:
-        _fast_leaves(sample, leaves, keys, np.ndarray)
-    except _NotPlain:
-        return [], [None]  # matches no sample's keys
-    expect = [(v[0], ()) if type(v) is tuple else (v.dtype, v.shape) for v in leaves]
-    return expect, keys
 
 
 def _flatten(sample: Any, path: list, out: list, np: Any) -> None:

@@ -4,8 +4,10 @@
 //!
 //! The Python half (`loader._source.Source`) unpickles or imports the
 //! dataset, seeds the RNGs from (seed, epoch, index), calls `__getitem__`
-//! and flattens the sample into C-contiguous byte views; this half copies
-//! each view straight into its row of the batch buffer (a ring slot or a
+//! for every sample of a batch in one call (`read_batch`: one GIL hold and
+//! one interpreter call per batch, not per sample) and flattens each sample
+//! into C-contiguous byte views; this half copies each view straight into
+//! its row of the batch buffer (a ring slot or a
 //! gRPC frame). The schema (names, dtypes, shapes) comes from the first
 //! sample that reads (`Source.tensors`).
 //!
@@ -16,10 +18,13 @@
 //! from the schema fails the job with a one-line message.
 
 use loader_proto::pb::{CustomSpec, Dtype};
+use loader_worker::dataset::BatchRows;
 use loader_worker::{Dataset, DatasetError, SampleKey, SampleTensor};
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
+
+use crate::sample_plan::SamplePlan;
 
 /// The Python module that holds the dataset's Python half.
 const MODULE: &str = "loader._source";
@@ -34,6 +39,9 @@ pub(crate) struct PythonDataset {
     sample_error: Py<PyAny>,
     /// The tensors of every sample, from the first sample that reads.
     tensors: Vec<SampleTensor>,
+    /// How samples shaped like that one are written without Python's help
+    /// (None: that sample holds parts only the Python half converts).
+    plan: Option<SamplePlan>,
     /// `len(dataset)`, as the job was planned.
     len: u64,
 }
@@ -62,7 +70,9 @@ impl PythonDataset {
             })?;
             tensors.push(SampleTensor { name, dtype, shape });
         }
+        let plan = SamplePlan::of(&source.call_method0("schema_sample")?).filter(|p| p.leaves() == tensors.len());
         Ok(Self {
+            plan,
             sample_error: module.getattr("SampleError")?.unbind(),
             source: source.unbind(),
             tensors,
@@ -74,30 +84,87 @@ impl PythonDataset {
     fn read_in(&self, py: Python<'_>, key: SampleKey, rows: &mut [&mut [u8]]) -> Result<(), DatasetError> {
         let leaves = match self.source.bind(py).call_method1("read", (key.index, sample_seed(key))) {
             Ok(leaves) => leaves,
-            Err(e) if e.is_instance(py, self.sample_error.bind(py)) => {
-                return Err(DatasetError::Spec(e.value(py).to_string()));
-            }
-            Err(e) => {
-                return Err(DatasetError::Corrupt {
-                    path: format!("index {}", key.index),
-                    reason: last_line(py, &e),
-                });
-            }
+            Err(e) => return Err(self.failed(py, &e, key.index)),
         };
-        let leaves = leaves
-            .cast::<PyList>()
-            .map_err(|_| DatasetError::RowMismatch { index: key.index })?;
-        if leaves.len() != rows.len() {
-            return Err(DatasetError::RowMismatch { index: key.index });
+        copy_leaves(py, key.index, &leaves, rows)
+    }
+
+    /// Reads the samples `keys` into `batch` with the GIL held: one Python
+    /// call gets every sample of the batch; each is written into its rows by
+    /// the plan, or, when it does not follow it, converted by the Python
+    /// half (which also words the error of a sample that cannot be batched).
+    fn read_batch_in(&self, py: Python<'_>, keys: &[SampleKey], batch: &mut BatchRows<'_>) -> Result<(), DatasetError> {
+        let first = keys.first().map_or(0, |k| k.index);
+        let indices: Vec<u64> = keys.iter().map(|k| k.index).collect();
+        let seeds: Vec<u64> = keys.iter().map(|&k| sample_seed(k)).collect();
+        let source = self.source.bind(py);
+        let (samples, errors) = match source
+            .call_method1("read_batch", (indices, seeds))
+            .and_then(|r| r.extract::<(Bound<'_, PyList>, Bound<'_, PyDict>)>())
+        {
+            Ok(read) => read,
+            Err(e) => return Err(self.failed(py, &e, first)),
+        };
+        if samples.len() != keys.len() {
+            return Err(DatasetError::RowMismatch { index: first });
         }
-        for (leaf, row) in leaves.iter().zip(rows.iter_mut()) {
-            let copied = PyBuffer::<u8>::get(&leaf).and_then(|buf| buf.copy_to_slice(py, row));
-            if copied.is_err() {
-                return Err(DatasetError::RowMismatch { index: key.index });
-            }
+        for (pos, (key, sample)) in keys.iter().zip(samples.iter()).enumerate() {
+            let read = match errors.get_item(pos) {
+                // `__getitem__` raised: the exception's last line.
+                Ok(Some(reason)) => Err(DatasetError::Corrupt {
+                    path: format!("index {}", key.index),
+                    reason: reason.to_string(),
+                }),
+                _ => self.write_sample(py, key.index, &sample, &mut batch.next_rows()),
+            };
+            batch.settle(key.index, read)?;
         }
         Ok(())
     }
+
+    /// Writes sample `index` into `rows`: by the plan, else through the
+    /// Python half's full conversion and checks.
+    fn write_sample(&self, py: Python<'_>, index: u64, sample: &Bound<'_, PyAny>, rows: &mut [&mut [u8]]) -> Result<(), DatasetError> {
+        if let Some(plan) = &self.plan
+            && plan.write(sample, rows).is_ok()
+        {
+            return Ok(());
+        }
+        match self.source.bind(py).call_method1("convert", (index, sample)) {
+            Ok(leaves) => copy_leaves(py, index, &leaves, rows),
+            Err(e) => Err(self.failed(py, &e, index)),
+        }
+    }
+
+    /// What an exception out of the Python half means: a sample that cannot
+    /// be batched fails the job; one raised by `__getitem__` (sample
+    /// `index`) is a corrupt sample.
+    fn failed(&self, py: Python<'_>, e: &PyErr, index: u64) -> DatasetError {
+        if e.is_instance(py, self.sample_error.bind(py)) {
+            return DatasetError::Spec(e.value(py).to_string());
+        }
+        DatasetError::Corrupt {
+            path: format!("index {index}"),
+            reason: last_line(py, e),
+        }
+    }
+}
+
+/// Copies the leaves of sample `index` (a list of byte buffers, in the
+/// order of the dataset's tensors) into its rows; each must be exactly its
+/// row's size.
+fn copy_leaves(py: Python<'_>, index: u64, leaves: &Bound<'_, PyAny>, rows: &mut [&mut [u8]]) -> Result<(), DatasetError> {
+    let leaves = leaves.cast::<PyList>().map_err(|_| DatasetError::RowMismatch { index })?;
+    if leaves.len() != rows.len() {
+        return Err(DatasetError::RowMismatch { index });
+    }
+    for (leaf, row) in leaves.iter().zip(rows.iter_mut()) {
+        let copied = PyBuffer::<u8>::get(&leaf).and_then(|buf| buf.copy_to_slice(py, row));
+        if copied.is_err() {
+            return Err(DatasetError::RowMismatch { index });
+        }
+    }
+    Ok(())
 }
 
 impl Dataset for PythonDataset {
@@ -121,6 +188,16 @@ impl Dataset for PythonDataset {
             });
         }
         Python::attach(|py| self.read_in(py, key, rows))
+    }
+
+    fn read_batch(&self, keys: &[SampleKey], batch: &mut BatchRows<'_>) -> Result<(), DatasetError> {
+        if let Some(key) = keys.iter().find(|k| k.index >= self.len) {
+            return Err(DatasetError::IndexOutOfRange {
+                index: key.index,
+                len: self.len,
+            });
+        }
+        Python::attach(|py| self.read_batch_in(py, keys, batch))
     }
 }
 

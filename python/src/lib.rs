@@ -22,13 +22,18 @@
 //!   environment asks for it, flushed at exit.
 //! - `worker`: `run_worker`, `loader-worker`'s command line in this module.
 //! - `dataset`: `PythonDataset`, a user's Python dataset served by that
-//!   worker (`__getitem__` per index, copied into the batch buffer).
+//!   worker (`__getitem__` for a batch's indices in one call, each sample
+//!   copied into the batch buffer).
+//! - `sample_plan`: `SamplePlan`, the shape of a dataset's samples, which
+//!   writes a plain sample (containers, arrays, numbers) into its rows
+//!   without a Python call per leaf.
 
 mod batch;
 mod dataset;
 mod dlpack;
 mod errors;
 mod options;
+mod sample_plan;
 mod session;
 mod spec;
 mod telemetry;

@@ -21,7 +21,8 @@ use bytes::{Bytes, BytesMut};
 use loader_proto::batch::{BatchError, BatchLayout, BatchMeta, TensorDesc};
 use loader_proto::pb::CorruptPolicy;
 
-use crate::dataset::{Dataset, DatasetError, SampleKey};
+pub use crate::dataset::Skipped;
+use crate::dataset::{BatchRows, Dataset, DatasetError, SampleKey};
 
 /// Why a batch could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -47,15 +48,6 @@ impl Default for BatchRules {
     fn default() -> Self {
         Self { seed: 0, on_corrupt: CorruptPolicy::Fail }
     }
-}
-
-/// A sample left out of its batch under the `skip` policy.
-#[derive(Debug)]
-pub struct Skipped {
-    /// Its dataset index.
-    pub index: u64,
-    /// Why: a [`DatasetError::Corrupt`] naming the file.
-    pub error: DatasetError,
 }
 
 /// A batch written into a buffer.
@@ -142,29 +134,23 @@ fn fill(
             p.fill(0);
         }
     }
-    let row_len: Vec<usize> = payloads.iter().map(|p| p.len() / indices.len().max(1)).collect();
-    let mut kept = Vec::with_capacity(indices.len());
-    let mut skipped = Vec::new();
+    let keys: Vec<SampleKey> =
+        indices.iter().map(|&index| SampleKey { seed: rules.seed, epoch: u64::from(meta.epoch), index }).collect();
+    let mut rows = BatchRows::new(payloads, indices.len(), rules.on_corrupt, whole_rows);
     let reading = Instant::now();
-    for &index in indices {
-        // The next free row of every tensor: a skipped sample's rows are
-        // written again by the sample after it.
-        let at = kept.len();
-        let mut rows: Vec<&mut [u8]> =
-            payloads.iter_mut().zip(&row_len).map(|(p, &n)| &mut p[at * n..(at + 1) * n]).collect();
-        let key = SampleKey { seed: rules.seed, epoch: u64::from(meta.epoch), index };
-        match dataset.read_into(key, &mut rows) {
-            Ok(()) => kept.push(index),
-            Err(error @ DatasetError::Corrupt { .. }) if rules.on_corrupt == CorruptPolicy::Skip => {
-                if !whole_rows {
-                    rows.iter_mut().for_each(|r| r.fill(0));
-                }
-                skipped.push(Skipped { index, error });
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
+    dataset.read_batch(&keys, &mut rows)?;
+    let (kept, skipped) = rows.finish();
     let read = reading.elapsed();
+    if kept.len() + skipped.len() != indices.len() {
+        // A dataset's own `read_batch` that lost count: never a short batch
+        // that silently misses samples.
+        return Err(DatasetError::Spec(format!(
+            "the dataset settled {} of the batch's {} samples",
+            kept.len() + skipped.len(),
+            indices.len()
+        ))
+        .into());
+    }
     if skipped.is_empty() {
         return Ok(Collated { len: layout.total_len(), skipped, read });
     }

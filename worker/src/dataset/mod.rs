@@ -15,6 +15,7 @@ mod image_folder;
 mod images;
 mod npy;
 mod registry;
+mod rows;
 pub(crate) mod synthetic;
 mod tokens;
 mod transformed;
@@ -25,6 +26,7 @@ use loader_proto::pb::Dtype;
 pub use image_folder::ImageFolder;
 pub use npy::Npy;
 pub use registry::{Datasets, OpenCustom, open};
+pub use rows::{BatchRows, Skipped};
 pub use synthetic::Synthetic;
 pub use tokens::Tokens;
 pub use transformed::{Transform, Transformed};
@@ -86,6 +88,19 @@ pub trait Dataset: Send + Sync + std::fmt::Debug {
     /// pass over the whole batch.
     fn writes_whole_rows(&self) -> bool {
         false
+    }
+
+    /// Reads the samples `keys` of one batch, in order, settling each in
+    /// `batch` (kept, left out under `skip`, or the error that fails the
+    /// batch). The default calls [`read_into`](Dataset::read_into) once per
+    /// sample; a dataset that pays a fixed cost per call (a Python
+    /// dataset: the interpreter's call and the GIL) reads them in one go.
+    fn read_batch(&self, keys: &[SampleKey], batch: &mut BatchRows<'_>) -> Result<(), DatasetError> {
+        for &key in keys {
+            let read = self.read_into(key, &mut batch.next_rows());
+            batch.settle(key.index, read)?;
+        }
+        Ok(())
     }
 }
 
