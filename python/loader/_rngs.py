@@ -16,7 +16,9 @@ numbers it would with every generator seeded before it: a sample that
 draws nothing from a generator does not depend on its state. The cost is
 one extra read of at most three batches per worker and ~10 us per batch.
 Batches of one or two samples are seeded in full (the check would cost
-more than it saves).
+more than it saves). A library imported during a batch (torch, by a
+dataset that imports it in ``__getitem__``) was not seeded for it: that
+batch is read again too.
 """
 
 from __future__ import annotations
@@ -77,6 +79,8 @@ class Rngs:
         #: Generators put in the sentinel state for the batch being read,
         #: or None when that batch is not checked.
         self._armed: Optional[tuple[str, ...]] = None
+        #: Libraries imported when the batch began.
+        self._present: frozenset[str] = frozenset()
 
     def begin(self, batch_len: int) -> Optional[Callable[[int], None]]:
         """Called before a batch of ``batch_len`` samples is read: arms the
@@ -86,9 +90,12 @@ class Rngs:
         self._armed = None
         if not self.enabled:
             return None
+        self._present = frozenset(n for n in _NAMES if n == "random" or n in sys.modules)
         if batch_len <= _SMALL_BATCH:
+            # Checked only for a library imported during the batch.
+            self._armed = ()
             return seed_all
-        watch = tuple(n for n in _NAMES if n not in self.seeded and (n == "random" or n in sys.modules))
+        watch = tuple(n for n in _NAMES if n not in self.seeded and n in self._present)
         for name in watch:
             self._put_sentinel(name)
         self._armed = watch
@@ -102,7 +109,7 @@ class Rngs:
         armed, self._armed = self._armed, None
         if armed is None:
             return False
-        fresh = [n for n in _NAMES if n not in self.seeded and n not in armed and n in sys.modules]
+        fresh = [n for n in _NAMES if n not in self._present and n in sys.modules]
         used = [n for n in armed if self._draw(n) != self._sentinel_draw[n]]
         if not (used or fresh):
             return False

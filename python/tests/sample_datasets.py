@@ -118,3 +118,32 @@ class MixedNumbers:
 
     def __getitem__(self, i: int):
         return {"y": 0.5 if i == self.odd else i}
+
+
+class Occasional:
+    """Draws from each generator only now and then (``random`` at indices
+    3 mod 17, numpy at 5 mod 23, torch — imported on first use — at 7 mod
+    29), and returns a strided (not C-contiguous) row at every fifth index:
+    the worker learns which generators to seed as it goes, and writes
+    samples both by its plan and through the Python conversion."""
+
+    def __init__(self, n: int = 120) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        noise = 0.0
+        if i % 17 == 3:
+            noise += random.random()
+        if i % 23 == 5:
+            noise += float(np.random.rand())
+        if i % 29 == 7:
+            import torch
+
+            noise += float(torch.rand(()))
+        row = np.arange(8, dtype=np.float64) + i
+        if i % 5 == 0:
+            row = np.arange(16, dtype=np.float64)[::2] + i
+        return row, noise, i

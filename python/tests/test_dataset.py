@@ -15,7 +15,7 @@ import pytest
 
 import loader
 from loader._dataset import seeded_sample
-from sample_datasets import Locked, MixedNumbers, NumpyRows, Ragged, Raising, Slow, TorchAugmented
+from sample_datasets import Locked, MixedNumbers, NumpyRows, Occasional, Ragged, Raising, Slow, TorchAugmented
 
 torch = pytest.importorskip("torch", reason="torch is needed for default_collate and torch datasets")
 from torch.utils.data import default_collate  # noqa: E402
@@ -93,6 +93,19 @@ def test_same_bytes_on_1_and_3_workers_and_after_a_mid_epoch_resume(make):
         second.load_state_dict(state)
         rest = every_epoch(second)
     assert head + rest == one
+
+
+@pytest.mark.parametrize("batch_size", [2, 16])
+def test_generators_drawn_from_now_and_then_give_every_sample_its_seeded_numbers(batch_size):
+    # Workers seed a generator only once they saw the dataset draw from it
+    # (the batch is read again then), and write strided rows through the
+    # Python conversion: every sample is still what it is with every
+    # generator seeded before it, on 1 and 3 workers.
+    dataset = Occasional(120)
+    want = expected(dataset, batch_size, seed=3)
+    for workers in (1, 3):
+        with loader.Loader.local(dataset, workers=workers, batch_size=batch_size, seed=3) as dl:
+            assert collect(dl) == want, f"{workers} workers"
 
 
 def test_a_factory_spec_is_imported_by_the_workers(monkeypatch):
