@@ -37,6 +37,8 @@ import jsonschema
 import kubernetes_validate
 import yaml
 
+helm.disable_logging()
+
 RELEASE = "loader"
 NAMESPACE = "ml"
 
