@@ -206,6 +206,9 @@ from "loader.ringVolume":
       mountPath: {{ .Values.sidecar.ringDir }}
     - name: loader-worker-tmp
       mountPath: /tmp
+    {{- with .Values.sidecar.volumeMounts }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
 {{- end }}
 
 {{/* The volumes the sidecar needs: the ring's directory and its /tmp. */}}
