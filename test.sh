@@ -5,13 +5,18 @@
 #      its reference and the Python-dataset tests run against torch's
 #      default_collate instead of skipping (torch from PyPI, a few GB, once:
 #      skipped when already importable);
-#   2. every Rust test (`cargo test --workspace`: unit, property and
+#   2. deploy/ checked offline (deploy/check.sh, about 6 s once its own
+#      virtualenv under target/deploy-venv exists, 20 s the first time): the
+#      Helm chart linted, rendered with each of its ci/ values files and every
+#      object validated against the Kubernetes schemas; the Dockerfile's
+#      stages checked statically (no container engine here);
+#   3. every Rust test (`cargo test --workspace`: unit, property and
 #      end-to-end tests over real loader-server / loader-worker processes);
-#   3. the CUDA pin-memory stage (feature `cuda`, issue 18): cudarc loads
+#   4. the CUDA pin-memory stage (feature `cuda`, issue 18): cudarc loads
 #      libcuda at run time, so it builds and its tests run on a machine with
 #      no CUDA: the SDK's unit tests and device-path tests with the feature,
 #      and loaderctl's `--device` tests against a loaderctl built with it;
-#   4. the Python SDK's tests (python/test.sh: builds `pip install ./python`
+#   5. the Python SDK's tests (python/test.sh: builds `pip install ./python`
 #      into the same virtualenv and runs pytest).
 # Needs cargo, Python >= 3.11 with venv, and PyPI. Extra args go to cargo test.
 set -euo pipefail
@@ -27,6 +32,8 @@ fi
 if ! "$venv/bin/python" -c 'import torch' >/dev/null 2>&1; then
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check torch
 fi
+
+deploy/check.sh
 
 export LOADER_PYTHON="$venv/bin/python"
 cargo test --workspace "$@"
