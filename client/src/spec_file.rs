@@ -229,7 +229,9 @@ struct CustomFile {
 /// A Python map-style dataset run inside the workers: `factory`
 /// (`package.module:function`, called with `args` as keywords) for
 /// deployments, or `pickle` (the dataset object, pickled and base64-encoded)
-/// as `loader.Loader.local(dataset)` writes it.
+/// as `loader.Loader.local(dataset)` writes it; optionally a `collate_fn`
+/// the workers make each batch with: `collate` (`package.module:function`)
+/// or `collate_pickle` (as `Loader.local(dataset, collate_fn=...)` writes it).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PythonFile {
@@ -239,6 +241,10 @@ struct PythonFile {
     args: Option<serde_json::Map<String, serde_json::Value>>,
     #[serde(default)]
     pickle: Option<String>,
+    #[serde(default)]
+    collate: Option<String>,
+    #[serde(default)]
+    collate_pickle: Option<String>,
     num_samples: u64,
 }
 
@@ -254,6 +260,12 @@ impl PythonFile {
         }
         if let Some(p) = self.pickle {
             params.insert("pickle".to_owned(), p);
+        }
+        if let Some(c) = self.collate {
+            params.insert("collate".to_owned(), c);
+        }
+        if let Some(c) = self.collate_pickle {
+            params.insert("collate_pickle".to_owned(), c);
         }
         params
     }

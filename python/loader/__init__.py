@@ -251,10 +251,12 @@ class Loader:
         ``drop_last`` (False), ``epochs`` (1), ``on_corrupt``: ``"fail"``
         (an exception in ``__getitem__`` raises ``LoaderError`` naming the
         index) or ``"skip"`` (the sample is left out and counted);
-        ``seed_rngs`` (True): False skips the per-sample seeding, for
-        datasets that draw no random numbers (about 10 us per sample).
-        ``collate_fn`` is not supported yet (see
-        docs/migrating-from-dataloader.md).
+        ``seed_rngs`` (True): False never seeds (workers otherwise seed
+        the generators a dataset is seen drawing from, see
+        ``loader._rngs``); ``collate_fn``: runs in the workers on each
+        batch's list of samples and returns arrays/tensors (in dicts,
+        tuples, lists) of any shapes, e.g. padded to the batch's longest
+        sample; it travels pickled like the dataset.
 
         Workers run this interpreter (``loader._worker``), so the
         installed package is all that is needed. They stop when the loader is
@@ -270,12 +272,6 @@ class Loader:
             "seed_rngs": seed_rngs,
         }
         if _dataset.is_dataset(job):
-            if collate_fn is not None:
-                raise NotImplementedError(
-                    "collate_fn is not supported yet: Loader collates samples with "
-                    "default_collate semantics in the workers; return equal-shape "
-                    "arrays from __getitem__ instead"
-                )
             job_dataset = job
             job = _dataset.job_spec(
                 job,
@@ -286,6 +282,7 @@ class Loader:
                 epochs=1 if epochs is None else int(epochs),
                 on_corrupt=on_corrupt or "fail",
                 seed_rngs=seed_rngs is not False,
+                collate_fn=collate_fn,
             )
             if "ring" not in options and options.get("shared_memory", True):
                 ring = _dataset.ring_for(
@@ -293,6 +290,7 @@ class Loader:
                     job["batch_size"],
                     options.get("prefetch", DEFAULT_PREFETCH),
                     workers,
+                    collate_fn,
                 )
                 if ring is not None:
                     window, slots, slot_bytes = ring

@@ -51,13 +51,14 @@ def is_iterable_dataset(obj: Any) -> bool:
     return hasattr(obj, "__iter__") and not hasattr(obj, "__getitem__")
 
 
-def pickle_dataset(dataset: Any) -> str:
+def pickle_dataset(dataset: Any, what: str = "the dataset") -> str:
     """The dataset, pickled and base64-encoded for the job spec, with this
     process's ``sys.path`` (so a worker imports the dataset's module from
     where the trainer did, as multiprocessing's spawn does). Classes
     defined in ``__main__`` or a notebook go by value through cloudpickle
     when it is installed. Raises ``TypeError`` in one line when the dataset
-    cannot be pickled."""
+    cannot be pickled (``what`` names the object: the dataset or its
+    collate_fn)."""
     try:
         data = pickle.dumps(
             ([p for p in sys.path if isinstance(p, str)], _dumps(dataset)),
@@ -66,13 +67,13 @@ def pickle_dataset(dataset: Any) -> str:
     except Exception as e:  # pickling runs user code (__reduce__): any error
         reason = _last_line(e)
         raise TypeError(
-            f"the dataset cannot be pickled to the workers ({type(dataset).__name__}): "
+            f"{what} cannot be pickled to the workers ({type(dataset).__name__}): "
             f"{reason}; define its class at module level, open files and "
             f"handles lazily in __getitem__, or install cloudpickle"
         ) from None
     if len(data) > MAX_PICKLE_BYTES:
         raise ValueError(
-            f"the dataset pickles to {len(data)} bytes, over the {MAX_PICKLE_BYTES} "
+            f"{what} pickles to {len(data)} bytes, over the {MAX_PICKLE_BYTES} "
             f"a job spec carries; keep large arrays in files (np.load(path, "
             f"mmap_mode='r') in __getitem__) or use a python factory spec"
         )
@@ -111,22 +112,27 @@ def job_spec(
     epochs: int,
     on_corrupt: str,
     seed_rngs: bool = True,
+    collate_fn: Any = None,
 ) -> dict:
-    """The job spec (spec-file schema) of ``Loader.local(dataset, ...)``."""
+    """The job spec (spec-file schema) of ``Loader.local(dataset, ...)``;
+    ``collate_fn`` travels pickled like the dataset."""
     try:
         n = len(dataset)
     except Exception as e:
         raise TypeError(f"len(dataset) failed: {_last_line(e)}") from None
     if n <= 0:
         raise ValueError("the dataset is empty (len(dataset) == 0)")
+    python = {
+        "pickle": pickle_dataset(dataset),
+        "args": {"seed_rngs": bool(seed_rngs)},
+        "num_samples": n,
+    }
+    if collate_fn is not None:
+        if not callable(collate_fn):
+            raise TypeError(f"collate_fn must be callable, not {type(collate_fn).__name__}")
+        python["collate_pickle"] = pickle_dataset(collate_fn, what="collate_fn")
     return {
-        "dataset": {
-            "python": {
-                "pickle": pickle_dataset(dataset),
-                "args": {"seed_rngs": bool(seed_rngs)},
-                "num_samples": n,
-            }
-        },
+        "dataset": {"python": python},
         "batch_size": batch_size,
         "epochs": epochs,
         "sampler": {"shuffle": bool(shuffle), "seed": int(seed), "drop_last": bool(drop_last)},
@@ -138,7 +144,9 @@ def job_spec(
 _RING_BUDGET = 1 << 30
 
 
-def ring_for(dataset: Any, batch_size: int, prefetch: int, workers: int) -> Optional[tuple[int, int, int]]:
+def ring_for(
+    dataset: Any, batch_size: int, prefetch: int, workers: int, collate_fn: Any = None
+) -> Optional[tuple[int, int, int]]:
     """``(prefetch, slots, slot_bytes)`` for a Python dataset's job, which
     the trainer cannot size from its spec as the Rust SDK does for the
     built-in datasets: the SDK's window for the batch's bytes (small
@@ -152,14 +160,19 @@ def ring_for(dataset: Any, batch_size: int, prefetch: int, workers: int) -> Opti
     leaves: list = []
     saved = _rng_states()
     try:
-        _flatten(seeded_sample(dataset, 0), [], leaves, _numpy())
+        sample = seeded_sample(dataset, 0)
+        if collate_fn is None:
+            _flatten(sample, [], leaves, _numpy())
+        else:
+            # A batch of copies of sample 0 as collate_fn makes it.
+            _flatten(collate_fn([sample] * batch_size), [], leaves, _numpy())
     except Exception:
         return None
     finally:
         _restore_rng_states(saved)
-    per_sample = sum(a.nbytes for _, a, _ in leaves)
+    payload = sum(a.nbytes for _, a, _ in leaves) * (batch_size if collate_fn is None else 1)
     # Payloads, their 64-byte alignment, the header and its index list.
-    batch = per_sample * batch_size + 64 * (len(leaves) + 1) + 8 * batch_size + (64 << 10)
+    batch = payload + 64 * (len(leaves) + 1) + 8 * batch_size + (64 << 10)
     window = _native.window_batches(batch, prefetch)
     slot = -(-batch // 4096) * 4096
     slots = max(4, min(2 * window * workers, _RING_BUDGET // slot, 1 << 16))

@@ -37,18 +37,24 @@ class SampleError(ValueError):
     fails the job (the corrupt policy is for samples that cannot be read)."""
 
 
-def make_from_factory(factory: str, args: Mapping) -> Any:
-    """Calls ``package.module:function`` with ``args`` as keywords."""
-    module, sep, attr = factory.partition(":")
+def import_attr(target: str, field: str) -> Any:
+    """The object ``package.module:name`` names; ``field`` says which spec
+    field named it, for the error."""
+    module, sep, attr = target.partition(":")
     if not sep or not module or not attr:
-        raise ValueError(f"dataset.python.factory: {factory!r} is not 'package.module:function'")
+        raise ValueError(f"{field}: {target!r} is not 'package.module:function'")
     try:
         fn = importlib.import_module(module)
         for part in attr.split("."):
             fn = getattr(fn, part)
     except (ImportError, AttributeError) as e:
-        raise ValueError(f"dataset.python.factory: cannot import {factory}: {_last_line(e)}") from None
-    return fn(**dict(args))
+        raise ValueError(f"{field}: cannot import {target}: {_last_line(e)}") from None
+    return fn
+
+
+def make_from_factory(factory: str, args: Mapping) -> Any:
+    """Calls ``package.module:function`` with ``args`` as keywords."""
+    return import_attr(factory, "dataset.python.factory")(**dict(args))
 
 
 class Source:
@@ -69,6 +75,15 @@ class Source:
         else:
             raise ValueError("dataset.python: give `factory` (package.module:function) or `pickle`")
         self._rngs = Rngs(seed_rngs)
+        #: The user's collate_fn (batches are then made whole by ``collate``).
+        self._collate_fn: Any = None
+        if "collate_pickle" in params:
+            paths, data = pickle.loads(base64.b64decode(params["collate_pickle"]))
+            sys.path.extend(p for p in paths if p not in sys.path)
+            self._collate_fn = pickle.loads(data)
+        elif params.get("collate"):
+            self._collate_fn = import_attr(params["collate"], "dataset.python.collate")
+        self.collates = self._collate_fn is not None
         held = len(self._dataset)
         if held != num_samples:
             raise ValueError(f"dataset.python: len(dataset) is {held}, the job was planned for {num_samples}")
@@ -147,6 +162,26 @@ class Source:
                 errors[len(samples)] = _last_line(e)
                 append(None)
         return samples, errors
+
+    def collate(self, samples: list) -> list:
+        """The batch ``collate_fn(samples)`` makes, flattened as samples
+        are: ``(name, dtype, shape, bytes)`` per leaf (arrays, tensors and
+        numbers in dicts, tuples and lists), any shapes. An exception of
+        ``collate_fn`` or a leaf that cannot be batched raises
+        ``SampleError`` (it fails the job, in one line)."""
+        try:
+            batch = self._collate_fn(samples)
+        except Exception as e:
+            raise SampleError(f"collate_fn raised on a batch of {len(samples)} samples: {_last_line(e)}") from None
+        leaves: list = []
+        try:
+            _flatten(batch, [], leaves, self._np)
+        except SampleError as e:
+            raise SampleError(f"collate_fn returned something that cannot be batched: {e}") from None
+        return [
+            (json.dumps(path), dtype, list(array.shape), memoryview(array.reshape(-1)).cast("B"))
+            for path, array, dtype in leaves
+        ]
 
     def schema_sample(self) -> Any:
         """The sample ``tensors()`` took the schema from."""

@@ -17,8 +17,8 @@
 //! sample; the worker itself never dies of it. A sample whose shapes differ
 //! from the schema fails the job with a one-line message.
 
-use loader_proto::pb::{CustomSpec, Dtype};
-use loader_worker::dataset::BatchRows;
+use loader_proto::pb::{CorruptPolicy, CustomSpec, Dtype};
+use loader_worker::dataset::{BatchRows, MadeBatch, MadeTensor};
 use loader_worker::{Dataset, DatasetError, SampleKey, SampleTensor};
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
@@ -42,6 +42,8 @@ pub(crate) struct PythonDataset {
     /// How samples shaped like that one are written without Python's help
     /// (None: that sample holds parts only the Python half converts).
     plan: Option<SamplePlan>,
+    /// The user gave a `collate_fn`: batches are made whole by it.
+    collates: bool,
     /// `len(dataset)`, as the job was planned.
     len: u64,
 }
@@ -71,7 +73,9 @@ impl PythonDataset {
             tensors.push(SampleTensor { name, dtype, shape });
         }
         let plan = SamplePlan::of(&source.call_method0("schema_sample")?).filter(|p| p.leaves() == tensors.len());
+        let collates = source.getattr("collates")?.extract()?;
         Ok(Self {
+            collates,
             plan,
             sample_error: module.getattr("SampleError")?.unbind(),
             source: source.unbind(),
@@ -94,27 +98,11 @@ impl PythonDataset {
     /// the plan, or, when it does not follow it, converted by the Python
     /// half (which also words the error of a sample that cannot be batched).
     fn read_batch_in(&self, py: Python<'_>, keys: &[SampleKey], batch: &mut BatchRows<'_>) -> Result<(), DatasetError> {
-        let first = keys.first().map_or(0, |k| k.index);
-        let indices: Vec<u64> = keys.iter().map(|k| k.index).collect();
-        let seeds: Vec<u64> = keys.iter().map(|&k| sample_seed(k)).collect();
-        let source = self.source.bind(py);
-        let (samples, errors) = match source
-            .call_method1("read_batch", (indices, seeds))
-            .and_then(|r| r.extract::<(Bound<'_, PyList>, Bound<'_, PyDict>)>())
-        {
-            Ok(read) => read,
-            Err(e) => return Err(self.failed(py, &e, first)),
-        };
-        if samples.len() != keys.len() {
-            return Err(DatasetError::RowMismatch { index: first });
-        }
+        let (samples, errors) = self.read_samples(py, keys)?;
         for (pos, (key, sample)) in keys.iter().zip(samples.iter()).enumerate() {
             let read = match errors.get_item(pos) {
                 // `__getitem__` raised: the exception's last line.
-                Ok(Some(reason)) => Err(DatasetError::Corrupt {
-                    path: format!("index {}", key.index),
-                    reason: reason.to_string(),
-                }),
+                Ok(Some(reason)) => Err(corrupt(key.index, &reason)),
                 _ => self.write_sample(py, key.index, &sample, &mut batch.next_rows()),
             };
             batch.settle(key.index, read)?;
@@ -136,6 +124,89 @@ impl PythonDataset {
         }
     }
 
+    /// Makes the batch of samples `keys` whole with the GIL held: one call
+    /// reads them, the corrupt policy applies to those that raised, and the
+    /// user's `collate_fn` makes the batch of the others.
+    fn make_batch_in(&self, py: Python<'_>, keys: &[SampleKey], on_corrupt: CorruptPolicy) -> Result<MadeBatch, DatasetError> {
+        let first = keys.first().map_or(0, |k| k.index);
+        let (samples, errors) = self.read_samples(py, keys)?;
+        let mut settled = BatchRows::new(Vec::new(), keys.len(), on_corrupt, true);
+        let kept_samples = PyList::empty(py);
+        for (pos, (key, sample)) in keys.iter().zip(samples.iter()).enumerate() {
+            let read = match errors.get_item(pos) {
+                Ok(Some(reason)) => Err(corrupt(key.index, &reason)),
+                _ => kept_samples.append(sample).map_err(|e| self.failed(py, &e, key.index)),
+            };
+            settled.settle(key.index, read)?;
+        }
+        let (kept, skipped) = settled.finish();
+        if kept.is_empty() {
+            // Every sample was left out: the schema's tensors, none held.
+            let tensors = self
+                .tensors
+                .iter()
+                .map(|t| MadeTensor {
+                    name: t.name.clone(),
+                    dtype: t.dtype,
+                    shape: std::iter::once(0).chain(t.shape.iter().copied()).collect(),
+                    bytes: Vec::new(),
+                })
+                .collect();
+            return Ok(MadeBatch { tensors, kept, skipped });
+        }
+        let leaves = self
+            .source
+            .bind(py)
+            .call_method1("collate", (kept_samples,))
+            .map_err(|e| self.failed(py, &e, first))?;
+        let leaves = leaves.cast::<PyList>().map_err(|_| DatasetError::RowMismatch { index: first })?;
+        let mut tensors = Vec::with_capacity(leaves.len());
+        for leaf in leaves.iter() {
+            let (name, dtype, shape, buf): (String, String, Vec<u64>, Bound<'_, PyAny>) =
+                leaf.extract().map_err(|_| DatasetError::RowMismatch { index: first })?;
+            let dtype = Dtype::parse(&dtype)
+                .ok_or_else(|| DatasetError::Spec(format!("collate_fn returned {name} of dtype {dtype}, which cannot be batched")))?;
+            let bytes = PyBuffer::<u8>::get(&buf)
+                .and_then(|b| b.to_vec(py))
+                .map_err(|_| DatasetError::RowMismatch { index: first })?;
+            tensors.push(MadeTensor { name, dtype, shape, bytes });
+        }
+        Ok(MadeBatch { tensors, kept, skipped })
+    }
+
+    /// The samples `keys` as `__getitem__` returned them, and the last line
+    /// of the exception of each that raised, by position (one Python call).
+    fn read_samples<'py>(
+        &self,
+        py: Python<'py>,
+        keys: &[SampleKey],
+    ) -> Result<(Bound<'py, PyList>, Bound<'py, PyDict>), DatasetError> {
+        let first = keys.first().map_or(0, |k| k.index);
+        let indices: Vec<u64> = keys.iter().map(|k| k.index).collect();
+        let seeds: Vec<u64> = keys.iter().map(|&k| sample_seed(k)).collect();
+        let (samples, errors) = self
+            .source
+            .bind(py)
+            .call_method1("read_batch", (indices, seeds))
+            .and_then(|r| r.extract::<(Bound<'py, PyList>, Bound<'py, PyDict>)>())
+            .map_err(|e| self.failed(py, &e, first))?;
+        if samples.len() != keys.len() {
+            return Err(DatasetError::RowMismatch { index: first });
+        }
+        Ok((samples, errors))
+    }
+
+    /// Every index of `keys` is one of the dataset's.
+    fn check_range(&self, keys: &[SampleKey]) -> Result<(), DatasetError> {
+        match keys.iter().find(|k| k.index >= self.len) {
+            Some(key) => Err(DatasetError::IndexOutOfRange {
+                index: key.index,
+                len: self.len,
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// What an exception out of the Python half means: a sample that cannot
     /// be batched fails the job; one raised by `__getitem__` (sample
     /// `index`) is a corrupt sample.
@@ -147,6 +218,15 @@ impl PythonDataset {
             path: format!("index {index}"),
             reason: last_line(py, e),
         }
+    }
+}
+
+/// Sample `index` could not be read: `reason` is the last line of the
+/// exception `__getitem__` raised.
+fn corrupt(index: u64, reason: &Bound<'_, PyAny>) -> DatasetError {
+    DatasetError::Corrupt {
+        path: format!("index {index}"),
+        reason: reason.to_string(),
     }
 }
 
@@ -191,13 +271,17 @@ impl Dataset for PythonDataset {
     }
 
     fn read_batch(&self, keys: &[SampleKey], batch: &mut BatchRows<'_>) -> Result<(), DatasetError> {
-        if let Some(key) = keys.iter().find(|k| k.index >= self.len) {
-            return Err(DatasetError::IndexOutOfRange {
-                index: key.index,
-                len: self.len,
-            });
-        }
+        self.check_range(keys)?;
         Python::attach(|py| self.read_batch_in(py, keys, batch))
+    }
+
+    fn makes_whole_batches(&self) -> bool {
+        self.collates
+    }
+
+    fn make_batch(&self, keys: &[SampleKey], on_corrupt: CorruptPolicy) -> Result<MadeBatch, DatasetError> {
+        self.check_range(keys)?;
+        Python::attach(|py| self.make_batch_in(py, keys, on_corrupt))
     }
 }
 

@@ -147,3 +147,37 @@ class Occasional:
         if i % 5 == 0:
             row = np.arange(16, dtype=np.float64)[::2] + i
         return row, noise, i
+
+
+class Variable:
+    """Rows of length 1 + index % 7 (so no two neighbours match), with
+    random noise; index 9 raises."""
+
+    def __init__(self, n: int = 50) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        if i == 9:
+            raise ValueError("sample 9 is unreadable")
+        return np.arange(1 + i % 7, dtype=np.float32) + i + np.random.rand(), i
+
+
+def pad_collate(samples):
+    """A padding collate_fn: rows padded with -1 to the batch's longest,
+    their lengths, and the labels."""
+    longest = max(len(row) for row, _ in samples)
+    out = np.full((len(samples), longest), -1.0, dtype=np.float32)
+    for k, (row, _) in enumerate(samples):
+        out[k, : len(row)] = row
+    return {
+        "x": out,
+        "lengths": np.array([len(row) for row, _ in samples], dtype=np.int64),
+        "labels": [label for _, label in samples],
+    }
+
+
+def failing_collate(samples):
+    raise RuntimeError(f"cannot pad {len(samples)} rows")

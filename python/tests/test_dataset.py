@@ -15,7 +15,10 @@ import pytest
 
 import loader
 from loader._dataset import seeded_sample
-from sample_datasets import Locked, MixedNumbers, NumpyRows, Occasional, Ragged, Raising, Slow, TorchAugmented
+from sample_datasets import (
+    Locked, MixedNumbers, NumpyRows, Occasional, Ragged, Raising, Slow, TorchAugmented, Variable,
+    failing_collate, pad_collate,
+)
 
 torch = pytest.importorskip("torch", reason="torch is needed for default_collate and torch datasets")
 from torch.utils.data import default_collate  # noqa: E402
@@ -106,6 +109,45 @@ def test_generators_drawn_from_now_and_then_give_every_sample_its_seeded_numbers
     for workers in (1, 3):
         with loader.Loader.local(dataset, workers=workers, batch_size=batch_size, seed=3) as dl:
             assert collect(dl) == want, f"{workers} workers"
+
+
+def padded(dataset, batch_size, seed, skip=()):
+    """What DataLoader(dataset, batch_size, collate_fn=pad_collate) gives,
+    through default_collate's conversion of the leaves to tensors, each
+    sample drawn under a Loader worker's seeds; samples in ``skip`` left out."""
+    n = len(dataset)
+    out = []
+    for s in range(0, n, batch_size):
+        idx = [i for i in range(s, min(n, s + batch_size)) if i not in skip]
+        batch = pad_collate([seeded_sample(dataset, i, seed=seed) for i in idx])
+        out.append(snapshot({
+            "x": torch.as_tensor(batch["x"]),
+            "lengths": torch.as_tensor(batch["lengths"]),
+            # A list of numbers stays a list: one 0-d tensor per number.
+            "labels": [torch.as_tensor(label) for label in batch["labels"]],
+        }))
+    return out
+
+
+def test_a_collate_fn_runs_in_the_workers_and_its_batches_may_change_shape():
+    dataset = Variable(48)
+    want = padded(dataset, 8, seed=4, skip={9})
+    # Shapes vary from batch to batch; the lengths say so.
+    assert len({b["x"][1] for b in want}) > 1
+    for workers in (1, 3):
+        with loader.Loader.local(
+            dataset, workers=workers, batch_size=8, seed=4, collate_fn=pad_collate, on_corrupt="skip"
+        ) as dl:
+            assert collect(dl) == want, f"{workers} workers"
+
+
+def test_a_collate_fn_that_raises_fails_the_job_in_one_line():
+    with loader.Loader.local(Variable(16), workers=1, batch_size=4, collate_fn=failing_collate) as dl:
+        with pytest.raises(loader.LoaderError) as e:
+            collect(dl)
+    message = str(e.value)
+    assert "collate_fn raised on a batch of 4 samples: RuntimeError: cannot pad 4 rows" in message, message
+    assert "\n" not in message
 
 
 def test_a_factory_spec_is_imported_by_the_workers(monkeypatch):

@@ -22,7 +22,7 @@ use loader_proto::batch::{BatchError, BatchLayout, BatchMeta, TensorDesc};
 use loader_proto::pb::CorruptPolicy;
 
 pub use crate::dataset::Skipped;
-use crate::dataset::{BatchRows, Dataset, DatasetError, SampleKey};
+use crate::dataset::{BatchRows, Dataset, DatasetError, MadeBatch, SampleKey};
 
 /// Why a batch could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -115,6 +115,74 @@ pub fn collate_into(
     buf: &mut [u8],
 ) -> Result<Collated, CollateError> {
     fill(dataset, layout, meta, indices, rules, buf, false)
+}
+
+/// Makes the batch `meta` of samples `indices` whole, for a dataset that
+/// [makes whole batches](Dataset::makes_whole_batches), and lays it out.
+pub fn make(
+    dataset: &dyn Dataset,
+    meta: &BatchMeta,
+    indices: &[u64],
+    rules: BatchRules,
+) -> Result<(MadeBatch, BatchLayout, Duration), CollateError> {
+    let keys: Vec<SampleKey> =
+        indices.iter().map(|&index| SampleKey { seed: rules.seed, epoch: u64::from(meta.epoch), index }).collect();
+    let reading = Instant::now();
+    let made = dataset.make_batch(&keys, rules.on_corrupt)?;
+    let read = reading.elapsed();
+    if made.kept.len() + made.skipped.len() != indices.len() {
+        return Err(DatasetError::Spec(format!(
+            "the dataset made a batch of {} samples and skipped {}, of the batch's {}",
+            made.kept.len(),
+            made.skipped.len(),
+            indices.len()
+        ))
+        .into());
+    }
+    let tensors = made
+        .tensors
+        .iter()
+        .map(|t| TensorDesc { name: t.name.clone(), dtype: t.dtype, shape: t.shape.clone() })
+        .collect();
+    let layout = BatchLayout::new(made.kept.len(), tensors)?;
+    Ok((made, layout, read))
+}
+
+/// Writes a made batch, laid out by [`make`], at the front of `buf`.
+pub fn write_made(
+    made: MadeBatch,
+    layout: &BatchLayout,
+    meta: &BatchMeta,
+    read: Duration,
+    buf: &mut [u8],
+) -> Result<Collated, CollateError> {
+    let mut payloads = layout.write(meta, &made.kept, buf)?;
+    for (payload, tensor) in payloads.iter_mut().zip(&made.tensors) {
+        if payload.len() != tensor.bytes.len() {
+            return Err(DatasetError::Spec(format!(
+                "tensor {:?} of shape {:?} holds {} bytes, its shape and dtype say {}",
+                tensor.name,
+                tensor.shape,
+                tensor.bytes.len(),
+                payload.len()
+            ))
+            .into());
+        }
+        payload.copy_from_slice(&tensor.bytes);
+    }
+    Ok(Collated { len: layout.total_len(), skipped: made.skipped, read })
+}
+
+/// [`write_made`] into a buffer of its own (for a gRPC stream).
+pub fn made_bytes(
+    made: MadeBatch,
+    layout: &BatchLayout,
+    meta: &BatchMeta,
+    read: Duration,
+) -> Result<(Bytes, Collated), CollateError> {
+    let mut buf = BytesMut::zeroed(layout.total_len());
+    let collated = write_made(made, layout, meta, read, &mut buf)?;
+    Ok((buf.freeze(), collated))
 }
 
 fn fill(

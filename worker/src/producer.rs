@@ -22,7 +22,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use loader_process::telemetry::trace;
 use loader_proto::ConsumerKey;
@@ -34,7 +34,9 @@ use tokio::sync::Notify;
 
 use crate::batch_spans::{BatchSpans, Transport};
 use crate::busy::BusyMeter;
-use crate::collate::{BatchRules, CollateError, Skipped, collate_bytes, collate_into, layout};
+use crate::collate::{
+    BatchRules, CollateError, Skipped, collate_bytes, collate_into, layout, made_bytes, make, write_made,
+};
 use crate::dataset::{Dataset, DatasetError, Datasets};
 use crate::outbox::Outboxes;
 use crate::ring::{Rings, Route};
@@ -418,8 +420,23 @@ impl Shared {
             let (epoch, _) = plan.locate(seq);
             let meta = BatchMeta { job_id: job.job_id, epoch, consumer: task.consumer, seq };
             let indices = plan.batch_indices(task.consumer, seq);
-            let layout = layout(&*dataset, indices.len()).map_err(|e| failed(seq, e.into()))?;
             let spans = BatchSpans::start(task, job.job_id, seq);
+            // A batch made whole (a Python `collate_fn`) is made first: its
+            // size, and so where it fits, is known only then.
+            let mut made = None;
+            let mut making = Duration::ZERO;
+            let layout = if dataset.makes_whole_batches() {
+                let _busy = self.busy_meter.spell(Instant::now());
+                let (batch, layout, read) = spans
+                    .produce()
+                    .in_scope(|| make(&*dataset, &meta, &indices, rules))
+                    .map_err(|e| failed(seq, e))?;
+                made = Some((batch, read));
+                making = read;
+                layout
+            } else {
+                layout(&*dataset, indices.len()).map_err(|e| failed(seq, e.into()))?
+            };
             if let Some(path) = ring {
                 let asked = Instant::now();
                 match self.rings.acquire(path, key, submitted, layout.total_len(), &abandoned, &meters.blocked_shm) {
@@ -428,12 +445,15 @@ impl Shared {
                         let started = Instant::now();
                         let _busy = self.busy_meter.spell(started);
                         spans.waited_for_slot(started.saturating_duration_since(asked));
-                        let collated = spans
-                            .produce()
-                            .in_scope(|| collate_into(&*dataset, &layout, &meta, &indices, rules, lease.bytes_mut()))
-                            .map_err(|e| failed(seq, e))?;
+                        let collated = match made.take() {
+                            Some((batch, read)) => write_made(batch, &layout, &meta, read, lease.bytes_mut()),
+                            None => spans
+                                .produce()
+                                .in_scope(|| collate_into(&*dataset, &layout, &meta, &indices, rules, lease.bytes_mut())),
+                        }
+                        .map_err(|e| failed(seq, e))?;
                         spans.made(indices.len(), &collated);
-                        let took = started.elapsed();
+                        let took = started.elapsed() + making;
                         timing.made(took, &self.windows, job.job_id);
                         meters.made(took, collated.read);
                         self.log_skipped(job.job_id, seq, &collated.skipped);
@@ -465,12 +485,13 @@ impl Shared {
             }
             let started = Instant::now();
             let _busy = self.busy_meter.spell(started);
-            let (batch, collated) = spans
-                .produce()
-                .in_scope(|| collate_bytes(&*dataset, &layout, &meta, &indices, rules))
-                .map_err(|e| failed(seq, e))?;
+            let (batch, collated) = match made {
+                Some((batch, read)) => made_bytes(batch, &layout, &meta, read),
+                None => spans.produce().in_scope(|| collate_bytes(&*dataset, &layout, &meta, &indices, rules)),
+            }
+            .map_err(|e| failed(seq, e))?;
             spans.made(indices.len(), &collated);
-            let took = started.elapsed();
+            let took = started.elapsed() + making;
             timing.made(took, &self.windows, job.job_id);
             meters.made(took, collated.read);
             self.log_skipped(job.job_id, seq, &collated.skipped);

@@ -13,6 +13,7 @@
 
 mod image_folder;
 mod images;
+mod made;
 mod npy;
 mod registry;
 mod rows;
@@ -21,11 +22,12 @@ mod tokens;
 mod transformed;
 mod webdataset;
 
-use loader_proto::pb::Dtype;
+use loader_proto::pb::{CorruptPolicy, Dtype};
 
 pub use image_folder::ImageFolder;
 pub use npy::Npy;
 pub use registry::{Datasets, OpenCustom, open};
+pub use made::{MadeBatch, MadeTensor};
 pub use rows::{BatchRows, Skipped};
 pub use synthetic::Synthetic;
 pub use tokens::Tokens;
@@ -101,6 +103,22 @@ pub trait Dataset: Send + Sync + std::fmt::Debug {
             batch.settle(key.index, read)?;
         }
         Ok(())
+    }
+
+    /// True when the dataset makes each batch whole with
+    /// [`make_batch`](Dataset::make_batch) (its tensors and shapes known
+    /// only then) instead of writing rows of [`tensors`](Dataset::tensors).
+    fn makes_whole_batches(&self) -> bool {
+        false
+    }
+
+    /// Makes the batch of samples `keys` whole: reads them, applies
+    /// `on_corrupt` to those that cannot be read, and builds the batch's
+    /// tensors from the others. Only called when
+    /// [`makes_whole_batches`](Dataset::makes_whole_batches) says so.
+    fn make_batch(&self, keys: &[SampleKey], on_corrupt: CorruptPolicy) -> Result<MadeBatch, DatasetError> {
+        let _ = (keys, on_corrupt);
+        Err(DatasetError::Spec("this dataset does not make whole batches".into()))
     }
 }
 

@@ -48,7 +48,7 @@ pub struct BatchRows<'a> {
 impl<'a> BatchRows<'a> {
     /// Rows for `capacity` samples over `payloads` (one per tensor, each
     /// `capacity` rows long).
-    pub(crate) fn new(
+    pub fn new(
         payloads: Vec<&'a mut [u8]>,
         capacity: usize,
         on_corrupt: CorruptPolicy,
@@ -103,7 +103,7 @@ impl<'a> BatchRows<'a> {
     }
 
     /// The indices kept, in row order, and the samples left out.
-    pub(crate) fn finish(self) -> (Vec<u64>, Vec<Skipped>) {
+    pub fn finish(self) -> (Vec<u64>, Vec<Skipped>) {
         (self.kept, self.skipped)
     }
 }
