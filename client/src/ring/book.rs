@@ -8,7 +8,9 @@
 //! cannot fill the whole ring with batches that wait behind a slow one's.
 //! Free slots go to the connection using the fewest credits, round-robin
 //! among equals, and no connection holds more than its fair share of unused
-//! grants (slots / connections), so an idle worker cannot starve a busy one. A report from a worker is checked here
+//! grants (slots / connections), so an idle worker cannot starve a busy one;
+//! when a worker attaches after the others hold every slot, those above
+//! their fair share are asked to return the excess (`SlotReclaim`). A report from a worker is checked here
 //! before it can become a view: a slot outside the ring, one not granted to
 //! that connection, a stale generation or a length past the slot is refused.
 //! A held slot is represented by exactly one [`SlotRelease`]; dropping it
@@ -90,6 +92,8 @@ struct Account {
     grants: u32,
     /// Its batches the consumer holds but has not yielded yet.
     waiting: u32,
+    /// Grants asked back (`SlotReclaim`) and not returned yet.
+    reclaiming: u32,
     /// Writes grants to the worker's socket.
     line: GrantLine,
 }
@@ -166,6 +170,7 @@ impl Book {
             Account {
                 grants: 0,
                 waiting: 0,
+                reclaiming: 0,
                 line: line(id),
             },
         );
@@ -245,6 +250,9 @@ impl Book {
         st.slots[slot as usize] = Slot::Free;
         st.free.push_back(slot);
         st.spent(conn);
+        if let Some(a) = st.accounts.get_mut(&conn) {
+            a.reclaiming = a.reclaiming.saturating_sub(1);
+        }
         st.distribute();
         Ok(())
     }
@@ -397,12 +405,47 @@ impl State {
             self.slots[i] = Slot::Granted { conn, generation };
             self.cursor = conn;
         }
+        let reclaimed = self.reclaim_for_starved();
         let low_water = self.low_water();
-        for account in self.accounts.values_mut() {
-            if !hold_back(account, low_water) {
+        for (id, account) in &mut self.accounts {
+            if reclaimed.contains(id) || !hold_back(account, low_water) {
                 account.line.flush();
             }
         }
+    }
+
+    /// Every slot is granted or held, and a connection that could use a
+    /// grant holds none (its worker attached after the others took every
+    /// slot): each connection holding more unused grants than its fair
+    /// share is asked to give the excess back. Grants are otherwise never
+    /// taken back, so workers gone idle would keep them for ever and the
+    /// late worker could never write a batch — perhaps the very one the
+    /// in-order consumer waits for. Returns the connections asked.
+    fn reclaim_for_starved(&mut self) -> Vec<ConnId> {
+        let prefetch = self.prefetch;
+        let starved = self.free.is_empty()
+            && self
+                .accounts
+                .values()
+                .any(|a| a.grants == 0 && a.credits() < prefetch && !a.line.is_broken());
+        if !starved {
+            return Vec::new();
+        }
+        let fair = self.fair_share();
+        let mut asked = Vec::new();
+        for (&id, a) in &mut self.accounts {
+            if a.grants <= fair {
+                a.reclaiming = 0;
+                continue;
+            }
+            let excess = a.grants - fair;
+            if excess > a.reclaiming {
+                a.line.reclaim(excess - a.reclaiming);
+                a.reclaiming = excess;
+                asked.push(id);
+            }
+        }
+        asked
     }
 
     /// Grants a worker must know of before new ones are held back: half of

@@ -15,7 +15,7 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 
-use loader_proto::pb::{RingToWorker, SlotGrant, ring_to_worker};
+use loader_proto::pb::{RingToWorker, SlotGrant, SlotReclaim, ring_to_worker};
 use loader_proto::ring::encode_into;
 use nix::errno::Errno;
 use nix::sys::socket::{MsgFlags, send};
@@ -80,6 +80,18 @@ impl GrantLine {
         };
         encode_into(&msg, &mut self.unsent);
         self.queued += 1;
+    }
+
+    /// Queues a request for up to `count` unused grants back (see
+    /// `SlotReclaim`); [`GrantLine::flush`] sends it.
+    pub(crate) fn reclaim(&mut self, count: u32) {
+        if self.broken {
+            return;
+        }
+        let msg = RingToWorker {
+            msg: Some(ring_to_worker::Msg::Reclaim(SlotReclaim { count })),
+        };
+        encode_into(&msg, &mut self.unsent);
     }
 
     /// Sends what is queued, as far as the socket takes it without blocking

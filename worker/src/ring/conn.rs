@@ -113,6 +113,13 @@ async fn serve(
         while let Some(msg) = decode::<RingToWorker>(&mut buf)? {
             match msg.msg {
                 Some(ring_to_worker::Msg::Grant(g)) => rings.grant(id, g.slot, g.generation)?,
+                Some(ring_to_worker::Msg::Reclaim(r)) => {
+                    let count = usize::try_from(r.count).unwrap_or(usize::MAX);
+                    for (slot, generation) in rings.take_unused_upto(id, count) {
+                        let msg = ring_to_trainer::Msg::Returned(SlotReturned { slot, generation });
+                        socket.write_all(&encode(&RingToTrainer { msg: Some(msg) })).await?;
+                    }
+                }
                 Some(ring_to_worker::Msg::Attach(_)) => {
                     return Err(RingError::Protocol("a second attach message".into()));
                 }

@@ -60,6 +60,9 @@ pub(crate) async fn join(path: &Path, hello: RingHello) -> Result<Attached, Ring
         Some(ring_to_worker::Msg::Grant(_)) => {
             return Err(RingError::Protocol("a grant before the attach message".into()));
         }
+        Some(ring_to_worker::Msg::Reclaim(_)) => {
+            return Err(RingError::Protocol("a reclaim before the attach message".into()));
+        }
         None => return Err(RingError::Protocol("an empty or unknown message instead of attach".into())),
     };
     let expected = if attach.doorbell { 2 } else { 1 };

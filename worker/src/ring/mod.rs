@@ -360,6 +360,10 @@ impl Rings {
         self.with_conn(id, |c| c.slots.settle(slot, generation));
     }
 
+    fn take_unused_upto(&self, id: u64, count: usize) -> Vec<(u32, u64)> {
+        self.with_conn(id, |c| c.slots.take_unused_upto(count)).unwrap_or_default()
+    }
+
     fn take_unused(&self, id: u64) -> Vec<(u32, u64)> {
         self.with_conn(id, |c| c.slots.take_unused()).unwrap_or_default()
     }

@@ -293,6 +293,17 @@ impl Slots {
         }
     }
 
+    /// Takes up to `count` granted slots no lease has taken, the latest
+    /// granted first, to give them back (the trainer asked for them).
+    pub(crate) fn take_unused_upto(&mut self, count: usize) -> Vec<(u32, u64)> {
+        let keep = self.granted.len().saturating_sub(count);
+        let unused: Vec<_> = self.granted.drain(keep..).collect();
+        for &(slot, _) in &unused {
+            self.holders[slot as usize] = Holder::Trainer;
+        }
+        unused
+    }
+
     /// Takes every granted slot no lease has taken, to give them back.
     pub(crate) fn take_unused(&mut self) -> Vec<(u32, u64)> {
         let unused: Vec<_> = self.granted.drain(..).collect();

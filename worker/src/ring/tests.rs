@@ -14,7 +14,7 @@ use bytes::BytesMut;
 use loader_proto::PROTOCOL_VERSION;
 use loader_proto::batch::BatchView;
 use loader_proto::pb::{
-    DatasetSpec, Dtype, Job, JobSpec, RingAttach, RingHello, RingToTrainer, RingToWorker, SlotFilled, SlotGrant,
+    DatasetSpec, Dtype, Job, JobSpec, RingAttach, RingHello, RingToTrainer, RingToWorker, SlotFilled, SlotGrant, SlotReclaim,
     SyntheticSpec, Task, dataset_spec::Kind, ring_to_trainer, ring_to_worker,
 };
 use loader_proto::ring::{decode, encode};
@@ -179,6 +179,19 @@ impl Peer {
     fn grant(&mut self, slot: u32, generation: u64) {
         let msg = RingToWorker { msg: Some(ring_to_worker::Msg::Grant(SlotGrant { slot, generation })) };
         self.send_raw(&encode(&msg));
+    }
+
+    fn reclaim(&mut self, count: u32) {
+        let msg = RingToWorker { msg: Some(ring_to_worker::Msg::Reclaim(SlotReclaim { count })) };
+        self.send_raw(&encode(&msg));
+    }
+
+    /// The next message: a grant given back, as (slot, generation).
+    fn returned(&mut self) -> (u32, u64) {
+        match self.recv(LIMIT) {
+            Got::Msg(RingToTrainer { msg: Some(ring_to_trainer::Msg::Returned(r)) }) => (r.slot, r.generation),
+            other => panic!("expected a returned grant, got {other:?}"),
+        }
     }
 
     fn send_raw(&mut self, bytes: &[u8]) {
@@ -494,4 +507,37 @@ fn clear_and_stop_end_a_wait_for_grants() {
     settle(&p);
     peer.grant(1, 0);
     peer.expect_quiet();
+}
+
+#[test]
+fn a_reclaim_returns_grants_no_batch_took_up_to_the_count() {
+    let rt = runtime();
+    let outboxes = Outboxes::new();
+    let p = producer(&rt, &outboxes);
+    let trainer = Trainer::listen();
+    let ring = memfd("loader-ring-reclaim", 4 * 4096);
+    p.submit(task(1, 0..1, trainer.socket()));
+    let (mut peer, _) = trainer.accept();
+    peer.attach(4096, 4, Some(&ring));
+    for slot in 0..4 {
+        peer.grant(slot, 0);
+    }
+    let f = peer.filled();
+    assert_eq!((f.slot, f.seq), (0, 0));
+    // Idle now, holding grants 1, 2 and 3: the latest granted go back first.
+    peer.reclaim(2);
+    let mut back = [peer.returned(), peer.returned()];
+    back.sort_unstable();
+    assert_eq!(back, [(2, 0), (3, 0)]);
+    peer.expect_quiet();
+    peer.reclaim(5);
+    assert_eq!(peer.returned(), (1, 0));
+    peer.expect_quiet();
+    // A slot given back can be granted again and used.
+    p.submit(task(1, 1..2, trainer.socket()));
+    peer.grant(2, 1);
+    let f = peer.filled();
+    assert_eq!((f.slot, f.generation, f.seq), (2, 1, 1));
+    check_slot(&ring, 4096, &f);
+    p.stop();
 }

@@ -43,23 +43,10 @@ fn conn(b: &Book) -> (ConnId, Peer) {
     )
 }
 
-/// Every grant written to `peer` so far.
+/// Every grant written to `peer` so far (requests to give grants back,
+/// which a worker may ignore, are left out: see [`messages`]).
 fn grants(peer: &mut Peer) -> Vec<(u32, u64)> {
-    let mut chunk = [0u8; 4096];
-    loop {
-        match peer.socket.read(&mut chunk) {
-            Ok(0) => break,
-            Ok(n) => peer.buf.extend_from_slice(&chunk[..n]),
-            Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-            Err(e) => panic!("reading grants: {e}"),
-        }
-    }
-    std::iter::from_fn(|| decode::<RingToWorker>(&mut peer.buf).expect("frame"))
-        .map(|m| match m.msg {
-            Some(ring_to_worker::Msg::Grant(g)) => (g.slot, g.generation),
-            other => panic!("expected a grant, got {other:?}"),
-        })
-        .collect()
+    messages(peer).into_iter().filter_map(Result::ok).collect()
 }
 
 #[test]
@@ -421,4 +408,61 @@ proptest! {
             }
         }
     }
+}
+
+/// Every message written to `peer` so far: grants as `Ok((slot,
+/// generation))`, reclaim requests as `Err(count)`.
+fn messages(peer: &mut Peer) -> Vec<Result<(u32, u64), u32>> {
+    let mut chunk = [0u8; 4096];
+    loop {
+        match peer.socket.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => peer.buf.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+            Err(e) => panic!("reading messages: {e}"),
+        }
+    }
+    std::iter::from_fn(|| decode::<RingToWorker>(&mut peer.buf).expect("frame"))
+        .map(|m| match m.msg {
+            Some(ring_to_worker::Msg::Grant(g)) => Ok((g.slot, g.generation)),
+            Some(ring_to_worker::Msg::Reclaim(r)) => Err(r.count),
+            other => panic!("expected a grant or a reclaim, got {other:?}"),
+        })
+        .collect()
+}
+
+#[test]
+fn a_worker_attaching_after_idle_ones_took_every_slot_gets_their_excess_back() {
+    // Two workers took all 16 slots and went idle (no batch to write); a
+    // third attaches with the batch the consumer may be waiting for.
+    let b = book(16, 8);
+    let (a, mut ra) = conn(&b);
+    let (bb, mut rb) = conn(&b);
+    let held_a = grants(&mut ra);
+    let held_b = grants(&mut rb);
+    assert_eq!((held_a.len(), held_b.len()), (8, 8));
+    let (c, mut rc) = conn(&b);
+    assert!(grants(&mut rc).is_empty(), "no slot is free");
+    // Fair share is 16 / 3 = 5: each idle worker is asked for 3, once.
+    assert_eq!(messages(&mut ra), vec![Err(3)]);
+    assert_eq!(messages(&mut rb), vec![Err(3)]);
+    b.flush(a);
+    assert!(messages(&mut ra).is_empty(), "asked once, not on every change");
+    // The workers return their latest grants; the late worker gets them.
+    for &(slot, generation) in held_a.iter().rev().take(3) {
+        b.returned(a, slot, generation).expect("returned");
+    }
+    for &(slot, generation) in held_b.iter().rev().take(3) {
+        b.returned(bb, slot, generation).expect("returned");
+    }
+    // Grants after the first few may wait to go out together.
+    let mut got = grants(&mut rc);
+    b.flush(c);
+    got.extend(grants(&mut rc));
+    assert_eq!(got.len(), 5, "up to its fair share: {got:?}");
+    assert_eq!(
+        b.census(),
+        Census { free: 1, granted: 15, held: 0 }
+    );
+    assert!(messages(&mut ra).is_empty() && messages(&mut rb).is_empty(), "nothing more asked");
 }
