@@ -11,6 +11,7 @@
 //!   its report.
 //! - `status`: tables (or one JSON object) of a coordinator's workers,
 //!   sessions and jobs, the AdminService poll `top` shares, and `drain`.
+//! - `scale`: sets how many workers a coordinator's worker pool runs.
 //! - `top`: the live view: rates from successive polls, one frame's text,
 //!   the redraw loop.
 //! - `terminal`: the terminal while `top` runs: alternate screen, keys
@@ -24,6 +25,7 @@ mod consume;
 mod cpu;
 mod measure;
 mod run;
+mod scale;
 mod signals;
 mod status;
 mod table;
@@ -62,6 +64,10 @@ pub enum Command {
     /// Tell a worker to drain: it finishes what it holds, takes no new
     /// tasks, and exits.
     Drain(DrainArgs),
+    /// Set how many workers the coordinator's worker pool runs
+    /// (`loader-server --worker-pool local`): starts new ones, or drains
+    /// those with the least outstanding work.
+    Scale(ScaleArgs),
     /// Internal: run as a worker process (how `run` starts its workers).
     #[command(name = "__worker", hide = true)]
     Worker {
@@ -256,6 +262,28 @@ pub struct DrainArgs {
     pub worker: u64,
 }
 
+/// Flags of `loaderctl scale`.
+#[derive(Debug, Clone, Args)]
+pub struct ScaleArgs {
+    /// Coordinator URL.
+    #[arg(long, env = "LOADER_COORDINATOR", value_name = "URL")]
+    pub coordinator: String,
+    /// Workers the pool should run.
+    #[arg(long, value_name = "N")]
+    pub workers: u32,
+    /// Wait up to SECS for the workers started to register and those
+    /// drained to leave (0: do not wait).
+    #[arg(long, value_name = "SECS", value_parser = parse_wait)]
+    pub wait: Option<f64>,
+}
+
+fn parse_wait(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && (0.0..=86_400.0).contains(&v) => Ok(v),
+        _ => Err(format!("{s:?} is not a number of seconds between 0 and 86400")),
+    }
+}
+
 /// Flags of `loaderctl status`.
 #[derive(Debug, Clone, Args)]
 pub struct StatusArgs {
@@ -329,6 +357,10 @@ pub fn main() -> ExitCode {
         Command::Drain(args) => {
             let _telemetry = loader_process::telemetry::init("loaderctl");
             status::drain(&args)
+        }
+        Command::Scale(args) => {
+            let _telemetry = loader_process::telemetry::init("loaderctl");
+            scale::run(&args)
         }
     };
     match result {

@@ -401,6 +401,7 @@ mod tests {
             draining: true,
             busy: 0.5,
             delivered_samples: 640,
+            pid: 4242,
         }];
         let sessions = vec![SessionInfo {
             session_id: 4294967297,

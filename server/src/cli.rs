@@ -9,6 +9,7 @@ use std::time::Duration;
 use clap::Parser;
 
 use crate::ServerConfig;
+use crate::pool::LocalPoolConfig;
 
 /// Loader's coordinator: hands out batch ranges to workers and tracks every
 /// batch until it is delivered.
@@ -34,6 +35,25 @@ struct Args {
     /// Off by default.
     #[arg(long, value_name = "ADDR")]
     metrics_listen: Option<String>,
+    /// Start and stop worker processes here, as `loaderctl scale` asks
+    /// (`local`: `loader-worker` processes on this host). Without it,
+    /// workers are started by whoever deploys them.
+    #[arg(long, value_enum, value_name = "BACKEND")]
+    worker_pool: Option<PoolBackend>,
+    /// Workers the pool starts with (`--worker-pool local`).
+    #[arg(long, default_value_t = 1, value_name = "N", requires = "worker_pool")]
+    workers: u32,
+    /// The `loader-worker` executable the pool starts (default: the one
+    /// next to this `loader-server`).
+    #[arg(long, value_name = "PATH", requires = "worker_pool")]
+    worker_command: Option<std::path::PathBuf>,
+}
+
+/// Where pool workers run.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum PoolBackend {
+    /// Processes on the coordinator's host.
+    Local,
 }
 
 /// Runs the CLI with `args` (including the program name); returns the exit code.
@@ -75,6 +95,16 @@ fn run(args: Args) -> Result<(), String> {
         heartbeat_interval: ttl / 3,
         range_len: args.range_len,
         state_dir: args.state_dir,
+        worker_pool: match args.worker_pool {
+            Some(PoolBackend::Local) => Some(LocalPoolConfig {
+                command: match args.worker_command {
+                    Some(path) => path,
+                    None => sibling_worker()?,
+                },
+                initial: args.workers,
+            }),
+            None => None,
+        },
     };
     let runtime = tokio::runtime::Runtime::new().map_err(|e| format!("cannot start runtime: {e}"))?;
     runtime.block_on(async move {
@@ -92,4 +122,18 @@ fn run(args: Args) -> Result<(), String> {
         let _ = std::io::stdout().flush();
         crate::serve(listener, config, loader_process::signals::stop_requested()).await.map_err(|e| e.to_string())
     })
+}
+
+/// `loader-worker` next to this executable, for `--worker-pool local`.
+fn sibling_worker() -> Result<std::path::PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("--worker-pool local: cannot find this executable: {e}"))?;
+    let worker = exe.with_file_name("loader-worker");
+    if worker.is_file() {
+        Ok(worker)
+    } else {
+        Err(format!(
+            "--worker-pool local: no loader-worker next to {} (give --worker-command PATH)",
+            exe.display()
+        ))
+    }
 }

@@ -18,6 +18,9 @@ pub struct ServerConfig {
     /// Directory of the journal (jobs and watermarks); None keeps everything
     /// in memory, so a restart starts over.
     pub state_dir: Option<PathBuf>,
+    /// Worker processes the coordinator starts and stops itself (`loaderctl
+    /// scale`); None: workers come and go on their own.
+    pub worker_pool: Option<crate::pool::LocalPoolConfig>,
 }
 
 impl Default for ServerConfig {
@@ -27,6 +30,7 @@ impl Default for ServerConfig {
             heartbeat_interval: Duration::from_millis(1666),
             range_len: 2,
             state_dir: None,
+            worker_pool: None,
         }
     }
 }

@@ -278,6 +278,13 @@ impl Coordinator {
         id
     }
 
+    /// Records the process id worker `worker_id` registered with.
+    pub(crate) fn note_pid(&self, worker_id: u64, pid: u32) {
+        if let Some(w) = self.lock().workers.workers.get_mut(&worker_id) {
+            w.pid = pid;
+        }
+    }
+
     /// Applies a worker's report, then hands it tasks; waits up to `wait`
     /// for work when there is none to give.
     pub(crate) async fn worker_heartbeat(
@@ -570,6 +577,7 @@ impl Coordinator {
                 draining: w.draining,
                 busy: w.busy,
                 delivered_samples: w.delivered_samples,
+                pid: w.pid,
             })
             .collect()
     }

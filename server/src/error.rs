@@ -52,12 +52,19 @@ pub enum CoordinatorError {
     /// The journal could not record a change; nothing was changed.
     #[error(transparent)]
     Journal(#[from] crate::journal::JournalError),
+    /// Scaling was asked of a coordinator that runs no worker pool.
+    #[error("this coordinator runs no worker pool; start loader-server with --worker-pool local")]
+    NoWorkerPool,
+    /// The worker pool could not start a worker process.
+    #[error("cannot start a worker: {0}")]
+    WorkerStart(String),
 }
 
 impl From<CoordinatorError> for Status {
     fn from(e: CoordinatorError) -> Self {
         let code = match &e {
-            CoordinatorError::ProtocolMismatch { .. } => Code::FailedPrecondition,
+            CoordinatorError::ProtocolMismatch { .. } | CoordinatorError::NoWorkerPool => Code::FailedPrecondition,
+            CoordinatorError::WorkerStart(_) => Code::Internal,
             CoordinatorError::InvalidSpec(_)
             | CoordinatorError::BadConsumer { .. }
             | CoordinatorError::BadResume { .. }

@@ -18,6 +18,8 @@
 //! - `meters`: what the coordinator records for Prometheus (leases,
 //!   requeues, deliveries, trainers' stall).
 //! - `service`: the gRPC services, thin adapters over the coordinator.
+//! - [`pool`]: the local worker pool (`--worker-pool local`), which starts
+//!   and drains `loader-worker` processes as `loaderctl scale` asks.
 //! - [`error`]: errors and their single mapping to gRPC codes.
 //! - [`cli`]: the `loader-server` command line.
 
@@ -29,6 +31,7 @@ pub mod error;
 mod jobs;
 mod journal;
 mod meters;
+pub mod pool;
 mod range_queue;
 mod service;
 mod sessions;
@@ -36,6 +39,7 @@ mod traces;
 mod workers;
 
 use std::future::Future;
+use std::sync::Arc;
 
 use loader_proto::pb::{
     admin_service_server::AdminServiceServer, trainer_service_server::TrainerServiceServer,
@@ -47,6 +51,7 @@ use tokio::net::TcpListener;
 pub use config::ServerConfig;
 
 use crate::coordinator::Coordinator;
+use crate::pool::LocalPool;
 use crate::service::{admin::AdminApi, trainer::TrainerApi, worker::WorkerApi};
 
 /// Why the coordinator could not serve.
@@ -58,6 +63,12 @@ pub enum ServerError {
     /// The journal could not be opened or read.
     #[error(transparent)]
     Journal(#[from] journal::JournalError),
+    /// The listening socket has no address.
+    #[error("cannot read the listening address: {0}")]
+    Address(std::io::Error),
+    /// The worker pool could not start its first workers.
+    #[error("worker pool: {0}")]
+    Pool(error::CoordinatorError),
 }
 
 /// Serves the coordinator on `listener` until `shutdown` resolves.
@@ -66,9 +77,20 @@ pub async fn serve(
     config: ServerConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
+    let pool = match &config.worker_pool {
+        Some(pool) => {
+            let addr = listener.local_addr().map_err(ServerError::Address)?;
+            Some(Arc::new(LocalPool::new(pool.clone(), format!("http://{addr}"))))
+        }
+        None => None,
+    };
     let coordinator = Coordinator::open(config)?;
     let stop = tokio_util::sync::CancellationToken::new();
     let reaper = tokio::spawn(coordinator.clone().reap_leases(stop.clone()));
+    if let Some(pool) = &pool {
+        pool.scale(&coordinator, pool.initial()).map_err(ServerError::Pool)?;
+        tokio::spawn(Arc::clone(pool).reap(stop.clone()));
+    }
     let shutdown = {
         let stop = stop.clone();
         async move {
@@ -79,10 +101,13 @@ pub async fn serve(
     let services = Services::new(loader_proto::pb::FILE_DESCRIPTOR_SET)
         .serve(WorkerServiceServer::new(WorkerApi(coordinator.clone())))
         .serve(TrainerServiceServer::new(TrainerApi(coordinator.clone())))
-        .serve(AdminServiceServer::new(AdminApi(coordinator)));
+        .serve(AdminServiceServer::new(AdminApi { coordinator, pool: pool.clone() }));
     let served = loader_process::grpc::serve(listener, services, shutdown).await;
     stop.cancel();
     let _ = reaper.await;
+    if let Some(pool) = pool {
+        pool.stop().await;
+    }
     served?;
     Ok(())
 }

@@ -12,6 +12,8 @@ pub(crate) struct WorkerState {
     pub(crate) address: String,
     /// Node identity, for co-location with trainers.
     pub(crate) node: String,
+    /// Its process id, as it registered (0: not said).
+    pub(crate) pid: u32,
     /// Batches it may hold undelivered per consumer, for a job it has not
     /// sized a window for yet.
     pub(crate) max_outstanding: u64,
@@ -88,6 +90,7 @@ impl WorkerTable {
         let state = WorkerState {
             address,
             node,
+            pid: 0,
             max_outstanding: max_outstanding.max(1),
             windows: BTreeMap::new(),
             memory_budget,

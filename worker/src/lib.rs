@@ -116,7 +116,13 @@ pub async fn run_with_datasets(
         .map_err(WorkerError::Thread)?;
     let mut link = match Link::new(
         &config.coordinator,
-        RegisterWorkerRequest { address: advertise, node, memory_budget: budget, ..Default::default() },
+        RegisterWorkerRequest {
+            address: advertise,
+            node,
+            memory_budget: budget,
+            pid: std::process::id(),
+            ..Default::default()
+        },
         windows,
         producer.clone(),
         outboxes.clone(),

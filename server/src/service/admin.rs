@@ -3,10 +3,18 @@
 use loader_proto::pb::{self, admin_service_server::AdminService};
 use tonic::{Request, Response, Status};
 
+use std::sync::Arc;
+
 use crate::coordinator::Coordinator;
+use crate::error::CoordinatorError;
+use crate::pool::LocalPool;
 
 #[derive(Debug)]
-pub(crate) struct AdminApi(pub(crate) Coordinator);
+pub(crate) struct AdminApi {
+    pub(crate) coordinator: Coordinator,
+    /// The worker pool, when the coordinator runs one.
+    pub(crate) pool: Option<Arc<LocalPool>>,
+}
 
 #[tonic::async_trait]
 impl AdminService for AdminApi {
@@ -14,25 +22,33 @@ impl AdminService for AdminApi {
         &self,
         _request: Request<pb::ListWorkersRequest>,
     ) -> Result<Response<pb::ListWorkersResponse>, Status> {
-        Ok(Response::new(pb::ListWorkersResponse { workers: self.0.list_workers() }))
+        Ok(Response::new(pb::ListWorkersResponse { workers: self.coordinator.list_workers() }))
     }
 
     async fn drain_worker(
         &self,
         request: Request<pb::DrainWorkerRequest>,
     ) -> Result<Response<pb::DrainWorkerResponse>, Status> {
-        self.0.drain_worker(request.into_inner().worker_id)?;
+        self.coordinator.drain_worker(request.into_inner().worker_id)?;
         Ok(Response::new(pb::DrainWorkerResponse {}))
+    }
+
+    async fn scale_workers(
+        &self,
+        request: Request<pb::ScaleWorkersRequest>,
+    ) -> Result<Response<pb::ScaleWorkersResponse>, Status> {
+        let pool = self.pool.as_ref().ok_or(CoordinatorError::NoWorkerPool)?;
+        Ok(Response::new(pool.scale(&self.coordinator, request.into_inner().workers)?))
     }
 
     async fn list_sessions(
         &self,
         _request: Request<pb::ListSessionsRequest>,
     ) -> Result<Response<pb::ListSessionsResponse>, Status> {
-        Ok(Response::new(pb::ListSessionsResponse { sessions: self.0.list_sessions() }))
+        Ok(Response::new(pb::ListSessionsResponse { sessions: self.coordinator.list_sessions() }))
     }
 
     async fn list_jobs(&self, _request: Request<pb::ListJobsRequest>) -> Result<Response<pb::ListJobsResponse>, Status> {
-        Ok(Response::new(pb::ListJobsResponse { jobs: self.0.list_jobs() }))
+        Ok(Response::new(pb::ListJobsResponse { jobs: self.coordinator.list_jobs() }))
     }
 }

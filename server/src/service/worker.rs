@@ -24,6 +24,7 @@ impl WorkerService for WorkerApi {
         let r = request.into_inner();
         check_version(r.protocol_version)?;
         let worker_id = self.0.register_worker(r.address, r.node, r.max_outstanding, r.memory_budget);
+        self.0.note_pid(worker_id, r.pid);
         Ok(Response::new(pb::RegisterWorkerResponse {
             worker_id,
             lease_ttl_ms: self.0.config.lease_ttl.as_millis() as u64,
