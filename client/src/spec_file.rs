@@ -215,6 +215,8 @@ struct SyntheticFile {
     dtype: DtypeName,
     #[serde(default)]
     cost_ns: u64,
+    #[serde(default)]
+    wait_ns_by_epoch: Vec<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -318,6 +320,7 @@ impl SpecFile {
                 shape: s.shape,
                 dtype: s.dtype.0 as i32,
                 cost_ns: s.cost_ns,
+                wait_ns_by_epoch: s.wait_ns_by_epoch,
             }),
             DatasetFile::Custom(c) => Kind::Custom(CustomSpec {
                 name: c.name,

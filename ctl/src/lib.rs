@@ -68,6 +68,10 @@ pub enum Command {
     /// (`loader-server --worker-pool local`): starts new ones, or drains
     /// those with the least outstanding work.
     Scale(ScaleArgs),
+    /// Let the coordinator size its worker pool on the trainers' stall:
+    /// grow while they wait more than the target (and it helps), shrink
+    /// when workers idle.
+    Autoscale(AutoscaleArgs),
     /// Internal: run as a worker process (how `run` starts its workers).
     #[command(name = "__worker", hide = true)]
     Worker {
@@ -284,6 +288,41 @@ fn parse_wait(s: &str) -> Result<f64, String> {
     }
 }
 
+/// Flags of `loaderctl autoscale`.
+#[derive(Debug, Clone, Args)]
+pub struct AutoscaleArgs {
+    /// Coordinator URL.
+    #[arg(long, env = "LOADER_COORDINATOR", value_name = "URL")]
+    pub coordinator: String,
+    /// Fewest workers.
+    #[arg(long, value_name = "A", required_unless_present = "off")]
+    pub min: Option<u32>,
+    /// Most workers.
+    #[arg(long, value_name = "B", required_unless_present = "off")]
+    pub max: Option<u32>,
+    /// The trainers' stall to stay under: a percentage (`5%`) or a share
+    /// (`0.05`).
+    #[arg(long, value_name = "STALL", default_value = "5%", value_parser = parse_share)]
+    pub target_stall: f64,
+    /// Seconds between two changes.
+    #[arg(long, value_name = "SECS", default_value_t = 3.0, value_parser = parse_wait)]
+    pub cooldown: f64,
+    /// Stop autoscaling (the pool keeps its size).
+    #[arg(long, conflicts_with_all = ["min", "max"])]
+    pub off: bool,
+}
+
+fn parse_share(s: &str) -> Result<f64, String> {
+    let share = match s.strip_suffix('%') {
+        Some(p) => p.trim().parse::<f64>().map(|v| v / 100.0),
+        None => s.parse::<f64>(),
+    };
+    match share {
+        Ok(v) if v > 0.0 && v < 1.0 => Ok(v),
+        _ => Err(format!("{s:?} is not a stall share: give a percentage like 5% or a share like 0.05")),
+    }
+}
+
 /// Flags of `loaderctl status`.
 #[derive(Debug, Clone, Args)]
 pub struct StatusArgs {
@@ -361,6 +400,10 @@ pub fn main() -> ExitCode {
         Command::Scale(args) => {
             let _telemetry = loader_process::telemetry::init("loaderctl");
             scale::run(&args)
+        }
+        Command::Autoscale(args) => {
+            let _telemetry = loader_process::telemetry::init("loaderctl");
+            scale::autoscale(&args)
         }
     };
     match result {

@@ -1,14 +1,15 @@
 //! `loaderctl scale`: sets how many workers a coordinator's worker pool runs
 //! (`loader-server --worker-pool local`), and with `--wait` waits until the
-//! workers it started have registered and those it drained have left.
+//! workers it started have registered and those it drained have left;
+//! `loaderctl autoscale`: hands the pool's size to the coordinator's policy.
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use loader_proto::pb::{ListWorkersRequest, ScaleWorkersRequest, ScaleWorkersResponse};
+use loader_proto::pb::{AutoscaleRequest, ListWorkersRequest, ScaleWorkersRequest, ScaleWorkersResponse};
 use tonic::Code;
 
-use super::ScaleArgs;
+use super::{AutoscaleArgs, ScaleArgs};
 use super::status::{admin, runtime};
 use loader_client::LoaderError;
 use loader_client::connect::{self, attempt};
@@ -64,6 +65,39 @@ pub(crate) fn run(args: &ScaleArgs) -> anyhow::Result<()> {
             tokio::time::sleep(POLL).await;
         }
     })
+}
+
+/// Turns autoscaling on (or off) and prints one line.
+pub(crate) fn autoscale(args: &AutoscaleArgs) -> anyhow::Result<()> {
+    let address = connect::normalize(&args.coordinator);
+    let request = AutoscaleRequest {
+        min: args.min.unwrap_or(0),
+        max: args.max.unwrap_or(0),
+        target_stall: args.target_stall,
+        cooldown_ms: (args.cooldown * 1000.0) as u64,
+        off: args.off,
+    };
+    runtime()?.block_on(async {
+        let mut admin = admin(&address).await?;
+        match attempt(&address, "Autoscale", admin.autoscale(request)).await {
+            Err(LoaderError::Rpc { code: Code::FailedPrecondition | Code::InvalidArgument, message, .. }) => {
+                Err(anyhow::anyhow!("coordinator {address}: {message}"))
+            }
+            other => other.map(drop).map_err(anyhow::Error::from),
+        }
+    })?;
+    if args.off {
+        println!("autoscaling off: the pool keeps its current size");
+    } else {
+        println!(
+            "autoscaling {}..{} workers on a target stall of {:.1}% (cool-down {:.0?})",
+            args.min.unwrap_or(0),
+            args.max.unwrap_or(0),
+            args.target_stall * 100.0,
+            Duration::from_secs_f64(args.cooldown)
+        );
+    }
+    Ok(())
 }
 
 /// One line: what the pool does.

@@ -420,6 +420,7 @@ mod tests {
                     shape: vec![3, 4],
                     dtype: Dtype::U8 as i32,
                     cost_ns: 0,
+                    wait_ns_by_epoch: Vec::new(),
                 })),
             }),
             ..Default::default()

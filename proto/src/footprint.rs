@@ -90,7 +90,7 @@ mod tests {
     #[test]
     fn bounds_the_layout_of_a_synthetic_and_a_token_batch() {
         let synthetic = spec(
-            Kind::Synthetic(SyntheticSpec { num_samples: 1000, shape: vec![3, 32, 32], dtype: Dtype::U8 as i32, cost_ns: 0 }),
+            Kind::Synthetic(SyntheticSpec { num_samples: 1000, shape: vec![3, 32, 32], dtype: Dtype::U8 as i32, cost_ns: 0, wait_ns_by_epoch: Vec::new() }),
             64,
         );
         let real = BatchLayout::new(
@@ -119,12 +119,12 @@ mod tests {
     #[test]
     fn huge_shapes_are_counted_and_overflow_is_none() {
         let huge = spec(
-            Kind::Synthetic(SyntheticSpec { num_samples: 16, shape: vec![100_000, 100_000], dtype: Dtype::U8 as i32, cost_ns: 0 }),
+            Kind::Synthetic(SyntheticSpec { num_samples: 16, shape: vec![100_000, 100_000], dtype: Dtype::U8 as i32, cost_ns: 0, wait_ns_by_epoch: Vec::new() }),
             4,
         );
         assert!(batch_bytes(&huge).expect("counted") >= 40_000_000_000);
         let overflow = spec(
-            Kind::Synthetic(SyntheticSpec { num_samples: 16, shape: vec![u64::MAX / 2, 4], dtype: Dtype::U8 as i32, cost_ns: 0 }),
+            Kind::Synthetic(SyntheticSpec { num_samples: 16, shape: vec![u64::MAX / 2, 4], dtype: Dtype::U8 as i32, cost_ns: 0, wait_ns_by_epoch: Vec::new() }),
             4,
         );
         assert_eq!(batch_bytes(&overflow), None);

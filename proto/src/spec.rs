@@ -255,6 +255,7 @@ mod tests {
                     shape: vec![4],
                     dtype: Dtype::U8 as i32,
                     cost_ns: 0,
+                    wait_ns_by_epoch: Vec::new(),
                 })),
             }),
             batch_size: 8,

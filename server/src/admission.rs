@@ -53,7 +53,7 @@ mod tests {
     fn spec(shape: Vec<u64>, batch_size: u32) -> JobSpec {
         JobSpec {
             dataset: Some(DatasetSpec {
-                kind: Some(Kind::Synthetic(SyntheticSpec { num_samples: 16, shape, dtype: Dtype::U8 as i32, cost_ns: 0 })),
+                kind: Some(Kind::Synthetic(SyntheticSpec { num_samples: 16, shape, dtype: Dtype::U8 as i32, cost_ns: 0, wait_ns_by_epoch: Vec::new() })),
             }),
             batch_size,
             epochs: 1,

@@ -55,6 +55,9 @@ pub enum CoordinatorError {
     /// Scaling was asked of a coordinator that runs no worker pool.
     #[error("this coordinator runs no worker pool; start loader-server with --worker-pool local")]
     NoWorkerPool,
+    /// Autoscaling bounds or target out of range.
+    #[error("{0}")]
+    BadAutoscale(String),
     /// The worker pool could not start a worker process.
     #[error("cannot start a worker: {0}")]
     WorkerStart(String),
@@ -68,7 +71,8 @@ impl From<CoordinatorError> for Status {
             CoordinatorError::InvalidSpec(_)
             | CoordinatorError::BadConsumer { .. }
             | CoordinatorError::BadResume { .. }
-            | CoordinatorError::Missing(_) => Code::InvalidArgument,
+            | CoordinatorError::Missing(_)
+            | CoordinatorError::BadAutoscale(_) => Code::InvalidArgument,
             CoordinatorError::UnknownJob(_)
             | CoordinatorError::UnknownWorker(_)
             | CoordinatorError::UnknownSession(_) => Code::NotFound,

@@ -18,12 +18,14 @@
 //! - `meters`: what the coordinator records for Prometheus (leases,
 //!   requeues, deliveries, trainers' stall).
 //! - `service`: the gRPC services, thin adapters over the coordinator.
+//! - `autoscale`: the policy that sizes the pool on the trainers' stall.
 //! - [`pool`]: the local worker pool (`--worker-pool local`), which starts
 //!   and drains `loader-worker` processes as `loaderctl scale` asks.
 //! - [`error`]: errors and their single mapping to gRPC codes.
 //! - [`cli`]: the `loader-server` command line.
 
 mod admission;
+mod autoscale;
 pub mod cli;
 pub mod config;
 mod coordinator;
@@ -90,6 +92,7 @@ pub async fn serve(
     if let Some(pool) = &pool {
         pool.scale(&coordinator, pool.initial()).map_err(ServerError::Pool)?;
         tokio::spawn(Arc::clone(pool).reap(stop.clone()));
+        tokio::spawn(Arc::clone(pool).run_autoscaler(coordinator.clone(), stop.clone()));
     }
     let shutdown = {
         let stop = stop.clone();

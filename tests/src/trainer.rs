@@ -35,6 +35,12 @@ impl Trainer {
     /// Builds a loader for `job` from `builder` and consumes it to the end
     /// on a new thread.
     pub fn spawn(builder: LoaderBuilder, job: JobSpec) -> Trainer {
+        Self::spawn_paced(builder, job, Duration::ZERO)
+    }
+
+    /// [`Trainer::spawn`], spending `step` on each batch after it arrives,
+    /// as a training step would: the loader must keep up with that pace.
+    pub fn spawn_paced(builder: LoaderBuilder, job: JobSpec, step: Duration) -> Trainer {
         let progress = Arc::new(AtomicU64::new(0));
         let (tx, done) = mpsc::channel();
         let counter = progress.clone();
@@ -53,6 +59,9 @@ impl Trainer {
                             at: Instant::now(),
                         });
                         counter.fetch_add(1, Ordering::Relaxed);
+                        if !step.is_zero() {
+                            std::thread::sleep(step);
+                        }
                     }
                     Ok(seen)
                 })();

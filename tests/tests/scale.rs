@@ -109,3 +109,101 @@ fn scaling_a_coordinator_without_a_pool_is_a_one_line_error() {
         );
     });
 }
+
+/// One look at the run: seconds since the start, batches the trainer took,
+/// workers running (not draining), the trainer's cumulative stall.
+#[derive(Debug, Clone, Copy)]
+struct Look {
+    t: f64,
+    yielded: u64,
+    workers: usize,
+    stall_ms: u64,
+}
+
+/// Batches per epoch of the autoscale job.
+const EPOCH: u64 = 100;
+/// Epochs of light, then heavy, then light load.
+const PHASES: [(u64, u64); 3] = [(3, 100_000), (10, 2_000_000), (6, 100_000)];
+
+#[test]
+fn autoscale_follows_a_load_that_rises_then_falls() {
+    run(Duration::from_secs(300), |scope| {
+        let mut command = Command::new(binary("loader-server"));
+        command.args(["--listen", "127.0.0.1:0", "--lease-ttl-ms", &TTL_MS.to_string(), "--worker-pool", "local"]);
+        command.args(["--workers", "1", "--worker-command"]).arg(binary("loader-worker"));
+        let server = Proc::spawn(&scope, "loader-server", command, true);
+        let url = format!("http://{}", server.addr());
+        let admin = Admin::new(&url);
+        admin.wait_for("the pool's first worker", Duration::from_secs(15), |a| {
+            Ok((a.workers()?.len() == 1).then_some(()))
+        });
+        let mut ctl = loaderctl(
+            &scope,
+            &["autoscale", "--coordinator", &url, "--min", "1", "--max", "6", "--target-stall", "10%", "--cooldown", "2"],
+        );
+        assert!(ctl.wait_exit(Duration::from_secs(20)).is_some_and(|s| s.success()), "loaderctl autoscale");
+
+        // Storage latency per sample: 0.1 ms, then 2 ms (a worker makes ~30
+        // batches/s), then 0.1 ms again; the trainer takes a batch every
+        // 10 ms, so the heavy phase needs about 4 workers.
+        let waits: Vec<u64> = PHASES.iter().flat_map(|&(epochs, ns)| std::iter::repeat_n(ns, epochs as usize)).collect();
+        let epochs = waits.len() as u32;
+        let job = spec::synthetic(EPOCH * 16, &[16], Dtype::U8)
+            .batch_size(16)
+            .epochs(epochs)
+            .shuffle(5)
+            .wait_ns_by_epoch(waits)
+            .build()
+            .expect("spec");
+        let plan = loader_proto::spec::plan(&job).expect("plan");
+        let total = plan.total_batches();
+        let start = std::time::Instant::now();
+        let trainer = Trainer::spawn_paced(Loader::builder(url.clone()), job, Duration::from_millis(10));
+
+        let mut looks = Vec::new();
+        while trainer.yielded() < total && start.elapsed() < Duration::from_secs(200) {
+            let workers = admin.workers().map(|w| w.iter().filter(|w| !w.draining).count()).unwrap_or(0);
+            let stall_ms = admin.sessions().map(|s| s.iter().map(|s| s.stall_ms).sum()).unwrap_or(0);
+            looks.push(Look { t: start.elapsed().as_secs_f64(), yielded: trainer.yielded(), workers, stall_ms });
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        let seen = trainer.join(Duration::from_secs(60));
+        assert_received(&seen, &plan, 0, 0..total);
+        write_plot(&looks);
+
+        let heavy = PHASES[0].0 * EPOCH..(PHASES[0].0 + PHASES[1].0) * EPOCH;
+        let in_heavy: Vec<&Look> = looks.iter().filter(|l| heavy.contains(&l.yielded)).collect();
+        let peak = in_heavy.iter().map(|l| l.workers).max().unwrap_or(0);
+        assert!(peak >= 3, "the pool grew to {peak} workers under the heavy load; expected at least 3: {looks:?}");
+        // Settled: from 3 s after the pool first reached its peak to the end
+        // of the heavy phase, the trainer waited less than the target.
+        let reached = in_heavy.iter().find(|l| l.workers == peak).map(|l| l.t).unwrap_or(f64::MAX);
+        let settled: Vec<&&Look> = in_heavy.iter().filter(|l| l.t >= reached + 3.0).collect();
+        let (first, last) = (settled.first().expect("a settled window"), settled.last().expect("a settled window"));
+        assert!(last.t - first.t >= 2.0, "the heavy phase ended too soon after the pool settled: {looks:?}");
+        let stall = (last.stall_ms - first.stall_ms) as f64 / 1000.0 / (last.t - first.t);
+        assert!(stall < 0.10, "stall {:.1}% once settled; target 10%: {looks:?}", stall * 100.0);
+        // The light load at the end: back down to the minimum.
+        admin.wait_for("the pool to shrink back to one worker", Duration::from_secs(40), |a| {
+            Ok((a.workers()?.iter().filter(|w| !w.draining).count() == 1).then_some(()))
+        });
+    });
+}
+
+/// Writes the run as a text plot (workers and stall over time) to
+/// target/autoscale-plot.txt, for docs/operations.md.
+fn write_plot(looks: &[Look]) {
+    let mut out = String::from("   t(s)  batches  workers               stall(last 1 s)\n");
+    let mut last: Option<&Look> = None;
+    for l in looks.iter().step_by(4) {
+        let stall = last.map_or(0.0, |p| {
+            (l.stall_ms.saturating_sub(p.stall_ms)) as f64 / 1000.0 / (l.t - p.t).max(1e-3)
+        });
+        let bar = "#".repeat(l.workers);
+        let stall_bar = "=".repeat((stall * 20.0).round() as usize);
+        out.push_str(&format!("{:7.1} {:8} {:>2} {:<18} {:5.1}% {}\n", l.t, l.yielded, l.workers, bar, stall * 100.0, stall_bar));
+        last = Some(l);
+    }
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/autoscale-plot.txt");
+    let _ = std::fs::write(path, out);
+}

@@ -249,6 +249,7 @@ mod tests {
                 shape: shape.clone(),
                 dtype: dtype as i32,
                 cost_ns: 0,
+                wait_ns_by_epoch: Vec::new(),
             })
             .expect("dataset");
             let indices = [0u64, 999, 251, 300, 7];
@@ -275,7 +276,7 @@ mod tests {
 
     #[test]
     fn synthetic_index_out_of_range_fails() {
-        let ds = Synthetic::new(&SyntheticSpec { num_samples: 4, shape: vec![2], dtype: Dtype::U8 as i32, cost_ns: 0 })
+        let ds = Synthetic::new(&SyntheticSpec { num_samples: 4, shape: vec![2], dtype: Dtype::U8 as i32, cost_ns: 0, wait_ns_by_epoch: Vec::new() })
             .expect("dataset");
         let e = collate(&ds, &meta(0), &[1, 4], BatchRules::default()).expect_err("out of range");
         assert_eq!(e.to_string(), "sample index 4 is out of range for a dataset of 4 samples");
@@ -305,7 +306,7 @@ mod tests {
     #[test]
     fn skip_leaves_corrupt_samples_out_and_the_batch_still_parses() {
         let ds = EveryThirdCorrupt(
-            Synthetic::new(&SyntheticSpec { num_samples: 100, shape: vec![5, 3], dtype: Dtype::U16 as i32, cost_ns: 0 })
+            Synthetic::new(&SyntheticSpec { num_samples: 100, shape: vec![5, 3], dtype: Dtype::U16 as i32, cost_ns: 0, wait_ns_by_epoch: Vec::new() })
                 .expect("dataset"),
         );
         let skip = BatchRules { seed: 1, on_corrupt: CorruptPolicy::Skip };

@@ -620,7 +620,7 @@ pub(crate) mod tests {
     }
 
     pub(crate) fn synthetic(job_id: u64) -> Job {
-        job(job_id, Kind::Synthetic(SyntheticSpec { num_samples: 10, shape: vec![3], dtype: Dtype::U8 as i32, cost_ns: 0 }))
+        job(job_id, Kind::Synthetic(SyntheticSpec { num_samples: 10, shape: vec![3], dtype: Dtype::U8 as i32, cost_ns: 0, wait_ns_by_epoch: Vec::new() }))
     }
 
     /// A producer whose ring connections run on the test's runtime.
@@ -731,7 +731,7 @@ pub(crate) mod tests {
         // A running and a queued task of the consumer are both dropped, and
         // nothing of the running one reaches the outbox afterwards.
         let slow =
-            Kind::Synthetic(SyntheticSpec { num_samples: 10, shape: vec![3], dtype: Dtype::U8 as i32, cost_ns: 50_000_000 });
+            Kind::Synthetic(SyntheticSpec { num_samples: 10, shape: vec![3], dtype: Dtype::U8 as i32, cost_ns: 50_000_000, wait_ns_by_epoch: Vec::new() });
         let slow_task = |start_seq: u64| Task {
             job: Some(job(2, slow.clone())),
             consumer: 0,

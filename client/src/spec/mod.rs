@@ -57,6 +57,7 @@ pub fn synthetic(num_samples: u64, shape: &[u64], dtype: Dtype) -> JobSpecBuilde
         shape: shape.to_vec(),
         dtype: dtype as i32,
         cost_ns: 0,
+        wait_ns_by_epoch: Vec::new(),
     }))
 }
 
@@ -216,6 +217,18 @@ impl JobSpecBuilder {
         }) = &mut self.spec.dataset
         {
             s.cost_ns = cost_ns;
+        }
+        self
+    }
+
+    /// Per-sample wait (sleep) of a synthetic dataset in each epoch, standing
+    /// in for storage latency; the last entry holds for later epochs.
+    pub fn wait_ns_by_epoch(mut self, waits: Vec<u64>) -> Self {
+        if let Some(DatasetSpec {
+            kind: Some(Kind::Synthetic(s)),
+        }) = &mut self.spec.dataset
+        {
+            s.wait_ns_by_epoch = waits;
         }
         self
     }

@@ -5,7 +5,7 @@ fn spec(name: &str, n: u64, batch: u32, consumers: u32) -> JobSpec {
     JobSpec {
         name: name.into(),
         dataset: Some(DatasetSpec {
-            kind: Some(Kind::Synthetic(SyntheticSpec { num_samples: n, shape: vec![4], dtype: Dtype::U8 as i32, cost_ns: 0 })),
+            kind: Some(Kind::Synthetic(SyntheticSpec { num_samples: n, shape: vec![4], dtype: Dtype::U8 as i32, cost_ns: 0, wait_ns_by_epoch: Vec::new() })),
         }),
         batch_size: batch,
         epochs: 1,

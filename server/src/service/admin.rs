@@ -5,6 +5,7 @@ use tonic::{Request, Response, Status};
 
 use std::sync::Arc;
 
+use crate::autoscale::Policy;
 use crate::coordinator::Coordinator;
 use crate::error::CoordinatorError;
 use crate::pool::LocalPool;
@@ -39,6 +40,22 @@ impl AdminService for AdminApi {
     ) -> Result<Response<pb::ScaleWorkersResponse>, Status> {
         let pool = self.pool.as_ref().ok_or(CoordinatorError::NoWorkerPool)?;
         Ok(Response::new(pool.scale(&self.coordinator, request.into_inner().workers)?))
+    }
+
+    async fn autoscale(
+        &self,
+        request: Request<pb::AutoscaleRequest>,
+    ) -> Result<Response<pb::AutoscaleResponse>, Status> {
+        let pool = self.pool.as_ref().ok_or(CoordinatorError::NoWorkerPool)?;
+        let r = request.into_inner();
+        let policy = if r.off {
+            None
+        } else {
+            let cooldown = std::time::Duration::from_millis(r.cooldown_ms);
+            Some(Policy::new(r.min, r.max, r.target_stall, cooldown).map_err(CoordinatorError::BadAutoscale)?)
+        };
+        pool.autoscale(policy);
+        Ok(Response::new(pb::AutoscaleResponse {}))
     }
 
     async fn list_sessions(

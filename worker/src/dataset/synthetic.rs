@@ -4,7 +4,9 @@
 //! any batch without a reference copy: in `data`, the first `min(8, row)`
 //! bytes are the index in little-endian and every other byte is
 //! `index % 251`; `label` is the index as int64. `cost_ns` spins the CPU per
-//! sample to stand in for decode and augmentation.
+//! sample to stand in for decode and augmentation; `wait_ns_by_epoch` sleeps
+//! per sample, by epoch, to stand in for storage latency that changes
+//! during a job.
 
 use std::time::{Duration, Instant};
 
@@ -23,6 +25,8 @@ pub struct Synthetic {
     row_bytes: [usize; 2],
     /// Busy work per sample; spinning (not sleeping) so it costs real CPU.
     cost: Duration,
+    /// Sleep per sample in each epoch (the last entry for later ones).
+    waits: Vec<Duration>,
 }
 
 impl Synthetic {
@@ -51,6 +55,7 @@ impl Synthetic {
             tensors: vec![data, label],
             row_bytes: [data_bytes, 8],
             cost: Duration::from_nanos(spec.cost_ns),
+            waits: spec.wait_ns_by_epoch.iter().map(|&ns| Duration::from_nanos(ns)).collect(),
         })
     }
 }
@@ -75,6 +80,12 @@ impl Dataset for Synthetic {
             return Err(DatasetError::IndexOutOfRange { index, len: self.len });
         }
         check_rows(index, rows, &self.row_bytes)?;
+        let epoch = usize::try_from(key.epoch).unwrap_or(usize::MAX);
+        if let Some(&wait) = self.waits.get(epoch).or(self.waits.last())
+            && !wait.is_zero()
+        {
+            std::thread::sleep(wait);
+        }
         if !self.cost.is_zero() {
             let start = Instant::now();
             while start.elapsed() < self.cost {

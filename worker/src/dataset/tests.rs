@@ -141,7 +141,7 @@ fn a_custom_dataset_needs_a_worker_that_registered_it() {
     let e = open(&spec).expect_err("stock worker");
     assert_eq!(e.to_string(), "dataset.custom.name: this worker has no dataset `mine`; run a worker binary that registers it");
     let datasets = Datasets::new().register("mine", |c: &CustomSpec| {
-        let s = loader_proto::pb::SyntheticSpec { num_samples: c.num_samples, shape: vec![1], dtype: Dtype::U8 as i32, cost_ns: 0 };
+        let s = loader_proto::pb::SyntheticSpec { num_samples: c.num_samples, shape: vec![1], dtype: Dtype::U8 as i32, cost_ns: 0, wait_ns_by_epoch: Vec::new() };
         Ok(std::sync::Arc::new(Synthetic::new(&s)?) as std::sync::Arc<dyn Dataset>)
     });
     assert_eq!(datasets.open(&spec).expect("registered").len(), 5);

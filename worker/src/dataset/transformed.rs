@@ -110,7 +110,7 @@ mod tests {
     }
 
     fn synthetic(dtype: Dtype) -> Arc<dyn Dataset> {
-        let spec = SyntheticSpec { num_samples: 10, shape: vec![8], dtype: dtype as i32, cost_ns: 0 };
+        let spec = SyntheticSpec { num_samples: 10, shape: vec![8], dtype: dtype as i32, cost_ns: 0, wait_ns_by_epoch: Vec::new() };
         Arc::new(Synthetic::new(&spec).expect("synthetic"))
     }
 

@@ -63,6 +63,7 @@ fn job(job_id: u64) -> Job {
                     shape: vec![ROW],
                     dtype: Dtype::U8 as i32,
                     cost_ns: 0,
+                    wait_ns_by_epoch: Vec::new(),
                 })),
             }),
             batch_size: 4,
