@@ -1,4 +1,5 @@
-//! Compiles `loader/v1/*.proto` with protox (pure Rust, no system protoc).
+//! Compiles `loader/v1/*.proto` and KEDA's external-scaler interface
+//! (`keda/externalscaler.proto`) with protox (pure Rust, no system protoc).
 
 use std::path::PathBuf;
 
@@ -8,6 +9,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "loader/v1/coordinator.proto",
         "loader/v1/worker.proto",
         "loader/v1/ring.proto",
+        "keda/externalscaler.proto",
     ];
     for file in &files {
         println!("cargo:rerun-if-changed={file}");

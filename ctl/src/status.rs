@@ -126,6 +126,7 @@ fn status_json(status: &Status) -> serde_json::Value {
                 "busy": w.busy,
                 "last_seen_ms": w.last_seen_ms,
                 "draining": w.draining,
+                "pid": w.pid,
             })
         })
         .collect();
@@ -366,7 +367,7 @@ mod tests {
             keys(&v["workers"][0]),
             [
                 "address", "busy", "delivered", "delivered_samples", "draining", "last_seen_ms", "node",
-                "outstanding", "worker_id"
+                "outstanding", "pid", "worker_id"
             ]
         );
         assert_eq!(v["workers"][0]["worker_id"], 7);

@@ -498,6 +498,7 @@ fn status_json_lists_workers_sessions_and_jobs() {
             assert!(w["address"].as_str().is_some_and(|a| a.starts_with("http://")), "{w}");
             assert!(w["busy"].as_f64().is_some_and(|b| (0.0..=1.0).contains(&b)), "{w}");
             assert_eq!(w["draining"], false, "{w}");
+            assert!(w["pid"].as_u64().is_some_and(|p| p > 0), "workers report their pid: {w}");
             // Every batch of this job holds 4 samples.
             let delivered = w["delivered"].as_u64().expect("delivered");
             assert_eq!(w["delivered_samples"].as_u64(), Some(4 * delivered), "{w}");

@@ -41,6 +41,13 @@ pub mod pb {
         include_bytes!(concat!(env!("OUT_DIR"), "/loader_descriptor.bin"));
 }
 
+/// Generated code for KEDA's external-scaler interface (`externalscaler`),
+/// which the coordinator serves so KEDA can scale workers on the stall.
+#[allow(missing_docs, unreachable_pub, clippy::all, missing_debug_implementations)]
+pub mod keda {
+    tonic::include_proto!("externalscaler");
+}
+
 /// One consumer of one job: (job id, consumer index), the consumer index
 /// being the trainer's data-parallel rank. The coordinator keys the batches
 /// it handed out by it, the worker its outboxes and ring leases.

@@ -17,7 +17,8 @@
 //!   assignment to delivery, and the context that goes with its task.
 //! - `meters`: what the coordinator records for Prometheus (leases,
 //!   requeues, deliveries, trainers' stall).
-//! - `service`: the gRPC services, thin adapters over the coordinator.
+//! - `service`: the gRPC services, thin adapters over the coordinator,
+//!   and KEDA's external scaler (`service::keda`).
 //! - `autoscale`: the policy that sizes the pool on the trainers' stall.
 //! - [`pool`]: the local worker pool (`--worker-pool local`), which starts
 //!   and drains `loader-worker` processes as `loaderctl scale` asks.
@@ -104,6 +105,7 @@ pub async fn serve(
     let services = Services::new(loader_proto::pb::FILE_DESCRIPTOR_SET)
         .serve(WorkerServiceServer::new(WorkerApi(coordinator.clone())))
         .serve(TrainerServiceServer::new(TrainerApi(coordinator.clone())))
+        .serve(service::keda::server(coordinator.clone()))
         .serve(AdminServiceServer::new(AdminApi { coordinator, pool: pool.clone() }));
     let served = loader_process::grpc::serve(listener, services, shutdown).await;
     stop.cancel();

@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use loader_client::{Dtype, Loader, spec};
 use loader_e2e::{Admin, Cluster, Proc, Trainer, assert_received, binary, loaderctl, run};
+use loader_proto::keda::external_scaler_client::ExternalScalerClient;
+use loader_proto::keda::{GetMetricsRequest, ScaledObjectRef};
 
 /// Lease TTL of the coordinator: short, so the test is quick.
 const TTL_MS: u64 = 1000;
@@ -107,6 +109,12 @@ fn scaling_a_coordinator_without_a_pool_is_a_one_line_error() {
                 cluster.url()
             )]
         );
+        let mut command = Command::new(binary("loaderctl"));
+        command.args(["autoscale", "--coordinator", &cluster.url(), "--min", "1", "--max", "3"]);
+        let mut ctl = Proc::spawn_capturing_stderr(&scope, "loaderctl", command, false);
+        assert_eq!(ctl.wait_exit(Duration::from_secs(20)).and_then(|s| s.code()), Some(1));
+        assert_eq!(ctl.stderr().len(), 1, "{:?}", ctl.stderr());
+        assert!(ctl.stderr()[0].ends_with("this coordinator runs no worker pool; start loader-server with --worker-pool local"));
     });
 }
 
@@ -206,4 +214,83 @@ fn write_plot(looks: &[Look]) {
     }
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/autoscale-plot.txt");
     let _ = std::fs::write(path, out);
+}
+
+/// Calls KEDA's external-scaler API on the coordinator as KEDA does.
+struct Keda {
+    runtime: tokio::runtime::Runtime,
+    client: ExternalScalerClient<tonic::transport::Channel>,
+}
+
+impl Keda {
+    fn new(url: &str) -> Self {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        let channel = {
+            let _enter = runtime.enter();
+            loader_process::grpc::endpoint(url).expect("url").connect_lazy()
+        };
+        Self { runtime, client: ExternalScalerClient::new(channel) }
+    }
+
+    fn object(target: &str) -> ScaledObjectRef {
+        ScaledObjectRef {
+            name: "loader-worker".into(),
+            namespace: "ml".into(),
+            scaler_metadata: [("targetStall".to_owned(), target.to_owned())].into(),
+        }
+    }
+
+    fn active(&self) -> bool {
+        let mut c = self.client.clone();
+        self.runtime.block_on(c.is_active(Self::object("5%"))).expect("IsActive").into_inner().result
+    }
+
+    fn metric(&self, target: &str) -> Result<f64, tonic::Status> {
+        let mut c = self.client.clone();
+        let request = GetMetricsRequest { scaled_object_ref: Some(Self::object(target)), metric_name: String::new() };
+        let reply = self.runtime.block_on(c.get_metrics(request))?.into_inner();
+        assert_eq!(reply.metric_values.len(), 1);
+        assert_eq!(reply.metric_values[0].metric_name, "loader_desired_workers");
+        Ok(reply.metric_values[0].metric_value_float)
+    }
+}
+
+#[test]
+fn the_keda_external_scaler_asks_for_a_worker_more_while_the_trainer_stalls() {
+    run(Duration::from_secs(90), |scope| {
+        let cluster = Cluster::builder().workers(1).ttl_ms(TTL_MS).start(&scope);
+        let keda = Keda::new(&cluster.url());
+        let spec = {
+            let mut c = keda.client.clone();
+            keda.runtime.block_on(c.get_metric_spec(Keda::object("0.05"))).expect("GetMetricSpec").into_inner()
+        };
+        assert_eq!(spec.metric_specs.len(), 1);
+        assert_eq!((spec.metric_specs[0].metric_name.as_str(), spec.metric_specs[0].target_size_float), ("loader_desired_workers", 1.0));
+        assert!(!keda.active(), "no trainer yet");
+        let bad = keda.metric("lots").expect_err("a bad target");
+        assert_eq!(bad.code(), tonic::Code::InvalidArgument);
+        assert_eq!(
+            bad.message(),
+            "KEDA trigger metadata targetStall \"lots\": give a share between 0 and 1 (0.05) or a percentage (5%)"
+        );
+
+        // One worker at 2 ms a sample cannot keep up with a trainer that
+        // takes every batch at once: it stalls nearly all the time.
+        let job = spec::synthetic(200 * 16, &[16], Dtype::U8)
+            .batch_size(16)
+            .wait_ns_by_epoch(vec![2_000_000])
+            .build()
+            .expect("spec");
+        let trainer = Trainer::spawn(Loader::builder(cluster.url()), job);
+        trainer.wait_for(5, Duration::from_secs(30));
+        assert!(keda.active(), "a trainer session is open");
+        keda.metric("5%").expect("first poll");
+        std::thread::sleep(Duration::from_millis(1500));
+        assert_eq!(keda.metric("5%").expect("second poll"), 2.0, "one worker, stalled: one more");
+        // The job ends; its session closes.
+        trainer.join(Duration::from_secs(60));
+        let admin = cluster.admin();
+        admin.wait_for("the session to close", Duration::from_secs(30), |a| Ok(a.sessions()?.is_empty().then_some(())));
+        assert!(!keda.active(), "no trainer: inactive");
+    });
 }

@@ -3,5 +3,6 @@
 //! [`Coordinator`]: crate::coordinator::Coordinator
 
 pub(crate) mod admin;
+pub(crate) mod keda;
 pub(crate) mod trainer;
 pub(crate) mod worker;
