@@ -9,7 +9,7 @@ use std::time::Duration;
 use clap::Parser;
 
 use crate::ServerConfig;
-use crate::pool::LocalPoolConfig;
+use crate::config::LocalPoolConfig;
 
 /// Loader's coordinator: hands out batch ranges to workers and tracks every
 /// batch until it is delivered.

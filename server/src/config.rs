@@ -20,7 +20,7 @@ pub struct ServerConfig {
     pub state_dir: Option<PathBuf>,
     /// Worker processes the coordinator starts and stops itself (`loaderctl
     /// scale`); None: workers come and go on their own.
-    pub worker_pool: Option<crate::pool::LocalPoolConfig>,
+    pub worker_pool: Option<LocalPoolConfig>,
 }
 
 impl Default for ServerConfig {
@@ -33,4 +33,13 @@ impl Default for ServerConfig {
             worker_pool: None,
         }
     }
+}
+
+/// How to start a worker of the pool.
+#[derive(Debug, Clone)]
+pub struct LocalPoolConfig {
+    /// The `loader-worker` executable.
+    pub command: PathBuf,
+    /// Workers to start with the coordinator.
+    pub initial: u32,
 }

@@ -20,7 +20,7 @@
 //! - `service`: the gRPC services, thin adapters over the coordinator,
 //!   and KEDA's external scaler (`service::keda`).
 //! - `autoscale`: the policy that sizes the pool on the trainers' stall.
-//! - [`pool`]: the local worker pool (`--worker-pool local`), which starts
+//! - `pool`: the local worker pool (`--worker-pool local`), which starts
 //!   and drains `loader-worker` processes as `loaderctl scale` asks.
 //! - [`error`]: errors and their single mapping to gRPC codes.
 //! - [`cli`]: the `loader-server` command line.
@@ -34,7 +34,7 @@ pub mod error;
 mod jobs;
 mod journal;
 mod meters;
-pub mod pool;
+mod pool;
 mod range_queue;
 mod service;
 mod sessions;
@@ -51,7 +51,7 @@ use loader_proto::pb::{
 use loader_process::grpc::Services;
 use tokio::net::TcpListener;
 
-pub use config::ServerConfig;
+pub use config::{LocalPoolConfig, ServerConfig};
 
 use crate::coordinator::Coordinator;
 use crate::pool::LocalPool;

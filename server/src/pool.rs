@@ -14,7 +14,6 @@
 //! stops; stopping the coordinator stops every worker it started (SIGTERM,
 //! then SIGKILL after a grace period), so none is left behind.
 
-use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -25,20 +24,12 @@ use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 
 use crate::autoscale::{Autoscaler, Load, Policy};
+use crate::config::LocalPoolConfig;
 use crate::coordinator::Coordinator;
 use crate::error::CoordinatorError;
 
 /// How long stopped workers get to exit before they are killed.
 const STOP_GRACE: Duration = Duration::from_secs(5);
-
-/// How to start a worker of the pool.
-#[derive(Debug, Clone)]
-pub struct LocalPoolConfig {
-    /// The `loader-worker` executable.
-    pub command: PathBuf,
-    /// Workers to start with the coordinator.
-    pub initial: u32,
-}
 
 /// One process of the pool.
 #[derive(Debug)]
