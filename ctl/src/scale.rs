@@ -35,7 +35,7 @@ pub(crate) fn run(args: &ScaleArgs) -> anyhow::Result<()> {
         )
         .await
         {
-            Err(LoaderError::Rpc { code: Code::FailedPrecondition, message, .. }) => {
+            Err(LoaderError::Rpc { code: Code::FailedPrecondition | Code::PermissionDenied, message, .. }) => {
                 return Err(anyhow::anyhow!("coordinator {address}: {message}"));
             }
             other => other?,

@@ -9,7 +9,9 @@ use std::time::Duration;
 use clap::Parser;
 
 use crate::ServerConfig;
-use crate::config::LocalPoolConfig;
+#[cfg(feature = "kubernetes")]
+use crate::config::KubernetesPoolConfig;
+use crate::config::{LocalPoolConfig, WorkerPoolConfig};
 
 /// Loader's coordinator: hands out batch ranges to workers and tracks every
 /// batch until it is delivered.
@@ -35,11 +37,19 @@ struct Args {
     /// Off by default.
     #[arg(long, value_name = "ADDR")]
     metrics_listen: Option<String>,
-    /// Start and stop worker processes here, as `loaderctl scale` asks
-    /// (`local`: `loader-worker` processes on this host). Without it,
-    /// workers are started by whoever deploys them.
-    #[arg(long, value_enum, value_name = "BACKEND")]
+    /// Size the workers here, as `loaderctl scale` / `autoscale` ask:
+    /// `local` starts `loader-worker` processes on this host;
+    /// `kubernetes` (builds with the `kubernetes` feature) sets the
+    /// replicas of the worker Deployment. Without it, workers are started by
+    /// whoever deploys them.
+    #[arg(long, env = "LOADER_WORKER_POOL", value_enum, value_name = "BACKEND")]
     worker_pool: Option<PoolBackend>,
+    /// The worker Deployment (`--worker-pool kubernetes`).
+    #[arg(long, env = "LOADER_WORKER_DEPLOYMENT", value_name = "NAME")]
+    worker_deployment: Option<String>,
+    /// Its namespace (default: the in-cluster or kubeconfig namespace).
+    #[arg(long, env = "LOADER_NAMESPACE", value_name = "NS")]
+    namespace: Option<String>,
     /// Workers the pool starts with (`--worker-pool local`).
     #[arg(long, default_value_t = 1, value_name = "N", requires = "worker_pool")]
     workers: u32,
@@ -54,6 +64,8 @@ struct Args {
 enum PoolBackend {
     /// Processes on the coordinator's host.
     Local,
+    /// The replicas of a Kubernetes Deployment.
+    Kubernetes,
 }
 
 /// Runs the CLI with `args` (including the program name); returns the exit code.
@@ -96,13 +108,26 @@ fn run(args: Args) -> Result<(), String> {
         range_len: args.range_len,
         state_dir: args.state_dir,
         worker_pool: match args.worker_pool {
-            Some(PoolBackend::Local) => Some(LocalPoolConfig {
+            Some(PoolBackend::Local) => Some(WorkerPoolConfig::Local(LocalPoolConfig {
                 command: match args.worker_command {
                     Some(path) => path,
                     None => sibling_worker()?,
                 },
                 initial: args.workers,
-            }),
+            })),
+            #[cfg(feature = "kubernetes")]
+            Some(PoolBackend::Kubernetes) => Some(WorkerPoolConfig::Kubernetes(KubernetesPoolConfig {
+                deployment: args.worker_deployment.ok_or_else(|| {
+                    "--worker-pool kubernetes needs --worker-deployment NAME (or LOADER_WORKER_DEPLOYMENT)".to_owned()
+                })?,
+                namespace: args.namespace,
+            })),
+            #[cfg(not(feature = "kubernetes"))]
+            Some(PoolBackend::Kubernetes) => {
+                return Err("--worker-pool kubernetes: this loader-server was built without Kubernetes support \
+                            (cargo feature `kubernetes`)"
+                    .to_owned());
+            }
             None => None,
         },
     };

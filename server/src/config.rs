@@ -20,7 +20,7 @@ pub struct ServerConfig {
     pub state_dir: Option<PathBuf>,
     /// Worker processes the coordinator starts and stops itself (`loaderctl
     /// scale`); None: workers come and go on their own.
-    pub worker_pool: Option<LocalPoolConfig>,
+    pub worker_pool: Option<WorkerPoolConfig>,
 }
 
 impl Default for ServerConfig {
@@ -42,4 +42,24 @@ pub struct LocalPoolConfig {
     pub command: PathBuf,
     /// Workers to start with the coordinator.
     pub initial: u32,
+}
+
+/// Where a coordinator's worker pool runs its workers.
+#[derive(Debug, Clone)]
+pub enum WorkerPoolConfig {
+    /// `loader-worker` processes on the coordinator's host.
+    Local(LocalPoolConfig),
+    /// The replicas of a Kubernetes Deployment (feature `kubernetes`).
+    #[cfg(feature = "kubernetes")]
+    Kubernetes(KubernetesPoolConfig),
+}
+
+/// The worker Deployment a `kubernetes` pool scales.
+#[cfg(feature = "kubernetes")]
+#[derive(Debug, Clone)]
+pub struct KubernetesPoolConfig {
+    /// The Deployment's name.
+    pub deployment: String,
+    /// Its namespace (None: the client configuration's default).
+    pub namespace: Option<String>,
 }

@@ -58,6 +58,12 @@ pub enum CoordinatorError {
     /// Autoscaling bounds or target out of range.
     #[error("{0}")]
     BadAutoscale(String),
+    /// The cluster refused to scale the worker Deployment (RBAC).
+    #[error("{0}")]
+    ScaleRefused(String),
+    /// Scaling the worker Deployment failed otherwise.
+    #[error("{0}")]
+    ScaleFailed(String),
     /// The worker pool could not start a worker process.
     #[error("cannot start a worker: {0}")]
     WorkerStart(String),
@@ -68,6 +74,8 @@ impl From<CoordinatorError> for Status {
         let code = match &e {
             CoordinatorError::ProtocolMismatch { .. } | CoordinatorError::NoWorkerPool => Code::FailedPrecondition,
             CoordinatorError::WorkerStart(_) => Code::Internal,
+            CoordinatorError::ScaleRefused(_) => Code::PermissionDenied,
+            CoordinatorError::ScaleFailed(_) => Code::Unavailable,
             CoordinatorError::InvalidSpec(_)
             | CoordinatorError::BadConsumer { .. }
             | CoordinatorError::BadResume { .. }

@@ -20,8 +20,8 @@
 //! - `service`: the gRPC services, thin adapters over the coordinator,
 //!   and KEDA's external scaler (`service::keda`).
 //! - `autoscale`: the policy that sizes the pool on the trainers' stall.
-//! - `pool`: the local worker pool (`--worker-pool local`), which starts
-//!   and drains `loader-worker` processes as `loaderctl scale` asks.
+//! - `pool`: the worker pool (`--worker-pool local|kubernetes`), sized by
+//!   `loaderctl scale` or the autoscaler.
 //! - [`error`]: errors and their single mapping to gRPC codes.
 //! - [`cli`]: the `loader-server` command line.
 
@@ -51,10 +51,10 @@ use loader_proto::pb::{
 use loader_process::grpc::Services;
 use tokio::net::TcpListener;
 
-pub use config::{LocalPoolConfig, ServerConfig};
+pub use config::{LocalPoolConfig, ServerConfig, WorkerPoolConfig};
 
 use crate::coordinator::Coordinator;
-use crate::pool::LocalPool;
+use crate::pool::WorkerPool;
 use crate::service::{admin::AdminApi, trainer::TrainerApi, worker::WorkerApi};
 
 /// Why the coordinator could not serve.
@@ -83,7 +83,7 @@ pub async fn serve(
     let pool = match &config.worker_pool {
         Some(pool) => {
             let addr = listener.local_addr().map_err(ServerError::Address)?;
-            Some(Arc::new(LocalPool::new(pool.clone(), format!("http://{addr}"))))
+            Some(Arc::new(WorkerPool::open(pool, format!("http://{addr}")).await.map_err(ServerError::Pool)?))
         }
         None => None,
     };
@@ -91,9 +91,7 @@ pub async fn serve(
     let stop = tokio_util::sync::CancellationToken::new();
     let reaper = tokio::spawn(coordinator.clone().reap_leases(stop.clone()));
     if let Some(pool) = &pool {
-        pool.scale(&coordinator, pool.initial()).map_err(ServerError::Pool)?;
-        tokio::spawn(Arc::clone(pool).reap(stop.clone()));
-        tokio::spawn(Arc::clone(pool).run_autoscaler(coordinator.clone(), stop.clone()));
+        pool.start(&coordinator, &stop).map_err(ServerError::Pool)?;
     }
     let shutdown = {
         let stop = stop.clone();

@@ -28,6 +28,7 @@
 
 mod admin;
 mod cluster;
+mod kube_api;
 pub mod dataset_files;
 mod netns;
 mod otlp;
@@ -38,6 +39,7 @@ mod trainer;
 mod wait;
 
 pub use admin::Admin;
+pub use kube_api::{KubeApi, KubeRequest};
 pub use cluster::{Cluster, ClusterBuilder};
 pub use netns::{HOST_ADDR, NS_ADDR, RemoteNamespace};
 pub use otlp::{OtlpReceiver, ReceivedSpan, string_attribute};

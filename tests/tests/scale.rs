@@ -6,7 +6,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use loader_client::{Dtype, Loader, spec};
-use loader_e2e::{Admin, Cluster, Proc, Trainer, assert_received, binary, loaderctl, run};
+use loader_e2e::{Admin, Cluster, KubeApi, KubeRequest, Proc, Trainer, assert_received, binary, loaderctl, run};
 use loader_proto::keda::external_scaler_client::ExternalScalerClient;
 use loader_proto::keda::{GetMetricsRequest, ScaledObjectRef};
 
@@ -292,5 +292,58 @@ fn the_keda_external_scaler_asks_for_a_worker_more_while_the_trainer_stalls() {
         let admin = cluster.admin();
         admin.wait_for("the session to close", Duration::from_secs(30), |a| Ok(a.sessions()?.is_empty().then_some(())));
         assert!(!keda.active(), "no trainer: inactive");
+    });
+}
+
+/// A coordinator whose pool is the worker Deployment behind `api`.
+fn kubernetes_coordinator(scope: &loader_e2e::Scope, api: &KubeApi) -> Proc {
+    let mut command = Command::new(binary("loader-server"));
+    command.args(["--listen", "127.0.0.1:0", "--worker-pool", "kubernetes", "--worker-deployment", "loader-worker"]);
+    command.env("KUBECONFIG", api.kubeconfig());
+    Proc::spawn(scope, "loader-server", command, true)
+}
+
+#[test]
+fn the_kubernetes_pool_patches_the_deployment_scale_and_a_refusal_is_one_line() {
+    run(Duration::from_secs(60), |scope| {
+        // Recorded API-server responses (tests/data/kube); no API server
+        // runs here.
+        let api = KubeApi::start(2, false);
+        let server = kubernetes_coordinator(&scope, &api);
+        let url = format!("http://{}", server.addr());
+        for (workers, line) in [(4, "workers 2 -> 4: started 2"), (1, "workers 4 -> 1")] {
+            let mut ctl = loaderctl(&scope, &["scale", "--coordinator", &url, "--workers", &workers.to_string()]);
+            assert!(ctl.wait_exit(Duration::from_secs(20)).is_some_and(|s| s.success()), "scale to {workers}");
+            assert_eq!(ctl.stdout(), vec![line.to_owned()]);
+            assert_eq!(api.replicas(), workers);
+        }
+        let requests = api.requests();
+        let path = "/apis/apps/v1/namespaces/ml/deployments/loader-worker/scale";
+        let patches: Vec<&KubeRequest> = requests.iter().filter(|r| r.method == "PATCH").collect();
+        assert_eq!(patches.len(), 2, "{requests:?}");
+        for (patch, n) in patches.iter().zip([4, 1]) {
+            assert_eq!(patch.path, path);
+            assert_eq!(patch.content_type, "application/merge-patch+json");
+            assert_eq!(serde_json::from_str::<serde_json::Value>(&patch.body).expect("json"), serde_json::json!({"spec": {"replicas": n}}));
+        }
+        assert!(requests.iter().all(|r| r.path == path), "{requests:?}");
+
+        let refusing = KubeApi::start(2, true);
+        let server = kubernetes_coordinator(&scope, &refusing);
+        let url = format!("http://{}", server.addr());
+        let mut command = Command::new(binary("loaderctl"));
+        command.args(["scale", "--coordinator", &url, "--workers", "3"]);
+        let mut ctl = Proc::spawn_capturing_stderr(&scope, "loaderctl", command, false);
+        assert_eq!(ctl.wait_exit(Duration::from_secs(20)).and_then(|s| s.code()), Some(1));
+        assert_eq!(
+            ctl.stderr(),
+            vec![format!(
+                "loaderctl: error: coordinator {url}: kubernetes refused to get deployments/scale ml/loader-worker: \
+                 deployments.apps \"loader-worker\" is forbidden: User \"system:serviceaccount:ml:loader-coordinator\" \
+                 cannot get resource \"deployments/scale\" in API group \"apps\" in the namespace \"ml\" \
+                 (the coordinator's service account needs get and patch on deployments/scale)"
+            )]
+        );
+        assert_eq!(refusing.replicas(), 2, "nothing changed");
     });
 }

@@ -8,13 +8,13 @@ use std::sync::Arc;
 use crate::autoscale::Policy;
 use crate::coordinator::Coordinator;
 use crate::error::CoordinatorError;
-use crate::pool::LocalPool;
+use crate::pool::WorkerPool;
 
 #[derive(Debug)]
 pub(crate) struct AdminApi {
     pub(crate) coordinator: Coordinator,
     /// The worker pool, when the coordinator runs one.
-    pub(crate) pool: Option<Arc<LocalPool>>,
+    pub(crate) pool: Option<Arc<WorkerPool>>,
 }
 
 #[tonic::async_trait]
@@ -39,7 +39,7 @@ impl AdminService for AdminApi {
         request: Request<pb::ScaleWorkersRequest>,
     ) -> Result<Response<pb::ScaleWorkersResponse>, Status> {
         let pool = self.pool.as_ref().ok_or(CoordinatorError::NoWorkerPool)?;
-        Ok(Response::new(pool.scale(&self.coordinator, request.into_inner().workers)?))
+        Ok(Response::new(pool.scale(&self.coordinator, request.into_inner().workers).await?))
     }
 
     async fn autoscale(

@@ -226,9 +226,9 @@ from "loader.ringVolume":
 {{/* The coordinator's environment (may be empty). */}}
 {{- define "loader.coordinatorEnv" -}}
 {{- if eq .Values.scaling.backend "kubernetes" }}
-# For the scaling backend: which Deployment holds the remote workers, in
-# which namespace.
-- name: LOADER_SCALING_BACKEND
+# The coordinator's worker pool (`--worker-pool kubernetes`): which
+# Deployment holds the remote workers, in which namespace.
+- name: LOADER_WORKER_POOL
   value: "kubernetes"
 - name: LOADER_WORKER_DEPLOYMENT
   value: {{ include "loader.workerName" . | quote }}

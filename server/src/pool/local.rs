@@ -1,6 +1,5 @@
-//! The local worker pool (`loader-server --worker-pool local`): the
-//! coordinator starts and stops `loader-worker` processes on its own host,
-//! as `loaderctl scale` asks.
+//! The `local` backend (`loader-server --worker-pool local`): the
+//! coordinator starts and stops `loader-worker` processes on its own host.
 //!
 //! Growing starts processes pointed at this coordinator. Shrinking drains
 //! the pool's workers with the least outstanding work, through the same
@@ -8,11 +7,9 @@
 //! what they hold, and exit, so no batch is lost or delivered twice, and a
 //! trainer waits at most for the batch in progress. A worker the pool
 //! started that has not registered yet holds nothing and is simply stopped.
-//! With autoscaling on (`loaderctl autoscale`), the pool applies
-//! `crate::autoscale`'s policy once a second through the same scaling.
-//! Exited processes are reaped as the pool is asked again and when it
-//! stops; stopping the coordinator stops every worker it started (SIGTERM,
-//! then SIGKILL after a grace period), so none is left behind.
+//! Exited processes are reaped every half second; stopping the coordinator
+//! stops every worker it started (SIGTERM, then SIGKILL after a grace
+//! period), so none is left behind.
 
 use std::process::Stdio;
 use std::sync::Mutex;
@@ -23,7 +20,6 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 
-use crate::autoscale::{Autoscaler, Load, Policy};
 use crate::config::LocalPoolConfig;
 use crate::coordinator::Coordinator;
 use crate::error::CoordinatorError;
@@ -41,19 +37,17 @@ struct Member {
 
 /// Worker processes this coordinator started.
 #[derive(Debug)]
-pub(crate) struct LocalPool {
+pub(crate) struct Processes {
     config: LocalPoolConfig,
     /// The coordinator's URL, for the workers' `--coordinator`.
     url: String,
     members: Mutex<Vec<Member>>,
-    /// The autoscaling policy and its memory, while autoscaling is on.
-    autoscaler: Mutex<Option<Autoscaler>>,
 }
 
-impl LocalPool {
+impl Processes {
     /// A pool of no process yet; its workers will register at `url`.
     pub(crate) fn new(config: LocalPoolConfig, url: String) -> Self {
-        Self { config, url, members: Mutex::new(Vec::new()), autoscaler: Mutex::new(None) }
+        Self { config, url, members: Mutex::new(Vec::new()) }
     }
 
     /// Workers to start with the coordinator.
@@ -127,61 +121,15 @@ impl LocalPool {
             .map_err(|e| CoordinatorError::WorkerStart(format!("{}: {e}", self.config.command.display())))
     }
 
-    /// Turns autoscaling on with `policy`, or off.
-    pub(crate) fn autoscale(&self, policy: Option<Policy>) {
-        let mut slot = self.autoscaler.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        match policy {
-            Some(p) => {
-                tracing::info!(min = p.min, max = p.max, target_stall = p.target_stall, cooldown = ?p.cooldown, "autoscaling on");
-                *slot = Some(Autoscaler::new(p));
-            }
-            None => {
-                if slot.take().is_some() {
-                    tracing::info!("autoscaling off");
-                }
-            }
-        }
-    }
-
     /// Workers running (not leaving), after reaping those that exited.
-    fn running(&self) -> u32 {
+    pub(crate) fn running(&self) -> u32 {
         let mut members = self.lock();
         members.retain_mut(|m| !matches!(m.child.try_wait(), Ok(Some(_))));
         members.iter().filter(|m| !m.leaving).count() as u32
     }
 
-    /// Applies the autoscaling policy once a second until `stop`.
-    pub(crate) async fn run_autoscaler(
-        self: std::sync::Arc<Self>,
-        coordinator: Coordinator,
-        stop: tokio_util::sync::CancellationToken,
-    ) {
-        let mut tick = tokio::time::interval(Duration::from_secs(1));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                () = stop.cancelled() => return,
-                _ = tick.tick() => {}
-            }
-            let load = Load::read(&coordinator, self.running());
-            let decision = {
-                let mut slot = self.autoscaler.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-                match slot.as_mut() {
-                    Some(a) => a.decide(load),
-                    None => continue,
-                }
-            };
-            if let Some(d) = decision {
-                tracing::info!(workers = d.workers, "autoscale: {}", d.reason);
-                if let Err(e) = self.scale(&coordinator, d.workers) {
-                    tracing::warn!("autoscale: {e}");
-                }
-            }
-        }
-    }
-
     /// Reaps the pool's exited processes every half second until `stop`.
-    pub(crate) async fn reap(self: std::sync::Arc<Self>, stop: tokio_util::sync::CancellationToken) {
+    pub(crate) async fn reap(&self, stop: tokio_util::sync::CancellationToken) {
         let mut tick = tokio::time::interval(Duration::from_millis(500));
         loop {
             tokio::select! {
