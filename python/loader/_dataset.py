@@ -122,9 +122,13 @@ def job_spec(
         raise TypeError(f"len(dataset) failed: {_last_line(e)}") from None
     if n <= 0:
         raise ValueError("the dataset is empty (len(dataset) == 0)")
+    # Libraries the workers import before the first sample, as a
+    # DataLoader's forked workers have them: torch, so that its generator is
+    # seeded from the first batch on (not only once a batch imported it).
+    preload = [name for name in ("torch",) if name in sys.modules]
     python = {
         "pickle": pickle_dataset(dataset),
-        "args": {"seed_rngs": bool(seed_rngs)},
+        "args": {"seed_rngs": bool(seed_rngs), "preload": preload},
         "num_samples": n,
     }
     if collate_fn is not None:

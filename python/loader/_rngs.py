@@ -16,7 +16,11 @@ numbers it would with every generator seeded before it: a sample that
 draws nothing from a generator does not depend on its state. The cost is
 one extra read of at most three batches per worker and ~10 us per batch.
 Batches of one or two samples are seeded in full (the check would cost
-more than it saves). A library imported during a batch (torch, by a
+more than it saves), and so are the first two batches of a worker, whose
+second batch is timed: a dataset taking 200 us or more a sample (decode,
+augmentations) stays seeded in full for good, since seeding is then a few
+percent of a sample and reading a batch twice would cost more (and call a
+heavy `__getitem__` twice). A library imported during a batch (torch, by a
 dataset that imports it in ``__getitem__``) was not seeded for it: that
 batch is read again too.
 """
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import random
 import sys
+import time
 from typing import Any, Callable, Optional
 
 #: The state every unseeded generator is put in at the start of a batch.
@@ -32,6 +37,9 @@ _SENTINEL = 0x5EED_1E55_0ADE
 
 #: Batches this small seed every generator before every sample.
 _SMALL_BATCH = 2
+
+#: Samples at least this slow (seconds) keep every generator seeded.
+_HEAVY_SAMPLE = 200e-6
 
 _NAMES = ("random", "numpy", "torch")
 
@@ -81,6 +89,12 @@ class Rngs:
         self._armed: Optional[tuple[str, ...]] = None
         #: Libraries imported when the batch began.
         self._present: frozenset[str] = frozenset()
+        #: Batches begun, and when and how long the one being read is (the
+        #: second is timed); None until then, then whether samples are
+        #: heavy enough to keep every generator seeded.
+        self._batches = 0
+        self._timing: Optional[tuple[float, int]] = None
+        self._always: Optional[bool] = None
 
     def begin(self, batch_len: int) -> Optional[Callable[[int], None]]:
         """Called before a batch of ``batch_len`` samples is read: arms the
@@ -91,8 +105,14 @@ class Rngs:
         if not self.enabled:
             return None
         self._present = frozenset(n for n in _NAMES if n == "random" or n in sys.modules)
-        if batch_len <= _SMALL_BATCH:
-            # Checked only for a library imported during the batch.
+        self._timing = None
+        if batch_len > 0:
+            self._batches += 1
+        if batch_len <= _SMALL_BATCH or self._always is not False:
+            # Seeded in full; checked only for a library imported during
+            # the batch. The second batch is timed.
+            if self._always is None and self._batches == 2 and batch_len > 0:
+                self._timing = (time.perf_counter(), batch_len)
             self._armed = ()
             return seed_all
         watch = tuple(n for n in _NAMES if n not in self.seeded and n in self._present)
@@ -109,6 +129,9 @@ class Rngs:
         armed, self._armed = self._armed, None
         if armed is None:
             return False
+        if self._timing is not None:
+            began, n = self._timing
+            self._always = (time.perf_counter() - began) / n >= _HEAVY_SAMPLE
         fresh = [n for n in _NAMES if n not in self._present and n in sys.modules]
         used = [n for n in armed if self._draw(n) != self._sentinel_draw[n]]
         if not (used or fresh):

@@ -16,7 +16,7 @@ import importlib
 import json
 import pickle
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Optional
 
 from ._rngs import Rngs, seed_all
@@ -29,6 +29,19 @@ _NUMPY_DTYPES = {
     "uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64",
     "float16", "float32", "float64", "bool",
 }
+
+
+class Raised:
+    """A sample whose ``__getitem__`` raised: the exception's last line."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+#: Yielded by ``Source.read_batch`` before the batch's samples come again.
+RESTART = object()
 
 
 class SampleError(ValueError):
@@ -65,7 +78,13 @@ class Source:
         # For a pickled dataset, `args` are Loader's own settings.
         seed_rngs = True
         if "pickle" in params:
-            seed_rngs = bool(json.loads(params.get("args") or "{}").get("seed_rngs", True))
+            settings = json.loads(params.get("args") or "{}")
+            seed_rngs = bool(settings.get("seed_rngs", True))
+            for name in settings.get("preload", []):
+                try:
+                    importlib.import_module(name)
+                except Exception:  # a worker without it imports it when the dataset does
+                    pass
             paths, data = pickle.loads(base64.b64decode(params["pickle"]))
             sys.path.extend(p for p in paths if p not in sys.path)
             self._dataset = pickle.loads(data)
@@ -132,36 +151,34 @@ class Source:
             sys.modules["torch"].set_num_threads(1)
             self._torch_threads = True
 
-    def read_batch(self, indices: list, seeds: list) -> tuple[list, dict]:
-        """The samples ``indices`` of one batch as ``__getitem__`` returns
-        them, and, by position, the last line of the exception of each
-        that raised (its sample is None; the worker applies the job's
-        corrupt policy). One call per batch: the worker writes plain
-        samples into the batch itself (``python/src/sample_plan.rs``) and
+    def read_batch(self, indices: list, seeds: list) -> Iterator[Any]:
+        """The samples ``indices`` of one batch, one at a time as
+        ``__getitem__`` returns them (so the worker writes each into the
+        batch before the next is made, and large samples do not pile up),
+        or ``Raised`` for one whose ``__getitem__`` raised (the worker
+        applies the job's corrupt policy). One call per batch: the worker
+        writes plain samples itself (``python/src/sample_plan.rs``) and
         hands the others to ``convert``. Generators are seeded as
-        ``loader._rngs`` says (a batch may be read twice, once per worker
-        and generator)."""
+        ``loader._rngs`` says: when the batch must be read again seeded,
+        ``RESTART`` comes first and then every sample again."""
         self._torch_one_thread()
-        read = self._read_samples(indices, seeds, self._rngs.begin(len(indices)))
+        yield from self._read_samples(indices, seeds, self._rngs.begin(len(indices)))
         if self._rngs.drawn():
             self._torch_one_thread()
-            read = self._read_samples(indices, seeds, self._rngs.begin(0))
-        return read
+            yield RESTART
+            yield from self._read_samples(indices, seeds, self._rngs.begin(0))
 
-    def _read_samples(self, indices: list, seeds: list, seed: Any) -> tuple[list, dict]:
+    def _read_samples(self, indices: list, seeds: list, seed: Any) -> Iterator[Any]:
         dataset = self._dataset
-        samples: list = []
-        errors: dict = {}
-        append = samples.append
         for index, sample_seed in zip(indices, seeds):
             if seed is not None:
                 seed(sample_seed)
             try:
-                append(dataset[index])
+                sample = dataset[index]
             except Exception as e:
-                errors[len(samples)] = _last_line(e)
-                append(None)
-        return samples, errors
+                yield Raised(_last_line(e))
+                continue
+            yield sample
 
     def collate(self, samples: list) -> list:
         """The batch ``collate_fn(samples)`` makes, flattened as samples

@@ -44,6 +44,10 @@ pub(crate) struct PythonDataset {
     plan: Option<SamplePlan>,
     /// The user gave a `collate_fn`: batches are made whole by it.
     collates: bool,
+    /// `Source.read_batch`'s marker for "the batch again from the start".
+    restart: Py<PyAny>,
+    /// `Raised`, what `Source.read_batch` yields for a sample that raised.
+    raised: Py<PyAny>,
     /// `len(dataset)`, as the job was planned.
     len: u64,
 }
@@ -75,6 +79,8 @@ impl PythonDataset {
         let plan = SamplePlan::of(&source.call_method0("schema_sample")?).filter(|p| p.leaves() == tensors.len());
         let collates = source.getattr("collates")?.extract()?;
         Ok(Self {
+            restart: module.getattr("RESTART")?.unbind(),
+            raised: module.getattr("Raised")?.unbind(),
             collates,
             plan,
             sample_error: module.getattr("SampleError")?.unbind(),
@@ -98,16 +104,16 @@ impl PythonDataset {
     /// the plan, or, when it does not follow it, converted by the Python
     /// half (which also words the error of a sample that cannot be batched).
     fn read_batch_in(&self, py: Python<'_>, keys: &[SampleKey], batch: &mut BatchRows<'_>) -> Result<(), DatasetError> {
-        let (samples, errors) = self.read_samples(py, keys)?;
-        for (pos, (key, sample)) in keys.iter().zip(samples.iter()).enumerate() {
-            let read = match errors.get_item(pos) {
-                // `__getitem__` raised: the exception's last line.
-                Ok(Some(reason)) => Err(corrupt(key.index, &reason)),
-                _ => self.write_sample(py, key.index, &sample, &mut batch.next_rows()),
-            };
-            batch.settle(key.index, read)?;
-        }
-        Ok(())
+        self.read_samples(py, keys, |read| match read {
+            Read::Restart => {
+                batch.reset();
+                Ok(())
+            }
+            Read::Sample(key, sample) => {
+                let written = sample.and_then(|s| self.write_sample(py, key.index, &s, &mut batch.next_rows()));
+                batch.settle(key.index, written)
+            }
+        })
     }
 
     /// Writes sample `index` into `rows`: by the plan, else through the
@@ -129,16 +135,20 @@ impl PythonDataset {
     /// user's `collate_fn` makes the batch of the others.
     fn make_batch_in(&self, py: Python<'_>, keys: &[SampleKey], on_corrupt: CorruptPolicy) -> Result<MadeBatch, DatasetError> {
         let first = keys.first().map_or(0, |k| k.index);
-        let (samples, errors) = self.read_samples(py, keys)?;
         let mut settled = BatchRows::new(Vec::new(), keys.len(), on_corrupt, true);
-        let kept_samples = PyList::empty(py);
-        for (pos, (key, sample)) in keys.iter().zip(samples.iter()).enumerate() {
-            let read = match errors.get_item(pos) {
-                Ok(Some(reason)) => Err(corrupt(key.index, &reason)),
-                _ => kept_samples.append(sample).map_err(|e| self.failed(py, &e, key.index)),
-            };
-            settled.settle(key.index, read)?;
-        }
+        let mut samples = Vec::with_capacity(keys.len());
+        self.read_samples(py, keys, |read| match read {
+            Read::Restart => {
+                settled.reset();
+                samples.clear();
+                Ok(())
+            }
+            Read::Sample(key, sample) => {
+                let kept = sample.map(|s| samples.push(s));
+                settled.settle(key.index, kept)
+            }
+        })?;
+        let kept_samples = PyList::new(py, samples).map_err(|e| self.failed(py, &e, first))?;
         let (kept, skipped) = settled.finish();
         if kept.is_empty() {
             // Every sample was left out: the schema's tensors, none held.
@@ -174,26 +184,51 @@ impl PythonDataset {
         Ok(MadeBatch { tensors, kept, skipped })
     }
 
-    /// The samples `keys` as `__getitem__` returned them, and the last line
-    /// of the exception of each that raised, by position (one Python call).
+    /// Reads the samples `keys` in one Python call (`Source.read_batch`, a
+    /// generator), handing each to `each` as it comes: a sample is written
+    /// before the next is made. `Read::Restart` means the batch comes again
+    /// from its first sample (it had to be read with more generators
+    /// seeded).
     fn read_samples<'py>(
         &self,
         py: Python<'py>,
         keys: &[SampleKey],
-    ) -> Result<(Bound<'py, PyList>, Bound<'py, PyDict>), DatasetError> {
+        mut each: impl FnMut(Read<'py>) -> Result<(), DatasetError>,
+    ) -> Result<(), DatasetError> {
         let first = keys.first().map_or(0, |k| k.index);
         let indices: Vec<u64> = keys.iter().map(|k| k.index).collect();
         let seeds: Vec<u64> = keys.iter().map(|&k| sample_seed(k)).collect();
-        let (samples, errors) = self
+        let samples = self
             .source
             .bind(py)
             .call_method1("read_batch", (indices, seeds))
-            .and_then(|r| r.extract::<(Bound<'py, PyList>, Bound<'py, PyDict>)>())
+            .and_then(|r| r.try_iter())
             .map_err(|e| self.failed(py, &e, first))?;
-        if samples.len() != keys.len() {
+        let mut pos = 0;
+        for item in samples {
+            let at = keys.get(pos).map_or(first, |k| k.index);
+            let item = item.map_err(|e| self.failed(py, &e, at))?;
+            if item.is(self.restart.bind(py)) {
+                pos = 0;
+                each(Read::Restart)?;
+                continue;
+            }
+            let key = *keys.get(pos).ok_or(DatasetError::RowMismatch { index: first })?;
+            pos += 1;
+            let raised = item.is_instance(self.raised.bind(py)).map_err(|e| self.failed(py, &e, key.index))?;
+            let sample = if raised {
+                // `__getitem__` raised: the exception's last line.
+                let reason = item.getattr("reason").map_err(|e| self.failed(py, &e, key.index))?;
+                Err(corrupt(key.index, &reason))
+            } else {
+                Ok(item)
+            };
+            each(Read::Sample(key, sample))?;
+        }
+        if pos != keys.len() {
             return Err(DatasetError::RowMismatch { index: first });
         }
-        Ok((samples, errors))
+        Ok(())
     }
 
     /// Every index of `keys` is one of the dataset's.
@@ -219,6 +254,14 @@ impl PythonDataset {
             reason: last_line(py, e),
         }
     }
+}
+
+/// What `Source.read_batch` yields, as the worker takes it.
+enum Read<'py> {
+    /// Every sample comes again, from the first.
+    Restart,
+    /// The next sample, or why `__getitem__` could not make it.
+    Sample(SampleKey, Result<Bound<'py, PyAny>, DatasetError>),
 }
 
 /// Sample `index` could not be read: `reason` is the last line of the

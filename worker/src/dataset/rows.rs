@@ -102,6 +102,13 @@ impl<'a> BatchRows<'a> {
         }
     }
 
+    /// Forgets every sample settled so far: the batch is read again from its
+    /// first sample, into the same rows.
+    pub fn reset(&mut self) {
+        self.kept.clear();
+        self.skipped.clear();
+    }
+
     /// The indices kept, in row order, and the samples left out.
     pub fn finish(self) -> (Vec<u64>, Vec<Skipped>) {
         (self.kept, self.skipped)
