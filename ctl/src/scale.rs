@@ -35,7 +35,11 @@ pub(crate) fn run(args: &ScaleArgs) -> anyhow::Result<()> {
         )
         .await
         {
-            Err(LoaderError::Rpc { code: Code::FailedPrecondition | Code::PermissionDenied, message, .. }) => {
+            Err(LoaderError::Rpc {
+                code: Code::FailedPrecondition | Code::PermissionDenied | Code::InvalidArgument,
+                message,
+                ..
+            }) => {
                 return Err(anyhow::anyhow!("coordinator {address}: {message}"));
             }
             other => other?,

@@ -48,6 +48,9 @@ impl Policy {
         if min == 0 || min > max {
             return Err(format!("autoscale bounds {min}..{max}: need 1 <= min <= max"));
         }
+        if max > crate::pool::MAX_WORKERS {
+            return Err(format!("autoscale bounds {min}..{max}: a pool runs at most {} workers", crate::pool::MAX_WORKERS));
+        }
         if !(target_stall.is_finite() && target_stall > 0.0 && target_stall < 1.0) {
             return Err(format!("target stall {target_stall}: need a share between 0 and 1 (e.g. 0.05 for 5%)"));
         }
@@ -238,6 +241,10 @@ mod tests {
         assert_eq!(Policy::new(0, 3, 0.05, Duration::ZERO).expect_err("refused"), "autoscale bounds 0..3: need 1 <= min <= max");
         assert_eq!(Policy::new(4, 3, 0.05, Duration::ZERO).expect_err("refused"), "autoscale bounds 4..3: need 1 <= min <= max");
         assert!(Policy::new(1, 3, 5.0, Duration::ZERO).expect_err("refused").starts_with("target stall 5: need a share"));
+        assert_eq!(
+            Policy::new(1, 5000, 0.05, Duration::ZERO).expect_err("refused"),
+            "autoscale bounds 1..5000: a pool runs at most 1024 workers"
+        );
         assert_eq!(Policy::new(1, 3, 0.05, Duration::ZERO).map(|p| p.cooldown), Ok(DEFAULT_COOLDOWN));
     }
 

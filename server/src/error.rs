@@ -55,9 +55,9 @@ pub enum CoordinatorError {
     /// Scaling was asked of a coordinator that runs no worker pool.
     #[error("this coordinator runs no worker pool; start loader-server with --worker-pool local")]
     NoWorkerPool,
-    /// Autoscaling bounds or target out of range.
+    /// Autoscaling bounds, a target or a pool size out of range.
     #[error("{0}")]
-    BadAutoscale(String),
+    BadScaling(String),
     /// The cluster refused to scale the worker Deployment (RBAC).
     #[error("{0}")]
     ScaleRefused(String),
@@ -80,7 +80,7 @@ impl From<CoordinatorError> for Status {
             | CoordinatorError::BadConsumer { .. }
             | CoordinatorError::BadResume { .. }
             | CoordinatorError::Missing(_)
-            | CoordinatorError::BadAutoscale(_) => Code::InvalidArgument,
+            | CoordinatorError::BadScaling(_) => Code::InvalidArgument,
             CoordinatorError::UnknownJob(_)
             | CoordinatorError::UnknownWorker(_)
             | CoordinatorError::UnknownSession(_) => Code::NotFound,

@@ -71,6 +71,14 @@ fn scale_one_to_three_to_one_during_a_job_loses_and_duplicates_nothing_and_leave
         kids.sort_unstable();
         assert_eq!(pids, kids, "every worker is a process the coordinator started");
 
+        // A typo is refused in one line, and nothing is started.
+        let mut command = Command::new(binary("loaderctl"));
+        command.args(["scale", "--coordinator", &url, "--workers", "10000"]);
+        let mut typo = Proc::spawn_capturing_stderr(&scope, "loaderctl", command, false);
+        assert_eq!(typo.wait_exit(Duration::from_secs(20)).and_then(|s| s.code()), Some(1));
+        assert_eq!(typo.stderr(), vec![format!("loaderctl: error: coordinator {url}: 10000 workers: a pool runs at most 1024")]);
+        assert_eq!(children(server.pid()).len(), 3);
+
         let at = trainer.yielded();
         assert!(at < total / 2, "the job ran out before scaling down; make it slower ({at} of {total})");
         trainer.wait_for(total / 2, Duration::from_secs(60));

@@ -24,6 +24,10 @@ use crate::config::WorkerPoolConfig;
 use crate::coordinator::Coordinator;
 use crate::error::CoordinatorError;
 
+/// Most workers a pool runs: a typo (`--workers 10000`) must not fork ten
+/// thousand processes or ask a cluster for ten thousand pods.
+pub(crate) const MAX_WORKERS: u32 = 1024;
+
 /// Where the pool's workers run.
 #[derive(Debug)]
 enum Backend {
@@ -74,6 +78,11 @@ impl WorkerPool {
 
     /// Runs `workers` workers.
     pub(crate) async fn scale(&self, coordinator: &Coordinator, workers: u32) -> Result<pb::ScaleWorkersResponse, CoordinatorError> {
+        if workers > MAX_WORKERS {
+            return Err(CoordinatorError::BadScaling(format!(
+                "{workers} workers: a pool runs at most {MAX_WORKERS}"
+            )));
+        }
         match &self.backend {
             Backend::Local(p) => p.scale(coordinator, workers),
             #[cfg(feature = "kubernetes")]

@@ -52,7 +52,7 @@ impl AdminService for AdminApi {
             None
         } else {
             let cooldown = std::time::Duration::from_millis(r.cooldown_ms);
-            Some(Policy::new(r.min, r.max, r.target_stall, cooldown).map_err(CoordinatorError::BadAutoscale)?)
+            Some(Policy::new(r.min, r.max, r.target_stall, cooldown).map_err(CoordinatorError::BadScaling)?)
         };
         pool.autoscale(policy);
         Ok(Response::new(pb::AutoscaleResponse {}))

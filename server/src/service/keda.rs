@@ -78,7 +78,7 @@ fn target_stall(r: &ScaledObjectRef) -> Result<f64, CoordinatorError> {
     };
     match parsed {
         Ok(v) if v > 0.0 && v < 1.0 => Ok(v),
-        _ => Err(CoordinatorError::BadAutoscale(format!(
+        _ => Err(CoordinatorError::BadScaling(format!(
             "KEDA trigger metadata targetStall {given:?}: give a share between 0 and 1 (0.05) or a percentage (5%)"
         ))),
     }
