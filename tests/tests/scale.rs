@@ -139,7 +139,7 @@ struct Look {
 /// Batches per epoch of the autoscale job.
 const EPOCH: u64 = 100;
 /// Epochs of light, then heavy, then light load.
-const PHASES: [(u64, u64); 3] = [(3, 100_000), (10, 2_000_000), (6, 100_000)];
+const PHASES: [(u64, u64); 3] = [(3, 100_000), (16, 2_000_000), (6, 100_000)];
 
 #[test]
 fn autoscale_follows_a_load_that_rises_then_falls() {
