@@ -63,7 +63,7 @@ impl Processes {
     /// surplus (see the module docs).
     pub(crate) fn scale(&self, coordinator: &Coordinator, workers: u32) -> Result<pb::ScaleWorkersResponse, CoordinatorError> {
         let mut members = self.lock();
-        members.retain_mut(|m| !matches!(m.child.try_wait(), Ok(Some(_))));
+        reap_exited(&mut members);
         let live = members.iter().filter(|m| !m.leaving).count() as u32;
         let mut response = pb::ScaleWorkersResponse { previous: live, workers, ..Default::default() };
         for _ in live..workers {
@@ -124,7 +124,7 @@ impl Processes {
     /// Workers running (not leaving), after reaping those that exited.
     pub(crate) fn running(&self) -> u32 {
         let mut members = self.lock();
-        members.retain_mut(|m| !matches!(m.child.try_wait(), Ok(Some(_))));
+        reap_exited(&mut members);
         members.iter().filter(|m| !m.leaving).count() as u32
     }
 
@@ -135,7 +135,7 @@ impl Processes {
             tokio::select! {
                 () = stop.cancelled() => return,
                 _ = tick.tick() => {
-                    self.lock().retain_mut(|m| !matches!(m.child.try_wait(), Ok(Some(_))));
+                    reap_exited(&mut self.lock());
                 }
             }
         }
@@ -156,6 +156,11 @@ impl Processes {
             }
         }
     }
+}
+
+/// Drops (and so reaps) the members whose process has exited.
+fn reap_exited(members: &mut Vec<Member>) {
+    members.retain_mut(|m| !matches!(m.child.try_wait(), Ok(Some(_))));
 }
 
 /// Asks a worker process to stop (SIGTERM: it hands back what it holds).
