@@ -8,15 +8,21 @@
 use std::future::Future;
 use std::time::Duration;
 
-use loader_process::grpc;
+use loader_process::grpc::{self, Channel, Target};
 use loader_process::retry::{self, Backoff};
+use loader_process::security::{ClientSecurity, Role};
 use tokio::time::Instant;
 use tonic::Status;
-use tonic::transport::{Channel, Endpoint};
 
 use crate::error::LoaderError;
 
-pub use loader_process::grpc::normalize;
+/// Accepts `host:port` as well as a URL: `host:port` is `https://` when
+/// this process has a CA to verify servers with (`--tls-ca`,
+/// `LOADER_TLS_CA`), `http://` otherwise.
+pub fn normalize(address: &str) -> String {
+    let tls = ClientSecurity::for_role(Role::Trainer).is_ok_and(|s| s.tls.is_some());
+    grpc::normalize(address, tls)
+}
 
 /// Total time spent trying to reach the coordinator (or to get a retryable
 /// call through) before giving up.
@@ -27,17 +33,19 @@ pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Pauses between retries of a call.
 const CALL_BACKOFF: Backoff = Backoff::new(Duration::from_millis(50), Duration::from_millis(800));
 
-/// A configured endpoint for `address` (already normalized).
-pub(crate) fn endpoint(address: &str) -> Result<Endpoint, LoaderError> {
-    grpc::endpoint(address).map_err(|e| LoaderError::InvalidAddress { address: e.address, cause: e.cause })
+/// A configured endpoint for `address` (already normalized), with this
+/// process's TLS settings and `role`'s token.
+pub(crate) fn endpoint(address: &str, role: Role) -> Result<Target, LoaderError> {
+    let security = ClientSecurity::for_role(role)?;
+    grpc::endpoint(address, &security).map_err(|e| LoaderError::InvalidAddress { address: e.address, cause: e.cause })
 }
 
-/// Connects to the coordinator at `address` (already normalized), retrying
-/// for at most [`CONNECT_BUDGET`]. The channel reconnects by itself
-/// afterwards, so a coordinator restart later on is survived by the calls'
-/// own retries.
-pub async fn coordinator(address: &str) -> Result<Channel, LoaderError> {
-    grpc::connect(&endpoint(address)?, Instant::now() + CONNECT_BUDGET)
+/// Connects to the coordinator at `address` (already normalized) as
+/// `role`, retrying for at most [`CONNECT_BUDGET`]. The channel reconnects
+/// by itself afterwards, so a coordinator restart later on is survived by
+/// the calls' own retries.
+pub async fn coordinator(address: &str, role: Role) -> Result<Channel, LoaderError> {
+    grpc::connect(&endpoint(address, role)?, Instant::now() + CONNECT_BUDGET)
         .await
         .map_err(|e| LoaderError::CoordinatorUnreachable { address: address.to_owned(), cause: e.cause })
 }
@@ -77,7 +85,7 @@ mod tests {
     #[tokio::test]
     async fn unreachable_coordinator_is_one_bounded_error() {
         let started = std::time::Instant::now();
-        let e = coordinator("http://127.0.0.1:1")
+        let e = coordinator("http://127.0.0.1:1", Role::Trainer)
             .await
             .expect_err("nothing listens on port 1");
         let msg = e.to_string();
@@ -91,7 +99,7 @@ mod tests {
 
     #[test]
     fn garbage_address_is_invalid() {
-        let e = endpoint("http://bad host").expect_err("space in host");
+        let e = endpoint("http://bad host", Role::Trainer).expect_err("space in host");
         assert!(e.to_string().starts_with("invalid address"), "{e}");
     }
 }

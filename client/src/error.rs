@@ -57,6 +57,9 @@ pub enum LoaderError {
     /// The job spec is invalid (same message on every process).
     #[error(transparent)]
     Spec(#[from] SpecError),
+    /// A TLS or token setting (flag or `LOADER_*` variable) cannot be used.
+    #[error(transparent)]
+    Security(#[from] loader_process::security::SecurityError),
     /// The token file of a `tokens` dataset cannot be used.
     #[error("token file {}: {cause}", path.display())]
     TokenFile {
@@ -168,7 +171,14 @@ impl LoaderError {
             } else {
                 status.code()
             },
-            message: one_line(status.message()),
+            message: if cut_off {
+                // The transport's own words ("connection closed before
+                // message completed", "invalid peer certificate"), with a
+                // hint when they are how a TLS mismatch shows.
+                loader_process::grpc::channel::explain(address, &loader_process::grpc::root_cause(&status))
+            } else {
+                one_line(status.message())
+            },
         }
     }
 

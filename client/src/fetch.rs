@@ -12,6 +12,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::batch::{Batch, Expected};
 use crate::connect;
+use loader_process::security::Role;
 use crate::error::LoaderError;
 use crate::event::{Credit, CreditLine, Event, EventTx};
 
@@ -31,12 +32,14 @@ pub(crate) struct FetchStream {
 }
 
 /// What a stream needs to know about its session.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct StreamParams {
     /// Identity checks for every frame.
     pub(crate) expected: Expected,
     /// The session the worker should deliver for.
     pub(crate) session_id: u64,
+    /// Its key, which the worker checks when tokens are on.
+    pub(crate) session_key: std::sync::Arc<str>,
     /// Credits granted when the stream opens.
     pub(crate) prefetch: u32,
 }
@@ -55,12 +58,14 @@ pub(crate) fn spawn(
         consumer: params.expected.consumer,
         session_id: params.session_id,
         credits: params.prefetch,
+        session_key: params.session_key.to_string(),
     });
     let line = credits.clone();
     let task_stop = stop.clone();
+    let expected = params.expected;
     let task = tokio::spawn(async move {
         let result = tokio::select! {
-            r = run(&address, params.expected, rx, &line, &events) => r,
+            r = run(&address, expected, rx, &line, &events) => r,
             () = task_stop.cancelled() => Ok(()),
         };
         if let Err(e @ LoaderError::BadBatch { .. }) = result {
@@ -86,7 +91,7 @@ async fn run(
     line: &CreditLine,
     events: &EventTx,
 ) -> Result<(), LoaderError> {
-    let channel = connect::endpoint(address)?.connect_lazy();
+    let channel = connect::endpoint(address, Role::Trainer)?.connect_lazy();
     let mut client = BatchServiceClient::new(channel).max_decoding_message_size(usize::MAX);
     let mut frames = client
         .fetch(UnboundedReceiverStream::new(requests))

@@ -123,7 +123,7 @@ pub(crate) async fn open(
         .to_owned();
     let submitted_epochs = spec.epochs;
     let address = connect::normalize(coordinator);
-    let channel = connect::coordinator(&address).await?;
+    let channel = connect::coordinator(&address, loader_process::security::Role::Trainer).await?;
     let resume_at = resume.as_ref().map(|(next_seq, _)| *next_seq);
     let session = Arc::new(
         Session::open(&address, channel, spec.clone(), rank, socket, resume_at)

@@ -94,12 +94,12 @@ impl Routes {
 
     /// One poll; false when the job failed and polling should stop.
     async fn poll(&mut self, stop: &CancellationToken) -> bool {
-        let session_id = self.session.id();
+        let (session_id, session_key) = self.session.credentials();
         let mut client = self.session.client();
         let reply = connect::attempt(
             self.session.address(),
             "Routes",
-            client.routes(RoutesRequest { session_id }),
+            client.routes(RoutesRequest { session_id, session_key: session_key.to_string() }),
         )
         .await;
         match reply {
@@ -112,7 +112,7 @@ impl Routes {
                 }
                 self.listed
                     .replace(r.routes.iter().map(|r| r.address.clone()));
-                self.reconcile(&r.routes, session_id, stop);
+                self.reconcile(&r.routes, session_id, &session_key, stop);
             }
             Err(e) if e.code() == Some(tonic::Code::NotFound) => {
                 // The coordinator restarted (or the lease expired): the
@@ -130,7 +130,7 @@ impl Routes {
         true
     }
 
-    fn reconcile(&mut self, routes: &[Route], session_id: u64, stop: &CancellationToken) {
+    fn reconcile(&mut self, routes: &[Route], session_id: u64, session_key: &Arc<str>, stop: &CancellationToken) {
         let warned = &mut self.warned;
         self.streams.retain(|address, stream| {
             let listed = routes.iter().any(|r| &r.address == address);
@@ -159,6 +159,7 @@ impl Routes {
                 let params = StreamParams {
                     expected: self.expected,
                     session_id,
+                    session_key: Arc::clone(session_key),
                     prefetch: self.prefetch,
                 };
                 let stream = fetch::spawn(

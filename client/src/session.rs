@@ -25,7 +25,7 @@ use tokio::sync::{Notify, watch};
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
-use tonic::transport::Channel;
+use loader_process::grpc::Channel;
 
 use crate::connect::{attempt, with_retries};
 use crate::error::LoaderError;
@@ -86,6 +86,9 @@ pub(crate) struct Session {
     lease_ttl: Duration,
     /// Current session id; changes when the coordinator asks to reopen.
     id: watch::Sender<u64>,
+    /// The current session's id and key (empty when the coordinator checks
+    /// no tokens), set together.
+    key: std::sync::Mutex<(u64, Arc<str>)>,
     /// From the coordinator's lease settings.
     heartbeat_interval: Duration,
     /// Watermark and stall time to report.
@@ -132,6 +135,7 @@ impl Session {
             ring_socket,
             lease_ttl: DEFAULT_LEASE_TTL,
             id: watch::Sender::new(0),
+            key: std::sync::Mutex::new((0, "".into())),
             heartbeat_interval: DEFAULT_HEARTBEAT,
             progress: Arc::default(),
             reopen_wanted: Notify::new(),
@@ -182,6 +186,7 @@ impl Session {
             ?resume_at,
             "session open"
         );
+        *self.key.lock().unwrap_or_else(|p| p.into_inner()) = (opened.session_id, opened.session_key.as_str().into());
         self.id.send_replace(opened.session_id);
         Ok(opened)
     }
@@ -255,6 +260,12 @@ impl Session {
         *self.id.borrow()
     }
 
+    /// The current session id with its key, which every call about the
+    /// session and every fetch presents (docs/security.md).
+    pub(crate) fn credentials(&self) -> (u64, Arc<str>) {
+        self.key.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
     /// The current session id as a watch, for those below the session (the
     /// ring's connections) that need the id and nothing else of it.
     pub(crate) fn id_watch(&self) -> watch::Receiver<u64> {
@@ -274,10 +285,12 @@ impl Session {
     /// close that fails leaves lease expiry to do the same.
     pub(crate) async fn close(&self) -> Result<(), LoaderError> {
         self.closed.store(true, Ordering::SeqCst);
+        let (session_id, key) = self.credentials();
         let request = CloseSessionRequest {
             protocol_version: PROTOCOL_VERSION,
-            session_id: self.id(),
+            session_id,
             consumed: self.progress.consumed(),
+            session_key: key.to_string(),
         };
         let mut client = self.client.clone();
         attempt(&self.address, "CloseSession", client.close_session(request)).await?;
@@ -285,11 +298,13 @@ impl Session {
     }
 
     pub(crate) async fn heartbeat(&self) -> Result<Option<String>, LoaderError> {
+        let (session_id, key) = self.credentials();
         let request = SessionHeartbeatRequest {
             protocol_version: PROTOCOL_VERSION,
-            session_id: self.id(),
+            session_id,
             consumed: self.progress.consumed(),
             stall_ms: self.progress.stall_us.load(Ordering::Relaxed) / 1000,
+            session_key: key.to_string(),
         };
         let mut client = self.client.clone();
         let reply = attempt(&self.address, "Heartbeat", client.heartbeat(request)).await;
@@ -382,7 +397,7 @@ impl Session {
     /// call on it fails fast.
     pub(crate) fn unconnected(job: Job, consumer: u32) -> Self {
         let address = "http://127.0.0.1:1".to_owned();
-        let channel = crate::connect::endpoint(&address)
+        let channel = crate::connect::endpoint(&address, loader_process::security::Role::Trainer)
             .expect("static address")
             .connect_lazy();
         Session {
@@ -394,6 +409,7 @@ impl Session {
             ring_socket: String::new(),
             lease_ttl: DEFAULT_LEASE_TTL,
             id: watch::Sender::new(1),
+            key: std::sync::Mutex::new((1, "".into())),
             heartbeat_interval: DEFAULT_HEARTBEAT,
             progress: Arc::default(),
             reopen_wanted: Notify::new(),

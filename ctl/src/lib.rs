@@ -38,6 +38,8 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use loader_process::security::{ClientSecurity, Role, SecurityArgs};
+
 /// loaderctl: operate a Loader deployment, or run a job on this machine.
 #[derive(Debug, Parser)]
 #[command(name = "loaderctl", version)]
@@ -136,6 +138,9 @@ pub struct ConsumeArgs {
     /// How batches travel and what is printed.
     #[command(flatten)]
     pub measure: MeasureArgs,
+    /// TLS and tokens (docs/security.md).
+    #[command(flatten)]
+    pub security: SecurityArgs,
 }
 
 /// The job's dataset and shape, shared by `run` and `consume`.
@@ -264,6 +269,9 @@ pub struct DrainArgs {
     /// Id of the worker to drain (the ID column of `loaderctl status`).
     #[arg(long, value_name = "ID")]
     pub worker: u64,
+    /// TLS and tokens (docs/security.md).
+    #[command(flatten)]
+    pub security: SecurityArgs,
 }
 
 /// Flags of `loaderctl scale`.
@@ -279,6 +287,9 @@ pub struct ScaleArgs {
     /// drained to leave (0: do not wait).
     #[arg(long, value_name = "SECS", value_parser = parse_wait)]
     pub wait: Option<f64>,
+    /// TLS and tokens (docs/security.md).
+    #[command(flatten)]
+    pub security: SecurityArgs,
 }
 
 fn parse_wait(s: &str) -> Result<f64, String> {
@@ -310,6 +321,9 @@ pub struct AutoscaleArgs {
     /// Stop autoscaling (the pool keeps its size).
     #[arg(long, conflicts_with_all = ["min", "max"])]
     pub off: bool,
+    /// TLS and tokens (docs/security.md).
+    #[command(flatten)]
+    pub security: SecurityArgs,
 }
 
 fn parse_share(s: &str) -> Result<f64, String> {
@@ -345,6 +359,9 @@ pub struct StatusArgs {
     /// added.
     #[arg(long)]
     pub json: bool,
+    /// TLS and tokens (docs/security.md).
+    #[command(flatten)]
+    pub security: SecurityArgs,
 }
 
 /// Flags of `loaderctl top`.
@@ -367,6 +384,9 @@ pub struct TopArgs {
     /// real) as plain text on stdout, and exit.
     #[arg(long)]
     pub once: bool,
+    /// TLS and tokens (docs/security.md).
+    #[command(flatten)]
+    pub security: SecurityArgs,
 }
 
 /// The whole `loaderctl` command line. Errors are printed as one line,
@@ -383,27 +403,27 @@ pub fn main() -> ExitCode {
         }
         Command::Consume(args) => {
             let _telemetry = loader_process::telemetry::init("loaderctl");
-            signals::watch().and_then(|()| consume::run(&args))
+            secure(&args.security).and_then(|()| signals::watch()).and_then(|()| consume::run(&args))
         }
         Command::Status(args) => {
             let _telemetry = loader_process::telemetry::init("loaderctl");
-            status::run(&args)
+            secure(&args.security).and_then(|()| status::run(&args))
         }
         Command::Top(args) => {
             let _telemetry = loader_process::telemetry::init("loaderctl");
-            top::run(&args)
+            secure(&args.security).and_then(|()| top::run(&args))
         }
         Command::Drain(args) => {
             let _telemetry = loader_process::telemetry::init("loaderctl");
-            status::drain(&args)
+            secure(&args.security).and_then(|()| status::drain(&args))
         }
         Command::Scale(args) => {
             let _telemetry = loader_process::telemetry::init("loaderctl");
-            scale::run(&args)
+            secure(&args.security).and_then(|()| scale::run(&args))
         }
         Command::Autoscale(args) => {
             let _telemetry = loader_process::telemetry::init("loaderctl");
-            scale::autoscale(&args)
+            secure(&args.security).and_then(|()| scale::autoscale(&args))
         }
     };
     match result {
@@ -418,6 +438,15 @@ pub fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Makes the flags (and the environment they read) what this process
+/// presents as a trainer (`consume`) and as an admin (the rest).
+fn secure(args: &SecurityArgs) -> anyhow::Result<()> {
+    for role in [Role::Trainer, Role::Admin] {
+        ClientSecurity::install(role, args.client(role)?);
+    }
+    Ok(())
 }
 
 fn run_command(args: RunArgs) -> anyhow::Result<()> {

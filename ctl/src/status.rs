@@ -11,7 +11,7 @@ use loader_proto::pb::{
 };
 use serde_json::json;
 use tonic::Code;
-use tonic::transport::Channel;
+use loader_process::grpc::Channel;
 
 use super::table::render;
 use super::{DrainArgs, StatusArgs};
@@ -79,7 +79,7 @@ pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, LoaderError> {
 
 /// A client of the coordinator's AdminService, connected (bounded).
 pub(crate) async fn admin(address: &str) -> Result<AdminServiceClient<Channel>, LoaderError> {
-    let channel = connect::coordinator(address).await?;
+    let channel = connect::coordinator(address, loader_process::security::Role::Admin).await?;
     Ok(AdminServiceClient::new(channel).max_decoding_message_size(usize::MAX))
 }
 

@@ -18,6 +18,8 @@
 //! - [`grpc`]: gRPC servers (health, reflection, TCP_NODELAY, the tower
 //!   layer stack every server runs behind) and channels (address checks,
 //!   transport settings sized for batches, bounded connects).
+//! - [`security`]: TLS files, tokens per role, session keys, and the
+//!   flags that set them (the checks are layers in [`grpc`]).
 //! - [`retry`]: the one backoff schedule, and retrying a call until a
 //!   deadline.
 //!
@@ -29,5 +31,6 @@ pub mod grpc;
 pub mod heap;
 pub mod node;
 pub mod retry;
+pub mod security;
 pub mod signals;
 pub mod telemetry;

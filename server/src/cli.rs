@@ -12,6 +12,7 @@ use crate::ServerConfig;
 #[cfg(feature = "kubernetes")]
 use crate::config::KubernetesPoolConfig;
 use crate::config::{LocalPoolConfig, WorkerPoolConfig};
+use loader_process::security::{Role, SecurityArgs};
 
 /// Loader's coordinator: hands out batch ranges to workers and tracks every
 /// batch until it is delivered.
@@ -57,6 +58,9 @@ struct Args {
     /// next to this `loader-server`).
     #[arg(long, value_name = "PATH", requires = "worker_pool")]
     worker_command: Option<std::path::PathBuf>,
+    /// TLS and tokens (docs/security.md).
+    #[command(flatten)]
+    security: SecurityArgs,
 }
 
 /// Where pool workers run.
@@ -102,7 +106,13 @@ fn run(args: Args) -> Result<(), String> {
         .map(|given| loader_process::telemetry::metrics::parse_listen(given).map_err(|e| format!("--metrics-listen: {e}")))
         .transpose()?;
     let ttl = Duration::from_millis(args.lease_ttl_ms);
+    let security = args.security.server(&Role::ALL).map_err(|e| e.to_string())?;
+    if let Some(tls) = &security.tls {
+        // Refuse unusable files before announcing the address.
+        tls.load().map_err(|e| e.to_string())?;
+    }
     let config = ServerConfig {
+        security,
         lease_ttl: ttl,
         heartbeat_interval: ttl / 3,
         range_len: args.range_len,

@@ -21,6 +21,9 @@ pub struct ServerConfig {
     /// Worker processes the coordinator starts and stops itself (`loaderctl
     /// scale`); None: workers come and go on their own.
     pub worker_pool: Option<WorkerPoolConfig>,
+    /// TLS, the roles' tokens and session keys (docs/security.md); none by
+    /// default.
+    pub security: loader_process::security::ServerSecurity,
 }
 
 impl Default for ServerConfig {
@@ -31,6 +34,7 @@ impl Default for ServerConfig {
             range_len: 2,
             state_dir: None,
             worker_pool: None,
+            security: loader_process::security::ServerSecurity::none(),
         }
     }
 }

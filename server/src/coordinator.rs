@@ -258,6 +258,26 @@ impl Coordinator {
         Some(error)
     }
 
+    /// The key of a session this coordinator opened (empty when tokens are
+    /// off): what the trainer presents for it from then on.
+    pub(crate) fn session_key(&self, session_id: u64, job_id: u64, consumer: u32) -> String {
+        self.config.security.session_keys.as_ref().map(|k| k.key(job_id, consumer, session_id)).unwrap_or_default()
+    }
+
+    /// Refuses a call about `session_id` whose `key` is not the session's,
+    /// when tokens are on. An unknown session passes: the call itself says
+    /// it is unknown, which tells nothing about other sessions.
+    pub(crate) fn check_session_key(&self, session_id: u64, key: &str) -> Result<(), CoordinatorError> {
+        let Some(keys) = &self.config.security.session_keys else { return Ok(()) };
+        let owner = self.lock().sessions.sessions.get(&session_id).map(|s| (s.job_id, s.consumer));
+        match owner {
+            Some((job, consumer)) if !keys.verify(job, consumer, session_id, key) => {
+                Err(CoordinatorError::WrongSessionKey(session_id))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Workers that can serve a session, and the job's error if it failed.
     pub(crate) fn routes(&self, session_id: u64) -> Result<(Vec<pb::Route>, String), CoordinatorError> {
         let t = self.lock();

@@ -67,6 +67,10 @@ pub enum CoordinatorError {
     /// The worker pool could not start a worker process.
     #[error("cannot start a worker: {0}")]
     WorkerStart(String),
+    /// A call about a session without that session's key: only the
+    /// trainer that opened a session may act for it.
+    #[error("session {0}: missing or wrong session key (a trainer may act only for the sessions it opened)")]
+    WrongSessionKey(u64),
 }
 
 impl From<CoordinatorError> for Status {
@@ -74,7 +78,7 @@ impl From<CoordinatorError> for Status {
         let code = match &e {
             CoordinatorError::ProtocolMismatch { .. } | CoordinatorError::NoWorkerPool => Code::FailedPrecondition,
             CoordinatorError::WorkerStart(_) => Code::Internal,
-            CoordinatorError::ScaleRefused(_) => Code::PermissionDenied,
+            CoordinatorError::ScaleRefused(_) | CoordinatorError::WrongSessionKey(_) => Code::PermissionDenied,
             CoordinatorError::ScaleFailed(_) => Code::Unavailable,
             CoordinatorError::InvalidSpec(_)
             | CoordinatorError::BadConsumer { .. }

@@ -8,7 +8,8 @@ use loader_proto::pb::admin_service_client::AdminServiceClient;
 use loader_proto::pb::{
     DrainWorkerRequest, JobInfo, ListJobsRequest, ListSessionsRequest, ListWorkersRequest, SessionInfo, WorkerInfo,
 };
-use tonic::transport::Channel;
+use loader_process::grpc::Channel;
+use loader_process::security::ClientSecurity;
 
 /// Longest one admin call may take.
 const CALL: Duration = Duration::from_secs(5);
@@ -27,10 +28,15 @@ impl Admin {
     /// A client for the coordinator at `url`; connects lazily, so a
     /// coordinator that is down fails calls, not this.
     pub fn new(url: &str) -> Admin {
+        Admin::with_security(url, &ClientSecurity::none())
+    }
+
+    /// A client presenting `security`'s TLS settings and token.
+    pub fn with_security(url: &str, security: &ClientSecurity) -> Admin {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("admin runtime");
         let channel = {
             let _enter = runtime.enter();
-            loader_process::grpc::endpoint(url).expect("coordinator URL").connect_lazy()
+            loader_process::grpc::endpoint(url, security).expect("coordinator URL").connect_lazy()
         };
         Admin { runtime, client: AdminServiceClient::new(channel) }
     }

@@ -32,6 +32,10 @@ pub struct ClusterBuilder {
     /// Environment of the coordinator and every worker (e.g. the
     /// OpenTelemetry exporter's), on top of the test's.
     env: Vec<(String, String)>,
+    /// The coordinator speaks TLS.
+    https: bool,
+    /// What admin calls present.
+    admin_security: loader_process::security::ClientSecurity,
 }
 
 impl ClusterBuilder {
@@ -77,6 +81,15 @@ impl ClusterBuilder {
     /// worker.
     pub fn env(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
         self.env.push((name.into(), value.into()));
+        self
+    }
+
+    /// The coordinator speaks TLS (its environment has the files):
+    /// its URL is `https://`; admin calls use `admin` (TLS settings and the
+    /// admin token).
+    pub fn secured(mut self, https: bool, admin: loader_process::security::ClientSecurity) -> Self {
+        self.https = https;
+        self.admin_security = admin;
         self
     }
 
@@ -141,6 +154,8 @@ impl Cluster {
             worker_log: None,
             metrics: false,
             env: Vec::new(),
+            https: false,
+            admin_security: loader_process::security::ClientSecurity::none(),
         }
     }
 
@@ -151,7 +166,8 @@ impl Cluster {
 
     /// URL of the coordinator.
     pub fn url(&self) -> String {
-        format!("http://{}", self.server.addr())
+        let scheme = if self.config.https { "https" } else { "http" };
+        format!("{scheme}://{}", self.server.addr())
     }
 
     /// The lease TTL the coordinator was started with (the server's default
@@ -162,7 +178,7 @@ impl Cluster {
 
     /// An admin client of the coordinator.
     pub fn admin(&self) -> Admin {
-        Admin::new(&self.url())
+        Admin::with_security(&self.url(), &self.config.admin_security)
     }
 
     /// Starts one more worker on this host.

@@ -23,10 +23,12 @@
 //!   remote worker whose link can be cut.
 //! - [`otlp`](OtlpReceiver): a real OTLP/gRPC trace receiver that keeps
 //!   what it is sent.
+//! - [`certs`](TestCa): a CA and the certificates it signs, as PEM files.
 //! - [`dataset_files`]: images, class folders, tar shards and npy arrays
 //!   written by tests.
 
 mod admin;
+mod certs;
 mod cluster;
 mod kube_api;
 pub mod dataset_files;
@@ -39,6 +41,7 @@ mod trainer;
 mod wait;
 
 pub use admin::Admin;
+pub use certs::{TestCa, TestCert};
 pub use kube_api::{KubeApi, KubeRequest};
 pub use cluster::{Cluster, ClusterBuilder};
 pub use netns::{HOST_ADDR, NS_ADDR, RemoteNamespace};

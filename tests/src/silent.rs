@@ -43,7 +43,9 @@ impl SilentTrainer {
             .spawn(move || {
                 let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
                 runtime.block_on(async move {
-                    let channel = loader_process::grpc::endpoint(&url).expect("coordinator URL").connect_lazy();
+                    let channel = loader_process::grpc::endpoint(&url, &loader_process::security::ClientSecurity::none())
+                        .expect("coordinator URL")
+                        .connect_lazy();
                     let mut client = TrainerServiceClient::new(channel);
                     let job = tokio::time::timeout(
                         CALL,
@@ -80,6 +82,7 @@ impl SilentTrainer {
                             session_id: session.session_id,
                             consumed: 0,
                             stall_ms: 0,
+                            session_key: String::new(),
                         });
                         let _ = tokio::time::timeout(CALL, beat).await;
                         tokio::time::sleep(interval).await;

@@ -227,7 +227,7 @@ fn write_plot(looks: &[Look]) {
 /// Calls KEDA's external-scaler API on the coordinator as KEDA does.
 struct Keda {
     runtime: tokio::runtime::Runtime,
-    client: ExternalScalerClient<tonic::transport::Channel>,
+    client: ExternalScalerClient<loader_process::grpc::Channel>,
 }
 
 impl Keda {
@@ -235,7 +235,7 @@ impl Keda {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
         let channel = {
             let _enter = runtime.enter();
-            loader_process::grpc::endpoint(url).expect("url").connect_lazy()
+            loader_process::grpc::endpoint(url, &loader_process::security::ClientSecurity::none()).expect("url").connect_lazy()
         };
         Self { runtime, client: ExternalScalerClient::new(channel) }
     }

@@ -49,6 +49,9 @@ struct Args {
     /// Off by default.
     #[arg(long, env = "LOADER_METRICS_LISTEN", value_name = "ADDR", value_parser = parse_metrics_listen)]
     metrics_listen: Option<SocketAddr>,
+    /// TLS and tokens (docs/security.md).
+    #[command(flatten)]
+    security: loader_process::security::SecurityArgs,
 }
 
 fn parse_metrics_listen(s: &str) -> Result<SocketAddr, String> {
@@ -101,6 +104,8 @@ where
 }
 
 async fn serve(args: Args, datasets: Datasets) -> Result<(), WorkerError> {
+    // Unusable TLS files or tokens fail before the address is announced.
+    crate::security_settings(&args.security)?;
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .map_err(|source| WorkerError::Listen { addr: args.listen.clone(), source })?;
@@ -123,6 +128,7 @@ async fn serve(args: Args, datasets: Datasets) -> Result<(), WorkerError> {
         max_outstanding: args.max_outstanding,
         memory_budget: args.memory_budget,
         connect_timeout: Duration::from_secs_f64(args.connect_timeout),
+        security: args.security,
     };
     crate::run_with_datasets(listener, config, datasets, loader_process::signals::stop_requested()).await
 }

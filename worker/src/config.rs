@@ -25,6 +25,10 @@ pub struct WorkerConfig {
     /// worker started next to its coordinator tolerates a slow start but a
     /// wrong address fails fast.
     pub connect_timeout: Duration,
+    /// TLS and tokens: as a server to trainers, as a client of the
+    /// coordinator (docs/security.md). Token values also come from the
+    /// environment (`LOADER_WORKER_TOKEN`, `LOADER_TRAINER_TOKEN`).
+    pub security: loader_process::security::SecurityArgs,
 }
 
 impl Default for WorkerConfig {
@@ -36,6 +40,7 @@ impl Default for WorkerConfig {
             max_outstanding: 8,
             memory_budget: None,
             connect_timeout: Duration::from_secs(5),
+            security: loader_process::security::SecurityArgs::default(),
         }
     }
 }

@@ -66,6 +66,9 @@ pub enum WorkerError {
     /// `--metrics-listen` could not be served.
     #[error("--metrics-listen: {0}")]
     Metrics(#[from] loader_process::telemetry::metrics::MetricsError),
+    /// A TLS or token setting cannot be used.
+    #[error(transparent)]
+    Security(#[from] loader_process::security::SecurityError),
 }
 
 /// Why a `Fetch` call was refused.
@@ -77,6 +80,17 @@ pub(crate) enum FetchError {
     /// The worker is shutting down.
     #[error("worker is shutting down")]
     Closed,
+    /// A fetch without its session's key (tokens are on): a trainer
+    /// fetches only its own session's batches.
+    #[error("session {session}: missing or wrong session key for job {job} consumer {consumer} (a trainer fetches only its own session's batches)")]
+    WrongSessionKey {
+        /// The job named.
+        job: u64,
+        /// The consumer named.
+        consumer: u32,
+        /// The session named.
+        session: u64,
+    },
 }
 
 impl From<FetchError> for Status {
@@ -84,6 +98,7 @@ impl From<FetchError> for Status {
         match e {
             FetchError::NoOpening => Status::invalid_argument(e.to_string()),
             FetchError::Closed => Status::unavailable(e.to_string()),
+            FetchError::WrongSessionKey { .. } => Status::permission_denied(e.to_string()),
         }
     }
 }

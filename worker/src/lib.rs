@@ -75,6 +75,7 @@ use crate::outbox::Outboxes;
 use crate::producer::Producer;
 use crate::ring::Rings;
 use crate::window::Windows;
+use loader_process::security::{ClientSecurity, Role, SecurityArgs, ServerSecurity};
 use loader_proto::pb::RegisterWorkerRequest;
 
 /// How long open connections get to close after the worker stops (their
@@ -92,6 +93,18 @@ pub async fn run(
     run_with_datasets(listener, config, Datasets::new(), shutdown).await
 }
 
+/// What the worker checks as a server and presents as a client: trainers
+/// fetch only with the trainer token; the worker token (the session keys'
+/// secret) must be there too once tokens are on. The TLS files are read
+/// here, so unusable ones fail before anything starts.
+fn security_settings(args: &SecurityArgs) -> Result<(ServerSecurity, ClientSecurity), WorkerError> {
+    let serving = args.server(&[Role::Trainer])?;
+    if let Some(tls) = &serving.tls {
+        tls.load()?;
+    }
+    Ok((serving, args.client(Role::Worker)?))
+}
+
 /// [`run`] for a worker that also serves the custom datasets registered in
 /// `datasets` (jobs whose dataset is `custom { name }`).
 pub async fn run_with_datasets(
@@ -103,7 +116,11 @@ pub async fn run_with_datasets(
     let local = listener
         .local_addr()
         .map_err(|source| WorkerError::Listen { addr: "the given listener".into(), source })?;
-    let advertise = config.advertise.clone().unwrap_or_else(|| format!("http://{local}"));
+    let (serving, calling) = security_settings(&config.security)?;
+    let advertise = config
+        .advertise
+        .clone()
+        .unwrap_or_else(|| loader_process::grpc::normalize(&local.to_string(), serving.tls.is_some()));
     if config.advertise.is_none() && local.ip().is_unspecified() {
         tracing::warn!("advertising {advertise}, which trainers cannot reach; set --advertise");
     }
@@ -116,6 +133,7 @@ pub async fn run_with_datasets(
         .map_err(WorkerError::Thread)?;
     let mut link = match Link::new(
         &config.coordinator,
+        &calling,
         RegisterWorkerRequest {
             address: advertise,
             node,
@@ -137,7 +155,7 @@ pub async fn run_with_datasets(
     };
 
     let stop = CancellationToken::new();
-    let mut server = tokio::spawn(service::serve(listener, outboxes.clone(), stop.clone()));
+    let mut server = tokio::spawn(service::serve(listener, outboxes.clone(), serving, stop.clone()));
     let work = async {
         let reg = link
             .register(Instant::now() + config.connect_timeout, config.connect_timeout)

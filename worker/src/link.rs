@@ -29,7 +29,8 @@ use loader_proto::PROTOCOL_VERSION;
 use loader_proto::pb::worker_service_client::WorkerServiceClient;
 use loader_proto::pb::{ConsumerId, DeregisterRequest, RegisterWorkerRequest, WorkerHeartbeatRequest};
 use tokio::time::{Instant, sleep_until, timeout_at};
-use tonic::transport::Channel;
+use loader_process::grpc::Channel;
+use loader_process::security::ClientSecurity;
 use tonic::{Code, Status};
 
 use crate::drain::{Drain, DrainStep};
@@ -163,19 +164,22 @@ impl Link {
     /// set here; `max_outstanding` comes from `windows`).
     pub(crate) fn new(
         addr: &str,
+        security: &ClientSecurity,
         register: RegisterWorkerRequest,
         windows: std::sync::Arc<Windows>,
         producer: Producer,
         outboxes: std::sync::Arc<Outboxes>,
         rings: std::sync::Arc<Rings>,
     ) -> Result<Self, WorkerError> {
-        let endpoint = loader_process::grpc::endpoint(addr)
-            .map_err(|e| WorkerError::CoordinatorAddress { addr: addr.to_owned(), reason: e.cause })?;
+        let addr = loader_process::grpc::normalize(addr, security.tls.is_some());
+        let target = loader_process::grpc::endpoint(&addr, security)
+            .map_err(|e| WorkerError::CoordinatorAddress { addr: addr.clone(), reason: e.cause })?;
         // Longer than a trainer's: registration retries within its own
         // deadline, and a heartbeat may wait out a loaded coordinator.
-        let channel = endpoint.connect_timeout(CONNECT_TIMEOUT).connect_lazy();
+        let target = target.map_endpoint(|e| e.connect_timeout(CONNECT_TIMEOUT));
+        let channel = target.connect_lazy();
         Ok(Self {
-            addr: addr.to_owned(),
+            addr,
             client: WorkerServiceClient::new(channel),
             register: RegisterWorkerRequest {
                 protocol_version: PROTOCOL_VERSION,

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use futures::Stream;
 use loader_proto::pb::batch_service_server::{BatchService, BatchServiceServer};
 use loader_proto::pb::{BatchFrame, FetchRequest};
-use loader_process::grpc::Services;
+use loader_process::grpc::{Access, Services};
+use loader_process::security::{Role, ServerSecurity, SessionKeys};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
@@ -20,14 +21,16 @@ use crate::outbox::{Attachment, Outboxes};
 pub(crate) struct FetchService {
     /// The queues streams take batches from.
     outboxes: Arc<Outboxes>,
+    /// Checks the session key of each fetch, when tokens are on.
+    keys: Option<SessionKeys>,
     /// Cancelled at shutdown, to end the tasks that read credits.
     stop: CancellationToken,
 }
 
 impl FetchService {
     /// A service over `outboxes`, stopping its background tasks on `stop`.
-    pub(crate) fn new(outboxes: Arc<Outboxes>, stop: CancellationToken) -> Self {
-        Self { outboxes, stop }
+    pub(crate) fn new(outboxes: Arc<Outboxes>, keys: Option<SessionKeys>, stop: CancellationToken) -> Self {
+        Self { outboxes, keys, stop }
     }
 }
 
@@ -43,6 +46,11 @@ impl BatchService for FetchService {
         }
         let mut inbound = request.into_inner();
         let first = inbound.message().await?.ok_or(FetchError::NoOpening)?;
+        if let Some(keys) = &self.keys
+            && !keys.verify(first.job_id, first.consumer, first.session_id, &first.session_key)
+        {
+            return Err(FetchError::WrongSessionKey { job: first.job_id, consumer: first.consumer, session: first.session_id }.into());
+        }
         let key = (first.job_id, first.consumer);
         tracing::debug!(job = key.0, consumer = key.1, session = first.session_id, credits = first.credits, "fetch");
         let attachment = Arc::new(self.outboxes.attach(key, first.session_id, first.credits));
@@ -80,13 +88,14 @@ impl BatchService for FetchService {
 pub(crate) async fn serve(
     listener: TcpListener,
     outboxes: Arc<Outboxes>,
+    security: ServerSecurity,
     stop: CancellationToken,
 ) -> Result<(), WorkerError> {
     // Batches are ~10 MB: no cap on what the worker sends.
-    let batches = BatchServiceServer::new(FetchService::new(outboxes, stop.clone()))
+    let batches = BatchServiceServer::new(FetchService::new(outboxes, security.session_keys.clone(), stop.clone()))
         .max_encoding_message_size(usize::MAX);
-    let services = Services::new(loader_proto::pb::FILE_DESCRIPTOR_SET).serve(batches);
-    loader_process::grpc::serve(listener, services, stop.cancelled_owned())
+    let services = Services::new(loader_proto::pb::FILE_DESCRIPTOR_SET).serve(Access::Role(Role::Trainer), batches);
+    loader_process::grpc::serve(listener, services, &security, stop.cancelled_owned())
         .await
         .map_err(|e| WorkerError::Serve(crate::error::one_line(&e)))
 }
@@ -111,7 +120,7 @@ mod tests {
         credits: u32,
     ) -> (mpsc::Sender<FetchRequest>, Streaming<BatchFrame>) {
         let (tx, rx) = mpsc::channel(4);
-        tx.send(FetchRequest { job_id: 3, consumer: 1, session_id: session, credits })
+        tx.send(FetchRequest { job_id: 3, consumer: 1, session_id: session, credits, ..Default::default() })
             .await
             .expect("send opening");
         let stream = client.fetch(ReceiverStream::new(rx)).await.expect("fetch").into_inner();
@@ -132,7 +141,7 @@ mod tests {
             let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
             let addr = listener.local_addr().expect("addr");
             let stop = CancellationToken::new();
-            let server = tokio::spawn(serve(listener, Arc::clone(&outboxes), stop.clone()));
+            let server = tokio::spawn(serve(listener, Arc::clone(&outboxes), ServerSecurity::none(), stop.clone()));
             let mut client = BatchServiceClient::connect(format!("http://{addr}"))
                 .await
                 .expect("connect")

@@ -126,9 +126,12 @@ fn serves_health_while_registering_and_stops_on_sigterm() {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     let status = runtime.block_on(async {
         tokio::time::timeout(LIMIT, async {
-            let channel = loader_process::grpc::endpoint(&format!("http://{addr}"))
-                .expect("endpoint")
-                .connect()
+            let target = loader_process::grpc::endpoint(
+                &format!("http://{addr}"),
+                &loader_process::security::ClientSecurity::none(),
+            )
+            .expect("endpoint");
+            let channel = loader_process::grpc::connect(&target, tokio::time::Instant::now() + LIMIT)
                 .await
                 .expect("connect");
             let mut health = tonic_health::pb::health_client::HealthClient::new(channel);

@@ -166,7 +166,7 @@ impl LocalCluster {
         // A lazy channel spawns its connection task on the current runtime.
         let channel = {
             let _runtime = self.coordinator.handle().enter();
-            connect::endpoint(&address)?.connect_lazy()
+            connect::endpoint(&address, loader_process::security::Role::Admin)?.connect_lazy()
         };
         let admin = AdminServiceClient::new(channel);
         let deadline = Instant::now() + timeout;

@@ -164,7 +164,13 @@ impl WorkerProcesses {
         let Some((program, leading)) = self.command.split_first() else {
             return Err(LoaderError::Embedded("the worker command is empty".into()));
         };
-        let mut child = Command::new(program)
+        let mut command = Command::new(program);
+        // The embedded cluster is plaintext and token-less on loopback: the
+        // trainer's own TLS and token settings are not the workers'.
+        for var in loader_process::security::config::VARIABLES {
+            command.env_remove(var);
+        }
+        let mut child = command
             .args(leading)
             .args(["--coordinator", &self.coordinator, "--listen", "127.0.0.1:0"])
             .stdin(Stdio::null())

@@ -1,14 +1,19 @@
 //! Channels to a coordinator or a worker: the address as people type it,
-//! one set of transport settings sized for ~10 MB batches, and connecting
+//! one set of transport settings sized for ~10 MB batches, TLS and the
+//! caller's token when its [`ClientSecurity`] has them, and connecting
 //! within a deadline, so an unreachable peer is one clear error instead of
 //! a hang.
 
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use http::HeaderValue;
 use tokio::time::Instant;
-use tonic::transport::{Channel, Endpoint};
+use tonic::body::Body;
+use tonic::transport::Endpoint;
 
 use crate::retry::{self, Backoff};
+use crate::security::ClientSecurity;
 
 /// One connection attempt.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -42,43 +47,147 @@ pub struct ConnectError {
     pub cause: String,
 }
 
-/// Accepts `host:port` as well as a URL, since that is what people type.
-pub fn normalize(address: &str) -> String {
+/// Accepts `host:port` as well as a URL, since that is what people type:
+/// `host:port` is `https://` for a client with TLS settings, `http://`
+/// otherwise; a URL keeps the scheme it was given.
+pub fn normalize(address: &str, tls: bool) -> String {
     let address = address.trim();
     if address.contains("://") {
         address.to_owned()
+    } else if tls {
+        format!("https://{address}")
     } else {
         format!("http://{address}")
     }
 }
 
-/// An endpoint for `address` (a URL: `http://host:port`) with Loader's
-/// transport settings; nothing is connected yet.
-pub fn endpoint(address: &str) -> Result<Endpoint, AddressError> {
+/// Where to connect and how: an endpoint with Loader's transport settings
+/// (and TLS for an `https://` address), and the token every call carries.
+#[derive(Debug, Clone)]
+pub struct Target {
+    endpoint: Endpoint,
+    authorization: Option<HeaderValue>,
+}
+
+impl Target {
+    /// Changes the endpoint's settings (e.g. its connect timeout).
+    pub fn map_endpoint(mut self, f: impl FnOnce(Endpoint) -> Endpoint) -> Self {
+        self.endpoint = f(self.endpoint);
+        self
+    }
+
+    /// The address, as a URL without a trailing slash.
+    pub fn address(&self) -> String {
+        self.endpoint.uri().to_string().trim_end_matches('/').to_owned()
+    }
+
+    /// A channel that connects on its first call (and reconnects by itself).
+    pub fn connect_lazy(&self) -> Channel {
+        Channel { inner: self.endpoint.connect_lazy(), authorization: self.authorization.clone() }
+    }
+}
+
+/// An endpoint for `address` (a URL: `http://host:port` or `https://`)
+/// with Loader's transport settings and `security`'s TLS and token;
+/// nothing is connected yet.
+pub fn endpoint(address: &str, security: &ClientSecurity) -> Result<Target, AddressError> {
     let bad = |cause: String| AddressError { address: address.to_owned(), cause };
     let endpoint = Endpoint::from_shared(address.to_owned()).map_err(|e| bad(root_cause(&e)))?;
-    let uri = endpoint.uri();
-    if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
+    let uri = endpoint.uri().clone();
+    let (Some(scheme @ ("http" | "https")), Some(host)) = (uri.scheme_str(), uri.host()) else {
         return Err(bad("expected a URL such as http://host:port".into()));
-    }
-    Ok(endpoint
+    };
+    let mut endpoint = endpoint
         .connect_timeout(CONNECT_TIMEOUT)
         .tcp_nodelay(true)
         .initial_stream_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)
-        .max_frame_size(MAX_FRAME))
+        .max_frame_size(MAX_FRAME);
+    if scheme == "https" {
+        let Some(tls) = &security.tls else {
+            return Err(bad("an https:// address needs the CA to verify the server with: set --tls-ca or LOADER_TLS_CA".into()));
+        };
+        let config = tls.tonic_config(host).map_err(|e| bad(e.to_string()))?;
+        endpoint = endpoint.tls_config(config).map_err(|e| bad(root_cause(&e)))?;
+    }
+    let authorization = security
+        .token
+        .as_ref()
+        .map(|t| {
+            let mut v = HeaderValue::try_from(format!("Bearer {}", t.secret()))
+                .map_err(|_| bad("the token is not a valid header value".into()))?;
+            // Never put the secret in HPACK's dynamic table.
+            v.set_sensitive(true);
+            Ok::<_, AddressError>(v)
+        })
+        .transpose()?;
+    Ok(Target { endpoint, authorization })
 }
 
-/// Connects to `endpoint`, retrying until `deadline`. The channel
-/// reconnects by itself afterwards, so a peer's restart later on is
-/// survived by the calls' own retries.
-pub async fn connect(endpoint: &Endpoint, deadline: Instant) -> Result<Channel, ConnectError> {
-    retry::until(deadline, CONNECT_BACKOFF, || endpoint.connect(), |_| true)
+/// Connects to `target`, retrying until `deadline`. The channel reconnects
+/// by itself afterwards, so a peer's restart later on is survived by the
+/// calls' own retries.
+pub async fn connect(target: &Target, deadline: Instant) -> Result<Channel, ConnectError> {
+    let inner = retry::until(deadline, CONNECT_BACKOFF, || target.endpoint.connect(), |_| true)
         .await
-        .map_err(|e| ConnectError {
-            address: endpoint.uri().to_string().trim_end_matches('/').to_owned(),
-            cause: root_cause(&e),
-        })
+        .map_err(|e| ConnectError { address: target.address(), cause: explain(&target.address(), &root_cause(&e)) })?;
+    Ok(Channel { inner, authorization: target.authorization.clone() })
+}
+
+/// `cause` of a failed connection to `address`, with a hint for the
+/// failures a TLS mismatch causes, which otherwise read as a broken
+/// connection.
+pub fn explain(address: &str, cause: &str) -> String {
+    let tls = address.starts_with("https://");
+    let hint = if !tls && PLAINTEXT_CUT_OFF.iter().any(|c| cause.contains(c)) {
+        " (the server closed the connection: if it requires TLS, use https:// and --tls-ca)"
+    } else if tls && (cause.contains("CertificateRequired") || cause.contains("certificate required")) {
+        " (the server requires a client certificate: set --tls-cert and --tls-key)"
+    } else if tls && (cause.contains("UnknownCA") || cause.contains("BadCertificate")) {
+        " (the server does not trust this client's certificate: --tls-cert must be signed by its --tls-client-ca)"
+    } else if tls && PLAINTEXT_CUT_OFF.iter().any(|c| cause.contains(c)) {
+        // TLS 1.3 checks a client's certificate after the client thinks the
+        // handshake is done: a refusal can arrive as a plain hang-up.
+        " (the server closed the connection: if it requires a client certificate, set --tls-cert and --tls-key signed by its CA)"
+    } else if tls && (cause.contains("InvalidContentType") || cause.contains("corrupt message")) {
+        " (the server does not speak TLS: use http:// for it, or give it --tls-cert)"
+    } else if tls && cause.contains("UnknownIssuer") {
+        " (the server's certificate is not signed by the CA in --tls-ca)"
+    } else if tls && cause.contains("NotValidForName") {
+        " (the server's certificate does not name this host)"
+    } else {
+        ""
+    };
+    format!("{cause}{hint}")
+}
+
+/// How a plaintext HTTP/2 connection to a TLS server ends, as the client
+/// sees it (the server hangs up on the first bytes).
+const PLAINTEXT_CUT_OFF: [&str; 4] =
+    ["connection closed", "Connection reset", "broken pipe", "connection error"];
+
+/// A channel whose calls carry the caller's token (when it has one).
+#[derive(Debug, Clone)]
+pub struct Channel {
+    inner: tonic::transport::Channel,
+    authorization: Option<HeaderValue>,
+}
+
+impl tower::Service<http::Request<Body>> for Channel {
+    type Response = http::Response<Body>;
+    type Error = tonic::transport::Error;
+    type Future = tonic::transport::channel::ResponseFuture;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        tower::Service::poll_ready(&mut self.inner, cx)
+    }
+
+    fn call(&mut self, mut req: http::Request<Body>) -> Self::Future {
+        if let Some(v) = &self.authorization {
+            req.headers_mut().insert(http::header::AUTHORIZATION, v.clone());
+        }
+        tower::Service::call(&mut self.inner, req)
+    }
 }
 
 /// The innermost cause of an error, on one line: what a user can act on
@@ -97,23 +206,38 @@ mod tests {
 
     #[test]
     fn host_port_gets_a_scheme() {
-        assert_eq!(normalize("127.0.0.1:7000"), "http://127.0.0.1:7000");
-        assert_eq!(normalize(" http://h:1 "), "http://h:1");
+        assert_eq!(normalize("127.0.0.1:7000", false), "http://127.0.0.1:7000");
+        assert_eq!(normalize("127.0.0.1:7000", true), "https://127.0.0.1:7000");
+        assert_eq!(normalize(" http://h:1 ", true), "http://h:1");
     }
 
     #[test]
     fn garbage_and_schemeless_addresses_are_invalid() {
-        let e = endpoint("http://bad host").expect_err("space in host");
+        let none = ClientSecurity::none();
+        let e = endpoint("http://bad host", &none).expect_err("space in host");
         assert!(e.to_string().starts_with("invalid address"), "{e}");
-        let e = endpoint("ftp://h:1").expect_err("not http");
+        let e = endpoint("ftp://h:1", &none).expect_err("not http");
         assert_eq!(e.cause, "expected a URL such as http://host:port");
+        let e = endpoint("https://h:1", &none).expect_err("no CA");
+        assert!(e.cause.contains("--tls-ca"), "{e}");
+    }
+
+    #[test]
+    fn tls_mismatches_get_a_hint() {
+        let hint = |a: &str, c: &str| explain(a, c).trim_start_matches(c).to_owned();
+        assert!(hint("http://h:1", "connection closed before message completed").contains("use https://"));
+        assert!(hint("https://h:1", "received corrupt message of type InvalidContentType").contains("does not speak TLS"));
+        assert!(hint("https://h:1", "invalid peer certificate: UnknownIssuer").contains("--tls-ca"));
+        assert!(hint("https://h:1", "received fatal alert: CertificateRequired").contains("--tls-cert"));
+        assert!(hint("https://h:1", "received fatal alert: UnknownCA").contains("--tls-client-ca"));
+        assert_eq!(hint("http://h:1", "Connection refused (os error 111)"), "");
     }
 
     #[tokio::test]
     async fn nothing_listening_is_one_bounded_error() {
         let budget = Duration::from_millis(500);
         let started = std::time::Instant::now();
-        let e = connect(&endpoint("http://127.0.0.1:1").expect("valid"), Instant::now() + budget)
+        let e = connect(&endpoint("http://127.0.0.1:1", &ClientSecurity::none()).expect("valid"), Instant::now() + budget)
             .await
             .expect_err("nothing listens on port 1");
         assert_eq!(e.address, "http://127.0.0.1:1");

@@ -1,10 +1,12 @@
-//! Serving a process's gRPC services: the coordinator's three, a worker's
+//! Serving a process's gRPC services: the coordinator's, a worker's
 //! `BatchService`. Each server also answers gRPC health checks (every
 //! service it was given reports SERVING) and reflection, so `grpcurl` and
-//! Kubernetes' gRPC probes work, and runs behind [`super::layers::stack`].
+//! Kubernetes' gRPC probes work; runs behind [`super::layers::stack`]; and
+//! speaks TLS when its [`ServerSecurity`] has certificates.
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::sync::Arc;
 
 use tokio::net::TcpListener;
 use tonic::body::Body;
@@ -15,6 +17,10 @@ use tonic::service::RoutesBuilder;
 use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
 
+use super::access::{Access, Policy};
+use super::limits::CALLS_PER_CONNECTION;
+use crate::security::{SecurityError, ServerSecurity, tls::ReloadingTls};
+
 /// The services one server offers, and what reflection describes.
 #[derive(Debug, Default)]
 pub struct Services {
@@ -22,6 +28,8 @@ pub struct Services {
     routes: RoutesBuilder,
     /// Names health checking reports as SERVING.
     names: Vec<&'static str>,
+    /// Who may call each service.
+    policy: Policy,
     /// Encoded file descriptor sets for reflection.
     descriptors: Vec<&'static [u8]>,
 }
@@ -36,9 +44,9 @@ impl Services {
         }
     }
 
-    /// Serves a generated service server too; health checking reports it
-    /// SERVING.
-    pub fn serve<S>(mut self, service: S) -> Self
+    /// Serves a generated service server too, to callers `access` lets
+    /// through; health checking reports it SERVING.
+    pub fn serve<S>(mut self, access: Access, service: S) -> Self
     where
         S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>
             + NamedService
@@ -50,6 +58,7 @@ impl Services {
     {
         self.routes.add_service(service);
         self.names.push(S::NAME);
+        self.policy.insert(S::NAME, access);
         self
     }
 }
@@ -63,16 +72,21 @@ pub enum ServeError {
     /// The transport failed.
     #[error("gRPC server failed: {0}")]
     Transport(#[from] tonic::transport::Error),
+    /// The TLS files cannot be used.
+    #[error(transparent)]
+    Security(#[from] SecurityError),
 }
 
 /// Serves `services` on `listener` until `shutdown` resolves; then stops
-/// accepting, lets calls in flight finish, and returns.
+/// accepting, lets calls in flight finish, and returns. TLS and tokens as
+/// `security` says; an unusable certificate fails here, before serving.
 pub async fn serve(
     listener: TcpListener,
     services: Services,
+    security: &ServerSecurity,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
-    let Services { mut routes, names, descriptors } = services;
+    let Services { mut routes, names, descriptors, mut policy } = services;
     let (health, health_service) = tonic_health::server::health_reporter();
     for name in names {
         health.set_service_status(name, ServingStatus::Serving).await;
@@ -83,16 +97,30 @@ pub async fn serve(
             b.register_encoded_file_descriptor_set(d)
         })
         .build_v1()?;
+    policy.insert("grpc.health.v1.Health", Access::Open);
+    policy.insert("grpc.reflection.v1.ServerReflection", Access::Open);
     routes.add_service(health_service).add_service(reflection);
-    // `Server::tcp_nodelay` applies only to listeners tonic binds itself; an
-    // incoming stream of ours sets it on each accepted connection, or Nagle
-    // holds a response's trailers (and a worker's small frames) for the
-    // peer's delayed ACK: 40 ms stalls of every small heartbeat.
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-    tonic::transport::Server::builder()
-        .layer(super::layers::stack().into_inner())
-        .add_routes(routes.routes())
-        .serve_with_incoming_shutdown(incoming, shutdown)
-        .await?;
+    let mut server = tonic::transport::Server::builder()
+        .concurrency_limit_per_connection(CALLS_PER_CONNECTION)
+        .max_concurrent_streams(u32::try_from(CALLS_PER_CONNECTION).ok())
+        .layer(super::layers::stack(policy, security.tokens.clone()).into_inner());
+    let router = server.add_routes(routes.routes());
+    match &security.tls {
+        Some(files) => {
+            let tls = Arc::new(ReloadingTls::new(files.clone())?);
+            router
+                .serve_with_incoming_shutdown(super::incoming::tls(listener, tls), shutdown)
+                .await?;
+        }
+        None => {
+            // `Server::tcp_nodelay` applies only to listeners tonic binds
+            // itself; an incoming stream of ours sets it on each accepted
+            // connection, or Nagle holds a response's trailers (and a
+            // worker's small frames) for the peer's delayed ACK: 40 ms
+            // stalls of every small heartbeat.
+            let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+            router.serve_with_incoming_shutdown(incoming, shutdown).await?;
+        }
+    }
     Ok(())
 }

@@ -31,6 +31,7 @@ impl TrainerService for TrainerApi {
         let (session_id, job) = self.0.open_session(r.job_id, r.consumer, r.node, r.ring_socket, r.resume.then_some(r.start_seq))?;
         Ok(Response::new(pb::OpenSessionResponse {
             session_id,
+            session_key: self.0.session_key(session_id, r.job_id, r.consumer),
             job: Some(job),
             lease_ttl_ms: self.0.config.lease_ttl.as_millis() as u64,
             heartbeat_interval_ms: self.0.config.heartbeat_interval.as_millis() as u64,
@@ -43,6 +44,7 @@ impl TrainerService for TrainerApi {
     ) -> Result<Response<pb::SessionHeartbeatResponse>, Status> {
         let r = request.into_inner();
         check_version(r.protocol_version)?;
+        self.0.check_session_key(r.session_id, &r.session_key)?;
         let response = match self.0.session_heartbeat(r.session_id, r.consumed, r.stall_ms) {
             Some(job_error) => pb::SessionHeartbeatResponse { reopen: false, job_error },
             None => pb::SessionHeartbeatResponse { reopen: true, job_error: String::new() },
@@ -56,12 +58,15 @@ impl TrainerService for TrainerApi {
     ) -> Result<Response<pb::CloseSessionResponse>, Status> {
         let r = request.into_inner();
         check_version(r.protocol_version)?;
+        self.0.check_session_key(r.session_id, &r.session_key)?;
         self.0.close_session(r.session_id, r.consumed);
         Ok(Response::new(pb::CloseSessionResponse {}))
     }
 
     async fn routes(&self, request: Request<pb::RoutesRequest>) -> Result<Response<pb::RoutesResponse>, Status> {
-        let (routes, job_error) = self.0.routes(request.into_inner().session_id)?;
+        let r = request.into_inner();
+        self.0.check_session_key(r.session_id, &r.session_key)?;
+        let (routes, job_error) = self.0.routes(r.session_id)?;
         Ok(Response::new(pb::RoutesResponse { routes, job_error }))
     }
 }

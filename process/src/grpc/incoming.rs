@@ -1,0 +1,87 @@
+//! Accepted connections for a server: plain TCP, or TLS handshaken here so
+//! that each handshake takes the certificate of the moment (files are
+//! re-read when they change) and a failed one is logged with the peer's
+//! address instead of disappearing.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
+use tokio_stream::wrappers::ReceiverStream;
+
+use crate::security::tls::{RELOAD_INTERVAL, ReloadingTls};
+
+/// Longest a client may take to finish its TLS handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// First byte of every TLS connection (a handshake record).
+const TLS_HANDSHAKE_RECORD: u8 = 0x16;
+/// Handshaken connections waiting for the server to take them.
+const QUEUE: usize = 64;
+
+/// TLS connections accepted on `listener`, handshaken with `tls`'s
+/// configuration of the moment; the files are checked for changes every
+/// [`RELOAD_INTERVAL`]. Accepting stops when the stream is dropped.
+pub(crate) fn tls(listener: TcpListener, tls: Arc<ReloadingTls>) -> ReceiverStream<io::Result<TlsStream<TcpStream>>> {
+    let (tx, rx) = mpsc::channel(QUEUE);
+    tokio::spawn(async move {
+        let mut reload = tokio::time::interval(RELOAD_INTERVAL);
+        reload.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = tx.closed() => break,
+                _ = reload.tick() => {
+                    let tls = Arc::clone(&tls);
+                    // Reading files blocks; keep it off the runtime's threads.
+                    let _ = tokio::task::spawn_blocking(move || tls.check()).await;
+                }
+                accepted = listener.accept() => match accepted {
+                    Ok((tcp, peer)) => {
+                        let acceptor = TlsAcceptor::from(tls.current());
+                        let tx = tx.clone();
+                        tokio::spawn(async move {
+                            if let Some(stream) = handshake(acceptor, tcp, peer).await {
+                                let _ = tx.send(Ok(stream)).await;
+                            }
+                        });
+                    }
+                    // Out of file descriptors and the like: say so, pause,
+                    // and go on accepting.
+                    Err(e) => {
+                        tracing::warn!("accepting a connection failed: {e}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                },
+            }
+        }
+    });
+    ReceiverStream::new(rx)
+}
+
+async fn handshake(acceptor: TlsAcceptor, tcp: TcpStream, peer: SocketAddr) -> Option<TlsStream<TcpStream>> {
+    let _ = tcp.set_nodelay(true);
+    let mut first = [0u8; 1];
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, tcp.peek(&mut first)).await {
+        Ok(Ok(1)) if first[0] != TLS_HANDSHAKE_RECORD => {
+            tracing::warn!("connection from {peer} refused: it is not TLS (a plaintext client? this server requires TLS)");
+            return None;
+        }
+        Ok(Ok(1)) => {}
+        _ => return None,
+    }
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+        Ok(Ok(stream)) => Some(stream),
+        Ok(Err(e)) => {
+            tracing::warn!("TLS handshake with {peer} failed: {e}");
+            None
+        }
+        Err(_) => {
+            tracing::warn!("TLS handshake with {peer} took over {}s; closed", HANDSHAKE_TIMEOUT.as_secs());
+            None
+        }
+    }
+}

@@ -1,0 +1,186 @@
+//! TLS settings: a server's certificate and key (re-read when the files
+//! change, so cert-manager's renewals need no restart), the CA whose client
+//! certificates a server requires (mutual TLS), and the CA a client
+//! verifies servers with, with an optional client certificate.
+//!
+//! rustls with the ring provider, chosen explicitly: more than one provider
+//! is compiled into the binaries (the Kubernetes client brings another).
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime};
+
+use rustls::pki_types::pem::PemObject as _;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{RootCertStore, ServerConfig};
+
+use super::SecurityError;
+
+/// How often a server looks at its certificate files for changes.
+pub const RELOAD_INTERVAL: Duration = Duration::from_secs(2);
+
+/// ALPN id of HTTP/2: gRPC clients (tonic among them) insist on it.
+const ALPN_H2: &[u8] = b"h2";
+
+/// A server's TLS files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerTls {
+    /// PEM certificate chain, leaf first.
+    pub cert: PathBuf,
+    /// PEM private key of the leaf.
+    pub key: PathBuf,
+    /// PEM CA certificates: when set, every client must present a
+    /// certificate signed by one of them (mutual TLS).
+    pub client_ca: Option<PathBuf>,
+}
+
+impl ServerTls {
+    /// Reads the files and builds the rustls configuration.
+    pub fn load(&self) -> Result<Arc<ServerConfig>, SecurityError> {
+        let certs = read_certs(&self.cert, "--tls-cert")?;
+        let key = PrivateKeyDer::from_pem_file(&self.key)
+            .map_err(|e| SecurityError::new(format!("--tls-key {}", self.key.display()), pem_cause(&e, "private key")))?;
+        let builder = ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| SecurityError::new("TLS", e))?;
+        let builder = match &self.client_ca {
+            Some(ca) => {
+                let roots = Arc::new(read_roots(ca, "--tls-client-ca")?);
+                let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider())
+                    .build()
+                    .map_err(|e| SecurityError::new(format!("--tls-client-ca {}", ca.display()), e))?;
+                builder.with_client_cert_verifier(verifier)
+            }
+            None => builder.with_no_client_auth(),
+        };
+        let mut config = builder
+            .with_single_cert(certs, key)
+            .map_err(|e| SecurityError::new(format!("--tls-cert {} with --tls-key {}", self.cert.display(), self.key.display()), e))?;
+        config.alpn_protocols = vec![ALPN_H2.to_vec()];
+        Ok(Arc::new(config))
+    }
+
+    /// What the files look like now: a change of any of them is a reason to
+    /// read them again.
+    fn stamp(&self) -> Vec<Option<(SystemTime, u64)>> {
+        [Some(&self.cert), Some(&self.key), self.client_ca.as_ref()]
+            .into_iter()
+            .flatten()
+            .map(|p| std::fs::metadata(p).ok().and_then(|m| Some((m.modified().ok()?, m.len()))))
+            .collect()
+    }
+}
+
+/// A server configuration that follows its files: [`ReloadingTls::current`]
+/// is what the next handshake uses; [`ReloadingTls::check`] reads the files
+/// again when they changed, keeping the old configuration (and saying so
+/// once) when the new files do not load.
+#[derive(Debug)]
+pub struct ReloadingTls {
+    files: ServerTls,
+    state: RwLock<(Arc<ServerConfig>, Vec<Option<(SystemTime, u64)>>)>,
+}
+
+impl ReloadingTls {
+    /// Loads the files now; an error here stops the server from starting.
+    pub fn new(files: ServerTls) -> Result<Self, SecurityError> {
+        let stamp = files.stamp();
+        let config = files.load()?;
+        Ok(Self { files, state: RwLock::new((config, stamp)) })
+    }
+
+    /// The configuration for the next handshake.
+    pub fn current(&self) -> Arc<ServerConfig> {
+        Arc::clone(&self.state.read().unwrap_or_else(|p| p.into_inner()).0)
+    }
+
+    /// Reloads when the files changed; returns whether the configuration
+    /// was replaced.
+    pub fn check(&self) -> bool {
+        let stamp = self.files.stamp();
+        if self.state.read().unwrap_or_else(|p| p.into_inner()).1 == stamp {
+            return false;
+        }
+        let loaded = self.files.load();
+        let mut state = self.state.write().unwrap_or_else(|p| p.into_inner());
+        state.1 = stamp;
+        match loaded {
+            Ok(config) => {
+                state.0 = config;
+                tracing::info!(cert = %self.files.cert.display(), "TLS certificate reloaded");
+                true
+            }
+            Err(e) => {
+                tracing::warn!("TLS files changed but cannot be used, keeping the previous certificate: {e}");
+                false
+            }
+        }
+    }
+}
+
+/// A client's TLS files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientTls {
+    /// PEM CA certificates the client verifies servers with.
+    pub ca: PathBuf,
+    /// The client's own certificate and key, for servers that require one.
+    pub identity: Option<(PathBuf, PathBuf)>,
+}
+
+impl ClientTls {
+    /// The tonic configuration for a connection to `host` (the name the
+    /// server's certificate must carry).
+    pub fn tonic_config(&self, host: &str) -> Result<tonic::transport::ClientTlsConfig, SecurityError> {
+        let read = |path: &Path, flag: &str| {
+            std::fs::read(path).map_err(|e| SecurityError::new(format!("{flag} {}", path.display()), e))
+        };
+        // Parse here too, so a file that is not PEM fails at start-up
+        // with its name, not at the first handshake.
+        read_roots(&self.ca, "--tls-ca")?;
+        let mut config = tonic::transport::ClientTlsConfig::new()
+            .ca_certificate(tonic::transport::Certificate::from_pem(read(&self.ca, "--tls-ca")?))
+            .domain_name(host.trim_start_matches('[').trim_end_matches(']'));
+        if let Some((cert, key)) = &self.identity {
+            read_certs(cert, "--tls-cert")?;
+            PrivateKeyDer::from_pem_file(key)
+                .map_err(|e| SecurityError::new(format!("--tls-key {}", key.display()), pem_cause(&e, "private key")))?;
+            config = config.identity(tonic::transport::Identity::from_pem(read(cert, "--tls-cert")?, read(key, "--tls-key")?));
+        }
+        Ok(config)
+    }
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn read_certs(path: &Path, flag: &str) -> Result<Vec<CertificateDer<'static>>, SecurityError> {
+    let what = || format!("{flag} {}", path.display());
+    let certs = CertificateDer::pem_file_iter(path)
+        .map_err(|e| SecurityError::new(what(), pem_cause(&e, "certificate")))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| SecurityError::new(what(), pem_cause(&e, "certificate")))?;
+    if certs.is_empty() {
+        return Err(SecurityError::new(what(), "no PEM certificate in the file"));
+    }
+    Ok(certs)
+}
+
+fn read_roots(path: &Path, flag: &str) -> Result<RootCertStore, SecurityError> {
+    let mut roots = RootCertStore::empty();
+    for cert in read_certs(path, flag)? {
+        roots
+            .add(cert)
+            .map_err(|e| SecurityError::new(format!("{flag} {}", path.display()), e))?;
+    }
+    Ok(roots)
+}
+
+fn pem_cause(e: &rustls::pki_types::pem::Error, what: &str) -> String {
+    match e {
+        rustls::pki_types::pem::Error::Io(io) => io.to_string(),
+        rustls::pki_types::pem::Error::NoItemsFound => format!("no PEM {what} in the file"),
+        other => format!("not a PEM {what}: {other}"),
+    }
+}
