@@ -9,7 +9,9 @@
 # Targets: batch_header spec_yaml spec_json ring_messages rpc_requests (all
 # by default), one after another; FUZZ_JOBS=2 runs two at once. Each run
 # starts from and adds to fuzz/corpus/<target>/ (kept in the repository),
-# which is minimized (-merge=1) at the end so it stays small; a crash, panic,
+# which is minimized (-merge=1) at the end so it stays small
+# (FUZZ_CORPUS_READONLY=1, as test.sh runs it: the corpus is read, new
+# inputs go to a scratch directory, nothing is merged); a crash, panic,
 # hang (-timeout=10) or out-of-memory (-rss_limit_mb=2048) writes its input
 # to fuzz/artifacts/<target>/ (ignored) and fails the script. Prints one
 # line per target: seconds, executions, corpus files, result. Everything
@@ -79,10 +81,17 @@ mkdir -p "$logs"
 # One target: fuzz for the budget, then minimize its corpus in place.
 run_one() {
   local t="$1" corpus="$fuzz/corpus/$1" artifacts="$fuzz/artifacts/$1"
-  local log="$logs/$t.log" rc=0
+  local log="$logs/$t.log" rc=0 dirs
   mkdir -p "$corpus" "$artifacts"
+  dirs=("$corpus")
+  if [ "${FUZZ_CORPUS_READONLY:-0}" = 1 ]; then
+    # libFuzzer adds new inputs to its first directory: a scratch one.
+    rm -rf "$fuzz/target/scratch-$t"
+    mkdir -p "$fuzz/target/scratch-$t"
+    dirs=("$fuzz/target/scratch-$t" "$corpus")
+  fi
   # -max_len 4096 is libFuzzer's default; named so every run is the same.
-  nice -n 19 "$bin/$t" "$corpus" \
+  nice -n 19 "$bin/$t" "${dirs[@]}" \
     -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=4096 \
     -print_final_stats=1 -artifact_prefix="$artifacts/" >"$log" 2>&1 || rc=$?
   local runs cov
@@ -91,7 +100,7 @@ run_one() {
   local result=ok
   if [ "$rc" -ne 0 ]; then
     result="FAILED (exit $rc; input in fuzz/artifacts/$t/, log $log)"
-  else
+  elif [ "${FUZZ_CORPUS_READONLY:-0}" != 1 ]; then
     # Keep only inputs that add coverage: merge into a fresh directory, then
     # swap it in.
     local merged="$fuzz/target/merge-$t"

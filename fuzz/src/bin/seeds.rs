@@ -6,6 +6,8 @@
 //! A fuzz target whose `init` writes the seeds and exits: an instrumented
 //! binary needs libFuzzer's runtime linked in, which only a target gets.
 #![no_main]
+// `init` exits, so the macro's fuzzing body is unreachable.
+#![allow(unreachable_code)]
 
 use std::path::Path;
 
