@@ -102,11 +102,13 @@ run_one() {
     result="FAILED (exit $rc; input in fuzz/artifacts/$t/, log $log)"
   elif [ "${FUZZ_CORPUS_READONLY:-0}" != 1 ]; then
     # Keep only inputs that add coverage: merge into a fresh directory, then
-    # swap it in.
+    # swap it in. Edges only (-use_counters=0): an input that only changes
+    # how often an edge runs is not kept, so the committed corpus stays
+    # small; the next run finds those again in seconds.
     local merged="$fuzz/target/merge-$t"
     rm -rf "$merged"
     mkdir -p "$merged"
-    if nice -n 19 "$bin/$t" -merge=1 -timeout=10 -rss_limit_mb=2048 -max_len=4096 \
+    if nice -n 19 "$bin/$t" -merge=1 -use_counters=0 -timeout=10 -rss_limit_mb=2048 -max_len=4096 \
         "$merged" "$corpus" >"$logs/$t.merge.log" 2>&1; then
       rm -rf "$corpus"
       mv "$merged" "$corpus"
