@@ -39,7 +39,12 @@ export CARGO_TARGET_DIR="$fuzz/target"
 bin="$CARGO_TARGET_DIR/$triple/release"
 
 build() {
-  (cd "$fuzz" && nice -n 19 cargo build --locked --release --target "$triple" --bins)
+  # --locked: fuzz/Cargo.lock is committed. A dependency added to proto,
+  # client, server or worker makes it stale; then say how to fix it.
+  if ! (cd "$fuzz" && nice -n 19 cargo build --locked --release --target "$triple" --bins); then
+    echo "bench/fuzz.sh: the fuzz targets did not build; if cargo said the lock file needs updating, run (cd fuzz && cargo update --workspace) and commit fuzz/Cargo.lock" >&2
+    return 1
+  fi
 }
 
 case "${1:-}" in
