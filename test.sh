@@ -16,7 +16,11 @@
 #      libcuda at run time, so it builds and its tests run on a machine with
 #      no CUDA: the SDK's unit tests and device-path tests with the feature,
 #      and loaderctl's `--device` tests against a loaderctl built with it;
-#   5. the Python SDK's tests (python/test.sh: builds `pip install ./python`
+#   5. a short fuzzing run (issue 21): every libFuzzer target of fuzz/ built
+#      on the stable toolchain and run 10 s from the committed corpus
+#      (bench/fuzz.sh; read-only corpus, so the tree is left as it was);
+#      a crash, panic or hang fails the suite;
+#   6. the Python SDK's tests (python/test.sh: builds `pip install ./python`
 #      into the same virtualenv and runs pytest).
 # Needs cargo, Python >= 3.11 with venv, and PyPI. Extra args go to cargo test.
 set -euo pipefail
@@ -39,4 +43,5 @@ export LOADER_PYTHON="$venv/bin/python"
 cargo test --workspace "$@"
 cargo test -p loader-client --features cuda --lib --test pin "$@"
 cargo test -p loader-ctl --features cuda --test cli run_device
+FUZZ_CORPUS_READONLY=1 bench/fuzz.sh 10
 LOADER_PY_VENV="$venv" python/test.sh

@@ -31,6 +31,8 @@ pub mod cli;
 pub mod config;
 mod coordinator;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 mod jobs;
 mod journal;
 mod meters;

@@ -49,6 +49,8 @@ pub mod config;
 pub mod dataset;
 mod drain;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod image;
 mod link;
 mod meters;

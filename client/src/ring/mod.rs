@@ -32,6 +32,8 @@
 mod book;
 mod conn;
 mod conn_id;
+#[doc(hidden)]
+pub mod fuzzing;
 mod gap;
 mod grant;
 mod inbox;

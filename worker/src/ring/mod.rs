@@ -24,6 +24,7 @@
 
 mod bell;
 mod conn;
+pub(crate) mod fuzzing;
 mod handshake;
 mod slots;
 mod socket;
