@@ -14,7 +14,10 @@ For every values file in the chart's ci/ folder:
      Services name ports the containers declare, volume mounts name volumes
      the pod has, Service selectors select a pod template of the release,
      the RoleBinding's Role and ServiceAccount and the ScaledObject's target
-     exist, env names are unique per container, the dashboard is JSON.
+     and TriggerAuthentication exist, Secret volumes of a Secret the chart
+     renders name keys it has, no LOADER_*_TOKEN value in the manifests
+     (tokens are files), env names are unique per container, the dashboard
+     is JSON.
 
 --self-test then breaks the default rendering and the values in known ways
 and fails unless each break is caught: the checks above must be able to
@@ -48,6 +51,7 @@ NAMESPACE = "ml"
 CRD_SCHEMAS = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitor.json",
     ("keda.sh/v1alpha1", "ScaledObject"): "scaledobject.json",
+    ("keda.sh/v1alpha1", "TriggerAuthentication"): "triggerauthentication.json",
 }
 
 WORKLOAD_KINDS = {"Deployment", "StatefulSet", "Job", "DaemonSet", "Pod"}
@@ -155,12 +159,24 @@ def reference_errors(objects) -> list[str]:
                 if m["name"] not in volumes:
                     errors.append(f"{where}: mounts volume {m['name']!r}, which the pod does not have")
             env = [e["name"] for e in c.get("env") or []]
+            for e in c.get("env") or []:
+                if "value" in e and e["name"].startswith("LOADER_") and e["name"].endswith("_TOKEN"):
+                    errors.append(f"{where}: env {e['name']} holds a token in the manifest (mount it as a file)")
             dup = sorted({n for n in env if env.count(n) > 1})
             if dup:
                 errors.append(f"{where}: env {dup} set twice")
             image = c.get("image", "")
             if ":" not in image.rsplit("/", 1)[-1] or image.endswith(":latest"):
                 errors.append(f"{where}: image {image!r} is not pinned to a tag")
+        for v in spec.get("volumes") or []:
+            secret = v.get("secret") or {}
+            rendered = by_kind.get("Secret", {}).get(secret.get("secretName"))
+            if rendered is not None:
+                keys = set(rendered.get("data") or {}) | set(rendered.get("stringData") or {})
+                for item in secret.get("items") or []:
+                    if item["key"] not in keys:
+                        errors.append(f"{name_of(o)}: volume {v['name']} takes key {item['key']!r}, which Secret "
+                                      f"{secret['secretName']!r} lacks")
         sa = spec.get("serviceAccountName")
         if sa and sa not in by_kind.get("ServiceAccount", {}):
             errors.append(f"{name_of(o)}: serviceAccountName {sa!r} is not rendered by the chart")
@@ -208,6 +224,10 @@ def reference_errors(objects) -> list[str]:
             host = addr.split(":")[0].split(".")[0]
             if host not in by_kind.get("Service", {}):
                 errors.append(f"{name_of(so)}: scalerAddress {addr!r} names no Service of the chart")
+            auth = (t.get("authenticationRef") or {}).get("name")
+            if auth and (t["authenticationRef"].get("kind", "TriggerAuthentication") != "TriggerAuthentication"
+                         or auth not in by_kind.get("TriggerAuthentication", {})):
+                errors.append(f"{name_of(so)}: authenticationRef {auth!r} is not a TriggerAuthentication of the chart")
     for sm in by_kind.get("ServiceMonitor", {}).values():
         sel = sm["spec"]["selector"].get("matchLabels") or {}
         svcs = [s for s in by_kind.get("Service", {}).values()
@@ -269,11 +289,25 @@ CRD_BREAKS: list[tuple[str, str, Callable[[dict], None]]] = [
     ("a ScaledObject trigger without scalerAddress", "ScaledObject",
      lambda o: o["spec"]["triggers"][0]["metadata"].pop("scalerAddress")),
 ]
+# Breaks of the rendering with security on (ci/security-values.yaml).
+SECURITY_BREAKS: list[tuple[str, str, Callable[[dict], None]]] = [
+    ("a ScaledObject whose authenticationRef names no TriggerAuthentication", "ScaledObject",
+     lambda o: o["spec"]["triggers"][0]["authenticationRef"].__setitem__("name", "nope")),
+    ("a token Secret volume taking a key the Secret lacks", "StatefulSet",
+     lambda o: next(v for v in pod_spec(o)["volumes"] if v["name"].endswith("-tokens"))["secret"]["items"][0]
+     .__setitem__("key", "operator")),
+    ("a token in a plain env value", "Deployment",
+     lambda o: _first_container(o)["env"].append({"name": "LOADER_WORKER_TOKEN", "value": "0123456789abcdef"})),
+]
 BAD_VALUES = [
     ("a value of the wrong type", {"coordinator": {"port": "7070"}}),
     ("an unknown value", {"workers": {"replicaz": 3}}),
     ("a value outside its enum", {"scaling": {"backend": "aws"}}),
     ("KEDA and the kubernetes backend both owning the count", {"keda": {"enabled": True}}),
+    ("TLS on without a Secret", {"security": {"tls": {"enabled": True}}}),
+    ("tokens and KEDA without client certificates (KEDA sends no token)",
+     {"scaling": {"backend": "none"}, "keda": {"enabled": True}, "security": {"tokens": {"enabled": True}}}),
+    ("an unknown worker address mode", {"security": {"tls": {"workerAddress": "podName"}}}),
 ]
 
 
@@ -292,14 +326,20 @@ def quiet_stderr():
         os.close(saved)
 
 
-def self_test(chart_dir, chart, kube_versions, crd_dir, default_objects, crd_objects) -> list[str]:
+def self_test(chart_dir, chart, kube_versions, crd_dir, default_objects, crd_objects,
+              security_objects) -> list[str]:
     failures = []
 
     def caught(objects) -> bool:
         return bool(schema_errors(objects, kube_versions, crd_dir) or reference_errors(objects))
 
-    for what, kind, change in BREAKS + CRD_BREAKS:
-        source = crd_objects if (what, kind, change) in CRD_BREAKS else default_objects
+    for what, kind, change in BREAKS + CRD_BREAKS + SECURITY_BREAKS:
+        if (what, kind, change) in CRD_BREAKS:
+            source = crd_objects
+        elif (what, kind, change) in SECURITY_BREAKS:
+            source = security_objects
+        else:
+            source = default_objects
         objects = copy.deepcopy(source)
         targets = [o for _, o in objects if o.get("kind") == kind]
         if not targets:
@@ -356,8 +396,9 @@ def main() -> int:
         default = rendered.get("default-values") or []
         with_crds = next((objs for objs in rendered.values()
                           if {"ServiceMonitor", "ScaledObject"} <= {o["kind"] for _, o in objs}), [])
-        failures = self_test(args.chart, chart, kube_versions, args.crd_schemas, default, with_crds)
-        total = len(BREAKS) + len(CRD_BREAKS) + len(BAD_VALUES)
+        security = rendered.get("security-values") or []
+        failures = self_test(args.chart, chart, kube_versions, args.crd_schemas, default, with_crds, security)
+        total = len(BREAKS) + len(CRD_BREAKS) + len(SECURITY_BREAKS) + len(BAD_VALUES)
         if failures:
             failed += 1
             print("FAIL self-test")

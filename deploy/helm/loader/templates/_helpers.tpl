@@ -53,9 +53,14 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
 
-{{/* The coordinator's in-cluster gRPC URL, what workers and trainers dial. */}}
+{{/* The coordinator's in-cluster gRPC URL, what workers and trainers dial
+(https:// with security.tls.enabled: the certificate names this host). */}}
 {{- define "loader.coordinatorUrl" -}}
-{{- printf "http://%s.%s.svc:%d" (include "loader.coordinatorName" .) .Release.Namespace (int .Values.coordinator.port) }}
+{{- printf "%s://%s.%s.svc:%d" (include "loader.scheme" .) (include "loader.coordinatorName" .) .Release.Namespace (int .Values.coordinator.port) }}
+{{- end }}
+
+{{- define "loader.scheme" -}}
+{{- if .Values.security.tls.enabled }}https{{ else }}http{{ end }}
 {{- end }}
 
 {{/* host:port (KEDA's scalerAddress takes no scheme). */}}
@@ -109,8 +114,17 @@ LOADER_METRICS_LISTEN (worker/src/cli.rs).
   value: {{ include "loader.coordinatorUrl" $root | quote }}
 - name: LOADER_LISTEN
   value: {{ include "loader.listen" (dict "addr" $root.Values.bindAddress "port" $cfg.port) | quote }}
+{{- if include "loader.advertiseDns" $root }}
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
 - name: LOADER_ADVERTISE
-  value: {{ printf "http://$(POD_IP):%d" (int $cfg.port) | quote }}
+  value: {{ printf "https://$(POD_NAME).%s.%s.svc:%d" .subdomain $root.Release.Namespace (int $cfg.port) | quote }}
+{{- else }}
+- name: LOADER_ADVERTISE
+  value: {{ printf "%s://$(POD_IP):%d" (include "loader.scheme" $root) (int $cfg.port) | quote }}
+{{- end }}
 {{- if eq $cfg.nodeIdentity "nodeName" }}
 - name: LOADER_NODE
   valueFrom:
@@ -125,6 +139,7 @@ LOADER_METRICS_LISTEN (worker/src/cli.rs).
 - name: LOADER_METRICS_LISTEN
   value: {{ include "loader.listen" (dict "addr" $root.Values.bindAddress "port" (default $root.Values.metrics.port $cfg.metricsPort)) | quote }}
 {{- end }}
+{{- include "loader.securityEnv" (dict "root" $root "role" "worker") }}
 {{- include "loader.commonEnv" $root }}
 {{- with $cfg.extraEnv }}
 {{ toYaml . }}
@@ -142,10 +157,25 @@ LOADER_METRICS_LISTEN (worker/src/cli.rs).
 {{- end }}
 {{- end }}
 
-{{/* gRPC health probes (grpc.health.v1, served on every Loader gRPC port). */}}
-{{- define "loader.grpcProbe" -}}
+{{/*
+Health probes of a Loader gRPC port: native gRPC probes (grpc.health.v1,
+served on every Loader gRPC port, no token needed) over plaintext; with
+security.tls.enabled a tcpSocket probe, since the kubelet's gRPC probe
+speaks no TLS (and could not present a client certificate). `root` is the
+chart's context.
+*/}}
+{{- define "loader.probeHandler" -}}
+{{- if .root.Values.security.tls.enabled -}}
+tcpSocket:
+  port: {{ .port }}
+{{- else -}}
 grpc:
   port: {{ .port }}
+{{- end }}
+{{- end }}
+
+{{- define "loader.grpcProbe" -}}
+{{ include "loader.probeHandler" . }}
 periodSeconds: {{ .periodSeconds }}
 failureThreshold: {{ .failureThreshold }}
 {{- end }}
@@ -168,7 +198,7 @@ from "loader.ringVolume":
   args:
     {{- include "loader.workerArgs" .Values.sidecar | nindent 4 }}
   env:
-    {{- include "loader.workerEnv" (dict "root" . "cfg" .Values.sidecar) | nindent 4 }}
+    {{- include "loader.workerEnv" (dict "root" . "cfg" .Values.sidecar "subdomain" (include "loader.trainerName" .)) | nindent 4 }}
   ports:
     - name: worker-grpc
       containerPort: {{ .Values.sidecar.port }}
@@ -180,18 +210,15 @@ from "loader.ringVolume":
     {{- end }}
   {{- if .Values.sidecar.native }}
   startupProbe:
-    grpc:
-      port: {{ .Values.sidecar.port }}
+    {{- include "loader.probeHandler" (dict "root" . "port" .Values.sidecar.port) | nindent 4 }}
     periodSeconds: 2
     failureThreshold: 30
   {{- end }}
   readinessProbe:
-    grpc:
-      port: {{ .Values.sidecar.port }}
+    {{- include "loader.probeHandler" (dict "root" . "port" .Values.sidecar.port) | nindent 4 }}
     periodSeconds: 10
   livenessProbe:
-    grpc:
-      port: {{ .Values.sidecar.port }}
+    {{- include "loader.probeHandler" (dict "root" . "port" .Values.sidecar.port) | nindent 4 }}
     periodSeconds: 10
     failureThreshold: 3
   securityContext:
@@ -206,12 +233,17 @@ from "loader.ringVolume":
       mountPath: {{ .Values.sidecar.ringDir }}
     - name: loader-worker-tmp
       mountPath: /tmp
+    {{- with include "loader.securityMounts" (dict "root" . "prefix" "loader-worker") | trim }}{{ . | nindent 4 }}{{ end }}
     {{- with .Values.sidecar.volumeMounts }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
 {{- end }}
 
-{{/* The volumes the sidecar needs: the ring's directory and its /tmp. */}}
+{{/*
+The volumes the sidecar needs: the ring's directory and its /tmp, and with
+security on its certificate and the worker and trainer tokens (volumes of
+its own, which the trainer container does not mount).
+*/}}
 {{- define "loader.ringVolume" -}}
 - name: loader-ring
   emptyDir:
@@ -221,6 +253,7 @@ from "loader.ringVolume":
     sizeLimit: 16Mi
 - name: loader-worker-tmp
   emptyDir: {}
+{{- include "loader.securityVolumes" (dict "root" . "role" "worker" "prefix" "loader-worker") }}
 {{- end }}
 
 {{/* The coordinator's environment (may be empty). */}}
@@ -237,8 +270,133 @@ from "loader.ringVolume":
     fieldRef:
       fieldPath: metadata.namespace
 {{- end }}
+{{- include "loader.securityEnv" (dict "root" . "role" "coordinator") }}
 {{- include "loader.commonEnv" . }}
 {{- with .Values.coordinator.extraEnv }}
 {{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+Security (security.tls, security.tokens): what each role gets, as files
+from Secrets mounted read-only, never a token on argv or in a plain env
+value. Roles:
+  coordinator  serves every role: its certificate, the client CA (mutual
+               TLS), all three tokens;
+  worker       remote worker or sidecar: serves trainers and calls the
+               coordinator: its certificate (also its client certificate),
+               the client CA, the CA to verify the coordinator with, the
+               worker token (its own, and the session keys' secret) and the
+               trainer token (it checks trainers' fetches);
+  trainer      a client: the CA, a client certificate under mutual TLS, the
+               trainer token;
+  admin        loaderctl's admin commands (the helm test pod): the CA, a
+               client certificate under mutual TLS, the admin token.
+*/}}
+{{- define "loader.tlsDir" -}}/etc/loader/tls{{- end }}
+{{- define "loader.tokenDir" -}}/etc/loader/tokens{{- end }}
+
+{{/* Whether workers advertise a per-pod DNS name (pod subdomain) instead of their IP. */}}
+{{- define "loader.advertiseDns" -}}
+{{- if and .Values.security.tls.enabled (eq .Values.security.tls.workerAddress "podDNS") }}true{{ end }}
+{{- end }}
+
+{{/* The TLS Secret of a role: security.tls.secretNames.<coordinator|worker|client>, else secretName. */}}
+{{- define "loader.tlsSecretName" -}}
+{{- $tls := .root.Values.security.tls -}}
+{{- $key := ternary "client" .role (has .role (list "trainer" "admin")) -}}
+{{- $name := default $tls.secretName (get $tls.secretNames $key) -}}
+{{- required (printf "security.tls.enabled needs security.tls.secretName (or security.tls.secretNames.%s): a kubernetes.io/tls Secret with tls.crt, tls.key and ca.crt" $key) $name -}}
+{{- end }}
+
+{{- define "loader.tokensSecretName" -}}
+{{- default (printf "%s-tokens" (include "loader.fullname" .)) .Values.security.tokens.secretName }}
+{{- end }}
+
+{{/* The token roles a role holds. */}}
+{{- define "loader.tokenRoles" -}}
+{{- if eq .role "coordinator" }}worker trainer admin
+{{- else if eq .role "worker" }}worker trainer
+{{- else }}{{ .role }}
+{{- end }}
+{{- end }}
+
+{{/* Whether a role presents a certificate: servers always, clients under mutual TLS. */}}
+{{- define "loader.hasCert" -}}
+{{- if or (has .role (list "coordinator" "worker")) .root.Values.security.tls.clientAuth }}true{{ end }}
+{{- end }}
+
+{{/* The environment of a role's security files (may be empty). */}}
+{{- define "loader.securityEnv" -}}
+{{- $root := .root -}}
+{{- $sec := $root.Values.security -}}
+{{- if $sec.tls.enabled }}
+{{- if include "loader.hasCert" . }}
+- name: LOADER_TLS_CERT
+  value: {{ printf "%s/tls.crt" (include "loader.tlsDir" .) | quote }}
+- name: LOADER_TLS_KEY
+  value: {{ printf "%s/tls.key" (include "loader.tlsDir" .) | quote }}
+{{- end }}
+{{- if and $sec.tls.clientAuth (has .role (list "coordinator" "worker")) }}
+- name: LOADER_TLS_CLIENT_CA
+  value: {{ printf "%s/ca.crt" (include "loader.tlsDir" .) | quote }}
+{{- end }}
+{{- if ne .role "coordinator" }}
+- name: LOADER_TLS_CA
+  value: {{ printf "%s/ca.crt" (include "loader.tlsDir" .) | quote }}
+{{- end }}
+{{- end }}
+{{- if $sec.tokens.enabled }}
+{{- range splitList " " (include "loader.tokenRoles" .) }}
+- name: {{ printf "LOADER_%s_TOKEN_FILE" (upper .) }}
+  value: {{ printf "%s/%s" (include "loader.tokenDir" $) . | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* A role's security volumes (may be empty); `prefix` names them. */}}
+{{- define "loader.securityVolumes" -}}
+{{- $root := .root -}}
+{{- $sec := $root.Values.security -}}
+{{- if $sec.tls.enabled }}
+- name: {{ .prefix }}-tls
+  secret:
+    secretName: {{ include "loader.tlsSecretName" . }}
+    defaultMode: 288 # 0440: root-owned, readable by the pod's fsGroup
+    items:
+      {{- if include "loader.hasCert" . }}
+      - key: tls.crt
+        path: tls.crt
+      - key: tls.key
+        path: tls.key
+      {{- end }}
+      - key: ca.crt
+        path: ca.crt
+{{- end }}
+{{- if $sec.tokens.enabled }}
+- name: {{ .prefix }}-tokens
+  secret:
+    secretName: {{ include "loader.tokensSecretName" $root }}
+    defaultMode: 288 # 0440: root-owned, readable by the pod's fsGroup
+    items:
+      {{- range splitList " " (include "loader.tokenRoles" .) }}
+      - key: {{ . }}
+        path: {{ . }}
+      {{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The mounts of a role's security volumes (may be empty): whole directories, never subPath, so that a renewed certificate reaches the files. */}}
+{{- define "loader.securityMounts" -}}
+{{- $sec := .root.Values.security -}}
+{{- if $sec.tls.enabled }}
+- name: {{ .prefix }}-tls
+  mountPath: {{ include "loader.tlsDir" . }}
+  readOnly: true
+{{- end }}
+{{- if $sec.tokens.enabled }}
+- name: {{ .prefix }}-tokens
+  mountPath: {{ include "loader.tokenDir" . }}
+  readOnly: true
 {{- end }}
 {{- end }}
