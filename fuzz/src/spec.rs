@@ -83,7 +83,7 @@ pub fn run(text: &str, json: bool) {
         };
         if let Ok(session) = trainers.open_session(Request::new(open)).await {
             let session_id = session.into_inner().session_id;
-            let _ = trainers.routes(Request::new(pb::RoutesRequest { session_id })).await;
+            let _ = trainers.routes(Request::new(pb::RoutesRequest { session_id, ..Default::default() })).await;
         }
     });
 }

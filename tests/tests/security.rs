@@ -419,3 +419,42 @@ fn a_job_runs_over_mutual_tls_with_tokens() {
         assert!(one_error_line(&stderr).contains("LOADER_TRAINER_TOKEN"), "{stderr:?}");
     });
 }
+
+#[test]
+fn limits_refuse_oversized_requests_and_admin_floods() {
+    run(Duration::from_secs(120), |scope| {
+        let cluster = Cluster::start(&scope, 0);
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        runtime.block_on(async {
+            let channel = endpoint(&cluster.url(), &with_token(None)).expect("url").connect_lazy();
+            // A spec of 5 MiB: refused at its length prefix.
+            let spec = pb::JobSpec { name: "x".repeat(5 << 20), ..Default::default() };
+            let e = TrainerServiceClient::new(channel.clone())
+                .create_or_attach_job(pb::CreateOrAttachJobRequest { protocol_version: 1, spec: Some(spec) })
+                .await
+                .expect_err("too large");
+            assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+            assert!(e.message().contains("over this server's limit of 4194304 bytes"), "{}", e.message());
+            // The connection is still good for a normal call.
+            AdminServiceClient::new(channel.clone()).list_workers(pb::ListWorkersRequest::default()).await.expect("list");
+
+            // Admin calls past the budget (200 a second) are refused;
+            // the trainer's calls are not counted against it.
+            let mut admin = AdminServiceClient::new(channel.clone());
+            let mut refused = 0;
+            for _ in 0..600 {
+                if let Err(e) = admin.list_workers(pb::ListWorkersRequest::default()).await {
+                    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+                    assert!(e.message().contains("admin calls are limited to 200 a second"), "{}", e.message());
+                    refused += 1;
+                }
+            }
+            assert!(refused > 0, "600 admin calls in a burst: none refused");
+            let mut trainer = TrainerServiceClient::new(channel);
+            for _ in 0..50 {
+                let r = trainer.routes(pb::RoutesRequest::default()).await;
+                assert!(r.as_ref().is_err_and(|e| e.code() == Code::NotFound), "{r:?}");
+            }
+        });
+    });
+}

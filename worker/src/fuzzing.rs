@@ -30,7 +30,7 @@ impl Default for Fetch {
 impl Fetch {
     /// The service, as the worker's server mounts it.
     pub fn service(&self) -> impl BatchService {
-        FetchService::new(Arc::clone(&self.outboxes), self.stop.clone())
+        FetchService::new(Arc::clone(&self.outboxes), None, self.stop.clone())
     }
 
     /// Queues `batch` as the producer would: sequence number `seq` of

@@ -310,8 +310,11 @@ impl Ring {
             // A directory shared with a sidecar (an emptyDir): a private
             // directory in it, removed on drop.
             Some(parent) => {
+                use std::os::unix::fs::PermissionsExt as _;
+                // 0700: created so, not left to the umask.
                 let dir = tempfile::Builder::new()
                     .prefix("loader-ring-")
+                    .permissions(std::fs::Permissions::from_mode(0o700))
                     .tempdir_in(parent)
                     .map_err(|cause| RingError::Listen {
                         path: parent.clone(),
@@ -337,6 +340,14 @@ impl Ring {
             path: path.clone(),
             cause,
         })?;
+        if dir.is_some() {
+            // The socket is 0600 in its 0700 directory whatever the umask,
+            // so only this user can even connect (the peer-credential
+            // check comes after that).
+            use std::os::unix::fs::PermissionsExt as _;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+                .map_err(|cause| RingError::Listen { path: path.clone(), cause })?;
+        }
         let shared = Arc::new(SlotRing {
             memory,
             book: Book::new(geometry, prefetch),
@@ -409,6 +420,20 @@ impl Drop for Ring {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_socket_in_a_shared_directory_is_private_to_this_user() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let shared = tempfile::tempdir().expect("shared dir");
+        let config = RingConfig { dir: Some(shared.path().to_owned()), slot_size: 64 << 10, ..Default::default() };
+        let ring = Ring::bind(&config, config.geometry(2).expect("geometry"), 2).expect("bind");
+        let socket = ring.socket().to_owned();
+        let mode = |p: &Path| std::fs::metadata(p).expect("stat").permissions().mode() & 0o777;
+        assert_eq!(mode(socket.parent().expect("its directory")), 0o700);
+        assert_eq!(mode(&socket), 0o600);
+        drop(ring);
+        assert!(!socket.exists(), "removed with the ring");
+    }
 
     #[test]
     fn geometry_defaults_and_limits() {

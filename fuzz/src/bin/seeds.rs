@@ -100,7 +100,7 @@ fn write_seeds() {
     call(&mut s, Rpc::RegisterWorker, &pb::RegisterWorkerRequest { protocol_version: v, address: "http://w:1".into(), node: "n".into(), max_outstanding: 4, memory_budget: 1 << 30, pid: 9 });
     call(&mut s, Rpc::OpenSession, &pb::OpenSessionRequest { protocol_version: v, job_id: 0, consumer: 1, node: "n".into(), ..Default::default() });
     call(&mut s, Rpc::WorkerHeartbeat, &pb::WorkerHeartbeatRequest { protocol_version: v, worker_id: 0, wait_ms: 10, busy: 0.5, ..Default::default() });
-    call(&mut s, Rpc::Fetch, &pb::FetchRequest { job_id: 0, consumer: 1, session_id: 0, credits: 2 });
+    call(&mut s, Rpc::Fetch, &pb::FetchRequest { job_id: 0, consumer: 1, session_id: 0, credits: 2, ..Default::default() });
     call(&mut s, Rpc::WorkerHeartbeat, &pb::WorkerHeartbeatRequest {
         protocol_version: v,
         worker_id: 0,
@@ -109,12 +109,12 @@ fn write_seeds() {
         windows: vec![pb::JobWindow { job_id: 0, batches: 4 }],
         ..Default::default()
     });
-    call(&mut s, Rpc::SessionHeartbeat, &pb::SessionHeartbeatRequest { protocol_version: v, session_id: 0, consumed: 2, stall_ms: 30 });
-    call(&mut s, Rpc::Routes, &pb::RoutesRequest { session_id: 0 });
+    call(&mut s, Rpc::SessionHeartbeat, &pb::SessionHeartbeatRequest { protocol_version: v, session_id: 0, consumed: 2, stall_ms: 30, ..Default::default() });
+    call(&mut s, Rpc::Routes, &pb::RoutesRequest { session_id: 0, ..Default::default() });
     call(&mut s, Rpc::KedaGetMetrics, &loader_proto::keda::GetMetricsRequest { scaled_object_ref: None, metric_name: String::new() });
     call(&mut s, Rpc::ListSessions, &pb::ListSessionsRequest {});
     call(&mut s, Rpc::OpenSession, &pb::OpenSessionRequest { protocol_version: v, job_id: 0, consumer: 1, resume: true, start_seq: 3, ..Default::default() });
-    call(&mut s, Rpc::CloseSession, &pb::CloseSessionRequest { protocol_version: v, session_id: 0, consumed: 3 });
+    call(&mut s, Rpc::CloseSession, &pb::CloseSessionRequest { protocol_version: v, session_id: 0, consumed: 3, ..Default::default() });
     call(&mut s, Rpc::DrainWorker, &pb::DrainWorkerRequest { worker_id: 0 });
     call(&mut s, Rpc::Deregister, &pb::DeregisterRequest { protocol_version: v, worker_id: 0 });
     put(&dir, "session", &s);
@@ -137,7 +137,7 @@ fn write_seeds() {
     call(&mut s, Rpc::CreateOrAttachJob, &pb::CreateOrAttachJobRequest { protocol_version: 2, spec: None });
     call(&mut s, Rpc::RegisterWorker, &pb::RegisterWorkerRequest { protocol_version: v, address: "http://w:2".into(), max_outstanding: 1, ..Default::default() });
     call(&mut s, Rpc::WorkerHeartbeat, &pb::WorkerHeartbeatRequest { protocol_version: v, worker_id: 0, ..Default::default() });
-    call(&mut s, Rpc::Fetch, &pb::FetchRequest { job_id: 0, consumer: 0, session_id: 0, credits: 1 });
+    call(&mut s, Rpc::Fetch, &pb::FetchRequest { job_id: 0, consumer: 0, session_id: 0, credits: 1, ..Default::default() });
     put(&dir, "fetch", &s);
 }
 
