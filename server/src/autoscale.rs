@@ -20,6 +20,11 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+/// Most workers a pool runs (here, with the other bounds, so the pool and
+/// the policy share one number): a typo (`--workers 10000`) must not fork
+/// ten thousand processes or ask a cluster for ten thousand pods.
+pub(crate) const MAX_WORKERS: u32 = 1024;
+
 /// Growth must raise the consumption rate by more than this share.
 pub(crate) const HELPS: f64 = 0.05;
 
@@ -48,8 +53,8 @@ impl Policy {
         if min == 0 || min > max {
             return Err(format!("autoscale bounds {min}..{max}: need 1 <= min <= max"));
         }
-        if max > crate::pool::MAX_WORKERS {
-            return Err(format!("autoscale bounds {min}..{max}: a pool runs at most {} workers", crate::pool::MAX_WORKERS));
+        if max > MAX_WORKERS {
+            return Err(format!("autoscale bounds {min}..{max}: a pool runs at most {} workers", MAX_WORKERS));
         }
         if !(target_stall.is_finite() && target_stall > 0.0 && target_stall < 1.0) {
             return Err(format!("target stall {target_stall}: need a share between 0 and 1 (e.g. 0.05 for 5%)"));

@@ -171,9 +171,10 @@ impl Link {
         outboxes: std::sync::Arc<Outboxes>,
         rings: std::sync::Arc<Rings>,
     ) -> Result<Self, WorkerError> {
+        let given = addr;
         let addr = loader_process::grpc::normalize(addr, security.tls.is_some());
         let target = loader_process::grpc::endpoint(&addr, security)
-            .map_err(|e| WorkerError::CoordinatorAddress { addr: addr.clone(), reason: e.cause })?;
+            .map_err(|e| WorkerError::CoordinatorAddress { addr: given.to_owned(), reason: e.cause })?;
         // Longer than a trainer's: registration retries within its own
         // deadline, and a heartbeat may wait out a loaded coordinator.
         let target = target.map_endpoint(|e| e.connect_timeout(CONNECT_TIMEOUT));

@@ -139,13 +139,14 @@ pub async fn connect(target: &Target, deadline: Instant) -> Result<Channel, Conn
 /// connection.
 pub fn explain(address: &str, cause: &str) -> String {
     let tls = address.starts_with("https://");
-    let hint = if !tls && PLAINTEXT_CUT_OFF.iter().any(|c| cause.contains(c)) {
+    let lower = cause.to_lowercase();
+    let hint = if !tls && PLAINTEXT_CUT_OFF.iter().any(|c| lower.contains(c)) {
         " (the server closed the connection: if it requires TLS, use https:// and --tls-ca)"
     } else if tls && (cause.contains("CertificateRequired") || cause.contains("certificate required")) {
         " (the server requires a client certificate: set --tls-cert and --tls-key)"
     } else if tls && (cause.contains("UnknownCA") || cause.contains("BadCertificate")) {
         " (the server does not trust this client's certificate: --tls-cert must be signed by its --tls-client-ca)"
-    } else if tls && PLAINTEXT_CUT_OFF.iter().any(|c| cause.contains(c)) {
+    } else if tls && PLAINTEXT_CUT_OFF.iter().any(|c| lower.contains(c)) {
         // TLS 1.3 checks a client's certificate after the client thinks the
         // handshake is done: a refusal can arrive as a plain hang-up.
         " (the server closed the connection: if it requires a client certificate, set --tls-cert and --tls-key signed by its CA)"
@@ -163,8 +164,7 @@ pub fn explain(address: &str, cause: &str) -> String {
 
 /// How a plaintext HTTP/2 connection to a TLS server ends, as the client
 /// sees it (the server hangs up on the first bytes).
-const PLAINTEXT_CUT_OFF: [&str; 4] =
-    ["connection closed", "Connection reset", "broken pipe", "connection error"];
+const PLAINTEXT_CUT_OFF: [&str; 4] = ["connection closed", "connection reset", "broken pipe", "connection error"];
 
 /// A channel whose calls carry the caller's token (when it has one).
 #[derive(Debug, Clone)]
@@ -226,6 +226,8 @@ mod tests {
     fn tls_mismatches_get_a_hint() {
         let hint = |a: &str, c: &str| explain(a, c).trim_start_matches(c).to_owned();
         assert!(hint("http://h:1", "connection closed before message completed").contains("use https://"));
+        assert!(hint("http://h:1", "connection reset").contains("use https://"));
+        assert!(hint("http://h:1", "Connection reset by peer (os error 104)").contains("use https://"));
         assert!(hint("https://h:1", "received corrupt message of type InvalidContentType").contains("does not speak TLS"));
         assert!(hint("https://h:1", "invalid peer certificate: UnknownIssuer").contains("--tls-ca"));
         assert!(hint("https://h:1", "received fatal alert: CertificateRequired").contains("--tls-cert"));

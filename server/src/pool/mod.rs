@@ -19,14 +19,11 @@ use std::time::Duration;
 
 use loader_proto::pb;
 
-use crate::autoscale::{Autoscaler, Load, Policy};
+use crate::autoscale::{Autoscaler, Load, MAX_WORKERS, Policy};
 use crate::config::WorkerPoolConfig;
 use crate::coordinator::Coordinator;
 use crate::error::CoordinatorError;
 
-/// Most workers a pool runs: a typo (`--workers 10000`) must not fork ten
-/// thousand processes or ask a cluster for ten thousand pods.
-pub(crate) const MAX_WORKERS: u32 = 1024;
 
 /// Where the pool's workers run.
 #[derive(Debug)]
