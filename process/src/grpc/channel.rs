@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use tonic::body::Body;
 use tonic::transport::Endpoint;
 
+use super::connector::TlsConnector;
 use crate::retry::{self, Backoff};
 use crate::security::ClientSecurity;
 
@@ -65,7 +66,13 @@ pub fn normalize(address: &str, tls: bool) -> String {
 /// (and TLS for an `https://` address), and the token every call carries.
 #[derive(Debug, Clone)]
 pub struct Target {
+    /// The address as given (`https://` for TLS), for messages.
+    address: String,
+    /// tonic's endpoint: the transport settings; for TLS, an `http://`
+    /// origin that [`Target::tls`] connects to.
     endpoint: Endpoint,
+    /// TLS connections, for an `https://` address.
+    tls: Option<TlsConnector>,
     authorization: Option<HeaderValue>,
 }
 
@@ -78,12 +85,24 @@ impl Target {
 
     /// The address, as a URL without a trailing slash.
     pub fn address(&self) -> String {
-        self.endpoint.uri().to_string().trim_end_matches('/').to_owned()
+        self.address.clone()
     }
 
     /// A channel that connects on its first call (and reconnects by itself).
     pub fn connect_lazy(&self) -> Channel {
-        Channel { inner: self.endpoint.connect_lazy(), authorization: self.authorization.clone() }
+        let inner = match &self.tls {
+            Some(tls) => self.endpoint.connect_with_connector_lazy(tls.clone()),
+            None => self.endpoint.connect_lazy(),
+        };
+        Channel { inner, authorization: self.authorization.clone() }
+    }
+
+    /// One connection attempt.
+    async fn connect_once(&self) -> Result<tonic::transport::Channel, tonic::transport::Error> {
+        match &self.tls {
+            Some(tls) => self.endpoint.connect_with_connector(tls.clone()).await,
+            None => self.endpoint.connect().await,
+        }
     }
 }
 
@@ -94,22 +113,35 @@ pub fn endpoint(address: &str, security: &ClientSecurity) -> Result<Target, Addr
     let bad = |cause: String| AddressError { address: address.to_owned(), cause };
     let endpoint = Endpoint::from_shared(address.to_owned()).map_err(|e| bad(root_cause(&e)))?;
     let uri = endpoint.uri().clone();
+    let shown = uri.to_string().trim_end_matches('/').to_owned();
     let (Some(scheme @ ("http" | "https")), Some(host)) = (uri.scheme_str(), uri.host()) else {
         return Err(bad("expected a URL such as http://host:port".into()));
     };
-    let mut endpoint = endpoint
+    let tls = if scheme == "https" {
+        let Some(tls) = &security.tls else {
+            return Err(bad("an https:// address needs the CA to verify the server with: set --tls-ca or LOADER_TLS_CA".into()));
+        };
+        let config = tls.client_config().map_err(|e| bad(e.to_string()))?;
+        Some(TlsConnector::new(config, host).map_err(bad)?)
+    } else {
+        None
+    };
+    let endpoint = match tls {
+        // The connector does the TLS; see `super::connector`.
+        Some(_) => {
+            let mut parts = uri.into_parts();
+            parts.scheme = Some(http::uri::Scheme::HTTP);
+            let origin = http::Uri::from_parts(parts).map_err(|e| bad(e.to_string()))?;
+            Endpoint::from(origin)
+        }
+        None => endpoint,
+    };
+    let endpoint = endpoint
         .connect_timeout(CONNECT_TIMEOUT)
         .tcp_nodelay(true)
         .initial_stream_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)
         .max_frame_size(MAX_FRAME);
-    if scheme == "https" {
-        let Some(tls) = &security.tls else {
-            return Err(bad("an https:// address needs the CA to verify the server with: set --tls-ca or LOADER_TLS_CA".into()));
-        };
-        let config = tls.tonic_config(host).map_err(|e| bad(e.to_string()))?;
-        endpoint = endpoint.tls_config(config).map_err(|e| bad(root_cause(&e)))?;
-    }
     let authorization = security
         .token
         .as_ref()
@@ -121,14 +153,14 @@ pub fn endpoint(address: &str, security: &ClientSecurity) -> Result<Target, Addr
             Ok::<_, AddressError>(v)
         })
         .transpose()?;
-    Ok(Target { endpoint, authorization })
+    Ok(Target { address: shown, endpoint, tls, authorization })
 }
 
 /// Connects to `target`, retrying until `deadline`. The channel reconnects
 /// by itself afterwards, so a peer's restart later on is survived by the
 /// calls' own retries.
 pub async fn connect(target: &Target, deadline: Instant) -> Result<Channel, ConnectError> {
-    let inner = retry::until(deadline, CONNECT_BACKOFF, || target.endpoint.connect(), |_| true)
+    let inner = retry::until(deadline, CONNECT_BACKOFF, || target.connect_once(), |_| true)
         .await
         .map_err(|e| ConnectError { address: target.address(), cause: explain(&target.address(), &root_cause(&e)) })?;
     Ok(Channel { inner, authorization: target.authorization.clone() })

@@ -1,7 +1,8 @@
 //! Accepted connections for a server: plain TCP, or TLS handshaken here so
 //! that each handshake takes the certificate of the moment (files are
-//! re-read when they change) and a failed one is logged with the peer's
-//! address instead of disappearing.
+//! re-read when they change), a failed one is logged with the peer's
+//! address instead of disappearing, and rustls reads through a
+//! [`ReadAhead`] socket.
 
 use std::io;
 use std::net::SocketAddr;
@@ -14,19 +15,26 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 use tokio_stream::wrappers::ReceiverStream;
 
+use super::read_ahead::ReadAhead;
 use crate::security::tls::{RELOAD_INTERVAL, ReloadingTls};
 
 /// Longest a client may take to finish its TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// First byte of every TLS connection (a handshake record).
 const TLS_HANDSHAKE_RECORD: u8 = 0x16;
+/// Encrypted bytes rustls may hold for the socket before a write waits.
+/// Its default, 64 KiB, cut each 1 MiB HTTP/2 frame of a batch into 16
+/// `writev` calls and as many bursts of small TCP segments; at 1 MiB a
+/// frame is one call, and a trainer reading 10 MB batches from a worker
+/// used 10% less CPU (`bench/ab/tls_overhead.sh`, docs/benchmarks.md).
+const SEND_BUFFER: usize = 1 << 20;
 /// Handshaken connections waiting for the server to take them.
 const QUEUE: usize = 64;
 
 /// TLS connections accepted on `listener`, handshaken with `tls`'s
 /// configuration of the moment; the files are checked for changes every
 /// [`RELOAD_INTERVAL`]. Accepting stops when the stream is dropped.
-pub(crate) fn tls(listener: TcpListener, tls: Arc<ReloadingTls>) -> ReceiverStream<io::Result<TlsStream<TcpStream>>> {
+pub(crate) fn tls(listener: TcpListener, tls: Arc<ReloadingTls>) -> ReceiverStream<io::Result<TlsStream<ReadAhead>>> {
     let (tx, rx) = mpsc::channel(QUEUE);
     tokio::spawn(async move {
         let mut reload = tokio::time::interval(RELOAD_INTERVAL);
@@ -62,7 +70,7 @@ pub(crate) fn tls(listener: TcpListener, tls: Arc<ReloadingTls>) -> ReceiverStre
     ReceiverStream::new(rx)
 }
 
-async fn handshake(acceptor: TlsAcceptor, tcp: TcpStream, peer: SocketAddr) -> Option<TlsStream<TcpStream>> {
+async fn handshake(acceptor: TlsAcceptor, tcp: TcpStream, peer: SocketAddr) -> Option<TlsStream<ReadAhead>> {
     let _ = tcp.set_nodelay(true);
     let mut first = [0u8; 1];
     match tokio::time::timeout(HANDSHAKE_TIMEOUT, tcp.peek(&mut first)).await {
@@ -73,8 +81,11 @@ async fn handshake(acceptor: TlsAcceptor, tcp: TcpStream, peer: SocketAddr) -> O
         Ok(Ok(1)) => {}
         _ => return None,
     }
-    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-        Ok(Ok(stream)) => Some(stream),
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(ReadAhead::new(tcp))).await {
+        Ok(Ok(mut stream)) => {
+            stream.get_mut().1.set_buffer_limit(Some(SEND_BUFFER));
+            Some(stream)
+        }
         Ok(Err(e)) => {
             tracing::warn!("TLS handshake with {peer} failed: {e}");
             None

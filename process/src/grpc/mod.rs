@@ -7,16 +7,19 @@
 //!   where policy plugs in: [`auth`] (tokens per role, per [`access`]) and
 //!   [`limits`] (deadlines, message sizes, the admin rate limit).
 //! - `incoming`: TLS connections handshaken with the certificate of the
-//!   moment.
+//!   moment; `connector`: a channel's TLS connections; both read through
+//!   `read_ahead` (one large `recv` for rustls's many small reads).
 //! - [`channel`]: addresses as people type them, endpoints with transport
 //!   settings sized for batches, and connecting within a deadline.
 
 pub mod access;
 pub mod auth;
 pub mod channel;
+mod connector;
 mod incoming;
 pub mod layers;
 pub mod limits;
+mod read_ahead;
 pub mod server;
 
 pub use access::Access;
