@@ -21,7 +21,7 @@ use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
-use super::read_ahead::ReadAhead;
+use super::read_ahead::{CLIENT_READ_AHEAD, ReadAhead};
 use crate::security::tls::ALPN_H2;
 
 /// Port of an `https://` address that names none.
@@ -76,7 +76,7 @@ impl tower::Service<Uri> for TlsConnector {
             // Small frames (heartbeats, trailers) must not wait for the
             // peer's delayed ACK.
             tcp.set_nodelay(true)?;
-            let tls = connector.connect(server_name, ReadAhead::new(tcp)).await?;
+            let tls = connector.connect(server_name, ReadAhead::new(tcp, CLIENT_READ_AHEAD)).await?;
             if tls.get_ref().1.alpn_protocol() != Some(ALPN_H2) {
                 return Err(io::Error::other("the server did not agree to HTTP/2 (ALPN h2): is it a gRPC server?"));
             }
@@ -94,6 +94,7 @@ mod tests {
     use tower::ServiceExt as _;
 
     use super::*;
+    use crate::grpc::read_ahead::SERVER_READ_AHEAD;
     use crate::security::tls::ClientTls;
 
     /// A TLS server on loopback offering `alpn`, echoing 4 bytes once; and
@@ -122,7 +123,7 @@ mod tests {
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
         tokio::spawn(async move {
             let (tcp, _) = listener.accept().await.expect("accept");
-            if let Ok(mut tls) = acceptor.accept(ReadAhead::new(tcp)).await {
+            if let Ok(mut tls) = acceptor.accept(ReadAhead::new(tcp, SERVER_READ_AHEAD)).await {
                 let mut word = [0u8; 4];
                 if tls.read_exact(&mut word).await.is_ok() {
                     let _ = tls.write_all(&word).await;

@@ -15,7 +15,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 use tokio_stream::wrappers::ReceiverStream;
 
-use super::read_ahead::ReadAhead;
+use super::read_ahead::{ReadAhead, SERVER_READ_AHEAD};
 use crate::security::tls::{RELOAD_INTERVAL, ReloadingTls};
 
 /// Longest a client may take to finish its TLS handshake.
@@ -81,7 +81,7 @@ async fn handshake(acceptor: TlsAcceptor, tcp: TcpStream, peer: SocketAddr) -> O
         Ok(Ok(1)) => {}
         _ => return None,
     }
-    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(ReadAhead::new(tcp))).await {
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(ReadAhead::new(tcp, SERVER_READ_AHEAD))).await {
         Ok(Ok(mut stream)) => {
             stream.get_mut().1.set_buffer_limit(Some(SEND_BUFFER));
             Some(stream)
