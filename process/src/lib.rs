@@ -17,7 +17,8 @@
 //! - [`node`]: the node identity that decides co-location.
 //! - [`grpc`]: gRPC servers (health, reflection, TCP_NODELAY, the tower
 //!   layer stack every server runs behind) and channels (address checks,
-//!   transport settings sized for batches, bounded connects).
+//!   transport settings sized for batches, bounded connects), and the TLS
+//!   connections of both, made here rather than by tonic.
 //! - [`security`]: TLS files, tokens per role, session keys, and the
 //!   flags that set them (the checks are layers in [`grpc`]).
 //! - [`retry`]: the one backoff schedule, and retrying a call until a
