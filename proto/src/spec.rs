@@ -7,6 +7,13 @@ use crate::sampler::Plan;
 use crate::spec_error::err;
 pub use crate::spec_error::SpecError;
 
+/// Most data-parallel ranks (consumers) a job may have. The coordinator
+/// keeps a delivery state per rank from the moment the job is submitted, so
+/// an unchecked count is memory a single request can ask for (a fuzzed spec
+/// with `consumers: 48888888` took the coordinator past 2 GiB). 65,536 is
+/// more ranks than any data-parallel job runs with today.
+pub const MAX_CONSUMERS: u32 = 1 << 16;
+
 /// The dataset kinds a spec may name, for messages.
 const KINDS: &str = "synthetic, tokens, image_folder, webdataset, npy, custom";
 
@@ -46,6 +53,9 @@ pub fn check(spec: &JobSpec) -> Result<(), SpecError> {
     }
     if spec.consumers == 0 {
         return err("consumers", "must be > 0");
+    }
+    if spec.consumers > MAX_CONSUMERS {
+        return err("consumers", format!("{} exceeds the limit of {MAX_CONSUMERS} data-parallel ranks", spec.consumers));
     }
     if CorruptPolicy::try_from(spec.on_corrupt).is_err() {
         return err("on_corrupt", format!("unknown policy code {}; expected fail or skip", spec.on_corrupt));
@@ -277,6 +287,7 @@ mod tests {
             ("batch_size", JobSpec { batch_size: u32::MAX, ..synthetic() }),
             ("epochs", JobSpec { epochs: 0, ..synthetic() }),
             ("consumers", JobSpec { consumers: 0, ..synthetic() }),
+            ("consumers", JobSpec { consumers: MAX_CONSUMERS + 1, ..synthetic() }),
             ("dataset", JobSpec { dataset: None, ..synthetic() }),
             ("dataset.tokens.context_length", JobSpec {
                 dataset: Some(DatasetSpec {
