@@ -6,6 +6,8 @@
 # with bench/ab/summarize.py. Certificates: a throwaway CA made with openssl.
 #   bench/ab/tls_overhead.sh BIN_DIR REPEATS      (BIN_DIR: target/release)
 # SCENARIOS: grpc (3x224x224 b64) and grpcsmall (3x32x32 b256) by default.
+# WORKERS (default 2): worker processes; on a 2-core machine, 2 workers and
+# the trainer oversubscribe the cores, 1 worker gives each side a core.
 set -euo pipefail
 bin="$(cd "$1" && pwd)"; repeats="${2:-6}"
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -30,7 +32,7 @@ trap finish EXIT
   for r in worker trainer admin; do openssl rand -hex 32 >"$r.token"; done
 )
 
-# Starts a coordinator and two workers with the current environment; sets
+# Starts a coordinator and $WORKERS workers with the current environment; sets
 # $url. Each prints `listening ADDR` first.
 start() {
   local out="$work/server.$1"
@@ -39,7 +41,7 @@ start() {
   for _ in $(seq 1 100); do grep -q '^listening ' "$out" && break; sleep 0.05; done
   local addr; addr=$(sed -n 's/^listening //p' "$out")
   url="$2://$addr"
-  for w in 1 2; do
+  for _ in $(seq 1 "${WORKERS:-2}"); do
     "$bin/loader-worker" --coordinator "$url" --listen 127.0.0.1:0 >/dev/null 2>&1 &
     pids+=($!)
   done
