@@ -141,6 +141,8 @@ mod tests {
         let connector = TlsConnector::new(config, uri.host().expect("host")).expect("name");
         let io = connector.oneshot(uri).await.expect("handshake");
         let mut tls = io.into_inner();
+        let suite = tls.get_ref().1.negotiated_cipher_suite().map(|s| s.suite());
+        assert_eq!(suite, Some(rustls::CipherSuite::TLS13_AES_128_GCM_SHA256), "the client's first choice");
         tls.write_all(b"ping").await.expect("write");
         tls.flush().await.expect("flush");
         let mut back = [0u8; 4];
