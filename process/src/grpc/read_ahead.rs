@@ -6,8 +6,8 @@
 //! window-update ACK from the receive path. Profiled on a trainer reading
 //! batches over TLS, that per-call work cost about as much CPU as the
 //! decryption itself. Through this buffer the kernel hands over whatever
-//! has arrived, up to [`CLIENT_READ_AHEAD`] bytes a call, and rustls's small reads
-//! become copies of memory that is still in cache. Writes pass straight
+//! has arrived, up to [`CLIENT_READ_AHEAD`] bytes a call, and rustls's
+//! small reads become copies of memory that is still in cache. Writes pass straight
 //! through: rustls already writes whole records, vectored.
 
 use std::io;
@@ -22,8 +22,9 @@ use tonic::transport::server::{Connected, TcpConnectInfo};
 /// batches arrive (a trainer reading from workers). About what the kernel
 /// has waiting while a batch streams: a plaintext connection, read straight
 /// into hyper's buffer, takes ~300 KB a call. Against 64 KiB, a trainer
-/// used 11-20% less CPU per batch over TLS (3x224x224 b64 and 3x32x32 b256,
-/// `bench/ab/tls_overhead.sh`); a process holds one per channel.
+/// used 14-21% less CPU per batch over TLS (3x224x224 b64 and 3x32x32 b256,
+/// CPU of every process over interleaved runs); a process holds one per
+/// channel.
 pub(crate) const CLIENT_READ_AHEAD: usize = 1 << 20;
 /// The same on a server's accepted connections, which carry requests,
 /// credits and window updates: small, and a coordinator has one per worker
