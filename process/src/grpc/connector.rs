@@ -137,31 +137,41 @@ mod tests {
 
     #[tokio::test]
     async fn connects_over_tls_with_http2() {
-        let (uri, config, _dir) = server(&[ALPN_H2]).await;
-        let connector = TlsConnector::new(config, uri.host().expect("host")).expect("name");
-        let io = connector.oneshot(uri).await.expect("handshake");
-        let mut tls = io.into_inner();
-        let suite = tls.get_ref().1.negotiated_cipher_suite().map(|s| s.suite());
-        assert_eq!(suite, Some(rustls::CipherSuite::TLS13_AES_128_GCM_SHA256), "the client's first choice");
-        tls.write_all(b"ping").await.expect("write");
-        tls.flush().await.expect("flush");
-        let mut back = [0u8; 4];
-        tls.read_exact(&mut back).await.expect("read");
-        assert_eq!(&back, b"ping");
+        // Loopback only: a hang is a failure, not a wait.
+        tokio::time::timeout(std::time::Duration::from_secs(20), async {
+            let (uri, config, _dir) = server(&[ALPN_H2]).await;
+            let connector = TlsConnector::new(config, uri.host().expect("host")).expect("name");
+            let io = connector.oneshot(uri).await.expect("handshake");
+            let mut tls = io.into_inner();
+            let suite = tls.get_ref().1.negotiated_cipher_suite().map(|s| s.suite());
+            assert_eq!(suite, Some(rustls::CipherSuite::TLS13_AES_128_GCM_SHA256), "the client's first choice");
+            tls.write_all(b"ping").await.expect("write");
+            tls.flush().await.expect("flush");
+            let mut back = [0u8; 4];
+            tls.read_exact(&mut back).await.expect("read");
+            assert_eq!(&back, b"ping");
+        })
+        .await
+        .expect("finished within 20 s");
     }
 
     #[tokio::test]
     async fn a_server_without_http2_is_one_clear_error() {
-        let (uri, config, _dir) = server(&[b"http/1.1"]).await;
-        let connector = TlsConnector::new(config, uri.host().expect("host")).expect("name");
-        // rustls itself refuses a server that picks a protocol the client
-        // did not offer; a server that picks none gets our message.
-        let err = connector.oneshot(uri.clone()).await.expect_err("no h2");
-        assert!(!err.to_string().contains('\n'), "{err}");
-        let (uri, config, _dir) = server(&[]).await;
-        let connector = TlsConnector::new(config, uri.host().expect("host")).expect("name");
-        let err = connector.oneshot(uri).await.expect_err("no ALPN");
-        assert!(err.to_string().contains("ALPN h2"), "{err}");
+        // Loopback only: a hang is a failure, not a wait.
+        tokio::time::timeout(std::time::Duration::from_secs(20), async {
+            let (uri, config, _dir) = server(&[b"http/1.1"]).await;
+            let connector = TlsConnector::new(config, uri.host().expect("host")).expect("name");
+            // rustls itself refuses a server that picks a protocol the client
+            // did not offer; a server that picks none gets our message.
+            let err = connector.oneshot(uri.clone()).await.expect_err("no h2");
+            assert!(!err.to_string().contains('\n'), "{err}");
+            let (uri, config, _dir) = server(&[]).await;
+            let connector = TlsConnector::new(config, uri.host().expect("host")).expect("name");
+            let err = connector.oneshot(uri).await.expect_err("no ALPN");
+            assert!(err.to_string().contains("ALPN h2"), "{err}");
+        })
+        .await
+        .expect("finished within 20 s");
     }
 
     #[test]

@@ -98,30 +98,35 @@ mod tests {
     /// through in order, both ways.
     #[tokio::test]
     async fn small_reads_see_every_byte_in_order() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let sent: Vec<u8> = (0..3 * SERVER_READ_AHEAD + 17).map(|i| (i * 7 % 251) as u8).collect();
-        let to_send = sent.clone();
-        let peer = tokio::spawn(async move {
-            let (mut tcp, _) = listener.accept().await.expect("accept");
-            tcp.write_all(&to_send).await.expect("write");
-            let mut reply = [0u8; 5];
-            tcp.read_exact(&mut reply).await.expect("reply");
-            reply
-        });
-        let mut conn = ReadAhead::new(TcpStream::connect(addr).await.expect("connect"), SERVER_READ_AHEAD);
-        let info = conn.connect_info();
-        assert_eq!(info.remote_addr, Some(addr));
-        let mut got = Vec::with_capacity(sent.len());
-        let mut chunk = [0u8; 4096];
-        while got.len() < sent.len() {
-            let n = conn.read(&mut chunk).await.expect("read");
-            assert!(n > 0, "early EOF after {} bytes", got.len());
-            got.extend_from_slice(&chunk[..n]);
-        }
-        assert!(got == sent, "bytes differ");
-        conn.write_all(b"done!").await.expect("write through");
-        conn.flush().await.expect("flush");
-        assert_eq!(&peer.await.expect("peer"), b"done!");
+        // Loopback only: a hang is a failure, not a wait.
+        tokio::time::timeout(std::time::Duration::from_secs(20), async {
+            let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+            let addr = listener.local_addr().expect("addr");
+            let sent: Vec<u8> = (0..3 * SERVER_READ_AHEAD + 17).map(|i| (i * 7 % 251) as u8).collect();
+            let to_send = sent.clone();
+            let peer = tokio::spawn(async move {
+                let (mut tcp, _) = listener.accept().await.expect("accept");
+                tcp.write_all(&to_send).await.expect("write");
+                let mut reply = [0u8; 5];
+                tcp.read_exact(&mut reply).await.expect("reply");
+                reply
+            });
+            let mut conn = ReadAhead::new(TcpStream::connect(addr).await.expect("connect"), SERVER_READ_AHEAD);
+            let info = conn.connect_info();
+            assert_eq!(info.remote_addr, Some(addr));
+            let mut got = Vec::with_capacity(sent.len());
+            let mut chunk = [0u8; 4096];
+            while got.len() < sent.len() {
+                let n = conn.read(&mut chunk).await.expect("read");
+                assert!(n > 0, "early EOF after {} bytes", got.len());
+                got.extend_from_slice(&chunk[..n]);
+            }
+            assert!(got == sent, "bytes differ");
+            conn.write_all(b"done!").await.expect("write through");
+            conn.flush().await.expect("flush");
+            assert_eq!(&peer.await.expect("peer"), b"done!");
+        })
+        .await
+        .expect("finished within 20 s");
     }
 }
