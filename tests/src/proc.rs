@@ -18,6 +18,10 @@ use crate::scope::Scope;
 /// How long a process may take to announce its address.
 const STARTUP: Duration = Duration::from_secs(20);
 
+/// How long, once a process has exited, its output readers may take to
+/// reach end-of-file (longer only when a child of it still holds the pipe).
+const DRAIN: Duration = Duration::from_secs(2);
+
 /// Path of a binary of this workspace, built next to the test executable.
 pub fn binary(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
@@ -47,6 +51,11 @@ pub struct Proc {
     stderr: Arc<Mutex<Vec<String>>>,
     /// Set once it has been reaped.
     status: Option<ExitStatus>,
+    /// One message per output reader when it reaches end-of-file, so that
+    /// [`Proc::wait_exit`] returns only once every line is collected.
+    drained: mpsc::Receiver<()>,
+    /// How many readers were started (1 or 2).
+    readers: usize,
 }
 
 impl Proc {
@@ -78,14 +87,19 @@ impl Proc {
         let mut child = command.spawn().unwrap_or_else(|e| panic!("spawn {name}: {e}"));
         scope.track(name, child.id());
         let stderr = Arc::new(Mutex::new(Vec::new()));
+        let (drained_tx, drained) = mpsc::channel();
+        let mut readers = 1;
         if let Some(err) = child.stderr.take() {
             let lines = stderr.clone();
+            let done = drained_tx.clone();
+            readers += 1;
             std::thread::spawn(move || {
                 for line in BufReader::new(err).lines() {
                     let Ok(line) = line else { break };
                     eprintln!("{line}");
                     lines.lock().unwrap_or_else(PoisonError::into_inner).push(line);
                 }
+                let _ = done.send(());
             });
         }
         let out = child.stdout.take().expect("stdout");
@@ -100,8 +114,10 @@ impl Proc {
                 let _ = first_tx.send(line.clone());
                 lines.lock().unwrap_or_else(PoisonError::into_inner).push(line);
             }
+            let _ = drained_tx.send(());
         });
-        let mut proc = Proc { name: name.to_owned(), child, addr: None, stdout, stderr, status: None };
+        let mut proc =
+            Proc { name: name.to_owned(), child, addr: None, stdout, stderr, status: None, drained, readers };
         if listening {
             let line = first_rx
                 .recv_timeout(STARTUP)
@@ -157,7 +173,9 @@ impl Proc {
     }
 
     /// Waits up to `limit` for the process to exit by itself; its status,
-    /// or None if it is still running.
+    /// or None if it is still running. Once it has exited, also waits (up
+    /// to [`DRAIN`]) until everything it printed is collected: the exit can
+    /// be seen before the reader threads have read the pipes' last lines.
     pub fn wait_exit(&mut self, limit: Duration) -> Option<ExitStatus> {
         let deadline = Instant::now() + limit;
         loop {
@@ -166,12 +184,26 @@ impl Proc {
             }
             if let Ok(Some(status)) = self.child.try_wait() {
                 self.status = Some(status);
+                self.drain();
                 return Some(status);
             }
             if Instant::now() >= deadline {
                 return None;
             }
             std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Waits, up to [`DRAIN`] in all, for the output readers to reach
+    /// end-of-file.
+    fn drain(&mut self) {
+        let deadline = Instant::now() + DRAIN;
+        while self.readers > 0 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if self.drained.recv_timeout(left).is_err() {
+                return;
+            }
+            self.readers -= 1;
         }
     }
 
