@@ -16,7 +16,7 @@
 //! A held slot is represented by exactly one [`SlotRelease`]; dropping it
 //! frees the slot and grants it again with a new generation.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use loader_proto::pb::SlotGrant;
@@ -107,8 +107,12 @@ struct State {
     slots: Vec<Slot>,
     /// Generation of each slot's latest grant (0: never granted).
     generations: Vec<u64>,
-    /// Free slots, oldest first.
-    free: VecDeque<u32>,
+    /// Free slots, a stack: the slot freed last is granted first. Its pages
+    /// are already mapped in the trainer and the workers and warm in cache,
+    /// so a ring larger than the work in flight keeps using the same few
+    /// slots; taking the oldest instead would cycle through every slot and
+    /// pay a page fault per 4 KiB of each, in every process, on first use.
+    free: Vec<u32>,
     /// Open connections.
     accounts: BTreeMap<ConnId, Account>,
     /// The connection granted last, for round-robin among equals.
@@ -144,7 +148,8 @@ impl Book {
                 prefetch: prefetch.max(1),
                 slots: vec![Slot::Free; count],
                 generations: vec![0; count],
-                free: (0..geometry.slot_count).collect(),
+                // Slot 0 on top: granted first.
+                free: (0..geometry.slot_count).rev().collect(),
                 accounts: BTreeMap::new(),
                 cursor: 0,
                 next_conn: 0,
@@ -248,7 +253,7 @@ impl Book {
         let mut st = self.lock();
         st.check_granted(conn, slot, generation)?;
         st.slots[slot as usize] = Slot::Free;
-        st.free.push_back(slot);
+        st.free.push(slot);
         st.spent(conn);
         if let Some(a) = st.accounts.get_mut(&conn) {
             a.reclaiming = a.reclaiming.saturating_sub(1);
@@ -262,7 +267,7 @@ impl Book {
         let mut st = self.lock();
         if st.slots.get(slot as usize) == Some(&Slot::Held { generation }) {
             st.slots[slot as usize] = Slot::Free;
-            st.free.push_back(slot);
+            st.free.push(slot);
             st.distribute();
         }
     }
@@ -351,7 +356,7 @@ impl State {
         for (i, s) in self.slots.iter_mut().enumerate() {
             if matches!(*s, Slot::Granted { conn: c, .. } if c == conn) {
                 *s = Slot::Free;
-                self.free.push_back(i as u32);
+                self.free.push(i as u32);
             }
         }
         account.grants
@@ -394,7 +399,7 @@ impl State {
             let Some(account) = self.accounts.get_mut(&conn) else {
                 break;
             };
-            let Some(slot) = self.free.pop_front() else {
+            let Some(slot) = self.free.pop() else {
                 break;
             };
             let i = slot as usize;

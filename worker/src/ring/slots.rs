@@ -223,8 +223,11 @@ pub(crate) struct Slots {
     holders: Vec<Holder>,
     /// Generation of each slot's latest grant.
     generations: Vec<Option<u64>>,
-    /// Granted slots in grant order, with their generations: the producer
-    /// takes the oldest grant first.
+    /// Granted slots in grant order, with their generations. The producer
+    /// takes the latest grant first: the trainer grants the slot freed last
+    /// first (its pages mapped and warm), and slots granted long ago and
+    /// never written stay untouched, so a worker writes a few slots over and
+    /// over instead of faulting in every slot of its window once.
     granted: VecDeque<(u32, u64)>,
 }
 
@@ -266,10 +269,10 @@ impl Slots {
         Ok(())
     }
 
-    /// Leases the oldest granted slot, if any; the lease reports its end on
+    /// Leases the latest granted slot, if any; the lease reports its end on
     /// `outgoing`.
     pub(crate) fn take(&mut self, outgoing: &UnboundedSender<Outgoing>) -> Option<SlotLease> {
-        let (slot, generation) = self.granted.pop_front()?;
+        let (slot, generation) = self.granted.pop_back()?;
         // `grant` only queues slots inside the ring.
         let range = self.mapping.geometry.slot_range(slot)?;
         self.holders[slot as usize] = Holder::Leased;
@@ -293,11 +296,12 @@ impl Slots {
         }
     }
 
-    /// Takes up to `count` granted slots no lease has taken, the latest
-    /// granted first, to give them back (the trainer asked for them).
+    /// Takes up to `count` granted slots no lease has taken, the oldest
+    /// granted first (the ones a lease would take last), to give them back
+    /// (the trainer asked for them).
     pub(crate) fn take_unused_upto(&mut self, count: usize) -> Vec<(u32, u64)> {
-        let keep = self.granted.len().saturating_sub(count);
-        let unused: Vec<_> = self.granted.drain(keep..).collect();
+        let count = count.min(self.granted.len());
+        let unused: Vec<_> = self.granted.drain(..count).collect();
         for &(slot, _) in &unused {
             self.holders[slot as usize] = Holder::Trainer;
         }
@@ -419,8 +423,9 @@ mod tests {
     #[test]
     fn leases_write_only_their_own_slot() {
         let (file, mut slots, tx, mut rx) = ring(4096, 3);
-        slots.grant(1, 0).expect("grant");
         slots.grant(2, 0).expect("grant");
+        slots.grant(1, 0).expect("grant");
+        // The latest grant first: slot 1, then slot 2.
         let mut a = slots.take(&tx).expect("lease");
         let mut b = slots.take(&tx).expect("lease");
         assert!(slots.take(&tx).is_none(), "two grants, two leases");

@@ -282,6 +282,21 @@ fn from_outbox(rt: &Runtime, outboxes: &Arc<Outboxes>, job_id: u64, n: usize) ->
     })
 }
 
+/// Reads one `Filled` per batch of `seqs` (which must come in that order),
+/// checks each slot's bytes, and returns the `(slot, generation)`s they
+/// went into, sorted.
+fn fill_grants<const N: usize>(peer: &mut Peer, ring: &File, seqs: [u64; N]) -> [(u32, u64); N] {
+    let mut slots = [(0, 0); N];
+    for (want, got) in seqs.into_iter().zip(&mut slots) {
+        let f = peer.filled();
+        assert_eq!(f.seq, want);
+        check_slot(ring, 4096, &f);
+        *got = (f.slot, f.generation);
+    }
+    slots.sort_unstable();
+    slots
+}
+
 #[test]
 fn batches_go_only_into_granted_slots() {
     let rt = runtime();
@@ -298,11 +313,9 @@ fn batches_go_only_into_granted_slots() {
 
     peer.grant(0, 0);
     peer.grant(1, 0);
-    for (slot, seq) in [(0, 0), (1, 1)] {
-        let f = peer.filled();
-        assert_eq!((f.slot, f.generation, f.seq), (slot, 0, seq));
-        check_slot(&ring, 4096, &f);
-    }
+    // Batches in order; which grant each one takes depends on when the
+    // grants arrive (the latest present is taken first).
+    assert_eq!(fill_grants(&mut peer, &ring, [0, 1]), [(0, 0), (1, 0)]);
     // Five batches queued, two grants: nothing else is written or reported.
     peer.expect_quiet();
     assert_eq!(delivered(&outboxes, 1, 2), vec![0, 1]);
@@ -310,11 +323,7 @@ fn batches_go_only_into_granted_slots() {
     peer.grant(2, 0);
     peer.grant(0, 1);
     peer.grant(3, 0);
-    for (slot, generation, seq) in [(2, 0, 2), (0, 1, 3), (3, 0, 4)] {
-        let f = peer.filled();
-        assert_eq!((f.slot, f.generation, f.seq), (slot, generation, seq));
-        check_slot(&ring, 4096, &f);
-    }
+    assert_eq!(fill_grants(&mut peer, &ring, [2, 3, 4]), [(0, 1), (2, 0), (3, 0)]);
     assert_eq!(delivered(&outboxes, 1, 3), vec![2, 3, 4]);
     settle(&p);
     assert!(outboxes.is_empty(), "nothing went over gRPC");
@@ -524,15 +533,18 @@ fn a_reclaim_returns_grants_no_batch_took_up_to_the_count() {
         peer.grant(slot, 0);
     }
     let f = peer.filled();
-    assert_eq!((f.slot, f.seq), (0, 0));
-    // Idle now, holding grants 1, 2 and 3: the latest granted go back first.
+    assert_eq!(f.seq, 0);
+    // Idle now, holding the other three grants (the batch took the latest
+    // that had arrived): the oldest go back first, the ones a batch would
+    // take last.
+    let unused: Vec<u32> = (0..4).filter(|&s| s != f.slot).collect();
     peer.reclaim(2);
     let mut back = [peer.returned(), peer.returned()];
     back.sort_unstable();
-    assert_eq!(back, [(2, 0), (3, 0)]);
+    assert_eq!(back, [(unused[0], 0), (unused[1], 0)]);
     peer.expect_quiet();
     peer.reclaim(5);
-    assert_eq!(peer.returned(), (1, 0));
+    assert_eq!(peer.returned(), (unused[2], 0));
     peer.expect_quiet();
     // A slot given back can be granted again and used.
     p.submit(task(1, 1..2, trainer.socket()));
