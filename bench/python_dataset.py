@@ -5,6 +5,8 @@ batch size, in one run, interleaved. Prints one markdown table row per
 scenario with the median of each system's samples/s and the ratio.
 
     bench/python_dataset.py --images bench/data/imagenet-shaped --workers 2
+    bench/python_dataset.py --only images --epochs 3 --repeats 8   # issue 22's image target
+
 
 Scenarios:
 - images: PIL decode + torchvision RandomResizedCrop(224) +
