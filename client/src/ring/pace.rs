@@ -22,12 +22,6 @@
 //! the time those reports took lately (a worker that stops, or batches that
 //! come over gRPC instead). Until a rate is known, and whenever only one
 //! report can come, it wakes for each.
-//!
-//! Only fast reports are worth it: once reports come [`MODERATE_BELOW`] or
-//! more apart (image batches, say: 10-100 ms each), a wake-up per report
-//! costs under 0.5% of the time between them, while sleeping through twelve
-//! would hand a batch to the user up to eleven batches' time late, and in
-//! bursts. Such a consumer wakes for each report.
 
 use std::time::Duration;
 
@@ -37,13 +31,10 @@ use tokio::time::Instant;
 pub(crate) const MAX_REPORTS_PER_WAKE: u32 = 12;
 /// The share of the reports in flight a wake-up waits for: three quarters.
 const SLEEP_THROUGH: (u32, u32) = (3, 4);
-/// Reports this far apart or more are each worth a wake-up (~15-20 us of
-/// CPU, see [`loader_proto::doorbell`]).
-pub(crate) const MODERATE_BELOW: Duration = Duration::from_millis(5);
-/// Shortest hold: below a millisecond the timer costs as much as the
-/// wake-ups it saves. (The longest is twice [`MAX_REPORTS_PER_WAKE`] reports
-/// just under [`MODERATE_BELOW`] apart: 120 ms.)
+/// Shortest and longest hold: below a millisecond the timer costs as much as
+/// the wake-ups it saves; a long hold only delays a job that stalls anyway.
 const HOLD_MIN: Duration = Duration::from_millis(1);
+const HOLD_MAX: Duration = Duration::from_millis(200);
 
 /// What one wait asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,9 +62,9 @@ impl Pace {
         let reports =
             u64::from((in_flight.saturating_mul(num) / den).min(MAX_REPORTS_PER_WAKE)).min(owed);
         match self.per_report {
-            Some(per) if reports > 1 && per < MODERATE_BELOW => Plan {
+            Some(per) if reports > 1 => Plan {
                 reports,
-                hold: Some((per * 2 * reports as u32).max(HOLD_MIN)),
+                hold: Some((per * 2 * reports as u32).clamp(HOLD_MIN, HOLD_MAX)),
             },
             _ => Plan {
                 reports: 1,
@@ -129,13 +120,12 @@ mod tests {
         let mut pace = Pace::default();
         let t = Instant::now();
         pace.waiting(t);
-        // Reports 500 us apart.
-        pace.read(t + MS, 2);
+        pace.read(t + 4 * MS, 2);
         assert_eq!(
             pace.plan(10, 1000),
             Plan {
                 reports: 7,
-                hold: Some(7 * MS)
+                hold: Some(28 * MS)
             }
         );
         assert_eq!(pace.plan(64, 1000).reports, u64::from(MAX_REPORTS_PER_WAKE));
@@ -143,7 +133,7 @@ mod tests {
             pace.plan(16, 3),
             Plan {
                 reports: 3,
-                hold: Some(3 * MS)
+                hold: Some(12 * MS)
             },
             "owed"
         );
@@ -151,7 +141,7 @@ mod tests {
             pace.plan(3, 1000),
             Plan {
                 reports: 2,
-                hold: Some(2 * MS)
+                hold: Some(8 * MS)
             }
         );
         assert_eq!(
@@ -173,28 +163,6 @@ mod tests {
     }
 
     #[test]
-    fn slow_reports_each_wake_the_consumer() {
-        let mut pace = Pace::default();
-        let t = Instant::now();
-        pace.waiting(t);
-        // Image batches: 20 ms apart.
-        pace.read(t + 40 * MS, 2);
-        assert_eq!(
-            pace.plan(16, 1000),
-            Plan {
-                reports: 1,
-                hold: None
-            }
-        );
-        // The rate rises past the bound: sleeping through pays again.
-        for _ in 0..40 {
-            pace.waiting(t);
-            pace.read(t + MS, 1);
-        }
-        assert!(pace.plan(16, 1000).reports > 1);
-    }
-
-    #[test]
     fn the_rate_follows_waits_only_and_holds_stay_bounded() {
         let mut pace = Pace::default();
         let t = Instant::now();
@@ -212,7 +180,7 @@ mod tests {
         );
         pace.waiting(t);
         pace.read(t + Duration::from_secs(100), 1);
-        assert_eq!(pace.plan(16, 100).hold, None, "a stalled stretch: each report wakes it");
+        assert_eq!(pace.plan(16, 100).hold, Some(HOLD_MAX));
         let mut fast = Pace::default();
         fast.waiting(t);
         fast.read(t + Duration::from_micros(10), 10);
