@@ -11,16 +11,16 @@
 #      object validated against the Kubernetes schemas; the Dockerfile's
 #      stages checked statically (no container engine here);
 #   3. every Rust test (`cargo test --workspace`: unit, property and
-#      end-to-end tests over real loader-server / loader-worker processes);
-#   4. the CUDA pin-memory stage (feature `cuda`, issue 18): cudarc loads
-#      libcuda at run time, so it builds and its tests run on a machine with
-#      no CUDA: the SDK's unit tests and device-path tests with the feature,
-#      and loaderctl's `--device` tests against a loaderctl built with it;
-#   5. a short fuzzing run (issue 21): every libFuzzer target of fuzz/ built
+#      end-to-end tests over real loader-server / loader-worker processes),
+#      with the CUDA pin-memory stage built in (feature `cuda`): cudarc
+#      loads libcuda at run time, so it builds and its tests run on a
+#      machine with no CUDA (the SDK's device-path tests, loaderctl's
+#      `--device` tests);
+#   4. a short fuzzing run (issue 21): every libFuzzer target of fuzz/ built
 #      on the stable toolchain and run 10 s from the committed corpus
 #      (bench/fuzz.sh; read-only corpus, so the tree is left as it was);
 #      a crash, panic or hang fails the suite;
-#   6. the Python SDK's tests (python/test.sh: builds `pip install ./python`
+#   5. the Python SDK's tests (python/test.sh: builds `pip install ./python`
 #      into the same virtualenv and runs pytest).
 # Needs cargo, Python >= 3.11 with venv, and PyPI. Extra args go to cargo test.
 set -euo pipefail
@@ -40,8 +40,14 @@ fi
 deploy/check.sh
 
 export LOADER_PYTHON="$venv/bin/python"
-cargo test --workspace "$@"
-cargo test -p loader-client --features cuda --lib --test pin "$@"
-cargo test -p loader-ctl --features cuda --test cli run_device
+# One build for every Rust test, the CUDA pin stage's included: a second
+# `cargo test -p ...` with other features would rebuild most of the tree
+# (features unify per invocation). The crates build without the feature in
+# the fuzz build below (loader-client without default features).
+cargo test --workspace --features loader-client/cuda,loader-ctl/cuda "$@"
 FUZZ_CORPUS_READONLY=1 bench/fuzz.sh 10
-LOADER_PY_VENV="$venv" python/test.sh
+# The wheel for the tests is built in the dev profile: it shares most of
+# the dependencies built above instead of building all of them again with
+# optimizations (about 8 of CI's minutes); `pip install ./python` for use
+# builds the release profile as pyproject.toml says.
+MATURIN_PEP517_ARGS="--profile dev" LOADER_PY_VENV="$venv" python/test.sh

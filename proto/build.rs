@@ -21,6 +21,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         // Batch payloads stay `bytes::Bytes` end to end: no copy on decode.
         .bytes(".loader.v1.BatchFrame.data")
+        // Blob chunks: sliced from the coordinator's copy without a copy.
+        .bytes(".loader.v1.GetBlobResponse.data")
+        .bytes(".loader.v1.PutBlobRequest.data")
         .compile_fds(fds)?;
     Ok(())
 }

@@ -247,6 +247,13 @@ impl LoaderBuilder {
         self.local("worker_command", |c| c.worker_command = command)
     }
 
+    /// Embedded mode: starts the workers with `launcher` instead of a
+    /// worker command (the Python SDK forks them from a template process).
+    #[cfg(feature = "embedded")]
+    pub fn worker_launcher(self, launcher: std::sync::Arc<dyn crate::embedded::WorkerLauncher>) -> Self {
+        self.local("worker_launcher", |c| c.launcher = Some(launcher))
+    }
+
     /// Embedded mode: settings of the embedded coordinator (lease TTL,
     /// range length...).
     #[cfg(feature = "embedded")]
@@ -326,7 +333,7 @@ impl LoaderBuilder {
     fn seat(&self) -> Result<Seat, LoaderError> {
         let (mut spec, rank, world_size, start) = match &self.resume {
             Some(state) => (
-                state.spec()?,
+                resumed_spec(state, self.spec.as_ref())?,
                 state.rank(),
                 Some(state.world_size()),
                 Some((state.next_seq(), state.yielded_above().clone())),
@@ -391,7 +398,7 @@ impl LoaderBuilder {
                     state.world_size()
                 )));
             }
-            Some(state) => state.spec()?,
+            Some(state) => resumed_spec(state, self.spec.as_ref())?,
             None => self.spec.take().ok_or_else(|| {
                 LoaderError::InvalidArgument(
                     "no job given: call .job(spec) before building the loader".into(),
@@ -423,6 +430,14 @@ impl LoaderBuilder {
         loader.cluster = Some(cluster);
         Ok(loader)
     }
+}
+
+/// The job of a saved state, whose blobs (which it names by hash only) are
+/// read from the files of `given`'s blobs of the same names.
+fn resumed_spec(state: &LoaderState, given: Option<&JobSpec>) -> Result<JobSpec, LoaderError> {
+    let mut spec = state.spec()?;
+    crate::blobs::carry_sources(&mut spec, given);
+    Ok(spec)
 }
 
 #[cfg(all(test, feature = "embedded"))]

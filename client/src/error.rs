@@ -68,6 +68,17 @@ pub enum LoaderError {
         /// What is wrong with it.
         cause: String,
     },
+    /// The file of a job's blob (a spec's `pickle_file`) cannot be read, or
+    /// changed since the spec was built.
+    #[error("blob `{name}` {}: {cause}", path.display())]
+    BlobFile {
+        /// The blob's name in the spec.
+        name: String,
+        /// Its file.
+        path: PathBuf,
+        /// What is wrong with it.
+        cause: String,
+    },
     /// A dataset's files cannot be listed (missing folder, a file that is
     /// no tar shard or npy array, arrays of different lengths).
     #[error(transparent)]

@@ -25,6 +25,9 @@
 //!   checks them all, then opens the loader.
 //! - [`loader`](Loader): the public [`Loader`]; opens a session on a
 //!   coordinator's address, owns the runtime and the background tasks.
+//! - `blobs`: the files a job needs beside its spec (a pickled dataset):
+//!   hashed when the spec is built, uploaded to the coordinator before the
+//!   job is submitted.
 //! - `session`: CreateOrAttachJob, OpenSession and the heartbeat that renews
 //!   the session's lease with the consumed watermark and stall time; reopens
 //!   the session when a restarted coordinator forgot it.
@@ -58,6 +61,7 @@
 //!   deployment.
 
 mod batch;
+mod blobs;
 mod builder;
 mod consumer;
 mod error;

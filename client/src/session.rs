@@ -10,6 +10,9 @@
 //! CreateOrAttachJob and OpenSession resumed at the consumer's watermark.
 //! While the coordinator is unreachable, heartbeats keep retrying with one
 //! warning per outage; batches already held by workers keep flowing.
+//!
+//! The job's blobs (`crate::blobs`) are uploaded before the job is created
+//! and again before every reopen: a restarted coordinator holds none.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -102,6 +105,9 @@ pub(crate) struct Session {
     /// How long the coordinator may not answer before the session gives up
     /// (`LoaderError::CoordinatorLost`).
     lost_after: Duration,
+    /// The job's blobs with the files they are read from, uploaded again
+    /// when the session reopens (a restarted coordinator holds no blob).
+    blobs: JobSpec,
 }
 
 impl Session {
@@ -125,7 +131,9 @@ impl Session {
         resume_at: Option<u64>,
     ) -> Result<Self, LoaderError> {
         let client = TrainerServiceClient::new(channel).max_decoding_message_size(usize::MAX);
-        let job = create_or_attach(address, &client, spec).await?;
+        crate::blobs::upload(address, &client, &spec).await?;
+        let blobs = JobSpec { blobs: spec.blobs.clone(), ..Default::default() };
+        let job = create_or_attach(address, &client, crate::blobs::without_sources(spec)).await?;
         let mut session = Session {
             address: address.to_owned(),
             client,
@@ -141,6 +149,7 @@ impl Session {
             reopen_wanted: Notify::new(),
             closed: AtomicBool::new(false),
             lost_after: DEFAULT_COORDINATOR_TIMEOUT,
+            blobs,
         };
         if let Some(start) = resume_at {
             session.progress.set_consumed(start);
@@ -199,6 +208,8 @@ impl Session {
     /// the consumer resumes at the watermark yielded here.
     async fn reopen(&self) -> Result<(), LoaderError> {
         let old = self.id();
+        // A restarted coordinator lost its blobs: its workers wait for them.
+        crate::blobs::upload(&self.address, &self.client, &self.blobs).await?;
         let err = match self.open_session(None).await {
             Ok(_) => {
                 tracing::info!(old, new = self.id(), "session reopened");
@@ -415,6 +426,7 @@ impl Session {
             reopen_wanted: Notify::new(),
             closed: AtomicBool::new(false),
             lost_after: DEFAULT_COORDINATOR_TIMEOUT,
+            blobs: JobSpec::default(),
         }
     }
 

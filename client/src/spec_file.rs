@@ -3,7 +3,8 @@
 //!
 //! ```yaml
 //! dataset: {image_folder: {path: ./train}}   # or webdataset: {shards: [...]},
-//!                                            # npy: {arrays: {x: a.npy}}, tokens, synthetic, custom
+//!                                            # npy: {arrays: {x: a.npy}}, tokens, synthetic, custom,
+//!                                            # python: {pickle_file: ds.pkl, num_samples: 1000}
 //! transforms: [decode, {random_resized_crop: {size: 224}}, horizontal_flip,
 //!              {normalize: {mean: [0.485, 0.456, 0.406], std: [0.229, 0.224, 0.225]}}]
 //! batch_size: 64
@@ -18,7 +19,10 @@
 //! Unknown fields are errors, not silently ignored settings. Every error is
 //! one line: `<file>: <field>: <what was wrong and what was expected>`.
 //! Relative paths are resolved against the spec file's directory, so a spec
-//! next to its data works from any working directory.
+//! next to its data works from any working directory. A `python` entry's
+//! `pickle_file` (any size) becomes one of the job's blobs: hashed when the
+//! spec is built and uploaded when it is submitted (`crate::blobs`), never
+//! carried in the spec.
 //!
 //! Parsing checks every field that needs no dataset file (the same
 //! [`loader_proto::spec::check`] the coordinator runs); the counts are read
@@ -34,7 +38,7 @@ use std::fmt;
 use std::path::Path;
 
 use loader_proto::pb::{
-    CorruptPolicy, CustomSpec, DatasetSpec, ImageFolderSpec, JobSpec, NpyArray, NpySpec, SamplerSpec,
+    BlobRef, CorruptPolicy, CustomSpec, DatasetSpec, ImageFolderSpec, JobSpec, NpyArray, NpySpec, SamplerSpec,
     SyntheticSpec, TokensSpec, WebDatasetSpec, dataset_spec::Kind,
 };
 use serde::Deserialize;
@@ -94,6 +98,9 @@ fn parse_as(text: &str, base_dir: &Path, origin: &str, format: Format) -> Result
         // serde_norway tracks the field path itself ("transforms[1]: ...").
         Format::Yaml => serde_norway::from_str(text).map_err(|e| fail(e.to_string()))?,
     };
+    if let DatasetFile::Python(p) = &file.dataset {
+        p.check().map_err(fail)?;
+    }
     let spec = file.into_spec(base_dir);
     loader_proto::spec::check(&spec).map_err(|e| fail(format!("{}: {}", e.field, e.problem)))?;
     Ok(JobSpecBuilder::from_spec(spec))
@@ -230,10 +237,13 @@ struct CustomFile {
 
 /// A Python map-style dataset run inside the workers: `factory`
 /// (`package.module:function`, called with `args` as keywords) for
-/// deployments, or `pickle` (the dataset object, pickled and base64-encoded)
-/// as `loader.Loader.local(dataset)` writes it; optionally a `collate_fn`
-/// the workers make each batch with: `collate` (`package.module:function`)
-/// or `collate_pickle` (as `Loader.local(dataset, collate_fn=...)` writes it).
+/// deployments, or the dataset object pickled: `pickle_file` (a file of any
+/// size, as `loader.Loader.local(dataset)` writes it, which travels as a
+/// blob: hashed, uploaded to the coordinator, fetched once per worker host)
+/// or `pickle` (pickled and base64-encoded inline, for small hand-written
+/// specs); optionally a `collate_fn` the workers make each batch with:
+/// `collate` (`package.module:function`), `collate_pickle_file` or
+/// `collate_pickle` (the same two ways as the dataset).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PythonFile {
@@ -244,14 +254,48 @@ struct PythonFile {
     #[serde(default)]
     pickle: Option<String>,
     #[serde(default)]
+    pickle_file: Option<String>,
+    #[serde(default)]
     collate: Option<String>,
     #[serde(default)]
     collate_pickle: Option<String>,
+    #[serde(default)]
+    collate_pickle_file: Option<String>,
     num_samples: u64,
 }
 
+/// The blob a `python` entry's `pickle_file` becomes; the worker hands the
+/// dataset its local path under this name.
+pub const PICKLE_FILE: &str = "pickle_file";
+/// The blob of `collate_pickle_file`.
+pub const COLLATE_PICKLE_FILE: &str = "collate_pickle_file";
+
 impl PythonFile {
-    /// The `params` of the `custom` spec the worker opens it from.
+    /// The blobs of its `*_file` fields, files resolved against `base`;
+    /// hashed when the spec is built.
+    fn blobs(&self, base: &Path) -> Vec<BlobRef> {
+        [(PICKLE_FILE, &self.pickle_file), (COLLATE_PICKLE_FILE, &self.collate_pickle_file)]
+            .into_iter()
+            .filter_map(|(name, file)| {
+                let source = resolve(base, file.as_deref()?);
+                Some(BlobRef { name: name.to_owned(), source, ..Default::default() })
+            })
+            .collect()
+    }
+
+    /// Refuses a dataset or collate_fn given two ways.
+    fn check(&self) -> Result<(), String> {
+        if self.pickle.is_some() && self.pickle_file.is_some() {
+            return Err("dataset.python: give pickle or pickle_file, not both".into());
+        }
+        if self.collate_pickle.is_some() && self.collate_pickle_file.is_some() {
+            return Err("dataset.python: give collate_pickle or collate_pickle_file, not both".into());
+        }
+        Ok(())
+    }
+
+    /// The `params` of the `custom` spec the worker opens it from (the
+    /// blobs' paths are added by the worker).
     fn params(self) -> HashMap<String, String> {
         let mut params = HashMap::new();
         if let Some(f) = self.factory {
@@ -295,6 +339,10 @@ enum PolicyFile {
 impl SpecFile {
     fn into_spec(self, base: &Path) -> JobSpec {
         let path = |p: &str| resolve(base, p);
+        let blobs = match &self.dataset {
+            DatasetFile::Python(p) => p.blobs(base),
+            _ => Vec::new(),
+        };
         let kind = match self.dataset {
             DatasetFile::ImageFolder(f) => Kind::ImageFolder(ImageFolderSpec {
                 path: path(&f.path),
@@ -349,6 +397,7 @@ impl SpecFile {
                 PolicyFile::Fail => CorruptPolicy::Fail,
                 PolicyFile::Skip => CorruptPolicy::Skip,
             } as i32,
+            blobs,
         }
     }
 }

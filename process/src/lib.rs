@@ -23,15 +23,21 @@
 //!   flags that set them (the checks are layers in [`grpc`]).
 //! - [`retry`]: the one backoff schedule, and retrying a call until a
 //!   deadline.
+//! - [`blobs`]: the host's blob directory (large files of jobs, such as a
+//!   pickled dataset, once per host), and SHA-256 in the spelling blobs are
+//!   named by.
+//! - [`size`]: sizes as people write them on command lines (`8GiB`).
 //!
 //! Nothing here knows Loader's protocol: it sits below the crates that do
 //! (`loader-proto` defines the messages; server, worker and client map their
 //! own errors to gRPC codes).
 
+pub mod blobs;
 pub mod grpc;
 pub mod heap;
 pub mod node;
 pub mod retry;
 pub mod security;
 pub mod signals;
+pub mod size;
 pub mod telemetry;

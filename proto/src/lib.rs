@@ -19,8 +19,11 @@
 //! - [`window`]: how many batches of a job may be in flight per consumer,
 //!   sized by bytes so that small batches travel in large windows.
 //! - [`dtype`]: sizes and names of element types.
+//! - [`blob`]: files a job needs beside its spec (a pickled dataset), named
+//!   by their SHA-256: the chunk size and the checks of a spec's blob list.
 
 pub mod batch;
+pub mod blob;
 pub mod doorbell;
 pub mod dtype;
 pub mod footprint;

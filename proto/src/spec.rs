@@ -39,6 +39,7 @@ pub fn check(spec: &JobSpec) -> Result<(), SpecError> {
         return err("dataset", format!("missing; expected one of: {KINDS}"));
     };
     dataset_fields(kind)?;
+    crate::blob::check_refs(spec)?;
     if spec.batch_size == 0 {
         return err("batch_size", "must be > 0");
     }
@@ -218,6 +219,7 @@ pub fn num_samples(dataset: &DatasetSpec) -> Result<u64, SpecError> {
 /// Validates a job spec and returns its plan.
 pub fn plan(spec: &JobSpec) -> Result<Plan, SpecError> {
     check(spec)?;
+    crate::blob::check_filled(spec)?;
     let Some(dataset) = &spec.dataset else {
         return err("dataset", format!("missing; expected one of: {KINDS}"));
     };

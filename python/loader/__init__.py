@@ -43,7 +43,7 @@ import weakref
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Optional, Union
 
-from . import _dataset, _native
+from . import _dataset, _native, _template
 from ._native import Batch, LoaderError, TensorView
 
 if TYPE_CHECKING:
@@ -96,8 +96,9 @@ def _python_job(job: Any) -> bool:
     return isinstance(dataset, Mapping) and "python" in dataset
 
 
-def _worker_command() -> list[str]:
-    """This interpreter, running ``loader._worker`` from this very package.
+def _worker_command(threads: int) -> list[str]:
+    """This interpreter, running ``loader._worker`` from this very package
+    under the thread policy ``threads`` (``multiprocessing_context="spawn"``).
 
     Not ``python -m loader._worker``: that would look in the working
     directory first, and from a source checkout find a ``loader`` package
@@ -107,7 +108,7 @@ def _worker_command() -> list[str]:
     parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     boot = (
         "import sys; sys.path.insert(0, sys.argv.pop(1)); "
-        "from loader._worker import main; sys.exit(main())"
+        f"from loader._worker import main; main({int(threads)})"
     )
     return [sys.executable, "-P", "-c", boot, parent]
 
@@ -230,6 +231,8 @@ class Loader:
         on_corrupt: Optional[str] = None,
         collate_fn: Any = None,
         seed_rngs: Optional[bool] = None,
+        worker_threads: int = 1,
+        multiprocessing_context: Any = None,
         **options: Unpack[LoaderOptions],
     ) -> "Loader":
         """A loader over ``workers`` local worker processes and a coordinator
@@ -258,14 +261,32 @@ class Loader:
         tuples, lists) of any shapes, e.g. padded to the batch's longest
         sample; it travels pickled like the dataset.
 
-        Workers run this interpreter (``loader._worker``), so the
-        installed package is all that is needed. They stop when the loader is
-        closed, garbage-collected, or the interpreter exits; if this process
-        is killed outright, they stop on their own when their lease expires
-        (a few seconds).
+        Workers are forked from this process's worker template
+        (``loader._template``): at the first ``Loader.local`` this process
+        forks it once, before Loader starts any thread of its own, and it
+        forks every loader's workers from then on, so they start in
+        milliseconds with everything this process had imported (torch, the
+        dataset's modules), as DataLoader's forked workers do, but from a
+        process that runs a single thread. ``multiprocessing_context="spawn"``
+        (or a ``multiprocessing`` context whose start method is spawn)
+        starts fresh interpreters instead, which import what the dataset
+        needs themselves (seconds with torch). ``worker_threads`` (default
+        1, as DataLoader's workers run torch): the intra-op threads of
+        torch, OpenMP, MKL, OpenBLAS and OpenCV in each worker; 0 leaves the
+        libraries' defaults. Workers stop silently when the loader is
+        closed, garbage-collected, or the interpreter exits, whatever they
+        were doing; if this process is killed outright, the template stops
+        them at once (its socket to this process closes), and a spawned
+        worker stops when its lease expires (a few seconds).
         """
         if workers < 1:
             raise ValueError("Loader.local needs at least one worker")
+        threads = int(worker_threads)
+        if threads < 0:
+            raise ValueError(f"worker_threads must be 0 (the libraries' defaults) or more, not {threads}")
+        # Forked first: before this call reads a sample here (which may start
+        # torch's thread pool) and before Loader starts threads of its own.
+        template = None if _start_method(multiprocessing_context) == "spawn" else _template.get()
         dataset_args = {
             "batch_size": batch_size, "shuffle": shuffle, "seed": seed,
             "drop_last": drop_last, "epochs": epochs, "on_corrupt": on_corrupt,
@@ -312,18 +333,22 @@ class Loader:
             job = _dataset.fill_num_samples(job)
         spec = _spec_bytes(job)
         checked = _options_json(options)
-        local = (workers, _worker_command(), ready_timeout)
+        local = (workers, _worker_command(threads), ready_timeout)
+        forks = None if template is None else (template, threads)
 
         def start(
             spec: bytes, resume: Optional[str], start_at: Optional[int]
         ) -> _native.NativeLoader:
             return _native.NativeLoader.open(
-                spec, checked, local=local, resume=resume, start_at=start_at
+                spec, checked, local=local, template=forks, resume=resume, start_at=start_at
             )
 
         self = cls.__new__(cls)
         self._init(spec, 0, 1, start)
         self._collate = _python_job(job)
+        # The pickled dataset's files in the host's blob directory: removed
+        # when the loader closes (a worker that needs one later fetches it).
+        self._pickles = _dataset.written_pickles(job)
         return self
 
     def _init(self, spec: bytes, rank: int, world_size: Optional[int], start) -> None:
@@ -442,6 +467,9 @@ class Loader:
         self._closed = True
         self._stop_native()
         _live.discard(self)
+        pickles, self._pickles = getattr(self, "_pickles", []), []
+        for path in pickles:
+            _dataset.release_pickle(path)
 
     def __enter__(self) -> "Loader":
         return self
@@ -527,6 +555,23 @@ class Loader:
         native, self._native = self._native, None
         if native is not None:
             native.close()
+
+
+def _start_method(context: Any) -> str:
+    """``"fork"`` (the worker template) or ``"spawn"``, from
+    ``multiprocessing_context`` as DataLoader takes it: None, a start
+    method's name, or a ``multiprocessing`` context."""
+    if context is None:
+        return "fork"
+    name = context if isinstance(context, str) else getattr(context, "get_start_method", lambda: None)()
+    if name in ("fork", "forkserver"):
+        return "fork"
+    if name == "spawn":
+        return "spawn"
+    raise ValueError(
+        f"multiprocessing_context must be 'fork' (the default: workers forked from "
+        f"the worker template), 'forkserver' (the same) or 'spawn', not {context!r}"
+    )
 
 
 class _Epoch:

@@ -1,8 +1,9 @@
 """Python map-style datasets, the trainer's half: the job spec of
 ``Loader.local(dataset)`` (the dataset pickled with this process's
-``sys.path``), the ring and window a Python job's batches need (from sample
-0), and ``default_collate``'s structure rebuilt from a batch's tensor
-names. The worker's half is ``loader._source``.
+``sys.path`` into a file of the host's blob directory, which travels as a
+blob: see ``write_pickle``), the ring and window a Python job's batches need
+(from sample 0), and ``default_collate``'s structure rebuilt from a batch's
+tensor names. The worker's half is ``loader._source``.
 
 A sample (numpy arrays, torch tensors, Python numbers, and dicts, tuples and
 lists of them) is flattened into leaves; each leaf becomes one tensor of the
@@ -15,24 +16,25 @@ first.
 
 from __future__ import annotations
 
-import base64
+import atexit
+import hashlib
 import json
+import mmap
+import os
 import pickle
 import random
 import sys
+import tempfile
+import threading
 from collections.abc import Mapping
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from ._rngs import seed_all
-from ._source import _flatten, _last_line, make_from_factory
+from ._source import SYS_PATH_HEADER, _flatten, _last_line, make_from_factory
 
 #: The ``custom`` dataset name a Python dataset job carries (the spec-file
 #: entry ``python: {...}`` becomes it).
 DATASET_NAME = "python"
-
-#: Pickled datasets travel inside the job spec; larger ones would strain
-#: every message that carries the spec.
-MAX_PICKLE_BYTES = 512 * 1024
 
 
 def is_dataset(obj: Any) -> bool:
@@ -51,55 +53,167 @@ def is_iterable_dataset(obj: Any) -> bool:
     return hasattr(obj, "__iter__") and not hasattr(obj, "__getitem__")
 
 
-def pickle_dataset(dataset: Any, what: str = "the dataset") -> str:
-    """The dataset, pickled and base64-encoded for the job spec, with this
-    process's ``sys.path`` (so a worker imports the dataset's module from
-    where the trainer did, as multiprocessing's spawn does). Classes
-    defined in ``__main__`` or a notebook go by value through cloudpickle
-    when it is installed. Raises ``TypeError`` in one line when the dataset
-    cannot be pickled (``what`` names the object: the dataset or its
-    collate_fn)."""
+def write_pickle(obj: Any, what: str = "the dataset") -> str:
+    """Pickles ``obj`` into the host's blob directory (``$LOADER_BLOB_DIR``,
+    else ``$XDG_RUNTIME_DIR/loader-blobs``, else ``$TMPDIR/loader-blobs-<uid>``;
+    the workers' own) under the SHA-256 of the bytes, and returns the file's
+    path, for a spec's ``pickle_file``. The SDK uploads the file to the
+    coordinator when the job is submitted; co-located workers read it where
+    it is, remote ones fetch it once per host. Streamed: the pickle is
+    hashed as it is written, never held in memory whole.
+
+    The file holds two pickles: this process's ``sys.path`` (so a worker
+    imports the dataset's module from where the trainer did, as
+    multiprocessing's spawn does), then the object. Classes defined in
+    ``__main__`` or a notebook go by value through cloudpickle when it is
+    installed. Raises ``TypeError`` in one line when ``obj`` cannot be
+    pickled (``what`` names it: the dataset or its collate_fn). Each call
+    takes a reference on the file; ``release_pickle`` drops it, and the file
+    this process wrote goes with the last one (or at interpreter exit)."""
+    from . import _native
+
+    directory = _native.blob_dir()
+    paths = [p for p in sys.path if isinstance(p, str)]
+
+    def attempt(dump: Callable[[Any, Any], None]) -> tuple[str, str, int]:
+        fd, temp = tempfile.mkstemp(prefix=".tmp-py-", dir=directory)
+        try:
+            with os.fdopen(fd, "wb") as raw:
+                out = _Hashing(raw)
+                pickle.dump((SYS_PATH_HEADER, paths), out, protocol=pickle.HIGHEST_PROTOCOL)
+                dump(obj, out)
+            return temp, out.hexdigest(), out.size
+        except BaseException:
+            _unlink(temp)
+            raise
+
     try:
-        data = pickle.dumps(
-            ([p for p in sys.path if isinstance(p, str)], _dumps(dataset)),
-            protocol=pickle.HIGHEST_PROTOCOL,
-        )
+        try:
+            temp, sha, size = attempt(_pickle_into)
+        except Exception as e:
+            cloudpickle = _cloudpickle()
+            if cloudpickle is None:
+                raise e from None
+            temp, sha, size = attempt(lambda o, f: cloudpickle.dump(o, f, protocol=pickle.HIGHEST_PROTOCOL))
+        else:
+            if _refers_to_main(temp):
+                # Pickled by reference to __main__, which a worker does not run.
+                _unlink(temp)
+                cloudpickle = _cloudpickle()
+                if cloudpickle is None:
+                    raise pickle.PicklingError(
+                        "it refers to classes or functions of __main__, which workers cannot import"
+                    ) from None
+                temp, sha, size = attempt(lambda o, f: cloudpickle.dump(o, f, protocol=pickle.HIGHEST_PROTOCOL))
     except Exception as e:  # pickling runs user code (__reduce__): any error
         reason = _last_line(e)
         raise TypeError(
-            f"{what} cannot be pickled to the workers ({type(dataset).__name__}): "
+            f"{what} cannot be pickled to the workers ({type(obj).__name__}): "
             f"{reason}; define its class at module level, open files and "
             f"handles lazily in __getitem__, or install cloudpickle"
         ) from None
-    if len(data) > MAX_PICKLE_BYTES:
-        raise ValueError(
-            f"{what} pickles to {len(data)} bytes, over the {MAX_PICKLE_BYTES} "
-            f"a job spec carries; keep large arrays in files (np.load(path, "
-            f"mmap_mode='r') in __getitem__) or use a python factory spec"
-        )
-    return base64.b64encode(data).decode("ascii")
+    return _publish(temp, os.path.join(directory, sha), size)
 
 
-def _dumps(obj: Any) -> bytes:
+def release_pickle(path: str) -> None:
+    """Drops a reference ``write_pickle`` took on ``path``; the last one
+    removes the file if this process wrote it (a worker that needs it later
+    fetches it from the coordinator)."""
+    with _written_lock:
+        entry = _written.get(path)
+        if entry is None:
+            return
+        entry[0] -= 1
+        if entry[0] > 0:
+            return
+        del _written[path]
+        if entry[1] == os.getpid():
+            _unlink(path)
+
+
+#: Files ``write_pickle`` handed out: path -> [references, the pid of the
+#: process that wrote it (which removes it with the last reference), or 0
+#: for a file another process put there].
+_written: dict[str, list] = {}
+_written_lock = threading.Lock()
+
+
+def _publish(temp: str, path: str, size: int) -> str:
+    """Renames ``temp`` into place as ``path``, read-only, unless another
+    process put the same bytes there already (then that file stays theirs:
+    it is left for the workers' sweep, not removed at close)."""
+    with _written_lock:
+        entry = _written.setdefault(path, [0, 0])
+        if _holds(path, size):
+            _unlink(temp)
+        else:
+            os.chmod(temp, 0o400)
+            os.replace(temp, path)
+            entry[1] = os.getpid()
+        entry[0] += 1
+    return path
+
+
+@atexit.register
+def _remove_written() -> None:
+    # Only in the process that wrote them: a fork that exits normally (the
+    # user's own) must not take the trainer's files along.
+    with _written_lock:
+        for path, (_, writer) in _written.items():
+            if writer == os.getpid():
+                _unlink(path)
+        _written.clear()
+
+
+def _holds(path: str, size: int) -> bool:
     try:
-        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as e:
-        try:
-            import cloudpickle
-        except ImportError:
-            raise e from None
-        return cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    if b"__main__" in data:
-        # Pickled by reference to __main__, which a worker does not run.
-        try:
-            import cloudpickle
-        except ImportError:
-            raise pickle.PicklingError(
-                "it refers to classes or functions of __main__, which workers "
-                "cannot import"
-            ) from None
-        return cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    return data
+        return os.stat(path).st_size == size
+    except OSError:
+        return False
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+class _Hashing:
+    """A file that hashes (SHA-256) and counts what is written to it."""
+
+    __slots__ = ("_file", "_sha", "size")
+
+    def __init__(self, file: Any) -> None:
+        self._file = file
+        self._sha = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data)
+        self._sha.update(view)
+        self.size += view.nbytes
+        return self._file.write(view)
+
+    def hexdigest(self) -> str:
+        return self._sha.hexdigest()
+
+
+def _pickle_into(obj: Any, out: Any) -> None:
+    pickle.dump(obj, out, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _refers_to_main(path: str) -> bool:
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        return data.find(b"__main__") >= 0
+
+
+def _cloudpickle() -> Any:
+    try:
+        import cloudpickle
+    except ImportError:
+        return None
+    return cloudpickle
 
 
 def job_spec(
@@ -114,8 +228,10 @@ def job_spec(
     seed_rngs: bool = True,
     collate_fn: Any = None,
 ) -> dict:
-    """The job spec (spec-file schema) of ``Loader.local(dataset, ...)``;
-    ``collate_fn`` travels pickled like the dataset."""
+    """The job spec (spec-file schema) of ``Loader.local(dataset, ...)``:
+    the dataset (and ``collate_fn``) pickled into the host's blob directory
+    (``write_pickle``); ``written_pickles(spec)`` lists the files, for
+    ``release_pickle`` when the loader closes."""
     try:
         n = len(dataset)
     except Exception as e:
@@ -126,15 +242,19 @@ def job_spec(
     # DataLoader's forked workers have them: torch, so that its generator is
     # seeded from the first batch on (not only once a batch imported it).
     preload = [name for name in ("torch",) if name in sys.modules]
+    if collate_fn is not None and not callable(collate_fn):
+        raise TypeError(f"collate_fn must be callable, not {type(collate_fn).__name__}")
     python = {
-        "pickle": pickle_dataset(dataset),
+        "pickle_file": write_pickle(dataset),
         "args": {"seed_rngs": bool(seed_rngs), "preload": preload},
         "num_samples": n,
     }
     if collate_fn is not None:
-        if not callable(collate_fn):
-            raise TypeError(f"collate_fn must be callable, not {type(collate_fn).__name__}")
-        python["collate_pickle"] = pickle_dataset(collate_fn, what="collate_fn")
+        try:
+            python["collate_pickle_file"] = write_pickle(collate_fn, what="collate_fn")
+        except BaseException:
+            release_pickle(python["pickle_file"])
+            raise
     return {
         "dataset": {"python": python},
         "batch_size": batch_size,
@@ -142,6 +262,17 @@ def job_spec(
         "sampler": {"shuffle": bool(shuffle), "seed": int(seed), "drop_last": bool(drop_last)},
         "on_corrupt": on_corrupt,
     }
+
+
+def written_pickles(spec: Any) -> list[str]:
+    """The files ``job_spec`` wrote for ``spec`` (none for other specs)."""
+    dataset = spec.get("dataset") if isinstance(spec, Mapping) else None
+    python = dataset.get("python") if isinstance(dataset, Mapping) else None
+    if not isinstance(python, Mapping):
+        return []
+    files = [python.get("pickle_file"), python.get("collate_pickle_file")]
+    with _written_lock:
+        return [f for f in files if isinstance(f, str) and f in _written]
 
 
 #: Memory the ring of one loader over a Python dataset may take by default.

@@ -1,12 +1,13 @@
 """Python map-style datasets, the worker's half: ``Source``, which the
 worker's native dataset (``python/src/dataset.rs``) opens per job and calls
-once per batch. It unpickles the dataset (or calls its factory), seeds
-Python's ``random``, numpy's global RNG and torch's from (seed, epoch,
-index) before each ``__getitem__`` (those the dataset draws from:
-``loader._rngs``), so random augmentations are the same on any number of
-workers and after a resume, and flattens each sample into C-contiguous
-byte views the worker copies straight into the batch buffer; nothing is
-pickled between processes.
+once per batch. It unpickles the dataset (from the job's ``pickle_file``
+blob, mapped from the host's blob directory, or inline ``pickle``) or calls
+its factory, seeds Python's ``random``, numpy's global RNG and torch's from
+(seed, epoch, index) before each ``__getitem__`` (those the dataset draws
+from: ``loader._rngs``), so random augmentations are the same on any
+number of workers and after a resume, and flattens each sample into
+C-contiguous byte views the worker copies straight into the batch buffer;
+nothing is pickled between processes.
 """
 
 from __future__ import annotations
@@ -14,12 +15,18 @@ from __future__ import annotations
 import base64
 import importlib
 import json
+import mmap
+import os
 import pickle
 import sys
 from collections.abc import Iterator, Mapping
 from typing import Any, Optional
 
 from ._rngs import Rngs, seed_all
+
+#: First pickle of a ``pickle_file`` (``loader._dataset.write_pickle``):
+#: ``(SYS_PATH_HEADER, sys.path of the trainer)``, then the object.
+SYS_PATH_HEADER = "loader.sys_path"
 
 #: Samples tried for the schema before an exception in ``__getitem__`` is
 #: taken as the dataset's, not one sample's.
@@ -77,7 +84,7 @@ class Source:
     def __init__(self, params: Mapping[str, str], num_samples: int) -> None:
         # For a pickled dataset, `args` are Loader's own settings.
         seed_rngs = True
-        if "pickle" in params:
+        if "pickle_file" in params or "pickle" in params:
             settings = json.loads(params.get("args") or "{}")
             seed_rngs = bool(settings.get("seed_rngs", True))
             for name in settings.get("preload", []):
@@ -85,21 +92,17 @@ class Source:
                     importlib.import_module(name)
                 except Exception:  # a worker without it imports it when the dataset does
                     pass
-            paths, data = pickle.loads(base64.b64decode(params["pickle"]))
-            sys.path.extend(p for p in paths if p not in sys.path)
-            self._dataset = pickle.loads(data)
+            self._dataset = _unpickle(params, "pickle")
         elif "factory" in params:
             args = json.loads(params.get("args") or "{}")
             self._dataset = make_from_factory(params["factory"], args)
         else:
-            raise ValueError("dataset.python: give `factory` (package.module:function) or `pickle`")
+            raise ValueError("dataset.python: give `factory` (package.module:function), `pickle_file` or `pickle`")
         self._rngs = Rngs(seed_rngs)
         #: The user's collate_fn (batches are then made whole by ``collate``).
         self._collate_fn: Any = None
-        if "collate_pickle" in params:
-            paths, data = pickle.loads(base64.b64decode(params["collate_pickle"]))
-            sys.path.extend(p for p in paths if p not in sys.path)
-            self._collate_fn = pickle.loads(data)
+        if "collate_pickle_file" in params or "collate_pickle" in params:
+            self._collate_fn = _unpickle(params, "collate_pickle")
         elif params.get("collate"):
             self._collate_fn = import_attr(params["collate"], "dataset.python.collate")
         self.collates = self._collate_fn is not None
@@ -145,10 +148,12 @@ class Source:
 
     def _torch_one_thread(self) -> None:
         if not self._torch_threads and "torch" in sys.modules:
-            # One intra-op thread per worker, as DataLoader's workers do:
-            # the workers are the parallelism, and N workers x N threads
-            # would oversubscribe every core.
-            sys.modules["torch"].set_num_threads(1)
+            # The worker's thread policy (loader._worker.apply_thread_policy:
+            # one intra-op thread by default, as DataLoader's workers run)
+            # for a torch the dataset imported after the worker started.
+            threads = int(os.environ.get("LOADER_WORKER_THREADS", "1") or 0)
+            if threads > 0:
+                sys.modules["torch"].set_num_threads(threads)
             self._torch_threads = True
 
     def read_batch(self, indices: list, seeds: list) -> Iterator[Any]:
@@ -238,6 +243,34 @@ class Source:
         out: list[tuple[list, Any, str]] = []
         _flatten(sample, [], out, self._np)
         return out
+
+
+def _unpickle(params: Mapping[str, str], key: str) -> Any:
+    """The object of ``params[key + "_file"]`` (a local path: the worker
+    made the job's blob local and names it there), else of the inline
+    ``params[key]`` (base64 of ``(sys.path, pickle)``)."""
+    path = params.get(key + "_file")
+    if path is None:
+        paths, data = pickle.loads(base64.b64decode(params[key]))
+        sys.path.extend(p for p in paths if p not in sys.path)
+        return pickle.loads(data)
+    return load_pickle_file(path)
+
+
+def load_pickle_file(path: str) -> Any:
+    """The object pickled in the file at ``path``: mapped, not read, so the
+    only copy of its bytes in this process is the object unpickled from
+    them (the page cache holds the file once for every worker of the
+    host). A file ``loader._dataset.write_pickle`` wrote starts with the
+    trainer's ``sys.path``, added to this process's before the object is
+    unpickled; any other file is one plain pickle."""
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        first = pickle.load(data)
+        if not (isinstance(first, tuple) and len(first) == 2 and first[0] == SYS_PATH_HEADER):
+            return first
+        sys.path.extend(p for p in first[1] if isinstance(p, str) and p not in sys.path)
+        with memoryview(data)[data.tell():] as rest:
+            return pickle.loads(rest)
 
 
 def _flatten(sample: Any, path: list, out: list, np: Any) -> None:

@@ -22,6 +22,7 @@ pub(crate) fn to_py(e: ClientError) -> PyErr {
         | ClientError::InvalidAddress { .. }
         | ClientError::Spec(_)
         | ClientError::TokenFile { .. }
+        | ClientError::BlobFile { .. }
         | ClientError::Listing(_)
         | ClientError::SpecFile { .. }
         | ClientError::State(_) => PyValueError::new_err(e.to_string()),

@@ -17,10 +17,14 @@
 //!   JSON: their defaults and their checks, for `loader.Loader`'s keywords.
 //! - `spec`: job specs from JSON/YAML text, and what a spec or a saved state
 //!   plans (batches per epoch, epochs).
+//! - `blobs`: the host's blob directory, where `Loader.local` writes the
+//!   pickled dataset its workers read.
 //! - `errors`: the one mapping of `LoaderError` to Python exceptions.
 //! - `telemetry`: trace export from the trainer when the OpenTelemetry
 //!   environment asks for it, flushed at exit.
 //! - `worker`: `run_worker`, `loader-worker`'s command line in this module.
+//! - `template`: `WorkerTemplate`, the trainer's end of the worker template
+//!   (`loader._template`), which forks embedded mode's workers.
 //! - `dataset`: `PythonDataset`, a user's Python dataset served by that
 //!   worker (`__getitem__` for a batch's indices in one call, each sample
 //!   copied into the batch buffer).
@@ -29,6 +33,7 @@
 //!   without a Python call per leaf.
 
 mod batch;
+mod blobs;
 mod dataset;
 mod dlpack;
 mod errors;
@@ -37,6 +42,7 @@ mod sample_plan;
 mod session;
 mod spec;
 mod telemetry;
+mod template;
 mod tensor;
 mod worker;
 
@@ -49,10 +55,12 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<session::NativeLoader>()?;
     m.add_class::<batch::Batch>()?;
     m.add_class::<tensor::TensorView>()?;
+    m.add_class::<template::WorkerTemplate>()?;
     m.add("LoaderError", py.get_type::<errors::LoaderError>())?;
     m.add_function(wrap_pyfunction!(options::default_options, m)?)?;
     m.add_function(wrap_pyfunction!(options::check_options, m)?)?;
     m.add_function(wrap_pyfunction!(spec::parse_spec, m)?)?;
+    m.add_function(wrap_pyfunction!(blobs::blob_dir, m)?)?;
     m.add_function(wrap_pyfunction!(spec::parse_spec_file, m)?)?;
     m.add_function(wrap_pyfunction!(spec::plan, m)?)?;
     m.add_function(wrap_pyfunction!(spec::state_plan, m)?)?;

@@ -3,21 +3,26 @@
 //! without a Python call per leaf.
 //!
 //! A plan exists for samples made of tuples, lists and dicts (exactly those
-//! types) of numpy arrays (anything with the buffer protocol) and Python
-//! `int`/`float`/`bool`. Writing a sample walks it against the plan: the
-//! same containers and dict keys in the same order, each array C-contiguous
-//! with the schema's element format and shape, each number of the schema's
-//! type (ints as int64, floats as float64, bools as one byte, as
-//! `loader._source` flattens them). Anything else — a torch tensor, a
-//! numpy scalar, a strided view, a different shape — is a [`Miss`]: the
-//! caller hands that sample to the Python half, which converts what it can
-//! and words the error for what it cannot.
+//! types) of numpy arrays (anything with the buffer protocol), torch CPU
+//! tensors, and Python `int`/`float`/`bool`. Writing a sample walks it
+//! against the plan: the same containers and dict keys in the same order,
+//! each array C-contiguous with the schema's element format and shape, each
+//! tensor contiguous on the CPU with the schema's dtype and shape (its bytes
+//! copied straight from its storage: a torchvision pipeline's
+//! `ToTensor()`/`PILToTensor()` output costs a memcpy, not a conversion to
+//! numpy in Python), each number of the schema's type (ints as int64,
+//! floats as float64, bools as one byte, as `loader._source` flattens
+//! them). Anything else — a numpy scalar, a strided view, a tensor on a GPU,
+//! a different shape — is a [`Miss`]: the caller hands that sample to the
+//! Python half, which converts what it can and words the error for what it
+//! cannot.
 
 use std::ffi::CString;
 
 use pyo3::buffer::PyUntypedBuffer;
+use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple, PyType};
 
 /// The sample does not follow the plan; the Python half reads it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,6 +50,15 @@ pub(crate) enum SamplePlan {
         /// The buffer protocol's format string (`"f"`, `"<f"`, `"B"`...).
         format: CString,
         /// Shape of the array.
+        shape: Vec<usize>,
+    },
+    /// A torch tensor (`torch.Tensor` or a subclass) on the CPU.
+    Tensor {
+        /// `torch.Tensor`, for the instance check.
+        class: Py<PyType>,
+        /// Its `torch.dtype` (compared by identity: dtypes are singletons).
+        dtype: Py<PyAny>,
+        /// Shape of the tensor.
         shape: Vec<usize>,
     },
     /// A Python `int`, written as little-endian int64.
@@ -85,6 +99,19 @@ impl SamplePlan {
             }
             return Some(Self::Dict { keys, values });
         }
+        if let Some(class) = torch_tensor_class(sample.py())
+            && sample.is_instance(&class).unwrap_or(false)
+        {
+            let py = sample.py();
+            if !tensor_is_plain(sample) {
+                return None;
+            }
+            return Some(Self::Tensor {
+                dtype: sample.getattr(intern!(py, "dtype")).ok()?.unbind(),
+                shape: sample.getattr(intern!(py, "shape")).ok()?.extract().ok()?,
+                class: class.unbind(),
+            });
+        }
         let buf = PyUntypedBuffer::get(sample).ok()?;
         if !buf.is_c_contiguous() {
             return None;
@@ -100,7 +127,7 @@ impl SamplePlan {
         match self {
             Self::Seq { items, .. } => items.iter().map(Self::leaves).sum(),
             Self::Dict { values, .. } => values.iter().map(Self::leaves).sum(),
-            Self::Array { .. } | Self::Int | Self::Float | Self::Bool => 1,
+            Self::Array { .. } | Self::Tensor { .. } | Self::Int | Self::Float | Self::Bool => 1,
         }
     }
 
@@ -169,6 +196,7 @@ impl SamplePlan {
                 }
                 put(leaf(rows, next)?, &[u8::from(v.is_truthy().map_err(|_| Miss)?)])
             }
+            Self::Tensor { class, dtype, shape } => tensor_row(v, class, dtype, shape, leaf(rows, next)?),
             Self::Array { format, shape } => {
                 // A number where an array was: the Python half says so.
                 if v.is_instance_of::<PyInt>() || v.is_instance_of::<PyFloat>() {
@@ -194,6 +222,60 @@ impl SamplePlan {
             }
         }
     }
+}
+
+/// The row of the next leaf.
+fn tensor_row(v: &Bound<'_, PyAny>, class: &Py<PyType>, dtype: &Py<PyAny>, shape: &[usize], row: &mut [u8]) -> Result<(), Miss> {
+    let py = v.py();
+    if !v.is_instance(class.bind(py)).map_err(|_| Miss)? || !tensor_is_plain(v) {
+        return Err(Miss);
+    }
+    if !v.getattr(intern!(py, "dtype")).map_err(|_| Miss)?.is(dtype.bind(py)) {
+        return Err(Miss);
+    }
+    let got: Vec<usize> = v.getattr(intern!(py, "shape")).and_then(|s| s.extract()).map_err(|_| Miss)?;
+    let nbytes: usize = v.getattr(intern!(py, "nbytes")).and_then(|n| n.extract()).map_err(|_| Miss)?;
+    if got != shape || nbytes != row.len() {
+        return Err(Miss);
+    }
+    if nbytes == 0 {
+        return Ok(());
+    }
+    let ptr: usize = v.call_method0(intern!(py, "data_ptr")).and_then(|p| p.extract()).map_err(|_| Miss)?;
+    if ptr == 0 {
+        return Err(Miss);
+    }
+    // SAFETY: `v` is a strided, contiguous CPU tensor (checked just above,
+    // with the GIL held since): its `nbytes` bytes lie contiguously from
+    // `data_ptr()` (which already includes its storage offset), in its
+    // storage, which `v` keeps alive; `nbytes` was checked to equal the
+    // row's length. No Python code runs while the bytes are copied (the GIL
+    // is held), so nothing resizes or frees the storage meanwhile.
+    let bytes = unsafe { std::slice::from_raw_parts(ptr as *const u8, nbytes) };
+    put(row, bytes)
+}
+
+/// A tensor whose bytes are its elements in order: dense (strided),
+/// contiguous, on the CPU, not a lazily conjugated or negated view.
+fn tensor_is_plain(v: &Bound<'_, PyAny>) -> bool {
+    let py = v.py();
+    let truthy = |name: &Bound<'_, PyString>, call: bool| {
+        let got = if call { v.call_method0(name) } else { v.getattr(name) };
+        got.and_then(|x| x.is_truthy()).unwrap_or(false)
+    };
+    truthy(intern!(py, "is_cpu"), false)
+        && truthy(intern!(py, "is_contiguous"), true)
+        && !truthy(intern!(py, "is_sparse"), false)
+        && !truthy(intern!(py, "is_conj"), true)
+        && !truthy(intern!(py, "is_neg"), true)
+        && !truthy(intern!(py, "is_quantized"), false)
+}
+
+/// `torch.Tensor`, when torch is loaded (never imported here).
+fn torch_tensor_class(py: Python<'_>) -> Option<Bound<'_, PyType>> {
+    let modules = py.import(intern!(py, "sys")).ok()?.getattr(intern!(py, "modules")).ok()?;
+    let torch = modules.get_item(intern!(py, "torch")).ok()?;
+    torch.getattr(intern!(py, "Tensor")).ok()?.cast_into::<PyType>().ok()
 }
 
 /// The row of the next leaf.

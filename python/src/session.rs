@@ -20,6 +20,7 @@ use pyo3::prelude::*;
 use crate::batch::Batch;
 use crate::errors::{LoaderError, to_py};
 use crate::spec::decode;
+use crate::template::WorkerTemplate;
 
 /// How often a blocked `next` checks for signals and for `close`.
 const SIGNAL_CHECK: Duration = Duration::from_millis(50);
@@ -93,12 +94,14 @@ impl NativeLoader {
     /// `LoaderOptions`, passed whole to the SDK): fed by the coordinator at
     /// `coordinator`, or with `local = (workers, worker_command,
     /// ready_timeout)` by embedded mode's coordinator in this process and
-    /// `workers` worker processes started with `worker_command`. See
+    /// `workers` worker processes started with `worker_command`, or forked
+    /// by `template = (WorkerTemplate, threads)` (`loader._template`) under
+    /// the thread policy `threads` when given. See
     /// `loader.Loader`. `resume` is a saved state (JSON), else `start_at`
     /// the first batch to yield (the first of the epoch that `set_epoch`
     /// chose before the first iteration).
     #[staticmethod]
-    #[pyo3(signature = (spec, options, *, coordinator=None, rank=0, world_size=None, resume=None, start_at=None, local=None))]
+    #[pyo3(signature = (spec, options, *, coordinator=None, rank=0, world_size=None, resume=None, start_at=None, local=None, template=None))]
     #[allow(clippy::too_many_arguments)]
     fn open(
         py: Python<'_>,
@@ -110,6 +113,7 @@ impl NativeLoader {
         resume: Option<&str>,
         start_at: Option<u64>,
         local: Option<(usize, Vec<String>, f64)>,
+        template: Option<(PyRef<'_, WorkerTemplate>, u32)>,
     ) -> PyResult<Self> {
         crate::telemetry::start();
         let spec = decode(spec)?;
@@ -119,9 +123,11 @@ impl NativeLoader {
                 let ready = Duration::try_from_secs_f64(ready_timeout).map_err(|_| {
                     PyValueError::new_err("ready_timeout must be a positive number of seconds")
                 })?;
-                Loader::local_builder(spec, workers)
-                    .worker_command(Some(command.into_iter().map(OsString::from).collect()))
-                    .ready_timeout(ready)
+                let builder = Loader::local_builder(spec, workers).ready_timeout(ready);
+                match template {
+                    Some((template, threads)) => builder.worker_launcher(template.launcher(threads)),
+                    None => builder.worker_command(Some(command.into_iter().map(OsString::from).collect())),
+                }
             }
             _ => {
                 return Err(PyValueError::new_err(

@@ -181,3 +181,40 @@ def pad_collate(samples):
 
 def failing_collate(samples):
     raise RuntimeError(f"cannot pad {len(samples)} rows")
+
+
+class ThreadCounts:
+    """Each sample: the intra-op threads torch runs with in the worker that
+    read it, and ``OMP_NUM_THREADS`` there (-1 when unset)."""
+
+    def __init__(self, n: int = 16) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        import os
+
+        import torch
+
+        return {"torch": torch.get_num_threads(), "omp": int(os.environ.get("OMP_NUM_THREADS", "-1"))}
+
+
+class SlowTorch:
+    """Samples made by torch ops that take a little while (as a transform
+    pipeline's do), and a random draw: a worker is inside ``__getitem__``
+    (and its batch generator) most of the time."""
+
+    def __init__(self, n: int = 240, delay: float = 0.004) -> None:
+        self.n, self.delay = n, delay
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        import torch
+
+        time.sleep(self.delay)
+        x = torch.full((3, 8, 8), float(i)) * torch.rand(1)
+        return x.float(), i

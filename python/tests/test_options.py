@@ -90,14 +90,15 @@ def test_a_default_ring_socket_is_an_abstract_name():
 
 
 def test_coordinator_timeout_bounds_the_wait_for_a_lost_coordinator(child):
-    # A coordinator in another process (embedded mode's, with one worker),
-    # which this test kills with its process.
+    # A coordinator in another process (embedded mode's, with one spawned
+    # worker, whose command line names the coordinator), which this test
+    # kills with its process.
     host = child(
         """
 import loader, time
 spec = {"dataset": {"synthetic": {"num_samples": 1, "shape": [4], "dtype": "uint8"}},
         "batch_size": 1, "name": "host"}
-dl = loader.Loader.local(spec, workers=1)
+dl = loader.Loader.local(spec, workers=1, multiprocessing_context="spawn")
 list(dl)
 pid = dl.worker_pids()[0]
 args = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\\0")

@@ -58,6 +58,12 @@ struct Args {
     /// next to this `loader-server`).
     #[arg(long, value_name = "PATH", requires = "worker_pool")]
     worker_command: Option<std::path::PathBuf>,
+    /// Memory the blobs of jobs (pickled Python datasets, uploaded by
+    /// trainers and fetched once per worker host) may take, e.g. 8GiB; a
+    /// larger blob is refused naming the sizes.
+    #[arg(long, env = "LOADER_BLOB_BUDGET", value_name = "SIZE", default_value_t = crate::blobs::DEFAULT_BUDGET,
+          value_parser = loader_process::size::parse_bytes)]
+    blob_budget: u64,
     /// TLS and tokens (docs/security.md).
     #[command(flatten)]
     security: SecurityArgs,
@@ -117,6 +123,7 @@ fn run(args: Args) -> Result<(), String> {
         heartbeat_interval: ttl / 3,
         range_len: args.range_len,
         state_dir: args.state_dir,
+        blob_budget: args.blob_budget,
         worker_pool: match args.worker_pool {
             Some(PoolBackend::Local) => Some(WorkerPoolConfig::Local(LocalPoolConfig {
                 command: match args.worker_command {

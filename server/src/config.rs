@@ -24,6 +24,9 @@ pub struct ServerConfig {
     /// TLS, the roles' tokens and session keys (docs/security.md); none by
     /// default.
     pub security: loader_process::security::ServerSecurity,
+    /// Bytes the blobs of jobs (pickled datasets) may take in memory,
+    /// uploads in progress included; a larger blob is refused.
+    pub blob_budget: u64,
 }
 
 impl Default for ServerConfig {
@@ -35,6 +38,7 @@ impl Default for ServerConfig {
             state_dir: None,
             worker_pool: None,
             security: loader_process::security::ServerSecurity::none(),
+            blob_budget: crate::blobs::DEFAULT_BUDGET,
         }
     }
 }

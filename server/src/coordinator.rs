@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use loader_proto::{ConsumerKey, pb};
 use tokio::sync::Notify;
 
+use crate::blobs::{BlobStore, Chunk, PutOutcome};
 use crate::config::ServerConfig;
 use crate::error::CoordinatorError;
 use crate::jobs::JobTable;
@@ -40,6 +41,9 @@ pub(crate) struct Coordinator {
     work_available: Arc<Notify>,
     /// Where jobs and watermarks survive a restart; None without `state_dir`.
     journal: Option<Arc<Journal>>,
+    /// The blobs jobs reference, in memory (not journaled: trainers upload
+    /// them again when they reopen after a restart).
+    blobs: Arc<BlobStore>,
     pub(crate) config: Arc<ServerConfig>,
 }
 
@@ -155,6 +159,7 @@ impl Coordinator {
             tables: Arc::new(Mutex::new(tables)),
             work_available: Arc::new(Notify::new()),
             journal,
+            blobs: Arc::new(BlobStore::new(config.blob_budget)),
             config: Arc::new(config),
         })
     }
@@ -165,7 +170,21 @@ impl Coordinator {
         self.tables.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub(crate) fn create_or_attach(&self, spec: pb::JobSpec) -> Result<(pb::Job, bool), CoordinatorError> {
+    pub(crate) fn create_or_attach(&self, mut spec: pb::JobSpec) -> Result<(pb::Job, bool), CoordinatorError> {
+        // Where the trainer read its blobs is its own business (and would
+        // make the specs of ranks on different hosts differ).
+        for blob in &mut spec.blobs {
+            blob.source.clear();
+        }
+        if let Some(missing) = spec.blobs.iter().find(|b| !self.blobs.holds(&b.sha256, b.size)) {
+            // A malformed or unhashed ref gets the spec's own message.
+            loader_proto::spec::plan(&spec)?;
+            return Err(CoordinatorError::MissingBlob {
+                name: missing.name.clone(),
+                sha256: missing.sha256.clone(),
+                size: missing.size,
+            });
+        }
         let journal = self.journal.clone();
         let persist = |job: &pb::Job| journal.as_ref().map_or(Ok(()), |j| j.put_job(job));
         let mut t = self.lock();
@@ -177,6 +196,25 @@ impl Coordinator {
             self.work_available.notify_waiters();
         }
         Ok(out)
+    }
+
+    /// Stores one chunk of a blob upload (see `crate::blobs`).
+    pub(crate) fn put_blob(&self, chunk: Chunk) -> Result<PutOutcome, CoordinatorError> {
+        // The blobs unfinished jobs need, which making room keeps; taken
+        // before the blob store's lock, never inside it.
+        let in_use = self
+            .lock()
+            .jobs
+            .iter()
+            .filter(|j| !j.finished())
+            .flat_map(|j| j.job.spec.iter().flat_map(|s| s.blobs.iter().map(|b| b.sha256.clone())))
+            .collect();
+        self.blobs.put(chunk, &in_use, std::time::Instant::now())
+    }
+
+    /// Reads part of a blob: up to `max_bytes` from `offset`, and its size.
+    pub(crate) fn get_blob(&self, sha256: &str, offset: u64, max_bytes: u32) -> Result<(prost::bytes::Bytes, u64), CoordinatorError> {
+        self.blobs.get(sha256, offset, max_bytes, std::time::Instant::now())
     }
 
     /// Opens a session; `resume_at` restarts the consumer's queue there.

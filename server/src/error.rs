@@ -71,12 +71,62 @@ pub enum CoordinatorError {
     /// trainer that opened a session may act for it.
     #[error("session {0}: missing or wrong session key (a trainer may act only for the sessions it opened)")]
     WrongSessionKey(u64),
+    /// A `PutBlob` or `GetBlob` call that cannot be right (a bad hash, a
+    /// chunk too large or past the blob's end, sizes that disagree).
+    #[error("{0}")]
+    BadBlobRequest(String),
+    /// An upload's bytes do not hash to the name it was uploaded under.
+    #[error("blob {sha256}: the uploaded bytes hash to {got}; upload the file again (did it change while it was read?)")]
+    BlobMismatch {
+        /// The name it was uploaded under.
+        sha256: String,
+        /// What the bytes hash to.
+        got: String,
+    },
+    /// A blob larger than the whole blob budget.
+    #[error("blob {sha256} of {size} is larger than this coordinator's blob budget of {budget}; start loader-server with a larger --blob-budget")]
+    BlobTooLarge {
+        /// The blob.
+        sha256: String,
+        /// Its size, for people.
+        size: String,
+        /// The budget, for people.
+        budget: String,
+    },
+    /// A blob that does not fit next to the blobs running jobs need.
+    #[error("blob {sha256} of {size} does not fit: {used} of this coordinator's {budget} blob budget hold blobs of unfinished jobs; wait for them to finish or raise loader-server --blob-budget")]
+    BlobBudgetFull {
+        /// The blob.
+        sha256: String,
+        /// Its size, for people.
+        size: String,
+        /// What is held or reserved, for people.
+        used: String,
+        /// The budget, for people.
+        budget: String,
+    },
+    /// A read of a blob the coordinator does not hold.
+    #[error("this coordinator holds no blob {0}; the trainer uploads it before it submits the job (a restarted coordinator gets it again when the trainer reopens its session)")]
+    UnknownBlob(String),
+    /// A job names a blob the coordinator does not hold.
+    #[error("the job needs blob `{name}` ({sha256}, {size} bytes), which this coordinator does not hold; upload it first with PutBlob (the SDKs upload a spec's pickle_file themselves)")]
+    MissingBlob {
+        /// The blob's name in the spec.
+        name: String,
+        /// Its hash.
+        sha256: String,
+        /// Its size.
+        size: u64,
+    },
 }
 
 impl From<CoordinatorError> for Status {
     fn from(e: CoordinatorError) -> Self {
         let code = match &e {
-            CoordinatorError::ProtocolMismatch { .. } | CoordinatorError::NoWorkerPool => Code::FailedPrecondition,
+            CoordinatorError::ProtocolMismatch { .. }
+            | CoordinatorError::NoWorkerPool
+            | CoordinatorError::MissingBlob { .. } => Code::FailedPrecondition,
+            CoordinatorError::BlobTooLarge { .. } | CoordinatorError::BlobBudgetFull { .. } => Code::ResourceExhausted,
             CoordinatorError::WorkerStart(_) => Code::Internal,
             CoordinatorError::ScaleRefused(_) | CoordinatorError::WrongSessionKey(_) => Code::PermissionDenied,
             CoordinatorError::ScaleFailed(_) => Code::Unavailable,
@@ -84,8 +134,11 @@ impl From<CoordinatorError> for Status {
             | CoordinatorError::BadConsumer { .. }
             | CoordinatorError::BadResume { .. }
             | CoordinatorError::Missing(_)
-            | CoordinatorError::BadScaling(_) => Code::InvalidArgument,
-            CoordinatorError::UnknownJob(_)
+            | CoordinatorError::BadScaling(_)
+            | CoordinatorError::BadBlobRequest(_)
+            | CoordinatorError::BlobMismatch { .. } => Code::InvalidArgument,
+            CoordinatorError::UnknownBlob(_)
+            | CoordinatorError::UnknownJob(_)
             | CoordinatorError::UnknownWorker(_)
             | CoordinatorError::UnknownSession(_) => Code::NotFound,
             CoordinatorError::NameTaken(_) => Code::AlreadyExists,

@@ -53,6 +53,13 @@ impl JobState {
         self.life = tracing::Span::none();
     }
 
+    /// True once the job failed or every consumer consumed its last batch:
+    /// nothing will be produced for it any more.
+    pub(crate) fn finished(&self) -> bool {
+        let total = self.plan.total_batches();
+        self.error.is_some() || self.consumers.iter().all(|c| c.consumed >= total)
+    }
+
     /// Ends the job's span if every consumer consumed its last batch.
     pub(crate) fn end_life_if_consumed(&mut self) {
         let total = self.plan.total_batches();

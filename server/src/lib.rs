@@ -11,6 +11,8 @@
 //!   leases); `coordinator::requeue` is the one path by which batches go
 //!   back to a queue (a worker left, or a consumer lost its last session).
 //! - `admission`: refuses a job whose batches fit no worker's memory.
+//! - `blobs`: the blobs jobs reference (pickled datasets), uploaded by
+//!   trainers and read by workers in chunks, held within `--blob-budget`.
 //! - `jobs`, `workers`, `sessions`, `range_queue`: the tables it keeps.
 //! - `journal`: jobs and watermarks in redb, so a restart resumes delivery.
 //! - `traces`: the root span of each batch sampled for tracing, from
@@ -27,6 +29,7 @@
 
 mod admission;
 mod autoscale;
+mod blobs;
 pub mod cli;
 pub mod config;
 mod coordinator;

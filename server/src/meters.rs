@@ -42,3 +42,9 @@ pub(crate) fn tables(workers: usize, sessions: usize, jobs: usize) {
     metrics::gauge!("loader_coordinator_sessions").set(sessions as f64);
     metrics::gauge!("loader_coordinator_jobs").set(jobs as f64);
 }
+
+/// Bytes of blobs the coordinator holds or has reserved for uploads in
+/// progress (bounded by `--blob-budget`).
+pub(crate) fn blob_bytes(bytes: u64) {
+    metrics::gauge!("loader_coordinator_blob_bytes").set(bytes as f64);
+}

@@ -219,8 +219,16 @@ impl Proc {
 impl Drop for Proc {
     fn drop(&mut self) {
         // The group first: a loaderctl child's workers die with it.
-        let _ = killpg(Pid::from_raw(self.child.id() as i32), Signal::SIGKILL);
+        let pgid = self.child.id() as i32;
+        let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
         self.kill();
+        // SIGKILL is delivered, not done: a loaded machine may take a few
+        // milliseconds to end the group's other members, which the scope's
+        // sweep would then report as left alive.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+        while !crate::scope::live_members(pgid).is_empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
     }
 }
 

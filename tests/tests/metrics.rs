@@ -125,7 +125,12 @@ impl Prometheus {
         write!(stream, "GET /api/v1/query?query={encoded} HTTP/1.0\r\n\r\n").expect("send the query");
         let mut response = String::new();
         stream.read_to_string(&mut response).ok()?;
-        let (_, body) = response.split_once("\r\n\r\n")?;
+        let (head, body) = response.split_once("\r\n\r\n")?;
+        // 503 "Service Unavailable" while it starts (loads its storage):
+        // not up yet, like a refused connection.
+        if head.split_whitespace().nth(1) == Some("503") {
+            return None;
+        }
         Some(serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}")))
     }
 }

@@ -53,6 +53,12 @@ const COORDINATOR: &[(&str, Role, Call)] = &[
     ("WorkerService/Deregister", Role::Worker, |c| {
         async move { WorkerServiceClient::new(c).deregister(pb::DeregisterRequest::default()).await.map(drop) }.boxed()
     }),
+    ("WorkerService/GetBlob", Role::Worker, |c| {
+        async move { WorkerServiceClient::new(c).get_blob(pb::GetBlobRequest::default()).await.map(drop) }.boxed()
+    }),
+    ("TrainerService/PutBlob", Role::Trainer, |c| {
+        async move { TrainerServiceClient::new(c).put_blob(pb::PutBlobRequest::default()).await.map(drop) }.boxed()
+    }),
     ("TrainerService/CreateOrAttachJob", Role::Trainer, |c| {
         async move {
             TrainerServiceClient::new(c).create_or_attach_job(pb::CreateOrAttachJobRequest::default()).await.map(drop)

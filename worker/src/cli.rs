@@ -49,6 +49,11 @@ struct Args {
     /// Off by default.
     #[arg(long, env = "LOADER_METRICS_LISTEN", value_name = "ADDR", value_parser = parse_metrics_listen)]
     metrics_listen: Option<SocketAddr>,
+    /// The host's blob directory, where the blobs of jobs (pickled Python
+    /// datasets) are fetched once per host [default:
+    /// $XDG_RUNTIME_DIR/loader-blobs, else $TMPDIR/loader-blobs-<uid>].
+    #[arg(long, env = loader_process::blobs::BLOB_DIR_ENV, value_name = "DIR")]
+    blob_dir: Option<std::path::PathBuf>,
     /// TLS and tokens (docs/security.md).
     #[command(flatten)]
     security: loader_process::security::SecurityArgs,
@@ -128,6 +133,7 @@ async fn serve(args: Args, datasets: Datasets) -> Result<(), WorkerError> {
         max_outstanding: args.max_outstanding,
         memory_budget: args.memory_budget,
         connect_timeout: Duration::from_secs_f64(args.connect_timeout),
+        blob_dir: Some(args.blob_dir.unwrap_or_else(loader_process::blobs::path_from_env)),
         security: args.security,
     };
     crate::run_with_datasets(listener, config, datasets, loader_process::signals::stop_requested()).await

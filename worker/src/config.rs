@@ -25,6 +25,10 @@ pub struct WorkerConfig {
     /// worker started next to its coordinator tolerates a slow start but a
     /// wrong address fails fast.
     pub connect_timeout: Duration,
+    /// The host's blob directory, where the blobs of jobs (pickled
+    /// datasets) are kept once per host; `None`: the one the environment
+    /// names (`loader_process::blobs::default_path`).
+    pub blob_dir: Option<std::path::PathBuf>,
     /// TLS and tokens: as a server to trainers, as a client of the
     /// coordinator (docs/security.md). Token values also come from the
     /// environment (`LOADER_WORKER_TOKEN`, `LOADER_TRAINER_TOKEN`).
@@ -40,6 +44,7 @@ impl Default for WorkerConfig {
             max_outstanding: 8,
             memory_budget: None,
             connect_timeout: Duration::from_secs(5),
+            blob_dir: None,
             security: loader_process::security::SecurityArgs::default(),
         }
     }

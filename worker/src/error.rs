@@ -69,6 +69,9 @@ pub enum WorkerError {
     /// A TLS or token setting cannot be used.
     #[error(transparent)]
     Security(#[from] loader_process::security::SecurityError),
+    /// The host's blob directory cannot be used.
+    #[error(transparent)]
+    BlobDir(#[from] loader_process::blobs::BlobDirError),
 }
 
 /// Why a `Fetch` call was refused.

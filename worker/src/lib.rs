@@ -10,6 +10,9 @@
 //!   self-fencing.
 //! - `drain`: when a draining worker may leave, including handing back
 //!   batches that a live consumer does not fetch.
+//! - `blobs`: the files a job needs beside its spec (a pickled Python
+//!   dataset), found in the host's blob directory or fetched into it from
+//!   the coordinator, before the job's dataset opens.
 //! - `producer`: the thread that turns tasks into batches, FIFO, one batch
 //!   at a time, with a per-job cache of opened datasets; it picks each
 //!   batch's transport.
@@ -41,6 +44,7 @@
 //!   statuses.
 
 mod batch_spans;
+mod blobs;
 pub mod budget;
 mod busy;
 pub mod cli;
@@ -72,11 +76,13 @@ pub use config::WorkerConfig;
 pub use dataset::{Dataset, DatasetError, Datasets, SampleKey, SampleTensor, Transform, Transformed};
 pub use error::WorkerError;
 
+use crate::blobs::BlobFetcher;
 use crate::link::Link;
 use crate::outbox::Outboxes;
 use crate::producer::Producer;
 use crate::ring::Rings;
 use crate::window::Windows;
+use loader_process::blobs::BlobDir;
 use loader_process::security::{ClientSecurity, Role, SecurityArgs, ServerSecurity};
 use loader_proto::pb::RegisterWorkerRequest;
 
@@ -107,6 +113,23 @@ fn security_settings(args: &SecurityArgs) -> Result<(ServerSecurity, ClientSecur
     Ok((serving, args.client(Role::Worker)?))
 }
 
+/// Removes the blob files nobody used for an hour from the host's blob
+/// directory at `path` (a bounded look, so the start stays quick), and
+/// refuses a directory that is not this user's. One that does not exist is
+/// left so: it is made when a job first needs a blob, not by every worker
+/// that starts.
+fn sweep_blob_dir(path: &std::path::Path) -> Result<(), WorkerError> {
+    if std::fs::symlink_metadata(path).is_err() {
+        return Ok(());
+    }
+    let dir = BlobDir::open(path)?;
+    let swept = dir.sweep(loader_process::blobs::UNUSED_FOR, loader_process::blobs::SWEEP_ENTRIES);
+    if swept > 0 {
+        tracing::info!(dir = %dir.path().display(), swept, "removed blob files unused for an hour");
+    }
+    Ok(())
+}
+
 /// [`run`] for a worker that also serves the custom datasets registered in
 /// `datasets` (jobs whose dataset is `custom { name }`).
 pub async fn run_with_datasets(
@@ -131,11 +154,24 @@ pub async fn run_with_datasets(
     let rings = Rings::new(outboxes.clone(), advertise.clone(), tokio::runtime::Handle::current());
     let windows = Windows::new(config.max_outstanding);
     let budget = config.memory_budget.unwrap_or_else(budget::detect);
-    let producer = Producer::spawn(outboxes.clone(), rings.clone(), windows.clone(), budget, datasets)
+    let (coordinator, channel) = match link::channel(&config.coordinator, &calling) {
+        Ok(c) => c,
+        Err(e) => {
+            rings.close();
+            return Err(e);
+        }
+    };
+    let blob_dir = config.blob_dir.clone().unwrap_or_else(loader_process::blobs::path_from_env);
+    if let Err(e) = sweep_blob_dir(&blob_dir) {
+        rings.close();
+        return Err(e);
+    }
+    let blobs = BlobFetcher::new(channel.clone(), coordinator.clone(), tokio::runtime::Handle::current(), blob_dir);
+    let producer = Producer::spawn(outboxes.clone(), rings.clone(), windows.clone(), budget, datasets, Some(blobs))
         .map_err(WorkerError::Thread)?;
-    let mut link = match Link::new(
-        &config.coordinator,
-        &calling,
+    let mut link = Link::new(
+        coordinator,
+        channel,
         RegisterWorkerRequest {
             address: advertise,
             node,
@@ -147,14 +183,7 @@ pub async fn run_with_datasets(
         producer.clone(),
         outboxes.clone(),
         rings.clone(),
-    ) {
-        Ok(link) => link,
-        Err(e) => {
-            producer.stop();
-            rings.close();
-            return Err(e);
-        }
-    };
+    );
 
     let stop = CancellationToken::new();
     let mut server = tokio::spawn(service::serve(listener, outboxes.clone(), serving, stop.clone()));

@@ -158,28 +158,32 @@ fn describe(status: &Status) -> String {
     parts.join(": ").replace('\n', " ")
 }
 
+/// The coordinator at `addr` (as given) as a URL and a channel to it; no
+/// connection is made yet. The link and the blob fetches share it.
+pub(crate) fn channel(addr: &str, security: &ClientSecurity) -> Result<(String, Channel), WorkerError> {
+    let url = loader_process::grpc::normalize(addr, security.tls.is_some());
+    let target = loader_process::grpc::endpoint(&url, security)
+        .map_err(|e| WorkerError::CoordinatorAddress { addr: addr.to_owned(), reason: e.cause })?;
+    // Longer than a trainer's: registration retries within its own
+    // deadline, and a heartbeat may wait out a loaded coordinator.
+    let target = target.map_endpoint(|e| e.connect_timeout(CONNECT_TIMEOUT));
+    Ok((url, target.connect_lazy()))
+}
+
 impl Link {
-    /// A link to the coordinator at `addr`; no connection is made yet.
-    /// `register` is what this worker announces (its protocol version is
-    /// set here; `max_outstanding` comes from `windows`).
+    /// A link to the coordinator at `addr` (a URL) over `channel` (see
+    /// [`channel`]). `register` is what this worker announces (its protocol
+    /// version is set here; `max_outstanding` comes from `windows`).
     pub(crate) fn new(
-        addr: &str,
-        security: &ClientSecurity,
+        addr: String,
+        channel: Channel,
         register: RegisterWorkerRequest,
         windows: std::sync::Arc<Windows>,
         producer: Producer,
         outboxes: std::sync::Arc<Outboxes>,
         rings: std::sync::Arc<Rings>,
-    ) -> Result<Self, WorkerError> {
-        let given = addr;
-        let addr = loader_process::grpc::normalize(addr, security.tls.is_some());
-        let target = loader_process::grpc::endpoint(&addr, security)
-            .map_err(|e| WorkerError::CoordinatorAddress { addr: given.to_owned(), reason: e.cause })?;
-        // Longer than a trainer's: registration retries within its own
-        // deadline, and a heartbeat may wait out a loaded coordinator.
-        let target = target.map_endpoint(|e| e.connect_timeout(CONNECT_TIMEOUT));
-        let channel = target.connect_lazy();
-        Ok(Self {
+    ) -> Self {
+        Self {
             addr,
             client: WorkerServiceClient::new(channel),
             register: RegisterWorkerRequest {
@@ -192,7 +196,7 @@ impl Link {
             rings,
             low_water: (windows.at_least() as usize / 2).max(1),
             windows,
-        })
+        }
     }
 
     /// Resolves when a heartbeat has something worth a call: a failure;

@@ -37,6 +37,7 @@ use crate::busy::BusyMeter;
 use crate::collate::{
     BatchRules, CollateError, Skipped, collate_bytes, collate_into, layout, made_bytes, make, write_made,
 };
+use crate::blobs::{BlobError, BlobFetcher};
 use crate::dataset::{Dataset, DatasetError, Datasets};
 use crate::outbox::Outboxes;
 use crate::ring::{Rings, Route};
@@ -73,6 +74,9 @@ struct Shared {
     report: Notify,
     /// The datasets this worker can open (built-in and registered custom).
     datasets: Datasets,
+    /// Makes a job's blobs local before its dataset opens; None in tests
+    /// without a coordinator (a job with blobs then fails).
+    blobs: Option<BlobFetcher>,
     /// Corrupt samples skipped by this worker since it started, for the log.
     skipped: AtomicU64,
     /// How much of the wall time this thread spends making batches, read by
@@ -106,6 +110,7 @@ impl Producer {
         windows: Arc<Windows>,
         budget: u64,
         datasets: Datasets,
+        blobs: Option<BlobFetcher>,
     ) -> std::io::Result<Self> {
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue::default()),
@@ -117,6 +122,7 @@ impl Producer {
             abandon: AtomicU64::new(0),
             report: Notify::new(),
             datasets,
+            blobs,
             skipped: AtomicU64::new(0),
             busy_meter: BusyMeter::new(Instant::now()),
         });
@@ -286,6 +292,12 @@ enum TaskError {
     /// The dataset could not be opened.
     #[error(transparent)]
     Dataset(#[from] DatasetError),
+    /// A blob of the job could not be made local.
+    #[error(transparent)]
+    Blob(#[from] BlobError),
+    /// The job has blobs and this producer cannot fetch any.
+    #[error("the job references blobs and this worker has no coordinator to fetch them from")]
+    NoBlobFetcher,
     /// The dataset is not the one the job was planned for.
     #[error("dataset holds {held} samples, the job was planned for {planned}")]
     SampleCount {
@@ -390,7 +402,7 @@ impl Shared {
         let spec = job.spec.as_ref().ok_or(TaskError::NoSpec)?;
         let plan = loader_proto::spec::plan(spec)?;
         check_range(task, &plan)?;
-        let dataset = cache.open(job.job_id, spec, &self.datasets)?;
+        let dataset = cache.open(job.job_id, spec, &self.datasets, self.blobs.as_ref())?;
         let rules = BatchRules { seed: plan.seed, on_corrupt: loader_proto::spec::corrupt_policy(spec) };
         if dataset.len() != plan.num_samples {
             return Err(TaskError::SampleCount { held: dataset.len(), planned: plan.num_samples });
@@ -577,7 +589,13 @@ struct DatasetCache {
 }
 
 impl DatasetCache {
-    fn open(&mut self, job_id: u64, spec: &JobSpec, datasets: &Datasets) -> Result<Arc<dyn Dataset>, TaskError> {
+    fn open(
+        &mut self,
+        job_id: u64,
+        spec: &JobSpec,
+        datasets: &Datasets,
+        blobs: Option<&BlobFetcher>,
+    ) -> Result<Arc<dyn Dataset>, TaskError> {
         self.clock += 1;
         if let Some((ds, used)) = self.open.get_mut(&job_id) {
             *used = self.clock;
@@ -585,7 +603,13 @@ impl DatasetCache {
         }
         // Failures are not cached: a file that appears later is picked up by
         // the next task.
-        let ds = datasets.open(spec)?;
+        let ds = if spec.blobs.is_empty() {
+            datasets.open(spec)?
+        } else {
+            // The blobs stay open until the dataset has read them.
+            let local = blobs.ok_or(TaskError::NoBlobFetcher)?.localize(spec)?;
+            datasets.open(&local.apply(spec))?
+        };
         if self.open.len() >= DATASET_CACHE
             && let Some(oldest) = self.open.iter().min_by_key(|(_, (_, used))| *used).map(|(id, _)| *id)
         {
@@ -626,7 +650,7 @@ pub(crate) mod tests {
     /// A producer whose ring connections run on the test's runtime.
     pub(crate) fn spawn(outboxes: &Arc<Outboxes>) -> Producer {
         let rings = Rings::new(Arc::clone(outboxes), "http://worker.test:1".into(), tokio::runtime::Handle::current());
-        Producer::spawn(Arc::clone(outboxes), rings, Windows::new(8), 1 << 30, Datasets::new()).expect("spawn")
+        Producer::spawn(Arc::clone(outboxes), rings, Windows::new(8), 1 << 30, Datasets::new(), None).expect("spawn")
     }
 
     /// Waits (bounded) until the producer has worked through its queue.

@@ -6,9 +6,13 @@
 //! hands the cluster to the loader, which drops it last.
 //!
 //! - `coordinator`: `loader_server::serve` on a background thread.
-//! - `workers`: finding, starting, watching and stopping worker processes.
+//! - `launch`: how a worker process is started ([`WorkerLauncher`]: a
+//!   command by default; the Python SDK forks workers from a template).
+//! - `workers`: finding the worker command, starting, watching and stopping
+//!   worker processes.
 
 mod coordinator;
+mod launch;
 mod workers;
 
 use std::ffi::OsString;
@@ -27,6 +31,7 @@ use crate::event::{Event, EventTx};
 
 pub use self::coordinator::THREAD_NAME as COORDINATOR_THREAD;
 use self::coordinator::InProcessCoordinator;
+pub use self::launch::{CommandLauncher, WorkerLauncher, WorkerProcess};
 pub use self::workers::WORKER_BIN_ENV;
 use self::workers::{CommandSources, WorkerProcesses};
 
@@ -42,6 +47,9 @@ pub(crate) struct ClusterConfig {
     /// Program and leading arguments that start a worker; see
     /// [`LoaderBuilder::worker_command`](crate::LoaderBuilder::worker_command).
     pub(crate) worker_command: Option<Vec<OsString>>,
+    /// Starts the workers instead of `worker_command`; see
+    /// [`LoaderBuilder::worker_launcher`](crate::LoaderBuilder::worker_launcher).
+    pub(crate) launcher: Option<Arc<dyn WorkerLauncher>>,
     /// The embedded coordinator's settings.
     pub(crate) server: ServerConfig,
     /// How long workers get to register.
@@ -55,6 +63,7 @@ impl ClusterConfig {
         Self {
             workers,
             worker_command: None,
+            launcher: None,
             server: ServerConfig::default(),
             ready_timeout: DEFAULT_READY_TIMEOUT,
         }
@@ -130,9 +139,15 @@ impl LocalCluster {
                 "embedded mode needs at least one worker".into(),
             ));
         }
-        let command = CommandSources::from_process(config.worker_command).resolve()?;
+        let launcher = match config.launcher {
+            Some(launcher) => launcher,
+            None => {
+                let command = CommandSources::from_process(config.worker_command).resolve()?;
+                Arc::new(CommandLauncher::new(command)?) as Arc<dyn WorkerLauncher>
+            }
+        };
         let coordinator = InProcessCoordinator::start(config.server)?;
-        let workers = WorkerProcesses::spawn(command, coordinator.address(), config.workers)?;
+        let workers = WorkerProcesses::spawn(launcher, coordinator.address(), config.workers)?;
         let mut cluster = LocalCluster {
             supervisor: None,
             workers: Arc::new(Mutex::new(workers)),

@@ -1,20 +1,19 @@
 //! Embedded mode's worker processes: finding the executable, starting N of
-//! them against the embedded coordinator, draining their stdout, noticing an
-//! early exit, supervising them (a worker that exits is started again, one
-//! that keeps exiting fails the run), and stopping them (SIGTERM, then
-//! SIGKILL) when dropped.
+//! them against the embedded coordinator (through a `launch::WorkerLauncher`),
+//! noticing an early exit, supervising them (a worker that exits is started
+//! again, one that keeps exiting fails the run), and stopping them (SIGTERM,
+//! then SIGKILL) when dropped.
 
-use std::ffi::{OsStr, OsString};
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
 use std::collections::VecDeque;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use loader_process::retry::{Backoff, Pauses};
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 
+use super::launch::{WorkerLauncher, WorkerProcess};
 use crate::error::LoaderError;
 
 /// Environment variable naming the worker executable.
@@ -111,8 +110,8 @@ const RESTART_BACKOFF: Backoff = Backoff::new(Duration::from_millis(100), Durati
 /// its lease expires (the coordinator requeues them).
 #[derive(Debug)]
 pub(crate) struct WorkerProcesses {
-    /// Program and leading arguments of every worker.
-    command: Vec<OsString>,
+    /// Starts every worker, replacements included.
+    launcher: Arc<dyn WorkerLauncher>,
     /// The embedded coordinator's URL, for replacements.
     coordinator: String,
     /// One slot per worker the user asked for.
@@ -123,11 +122,9 @@ pub(crate) struct WorkerProcesses {
 #[derive(Debug)]
 struct Slot {
     /// The running process; None between an exit and its restart.
-    child: Option<Child>,
+    child: Option<Box<dyn WorkerProcess>>,
     /// When it exited lately, within `RESTART_WINDOW`.
     exits: VecDeque<Instant>,
-    /// How it last exited, for the message.
-    last_exit: Option<ExitStatus>,
     /// When to start it again, after an exit.
     restart_at: Option<Instant>,
     /// The pauses before this slot's next restarts.
@@ -135,14 +132,10 @@ struct Slot {
 }
 
 impl WorkerProcesses {
-    /// Starts `count` workers of `command` against `coordinator`.
-    pub(crate) fn spawn(
-        command: Vec<OsString>,
-        coordinator: &str,
-        count: usize,
-    ) -> Result<Self, LoaderError> {
+    /// Starts `count` workers with `launcher` against `coordinator`.
+    pub(crate) fn spawn(launcher: Arc<dyn WorkerLauncher>, coordinator: &str, count: usize) -> Result<Self, LoaderError> {
         let mut procs = WorkerProcesses {
-            command,
+            launcher,
             coordinator: coordinator.to_owned(),
             slots: Vec::with_capacity(count),
         };
@@ -151,7 +144,6 @@ impl WorkerProcesses {
             procs.slots.push(Slot {
                 child: Some(child),
                 exits: VecDeque::new(),
-                last_exit: None,
                 restart_at: None,
                 pauses: RESTART_BACKOFF.pauses(),
             });
@@ -160,43 +152,16 @@ impl WorkerProcesses {
     }
 
     /// Starts the worker of slot `i`.
-    fn start(&self, i: usize) -> Result<Child, LoaderError> {
-        let Some((program, leading)) = self.command.split_first() else {
-            return Err(LoaderError::Embedded("the worker command is empty".into()));
-        };
-        let mut command = Command::new(program);
+    fn start(&self, i: usize) -> Result<Box<dyn WorkerProcess>, LoaderError> {
+        let args = ["--coordinator", &self.coordinator, "--listen", "127.0.0.1:0"].map(str::to_owned);
         // The embedded cluster is plaintext and token-less on loopback: the
         // trainer's own TLS and token settings are not the workers'.
-        for var in loader_process::security::config::VARIABLES {
-            command.env_remove(var);
-        }
-        let mut child = command
-            .args(leading)
-            .args(["--coordinator", &self.coordinator, "--listen", "127.0.0.1:0"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .map_err(|e| {
-                LoaderError::Embedded(format!(
-                    "cannot start worker {} ({}): {e}",
-                    i + 1,
-                    display(program)
-                ))
-            })?;
-        if let Some(stdout) = child.stdout.take() {
-            drain(i + 1, stdout);
-        }
-        Ok(child)
+        self.launcher.launch(i + 1, &args, &loader_process::security::config::VARIABLES)
     }
 
     /// Process ids of the running workers.
     pub(crate) fn pids(&self) -> Vec<u32> {
-        self.slots.iter().filter_map(|s| s.child.as_ref()).map(Child::id).collect()
-    }
-
-    fn command_line(&self) -> String {
-        self.command.iter().map(|a| display(a)).collect::<Vec<_>>().join(" ")
+        self.slots.iter().filter_map(|s| s.child.as_ref()).map(|c| c.id()).collect()
     }
 
     /// Fails if a worker has exited: while the cluster starts, an exit is a
@@ -205,12 +170,12 @@ impl WorkerProcesses {
         let count = self.slots.len();
         for (i, slot) in self.slots.iter_mut().enumerate() {
             if let Some(child) = &mut slot.child
-                && let Ok(Some(status)) = child.try_wait()
+                && let Some(status) = child.try_wait()
             {
                 return Err(LoaderError::Embedded(format!(
                     "worker {} of {count} ({}) exited early with {status}",
                     i + 1,
-                    self.command_line()
+                    self.launcher.describe()
                 )));
             }
         }
@@ -222,14 +187,12 @@ impl WorkerProcesses {
     /// `MAX_RESTARTS` times within `RESTART_WINDOW`.
     pub(crate) fn supervise(&mut self, now: Instant) -> Result<(), LoaderError> {
         let count = self.slots.len();
-        let command = self.command_line();
         for i in 0..count {
             let slot = &mut self.slots[i];
             if let Some(child) = &mut slot.child
-                && let Ok(Some(status)) = child.try_wait()
+                && let Some(status) = child.try_wait()
             {
                 slot.child = None;
-                slot.last_exit = Some(status);
                 slot.exits.push_back(now);
                 while slot.exits.front().is_some_and(|&t| now.duration_since(t) > RESTART_WINDOW) {
                     slot.exits.pop_front();
@@ -238,7 +201,7 @@ impl WorkerProcesses {
                     return Err(LoaderError::Embedded(format!(
                         "worker {} of {count} ({}) keeps dying: it exited {} times within {}s, last with {status}",
                         i + 1,
-                        command,
+                        self.launcher.describe(),
                         slot.exits.len(),
                         RESTART_WINDOW.as_secs()
                     )));
@@ -261,48 +224,23 @@ impl WorkerProcesses {
 
 impl Drop for WorkerProcesses {
     fn drop(&mut self) {
-        for child in self.slots.iter().filter_map(|s| s.child.as_ref()) {
-            if let Ok(pid) = i32::try_from(child.id()) {
-                let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
-            }
+        for child in self.slots.iter_mut().filter_map(|s| s.child.as_mut()) {
+            child.signal(Signal::SIGTERM);
         }
         let deadline = Instant::now() + TERM_GRACE;
         for child in self.slots.iter_mut().filter_map(|s| s.child.as_mut()) {
             loop {
-                match child.try_wait() {
-                    Ok(Some(_)) => break,
-                    Ok(None) if Instant::now() < deadline => {
-                        std::thread::sleep(Duration::from_millis(10))
-                    }
-                    _ => {
-                        let _ = child.kill();
-                        let _ = child.wait();
-                        break;
-                    }
+                if child.try_wait().is_some() {
+                    break;
                 }
+                if Instant::now() >= deadline {
+                    child.kill_and_reap();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(5));
             }
         }
     }
-}
-
-fn drain(n: usize, stdout: std::process::ChildStdout) {
-    let spawned = std::thread::Builder::new()
-        .name(format!("loader-worker-{n}-stdout"))
-        .spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                match line {
-                    Ok(line) => tracing::debug!(worker = n, "{line}"),
-                    Err(_) => break,
-                }
-            }
-        });
-    if let Err(e) = spawned {
-        tracing::warn!(worker = n, error = %e, "cannot drain worker stdout");
-    }
-}
-
-fn display(s: &OsStr) -> String {
-    s.to_string_lossy().into_owned()
 }
 
 #[cfg(test)]
@@ -383,8 +321,8 @@ mod tests {
 
     #[test]
     fn early_exit_is_named() {
-        let mut procs =
-            WorkerProcesses::spawn(vec!["false".into()], "http://127.0.0.1:1", 1).expect("spawn");
+        let launcher = Arc::new(super::super::launch::CommandLauncher::new(vec!["false".into()]).expect("command"));
+        let mut procs = WorkerProcesses::spawn(launcher, "http://127.0.0.1:1", 1).expect("spawn");
         let started = Instant::now();
         loop {
             match procs.check() {

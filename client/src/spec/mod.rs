@@ -21,7 +21,7 @@ pub mod transforms;
 use std::path::Path;
 
 use loader_proto::pb::{
-    CorruptPolicy, CustomSpec, DatasetSpec, Dtype, ImageFolderSpec, JobSpec, NpyArray, NpySpec,
+    BlobRef, CorruptPolicy, CustomSpec, DatasetSpec, Dtype, ImageFolderSpec, JobSpec, NpyArray, NpySpec,
     SamplerSpec, SyntheticSpec, TokensSpec, Transform, WebDatasetSpec, dataset_spec::Kind,
 };
 use loader_proto::sampler::Plan;
@@ -210,6 +210,17 @@ impl JobSpecBuilder {
         self
     }
 
+    /// Sends the file at `path` with the job as the blob `name` (see
+    /// `loader_proto::blob`): hashed by [`build`](Self::build), uploaded to
+    /// the coordinator before the job is submitted, and made local once per
+    /// worker host before the dataset opens, where a `custom` dataset finds
+    /// its local path in `params[name]`. For files too large for the spec
+    /// (a pickled dataset, a vocabulary, an index).
+    pub fn blob(mut self, name: impl Into<String>, path: impl AsRef<Path>) -> Self {
+        self.spec.blobs.push(BlobRef { name: name.into(), source: absolute(path.as_ref()), ..Default::default() });
+        self
+    }
+
     /// Busy CPU time per synthetic sample, standing in for decode/augment.
     pub fn cost_ns(mut self, cost_ns: u64) -> Self {
         if let Some(DatasetSpec {
@@ -235,12 +246,14 @@ impl JobSpecBuilder {
 
     /// Checks the spec's fields, reads the counts from the dataset's files
     /// (token count; image listing and its fingerprint; samples per shard;
-    /// npy rows), and validates the whole spec.
+    /// npy rows), hashes the files of its blobs, and validates the whole
+    /// spec.
     pub fn build(mut self) -> Result<JobSpec, LoaderError> {
         loader_proto::spec::check(&self.spec)?;
         if let Some(DatasetSpec { kind: Some(kind) }) = &mut self.spec.dataset {
             counts::fill(kind)?;
         }
+        crate::blobs::hash_sources(&mut self.spec)?;
         validate(&self.spec)?;
         Ok(self.spec)
     }

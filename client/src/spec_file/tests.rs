@@ -97,6 +97,20 @@ fn a_python_dataset_is_the_custom_dataset_the_python_worker_serves() {
 }
 
 #[test]
+fn a_pickle_file_becomes_a_blob_named_by_its_field() {
+    let spec = spec_of("dataset: {python: {pickle_file: ds.pkl, collate_pickle_file: /abs/c.pkl, num_samples: 9}}\nbatch_size: 2\n");
+    let names: Vec<(&str, &str)> = spec.blobs.iter().map(|b| (b.name.as_str(), b.source.as_str())).collect();
+    assert_eq!(names, vec![(PICKLE_FILE, "/data/specs/ds.pkl"), (COLLATE_PICKLE_FILE, "/abs/c.pkl")]);
+    assert!(spec.blobs.iter().all(|b| b.sha256.is_empty()), "hashed when the spec is built");
+    match spec.dataset.and_then(|d| d.kind) {
+        Some(Kind::Custom(c)) => assert!(c.params.is_empty(), "the worker adds the paths: {:?}", c.params),
+        other => panic!("{other:?}"),
+    }
+    let e = error_of("dataset: {python: {pickle: AAAA, pickle_file: a.pkl, num_samples: 3}}\nbatch_size: 2\n");
+    assert_eq!(e, "spec: dataset.python: give pickle or pickle_file, not both");
+}
+
+#[test]
 fn bad_specs_fail_on_one_line_naming_the_field() {
     let image = |transforms: &str| format!("dataset: {{image_folder: {{path: x}}}}\ntransforms: {transforms}\nbatch_size: 4\n");
     let cases: Vec<(String, &str)> = vec![

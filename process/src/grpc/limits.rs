@@ -29,7 +29,9 @@ use crate::security::Role;
 /// heartbeat, waits at most a lease interval.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// Largest request message a server decodes: requests are small (the
-/// largest is a job spec); batches only flow from workers to trainers.
+/// largest are a job spec and a blob chunk, at most 1 MiB:
+/// `loader_proto::blob::MAX_CHUNK`); batches only flow from workers to
+/// trainers.
 pub const MAX_REQUEST_MESSAGE: u32 = 4 << 20;
 /// Admin calls per second a server answers (with bursts of as many):
 /// enough for `loaderctl top` and scripts polling status, not for a

@@ -200,6 +200,28 @@ fn bad_requests_map_to_fatal_codes() {
     assert_eq!(tonic::Status::from(err).code(), tonic::Code::FailedPrecondition);
 }
 
+#[test]
+fn a_job_runs_only_on_blobs_the_coordinator_holds_and_keeps_no_trainer_path() {
+    let c = coordinator();
+    let bytes = b"pickled dataset".to_vec();
+    let mut sha = loader_process::blobs::Sha256::default();
+    sha.update(&bytes);
+    let blob = pb::BlobRef { name: "pickle_file".into(), sha256: sha.finish(), size: bytes.len() as u64, source: "/home/me/ds.pkl".into() };
+    let named = |name: &str| JobSpec { blobs: vec![blob.clone()], ..spec(name, 10, 2, 1) };
+    let status = tonic::Status::from(c.create_or_attach(named("a")).expect_err("not uploaded"));
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+    assert!(status.message().starts_with("the job needs blob `pickle_file`"), "{}", status.message());
+
+    let chunk = crate::blobs::Chunk { sha256: blob.sha256.clone(), size: blob.size, offset: 0, data: bytes.into() };
+    assert!(c.put_blob(chunk).expect("uploaded").held);
+    let (job, _) = c.create_or_attach(named("a")).expect("held now");
+    let held = job.spec.as_ref().expect("spec").blobs[0].clone();
+    assert_eq!(held, pb::BlobRef { source: String::new(), ..blob.clone() }, "the trainer's path stays with it");
+    // A rank on another host, whose file is elsewhere, attaches.
+    let elsewhere = JobSpec { blobs: vec![pb::BlobRef { source: "/data/ds.pkl".into(), ..blob.clone() }], ..spec("a", 10, 2, 1) };
+    assert!(c.create_or_attach(elsewhere).expect("attached").1);
+}
+
 #[tokio::test]
 async fn tasks_of_a_colocated_ring_session_carry_its_socket() {
     let c = coordinator();

@@ -1,8 +1,10 @@
-//! `TrainerService`: jobs, sessions, heartbeats and routes for trainers.
+//! `TrainerService`: jobs, sessions, heartbeats and routes for trainers, and
+//! the upload of the blobs their jobs need.
 
 use loader_proto::pb::{self, trainer_service_server::TrainerService};
 use tonic::{Request, Response, Status};
 
+use crate::blobs::Chunk;
 use crate::coordinator::Coordinator;
 use crate::error::{CoordinatorError, check_version};
 
@@ -61,6 +63,14 @@ impl TrainerService for TrainerApi {
         self.0.check_session_key(r.session_id, &r.session_key)?;
         self.0.close_session(r.session_id, r.consumed);
         Ok(Response::new(pb::CloseSessionResponse {}))
+    }
+
+    async fn put_blob(&self, request: Request<pb::PutBlobRequest>) -> Result<Response<pb::PutBlobResponse>, Status> {
+        let r = request.into_inner();
+        check_version(r.protocol_version)?;
+        let chunk = Chunk { sha256: r.sha256, size: r.size, offset: r.offset, data: r.data };
+        let at = self.0.put_blob(chunk)?;
+        Ok(Response::new(pb::PutBlobResponse { held: at.held, next_offset: at.next_offset }))
     }
 
     async fn routes(&self, request: Request<pb::RoutesRequest>) -> Result<Response<pb::RoutesResponse>, Status> {

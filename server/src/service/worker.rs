@@ -1,4 +1,5 @@
-//! `WorkerService`: registration, heartbeats and task pulls.
+//! `WorkerService`: registration, heartbeats and task pulls, and reads of
+//! the blobs jobs need.
 
 use std::time::Duration;
 
@@ -52,6 +53,13 @@ impl WorkerService for WorkerApi {
             },
         };
         Ok(Response::new(response))
+    }
+
+    async fn get_blob(&self, request: Request<pb::GetBlobRequest>) -> Result<Response<pb::GetBlobResponse>, Status> {
+        let r = request.into_inner();
+        check_version(r.protocol_version)?;
+        let (data, size) = self.0.get_blob(&r.sha256, r.offset, r.max_bytes)?;
+        Ok(Response::new(pb::GetBlobResponse { data, size }))
     }
 
     async fn deregister(

@@ -48,7 +48,7 @@ fn producer(rt: &Runtime, outboxes: &Arc<Outboxes>) -> Producer {
     let _ = tracing_subscriber::fmt().with_test_writer().try_init();
     let rings = Rings::new(Arc::clone(outboxes), ADDRESS.into(), rt.handle().clone());
     rings.set_worker_id(WORKER_ID);
-    Producer::spawn(Arc::clone(outboxes), rings, crate::window::Windows::new(8), 1 << 30, crate::dataset::Datasets::new()).expect("spawn")
+    Producer::spawn(Arc::clone(outboxes), rings, crate::window::Windows::new(8), 1 << 30, crate::dataset::Datasets::new(), None).expect("spawn")
 }
 
 /// Job `job_id`: one consumer, 40 synthetic samples of `ROW` bytes, batches

@@ -1,0 +1,235 @@
+//! The blobs a job needs (`JobSpec.blobs`: a pickled Python dataset, say),
+//! made local before its dataset opens, for any dataset kind.
+//!
+//! Each blob is looked up in the host's blob directory
+//! (`loader_process::blobs`), where the trainer's own `Loader.local` wrote
+//! it or another worker of this host fetched it; only when it is not there
+//! is it fetched from the coordinator (`WorkerService.GetBlob`, one chunk
+//! of at most `loader_proto::blob::MAX_CHUNK` per call, so a fetch is
+//! bounded call by call and resumes where it stopped after a failed call),
+//! hashed on the way and renamed into place. Fetching runs on the producer
+//! thread, which blocks on the worker's runtime for it: heartbeats go on
+//! meanwhile, and the job's batches wait for its dataset anyway.
+//!
+//! A `custom` dataset finds each blob in its params, under the blob's name,
+//! as `/proc/self/fd/N`: a descriptor this module holds open while the
+//! dataset opens, so the bytes stay readable even if the trainer removes
+//! the file in between (it does when its loader closes). After the open,
+//! nothing of the blob is held here: what the dataset kept (an unpickled
+//! Python dataset) is the dataset's.
+
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use loader_process::blobs::{BlobDir, ObtainError};
+use loader_process::grpc::Channel;
+use loader_process::retry::Backoff;
+use loader_proto::PROTOCOL_VERSION;
+use loader_proto::blob::MAX_CHUNK;
+use loader_proto::pb::worker_service_client::WorkerServiceClient;
+use loader_proto::pb::{BlobRef, GetBlobRequest, JobSpec, dataset_spec::Kind};
+use tokio::runtime::Handle;
+use tokio::time::Instant;
+use tonic::Code;
+
+/// How long a fetch waits for a blob the coordinator does not hold yet (a
+/// restarted coordinator gets it again when the trainer reopens) or for a
+/// coordinator that does not answer, without a chunk arriving, before the
+/// job's task fails.
+const PATIENCE: Duration = Duration::from_secs(30);
+/// Longest one `GetBlob` call may take.
+const CALL_TIMEOUT: Duration = Duration::from_secs(20);
+/// Pauses between failed calls.
+const BACKOFF: Backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
+
+/// Why a job's blob could not be made local; one line, for the task's
+/// failure report.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum BlobError {
+    /// Fetching it from the coordinator failed.
+    #[error("blob `{name}` ({sha256}): fetching it from coordinator {addr} failed: {cause}")]
+    Fetch {
+        /// The blob's name in the spec.
+        name: String,
+        /// Its hash.
+        sha256: String,
+        /// Coordinator URL.
+        addr: String,
+        /// The last failure.
+        cause: String,
+    },
+    /// Writing it into the host's blob directory failed, or what arrived
+    /// is not the blob.
+    #[error("blob `{name}`: {cause}")]
+    Store {
+        /// The blob's name in the spec.
+        name: String,
+        /// What failed.
+        cause: String,
+    },
+}
+
+/// Makes a job's blobs local (see the module docs).
+#[derive(Debug, Clone)]
+pub(crate) struct BlobFetcher {
+    /// `WorkerService` on the coordinator link's channel.
+    client: WorkerServiceClient<Channel>,
+    /// Coordinator URL, for messages.
+    addr: String,
+    /// The worker's runtime, which the producer thread blocks on to fetch.
+    runtime: Handle,
+    /// The host's blob directory, opened (created if need be) when a job
+    /// needs it.
+    dir: PathBuf,
+}
+
+/// A job's blobs, open, by name, while its dataset opens.
+#[derive(Debug)]
+pub(crate) struct LocalBlobs(Vec<(String, File)>);
+
+impl BlobFetcher {
+    /// Fetches over `channel` (the coordinator at `addr`) into the blob
+    /// directory `dir`.
+    pub(crate) fn new(channel: Channel, addr: String, runtime: Handle, dir: PathBuf) -> Self {
+        Self { client: WorkerServiceClient::new(channel), addr, runtime, dir }
+    }
+
+    /// Every blob of `spec`, open: from the host's blob directory, fetched
+    /// into it first when it is not there. Blocks; not for async code.
+    pub(crate) fn localize(&self, spec: &JobSpec) -> Result<LocalBlobs, BlobError> {
+        let mut open = Vec::with_capacity(spec.blobs.len());
+        for blob in &spec.blobs {
+            let dir = BlobDir::open(&self.dir)
+                .map_err(|e| BlobError::Store { name: blob.name.clone(), cause: e.to_string() })?;
+            let file = dir
+                .obtain(&blob.sha256, blob.size, PATIENCE + CALL_TIMEOUT, |w| self.fetch(blob, w))
+                .map_err(|e| match e {
+                    ObtainError::Fill(fetch) => fetch,
+                    other => BlobError::Store { name: blob.name.clone(), cause: other.to_string() },
+                })?;
+            open.push((blob.name.clone(), file));
+        }
+        Ok(LocalBlobs(open))
+    }
+
+    /// Fetches `blob` from the coordinator into `out`, chunk by chunk.
+    fn fetch(&self, blob: &BlobRef, out: &mut impl Write) -> Result<(), BlobError> {
+        let failed = |cause: String| BlobError::Fetch {
+            name: blob.name.clone(),
+            sha256: blob.sha256.clone(),
+            addr: self.addr.clone(),
+            cause,
+        };
+        let started = std::time::Instant::now();
+        let fetched = self.runtime.block_on(async {
+            let mut offset = 0u64;
+            // Renewed by every chunk that arrives.
+            let mut deadline = Instant::now() + PATIENCE;
+            let mut pauses = BACKOFF.pauses();
+            while offset < blob.size {
+                let request = GetBlobRequest {
+                    protocol_version: PROTOCOL_VERSION,
+                    sha256: blob.sha256.clone(),
+                    offset,
+                    max_bytes: MAX_CHUNK as u32,
+                };
+                let mut client = self.client.clone();
+                let outcome = tokio::time::timeout(CALL_TIMEOUT, client.get_blob(request)).await;
+                let status = match outcome {
+                    Ok(Ok(reply)) => {
+                        let reply = reply.into_inner();
+                        if reply.size != blob.size {
+                            return Err(format!("the coordinator holds {} bytes, the job says {}", reply.size, blob.size));
+                        }
+                        if reply.data.is_empty() {
+                            return Err(format!("no bytes at offset {offset} of {}", blob.size));
+                        }
+                        out.write_all(&reply.data).map_err(|e| format!("cannot write it: {e}"))?;
+                        offset += reply.data.len() as u64;
+                        deadline = Instant::now() + PATIENCE;
+                        pauses = BACKOFF.pauses();
+                        continue;
+                    }
+                    Ok(Err(status)) => status,
+                    Err(_) => tonic::Status::deadline_exceeded(format!("no answer within {CALL_TIMEOUT:?}")),
+                };
+                // Not held yet (the trainer uploads it again after a
+                // coordinator restart) or not reachable: wait a while.
+                let retryable =
+                    matches!(status.code(), Code::NotFound | Code::Unavailable | Code::DeadlineExceeded | Code::Unknown);
+                let pause = pauses.next().unwrap_or(BACKOFF.max);
+                if !retryable || Instant::now() + pause > deadline {
+                    return Err(crate::error::one_line(&status));
+                }
+                tracing::debug!(sha256 = blob.sha256, "blob fetch failed, retrying: {}", status.message());
+                tokio::time::sleep(pause).await;
+            }
+            Ok(())
+        });
+        fetched.map_err(failed)?;
+        tracing::info!(
+            name = blob.name,
+            sha256 = blob.sha256,
+            bytes = blob.size,
+            "blob fetched from the coordinator in {:.2}s",
+            started.elapsed().as_secs_f64()
+        );
+        Ok(())
+    }
+}
+
+impl LocalBlobs {
+    /// `spec` as its dataset opens it: a `custom` dataset's params name
+    /// each blob's local path under the blob's name.
+    pub(crate) fn apply(&self, spec: &JobSpec) -> JobSpec {
+        let mut spec = spec.clone();
+        if let Some(Kind::Custom(custom)) = spec.dataset.as_mut().and_then(|d| d.kind.as_mut()) {
+            for (name, file) in &self.0 {
+                custom.params.insert(name.clone(), format!("/proc/self/fd/{}", file.as_raw_fd()));
+            }
+        }
+        spec
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::io::Read;
+
+    use loader_process::blobs::Sha256;
+    use loader_proto::pb::{CustomSpec, DatasetSpec};
+
+    use super::*;
+
+    #[test]
+    fn a_custom_dataset_reads_each_blob_at_its_path_even_once_the_file_is_gone() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let dir = BlobDir::open(root.path().join("blobs")).expect("dir");
+        let mut sha = Sha256::default();
+        sha.update(b"pickled");
+        let sha = sha.finish();
+        let file = dir.obtain(&sha, 7, Duration::ZERO, |w| w.write_all(b"pickled")).expect("stored");
+        std::fs::remove_file(dir.file_of(&sha)).expect("the trainer's loader closed");
+        let spec = JobSpec {
+            dataset: Some(DatasetSpec {
+                kind: Some(Kind::Custom(CustomSpec {
+                    name: "python".into(),
+                    num_samples: 1,
+                    params: HashMap::from([("args".to_owned(), "{}".to_owned())]),
+                })),
+            }),
+            ..Default::default()
+        };
+        let local = LocalBlobs(vec![("pickle_file".into(), file)]);
+        let opened = local.apply(&spec);
+        let Some(Kind::Custom(c)) = opened.dataset.and_then(|d| d.kind) else { panic!("custom") };
+        assert_eq!(c.params["args"], "{}");
+        let mut bytes = Vec::new();
+        File::open(&c.params["pickle_file"]).expect("open by path").read_to_end(&mut bytes).expect("read");
+        assert_eq!(bytes, b"pickled");
+    }
+}
