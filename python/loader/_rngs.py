@@ -96,6 +96,14 @@ class Rngs:
         self._timing: Optional[tuple[float, int]] = None
         self._always: Optional[bool] = None
 
+    def batched(self) -> None:
+        """For a dataset read a batch at a time (``__getitems__``): its time
+        per sample read one by one says nothing of its time read batched,
+        so it is never taken as heavy and no batch is seeded in full
+        before the check; a batch that draws is read again seeded, as for
+        any dataset."""
+        self._always = False
+
     def begin(self, batch_len: int) -> Optional[Callable[[int], None]]:
         """Called before a batch of ``batch_len`` samples is read: arms the
         check of the generators not seeded yet and returns the function to

@@ -99,6 +99,10 @@ class Source:
         else:
             raise ValueError("dataset.python: give `factory` (package.module:function), `pickle_file` or `pickle`")
         self._rngs = Rngs(seed_rngs)
+        #: DataLoader's batched fetch, when the dataset has one.
+        self._getitems = getattr(self._dataset, "__getitems__", None)
+        if self._getitems is not None:
+            self._rngs.batched()
         #: The user's collate_fn (batches are then made whole by ``collate``).
         self._collate_fn: Any = None
         if "collate_pickle_file" in params or "collate_pickle" in params:
@@ -167,11 +171,37 @@ class Source:
         ``loader._rngs`` says: when the batch must be read again seeded,
         ``RESTART`` comes first and then every sample again."""
         self._torch_one_thread()
-        yield from self._read_samples(indices, seeds, self._rngs.begin(len(indices)))
+        seed = self._rngs.begin(len(indices))
+        many = self._fetch_many(indices) if seed is None else None
+        if many is not None:
+            yield from many
+        else:
+            yield from self._read_samples(indices, seeds, seed)
         if self._rngs.drawn():
             self._torch_one_thread()
             yield RESTART
             yield from self._read_samples(indices, seeds, self._rngs.begin(0))
+
+    def _fetch_many(self, indices: list) -> Optional[list]:
+        """The batch's samples from one ``__getitems__`` call, as DataLoader
+        fetches them when the dataset has it (Hugging Face ``datasets``
+        read a batch with one Arrow take, ~100 us a sample less than one
+        ``__getitem__`` each). Only for a batch no generator is seeded
+        for (the dataset has not been seen drawing random numbers; a batch
+        that draws is read again sample by sample, seeded, as any other).
+        None without ``__getitems__``, or when it raised or returned the
+        wrong number of samples: the batch is then read sample by sample,
+        so the corrupt policy applies to the sample that fails."""
+        getitems = self._getitems
+        if getitems is None:
+            return None
+        try:
+            samples = getitems(list(indices))
+        except Exception:
+            return None
+        if not isinstance(samples, (list, tuple)) or len(samples) != len(indices):
+            return None
+        return list(samples)
 
     def _read_samples(self, indices: list, seeds: list, seed: Any) -> Iterator[Any]:
         dataset = self._dataset

@@ -218,3 +218,25 @@ class SlowTorch:
         time.sleep(self.delay)
         x = torch.full((3, 8, 8), float(i)) * torch.rand(1)
         return x.float(), i
+
+
+class Batched:
+    """A dataset with DataLoader's batched fetch (``__getitems__``, as
+    Hugging Face ``datasets`` have): each sample says which way it was
+    read, and with ``draws`` it adds a number from numpy's global RNG."""
+
+    def __init__(self, n: int = 96, draws: bool = False) -> None:
+        self.n, self.draws = n, draws
+
+    def __len__(self) -> int:
+        return self.n
+
+    def _sample(self, i: int, via: int):
+        extra = np.random.random() if self.draws else 0.0
+        return {"i": np.int64(i), "via": via, "x": np.full(4, i, dtype=np.float32) + extra}
+
+    def __getitem__(self, i: int):
+        return self._sample(i, 0)
+
+    def __getitems__(self, indices):
+        return [self._sample(i, 1) for i in indices]
