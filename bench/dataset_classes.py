@@ -63,3 +63,33 @@ class Rows:
         if self._rows is None:
             self._rows = np.load(self.path, mmap_mode="r")
         return self._rows[i], i % 10
+
+
+class ImageNetPaths:
+    """Shaped like torchvision's ``ImageFolder`` over ImageNet's train set:
+    ``samples`` (and ``imgs``, the same list) of ``(path, class_index)``
+    pairs and ``targets``, held in Python lists, with fake paths
+    (``/data/train/n01440764/n01440764_10026.JPEG``): no files. Its
+    ``__getitem__`` reads the pair as ImageFolder does (so the list's
+    objects are touched, the copy-on-read of pytorch#13246) and returns a
+    small array derived from it instead of an image. bench/dataset_rss.py
+    measures the workers' memory over it."""
+
+    def __init__(self, n: int = 1_281_167, classes: int = 1000) -> None:
+        per = -(-n // classes)
+        self.classes = [f"n{1440764 + 1000 * c:08d}" for c in range(classes)]
+        self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
+        self.samples = [
+            (f"/data/train/{wnid}/{wnid}_{10026 + 7 * k}.JPEG", label)
+            for label, wnid in enumerate(self.classes)
+            for k in range(per)
+        ][:n]
+        self.imgs = self.samples
+        self.targets = [label for _, label in self.samples]
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int):
+        path, target = self.samples[i]
+        return np.full(16, len(path) + target, dtype=np.float32), target
