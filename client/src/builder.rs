@@ -57,7 +57,7 @@ enum Source {
     Coordinator(String),
     /// Embedded mode: a coordinator started in this process, and workers.
     #[cfg(feature = "embedded")]
-    Local(ClusterConfig),
+    Local(Box<ClusterConfig>),
 }
 
 impl Loader {
@@ -81,7 +81,7 @@ impl Loader {
     #[cfg(feature = "embedded")]
     pub fn local_builder(spec: JobSpec, workers: usize) -> LoaderBuilder {
         LoaderBuilder {
-            source: Source::Local(ClusterConfig::new(workers)),
+            source: Source::Local(Box::new(ClusterConfig::new(workers))),
             spec: Some(spec),
             ..LoaderBuilder::new(String::new())
         }
@@ -295,7 +295,7 @@ impl LoaderBuilder {
             }
             #[cfg(feature = "embedded")]
             Source::Local(ref cluster) => {
-                let cluster = cluster.clone();
+                let cluster = ClusterConfig::clone(cluster);
                 self.build_local(cluster)
             }
         }
