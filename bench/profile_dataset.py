@@ -126,10 +126,12 @@ def main() -> None:
         targets = {"trainer": os.getpid(), **{f"worker{i}": w for i, w in enumerate(workers)}}
         for role, pid in targets.items():
             files[role] = a.out / f"{a.scenario}-{a.system}-{role}.txt"
+            files[role].unlink(missing_ok=True)
             cmd = [spy, "record", "--pid", str(pid), "--duration", str(int(a.duration)), "--rate",
-                   str(a.rate), "--format", "raw", "--output", str(files[role]), "--nonblocking"]
-            if a.native:
-                cmd.append("--native")
+                   str(a.rate), "--format", "raw", "--output", str(files[role])]
+            # --native pauses the process for each sample (py-spy cannot
+            # unwind native frames without stopping it): slower, but exact.
+            cmd.append("--native" if a.native else "--nonblocking")
             procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
         cpu0 = {r: cpu_seconds(p) for r, p in targets.items()}
         s0, t0 = state["samples"], time.perf_counter()
@@ -169,8 +171,10 @@ def main() -> None:
         if file.exists():
             print(summarize(file, a.top), end="")
     for e in window["errors"]:
-        if e.strip() and "Wrote raw" not in e and "Sampling process" not in e:
-            print(e.strip()[-2000:], file=sys.stderr)
+        lines = [ln for ln in e.splitlines() if ln.strip() and "Wrote raw" not in ln
+                 and "Sampling process" not in ln and "flamegraph" not in ln]
+        if lines:
+            print("py-spy: " + "\n".join(lines)[-2000:], file=sys.stderr)
 
 
 if __name__ == "__main__":

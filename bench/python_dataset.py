@@ -8,6 +8,7 @@ time-to-first-batch table.
 
     bench/make_images.py                                   # the JPEG folder (2,560 files)
     bench/python_dataset.py --workers 2 --repeats 5 --rows 100000      # everything, one epoch per run
+    bench/python_dataset.py --only images,small --repeats 5 --rows 100000
     bench/python_dataset.py --only images --epochs 3 --repeats 8      # issue 22's image target
     bench/python_dataset.py --only tv --epochs 3,1 --repeats 5        # issue 29: torchvision ImageFolder
     bench/python_dataset.py --only hf --repeats 5                     # issue 29: Hugging Face datasets
@@ -47,8 +48,12 @@ torch tensors and touch it (the last value of every sample of every leaf),
 as a trainer does before the model. Two numbers per system: samples/s from
 the first batch on (worker start-up excluded for both), and samples/s
 including start-up (from constructing the loader to the last batch: what a
-run of that many epochs costs). Each run is a fresh loader over
-``--epochs`` epochs. Loader forks its workers from a per-process template
+run of that many epochs costs). A third column pair: CPU ms per sample
+(user + system, of this process and all its descendants, from construction
+to the last batch): the job's whole cost, which stays put when other work
+shares the cores and wall-clock ratios swing (on a box where the workers
+saturate every core, the throughput ratio tends to the inverse CPU ratio).
+Each run is a fresh loader over ``--epochs`` epochs. Loader forks its workers from a per-process template
 made at the first ``Loader.local`` of the process, so only the first
 Loader run of this process pays for the template; the first-batch table
 measures fresh processes.
