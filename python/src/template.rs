@@ -81,7 +81,7 @@ impl WorkerTemplate {
     /// False once the template has gone away (its socket closed): the next
     /// loader starts another.
     fn alive(&self) -> bool {
-        let mut conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        let mut conn = lock(&self.conn);
         conn.pump(None);
         !conn.closed
     }
@@ -109,10 +109,10 @@ struct TemplateLauncher {
     conn: Arc<Mutex<Conn>>,
 }
 
-impl TemplateLauncher {
-    fn lock(&self) -> MutexGuard<'_, Conn> {
-        self.conn.lock().unwrap_or_else(|p| p.into_inner())
-    }
+/// The conversation, whoever panicked while holding it (it holds no
+/// invariant a panic could break half-way: bytes read and notes kept).
+fn lock(conn: &Mutex<Conn>) -> MutexGuard<'_, Conn> {
+    conn.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The socket to the template and what it has said.
@@ -200,7 +200,7 @@ impl WorkerLauncher for TemplateLauncher {
         };
         let mut argv = vec!["loader-worker".to_owned()];
         argv.extend_from_slice(args);
-        let mut conn = self.lock();
+        let mut conn = lock(&self.conn);
         // Exit notes already there are recorded before the answer is read.
         conn.pump(None);
         if conn.closed {
@@ -232,11 +232,6 @@ struct TemplateWorker {
     exited: Option<String>,
 }
 
-impl TemplateWorker {
-    fn lock(&self) -> MutexGuard<'_, Conn> {
-        self.conn.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
 
 impl WorkerProcess for TemplateWorker {
     fn id(&self) -> u32 {
@@ -245,7 +240,7 @@ impl WorkerProcess for TemplateWorker {
 
     fn try_wait(&mut self) -> Option<String> {
         if self.exited.is_none() {
-            let mut conn = self.lock();
+            let mut conn = lock(&self.conn);
             conn.pump(None);
             let note = conn.exited.remove(&self.pid);
             let orphaned = conn.closed;
@@ -264,7 +259,7 @@ impl WorkerProcess for TemplateWorker {
         if self.try_wait().is_some() {
             return;
         }
-        let mut conn = self.lock();
+        let mut conn = lock(&self.conn);
         if conn.closed {
             drop(conn);
             if let Ok(pid) = i32::try_from(self.pid) {
