@@ -34,7 +34,9 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check numpy pytest pillow cloudpickle
 if ! "$venv/bin/python" -c 'import torch' >/dev/null 2>&1; then
-  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check torch
+  # No pip cache: torch and its CUDA libraries are ~3 GB that would sit
+  # in ~/.cache/pip a second time (CI once ran out of disk).
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-cache-dir torch
 fi
 
 deploy/check.sh

@@ -59,12 +59,12 @@ impl WorkerPool {
         coordinator: &Coordinator,
         stop: &tokio_util::sync::CancellationToken,
     ) -> Result<(), CoordinatorError> {
-        if let Backend::Local(p) = &self.backend {
+        if let Some(p) = self.local() {
             p.scale(coordinator, p.initial())?;
             let pool = Arc::clone(self);
             let until = stop.clone();
             tokio::spawn(async move {
-                if let Backend::Local(p) = &pool.backend {
+                if let Some(p) = pool.local() {
                     p.reap(until).await;
                 }
             });
@@ -145,10 +145,20 @@ impl WorkerPool {
         }
     }
 
+    /// The local processes, when the pool runs workers itself (a build
+    /// without the `kubernetes` feature has no other backend).
+    fn local(&self) -> Option<&local::Processes> {
+        match &self.backend {
+            Backend::Local(p) => Some(p),
+            #[cfg(feature = "kubernetes")]
+            Backend::Kubernetes(_) => None,
+        }
+    }
+
     /// Stops what the pool started (local workers); a Deployment keeps
     /// its replicas.
     pub(crate) async fn stop(&self) {
-        if let Backend::Local(p) = &self.backend {
+        if let Some(p) = self.local() {
             p.stop().await;
         }
     }
