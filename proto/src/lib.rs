@@ -25,6 +25,7 @@
 pub mod batch;
 pub mod blob;
 pub mod doorbell;
+pub mod elastic;
 pub mod dtype;
 pub mod footprint;
 pub mod ring;

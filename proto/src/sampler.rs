@@ -16,8 +16,15 @@
 //!   consecutive batches, which a worker produces together) read a shard
 //!   front to back instead of seeking all over every shard.
 //!
+//! - [`Resumed`]: what a saved run had delivered of an epoch, for a job
+//!   resumed on another world size or batch size: such an epoch serves only
+//!   the positions of its order left over, split between the consumers
+//!   like a whole epoch (see `crate::elastic`).
+//!
 //! Consumer-local sequence numbers run across epochs:
-//! `seq = epoch * batches_per_epoch + batch`.
+//! `seq = epoch * batches_per_epoch + batch` for a job that starts at epoch
+//! 0; a resumed job numbers its remaining batches from 0 (see
+//! [`Plan::locate`]).
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -144,6 +151,62 @@ impl EpochOrder {
     }
 }
 
+/// Most positions a [`Resumed`] epoch lists as delivered beyond its
+/// offset: the ranks of a synchronous job are at most a step apart, so
+/// a few batches per rank; this bounds the spec that carries them.
+pub const MAX_DELIVERED: usize = 1 << 16;
+
+/// What a saved run had delivered of one epoch: every position of the
+/// epoch's order below `offset`, and the positions in `delivered`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Resumed {
+    /// The epoch.
+    pub epoch: u32,
+    /// Every position below it was delivered.
+    pub offset: u64,
+    /// Positions above `offset` also delivered: ascending, each < N.
+    pub delivered: Vec<u64>,
+}
+
+impl Resumed {
+    /// Positions of an epoch of `n` samples still to deliver.
+    pub fn remaining(&self, n: u64) -> u64 {
+        n.saturating_sub(self.offset).saturating_sub(self.delivered.len() as u64)
+    }
+
+    /// The position of the `q`-th remaining one (`q < remaining(n)`).
+    pub fn position(&self, q: u64) -> u64 {
+        // The answer is offset + q + k, k the number of delivered positions
+        // below it: the number of i with delivered[i] - i <= offset + q
+        // (delivered[i] - i never decreases, as delivered ascends
+        // strictly, and is > offset, so it does not underflow).
+        let target = self.offset + q;
+        let d = &self.delivered;
+        let (mut lo, mut hi) = (0usize, d.len());
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if d[mid] - mid as u64 <= target {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        target + lo as u64
+    }
+
+    /// The position a remaining-position index `q` stands for in an epoch
+    /// of `n` samples: past the remaining ones, the padding repeats the
+    /// epoch from its start (DistributedSampler's wrap-around).
+    fn position_or_padding(resumed: Option<&Self>, n: u64, q: u64) -> u64 {
+        let remaining = resumed.map_or(n, |r| r.remaining(n));
+        if q < remaining {
+            resumed.map_or(q, |r| r.position(q))
+        } else {
+            (q - remaining) % n.max(1)
+        }
+    }
+}
+
 /// A job's split into consumers and batches.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
@@ -164,31 +227,107 @@ pub struct Plan {
     /// Samples per shard, in dataset order, for a sharded dataset: the
     /// epoch order then shuffles shards, not samples (see [`EpochOrder`]).
     pub shards: Option<Arc<[u64]>>,
+    /// A resumed job's partly delivered epochs, ascending (empty: the job
+    /// starts at epoch 0). The job starts at the first one's epoch.
+    pub resume: Arc<[Resumed]>,
 }
 
 impl Plan {
     /// Samples each consumer gets per epoch (`DistributedSampler.num_samples`).
     pub fn samples_per_consumer(&self) -> u64 {
-        let (n, w) = (self.num_samples, u64::from(self.consumers.max(1)));
-        if self.drop_last { n / w } else { n.div_ceil(w) }
+        self.per_consumer(self.num_samples)
     }
 
-    /// Batches each consumer gets per epoch (`len(DataLoader)`).
+    /// Batches each consumer gets per whole epoch (`len(DataLoader)`).
     pub fn batches_per_epoch(&self) -> u64 {
-        let per = self.samples_per_consumer();
+        self.batches_of(self.samples_per_consumer())
+    }
+
+    fn per_consumer(&self, samples: u64) -> u64 {
+        let w = u64::from(self.consumers.max(1));
+        if self.drop_last { samples / w } else { samples.div_ceil(w) }
+    }
+
+    fn batches_of(&self, per: u64) -> u64 {
         let b = self.batch_size.max(1);
         if self.drop_last { per / b } else { per.div_ceil(b) }
     }
 
+    /// What a saved run had delivered of `epoch`, for a resumed job.
+    pub fn resumed(&self, epoch: u32) -> Option<&Resumed> {
+        self.resume
+            .binary_search_by_key(&epoch, |r| r.epoch)
+            .ok()
+            .and_then(|i| self.resume.get(i))
+    }
+
+    /// The epoch the job starts at: 0, or a resumed job's first epoch.
+    pub fn first_epoch(&self) -> u32 {
+        self.resume.first().map_or(0, |r| r.epoch)
+    }
+
+    /// Samples of `epoch` each consumer gets: the whole epoch's share, or
+    /// a share of what a resumed epoch has left.
+    pub fn epoch_samples_per_consumer(&self, epoch: u32) -> u64 {
+        match self.resumed(epoch) {
+            Some(r) => self.per_consumer(r.remaining(self.num_samples)),
+            None => self.samples_per_consumer(),
+        }
+    }
+
+    /// Batches each consumer gets in `epoch` (0 before the job's first).
+    pub fn epoch_batches(&self, epoch: u32) -> u64 {
+        if epoch < self.first_epoch() || epoch >= self.epochs {
+            return 0;
+        }
+        self.batches_of(self.epoch_samples_per_consumer(epoch))
+    }
+
+    /// Sequence number of the first batch of `epoch` (the job's total at
+    /// or past its end).
+    pub fn epoch_start(&self, epoch: u32) -> u64 {
+        let first = self.first_epoch();
+        let epoch = epoch.min(self.epochs);
+        if epoch <= first {
+            return 0;
+        }
+        let bpe = self.batches_per_epoch();
+        let short: u64 = self
+            .resume
+            .iter()
+            .filter(|r| r.epoch < epoch)
+            .map(|r| bpe - self.epoch_batches(r.epoch).min(bpe))
+            .sum();
+        u64::from(epoch - first) * bpe - short
+    }
+
     /// Batches each consumer gets over all epochs.
     pub fn total_batches(&self) -> u64 {
-        self.batches_per_epoch() * u64::from(self.epochs)
+        self.epoch_start(self.epochs)
     }
 
     /// `(epoch, batch within epoch)` of a consumer-local sequence number.
+    /// Past the job's end, the epochs go on as whole ones.
     pub fn locate(&self, seq: u64) -> (u32, u64) {
-        let per = self.batches_per_epoch().max(1);
-        ((seq / per) as u32, seq % per)
+        let bpe = self.batches_per_epoch().max(1);
+        let (mut start, mut epoch) = (0u64, self.first_epoch());
+        for r in self.resume.iter() {
+            let whole = u64::from(r.epoch.saturating_sub(epoch)) * bpe;
+            if seq < start + whole {
+                let off = seq - start;
+                return (epoch + (off / bpe) as u32, off % bpe);
+            }
+            start += whole;
+            epoch = r.epoch;
+            let batches = self.epoch_batches(r.epoch);
+            if seq < start + batches {
+                return (epoch, seq - start);
+            }
+            start += batches;
+            epoch += 1;
+        }
+        let off = seq - start;
+        (epoch.saturating_add((off / bpe) as u32), off % bpe)
     }
 
     /// The dataset order of one epoch.
@@ -199,9 +338,9 @@ impl Plan {
         }
     }
 
-    /// Consumer-local sample positions of batch `batch` (within an epoch).
-    pub fn batch_positions(&self, batch: u64) -> Range<u64> {
-        let per = self.samples_per_consumer();
+    /// Consumer-local sample positions of batch `batch` of `epoch`.
+    pub fn batch_positions(&self, epoch: u32, batch: u64) -> Range<u64> {
+        let per = self.epoch_samples_per_consumer(epoch);
         let start = (batch * self.batch_size).min(per);
         start..(start + self.batch_size).min(per)
     }
@@ -209,24 +348,37 @@ impl Plan {
     /// Samples in the batch with sequence number `seq` (of any consumer):
     /// `batch_size`, less for the short last batch of an epoch.
     pub fn batch_len(&self, seq: u64) -> u64 {
-        let positions = self.batch_positions(self.locate(seq).1);
+        let (epoch, batch) = self.locate(seq);
+        let positions = self.batch_positions(epoch, batch);
         positions.end - positions.start
     }
 
-    /// Dataset index of the sample at consumer-local `position` of `consumer`.
-    pub fn index_at(&self, order: &EpochOrder, consumer: u32, position: u64) -> u64 {
-        // DistributedSampler: rank r takes indices[r::W] of the padded list,
-        // and the padding repeats the list from its start.
-        let global = u64::from(consumer) + position * u64::from(self.consumers);
-        order.at(global % self.num_samples)
+    /// Index into what `epoch` serves (its remaining positions, then the
+    /// padding) of `consumer`'s local `position`: DistributedSampler's
+    /// rank r takes indices[r::W] of the padded list.
+    fn served_index(&self, consumer: u32, position: u64) -> u64 {
+        u64::from(consumer) + position * u64::from(self.consumers)
+    }
+
+    /// Position in `epoch`'s order of the sample at consumer-local
+    /// `position` of `consumer`, and whether it is padding (a repeat).
+    pub fn epoch_position(&self, epoch: u32, consumer: u32, position: u64) -> (u64, bool) {
+        let resumed = self.resumed(epoch);
+        let q = self.served_index(consumer, position);
+        let remaining = resumed.map_or(self.num_samples, |r| r.remaining(self.num_samples));
+        (Resumed::position_or_padding(resumed, self.num_samples, q), q >= remaining)
     }
 
     /// Dataset indices of the batch with sequence number `seq` of `consumer`.
     pub fn batch_indices(&self, consumer: u32, seq: u64) -> Vec<u64> {
         let (epoch, batch) = self.locate(seq);
         let order = self.order(epoch);
-        self.batch_positions(batch)
-            .map(|p| self.index_at(&order, consumer, p))
+        let resumed = self.resumed(epoch);
+        self.batch_positions(epoch, batch)
+            .map(|p| {
+                let q = self.served_index(consumer, p);
+                order.at(Resumed::position_or_padding(resumed, self.num_samples, q))
+            })
             .collect()
     }
 }
@@ -237,7 +389,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn plan(n: u64, b: u64, w: u32, drop_last: bool, shuffle: bool) -> Plan {
-        Plan { num_samples: n, batch_size: b, consumers: w, shuffle, seed: 17, drop_last, epochs: 2, shards: None }
+        Plan { num_samples: n, batch_size: b, consumers: w, shuffle, seed: 17, drop_last, epochs: 2, shards: None, resume: Arc::from([]) }
     }
 
     /// torch's DistributedSampler + DataLoader, written out literally from

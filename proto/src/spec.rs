@@ -3,7 +3,7 @@
 
 use crate::batch::MAX_NAME_LEN;
 use crate::pb::{CorruptPolicy, DatasetSpec, Dtype, JobSpec, dataset_spec::Kind};
-use crate::sampler::Plan;
+use crate::sampler::{MAX_DELIVERED, Plan, Resumed};
 use crate::spec_error::err;
 pub use crate::spec_error::SpecError;
 
@@ -216,6 +216,39 @@ pub fn num_samples(dataset: &DatasetSpec) -> Result<u64, SpecError> {
     }
 }
 
+/// The `resume` field of a spec over `num_samples` samples, checked: what
+/// a resumed job's plan is built from (see `crate::elastic`).
+fn resumed_epochs(spec: &JobSpec, num_samples: u64) -> Result<Vec<Resumed>, SpecError> {
+    let mut out: Vec<Resumed> = Vec::with_capacity(spec.resume.len());
+    for (i, r) in spec.resume.iter().enumerate() {
+        let field = format!("resume[{i}]");
+        if r.epoch >= spec.epochs {
+            return err(&field, format!("epoch {} is outside the job's {} epochs", r.epoch, spec.epochs));
+        }
+        if out.last().is_some_and(|prev| prev.epoch >= r.epoch) {
+            return err(&field, "epochs must ascend, each listed once");
+        }
+        if r.offset > num_samples {
+            return err(&field, format!("offset {} is past the epoch's {num_samples} samples", r.offset));
+        }
+        if r.delivered.len() > MAX_DELIVERED {
+            return err(&field, format!("lists {} delivered positions, more than {MAX_DELIVERED}", r.delivered.len()));
+        }
+        let mut above = r.offset;
+        for &d in &r.delivered {
+            if d <= above || d >= num_samples {
+                return err(
+                    &field,
+                    format!("delivered positions must ascend, each above the offset {} and below {num_samples}", r.offset),
+                );
+            }
+            above = d;
+        }
+        out.push(Resumed { epoch: r.epoch, offset: r.offset, delivered: r.delivered.clone() });
+    }
+    Ok(out)
+}
+
 /// Validates a job spec and returns its plan.
 pub fn plan(spec: &JobSpec) -> Result<Plan, SpecError> {
     check(spec)?;
@@ -229,6 +262,7 @@ pub fn plan(spec: &JobSpec) -> Result<Plan, SpecError> {
         Some(Kind::Webdataset(w)) => Some(w.shard_samples.as_slice().into()),
         _ => None,
     };
+    let resume = resumed_epochs(spec, num_samples)?;
     let plan = Plan {
         num_samples,
         batch_size: u64::from(spec.batch_size),
@@ -238,6 +272,7 @@ pub fn plan(spec: &JobSpec) -> Result<Plan, SpecError> {
         drop_last: sampler.drop_last,
         epochs: spec.epochs,
         shards,
+        resume: resume.into(),
     };
     if plan.batches_per_epoch() == 0 {
         return err(
