@@ -34,12 +34,14 @@ pub struct LoaderBuilder {
     /// The job to create or attach to.
     spec: Option<JobSpec>,
     /// This trainer's data-parallel rank.
-    rank: u32,
+    rank: Option<u32>,
     /// Overrides `spec.consumers` when set.
     world_size: Option<u32>,
     /// Continue where a saved state left off; replaces `spec`, `rank` and
     /// `world_size`.
     resume: Option<LoaderState>,
+    /// Samples per batch of a resumed job, when not the saved one's.
+    resume_batch_size: Option<u32>,
     /// The first batch to yield when there is no `resume`: an epoch other
     /// than the first without starting (and restarting) at batch 0.
     start_at: Option<u64>,
@@ -94,9 +96,10 @@ impl LoaderBuilder {
         Self {
             source: Source::Coordinator(coordinator.into()),
             spec: None,
-            rank: 0,
+            rank: None,
             world_size: None,
             resume: None,
+            resume_batch_size: None,
             start_at: None,
             options: LoaderOptions::default(),
             misplaced: None,
@@ -112,14 +115,30 @@ impl LoaderBuilder {
     /// Continues exactly where the loader that produced `state` (see
     /// [`Loader::state`]) left off: the new loader yields the batches it had
     /// not yielded, in the same order and with the same samples, and nothing
-    /// it had. The job, rank and world size come from `state` (whatever
-    /// [`job`](Self::job), [`rank`](Self::rank) and
-    /// [`world_size`](Self::world_size) say); the coordinator may be another
-    /// one, with any number of workers: the job is created there when it does
-    /// not exist. In-order and out-of-order loaders both resume exactly. In
-    /// embedded mode the state must be a single-rank one.
+    /// it had. The job comes from `state` (whatever [`job`](Self::job)
+    /// says); so do the rank and world size unless [`rank`](Self::rank) and
+    /// [`world_size`](Self::world_size) are set. The coordinator may be
+    /// another one, with any number of workers: the job is created there
+    /// when it does not exist. In-order and out-of-order loaders both resume
+    /// exactly.
+    ///
+    /// On another world size (or batch size, see
+    /// [`resume_batch_size`](Self::resume_batch_size)) every new rank loads
+    /// the same state (one rank's, when the ranks saved at the same step, or
+    /// [`LoaderState::merge`] of all of them) and the rest of the job is
+    /// re-planned: every sample of the epoch is delivered once over the
+    /// whole run (see [`LoaderState::resume_as`]). Embedded mode is one rank
+    /// of one, so any state resumes there this way.
     pub fn resume(mut self, state: LoaderState) -> Self {
         self.resume = Some(state);
+        self
+    }
+
+    /// With [`resume`](Self::resume): samples per batch of the resumed job
+    /// (by default the saved job's). Keeping `batch_size x world_size` as
+    /// it was keeps the global batches the uninterrupted run would have had.
+    pub fn resume_batch_size(mut self, batch_size: u32) -> Self {
+        self.resume_batch_size = Some(batch_size);
         self
     }
 
@@ -135,7 +154,7 @@ impl LoaderBuilder {
 
     /// This trainer's rank (consumer index), default 0.
     pub fn rank(mut self, rank: u32) -> Self {
-        self.rank = rank;
+        self.rank = Some(rank);
         self
     }
 
@@ -332,12 +351,15 @@ impl LoaderBuilder {
     /// from `resume` or from the setters, and the options.
     fn seat(&self) -> Result<Seat, LoaderError> {
         let (mut spec, rank, world_size, start) = match &self.resume {
-            Some(state) => (
-                resumed_spec(state, self.spec.as_ref())?,
-                state.rank(),
-                Some(state.world_size()),
-                Some((state.next_seq(), state.yielded_above().clone())),
-            ),
+            Some(state) => {
+                let rank = self.rank.unwrap_or(state.rank());
+                let world_size = self.world_size.unwrap_or(state.world_size());
+                let resumed = state.resume_as(rank, world_size, self.resume_batch_size)?;
+                let mut spec = resumed.spec;
+                crate::blobs::carry_sources(&mut spec, self.spec.as_ref());
+                let start = Some((resumed.next_seq, resumed.yielded_above));
+                (spec, rank, Some(world_size), start)
+            }
             None => {
                 let spec = self.spec.clone().ok_or_else(|| {
                     LoaderError::InvalidArgument(
@@ -345,7 +367,7 @@ impl LoaderBuilder {
                     )
                 })?;
                 let start = self.start_at.map(|seq| (seq, BTreeSet::new()));
-                (spec, self.rank, self.world_size, start)
+                (spec, self.rank.unwrap_or(0), self.world_size, start)
             }
         };
         if let Some(w) = world_size {
@@ -383,23 +405,18 @@ impl LoaderBuilder {
     /// hands the cluster to the loader.
     #[cfg(feature = "embedded")]
     fn build_local(mut self, cluster: ClusterConfig) -> Result<Loader, LoaderError> {
-        if self.rank != 0 || self.world_size.is_some_and(|w| w != 1) {
+        if self.rank.is_some_and(|r| r != 0) || self.world_size.is_some_and(|w| w != 1) {
             return Err(LoaderError::InvalidArgument(format!(
                 "embedded mode runs one rank, but rank {} of {} was asked for; read from a coordinator with Loader::builder",
-                self.rank,
+                self.rank.unwrap_or(0),
                 self.world_size.unwrap_or(1)
             )));
         }
+        // One rank of one: a state of another world size is re-planned.
+        self.rank = Some(0);
         let mut spec = match &self.resume {
-            Some(state) if state.world_size() != 1 => {
-                return Err(LoaderError::InvalidArgument(format!(
-                    "embedded mode runs one rank, but the loader state is rank {} of {}; resume it against a coordinator",
-                    state.rank(),
-                    state.world_size()
-                )));
-            }
-            Some(state) => resumed_spec(state, self.spec.as_ref())?,
-            None => self.spec.take().ok_or_else(|| {
+            Some(state) => state.resume_as(0, 1, self.resume_batch_size)?.spec,
+            None => self.spec.clone().ok_or_else(|| {
                 LoaderError::InvalidArgument(
                     "no job given: call .job(spec) before building the loader".into(),
                 )
@@ -417,7 +434,9 @@ impl LoaderBuilder {
                 plan.total_batches()
             )));
         }
-        self.spec = Some(spec);
+        if self.resume.is_none() {
+            self.spec = Some(spec);
+        }
         self.world_size = Some(1);
         self.options.validate()?;
         if self.options.shared_memory {
@@ -430,14 +449,6 @@ impl LoaderBuilder {
         loader.cluster = Some(cluster);
         Ok(loader)
     }
-}
-
-/// The job of a saved state, whose blobs (which it names by hash only) are
-/// read from the files of `given`'s blobs of the same names.
-fn resumed_spec(state: &LoaderState, given: Option<&JobSpec>) -> Result<JobSpec, LoaderError> {
-    let mut spec = state.spec()?;
-    crate::blobs::carry_sources(&mut spec, given);
-    Ok(spec)
 }
 
 #[cfg(all(test, feature = "embedded"))]

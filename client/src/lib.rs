@@ -93,7 +93,7 @@ pub use options::{DEFAULT_COORDINATOR_TIMEOUT, DEFAULT_PREFETCH, LoaderOptions, 
 pub use loader_proto::pb::{CorruptPolicy, Dtype, Job, JobSpec, Transform};
 pub use spec_file::parse;
 pub use ring::DEFAULT_SLOT_SIZE;
-pub use state::{LoaderState, STATE_FORMAT};
+pub use state::{LoaderState, Resumption, STATE_FORMAT};
 /// Entry points for the fuzz targets (`fuzz/`), not an API.
 #[doc(hidden)]
 pub use ring::fuzzing;

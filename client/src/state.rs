@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 use std::io::Write;
 use std::path::Path;
 
+use loader_proto::elastic::{self, Progress};
 use loader_proto::pb::JobSpec;
 use prost::Message;
 use serde::{Deserialize, Serialize};
@@ -32,7 +33,13 @@ pub const STATE_FORMAT: u32 = 1;
 /// ```
 /// `spec` is the job's `loader.v1.JobSpec`, protobuf-encoded, in lowercase
 /// hex: exact, and readable by any protobuf tool. Out of order, batches
-/// yielded ahead of `next_seq` are listed in `yielded_above`.
+/// yielded ahead of `next_seq` are listed in `yielded_above`. A state made
+/// by [`LoaderState::merge`] lists every rank's progress in `ranks`.
+///
+/// A state resumes on any world size and batch size (see
+/// [`LoaderState::resume_as`]): on the same ones, each rank continues its
+/// own sequence; on others, the rest of the job is re-planned so that every
+/// sample of the epoch is delivered once over the whole run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LoaderState {
@@ -53,6 +60,33 @@ pub struct LoaderState {
     /// that resumption does not yield them twice.
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     yielded_above: BTreeSet<u64>,
+    /// A merged state: every rank's progress, by rank (`rank` is then 0 and
+    /// `next_seq` the slowest rank's). Empty for one rank's state.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    ranks: Vec<RankState>,
+}
+
+/// One rank's progress in a merged [`LoaderState`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RankState {
+    next_seq: u64,
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    yielded_above: BTreeSet<u64>,
+}
+
+/// Where a resumed loader starts: its job and its first batch.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Resumption {
+    /// The job to run: the saved one, or the rest of it re-planned for
+    /// another world size or batch size.
+    pub spec: JobSpec,
+    /// The first batch to yield.
+    pub next_seq: u64,
+    /// Batches above `next_seq` already yielded.
+    pub yielded_above: BTreeSet<u64>,
+    /// True when the job was re-planned.
+    pub replanned: bool,
 }
 
 impl LoaderState {
@@ -72,7 +106,118 @@ impl LoaderState {
             world_size: spec.consumers,
             next_seq,
             yielded_above,
+            ranks: Vec::new(),
         }
+    }
+
+    /// One state for the whole job from the states its ranks saved (each
+    /// rank's, or merged ones), which may have been taken at different
+    /// steps and list batches yielded out of order: what every rank
+    /// consumed is then known, and a resume on another world size delivers
+    /// exactly the rest. Every rank must be there, once.
+    pub fn merge(states: &[LoaderState]) -> Result<LoaderState, LoaderError> {
+        let first = states.first().ok_or_else(|| invalid("there is no state to merge"))?;
+        let world = first.world_size;
+        let mut ranks: Vec<Option<RankState>> = vec![None; world as usize];
+        for state in states {
+            if state.spec != first.spec || state.world_size != world {
+                return Err(invalid(format!(
+                    "the states to merge are of different jobs (rank {} of {} and rank {} of {}, or another spec)",
+                    first.rank, world, state.rank, state.world_size
+                )));
+            }
+            for (rank, progress) in state.by_rank() {
+                let slot = ranks.get_mut(rank as usize).ok_or_else(|| {
+                    invalid(format!("rank {rank} is outside world size {world}"))
+                })?;
+                if slot.replace(progress).is_some() {
+                    return Err(invalid(format!("rank {rank} is given twice")));
+                }
+            }
+        }
+        let missing: Vec<String> = (0..world)
+            .filter(|&r| ranks[r as usize].is_none())
+            .map(|r| r.to_string())
+            .collect();
+        if !missing.is_empty() {
+            return Err(invalid(format!(
+                "merging needs every rank's state: rank {} of {world} missing",
+                missing.join(", ")
+            )));
+        }
+        let ranks: Vec<RankState> = ranks.into_iter().flatten().collect();
+        let slowest = ranks.iter().map(|r| r.next_seq).min().unwrap_or(0);
+        Ok(Self {
+            format: STATE_FORMAT,
+            spec: first.spec.clone(),
+            rank: 0,
+            world_size: world,
+            next_seq: slowest,
+            yielded_above: BTreeSet::new(),
+            ranks,
+        })
+    }
+
+    /// The ranks whose progress this state knows, with it.
+    fn by_rank(&self) -> Vec<(u32, RankState)> {
+        if self.ranks.is_empty() {
+            let own = RankState { next_seq: self.next_seq, yielded_above: self.yielded_above.clone() };
+            vec![(self.rank, own)]
+        } else {
+            (0u32..).zip(self.ranks.iter().cloned()).collect()
+        }
+    }
+
+    /// True for a state made by [`merge`](Self::merge).
+    pub fn is_merged(&self) -> bool {
+        !self.ranks.is_empty()
+    }
+
+    /// Every rank's progress: a merged state's, or, from one rank's state,
+    /// every rank at its step (a synchronous job's ranks save at the same
+    /// step; out-of-order extras are known for that rank only).
+    pub fn progress(&self) -> Vec<Progress> {
+        if self.ranks.is_empty() {
+            elastic::lockstep(self.world_size, self.rank, self.next_seq, &self.yielded_above)
+        } else {
+            self.ranks
+                .iter()
+                .map(|r| Progress { next_seq: r.next_seq, yielded_above: r.yielded_above.clone() })
+                .collect()
+        }
+    }
+
+    /// Where rank `rank` of `world_size` ranks of `batch_size` samples
+    /// (None: the saved job's) starts from this state. On the saved world
+    /// size and batch size, the rank continues its own sequence: its
+    /// progress in a merged state, this state's own rank's, or (another
+    /// rank's state) the step this one is at. Otherwise the rest of the job
+    /// is re-planned for the new ranks, and each starts at its batch 0.
+    pub fn resume_as(
+        &self,
+        rank: u32,
+        world_size: u32,
+        batch_size: Option<u32>,
+    ) -> Result<Resumption, LoaderError> {
+        let spec = self.spec()?;
+        if rank >= world_size {
+            return Err(LoaderError::InvalidArgument(format!(
+                "rank {rank} is outside world size {world_size}"
+            )));
+        }
+        let batch_size = batch_size.unwrap_or(spec.batch_size);
+        if world_size == self.world_size && batch_size == spec.batch_size {
+            let own = self.by_rank().into_iter().find(|(r, _)| *r == rank).map(|(_, p)| p);
+            let (next_seq, yielded_above) = match own {
+                Some(p) => (p.next_seq, p.yielded_above),
+                None => (self.next_seq, BTreeSet::new()),
+            };
+            return Ok(Resumption { spec, next_seq, yielded_above, replanned: false });
+        }
+        let plan = crate::spec::validate(&spec)?;
+        let spec = elastic::replan(&spec, &plan, &self.progress(), world_size, batch_size)
+            .map_err(|e| LoaderError::State(format!("cannot resume this state on {world_size} ranks of batch size {batch_size}: {e}")))?;
+        Ok(Resumption { spec, next_seq: 0, yielded_above: BTreeSet::new(), replanned: true })
     }
 
     /// The job spec, decoded.
@@ -198,6 +343,21 @@ impl LoaderState {
             return Err(invalid(
                 "its yielded_above lists batches at or below next_seq",
             ));
+        }
+        if !self.ranks.is_empty() {
+            if self.ranks.len() != self.world_size as usize || self.rank != 0 {
+                return Err(invalid(format!(
+                    "it lists {} ranks' progress for world size {} (rank {})",
+                    self.ranks.len(),
+                    self.world_size,
+                    self.rank
+                )));
+            }
+            if self.ranks.iter().any(|r| r.yielded_above.iter().any(|&s| s <= r.next_seq)) {
+                return Err(invalid(
+                    "a rank's yielded_above lists batches at or below its next_seq",
+                ));
+            }
         }
         Ok(())
     }

@@ -17,7 +17,17 @@ pub(crate) fn run(args: &ConsumeArgs) -> anyhow::Result<()> {
         Some(path) => {
             let state = LoaderState::load(path)?;
             let dataset = dataset_kind(&state.spec()?);
-            (builder.resume(state), dataset)
+            let mut builder = builder.resume(state);
+            if let Some(rank) = args.rank {
+                builder = builder.rank(rank);
+            }
+            if let Some(world_size) = args.world_size {
+                builder = builder.world_size(world_size);
+            }
+            if let Some(batch_size) = args.resume_batch_size {
+                builder = builder.resume_batch_size(batch_size);
+            }
+            (builder, dataset)
         }
         None => {
             let (spec, file) = job_spec(&args.dataset, args.job_name.as_deref())?;
@@ -25,8 +35,8 @@ pub(crate) fn run(args: &ConsumeArgs) -> anyhow::Result<()> {
             let dataset = dataset_kind(&spec);
             let builder = builder
                 .job(spec)
-                .rank(args.rank)
-                .world_size(args.world_size);
+                .rank(args.rank.unwrap_or(0))
+                .world_size(args.world_size.unwrap_or(1));
             (builder, dataset)
         }
     };

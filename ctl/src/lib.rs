@@ -74,6 +74,11 @@ pub enum Command {
     /// grow while they wait more than the target (and it helps), shrink
     /// when workers idle.
     Autoscale(AutoscaleArgs),
+    /// Merge the loader states every rank of a job saved (at the same step
+    /// or not) into one that any number of new ranks resume from with
+    /// `consume --resume`: each sample of the epoch is then delivered once
+    /// over the whole run.
+    MergeStates(MergeStatesArgs),
     /// Internal: run as a worker process (how `run` starts its workers).
     #[command(name = "__worker", hide = true)]
     Worker {
@@ -107,12 +112,13 @@ pub struct ConsumeArgs {
     /// attaches to the same one; they must pass the same dataset flags.
     #[arg(long, value_name = "NAME")]
     pub job_name: Option<String>,
-    /// This trainer's rank.
-    #[arg(long, default_value_t = 0)]
-    pub rank: u32,
-    /// Number of ranks.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
-    pub world_size: u32,
+    /// This trainer's rank [default: 0, or the saved one with --resume].
+    #[arg(long)]
+    pub rank: Option<u32>,
+    /// Number of ranks [default: 1, or the saved one with --resume; another
+    /// one re-plans the rest of the job for it].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub world_size: Option<u32>,
     /// After yielding this many batches (in this run), write the loader's
     /// state to --state-file (atomically), then keep consuming.
     #[arg(long, value_name = "K", requires = "state_file")]
@@ -121,17 +127,24 @@ pub struct ConsumeArgs {
     #[arg(long, value_name = "PATH", requires = "save_state_after")]
     pub state_file: Option<PathBuf>,
     /// Continue exactly after the last batch of a saved state (written by
-    /// --save-state-after): the job, rank and world size come from it, so
-    /// the job and dataset flags must not be given.
+    /// --save-state-after, or merged with `loaderctl merge-states`): the job
+    /// comes from it, so the job and dataset flags must not be given; the
+    /// rank and world size too unless --rank and --world-size say others
+    /// (every new rank then loads the same state, and each sample of the
+    /// epoch is delivered once over the whole run).
     #[arg(
         long,
         value_name = "PATH",
         conflicts_with_all = [
-            "job_name", "rank", "world_size", "epochs", "batch_size", "dataset",
+            "job_name", "epochs", "batch_size", "dataset",
             "path", "samples", "shape", "dtype", "context_length", "spec", "on_corrupt",
         ]
     )]
     pub resume: Option<PathBuf>,
+    /// With --resume: samples per batch of the resumed job [default: the
+    /// saved one]. Keeping batch size x world size keeps the global batches.
+    #[arg(long, value_name = "B", requires = "resume")]
+    pub resume_batch_size: Option<u32>,
     /// The job.
     #[command(flatten)]
     pub dataset: DatasetArgs,
@@ -389,6 +402,37 @@ pub struct TopArgs {
     pub security: SecurityArgs,
 }
 
+/// Flags of `loaderctl merge-states`.
+#[derive(Debug, Clone, Args)]
+pub struct MergeStatesArgs {
+    /// The states of every rank (written by `consume --save-state-after`
+    /// or a trainer's `state_dict()`), in any order.
+    #[arg(required = true, value_name = "STATE")]
+    pub states: Vec<PathBuf>,
+    /// Where to write the merged state (atomically).
+    #[arg(long, short, value_name = "PATH")]
+    pub out: PathBuf,
+}
+
+/// Writes the merge of the states `args` names.
+fn merge_states(args: &MergeStatesArgs) -> anyhow::Result<()> {
+    let states = args
+        .states
+        .iter()
+        .map(loader_client::LoaderState::load)
+        .collect::<Result<Vec<_>, _>>()?;
+    let merged = loader_client::LoaderState::merge(&states)?;
+    merged.save(&args.out)?;
+    println!(
+        "merged {} states of {} ranks into {} (slowest rank at batch {})",
+        states.len(),
+        merged.world_size(),
+        args.out.display(),
+        merged.next_seq()
+    );
+    Ok(())
+}
+
 /// The whole `loaderctl` command line. Errors are printed as one line,
 /// `loaderctl: error: <message>`, with a non-zero exit code.
 pub fn main() -> ExitCode {
@@ -425,6 +469,7 @@ pub fn main() -> ExitCode {
             let _telemetry = loader_process::telemetry::init("loaderctl");
             secure(&args.security).and_then(|()| scale::autoscale(&args))
         }
+        Command::MergeStates(args) => merge_states(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -187,10 +187,12 @@ impl Coordinator {
         }
         let journal = self.journal.clone();
         let persist = |job: &pb::Job| journal.as_ref().map_or(Ok(()), |j| j.put_job(job));
-        let mut t = self.lock();
+        let mut guard = self.lock();
+        let t = &mut *guard;
         crate::admission::admit(&t.workers, &spec)?;
-        let out = t.jobs.create_or_attach(spec, persist)?;
-        drop(t);
+        let sessions = &t.sessions;
+        let out = t.jobs.create_or_attach(spec, |id| sessions.has_job(id), persist)?;
+        drop(guard);
         if !out.1 {
             tracing::info!(job_id = out.0.job_id, "job created");
             self.work_available.notify_waiters();
@@ -229,6 +231,9 @@ impl Coordinator {
         let mut guard = self.lock();
         let t = &mut *guard;
         let job = t.jobs.get(job_id)?;
+        if job.replaced {
+            return Err(CoordinatorError::Replaced(job_id));
+        }
         let consumers = job.plan.consumers;
         if consumer >= consumers {
             return Err(CoordinatorError::BadConsumer { consumer, consumers });

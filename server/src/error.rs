@@ -46,6 +46,16 @@ pub enum CoordinatorError {
     /// A named job exists with a different spec.
     #[error("a job named {0:?} already exists with a different spec; pick another name or submit the same spec")]
     NameTaken(String),
+    /// A resumed job's new plan was submitted under the name of a job that
+    /// runs another plan and still has trainers.
+    #[error(
+        "a job named {0:?} runs another plan with trainers attached; a resumed job replaces it once they have left (their sessions end or expire): every new rank must resume from the same state (one rank's, or the merge of all ranks'), and the old run's trainers must have stopped"
+    )]
+    ResumeConflict(String),
+    /// A session was asked for a job that a resumed plan of the same name
+    /// replaced.
+    #[error("job {0} was replaced by a resumed plan of the same name; resume from the saved state again")]
+    Replaced(u64),
     /// A required message field is missing.
     #[error("request is missing {0}")]
     Missing(&'static str),
@@ -142,6 +152,7 @@ impl From<CoordinatorError> for Status {
             | CoordinatorError::UnknownWorker(_)
             | CoordinatorError::UnknownSession(_) => Code::NotFound,
             CoordinatorError::NameTaken(_) => Code::AlreadyExists,
+            CoordinatorError::ResumeConflict(_) | CoordinatorError::Replaced(_) => Code::FailedPrecondition,
             CoordinatorError::Journal(_) => Code::Unavailable,
         };
         Status::new(code, e.to_string())

@@ -41,6 +41,8 @@ pub(crate) struct JobState {
     /// before any was delivered: a job that kills every worker it reaches
     /// is failed instead of being handed around (see `Coordinator::expire`).
     pub(crate) deaths_before_delivery: u32,
+    /// A resumed plan of the same name replaced it: no session opens on it.
+    pub(crate) replaced: bool,
     /// The `job` span: from creation (or restore) until every consumer
     /// consumed its last batch or the job failed. Disabled (free) unless
     /// spans are exported.
@@ -69,6 +71,13 @@ impl JobState {
     }
 }
 
+/// Whether two specs are the same job planned differently: equal but for
+/// the world size, the batch size and where a resume starts.
+fn same_job(a: &pb::JobSpec, b: &pb::JobSpec) -> bool {
+    let bare = |s: &pb::JobSpec| pb::JobSpec { consumers: 0, batch_size: 0, resume: Vec::new(), ..s.clone() };
+    bare(a) == bare(b)
+}
+
 /// Every job, by id, and named jobs by name.
 #[derive(Debug, Default)]
 pub(crate) struct JobTable {
@@ -81,20 +90,40 @@ impl JobTable {
     /// Creates the job, or attaches to the one with the same name and spec.
     /// Returns the job and whether it was attached.
     /// `persist` records a new job durably before it becomes visible.
+    ///
+    /// A job resumed on another world size or batch size (a spec with
+    /// `resume`) comes back under its name with another plan: it replaces
+    /// the job of that name when that one is the same job (dataset, sampler,
+    /// epochs, pipeline) and no trainer has a session on it (`in_use`), so
+    /// that every new rank, given the same state, attaches to one new job,
+    /// and ranks given different states, or an old run still going, are
+    /// refused rather than split silently.
     pub(crate) fn create_or_attach(
         &mut self,
         spec: pb::JobSpec,
+        in_use: impl Fn(u64) -> bool,
         persist: impl FnOnce(&pb::Job) -> Result<(), JournalError>,
     ) -> Result<(pb::Job, bool), CoordinatorError> {
         let plan = loader_proto::spec::plan(&spec)?;
         if !spec.name.is_empty()
-            && let Some(id) = self.names.get(&spec.name)
+            && let Some(&id) = self.names.get(&spec.name)
         {
-            let existing = &self.jobs[id];
-            if existing.job.spec.as_ref() != Some(&spec) {
-                return Err(CoordinatorError::NameTaken(spec.name));
+            let existing = &self.jobs[&id];
+            match existing.job.spec.as_ref() {
+                Some(s) if *s == spec => return Ok((existing.job.clone(), true)),
+                Some(s) if !spec.resume.is_empty() && same_job(s, &spec) => {
+                    if in_use(id) {
+                        return Err(CoordinatorError::ResumeConflict(spec.name));
+                    }
+                    tracing::info!(job_id = id, name = %spec.name, "job replaced by a resumed plan");
+                    if let Some(old) = self.jobs.get_mut(&id) {
+                        old.replaced = true;
+                        old.end_life();
+                    }
+                    self.names.remove(&spec.name);
+                }
+                _ => return Err(CoordinatorError::NameTaken(spec.name)),
             }
-            return Ok((existing.job.clone(), true));
         }
         self.next_id += 1;
         let id = self.next_id;
@@ -144,6 +173,7 @@ impl JobTable {
                 consumers,
                 error: None,
                 delivered_any: watermarks.iter().any(|&(_, w)| w > 0),
+                replaced: false,
                 deaths_before_delivery: 0,
             });
     }

@@ -48,6 +48,11 @@ impl SessionTable {
         self.sessions.values().any(|s| s.job_id == job_id && s.consumer == consumer)
     }
 
+    /// Whether some open session consumes any rank of `job_id`.
+    pub(crate) fn has_job(&self, job_id: u64) -> bool {
+        self.sessions.values().any(|s| s.job_id == job_id)
+    }
+
     /// The ring socket through which a worker on `node` delivers batches of
     /// `(job_id, consumer)`: that of the newest session of the consumer when
     /// it runs on the same node and offers a ring, else none.

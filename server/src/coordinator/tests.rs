@@ -185,6 +185,43 @@ fn named_jobs_attach_and_reject_other_specs() {
 }
 
 #[test]
+fn a_resumed_plan_replaces_its_namesake_once_no_trainer_is_left() {
+    let c = coordinator();
+    let (old, _) = c.create_or_attach(spec("train", 100, 10, 4)).expect("job");
+    let (old_session, _) = c.open_session(old.job_id, 0, "n".into(), String::new(), None).expect("session");
+    let mut resumed = spec("train", 100, 10, 2);
+    resumed.resume = vec![pb::EpochResume { epoch: 0, offset: 40, delivered: vec![41] }];
+
+    // The old run still has a trainer: refused, saying how to resume.
+    let status = tonic::Status::from(c.create_or_attach(resumed.clone()).expect_err("old trainer left"));
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+    assert!(status.message().contains("every new rank must resume from the same state"), "{}", status.message());
+
+    // Once it has left, the first new rank replaces the job, the others attach.
+    c.close_session(old_session, 3);
+    let (new, attached) = c.create_or_attach(resumed.clone()).expect("replaces");
+    assert!(!attached);
+    assert_ne!(new.job_id, old.job_id);
+    let (again, attached) = c.create_or_attach(resumed.clone()).expect("attaches");
+    assert!(attached);
+    assert_eq!(again.job_id, new.job_id);
+    let err = c.open_session(old.job_id, 1, "n".into(), String::new(), None).expect_err("replaced");
+    assert!(err.to_string().contains("replaced by a resumed plan"), "{err}");
+    c.open_session(new.job_id, 1, "n".into(), String::new(), None).expect("session on the new plan");
+
+    // A rank resumed from another state while the new plan runs: refused.
+    let mut other = resumed.clone();
+    other.resume[0].offset = 30;
+    let status = tonic::Status::from(c.create_or_attach(other).expect_err("another state"));
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+    // Another dataset under the name is not a resume at all.
+    let mut unrelated = spec("train", 99, 10, 2);
+    unrelated.resume = resumed.resume.clone();
+    let status = tonic::Status::from(c.create_or_attach(unrelated).expect_err("another job"));
+    assert_eq!(status.code(), tonic::Code::AlreadyExists);
+}
+
+#[test]
 fn bad_requests_map_to_fatal_codes() {
     let c = coordinator();
     let err = c.create_or_attach(spec("", 10, 0, 1)).expect_err("batch 0");
