@@ -397,6 +397,10 @@ impl LoaderBuilder {
                 )));
             }
         }
+        // A resumed job has no batches before its first: a start below it
+        // (a saved state's, or an epoch's start) begins there.
+        let first = plan.first_seq();
+        let start = start.map(|(seq, above)| (seq.max(first), above)).or((first > 0).then(|| (first, BTreeSet::new())));
         Ok(Seat { spec, rank, start })
     }
 

@@ -441,27 +441,50 @@ impl Session {
     }
 }
 
-/// CreateOrAttachJob for `spec`, retried within the connect budget.
+/// How long a job resumed on another world size waits for the trainers of
+/// the run it continues to leave the coordinator: a killed trainer's session
+/// lasts until its lease expires (seconds), and until then the coordinator
+/// refuses to replace the job.
+const RESUME_WAIT: Duration = Duration::from_secs(20);
+
+/// True for the coordinator's refusal to replace a job whose old run still
+/// has sessions (`CoordinatorError::ResumeConflict`).
+fn old_run_still_attached(e: &LoaderError) -> bool {
+    e.code() == Some(Code::FailedPrecondition) && e.to_string().contains("runs another plan")
+}
+
+/// CreateOrAttachJob for `spec`, retried within the connect budget (and, for
+/// a resumed plan, while the old run's sessions expire).
 async fn create_or_attach(
     address: &str,
     client: &TrainerServiceClient<Channel>,
     spec: JobSpec,
 ) -> Result<Job, LoaderError> {
-    let created = with_retries(|| {
-        let mut client = client.clone();
-        let request = CreateOrAttachJobRequest {
-            protocol_version: PROTOCOL_VERSION,
-            spec: Some(spec.clone()),
-        };
-        async move {
-            attempt(
-                address,
-                "CreateOrAttachJob",
-                client.create_or_attach_job(request),
-            )
-            .await
-        }
-    })
+    let resumed = spec.resume.is_some();
+    let wait = if resumed { RESUME_WAIT } else { Duration::ZERO };
+    let backoff = loader_process::retry::Backoff::new(Duration::from_millis(200), Duration::from_secs(1));
+    let created = loader_process::retry::until(
+        Instant::now() + wait,
+        backoff,
+        || {
+            with_retries(|| {
+                let mut client = client.clone();
+                let request = CreateOrAttachJobRequest {
+                    protocol_version: PROTOCOL_VERSION,
+                    spec: Some(spec.clone()),
+                };
+                async move {
+                    attempt(
+                        address,
+                        "CreateOrAttachJob",
+                        client.create_or_attach_job(request),
+                    )
+                    .await
+                }
+            })
+        },
+        |e: &LoaderError| resumed && old_run_still_attached(e),
+    )
     .await?;
     let job = created
         .job

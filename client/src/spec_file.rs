@@ -398,7 +398,7 @@ impl SpecFile {
                 PolicyFile::Skip => CorruptPolicy::Skip,
             } as i32,
             blobs,
-            resume: Vec::new(),
+            resume: None,
         }
     }
 }

@@ -192,7 +192,9 @@ impl LoaderState {
     /// size and batch size, the rank continues its own sequence: its
     /// progress in a merged state, this state's own rank's, or (another
     /// rank's state) the step this one is at. Otherwise the rest of the job
-    /// is re-planned for the new ranks, and each starts at its batch 0.
+    /// is re-planned for the new ranks, and each starts at its first batch
+    /// (mid-way through the epoch the saved run had reached, as its
+    /// sequence numbers tell: see `loader_proto::sampler`).
     pub fn resume_as(
         &self,
         rank: u32,
@@ -217,7 +219,8 @@ impl LoaderState {
         let plan = crate::spec::validate(&spec)?;
         let spec = elastic::replan(&spec, &plan, &self.progress(), world_size, batch_size)
             .map_err(|e| LoaderError::State(format!("cannot resume this state on {world_size} ranks of batch size {batch_size}: {e}")))?;
-        Ok(Resumption { spec, next_seq: 0, yielded_above: BTreeSet::new(), replanned: true })
+        let next_seq = crate::spec::validate(&spec)?.first_seq();
+        Ok(Resumption { spec, next_seq, yielded_above: BTreeSet::new(), replanned: true })
     }
 
     /// The job spec, decoded.

@@ -65,6 +65,15 @@ pub enum ResumeError {
         /// The epoch.
         epoch: u32,
     },
+    /// Some rank went on into the next epoch while another had not finished
+    /// this one: the rest of the job would start in two epochs at once.
+    #[error(
+        "the ranks' progress spans two epochs (some finished epoch {epoch} and went on, others had not); merge states saved at the same step, or resume on the same world size, where each rank continues on its own"
+    )]
+    SpreadOverEpochs {
+        /// The epoch some rank had not finished.
+        epoch: u32,
+    },
     /// The resumed job's spec is not valid (e.g. a batch size that leaves
     /// no batch with drop_last).
     #[error(transparent)]
@@ -84,96 +93,90 @@ pub fn lockstep(consumers: u32, rank: u32, next_seq: u64, yielded_above: &BTreeS
         .collect()
 }
 
+/// Batches of `epoch` rank `p` yielded, as whole-epoch batch indices.
+fn yielded_in(plan: &Plan, p: &Progress, epoch: u32) -> (u64, Vec<u64>) {
+    let (start, end) = (plan.epoch_start(epoch), plan.epoch_start(epoch + 1).max(plan.epoch_start(epoch)));
+    let end = end.min(u64::from(epoch + 1) * plan.batches_per_epoch());
+    let prefix = p.next_seq.clamp(start, end) - start;
+    let base = u64::from(epoch) * plan.batches_per_epoch();
+    let extras = p.yielded_above.range(start..end).map(|s| s - base).collect();
+    (prefix, extras)
+}
+
 /// What the run planned by `plan` had delivered, given every rank's
-/// progress: the partly delivered epochs, the first of which is where the
-/// rest of the job starts (an epoch with nothing delivered, offset 0, when
-/// the run stopped at an epoch boundary; the last epoch wholly delivered
-/// when the job is done).
-pub fn delivered(plan: &Plan, ranks: &[Progress]) -> Result<Vec<Resumed>, ResumeError> {
+/// progress, of the first epoch some rank had not finished: where the rest
+/// of the job starts (an epoch with nothing delivered when the run stopped
+/// at an epoch boundary; the last epoch, wholly delivered, when the job is
+/// done).
+pub fn delivered(plan: &Plan, ranks: &[Progress]) -> Result<Resumed, ResumeError> {
     if ranks.len() != plan.consumers as usize {
         return Err(ResumeError::Ranks { expected: plan.consumers, got: ranks.len() });
     }
     let total = plan.total_batches();
-    let mut last_seq: Option<u64> = None;
     for (rank, p) in (0u32..).zip(ranks) {
-        let top = p.yielded_above.last().copied().unwrap_or(0).max(p.next_seq);
         if p.next_seq > total || p.yielded_above.last().is_some_and(|&s| s >= total) {
-            return Err(ResumeError::PastEnd { rank, seq: top, total });
+            let seq = p.yielded_above.last().copied().unwrap_or(0).max(p.next_seq);
+            return Err(ResumeError::PastEnd { rank, seq, total });
         }
-        let yielded_top = p.yielded_above.last().copied().or(p.next_seq.checked_sub(1));
-        last_seq = last_seq.max(yielded_top);
     }
     let n = plan.num_samples;
-    let first = plan.first_epoch();
-    let last_touched = last_seq.map_or(first, |s| plan.locate(s).0);
-    let last_listed = plan.resume.last().map_or(first, |r| r.epoch);
-    let last = last_touched.max(last_listed).min(plan.epochs.saturating_sub(1));
-
-    let mut out: Vec<Resumed> = Vec::new();
-    let mut next_epoch = first;
-    for epoch in first..=last {
-        let start = plan.epoch_start(epoch);
+    let bpe = plan.batches_per_epoch();
+    let finished = |epoch: u32| {
         let batches = plan.epoch_batches(epoch);
-        let end = start + batches;
-        // Per rank: batches yielded from the epoch's start on, and the ones
-        // yielded beyond them (as batch numbers within the epoch).
-        let prefix: Vec<u64> = ranks.iter().map(|p| p.next_seq.clamp(start, end) - start).collect();
-        let extras: Vec<Vec<u64>> =
-            ranks.iter().map(|p| p.yielded_above.range(start..end).map(|s| s - start).collect()).collect();
-        let complete = prefix.iter().zip(&extras).all(|(k, x)| k + x.len() as u64 == batches);
-        if complete && out.is_empty() {
-            next_epoch = epoch + 1;
-            continue;
+        ranks.iter().all(|p| {
+            let (prefix, extras) = yielded_in(plan, p, epoch);
+            prefix + extras.len() as u64 == batches
+        })
+    };
+    let mut epoch = plan.first_epoch();
+    while epoch < plan.epochs && finished(epoch) {
+        epoch += 1;
+    }
+    if epoch == plan.epochs {
+        return Ok(Resumed { epoch: plan.epochs.saturating_sub(1), offset: n, delivered: Vec::new() });
+    }
+    let next_epoch_start = u64::from(epoch + 1) * bpe;
+    if ranks.iter().any(|p| p.next_seq > next_epoch_start || p.yielded_above.range(next_epoch_start..).next().is_some()) {
+        return Err(ResumeError::SpreadOverEpochs { epoch });
+    }
+
+    let old = plan.resumed(epoch);
+    let remaining = old.map_or(n, |r| r.remaining(n));
+    let yielded: Vec<(u64, Vec<u64>)> = ranks.iter().map(|p| yielded_in(plan, p, epoch)).collect();
+    let slowest = yielded.iter().map(|(k, _)| *k).min().unwrap_or(0);
+    // Every rank yielded its first `slowest` batches of the epoch: the
+    // first `served` remaining positions, in order.
+    let per = plan.epoch_samples_per_consumer(epoch);
+    let served = ((slowest * plan.batch_size).min(per) * u64::from(plan.consumers)).min(remaining);
+    let offset = if served < remaining { old.map_or(served, |r| r.position(served)) } else { n };
+    let mut beyond: BTreeSet<u64> =
+        old.map_or(&[][..], |r| &r.delivered[..]).iter().copied().filter(|&d| d >= offset).collect();
+    let first_index = bpe - plan.epoch_batches(epoch);
+    for (rank, (k, extras)) in (0u32..).zip(&yielded) {
+        let ahead = (k - slowest).saturating_add(extras.len() as u64);
+        if ahead.saturating_mul(plan.batch_size) > MAX_DELIVERED as u64 {
+            return Err(ResumeError::TooFarApart { epoch });
         }
-        if complete {
-            out.push(Resumed { epoch, offset: n, delivered: Vec::new() });
-            continue;
-        }
-        let old = plan.resumed(epoch);
-        let remaining = old.map_or(n, |r| r.remaining(n));
-        let slowest = prefix.iter().copied().min().unwrap_or(0);
-        // Every rank yielded its first `slowest` batches: the first
-        // `served` remaining positions of the epoch, in order.
-        let per = plan.epoch_samples_per_consumer(epoch);
-        let served = ((slowest * plan.batch_size).min(per) * u64::from(plan.consumers)).min(remaining);
-        let offset = if served < remaining { old.map_or(served, |r| r.position(served)) } else { n };
-        let mut beyond: BTreeSet<u64> = old.map_or(&[][..], |r| &r.delivered[..]).iter().copied().filter(|&d| d >= offset).collect();
-        for (rank, (k, x)) in (0u32..).zip(prefix.iter().zip(&extras)) {
-            let ahead = (k - slowest).saturating_add(x.len() as u64);
-            if ahead.saturating_mul(plan.batch_size) > MAX_DELIVERED as u64 {
-                return Err(ResumeError::TooFarApart { epoch });
-            }
-            for batch in (slowest..*k).chain(x.iter().copied()) {
-                for p in plan.batch_positions(epoch, batch) {
-                    let (position, padding) = plan.epoch_position(epoch, rank, p);
-                    if !padding && position >= offset {
-                        beyond.insert(position);
-                    }
+        let prefix_batches = (first_index + slowest)..(first_index + k);
+        for batch in prefix_batches.chain(extras.iter().copied()) {
+            for p in plan.batch_positions(epoch, batch) {
+                let (position, padding) = plan.epoch_position(epoch, rank, p);
+                if !padding && position >= offset {
+                    beyond.insert(position);
                 }
             }
         }
-        if beyond.len() > MAX_DELIVERED {
-            return Err(ResumeError::TooFarApart { epoch });
-        }
-        // The prefix grows over positions delivered right after it.
-        let mut offset = offset;
-        while beyond.first() == Some(&offset) {
-            beyond.pop_first();
-            offset += 1;
-        }
-        let resumed = Resumed { epoch, offset, delivered: beyond.into_iter().collect() };
-        if out.is_empty() || resumed.offset > 0 || !resumed.delivered.is_empty() {
-            out.push(resumed);
-        }
     }
-    if out.is_empty() {
-        out.push(if next_epoch < plan.epochs {
-            Resumed { epoch: next_epoch, offset: 0, delivered: Vec::new() }
-        } else {
-            Resumed { epoch: plan.epochs.saturating_sub(1), offset: n, delivered: Vec::new() }
-        });
+    if beyond.len() > MAX_DELIVERED {
+        return Err(ResumeError::TooFarApart { epoch });
     }
-    Ok(out)
+    // The prefix grows over positions delivered right after it.
+    let mut offset = offset;
+    while beyond.first() == Some(&offset) {
+        beyond.pop_first();
+        offset += 1;
+    }
+    Ok(Resumed { epoch, offset, delivered: beyond.into_iter().collect() })
 }
 
 /// The spec of the rest of the job `spec` (planned as `plan`) on
@@ -190,10 +193,7 @@ pub fn replan(
     let mut next = spec.clone();
     next.consumers = consumers;
     next.batch_size = batch_size;
-    next.resume = resume
-        .into_iter()
-        .map(|r| EpochResume { epoch: r.epoch, offset: r.offset, delivered: r.delivered })
-        .collect();
+    next.resume = Some(EpochResume { epoch: resume.epoch, offset: resume.offset, delivered: resume.delivered });
     crate::spec::plan(&next)?;
     Ok(next)
 }
@@ -217,21 +217,21 @@ mod tests {
             drop_last,
             epochs,
             shards: None,
-            resume: Arc::from([]),
+            resume: None,
         }
     }
 
     /// `plan` resumed on `w` ranks of `b` after `ranks`' progress.
     fn resumed(plan: &Plan, ranks: &[Progress], w: u32, b: u64) -> Plan {
         let resume = delivered(plan, ranks).expect("delivered");
-        Plan { consumers: w, batch_size: b, resume: resume.into(), ..plan.clone() }
+        Plan { consumers: w, batch_size: b, resume: Some(Arc::new(resume)), ..plan.clone() }
     }
 
     /// The real (not padding) positions each epoch's batches delivered,
     /// from the batches `yielded(rank, seq)` says were yielded.
     fn real_positions(plan: &Plan, yielded: impl Fn(u32, u64) -> bool, into: &mut BTreeMap<u32, Vec<u64>>) {
         for rank in 0..plan.consumers {
-            for seq in 0..plan.total_batches() {
+            for seq in plan.first_seq()..plan.total_batches() {
                 if !yielded(rank, seq) {
                     continue;
                 }
@@ -272,7 +272,7 @@ mod tests {
         let mut real = BTreeMap::new();
         real_positions(old, |r, s| s < ranks[r as usize].next_seq || ranks[r as usize].yielded_above.contains(&s), &mut real);
         real_positions(&new, |_, _| true, &mut real);
-        let counts: Vec<u64> = (0..w2).map(|r| (0..new.total_batches()).map(|s| new.batch_indices(r, s).len() as u64).sum()).collect();
+        let counts: Vec<u64> = (0..w2).map(|r| (new.first_seq()..new.total_batches()).map(|s| new.batch_indices(r, s).len() as u64).sum()).collect();
         prop_assert!(counts.windows(2).all(|c| c[0] == c[1]), "ranks get different sample counts: {:?}", counts);
         for epoch in 0..old.epochs {
             let mut got = real.remove(&epoch).unwrap_or_default();
@@ -304,17 +304,19 @@ mod tests {
             let old = plan(n, b, w, drop_last, 2);
             let ranks = lockstep(w, 0, step, &BTreeSet::new());
             let new = resumed(&old, &ranks, w2, b2);
-            let whole_batches = old.total_batches() - step;
-            assert_eq!(new.total_batches(), whole_batches, "n={n} w={w} w2={w2}");
-            for j in 0..whole_batches {
-                let (a, c) = (global(&old, step + j), global(&new, j));
+            // The same global batch size cuts the epochs into as many
+            // batches: the resumed job's sequence numbers are the old ones.
+            assert_eq!(new.first_seq(), step, "n={n} w={w} w2={w2}");
+            assert_eq!(new.total_batches(), old.total_batches());
+            for j in 0..old.total_batches() - step {
+                let (a, c) = (global(&old, step + j), global(&new, step + j));
                 let last_of_epoch = old.locate(step + j).1 + 1 == old.batches_per_epoch();
                 if drop_last || !last_of_epoch {
                     assert_eq!(a, c, "global batch {j} after step {step} (n={n} w={w}->{w2} drop_last={drop_last})");
                 } else {
                     // The last batch of an epoch: the same samples; the
                     // padding that fills the ranks up follows the world size.
-                    assert_eq!(global_real(&old, step + j), global_real(&new, j), "last global batch of the epoch");
+                    assert_eq!(global_real(&old, step + j), global_real(&new, step + j), "last global batch of the epoch");
                 }
             }
         }
@@ -326,14 +328,16 @@ mod tests {
         let bpe = old.batches_per_epoch();
         let new = resumed(&old, &lockstep(4, 2, bpe, &BTreeSet::new()), 3, 7);
         assert_eq!(new.first_epoch(), 1);
-        assert_eq!(new.resume.len(), 1);
-        assert_eq!((new.resume[0].offset, new.resume[0].delivered.len()), (0, 0));
-        let whole = Plan { resume: Arc::from([]), ..new.clone() };
-        assert_eq!(new.batch_indices(1, 0), whole.batch_indices(1, whole.epoch_start(1)));
-        assert_eq!(new.total_batches(), 2 * new.batches_per_epoch());
+        let r = new.resume.as_deref().expect("resumed");
+        assert_eq!((r.offset, r.delivered.len()), (0, 0));
+        let whole = Plan { resume: None, ..new.clone() };
+        let first = new.first_seq();
+        assert_eq!(first, whole.epoch_start(1));
+        assert_eq!(new.batch_indices(1, first), whole.batch_indices(1, first));
+        assert_eq!(new.total_batches() - first, 2 * new.batches_per_epoch());
         // And a finished job resumes to nothing.
         let done = resumed(&old, &lockstep(4, 0, old.total_batches(), &BTreeSet::new()), 2, 5);
-        assert_eq!(done.total_batches(), 0);
+        assert_eq!(done.first_seq(), done.total_batches());
     }
 
     #[test]
@@ -360,6 +364,15 @@ mod tests {
         let far = vec![Progress { next_seq: 0, ..Default::default() }, Progress { next_seq: 200, ..Default::default() }];
         let e = delivered(&big, &far).expect_err("too far apart");
         assert!(e.to_string().contains("too far apart"), "{e}");
+        // Rank 1 into the next epoch while rank 0 has a batch of this one left.
+        let bpe = old.batches_per_epoch();
+        let spread = vec![
+            Progress { next_seq: bpe - 1, ..Default::default() },
+            Progress { next_seq: bpe + 1, ..Default::default() },
+        ];
+        let two = plan(100, 5, 2, false, 2);
+        let e = delivered(&two, &spread).expect_err("two epochs");
+        assert!(e.to_string().contains("spans two epochs"), "{e}");
     }
 
     proptest! {
@@ -395,11 +408,13 @@ mod tests {
                     Progress { next_seq, yielded_above }
                 })
                 .collect();
+            // Ranks spread over two epochs are refused (tested below).
+            prop_assume!(!matches!(delivered(&old, &ranks), Err(ResumeError::SpreadOverEpochs { .. })));
             check_exactly_once(&old, &ranks, w2, b2)?;
             if again {
                 // A resumed job resumed again, half way through.
                 let mid = resumed(&old, &ranks, w2, b2);
-                let half = mid.total_batches() / 2;
+                let half = mid.first_seq() + (mid.total_batches() - mid.first_seq()) / 2;
                 let mid_ranks = lockstep(w2, 0, half, &BTreeSet::new());
                 let last = resumed(&mid, &mid_ranks, w, b);
                 let mut real = BTreeMap::new();

@@ -58,5 +58,6 @@ pub mod keda {
 pub type ConsumerKey = (u64, u32);
 
 /// Version of the coordinator/worker/trainer protocol. A peer speaking another
-/// version is rejected with `FailedPrecondition`.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// version is rejected with `FailedPrecondition`. 2: job specs carry
+/// `resume` (a worker that ignored it would produce another plan's batches).
+pub const PROTOCOL_VERSION: u32 = 2;

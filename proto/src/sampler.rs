@@ -22,9 +22,9 @@
 //!   like a whole epoch (see `crate::elastic`).
 //!
 //! Consumer-local sequence numbers run across epochs:
-//! `seq = epoch * batches_per_epoch + batch` for a job that starts at epoch
-//! 0; a resumed job numbers its remaining batches from 0 (see
-//! [`Plan::locate`]).
+//! `seq = epoch * batches_per_epoch + batch`. A resumed job's first epoch
+//! has fewer batches: they take the last sequence numbers of the epoch, so
+//! the job starts at [`Plan::first_seq`], like a job resumed mid-epoch.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -227,9 +227,9 @@ pub struct Plan {
     /// Samples per shard, in dataset order, for a sharded dataset: the
     /// epoch order then shuffles shards, not samples (see [`EpochOrder`]).
     pub shards: Option<Arc<[u64]>>,
-    /// A resumed job's partly delivered epochs, ascending (empty: the job
-    /// starts at epoch 0). The job starts at the first one's epoch.
-    pub resume: Arc<[Resumed]>,
+    /// A resumed job's partly delivered first epoch (None: the job starts
+    /// at epoch 0).
+    pub resume: Option<Arc<Resumed>>,
 }
 
 impl Plan {
@@ -255,15 +255,12 @@ impl Plan {
 
     /// What a saved run had delivered of `epoch`, for a resumed job.
     pub fn resumed(&self, epoch: u32) -> Option<&Resumed> {
-        self.resume
-            .binary_search_by_key(&epoch, |r| r.epoch)
-            .ok()
-            .and_then(|i| self.resume.get(i))
+        self.resume.as_deref().filter(|r| r.epoch == epoch)
     }
 
     /// The epoch the job starts at: 0, or a resumed job's first epoch.
     pub fn first_epoch(&self) -> u32 {
-        self.resume.first().map_or(0, |r| r.epoch)
+        self.resume.as_ref().map_or(0, |r| r.epoch)
     }
 
     /// Samples of `epoch` each consumer gets: the whole epoch's share, or
@@ -280,54 +277,37 @@ impl Plan {
         if epoch < self.first_epoch() || epoch >= self.epochs {
             return 0;
         }
-        self.batches_of(self.epoch_samples_per_consumer(epoch))
+        // Never more than a whole epoch's: what is left of one is no more.
+        self.batches_of(self.epoch_samples_per_consumer(epoch)).min(self.batches_per_epoch())
     }
 
-    /// Sequence number of the first batch of `epoch` (the job's total at
-    /// or past its end).
+    /// Sequence number of the first batch of `epoch` that exists: the
+    /// epoch's first, or, for a resumed job's first epoch, the first of its
+    /// last `epoch_batches` sequence numbers.
     pub fn epoch_start(&self, epoch: u32) -> u64 {
-        let first = self.first_epoch();
-        let epoch = epoch.min(self.epochs);
-        if epoch <= first {
-            return 0;
-        }
         let bpe = self.batches_per_epoch();
-        let short: u64 = self
-            .resume
-            .iter()
-            .filter(|r| r.epoch < epoch)
-            .map(|r| bpe - self.epoch_batches(r.epoch).min(bpe))
-            .sum();
-        u64::from(epoch - first) * bpe - short
+        let end = u64::from(epoch.min(self.epochs)) * bpe;
+        match self.resumed(epoch) {
+            Some(_) if epoch < self.epochs => end + bpe - self.epoch_batches(epoch),
+            _ => end,
+        }
     }
 
-    /// Batches each consumer gets over all epochs.
+    /// The first batch of the job: 0, or where a resumed job starts.
+    pub fn first_seq(&self) -> u64 {
+        self.epoch_start(self.first_epoch())
+    }
+
+    /// Sequence numbers run below this for every consumer (those below
+    /// [`first_seq`](Self::first_seq) do not exist).
     pub fn total_batches(&self) -> u64 {
-        self.epoch_start(self.epochs)
+        self.batches_per_epoch() * u64::from(self.epochs)
     }
 
     /// `(epoch, batch within epoch)` of a consumer-local sequence number.
-    /// Past the job's end, the epochs go on as whole ones.
     pub fn locate(&self, seq: u64) -> (u32, u64) {
-        let bpe = self.batches_per_epoch().max(1);
-        let (mut start, mut epoch) = (0u64, self.first_epoch());
-        for r in self.resume.iter() {
-            let whole = u64::from(r.epoch.saturating_sub(epoch)) * bpe;
-            if seq < start + whole {
-                let off = seq - start;
-                return (epoch + (off / bpe) as u32, off % bpe);
-            }
-            start += whole;
-            epoch = r.epoch;
-            let batches = self.epoch_batches(r.epoch);
-            if seq < start + batches {
-                return (epoch, seq - start);
-            }
-            start += batches;
-            epoch += 1;
-        }
-        let off = seq - start;
-        (epoch.saturating_add((off / bpe) as u32), off % bpe)
+        let per = self.batches_per_epoch().max(1);
+        ((seq / per) as u32, seq % per)
     }
 
     /// The dataset order of one epoch.
@@ -338,10 +318,21 @@ impl Plan {
         }
     }
 
-    /// Consumer-local sample positions of batch `batch` of `epoch`.
+    /// Consumer-local sample positions of batch `batch` of `epoch` (its
+    /// index in the epoch's sequence numbers; a resumed epoch's batches are
+    /// its last ones, and the ones before hold nothing).
     pub fn batch_positions(&self, epoch: u32, batch: u64) -> Range<u64> {
         let per = self.epoch_samples_per_consumer(epoch);
-        let start = (batch * self.batch_size).min(per);
+        let batch = if self.resumed(epoch).is_some() {
+            let skipped = self.batches_per_epoch() - self.epoch_batches(epoch);
+            match batch.checked_sub(skipped) {
+                Some(b) => b,
+                None => return per..per,
+            }
+        } else {
+            batch
+        };
+        let start = batch.saturating_mul(self.batch_size).min(per);
         start..(start + self.batch_size).min(per)
     }
 
@@ -389,7 +380,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn plan(n: u64, b: u64, w: u32, drop_last: bool, shuffle: bool) -> Plan {
-        Plan { num_samples: n, batch_size: b, consumers: w, shuffle, seed: 17, drop_last, epochs: 2, shards: None, resume: Arc::from([]) }
+        Plan { num_samples: n, batch_size: b, consumers: w, shuffle, seed: 17, drop_last, epochs: 2, shards: None, resume: None }
     }
 
     /// torch's DistributedSampler + DataLoader, written out literally from

@@ -218,35 +218,28 @@ pub fn num_samples(dataset: &DatasetSpec) -> Result<u64, SpecError> {
 
 /// The `resume` field of a spec over `num_samples` samples, checked: what
 /// a resumed job's plan is built from (see `crate::elastic`).
-fn resumed_epochs(spec: &JobSpec, num_samples: u64) -> Result<Vec<Resumed>, SpecError> {
-    let mut out: Vec<Resumed> = Vec::with_capacity(spec.resume.len());
-    for (i, r) in spec.resume.iter().enumerate() {
-        let field = format!("resume[{i}]");
-        if r.epoch >= spec.epochs {
-            return err(&field, format!("epoch {} is outside the job's {} epochs", r.epoch, spec.epochs));
-        }
-        if out.last().is_some_and(|prev| prev.epoch >= r.epoch) {
-            return err(&field, "epochs must ascend, each listed once");
-        }
-        if r.offset > num_samples {
-            return err(&field, format!("offset {} is past the epoch's {num_samples} samples", r.offset));
-        }
-        if r.delivered.len() > MAX_DELIVERED {
-            return err(&field, format!("lists {} delivered positions, more than {MAX_DELIVERED}", r.delivered.len()));
-        }
-        let mut above = r.offset;
-        for &d in &r.delivered {
-            if d <= above || d >= num_samples {
-                return err(
-                    &field,
-                    format!("delivered positions must ascend, each above the offset {} and below {num_samples}", r.offset),
-                );
-            }
-            above = d;
-        }
-        out.push(Resumed { epoch: r.epoch, offset: r.offset, delivered: r.delivered.clone() });
+fn resumed_epoch(spec: &JobSpec, num_samples: u64) -> Result<Option<Resumed>, SpecError> {
+    let Some(r) = &spec.resume else { return Ok(None) };
+    if r.epoch >= spec.epochs {
+        return err("resume.epoch", format!("{} is outside the job's {} epochs", r.epoch, spec.epochs));
     }
-    Ok(out)
+    if r.offset > num_samples {
+        return err("resume.offset", format!("{} is past the epoch's {num_samples} samples", r.offset));
+    }
+    if r.delivered.len() > MAX_DELIVERED {
+        return err("resume.delivered", format!("lists {} positions, more than {MAX_DELIVERED}", r.delivered.len()));
+    }
+    let mut above = r.offset;
+    for &d in &r.delivered {
+        if d <= above || d >= num_samples {
+            return err(
+                "resume.delivered",
+                format!("positions must ascend, each above the offset {} and below {num_samples}", r.offset),
+            );
+        }
+        above = d;
+    }
+    Ok(Some(Resumed { epoch: r.epoch, offset: r.offset, delivered: r.delivered.clone() }))
 }
 
 /// Validates a job spec and returns its plan.
@@ -262,7 +255,7 @@ pub fn plan(spec: &JobSpec) -> Result<Plan, SpecError> {
         Some(Kind::Webdataset(w)) => Some(w.shard_samples.as_slice().into()),
         _ => None,
     };
-    let resume = resumed_epochs(spec, num_samples)?;
+    let resume = resumed_epoch(spec, num_samples)?;
     let plan = Plan {
         num_samples,
         batch_size: u64::from(spec.batch_size),
@@ -272,7 +265,7 @@ pub fn plan(spec: &JobSpec) -> Result<Plan, SpecError> {
         drop_last: sampler.drop_last,
         epochs: spec.epochs,
         shards,
-        resume: resume.into(),
+        resume: resume.map(std::sync::Arc::new),
     };
     if plan.batches_per_epoch() == 0 {
         return err(

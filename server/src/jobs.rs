@@ -74,7 +74,7 @@ impl JobState {
 /// Whether two specs are the same job planned differently: equal but for
 /// the world size, the batch size and where a resume starts.
 fn same_job(a: &pb::JobSpec, b: &pb::JobSpec) -> bool {
-    let bare = |s: &pb::JobSpec| pb::JobSpec { consumers: 0, batch_size: 0, resume: Vec::new(), ..s.clone() };
+    let bare = |s: &pb::JobSpec| pb::JobSpec { consumers: 0, batch_size: 0, resume: None, ..s.clone() };
     bare(a) == bare(b)
 }
 
@@ -111,7 +111,7 @@ impl JobTable {
             let existing = &self.jobs[&id];
             match existing.job.spec.as_ref() {
                 Some(s) if *s == spec => return Ok((existing.job.clone(), true)),
-                Some(s) if !spec.resume.is_empty() && same_job(s, &spec) => {
+                Some(s) if spec.resume.is_some() && same_job(s, &spec) => {
                     if in_use(id) {
                         return Err(CoordinatorError::ResumeConflict(spec.name));
                     }
@@ -148,9 +148,11 @@ impl JobTable {
     }
 
     fn insert(&mut self, job: pb::Job, plan: Plan, watermarks: &[(u32, u64)]) {
+        // A resumed job's sequence numbers start past 0.
+        let first = plan.first_seq();
         let consumers = (0..plan.consumers)
             .map(|c| {
-                let consumed = watermarks.iter().find(|(k, _)| *k == c).map_or(0, |(_, w)| *w);
+                let consumed = watermarks.iter().find(|(k, _)| *k == c).map_or(0, |(_, w)| *w).max(first);
                 ConsumerState {
                     queue: RangeQueue::starting_at(consumed, plan.total_batches()),
                     delivered: consumed,
@@ -192,6 +194,8 @@ impl JobTable {
         if start_seq > total {
             return Err(CoordinatorError::BadResume { start_seq, total });
         }
+        // Nothing exists before a resumed job's first batch.
+        let start_seq = start_seq.max(job.plan.first_seq());
         c.queue = RangeQueue::starting_at(start_seq, total);
         c.consumed = start_seq;
         c.delivered = start_seq;

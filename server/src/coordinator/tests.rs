@@ -190,7 +190,7 @@ fn a_resumed_plan_replaces_its_namesake_once_no_trainer_is_left() {
     let (old, _) = c.create_or_attach(spec("train", 100, 10, 4)).expect("job");
     let (old_session, _) = c.open_session(old.job_id, 0, "n".into(), String::new(), None).expect("session");
     let mut resumed = spec("train", 100, 10, 2);
-    resumed.resume = vec![pb::EpochResume { epoch: 0, offset: 40, delivered: vec![41] }];
+    resumed.resume = Some(pb::EpochResume { epoch: 0, offset: 40, delivered: vec![41] });
 
     // The old run still has a trainer: refused, saying how to resume.
     let status = tonic::Status::from(c.create_or_attach(resumed.clone()).expect_err("old trainer left"));
@@ -211,7 +211,9 @@ fn a_resumed_plan_replaces_its_namesake_once_no_trainer_is_left() {
 
     // A rank resumed from another state while the new plan runs: refused.
     let mut other = resumed.clone();
-    other.resume[0].offset = 30;
+    if let Some(r) = other.resume.as_mut() {
+        r.offset = 30;
+    }
     let status = tonic::Status::from(c.create_or_attach(other).expect_err("another state"));
     assert_eq!(status.code(), tonic::Code::FailedPrecondition);
     // Another dataset under the name is not a resume at all.
