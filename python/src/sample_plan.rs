@@ -7,15 +7,20 @@
 //! tensors, and Python `int`/`float`/`bool`. Writing a sample walks it
 //! against the plan: the same containers and dict keys in the same order,
 //! each array C-contiguous with the schema's element format and shape, each
-//! tensor contiguous on the CPU with the schema's dtype and shape (its bytes
-//! copied straight from its storage: a torchvision pipeline's
-//! `ToTensor()`/`PILToTensor()` output costs a memcpy, not a conversion to
-//! numpy in Python), each number of the schema's type (ints as int64,
-//! floats as float64, bools as one byte, as `loader._source` flattens
-//! them). Anything else — a numpy scalar, a strided view, a tensor on a GPU,
-//! a different shape — is a [`Miss`]: the caller hands that sample to the
-//! Python half, which converts what it can and words the error for what it
-//! cannot.
+//! tensor dense on the CPU with the schema's dtype and shape, each number of
+//! the schema's type (ints as int64, floats as float64, bools as one byte,
+//! as `loader._source` flattens them). Anything else — a numpy scalar, a
+//! strided numpy view, a tensor on a GPU, a different shape — is a
+//! [`Miss`]: the caller hands that sample to the Python half, which
+//! converts what it can and words the error for what it cannot.
+//!
+//! A tensor's elements are copied in C order straight from its storage,
+//! whatever its strides: torchvision's `PILToTensor()` returns a permuted
+//! (CHW over HWC) view, and copying it here costs one gather, not a
+//! `.contiguous()` copy plus a conversion to numpy in Python. A strided
+//! tensor's offset and strides are checked against its storage's size
+//! before a byte is read (see [`TensorLayout`]); strides of 0 (`expand`)
+//! read an element more than once, as `.contiguous()` does.
 
 use std::ffi::CString;
 
@@ -60,6 +65,8 @@ pub(crate) enum SamplePlan {
         dtype: Py<PyAny>,
         /// Shape of the tensor.
         shape: Vec<usize>,
+        /// Bytes per element: the dtype's (checked per sample) fixes it.
+        elem: usize,
     },
     /// A Python `int`, written as little-endian int64.
     Int,
@@ -109,6 +116,7 @@ impl SamplePlan {
             return Some(Self::Tensor {
                 dtype: sample.getattr(intern!(py, "dtype")).ok()?.unbind(),
                 shape: sample.getattr(intern!(py, "shape")).ok()?.extract().ok()?,
+                elem: sample.call_method0(intern!(py, "element_size")).ok()?.extract().ok().filter(|&e| e > 0)?,
                 class: class.unbind(),
             });
         }
@@ -196,7 +204,7 @@ impl SamplePlan {
                 }
                 put(leaf(rows, next)?, &[u8::from(v.is_truthy().map_err(|_| Miss)?)])
             }
-            Self::Tensor { class, dtype, shape } => tensor_row(v, class, dtype, shape, leaf(rows, next)?),
+            Self::Tensor { class, dtype, shape, elem } => tensor_row(v, class, dtype, shape, *elem, leaf(rows, next)?),
             Self::Array { format, shape } => {
                 // A number where an array was: the Python half says so.
                 if v.is_instance_of::<PyInt>() || v.is_instance_of::<PyFloat>() {
@@ -224,51 +232,187 @@ impl SamplePlan {
     }
 }
 
-/// The row of the next leaf.
-fn tensor_row(v: &Bound<'_, PyAny>, class: &Py<PyType>, dtype: &Py<PyAny>, shape: &[usize], row: &mut [u8]) -> Result<(), Miss> {
+/// Writes tensor `v` into `row`, its elements in C order, when it is a
+/// plain tensor of the plan's class, dtype, shape and element size.
+fn tensor_row(
+    v: &Bound<'_, PyAny>,
+    class: &Py<PyType>,
+    dtype: &Py<PyAny>,
+    shape: &[usize],
+    elem: usize,
+    row: &mut [u8],
+) -> Result<(), Miss> {
     let py = v.py();
-    if !v.is_instance(class.bind(py)).map_err(|_| Miss)? || !tensor_is_plain(v) {
-        return Err(Miss);
-    }
-    if !v.getattr(intern!(py, "dtype")).map_err(|_| Miss)?.is(dtype.bind(py)) {
+    // The plan's dtype (`SamplePlan::of` takes no complex or quantized one)
+    // rules out a lazy conjugation and quantized values; a sparse or mkldnn
+    // tensor has no storage (`data_ptr()` and `untyped_storage()` below
+    // raise). Left to ask per sample: the device and a lazy negation
+    // (`_neg_view`, of any dtype).
+    if !v.is_instance(class.bind(py)).map_err(|_| Miss)?
+        || !v.getattr(intern!(py, "dtype")).map_err(|_| Miss)?.is(dtype.bind(py))
+        || !truthy(v, intern!(py, "is_cpu"), false)
+        || truthy(v, intern!(py, "is_neg"), true)
+    {
         return Err(Miss);
     }
     let got: Vec<usize> = v.getattr(intern!(py, "shape")).and_then(|s| s.extract()).map_err(|_| Miss)?;
-    let nbytes: usize = v.getattr(intern!(py, "nbytes")).and_then(|n| n.extract()).map_err(|_| Miss)?;
+    let nbytes = shape.iter().try_fold(elem, |n, &d| n.checked_mul(d)).ok_or(Miss)?;
     if got != shape || nbytes != row.len() {
         return Err(Miss);
     }
     if nbytes == 0 {
         return Ok(());
     }
-    let ptr: usize = v.call_method0(intern!(py, "data_ptr")).and_then(|p| p.extract()).map_err(|_| Miss)?;
-    if ptr == 0 {
+    // Negative strides (torch has none today) fail to extract: a miss.
+    let strides: Vec<usize> = v.call_method0(intern!(py, "stride")).and_then(|s| s.extract()).map_err(|_| Miss)?;
+    let layout = TensorLayout::new(shape, &strides, elem).ok_or(Miss)?;
+    let first = if layout.is_contiguous() {
+        // Its `nbytes` from `data_ptr()` (which includes the storage
+        // offset) lie in its storage by torch's own invariant, the one
+        // `.numpy()` relies on. Not asked of the storage: a new storage
+        // object per sample costs small tensors more than their copy.
+        v.call_method0(intern!(py, "data_ptr")).and_then(|p| p.extract()).map_err(|_| Miss)?
+    } else {
+        // The bytes its strides reach, as `layout` computed them, must lie
+        // in its storage.
+        let offset: usize = v.call_method0(intern!(py, "storage_offset")).and_then(|o| o.extract()).map_err(|_| Miss)?;
+        let storage = v.call_method0(intern!(py, "untyped_storage")).map_err(|_| Miss)?;
+        let start: usize = storage.call_method0(intern!(py, "data_ptr")).and_then(|p| p.extract()).map_err(|_| Miss)?;
+        let size: usize = storage.call_method0(intern!(py, "nbytes")).and_then(|n| n.extract()).map_err(|_| Miss)?;
+        let skip = offset.checked_mul(elem).ok_or(Miss)?;
+        if start == 0 || skip.checked_add(layout.extent).is_none_or(|end| end > size) {
+            return Err(Miss);
+        }
+        start.checked_add(skip).ok_or(Miss)?
+    };
+    if first == 0 {
         return Err(Miss);
     }
-    // SAFETY: `v` is a strided, contiguous CPU tensor (checked just above,
-    // with the GIL held since): its `nbytes` bytes lie contiguously from
-    // `data_ptr()` (which already includes its storage offset), in its
-    // storage, which `v` keeps alive; `nbytes` was checked to equal the
-    // row's length. No Python code runs while the bytes are copied (the GIL
-    // is held), so nothing resizes or frees the storage meanwhile.
-    let bytes = unsafe { std::slice::from_raw_parts(ptr as *const u8, nbytes) };
-    put(row, bytes)
+    // SAFETY: `v` is a CPU tensor (checked above, with the GIL held since,
+    // so no Python code runs to resize or free its storage while the bytes
+    // are read) whose first element is at `first`. The `layout.extent`
+    // bytes from there lie in its storage: for a contiguous tensor they are
+    // its `nbytes` from `data_ptr()` (torch's invariant), for any other
+    // they were just checked against the storage's own size. The storage
+    // is torch's allocation, never the batch buffer `row`.
+    let src = unsafe { std::slice::from_raw_parts(std::ptr::with_exposed_provenance::<u8>(first), layout.extent) };
+    layout.copy(src, row);
+    Ok(())
 }
 
-/// A tensor whose bytes are its elements in order: dense (strided),
-/// contiguous, on the CPU, not a lazily conjugated or negated view.
+/// Where a tensor's elements lie, relative to its first one: its
+/// dimensions of size 1 dropped and each dimension that steps over exactly
+/// the next one merged with it, so a contiguous tensor is one `memcpy` and
+/// `PILToTensor()`'s CHW view of HWC bytes is 3 planes gathered byte by byte.
+#[derive(Debug)]
+struct TensorLayout {
+    /// (size, byte stride) of each dimension left, outermost first; every
+    /// size is at least 2.
+    dims: Vec<(usize, usize)>,
+    /// Bytes copied at each position: one element, or the whole innermost
+    /// dimension when its elements are adjacent.
+    run: usize,
+    /// Bytes from the first element to the end of the last one reached.
+    extent: usize,
+}
+
+impl TensorLayout {
+    /// The layout of a tensor of `shape`, `strides` (in elements) and
+    /// `elem`-byte elements; None when it holds no element or a byte
+    /// offset overflows.
+    fn new(shape: &[usize], strides: &[usize], elem: usize) -> Option<Self> {
+        if shape.len() != strides.len() || elem == 0 || shape.contains(&0) {
+            return None;
+        }
+        let mut dims: Vec<(usize, usize)> = Vec::with_capacity(shape.len());
+        for (&n, &stride) in shape.iter().zip(strides) {
+            if n == 1 {
+                continue;
+            }
+            let stride = stride.checked_mul(elem)?;
+            let span = n.checked_mul(stride)?;
+            match dims.last_mut() {
+                Some((outer, outer_stride)) if *outer_stride == span => {
+                    *outer = outer.checked_mul(n)?;
+                    *outer_stride = stride;
+                }
+                _ => dims.push((n, stride)),
+            }
+        }
+        let mut run = elem;
+        if let Some(&(n, stride)) = dims.last()
+            && stride == elem
+        {
+            run = n.checked_mul(elem)?;
+            dims.pop();
+        }
+        let extent = dims.iter().try_fold(run, |end, &(n, stride)| end.checked_add((n - 1).checked_mul(stride)?))?;
+        Some(Self { dims, run, extent })
+    }
+
+    /// Its elements are adjacent, in C order: one run.
+    fn is_contiguous(&self) -> bool {
+        self.dims.is_empty()
+    }
+
+    /// Writes the elements into `row` in C order, reading them from `src`,
+    /// the `extent` bytes from the first one. `row` holds exactly every
+    /// element.
+    fn copy(&self, src: &[u8], row: &mut [u8]) {
+        debug_assert_eq!(src.len(), self.extent);
+        debug_assert_eq!(row.len(), self.dims.iter().fold(self.run, |n, &(d, _)| n * d));
+        copy_dims(src, &self.dims, self.run, row);
+    }
+}
+
+/// [`TensorLayout::copy`], one dimension at a time: each `run` of bytes
+/// of the innermost one copied in a loop specialised for its size, as
+/// element-sized runs are single loads and stores.
+fn copy_dims(src: &[u8], dims: &[(usize, usize)], run: usize, row: &mut [u8]) {
+    match *dims {
+        [] => row.copy_from_slice(&src[..run]),
+        [(_, stride)] => match run {
+            1 => gather::<1>(src, stride, row),
+            2 => gather::<2>(src, stride, row),
+            4 => gather::<4>(src, stride, row),
+            8 => gather::<8>(src, stride, row),
+            _ => {
+                for (i, out) in row.chunks_exact_mut(run).enumerate() {
+                    out.copy_from_slice(&src[i * stride..][..run]);
+                }
+            }
+        },
+        [(n, stride), ref inner @ ..] => {
+            for (i, out) in row.chunks_exact_mut(row.len() / n).enumerate() {
+                copy_dims(&src[i * stride..], inner, run, out);
+            }
+        }
+    }
+}
+
+/// Fills `row` with `N`-byte runs taken from `src` every `stride` bytes.
+fn gather<const N: usize>(src: &[u8], stride: usize, row: &mut [u8]) {
+    for (i, out) in row.chunks_exact_mut(N).enumerate() {
+        out.copy_from_slice(&src[i * stride..][..N]);
+    }
+}
+
+/// A tensor a plan is made of: dense (strided) on the CPU, real or integer
+/// (so never lazily conjugated), not quantized, not a lazily negated view:
+/// its elements are its values.
 fn tensor_is_plain(v: &Bound<'_, PyAny>) -> bool {
     let py = v.py();
-    let truthy = |name: &Bound<'_, PyString>, call: bool| {
-        let got = if call { v.call_method0(name) } else { v.getattr(name) };
-        got.and_then(|x| x.is_truthy()).unwrap_or(false)
-    };
-    truthy(intern!(py, "is_cpu"), false)
-        && truthy(intern!(py, "is_contiguous"), true)
-        && !truthy(intern!(py, "is_sparse"), false)
-        && !truthy(intern!(py, "is_conj"), true)
-        && !truthy(intern!(py, "is_neg"), true)
-        && !truthy(intern!(py, "is_quantized"), false)
+    truthy(v, intern!(py, "is_cpu"), false)
+        && !truthy(v, intern!(py, "is_sparse"), false)
+        && !truthy(v, intern!(py, "is_complex"), true)
+        && !truthy(v, intern!(py, "is_quantized"), false)
+        && !truthy(v, intern!(py, "is_neg"), true)
+}
+
+/// `v.name` (or `v.name()` when `call`) is true; false when it raises.
+fn truthy(v: &Bound<'_, PyAny>, name: &Bound<'_, PyString>, call: bool) -> bool {
+    let got = if call { v.call_method0(name) } else { v.getattr(name) };
+    got.and_then(|x| x.is_truthy()).unwrap_or(false)
 }
 
 /// `torch.Tensor`, when torch is loaded (never imported here).
