@@ -40,7 +40,7 @@ import signal
 import sys
 import threading
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Optional, Union
 
 from . import _dataset, _native, _template
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 
     from ._native import LoaderOptions
 
-__all__ = ["Loader", "Batch", "TensorView", "LoaderError"]
+__all__ = ["Loader", "Batch", "TensorView", "LoaderError", "merge_states"]
 
 Mapping.register(Batch)
 
@@ -192,7 +192,7 @@ class Loader:
         coordinator: str,
         job: Union[Mapping, str, os.PathLike],
         *,
-        rank: int = 0,
+        rank: Optional[int] = None,
         world_size: Optional[int] = None,
         **options: Unpack[LoaderOptions],
     ) -> None:
@@ -215,6 +215,20 @@ class Loader:
 
         self._init(spec, rank, world_size, start)
         self._collate = _python_job(job)
+
+    @staticmethod
+    def merge_states(states: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+        """One state for the whole job from the ``state_dict()`` of every
+        rank, saved at the same step or not, with batches yielded out of
+        order or not: ``load_state_dict`` of it on any number of new ranks
+        delivers each sample of the epoch once over the whole run. Every
+        rank's state must be there, once."""
+        texts = []
+        for state in states:
+            if not isinstance(state, Mapping):
+                raise TypeError("merge_states expects the dicts that state_dict() returned")
+            texts.append(json.dumps(dict(state)))
+        return json.loads(_native.merge_states(texts))
 
     @classmethod
     def local(
@@ -351,9 +365,14 @@ class Loader:
         self._pickles = _dataset.written_pickles(job)
         return self
 
-    def _init(self, spec: bytes, rank: int, world_size: Optional[int], start) -> None:
+    def _init(self, spec: bytes, rank: Optional[int], world_size: Optional[int], start) -> None:
         self._start = start
         self._spec = spec
+        # This loader's place among the job's ranks, as given (None: the
+        # spec's, or a loaded state's); a state of another world size is
+        # re-planned for it.
+        self._rank = rank
+        self._world_size = world_size
         # Yield default_collate's structure (a Python dataset's job).
         self._collate = False
         self._native: Optional[_native.NativeLoader] = None
@@ -363,7 +382,7 @@ class Loader:
         # Without a state to resume, the batch the first start begins at: the
         # first of the epoch set_epoch chose before anything started.
         self._start_at: Optional[int] = None
-        self._batches_per_epoch, self._epochs = _native.plan(spec, rank, world_size)
+        self._batches_per_epoch, self._epochs = _native.plan(spec, rank or 0, world_size)
         self._yielded = 0
         self._next_epoch: Optional[int] = None
         self._closed = False
@@ -444,14 +463,28 @@ class Loader:
         self._check_open()
         return json.loads(self._started().state())
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continues from a ``state_dict()``; the job, rank and world size
-        come from ``state``. Batches before it are not produced again."""
+    def load_state_dict(self, state: Mapping[str, Any], *, batch_size: Optional[int] = None) -> None:
+        """Continues from a ``state_dict()`` (or ``merge_states`` of every
+        rank's). The job comes from ``state``; so do the rank and world size
+        unless this loader was given its own (``Loader(..., rank=r,
+        world_size=w)``; ``Loader.local`` is rank 0 of 1). Batches before it
+        are not produced again.
+
+        On another world size, or with ``batch_size`` (samples per batch of
+        the rest of the job, by default the saved one's), the rest of the
+        job is re-planned: every new rank loads the same state (one rank's
+        when the ranks saved at the same step, else the merged one) and each
+        sample of the epoch is delivered once over the whole run. Keeping
+        ``batch_size * world_size`` as it was keeps every global batch as
+        the uninterrupted run would have had it (the epoch's last one's
+        padding aside)."""
         self._check_open()
         if not isinstance(state, Mapping):
             raise TypeError("load_state_dict expects the dict that state_dict() returned")
         text = json.dumps(dict(state))
-        per, epochs, yielded, _rank, _world = _native.state_plan(text)
+        text, per, epochs, yielded = _native.resume_state(
+            text, self._rank, self._world_size, None if batch_size is None else int(batch_size)
+        )
         self._stop_native()
         self._resume = text
         self._batches_per_epoch, self._epochs, self._yielded = per, epochs, yielded
@@ -549,6 +582,8 @@ class Loader:
         state = self.state_dict() if started else json.loads(self._resume)
         state["next_seq"] = seq
         state.pop("yielded_above", None)
+        # A merged state's per-rank progress would override next_seq.
+        state.pop("ranks", None)
         self.load_state_dict(state)
 
     def _stop_native(self) -> None:
@@ -635,3 +670,7 @@ def _close_all() -> None:
     # After the loaders closed: their last batches' spans are in, and go out
     # to the OTLP endpoint now (a no-op unless trace export is on).
     _native.flush_telemetry()
+
+
+#: ``Loader.merge_states``, at module level: ``loader.merge_states([...])``.
+merge_states = Loader.merge_states

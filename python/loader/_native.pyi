@@ -106,7 +106,7 @@ class NativeLoader:
         options: str,
         *,
         coordinator: Optional[str] = None,
-        rank: int = 0,
+        rank: Optional[int] = None,
         world_size: Optional[int] = None,
         resume: Optional[str] = None,
         start_at: Optional[int] = None,
@@ -142,7 +142,13 @@ def blob_dir() -> str:
     ``$XDG_RUNTIME_DIR/loader-blobs``, else ``$TMPDIR/loader-blobs-<uid>``),
     created 0700 if needed; ``OSError`` when it is not this user's."""
 def plan(spec: bytes, rank: int, world_size: Optional[int] = None) -> tuple[int, int]: ...
-def state_plan(state: str) -> tuple[int, int, int, int, int]: ...
+def resume_state(
+    state: str,
+    rank: Optional[int] = None,
+    world_size: Optional[int] = None,
+    batch_size: Optional[int] = None,
+) -> tuple[str, int, int, int]: ...
+def merge_states(states: list[str]) -> str: ...
 def run_worker(argv: list[str]) -> int: ...
 def flush_telemetry() -> None: ...
 def sample_seed(seed: int, epoch: int, index: int) -> int: ...

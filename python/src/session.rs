@@ -101,14 +101,14 @@ impl NativeLoader {
     /// the first batch to yield (the first of the epoch that `set_epoch`
     /// chose before the first iteration).
     #[staticmethod]
-    #[pyo3(signature = (spec, options, *, coordinator=None, rank=0, world_size=None, resume=None, start_at=None, local=None, template=None))]
+    #[pyo3(signature = (spec, options, *, coordinator=None, rank=None, world_size=None, resume=None, start_at=None, local=None, template=None))]
     #[allow(clippy::too_many_arguments)]
     fn open(
         py: Python<'_>,
         spec: &[u8],
         options: &str,
         coordinator: Option<String>,
-        rank: u32,
+        rank: Option<u32>,
         world_size: Option<u32>,
         resume: Option<&str>,
         start_at: Option<u64>,
@@ -135,7 +135,10 @@ impl NativeLoader {
                 ));
             }
         };
-        builder = builder.options(crate::options::parse(options)?).rank(rank);
+        builder = builder.options(crate::options::parse(options)?);
+        if let Some(r) = rank {
+            builder = builder.rank(r);
+        }
         if let Some(w) = world_size {
             builder = builder.world_size(w);
         }

@@ -67,19 +67,37 @@ pub(crate) fn plan(spec: &[u8], rank: u32, world_size: Option<u32>) -> PyResult<
     Ok((plan.batches_per_epoch(), plan.epochs))
 }
 
-/// `(batches_per_epoch, epochs, yielded, rank, world_size)` of a saved
-/// loader state (the JSON of `state_dict()`), checking it on the way.
+/// A loader that resumes from a saved state (the JSON of `state_dict()`)
+/// as rank `rank` of `world_size` with `batch_size` samples per batch
+/// (None: the state's): the state it resumes from, re-planned when the
+/// world size or batch size differ (see `LoaderState::resume_as`), and
+/// `(batches_per_epoch, epochs, yielded)` of it. Checks the state.
 #[pyfunction]
-pub(crate) fn state_plan(state: &str) -> PyResult<(u64, u32, u64, u32, u32)> {
+#[pyo3(signature = (state, rank=None, world_size=None, batch_size=None))]
+pub(crate) fn resume_state(
+    state: &str,
+    rank: Option<u32>,
+    world_size: Option<u32>,
+    batch_size: Option<u32>,
+) -> PyResult<(String, u64, u32, u64)> {
     let state = LoaderState::from_json(state).map_err(to_py)?;
-    let spec = state.spec().map_err(to_py)?;
-    let plan = loader_client::spec::validate(&spec).map_err(to_py)?;
-    let yielded = state.next_seq() + state.yielded_above().len() as u64;
-    Ok((
-        plan.batches_per_epoch(),
-        plan.epochs,
-        yielded,
-        state.rank(),
-        state.world_size(),
-    ))
+    let rank = rank.unwrap_or(state.rank());
+    let world_size = world_size.unwrap_or(state.world_size());
+    let resumed = state.resume_as(rank, world_size, batch_size).map_err(to_py)?;
+    let plan = loader_client::spec::validate(&resumed.spec).map_err(to_py)?;
+    let yielded = resumed.next_seq.max(plan.first_seq()) + resumed.yielded_above.len() as u64;
+    let json = if resumed.replanned { resumed.into_state(rank).to_json() } else { state.to_json() };
+    Ok((json, plan.batches_per_epoch(), plan.epochs, yielded))
+}
+
+/// One state for the whole job from the states (JSON) its ranks saved,
+/// at the same step or not (see `LoaderState::merge`), as JSON.
+#[pyfunction]
+pub(crate) fn merge_states(states: Vec<String>) -> PyResult<String> {
+    let states = states
+        .iter()
+        .map(|s| LoaderState::from_json(s))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(to_py)?;
+    Ok(LoaderState::merge(&states).map_err(to_py)?.to_json())
 }
