@@ -89,6 +89,15 @@ pub struct Resumption {
     pub replanned: bool,
 }
 
+impl Resumption {
+    /// The state of rank `rank` of the resumed job before it yields
+    /// anything: what a loader saves if asked right away, and what resumes
+    /// it on its own world size from then on.
+    pub fn into_state(self, rank: u32) -> LoaderState {
+        LoaderState::new(&self.spec, rank, self.next_seq, self.yielded_above)
+    }
+}
+
 impl LoaderState {
     /// The state of rank `rank` of the job `spec` (planned, so
     /// `spec.consumers` is the world size) that has yielded every batch below

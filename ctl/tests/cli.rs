@@ -646,3 +646,43 @@ fn run_device_host_lands_every_batch_byte_for_byte() {
     assert_eq!(device, host, "the device path's bytes differ from the host batches");
     assert_eq!(device_bytes, host_bytes);
 }
+
+#[test]
+fn merge_states_joins_every_rank_or_says_which_is_missing() {
+    use loader_client::{Dtype, LoaderState, Resumption};
+    let limit = Duration::from_secs(20);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = |name: &str| dir.path().join(name).display().to_string();
+    let mut spec = loader_client::spec::synthetic(100, &[4], Dtype::U8)
+        .batch_size(10)
+        .build()
+        .expect("spec");
+    spec.consumers = 2;
+    let state = |rank: u32, next_seq: u64| {
+        Resumption { spec: spec.clone(), next_seq, yielded_above: Default::default(), replanned: false }
+            .into_state(rank)
+    };
+    state(0, 3).save(path("rank0.json")).expect("save");
+    state(1, 4).save(path("rank1.json")).expect("save");
+
+    assert_one_line_error(
+        &loaderctl(&["merge-states", &path("rank0.json"), "--out", &path("m.json")], limit),
+        "merging needs every rank's state: rank 1 of 2 missing",
+    );
+    assert_one_line_error(
+        &loaderctl(&["merge-states", &path("rank0.json"), &path("rank0.json"), "--out", &path("m.json")], limit),
+        "rank 0 is given twice",
+    );
+    assert_one_line_error(
+        &loaderctl(&["merge-states", &path("nope.json"), "--out", &path("m.json")], limit),
+        "cannot read loader state",
+    );
+    let run = loaderctl(&["merge-states", &path("rank1.json"), &path("rank0.json"), "--out", &path("m.json")], limit);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert!(run.stdout.contains("merged 2 states of 2 ranks"), "{}", run.stdout);
+    let merged = LoaderState::load(path("m.json")).expect("merged state");
+    assert!(merged.is_merged());
+    assert_eq!((merged.world_size(), merged.next_seq()), (2, 3));
+    let progress: Vec<u64> = merged.progress().iter().map(|p| p.next_seq).collect();
+    assert_eq!(progress, [3, 4]);
+}

@@ -219,3 +219,91 @@ fn resumed_trainer_gets_the_batches_after_its_saved_state_exactly() {
         assert_exact(&read_dump(&after), &plan, 0, SAVE_AFTER..total);
     });
 }
+
+/// Two ranks SIGKILLed after saving their states at different steps (as
+/// preempted trainers are); the states merged with `loaderctl merge-states`;
+/// three ranks resume from the merged state with `consume --resume
+/// --world-size 3` on the same coordinator, which replaces the job by its
+/// re-planned rest once the killed ranks' sessions expire. Over the whole
+/// run every sample of each epoch is delivered once (plus the padding of
+/// DistributedSampler's split).
+#[test]
+fn killed_ranks_resume_on_another_world_size_from_their_merged_states() {
+    run(Duration::from_secs(180), |scope| {
+        let saved_after = [30u64, 33];
+        let (samples, batch, epochs) = (4_000u64, 16u32, 2u32);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = |name: String| dir.path().join(name).display().to_string();
+        let cluster = Cluster::builder().workers(2).ttl_ms(TTL_MS).start(&scope);
+        let url = cluster.url();
+
+        let mut firsts = Vec::new();
+        for (rank, after) in saved_after.iter().enumerate() {
+            let args = [
+                "consume", "--coordinator", &url, "--json", "--job-name", "elastic-e2e",
+                "--samples", &samples.to_string(), "--shape", "16", "--batch-size", &batch.to_string(),
+                "--epochs", &epochs.to_string(), "--rank", &rank.to_string(), "--world-size", "2",
+                "--save-state-after", &after.to_string(), "--state-file", &file(format!("state{rank}.json")),
+                "--dump", &file(format!("before{rank}")),
+            ];
+            firsts.push(loaderctl(&scope, &args));
+        }
+        wait_until("both ranks saved their states", Duration::from_secs(60), || {
+            (0..2).all(|r| Path::new(&file(format!("state{r}.json"))).exists())
+        });
+        for first in &mut firsts {
+            first.kill();
+        }
+        let old = loader_client::LoaderState::load(file("state0.json".into())).expect("state");
+        let old_plan = loader_proto::spec::plan(&old.spec().expect("spec")).expect("plan");
+        let mut delivered: Vec<(u32, Vec<u64>)> = Vec::new();
+        for (rank, &after) in saved_after.iter().enumerate() {
+            // The dump holds what the rank yielded, past its state too: the
+            // state's batches are what the job counts as consumed.
+            let mut dump = read_dump(Path::new(&file(format!("before{rank}"))));
+            dump.truncate(after as usize);
+            assert_exact(&dump, &old_plan, rank as u32, 0..after);
+            delivered.extend(dump.into_iter().map(|(seq, i)| (old_plan.locate(seq).0, i)));
+        }
+
+        let merged = file("merged.json".into());
+        let mut merge = loaderctl(&scope, &["merge-states", &file("state0.json".into()), &file("state1.json".into()), "--out", &merged]);
+        assert!(merge.wait_exit(Duration::from_secs(30)).expect("merge-states exits").success());
+        let mut resumed: Vec<_> = (0..3)
+            .map(|rank| {
+                let args = [
+                    "consume", "--coordinator", &url, "--json", "--resume", &merged,
+                    "--rank", &rank.to_string(), "--world-size", "3", "--dump", &file(format!("after{rank}")),
+                ];
+                loaderctl(&scope, &args)
+            })
+            .collect();
+        for (rank, proc) in resumed.iter_mut().enumerate() {
+            let status = proc.wait_exit(Duration::from_secs(120)).expect("a resumed rank finishes within 120 s");
+            assert!(status.success(), "resumed rank {rank}: {status}: {:?}", proc.stderr());
+        }
+        let state = loader_client::LoaderState::load(&merged).expect("merged state");
+        let resumption = state.resume_as(0, 3, None).expect("re-planned");
+        let plan = loader_proto::spec::plan(&resumption.spec).expect("plan");
+        let mut padding = 0;
+        for rank in 0..3u32 {
+            let dump = read_dump(Path::new(&file(format!("after{rank}"))));
+            assert_exact(&dump, &plan, rank, plan.first_seq()..plan.total_batches());
+            for seq in plan.first_seq()..plan.total_batches() {
+                let (epoch, index) = plan.locate(seq);
+                padding += plan.batch_positions(epoch, index).filter(|&p| plan.epoch_position(epoch, rank, p).1).count();
+            }
+            delivered.extend(dump.into_iter().map(|(seq, i)| (plan.locate(seq).0, i)));
+        }
+        let mut repeats = 0;
+        for epoch in 0..epochs {
+            let mut got: Vec<u64> = delivered.iter().filter(|(e, _)| *e == epoch).flat_map(|(_, i)| i.iter().copied()).collect();
+            got.sort_unstable();
+            let total = got.len();
+            got.dedup();
+            assert_eq!(got, (0..samples).collect::<Vec<_>>(), "epoch {epoch}: every sample");
+            repeats += total - got.len();
+        }
+        assert_eq!(repeats, padding, "repeats beyond the padding of the split");
+    });
+}
