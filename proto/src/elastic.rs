@@ -95,10 +95,9 @@ pub fn lockstep(consumers: u32, rank: u32, next_seq: u64, yielded_above: &BTreeS
 
 /// Batches of `epoch` rank `p` yielded, as whole-epoch batch indices.
 fn yielded_in(plan: &Plan, p: &Progress, epoch: u32) -> (u64, Vec<u64>) {
-    let (start, end) = (plan.epoch_start(epoch), plan.epoch_start(epoch + 1).max(plan.epoch_start(epoch)));
-    let end = end.min(u64::from(epoch + 1) * plan.batches_per_epoch());
-    let prefix = p.next_seq.clamp(start, end) - start;
     let base = u64::from(epoch) * plan.batches_per_epoch();
+    let (start, end) = (plan.epoch_start(epoch), base + plan.batches_per_epoch());
+    let prefix = p.next_seq.clamp(start, end) - start;
     let extras = p.yielded_above.range(start..end).map(|s| s - base).collect();
     (prefix, extras)
 }
