@@ -280,12 +280,14 @@ enum TaskError {
         consumers: u32,
     },
     /// The task names seqs the job does not have.
-    #[error("seqs {start}..{end} are out of range for {total} batches")]
+    #[error("seqs {start}..{end} are out of range for batches {first}..{total}")]
     SeqsOutOfRange {
         /// First seq of the task.
         start: u64,
         /// End of the task's seqs (exclusive).
         end: u64,
+        /// The job's first batch (past 0 for a resumed job).
+        first: u64,
         /// Batches of the job.
         total: u64,
     },
@@ -574,8 +576,9 @@ fn check_range(task: &Task, plan: &Plan) -> Result<(), TaskError> {
         return Err(TaskError::ConsumerOutOfRange { consumer: task.consumer, consumers: plan.consumers });
     }
     let total = plan.total_batches();
-    if task.start_seq >= task.end_seq || task.end_seq > total {
-        return Err(TaskError::SeqsOutOfRange { start: task.start_seq, end: task.end_seq, total });
+    // A resumed job has no batches before its first.
+    if task.start_seq >= task.end_seq || task.end_seq > total || task.start_seq < plan.first_seq() {
+        return Err(TaskError::SeqsOutOfRange { start: task.start_seq, end: task.end_seq, first: plan.first_seq(), total });
     }
     Ok(())
 }
@@ -681,7 +684,7 @@ pub(crate) mod tests {
             errors,
             vec![
                 format!("tokens dataset: cannot open {missing}: No such file or directory (os error 2)").as_str(),
-                "seqs 3..9 are out of range for 4 batches",
+                "seqs 3..9 are out of range for batches 0..4",
             ]
         );
         assert_eq!((failed[0].job_id, failed[0].consumer, failed[0].start_seq, failed[0].end_seq), (2, 0, 0, 1));
