@@ -28,6 +28,7 @@ pub mod doorbell;
 pub mod elastic;
 pub mod dtype;
 pub mod footprint;
+pub mod mixture;
 pub mod ring;
 pub mod sampler;
 pub mod spec;

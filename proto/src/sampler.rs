@@ -38,6 +38,12 @@ fn mix64(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// A seed derived from `seed` and a `salt`, for an independent stream (a
+/// mixture's per-source and per-block permutations).
+pub fn mix_seed(seed: u64, salt: u64) -> u64 {
+    mix64(seed ^ mix64(salt.wrapping_add(0x5eed_5a17_0000_0001)))
+}
+
 /// A seeded permutation of `[0, n)` for one epoch.
 #[derive(Debug, Clone)]
 pub struct Permutation {

@@ -1,0 +1,466 @@
+//! A weighted mixture of datasets as a pure function of the position in the
+//! mixture's stream (issue 31, the sampler's half): which source position
+//! `p` draws from and which of that source's samples, in O(K + log D) time
+//! and O(K) memory (K sources, D the weights' denominator), so that the
+//! coordinator, every worker and the trainer agree without lists, on any
+//! number of workers and ranks.
+//!
+//! - **Stratified blocks.** The stream is cut into blocks of `block`
+//!   positions (the global batch). Block b gives source k `floor(w_k L)`
+//!   positions plus, for R of the K sources, one more: every block's count
+//!   of every source is within 1 of `w_k L`. Which sources get the extra
+//!   follows a rotation on the weights' denominator D
+//!   (systematic sampling: the extras' offset moves by `a/D` per block, `a`
+//!   coprime with D), so over every D consecutive blocks each source gets
+//!   exactly its share, and the count of any source's extras before any
+//!   block is a floor sum, computed in O(log D).
+//! - **Shuffled within the block.** The block's slots are laid out source
+//!   by source and then permuted by a seeded permutation of the block, new
+//!   for each block: no fixed interleave a model could learn.
+//! - **Each source walks its own permutation.** The m-th draw of source k
+//!   is sample `perm_{k,pass}(m mod n_k)` of pass `m / n_k`: every sample
+//!   once per pass, and a source that runs out starts its next pass with
+//!   its own permutation (and its own pass number for its random
+//!   transforms).
+//! - **Re-weighting.** [`Mixture::reweighted`] continues every source's
+//!   walk from where it stands at a block boundary under new weights.
+
+use crate::sampler::Permutation;
+
+/// One source of a mixture: its size and its weight (integer units; the
+/// weights are proportions of their sum).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MixSource {
+    /// Samples in the source (> 0).
+    pub samples: u64,
+    /// Its weight in integer units (> 0 for a source that is drawn from).
+    pub weight: u64,
+}
+
+/// What one position of the mixture's stream draws.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Draw {
+    /// Index of the source.
+    pub source: usize,
+    /// Sample index within the source.
+    pub index: u64,
+    /// The source's own pass (epoch) this draw belongs to.
+    pub pass: u64,
+}
+
+/// A mixture that cannot be planned.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MixError {
+    /// No source, or no positive weight.
+    #[error("a mixture needs at least one source with a weight above 0")]
+    Empty,
+    /// A source with no samples.
+    #[error("source {0} has no samples")]
+    EmptySource(usize),
+    /// A block of no positions.
+    #[error("the block (global batch) size must be > 0")]
+    Block,
+    /// Weights too large to add up.
+    #[error("the weights add up past 2^40 units; give smaller ones")]
+    Weights,
+}
+
+/// Where the mixture's stream starts drawing under its weights: position
+/// `start` (a block boundary), with each source's walk at `drawn[k]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Origin {
+    start: u64,
+    drawn: Vec<u64>,
+}
+
+/// A weighted mixture's plan (see the module docs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mixture {
+    sources: Vec<MixSource>,
+    block: u64,
+    seed: u64,
+    shuffle: bool,
+    /// Sum of the weights.
+    denominator: u64,
+    /// Positions each source gets in every block.
+    base: Vec<u64>,
+    /// Where each source's arc of extras starts on `[0, D)`, and its length
+    /// (`weight x block mod D`).
+    arc_start: Vec<u64>,
+    arc_len: Vec<u64>,
+    /// The rotation per block, coprime with D, and the seeded first offset.
+    stride: u64,
+    offset: u64,
+    origin: Origin,
+}
+
+const WEIGHT_LIMIT: u64 = 1 << 40;
+
+impl Mixture {
+    /// The mixture of `sources` in blocks of `block` positions, seeded.
+    pub fn new(sources: &[MixSource], block: u64, seed: u64, shuffle: bool) -> Result<Self, MixError> {
+        let origin = Origin { start: 0, drawn: vec![0; sources.len()] };
+        Self::with_origin(sources, block, seed, shuffle, origin)
+    }
+
+    fn with_origin(sources: &[MixSource], block: u64, seed: u64, shuffle: bool, origin: Origin) -> Result<Self, MixError> {
+        if block == 0 {
+            return Err(MixError::Block);
+        }
+        if let Some(k) = sources.iter().position(|s| s.samples == 0) {
+            return Err(MixError::EmptySource(k));
+        }
+        let denominator = sources.iter().try_fold(0u64, |d, s| d.checked_add(s.weight)).ok_or(MixError::Weights)?;
+        if denominator == 0 {
+            return Err(MixError::Empty);
+        }
+        if denominator > WEIGHT_LIMIT {
+            return Err(MixError::Weights);
+        }
+        let d = u128::from(denominator);
+        let mut base = Vec::with_capacity(sources.len());
+        let mut arc_start = Vec::with_capacity(sources.len());
+        let mut arc_len = Vec::with_capacity(sources.len());
+        let mut at: u128 = 0;
+        for s in sources {
+            let units = u128::from(s.weight) * u128::from(block);
+            base.push((units / d) as u64);
+            let len = units % d;
+            arc_start.push((at % d) as u64);
+            arc_len.push(len as u64);
+            at += len;
+        }
+        // The golden-ratio rotation, nudged to be coprime with D so that D
+        // consecutive blocks see every offset once.
+        let mut stride = ((denominator as f64) * 0.618_033_988_749_895) as u64 % denominator;
+        while gcd(stride, denominator) != 1 {
+            stride = (stride + 1) % denominator;
+        }
+        let offset = crate::sampler::mix_seed(seed, 0x6d69_7874) % denominator;
+        Ok(Self {
+            sources: sources.to_vec(),
+            block,
+            seed,
+            shuffle,
+            denominator,
+            base,
+            arc_start,
+            arc_len,
+            stride,
+            offset,
+            origin,
+        })
+    }
+
+    /// The same mixture under new weights from position `at` on (rounded
+    /// down to a block boundary): each source's walk continues where it
+    /// stands there, so nothing of a source repeats before its pass ends.
+    pub fn reweighted(&self, at: u64, weights: &[u64]) -> Result<Self, MixError> {
+        let start = at.max(self.origin.start) / self.block * self.block;
+        let drawn = (0..self.sources.len()).map(|k| self.drawn_before(k, start)).collect();
+        let sources: Vec<MixSource> = self
+            .sources
+            .iter()
+            .zip(weights.iter().chain(std::iter::repeat(&0)))
+            .map(|(s, &weight)| MixSource { weight, ..*s })
+            .collect();
+        Self::with_origin(&sources, self.block, self.seed, self.shuffle, Origin { start, drawn })
+    }
+
+    /// Number of sources.
+    pub fn sources(&self) -> usize {
+        self.sources.len()
+    }
+
+    /// Positions per block.
+    pub fn block(&self) -> u64 {
+        self.block
+    }
+
+    /// Whether source `k` gets one more position in block `b` (counted from
+    /// the origin).
+    fn extra(&self, k: usize, b: u64) -> bool {
+        let d = u128::from(self.denominator);
+        let o = (u128::from(b) * u128::from(self.stride) + u128::from(self.offset)) % d;
+        let (lo, len) = (u128::from(self.arc_start[k]), u128::from(self.arc_len[k]));
+        (o + d - lo) % d < len
+    }
+
+    /// How many of the first `n` blocks (from the origin) give source `k`
+    /// one more position: a floor sum, O(log D).
+    fn extras_before(&self, k: usize, n: u64) -> u64 {
+        let (lo, len) = (self.arc_start[k], self.arc_len[k]);
+        if len == 0 || n == 0 {
+            return 0;
+        }
+        let d = self.denominator;
+        let below = |t: u64| self.offsets_below(n, t);
+        let hi = lo + len;
+        if hi <= d { below(hi) - below(lo) } else { (n - below(lo)) + below(hi - d) }
+    }
+
+    /// `#{x < n : (stride x + offset) mod D < t}` for `t <= D`.
+    fn offsets_below(&self, n: u64, t: u64) -> u64 {
+        let d = u128::from(self.denominator);
+        let (a, c, t) = (u128::from(self.stride), u128::from(self.offset), u128::from(t));
+        // [y mod D < t] = floor(y / D) - floor((y + D - t) / D) + 1.
+        let n128 = u128::from(n);
+        (floor_sum(n128, d, a, c) + n128 - floor_sum(n128, d, a, c + d - t)) as u64
+    }
+
+    /// Positions of block `b` (from the origin) each source gets.
+    pub fn quota(&self, b: u64) -> Vec<u64> {
+        (0..self.sources.len()).map(|k| self.base[k] + u64::from(self.extra(k, b))).collect()
+    }
+
+    /// Draws of source `k` before position `p` of the stream.
+    pub fn drawn_before(&self, k: usize, p: u64) -> u64 {
+        let before = self.origin.drawn.get(k).copied().unwrap_or(0);
+        let Some(rel) = p.checked_sub(self.origin.start) else {
+            return before;
+        };
+        let (b, within) = (rel / self.block, rel % self.block);
+        let whole = before + b * self.base[k] + self.extras_before(k, b);
+        // The part of block b before p: its slots of source k that the
+        // block's permutation puts at offsets below `within` (at most a
+        // block's worth of steps).
+        let quota = self.quota(b);
+        let (first, last) = slot_range(&quota, k);
+        let perm = self.block_permutation(b);
+        whole + (0..within).filter(|&o| (first..last).contains(&perm.at(o))).count() as u64
+    }
+
+    fn block_permutation(&self, b: u64) -> Permutation {
+        Permutation::new(self.block, crate::sampler::mix_seed(self.seed, self.origin.start), b, self.shuffle)
+    }
+
+    /// What position `p` of the stream draws. Positions before the origin
+    /// of a re-weighted mixture are drawn as the origin's first block.
+    pub fn at(&self, p: u64) -> Draw {
+        let rel = p.saturating_sub(self.origin.start);
+        let (b, within) = (rel / self.block, rel % self.block);
+        let quota = self.quota(b);
+        let slot = self.block_permutation(b).at(within);
+        let mut first = 0;
+        let mut source = 0;
+        for (k, &q) in quota.iter().enumerate() {
+            if slot < first + q {
+                source = k;
+                break;
+            }
+            first += q;
+        }
+        let k = source;
+        let draw = self.origin.drawn[k] + b * self.base[k] + self.extras_before(k, b) + (slot - first);
+        let n = self.sources[k].samples;
+        let pass = draw / n;
+        let perm = Permutation::new(n, crate::sampler::mix_seed(self.seed, k as u64 + 1), pass, self.shuffle);
+        Draw { source: k, index: perm.at(draw % n), pass }
+    }
+}
+
+/// The slots `[first, last)` of source `k` in a block laid out source by
+/// source with `quota`.
+fn slot_range(quota: &[u64], k: usize) -> (u64, u64) {
+    let first: u64 = quota[..k].iter().sum();
+    (first, first + quota[k])
+}
+
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+/// `sum_{i < n} floor((a i + b) / m)` (AtCoder Library's floor_sum), in
+/// O(log m): the count of a rotation's offsets in an interval.
+fn floor_sum(n: u128, m: u128, mut a: u128, mut b: u128) -> u128 {
+    let mut ans = 0u128;
+    let (mut n, mut m) = (n, m);
+    loop {
+        if a >= m {
+            ans += (n * n.saturating_sub(1) / 2) * (a / m);
+            a %= m;
+        }
+        if b >= m {
+            ans += n * (b / m);
+            b %= m;
+        }
+        let y_max = a * n + b;
+        if y_max < m {
+            return ans;
+        }
+        n = y_max / m;
+        b = y_max % m;
+        (m, a) = (a, m);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn sources(sizes: &[u64], weights: &[u64]) -> Vec<MixSource> {
+        sizes.iter().zip(weights).map(|(&samples, &weight)| MixSource { samples, weight }).collect()
+    }
+
+    #[test]
+    fn floor_sum_matches_the_sum() {
+        for (n, m, a, b) in [(0u128, 7u128, 3u128, 2u128), (10, 7, 3, 2), (1000, 97, 55, 1001), (37, 1, 5, 0), (500, 1 << 20, 648_055, 12345)] {
+            let brute: u128 = (0..n).map(|i| (a * i + b) / m).sum();
+            assert_eq!(floor_sum(n, m, a, b), brute, "n={n} m={m} a={a} b={b}");
+        }
+    }
+
+    #[test]
+    fn three_sources_of_very_different_sizes() {
+        // Issue 31's case: 1,000 / 10,000 / 100,000 samples at 0.2 / 0.3 /
+        // 0.5, blocks of 64, over several passes of the small source.
+        let mix = Mixture::new(&sources(&[1_000, 10_000, 100_000], &[2, 3, 5]), 64, 11, true).expect("mix");
+        let blocks = 200u64; // 12,800 positions: 2,560 of the small source, 2.56 passes
+        let mut per_pass: Vec<std::collections::BTreeMap<u64, Vec<u64>>> = vec![Default::default(); 3];
+        for b in 0..blocks {
+            let mut counts = [0u64; 3];
+            for p in b * 64..(b + 1) * 64 {
+                let d = mix.at(p);
+                counts[d.source] += 1;
+                per_pass[d.source].entry(d.pass).or_default().push(d.index);
+            }
+            for (k, w) in [2.0f64, 3.0, 5.0].iter().enumerate() {
+                let target = w / 10.0 * 64.0;
+                assert!((counts[k] as f64 - target).abs() < 1.0, "block {b}: source {k} has {} for {target}", counts[k]);
+            }
+        }
+        // Every sample of a source once per pass; a finished pass is whole.
+        for (k, passes) in per_pass.iter().enumerate() {
+            let n = [1_000u64, 10_000, 100_000][k];
+            for (pass, indices) in passes {
+                let mut sorted = indices.clone();
+                sorted.sort_unstable();
+                sorted.dedup();
+                assert_eq!(sorted.len(), indices.len(), "source {k} pass {pass}: a sample twice");
+                if (indices.len() as u64) == n {
+                    assert_eq!(sorted, (0..n).collect::<Vec<_>>());
+                }
+            }
+        }
+        assert!(per_pass[0].len() >= 3, "the small source went through passes");
+    }
+
+    #[test]
+    fn blocks_are_not_one_fixed_interleave() {
+        let mix = Mixture::new(&sources(&[100, 100], &[1, 1]), 16, 3, true).expect("mix");
+        let pattern = |b: u64| (b * 16..(b + 1) * 16).map(|p| mix.at(p).source).collect::<Vec<_>>();
+        assert_ne!(pattern(0), pattern(1));
+        assert_ne!(pattern(1), pattern(2));
+    }
+
+    #[test]
+    fn reweighting_continues_every_walk() {
+        let mix = Mixture::new(&sources(&[50, 70, 90], &[1, 1, 1]), 12, 5, true).expect("mix");
+        let at = 12 * 7;
+        let next = mix.reweighted(at, &[1, 0, 4]).expect("reweighted");
+        let mut seen: Vec<Vec<(u64, u64)>> = vec![Vec::new(); 3];
+        for p in 0..at {
+            let d = mix.at(p);
+            seen[d.source].push((d.pass, d.index));
+        }
+        for p in at..at + 12 * 30 {
+            let d = next.at(p);
+            assert_ne!(d.source, 1, "a source of weight 0 is not drawn");
+            seen[d.source].push((d.pass, d.index));
+        }
+        for (k, draws) in seen.iter().enumerate() {
+            let mut sorted = draws.clone();
+            sorted.sort_unstable();
+            sorted.dedup();
+            assert_eq!(sorted.len(), draws.len(), "source {k}: a draw repeated across the re-weighting");
+            // The draws are the source's walk from its start, in order.
+            let n = [50u64, 70, 90][k];
+            let walk: Vec<(u64, u64)> = (0..draws.len() as u64)
+                .map(|m| {
+                    let perm = Permutation::new(n, crate::sampler::mix_seed(5, k as u64 + 1), m / n, true);
+                    (m / n, perm.at(m % n))
+                })
+                .collect();
+            let mut walk_sorted = walk.clone();
+            walk_sorted.sort_unstable();
+            assert_eq!(sorted, walk_sorted, "source {k} continues its own walk");
+        }
+    }
+
+    #[test]
+    fn bad_mixtures_are_refused() {
+        assert_eq!(Mixture::new(&[], 8, 0, true), Err(MixError::Empty));
+        assert_eq!(Mixture::new(&sources(&[10], &[0]), 8, 0, true), Err(MixError::Empty));
+        assert_eq!(Mixture::new(&sources(&[10, 0], &[1, 1]), 8, 0, true), Err(MixError::EmptySource(1)));
+        assert_eq!(Mixture::new(&sources(&[10], &[1]), 0, 0, true), Err(MixError::Block));
+        assert_eq!(Mixture::new(&sources(&[10, 10], &[u64::MAX, 2]), 8, 0, true), Err(MixError::Weights));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+        #[test]
+        fn every_block_is_within_one_and_the_walks_are_exact(
+            sizes in proptest::collection::vec(1u64..300, 1..5),
+            weights in proptest::collection::vec(0u64..50, 5),
+            block in 1u64..70,
+            seed: u64,
+            far in 0u64..1_000_000_000,
+        ) {
+            let weights: Vec<u64> = weights[..sizes.len()].to_vec();
+            prop_assume!(weights.iter().sum::<u64>() > 0);
+            let mix = Mixture::new(&sources(&sizes, &weights), block, seed, true).expect("mix");
+            let total: u64 = weights.iter().sum();
+            let mut draws: Vec<Vec<(u64, u64)>> = vec![Vec::new(); sizes.len()];
+            let blocks = 40u64;
+            for b in (0..blocks).chain(far..far + 3) {
+                let mut counts = vec![0u64; sizes.len()];
+                for p in b * block..(b + 1) * block {
+                    let d = mix.at(p);
+                    prop_assert!(d.index < sizes[d.source]);
+                    counts[d.source] += 1;
+                    if b < blocks {
+                        draws[d.source].push((d.pass, d.index));
+                    }
+                }
+                for k in 0..sizes.len() {
+                    let target = weights[k] as f64 * block as f64 / total as f64;
+                    prop_assert!((counts[k] as f64 - target).abs() < 1.0, "block {}: source {} has {} for {}", b, k, counts[k], target);
+                    prop_assert_eq!(counts[k], mix.quota(b)[k]);
+                    // The closed form agrees with counting block by block.
+                    if b < blocks {
+                        let brute: u64 = (0..b).map(|x| mix.quota(x)[k]).sum();
+                        prop_assert_eq!(mix.drawn_before(k, b * block), brute);
+                    }
+                }
+            }
+            // Each source walks its own permutation: no draw twice, every
+            // sample once per pass.
+            for (k, d) in draws.iter().enumerate() {
+                let mut sorted = d.clone();
+                sorted.sort_unstable();
+                sorted.dedup();
+                prop_assert_eq!(sorted.len(), d.len(), "source {} drew a sample twice in a pass", k);
+            }
+        }
+
+        #[test]
+        fn over_d_blocks_each_source_gets_exactly_its_share(
+            weights in proptest::collection::vec(1u64..12, 2..4),
+            block in 1u64..20,
+            seed: u64,
+        ) {
+            let sizes = vec![1000u64; weights.len()];
+            let mix = Mixture::new(&sources(&sizes, &weights), block, seed, true).expect("mix");
+            let d: u64 = weights.iter().sum();
+            for (k, &w) in weights.iter().enumerate() {
+                prop_assert_eq!(mix.drawn_before(k, d * block), w * block, "source {}", k);
+                prop_assert_eq!(mix.drawn_before(k, 3 * d * block), 3 * w * block);
+            }
+        }
+    }
+}
