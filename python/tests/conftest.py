@@ -138,3 +138,21 @@ def child():
     yield start
     for c in started:
         c.kill()
+
+
+def read_line(proc: subprocess.Popen, prefix: str, timeout: float) -> str:
+    """The first stdout line of `proc` starting with `prefix`, within `timeout`."""
+    import selectors
+
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        while time.monotonic() < deadline:
+            if not sel.select(max(0.0, deadline - time.monotonic())):
+                break
+            line = proc.stdout.readline()
+            if not line:
+                break
+            if line.startswith(prefix):
+                return line[len(prefix):].strip()
+    pytest.fail(f"no {prefix!r} line within {timeout}s from {proc.args[0]}")

@@ -18,7 +18,7 @@ import subprocess
 import pytest
 
 import loader
-from conftest import synthetic
+from conftest import read_line, synthetic
 
 TESTS = pathlib.Path(__file__).resolve().parent
 DEBUG = TESTS.parents[1] / "target" / "debug"
@@ -31,24 +31,6 @@ needs_binaries = pytest.mark.skipif(
 )
 
 N = 150
-
-
-def read_line(proc: subprocess.Popen, prefix: str, timeout: float) -> str:
-    import selectors
-    import time
-
-    deadline = time.monotonic() + timeout
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        while time.monotonic() < deadline:
-            if not sel.select(max(0.0, deadline - time.monotonic())):
-                break
-            line = proc.stdout.readline()
-            if not line:
-                break
-            if line.startswith(prefix):
-                return line[len(prefix):].strip()
-    pytest.fail(f"no {prefix!r} line within {timeout}s from {proc.args[0]}")
 
 
 @pytest.fixture

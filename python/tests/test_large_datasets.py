@@ -19,6 +19,7 @@ import pytest
 
 import loader
 from loader import _native
+from conftest import read_line
 
 TESTS = pathlib.Path(__file__).resolve().parent
 
@@ -96,24 +97,6 @@ def test_loaders_of_one_dataset_share_its_file_until_the_last_closes():
         first.close()
         second.close()
     assert sha not in blobs_in(directory)
-
-
-def read_line(proc: subprocess.Popen, prefix: str, timeout: float) -> str:
-    """The first stdout line of `proc` starting with `prefix`, within `timeout`."""
-    import selectors
-
-    deadline = time.monotonic() + timeout
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        while time.monotonic() < deadline:
-            if not sel.select(max(0.0, deadline - time.monotonic())):
-                break
-            line = proc.stdout.readline()
-            if not line:
-                break
-            if line.startswith(prefix):
-                return line[len(prefix):].strip()
-    pytest.fail(f"no {prefix!r} line within {timeout}s from {proc.args[0]}")
 
 
 def stop(proc: subprocess.Popen) -> None:
