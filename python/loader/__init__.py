@@ -145,8 +145,11 @@ class Loader:
     Args:
         coordinator: the coordinator's URL (``host:port`` works too).
         job: the job spec: a dict, a path to a .json/.yaml file, or its text.
-        rank: this trainer's data-parallel rank.
-        world_size: number of ranks (default: the spec's ``consumers``, 1).
+        rank: this trainer's data-parallel rank (default 0; after
+            ``load_state_dict``, the state's unless given).
+        world_size: number of ranks (default: the spec's ``consumers``, 1;
+            after ``load_state_dict``, the state's unless given: a state of
+            another world size is re-planned for this one).
 
     Options (keywords of both ``Loader`` and ``Loader.local``; the defaults
     are the Rust SDK's, in ``loader.DEFAULT_OPTIONS``; a bad or unknown one
