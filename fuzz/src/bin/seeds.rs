@@ -132,9 +132,29 @@ fn write_seeds() {
     call(&mut s, Rpc::ListWorkers, &pb::ListWorkersRequest {});
     call(&mut s, Rpc::ListJobs, &pb::ListJobsRequest {});
     put(&dir, "admin-keda", &s);
+    // A blob uploaded in two chunks under a hash it does not have, then read.
+    let mut s = Vec::new();
+    let sha = "ab".repeat(32);
+    call(&mut s, Rpc::PutBlob, &pb::PutBlobRequest { protocol_version: v, sha256: sha.clone(), size: 10, offset: 0, data: b"blob ".to_vec().into() });
+    call(&mut s, Rpc::PutBlob, &pb::PutBlobRequest { protocol_version: v, sha256: sha.clone(), size: 10, offset: 5, data: b"bytes".to_vec().into() });
+    call(&mut s, Rpc::GetBlob, &pb::GetBlobRequest { protocol_version: v, sha256: sha, offset: 2, max_bytes: 4 });
+    put(&dir, "blobs", &s);
+    // A job resumed on another world size, its plan replacing the first.
+    let mut s = Vec::new();
+    let named = pb::JobSpec { name: "elastic".into(), ..spec.clone() };
+    call(&mut s, Rpc::CreateOrAttachJob, &pb::CreateOrAttachJobRequest { protocol_version: v, spec: Some(named.clone()) });
+    let resumed = pb::JobSpec {
+        consumers: 3,
+        resume: Some(pb::EpochResume { epoch: 1, offset: 10, delivered: vec![12, 15] }),
+        ..named
+    };
+    call(&mut s, Rpc::CreateOrAttachJob, &pb::CreateOrAttachJobRequest { protocol_version: v, spec: Some(resumed) });
+    call(&mut s, Rpc::OpenSession, &pb::OpenSessionRequest { protocol_version: v, job_id: 0, consumer: 2, node: "n".into(), ..Default::default() });
+    call(&mut s, Rpc::OpenSession, &pb::OpenSessionRequest { protocol_version: v, job_id: 0, consumer: 0, resume: true, start_seq: 1, ..Default::default() });
+    put(&dir, "elastic", &s);
     let mut s = Vec::new();
     call(&mut s, Rpc::CreateOrAttachJob, &pb::CreateOrAttachJobRequest { protocol_version: v, spec: Some(pb::JobSpec { consumers: 1, ..spec }) });
-    call(&mut s, Rpc::CreateOrAttachJob, &pb::CreateOrAttachJobRequest { protocol_version: 2, spec: None });
+    call(&mut s, Rpc::CreateOrAttachJob, &pb::CreateOrAttachJobRequest { protocol_version: v + 1, spec: None });
     call(&mut s, Rpc::RegisterWorker, &pb::RegisterWorkerRequest { protocol_version: v, address: "http://w:2".into(), max_outstanding: 1, ..Default::default() });
     call(&mut s, Rpc::WorkerHeartbeat, &pb::WorkerHeartbeatRequest { protocol_version: v, worker_id: 0, ..Default::default() });
     call(&mut s, Rpc::Fetch, &pb::FetchRequest { job_id: 0, consumer: 0, session_id: 0, credits: 1, ..Default::default() });
