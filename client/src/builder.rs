@@ -37,8 +37,8 @@ pub struct LoaderBuilder {
     rank: Option<u32>,
     /// Overrides `spec.consumers` when set.
     world_size: Option<u32>,
-    /// Continue where a saved state left off; replaces `spec`, `rank` and
-    /// `world_size`.
+    /// Continue where a saved state left off; replaces `spec`, and `rank`
+    /// and `world_size` when they are not set.
     resume: Option<LoaderState>,
     /// Samples per batch of a resumed job, when not the saved one's.
     resume_batch_size: Option<u32>,
@@ -361,6 +361,11 @@ impl LoaderBuilder {
                 (spec, rank, Some(world_size), start)
             }
             None => {
+                if self.resume_batch_size.is_some() {
+                    return Err(LoaderError::InvalidArgument(
+                        "resume_batch_size is for a resumed loader: call .resume(state) too".into(),
+                    ));
+                }
                 let spec = self.spec.clone().ok_or_else(|| {
                     LoaderError::InvalidArgument(
                         "no job given: call .job(spec) before building the loader".into(),
@@ -485,6 +490,19 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "cannot start at batch 5: this job has only 4 batches"
+        );
+    }
+
+    #[test]
+    fn a_resume_batch_size_without_a_state_is_one_line_before_any_process_starts() {
+        let e = Loader::local_builder(four_batches(), 1)
+            .worker_command(nonexistent_worker())
+            .resume_batch_size(8)
+            .build()
+            .expect_err("nothing to resume");
+        assert_eq!(
+            e.to_string(),
+            "resume_batch_size is for a resumed loader: call .resume(state) too"
         );
     }
 
