@@ -62,7 +62,7 @@ impl ServerTls {
 
     /// What the files look like now: a change of any of them is a reason to
     /// read them again.
-    fn stamp(&self) -> Vec<Option<(SystemTime, u64)>> {
+    fn stamp(&self) -> Stamp {
         [Some(&self.cert), Some(&self.key), self.client_ca.as_ref()]
             .into_iter()
             .flatten()
@@ -71,6 +71,10 @@ impl ServerTls {
     }
 }
 
+/// When each of a server's TLS files was last changed, and its size (None:
+/// unreadable): what tells that they changed.
+type Stamp = Vec<Option<(SystemTime, u64)>>;
+
 /// A server configuration that follows its files: [`ReloadingTls::current`]
 /// is what the next handshake uses; [`ReloadingTls::check`] reads the files
 /// again when they changed, keeping the old configuration (and saying so
@@ -78,7 +82,7 @@ impl ServerTls {
 #[derive(Debug)]
 pub struct ReloadingTls {
     files: ServerTls,
-    state: RwLock<(Arc<ServerConfig>, Vec<Option<(SystemTime, u64)>>)>,
+    state: RwLock<(Arc<ServerConfig>, Stamp)>,
 }
 
 impl ReloadingTls {
