@@ -357,11 +357,16 @@ impl LoaderState {
             ));
         }
         if !self.ranks.is_empty() {
-            if self.ranks.len() != self.world_size as usize || self.rank != 0 {
+            if self.ranks.len() != self.world_size as usize {
                 return Err(invalid(format!(
-                    "it lists {} ranks' progress for world size {} (rank {})",
+                    "it lists {} ranks' progress for world size {}",
                     self.ranks.len(),
-                    self.world_size,
+                    self.world_size
+                )));
+            }
+            if self.rank != 0 {
+                return Err(invalid(format!(
+                    "a merged state says rank 0, but it says rank {}",
                     self.rank
                 )));
             }
@@ -468,6 +473,20 @@ mod tests {
             (with("rank", 2.into()), "outside its world size"),
             (with("world_size", 3.into()), "differs from its spec"),
             (with("surprise", 1.into()), "unknown field"),
+            (with("ranks", serde_json::json!([{"next_seq": 1}])), "lists 1 ranks' progress for world size 2"),
+            (
+                with("ranks", serde_json::json!([{"next_seq": 1}, {"next_seq": 2}])),
+                "a merged state says rank 0, but it says rank 1",
+            ),
+            (
+                {
+                    let mut v = good_json.clone();
+                    v["rank"] = 0.into();
+                    v["ranks"] = serde_json::json!([{"next_seq": 1}, {"next_seq": 2, "yielded_above": [2]}]);
+                    v.to_string()
+                },
+                "a rank's yielded_above lists batches at or below its next_seq",
+            ),
             (with("next_seq", "five".into()), "not a loader state"),
         ];
         for (json, needle) in cases {

@@ -338,6 +338,31 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_resume_that_cannot_be_true_names_its_field() {
+        use crate::pb::EpochResume;
+        let resumed = |epoch, offset, delivered: Vec<u64>| JobSpec {
+            epochs: 2,
+            resume: Some(EpochResume { epoch, offset, delivered }),
+            ..synthetic()
+        };
+        let good = plan(&resumed(1, 40, vec![41, 50])).expect("a resumed plan");
+        assert_eq!((good.first_epoch(), good.resumed(1).map(|r| r.remaining(100))), (1, Some(58)));
+        let cases = [
+            ("resume.epoch", resumed(2, 0, vec![])),
+            ("resume.offset", resumed(0, 101, vec![])),
+            ("resume.delivered", resumed(0, 10, vec![10])),
+            ("resume.delivered", resumed(0, 10, vec![20, 15])),
+            ("resume.delivered", resumed(0, 10, vec![100])),
+            ("resume.delivered", resumed(0, 0, (1..=MAX_DELIVERED as u64 + 1).collect())),
+        ];
+        for (field, spec) in cases {
+            let e = plan(&spec).expect_err(field);
+            assert_eq!(e.field, field, "{e}");
+            assert!(!e.to_string().contains('\n'));
+        }
+    }
+
     fn with(kind: Kind, transforms: Vec<Transform>) -> JobSpec {
         JobSpec { dataset: Some(DatasetSpec { kind: Some(kind) }), transforms, ..synthetic() }
     }
