@@ -4,7 +4,8 @@
 //! ```yaml
 //! dataset: {image_folder: {path: ./train}}   # or webdataset: {shards: [...]},
 //!                                            # npy: {arrays: {x: a.npy}}, tokens, synthetic, custom,
-//!                                            # python: {pickle_file: ds.pkl, num_samples: 1000}
+//!                                            # python: {pickle_file: ds.pkl, num_samples: 1000},
+//!                                            # mix: {sources: [{name: web, weight: 0.7, dataset: {...}}, ...]}
 //! transforms: [decode, {random_resized_crop: {size: 224}}, horizontal_flip,
 //!              {normalize: {mean: [0.485, 0.456, 0.406], std: [0.229, 0.224, 0.225]}}]
 //! batch_size: 64
@@ -38,8 +39,8 @@ use std::fmt;
 use std::path::Path;
 
 use loader_proto::pb::{
-    BlobRef, CorruptPolicy, CustomSpec, DatasetSpec, ImageFolderSpec, JobSpec, NpyArray, NpySpec, SamplerSpec,
-    SyntheticSpec, TokensSpec, WebDatasetSpec, dataset_spec::Kind,
+    BlobRef, CorruptPolicy, CustomSpec, DatasetSpec, ImageFolderSpec, JobSpec, MixSource, MixSpec,
+    NpyArray, NpySpec, SamplerSpec, SyntheticSpec, TokensSpec, WebDatasetSpec, dataset_spec::Kind,
 };
 use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
@@ -56,7 +57,11 @@ use values::{Count, DtypeName, NamedPaths, Scalar, Shards};
 /// Parses a spec given as text: JSON when it starts with `{`, else YAML.
 /// Relative paths resolve against `base_dir`; errors start with `spec: `.
 pub fn parse(text: &str, base_dir: &Path) -> Result<JobSpecBuilder, LoaderError> {
-    let format = if text.trim_start().starts_with('{') { Format::Json } else { Format::Yaml };
+    let format = if text.trim_start().starts_with('{') {
+        Format::Json
+    } else {
+        Format::Yaml
+    };
     parse_as(text, base_dir, "spec", format)
 }
 
@@ -70,11 +75,20 @@ pub fn parse_json(text: &str, base_dir: &Path) -> Result<JobSpecBuilder, LoaderE
 /// its directory.
 pub fn parse_file(path: &Path) -> Result<JobSpecBuilder, LoaderError> {
     let origin = path.display().to_string();
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| LoaderError::SpecFile { origin: origin.clone(), message: e.to_string() })?;
-    let is_json = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("json"));
+    let text = std::fs::read_to_string(path).map_err(|e| LoaderError::SpecFile {
+        origin: origin.clone(),
+        message: e.to_string(),
+    })?;
+    let is_json = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("json"));
     let base = path.parent().unwrap_or(Path::new("."));
-    parse_as(&text, base, &origin, if is_json { Format::Json } else { Format::Yaml })
+    parse_as(
+        &text,
+        base,
+        &origin,
+        if is_json { Format::Json } else { Format::Yaml },
+    )
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -83,7 +97,12 @@ enum Format {
     Yaml,
 }
 
-fn parse_as(text: &str, base_dir: &Path, origin: &str, format: Format) -> Result<JobSpecBuilder, LoaderError> {
+fn parse_as(
+    text: &str,
+    base_dir: &Path,
+    origin: &str,
+    format: Format,
+) -> Result<JobSpecBuilder, LoaderError> {
     let fail = |message: String| LoaderError::SpecFile {
         origin: origin.to_owned(),
         message: message.split_whitespace().collect::<Vec<_>>().join(" "),
@@ -91,16 +110,15 @@ fn parse_as(text: &str, base_dir: &Path, origin: &str, format: Format) -> Result
     let file: SpecFile = match format {
         Format::Json => {
             let mut de = serde_json::Deserializer::from_str(text);
-            let file = serde_path_to_error::deserialize(&mut de).map_err(|e| fail(e.to_string()))?;
+            let file =
+                serde_path_to_error::deserialize(&mut de).map_err(|e| fail(e.to_string()))?;
             de.end().map_err(|e| fail(e.to_string()))?;
             file
         }
         // serde_norway tracks the field path itself ("transforms[1]: ...").
         Format::Yaml => serde_norway::from_str(text).map_err(|e| fail(e.to_string()))?,
     };
-    if let DatasetFile::Python(p) = &file.dataset {
-        p.check().map_err(fail)?;
-    }
+    file.dataset.check().map_err(fail)?;
     let spec = file.into_spec(base_dir);
     loader_proto::spec::check(&spec).map_err(|e| fail(format!("{}: {}", e.field, e.problem)))?;
     Ok(JobSpecBuilder::from_spec(spec))
@@ -143,10 +161,11 @@ enum DatasetFile {
     Synthetic(SyntheticFile),
     Custom(CustomFile),
     Python(PythonFile),
+    Mix(MixFile),
 }
 
 /// Names of the dataset kinds, for messages.
-const DATASETS: &str = "image_folder, webdataset, npy, tokens, synthetic, custom, python";
+const DATASETS: &str = "image_folder, webdataset, npy, tokens, synthetic, custom, python, mix";
 
 /// The `custom` dataset name a `python` entry becomes: the Python SDK's
 /// worker (`loader._worker`) serves it by running a Python dataset.
@@ -158,11 +177,16 @@ impl<'de> Deserialize<'de> for DatasetFile {
         impl<'de> Visitor<'de> for V {
             type Value = DatasetFile;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                write!(f, "a one-key map of the dataset kind ({DATASETS}) to its settings")
+                write!(
+                    f,
+                    "a one-key map of the dataset kind ({DATASETS}) to its settings"
+                )
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<DatasetFile, A::Error> {
                 let Some(kind) = map.next_key::<String>()? else {
-                    return Err(de::Error::custom(format!("empty; expected one of: {DATASETS}")));
+                    return Err(de::Error::custom(format!(
+                        "empty; expected one of: {DATASETS}"
+                    )));
                 };
                 let dataset = match kind.as_str() {
                     "image_folder" | "imagefolder" => DatasetFile::ImageFolder(map.next_value()?),
@@ -172,18 +196,44 @@ impl<'de> Deserialize<'de> for DatasetFile {
                     "synthetic" => DatasetFile::Synthetic(map.next_value()?),
                     "custom" => DatasetFile::Custom(map.next_value()?),
                     "python" => DatasetFile::Python(map.next_value()?),
+                    "mix" => DatasetFile::Mix(map.next_value()?),
                     other => {
-                        return Err(de::Error::custom(format!("unknown dataset `{other}`; expected one of: {DATASETS}")));
+                        return Err(de::Error::custom(format!(
+                            "unknown dataset `{other}`; expected one of: {DATASETS}"
+                        )));
                     }
                 };
                 if let Some(extra) = map.next_key::<String>()? {
-                    return Err(de::Error::custom(format!("one dataset per job; got `{kind}` and `{extra}`")));
+                    return Err(de::Error::custom(format!(
+                        "one dataset per job; got `{kind}` and `{extra}`"
+                    )));
                 }
                 Ok(dataset)
             }
         }
         d.deserialize_map(V)
     }
+}
+
+/// A weighted mixture: `sources` (each a `name`, a `weight` and a
+/// `dataset` of any other kind), optionally `samples_per_epoch` and
+/// `source_field` (see docs/mixtures.md).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MixFile {
+    sources: Vec<MixSourceFile>,
+    #[serde(default)]
+    samples_per_epoch: u64,
+    #[serde(default)]
+    source_field: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MixSourceFile {
+    name: String,
+    weight: f64,
+    dataset: DatasetFile,
 }
 
 #[derive(Debug, Deserialize)]
@@ -274,13 +324,20 @@ impl PythonFile {
     /// The blobs of its `*_file` fields, files resolved against `base`;
     /// hashed when the spec is built.
     fn blobs(&self, base: &Path) -> Vec<BlobRef> {
-        [(PICKLE_FILE, &self.pickle_file), (COLLATE_PICKLE_FILE, &self.collate_pickle_file)]
-            .into_iter()
-            .filter_map(|(name, file)| {
-                let source = resolve(base, file.as_deref()?);
-                Some(BlobRef { name: name.to_owned(), source, ..Default::default() })
+        [
+            (PICKLE_FILE, &self.pickle_file),
+            (COLLATE_PICKLE_FILE, &self.collate_pickle_file),
+        ]
+        .into_iter()
+        .filter_map(|(name, file)| {
+            let source = resolve(base, file.as_deref()?);
+            Some(BlobRef {
+                name: name.to_owned(),
+                source,
+                ..Default::default()
             })
-            .collect()
+        })
+        .collect()
     }
 
     /// Refuses a dataset or collate_fn given two ways.
@@ -289,7 +346,9 @@ impl PythonFile {
             return Err("dataset.python: give pickle or pickle_file, not both".into());
         }
         if self.collate_pickle.is_some() && self.collate_pickle_file.is_some() {
-            return Err("dataset.python: give collate_pickle or collate_pickle_file, not both".into());
+            return Err(
+                "dataset.python: give collate_pickle or collate_pickle_file, not both".into(),
+            );
         }
         Ok(())
     }
@@ -338,49 +397,8 @@ enum PolicyFile {
 
 impl SpecFile {
     fn into_spec(self, base: &Path) -> JobSpec {
-        let path = |p: &str| resolve(base, p);
-        let blobs = match &self.dataset {
-            DatasetFile::Python(p) => p.blobs(base),
-            _ => Vec::new(),
-        };
-        let kind = match self.dataset {
-            DatasetFile::ImageFolder(f) => Kind::ImageFolder(ImageFolderSpec {
-                path: path(&f.path),
-                manifest: f.manifest.as_deref().map(path).unwrap_or_default(),
-                ..Default::default()
-            }),
-            DatasetFile::Webdataset(w) => Kind::Webdataset(WebDatasetSpec {
-                shards: w.shards.0.iter().map(|s| path(s)).collect(),
-                shard_samples: Vec::new(),
-            }),
-            DatasetFile::Npy(n) => Kind::Npy(NpySpec {
-                arrays: n.arrays.0.into_iter().map(|(name, p)| NpyArray { name, path: path(&p) }).collect(),
-                num_samples: 0,
-            }),
-            DatasetFile::Tokens(t) => Kind::Tokens(TokensSpec {
-                path: path(&t.path),
-                dtype: t.dtype.0 as i32,
-                context_length: t.context_length,
-                num_tokens: 0,
-            }),
-            DatasetFile::Synthetic(s) => Kind::Synthetic(SyntheticSpec {
-                num_samples: s.num_samples,
-                shape: s.shape,
-                dtype: s.dtype.0 as i32,
-                cost_ns: s.cost_ns,
-                wait_ns_by_epoch: s.wait_ns_by_epoch,
-            }),
-            DatasetFile::Custom(c) => Kind::Custom(CustomSpec {
-                name: c.name,
-                num_samples: c.num_samples,
-                params: c.params.into_iter().map(|(k, v)| (k, v.0)).collect(),
-            }),
-            DatasetFile::Python(p) => Kind::Custom(CustomSpec {
-                name: PYTHON_DATASET.to_owned(),
-                num_samples: p.num_samples,
-                params: p.params(),
-            }),
-        };
+        let mut blobs = Vec::new();
+        let kind = self.dataset.into_kind(base, "", &mut blobs);
         JobSpec {
             name: self.name,
             dataset: Some(DatasetSpec { kind: Some(kind) }),
@@ -403,11 +421,115 @@ impl SpecFile {
     }
 }
 
+impl DatasetFile {
+    /// Checks what parsing alone can tell (a `python` entry given two ways),
+    /// naming the entry.
+    fn check(&self) -> Result<(), String> {
+        match self {
+            DatasetFile::Python(p) => p.check(),
+            DatasetFile::Mix(m) => {
+                for (i, source) in m.sources.iter().enumerate() {
+                    if matches!(source.dataset, DatasetFile::Mix(_)) {
+                        return Err(format!(
+                            "dataset.mix.sources[{i}].dataset: a mixture cannot hold a mixture; list its sources here instead"
+                        ));
+                    }
+                    source
+                        .dataset
+                        .check()
+                        .map_err(|e| format!("dataset.mix.sources[{i}].{e}"))?;
+                }
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The protocol's dataset, its paths resolved against `base`; the blobs
+    /// of its files go to `blobs`, their names prefixed by `prefix` (a
+    /// mixture's source `s` has its blobs under `s/`).
+    fn into_kind(self, base: &Path, prefix: &str, blobs: &mut Vec<BlobRef>) -> Kind {
+        let path = |p: &str| resolve(base, p);
+        match self {
+            DatasetFile::ImageFolder(f) => Kind::ImageFolder(ImageFolderSpec {
+                path: path(&f.path),
+                manifest: f.manifest.as_deref().map(path).unwrap_or_default(),
+                ..Default::default()
+            }),
+            DatasetFile::Webdataset(w) => Kind::Webdataset(WebDatasetSpec {
+                shards: w.shards.0.iter().map(|s| path(s)).collect(),
+                shard_samples: Vec::new(),
+            }),
+            DatasetFile::Npy(n) => Kind::Npy(NpySpec {
+                arrays: n
+                    .arrays
+                    .0
+                    .into_iter()
+                    .map(|(name, p)| NpyArray {
+                        name,
+                        path: path(&p),
+                    })
+                    .collect(),
+                num_samples: 0,
+            }),
+            DatasetFile::Tokens(t) => Kind::Tokens(TokensSpec {
+                path: path(&t.path),
+                dtype: t.dtype.0 as i32,
+                context_length: t.context_length,
+                num_tokens: 0,
+            }),
+            DatasetFile::Synthetic(s) => Kind::Synthetic(SyntheticSpec {
+                num_samples: s.num_samples,
+                shape: s.shape,
+                dtype: s.dtype.0 as i32,
+                cost_ns: s.cost_ns,
+                wait_ns_by_epoch: s.wait_ns_by_epoch,
+            }),
+            DatasetFile::Custom(c) => Kind::Custom(CustomSpec {
+                name: c.name,
+                num_samples: c.num_samples,
+                params: c.params.into_iter().map(|(k, v)| (k, v.0)).collect(),
+            }),
+            DatasetFile::Python(p) => {
+                blobs.extend(p.blobs(base).into_iter().map(|b| BlobRef {
+                    name: format!("{prefix}{}", b.name),
+                    ..b
+                }));
+                Kind::Custom(CustomSpec {
+                    name: PYTHON_DATASET.to_owned(),
+                    num_samples: p.num_samples,
+                    params: p.params(),
+                })
+            }
+            DatasetFile::Mix(m) => Kind::Mix(MixSpec {
+                sources: m
+                    .sources
+                    .into_iter()
+                    .map(|s| {
+                        let kind = s.dataset.into_kind(base, &format!("{}/", s.name), blobs);
+                        MixSource {
+                            name: s.name,
+                            weight: s.weight,
+                            dataset: Some(DatasetSpec { kind: Some(kind) }),
+                        }
+                    })
+                    .collect(),
+                samples_per_epoch: m.samples_per_epoch,
+                source_field: m.source_field,
+                ..Default::default()
+            }),
+        }
+    }
+}
+
 /// `p` relative to `base` when relative, made absolute (workers may run in
 /// another working directory).
 fn resolve(base: &Path, p: &str) -> String {
     let joined = base.join(p);
-    std::path::absolute(&joined).unwrap_or(joined).to_string_lossy().into_owned()
+    std::path::absolute(&joined)
+        .unwrap_or(joined)
+        .to_string_lossy()
+        .into_owned()
 }
 
 #[cfg(test)]

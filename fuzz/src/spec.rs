@@ -32,6 +32,16 @@ fn fill_counts(kind: &mut Kind) {
             w.shard_samples = (0..w.shards.len() as u64).map(|i| 10 + i % 7).collect();
         }
         Kind::Npy(n) if n.num_samples == 0 => n.num_samples = 1000,
+        Kind::Mix(m) => {
+            for source in &mut m.sources {
+                if let Some(kind) = source.dataset.as_mut().and_then(|d| d.kind.as_mut()) {
+                    fill_counts(kind);
+                }
+            }
+            if m.samples_per_epoch == 0 {
+                m.samples_per_epoch = 1000;
+            }
+        }
         _ => {}
     }
 }

@@ -78,17 +78,29 @@ pub enum ResumeError {
     /// no batch with drop_last).
     #[error(transparent)]
     Spec(#[from] SpecError),
+    /// New weights for a job that is not a mixture, or for other sources.
+    #[error("{0}")]
+    Reweight(String),
 }
 
 /// Every rank of a job at the same step: `next_seq` for all, and the
 /// out-of-order extras of the one rank they are known for. What a single
 /// rank's saved state says of the job when the ranks ran in lockstep (a
 /// synchronous data-parallel job saves at the same step on every rank).
-pub fn lockstep(consumers: u32, rank: u32, next_seq: u64, yielded_above: &BTreeSet<u64>) -> Vec<Progress> {
+pub fn lockstep(
+    consumers: u32,
+    rank: u32,
+    next_seq: u64,
+    yielded_above: &BTreeSet<u64>,
+) -> Vec<Progress> {
     (0..consumers)
         .map(|r| Progress {
             next_seq,
-            yielded_above: if r == rank { yielded_above.clone() } else { BTreeSet::new() },
+            yielded_above: if r == rank {
+                yielded_above.clone()
+            } else {
+                BTreeSet::new()
+            },
         })
         .collect()
 }
@@ -98,7 +110,11 @@ fn yielded_in(plan: &Plan, p: &Progress, epoch: u32) -> (u64, Vec<u64>) {
     let base = u64::from(epoch) * plan.batches_per_epoch();
     let (start, end) = (plan.epoch_start(epoch), base + plan.batches_per_epoch());
     let prefix = p.next_seq.clamp(start, end) - start;
-    let extras = p.yielded_above.range(start..end).map(|s| s - base).collect();
+    let extras = p
+        .yielded_above
+        .range(start..end)
+        .map(|s| s - base)
+        .collect();
     (prefix, extras)
 }
 
@@ -109,7 +125,10 @@ fn yielded_in(plan: &Plan, p: &Progress, epoch: u32) -> (u64, Vec<u64>) {
 /// done).
 pub fn delivered(plan: &Plan, ranks: &[Progress]) -> Result<Resumed, ResumeError> {
     if ranks.len() != plan.consumers as usize {
-        return Err(ResumeError::Ranks { expected: plan.consumers, got: ranks.len() });
+        return Err(ResumeError::Ranks {
+            expected: plan.consumers,
+            got: ranks.len(),
+        });
     }
     let total = plan.total_batches();
     for (rank, p) in (0u32..).zip(ranks) {
@@ -132,10 +151,16 @@ pub fn delivered(plan: &Plan, ranks: &[Progress]) -> Result<Resumed, ResumeError
         epoch += 1;
     }
     if epoch == plan.epochs {
-        return Ok(Resumed { epoch: plan.epochs.saturating_sub(1), offset: n, delivered: Vec::new() });
+        return Ok(Resumed {
+            epoch: plan.epochs.saturating_sub(1),
+            offset: n,
+            delivered: Vec::new(),
+        });
     }
     let next_epoch_start = u64::from(epoch + 1) * bpe;
-    if ranks.iter().any(|p| p.next_seq > next_epoch_start || p.yielded_above.range(next_epoch_start..).next().is_some()) {
+    if ranks.iter().any(|p| {
+        p.next_seq > next_epoch_start || p.yielded_above.range(next_epoch_start..).next().is_some()
+    }) {
         return Err(ResumeError::SpreadOverEpochs { epoch });
     }
 
@@ -147,9 +172,17 @@ pub fn delivered(plan: &Plan, ranks: &[Progress]) -> Result<Resumed, ResumeError
     // first `served` remaining positions, in order.
     let per = plan.epoch_samples_per_consumer(epoch);
     let served = ((slowest * plan.batch_size).min(per) * u64::from(plan.consumers)).min(remaining);
-    let offset = if served < remaining { old.map_or(served, |r| r.position(served)) } else { n };
-    let mut beyond: BTreeSet<u64> =
-        old.map_or(&[][..], |r| &r.delivered[..]).iter().copied().filter(|&d| d >= offset).collect();
+    let offset = if served < remaining {
+        old.map_or(served, |r| r.position(served))
+    } else {
+        n
+    };
+    let mut beyond: BTreeSet<u64> = old
+        .map_or(&[][..], |r| &r.delivered[..])
+        .iter()
+        .copied()
+        .filter(|&d| d >= offset)
+        .collect();
     let first_index = bpe - plan.epoch_batches(epoch);
     for (rank, (k, extras)) in (0u32..).zip(&yielded) {
         let ahead = (k - slowest).saturating_add(extras.len() as u64);
@@ -175,7 +208,11 @@ pub fn delivered(plan: &Plan, ranks: &[Progress]) -> Result<Resumed, ResumeError
         beyond.pop_first();
         offset += 1;
     }
-    Ok(Resumed { epoch, offset, delivered: beyond.into_iter().collect() })
+    Ok(Resumed {
+        epoch,
+        offset,
+        delivered: beyond.into_iter().collect(),
+    })
 }
 
 /// The spec of the rest of the job `spec` (planned as `plan`) on
@@ -192,7 +229,63 @@ pub fn replan(
     let mut next = spec.clone();
     next.consumers = consumers;
     next.batch_size = batch_size;
-    next.resume = Some(EpochResume { epoch: resume.epoch, offset: resume.offset, delivered: resume.delivered });
+    next.resume = Some(EpochResume {
+        epoch: resume.epoch,
+        offset: resume.offset,
+        delivered: resume.delivered,
+    });
+    crate::spec::plan(&next)?;
+    Ok(next)
+}
+
+/// A resumed mixture (`spec` from [`replan`]) under new `weights`, one per
+/// source: every source's walk continues where it stands, and the new
+/// proportions hold from the first block past everything the saved run
+/// delivered (positions delivered out of order included), so no position
+/// the run already delivered is drawn again under other weights and nothing
+/// of a source repeats before its pass ends.
+pub fn reweight(spec: &JobSpec, weights: &[f64]) -> Result<JobSpec, ResumeError> {
+    use crate::pb::{MixStage, dataset_spec::Kind};
+    let mut next = spec.clone();
+    let block = u64::from(spec.batch_size) * u64::from(spec.consumers.max(1));
+    let Some(Kind::Mix(m)) = next.dataset.as_mut().and_then(|d| d.kind.as_mut()) else {
+        return Err(ResumeError::Reweight(
+            "new weights are for a mixture, and this job is not one".into(),
+        ));
+    };
+    if weights.len() != m.sources.len() {
+        return Err(ResumeError::Reweight(format!(
+            "{} weights for a mixture of {} sources; a resumed mixture keeps its sources",
+            weights.len(),
+            m.sources.len()
+        )));
+    }
+    let Some(r) = &spec.resume else {
+        return Err(ResumeError::Reweight(
+            "new weights need a resumed spec (replan it first)".into(),
+        ));
+    };
+    let block = if m.block == 0 { block } else { m.block };
+    let end = r
+        .delivered
+        .last()
+        .map_or(r.offset, |&d| d + 1)
+        .max(r.offset);
+    let delivered_to = u64::from(r.epoch)
+        .checked_mul(m.samples_per_epoch)
+        .and_then(|p| p.checked_add(end))
+        .ok_or_else(|| ResumeError::Reweight("the stream position overflows".into()))?;
+    let from = delivered_to.div_ceil(block.max(1)) * block.max(1);
+    if from > m.weights_from {
+        m.stages.push(MixStage {
+            start: m.weights_from,
+            weights: m.sources.iter().map(|s| s.weight).collect(),
+        });
+        m.weights_from = from;
+    }
+    for (source, &w) in m.sources.iter_mut().zip(weights) {
+        source.weight = w;
+    }
     crate::spec::plan(&next)?;
     Ok(next)
 }
@@ -223,12 +316,21 @@ mod tests {
     /// `plan` resumed on `w` ranks of `b` after `ranks`' progress.
     fn resumed(plan: &Plan, ranks: &[Progress], w: u32, b: u64) -> Plan {
         let resume = delivered(plan, ranks).expect("delivered");
-        Plan { consumers: w, batch_size: b, resume: Some(Arc::new(resume)), ..plan.clone() }
+        Plan {
+            consumers: w,
+            batch_size: b,
+            resume: Some(Arc::new(resume)),
+            ..plan.clone()
+        }
     }
 
     /// The real (not padding) positions each epoch's batches delivered,
     /// from the batches `yielded(rank, seq)` says were yielded.
-    fn real_positions(plan: &Plan, yielded: impl Fn(u32, u64) -> bool, into: &mut BTreeMap<u32, Vec<u64>>) {
+    fn real_positions(
+        plan: &Plan,
+        yielded: impl Fn(u32, u64) -> bool,
+        into: &mut BTreeMap<u32, Vec<u64>>,
+    ) {
         for rank in 0..plan.consumers {
             for seq in plan.first_seq()..plan.total_batches() {
                 if !yielded(rank, seq) {
@@ -247,7 +349,9 @@ mod tests {
 
     /// Global batch `seq` (every rank's batch `seq`) as sorted indices.
     fn global(plan: &Plan, seq: u64) -> Vec<u64> {
-        let mut all: Vec<u64> = (0..plan.consumers).flat_map(|r| plan.batch_indices(r, seq)).collect();
+        let mut all: Vec<u64> = (0..plan.consumers)
+            .flat_map(|r| plan.batch_indices(r, seq))
+            .collect();
         all.sort_unstable();
         all
     }
@@ -256,7 +360,10 @@ mod tests {
     fn global_real(plan: &Plan, seq: u64) -> Vec<u64> {
         let (epoch, batch) = plan.locate(seq);
         let mut all: Vec<u64> = (0..plan.consumers)
-            .flat_map(|r| plan.batch_positions(epoch, batch).map(move |p| plan.epoch_position(epoch, r, p)))
+            .flat_map(|r| {
+                plan.batch_positions(epoch, batch)
+                    .map(move |p| plan.epoch_position(epoch, r, p))
+            })
             .filter(|&(_, padding)| !padding)
             .map(|(position, _)| position)
             .collect();
@@ -266,26 +373,62 @@ mod tests {
 
     /// Checks exactly-once over every epoch of a run interrupted after
     /// `ranks`' progress and resumed on `w2` ranks of `b2`.
-    fn check_exactly_once(old: &Plan, ranks: &[Progress], w2: u32, b2: u64) -> Result<(), TestCaseError> {
+    fn check_exactly_once(
+        old: &Plan,
+        ranks: &[Progress],
+        w2: u32,
+        b2: u64,
+    ) -> Result<(), TestCaseError> {
         let new = resumed(old, ranks, w2, b2);
         let mut real = BTreeMap::new();
-        real_positions(old, |r, s| s < ranks[r as usize].next_seq || ranks[r as usize].yielded_above.contains(&s), &mut real);
+        real_positions(
+            old,
+            |r, s| s < ranks[r as usize].next_seq || ranks[r as usize].yielded_above.contains(&s),
+            &mut real,
+        );
         real_positions(&new, |_, _| true, &mut real);
-        let counts: Vec<u64> = (0..w2).map(|r| (new.first_seq()..new.total_batches()).map(|s| new.batch_indices(r, s).len() as u64).sum()).collect();
-        prop_assert!(counts.windows(2).all(|c| c[0] == c[1]), "ranks get different sample counts: {:?}", counts);
+        let counts: Vec<u64> = (0..w2)
+            .map(|r| {
+                (new.first_seq()..new.total_batches())
+                    .map(|s| new.batch_indices(r, s).len() as u64)
+                    .sum()
+            })
+            .collect();
+        prop_assert!(
+            counts.windows(2).all(|c| c[0] == c[1]),
+            "ranks get different sample counts: {:?}",
+            counts
+        );
         for epoch in 0..old.epochs {
             let mut got = real.remove(&epoch).unwrap_or_default();
             got.sort_unstable();
             let before = got.len();
             got.dedup();
-            prop_assert_eq!(before, got.len(), "epoch {} delivered a sample twice", epoch);
+            prop_assert_eq!(
+                before,
+                got.len(),
+                "epoch {} delivered a sample twice",
+                epoch
+            );
             if old.drop_last {
                 // The dropped tail: at most what each plan's truncation
                 // drops (a partial batch per rank and the uneven part).
-                let slack = (old.batch_size + 1) * u64::from(old.consumers) + (b2 + 1) * u64::from(w2);
-                prop_assert!(got.len() as u64 + slack >= old.num_samples, "epoch {}: {} of {}", epoch, got.len(), old.num_samples);
+                let slack =
+                    (old.batch_size + 1) * u64::from(old.consumers) + (b2 + 1) * u64::from(w2);
+                prop_assert!(
+                    got.len() as u64 + slack >= old.num_samples,
+                    "epoch {}: {} of {}",
+                    epoch,
+                    got.len(),
+                    old.num_samples
+                );
             } else {
-                prop_assert_eq!(got, (0..old.num_samples).collect::<Vec<_>>(), "epoch {} not delivered whole", epoch);
+                prop_assert_eq!(
+                    got,
+                    (0..old.num_samples).collect::<Vec<_>>(),
+                    "epoch {} not delivered whole",
+                    epoch
+                );
             }
         }
         Ok(())
@@ -311,11 +454,18 @@ mod tests {
                 let (a, c) = (global(&old, step + j), global(&new, step + j));
                 let last_of_epoch = old.locate(step + j).1 + 1 == old.batches_per_epoch();
                 if drop_last || !last_of_epoch {
-                    assert_eq!(a, c, "global batch {j} after step {step} (n={n} w={w}->{w2} drop_last={drop_last})");
+                    assert_eq!(
+                        a, c,
+                        "global batch {j} after step {step} (n={n} w={w}->{w2} drop_last={drop_last})"
+                    );
                 } else {
                     // The last batch of an epoch: the same samples; the
                     // padding that fills the ranks up follows the world size.
-                    assert_eq!(global_real(&old, step + j), global_real(&new, step + j), "last global batch of the epoch");
+                    assert_eq!(
+                        global_real(&old, step + j),
+                        global_real(&new, step + j),
+                        "last global batch of the epoch"
+                    );
                 }
             }
         }
@@ -329,13 +479,21 @@ mod tests {
         assert_eq!(new.first_epoch(), 1);
         let r = new.resume.as_deref().expect("resumed");
         assert_eq!((r.offset, r.delivered.len()), (0, 0));
-        let whole = Plan { resume: None, ..new.clone() };
+        let whole = Plan {
+            resume: None,
+            ..new.clone()
+        };
         let first = new.first_seq();
         assert_eq!(first, whole.epoch_start(1));
         assert_eq!(new.batch_indices(1, first), whole.batch_indices(1, first));
         assert_eq!(new.total_batches() - first, 2 * new.batches_per_epoch());
         // And a finished job resumes to nothing.
-        let done = resumed(&old, &lockstep(4, 0, old.total_batches(), &BTreeSet::new()), 2, 5);
+        let done = resumed(
+            &old,
+            &lockstep(4, 0, old.total_batches(), &BTreeSet::new()),
+            2,
+            5,
+        );
         assert_eq!(done.first_seq(), done.total_batches());
     }
 
@@ -343,9 +501,18 @@ mod tests {
     fn ranks_at_different_steps_with_extras_merge_exactly() {
         let old = plan(500, 4, 3, false, 2);
         let ranks = vec![
-            Progress { next_seq: 10, yielded_above: BTreeSet::from([12, 15]) },
-            Progress { next_seq: 11, yielded_above: BTreeSet::new() },
-            Progress { next_seq: 9, yielded_above: BTreeSet::from([11]) },
+            Progress {
+                next_seq: 10,
+                yielded_above: BTreeSet::from([12, 15]),
+            },
+            Progress {
+                next_seq: 11,
+                yielded_above: BTreeSet::new(),
+            },
+            Progress {
+                next_seq: 9,
+                yielded_above: BTreeSet::from([11]),
+            },
         ];
         for (w2, b2) in [(5, 4), (1, 9), (3, 4), (2, 6)] {
             check_exactly_once(&old, &ranks, w2, b2).expect("exactly once");
@@ -356,18 +523,40 @@ mod tests {
     fn progress_that_cannot_be_true_is_refused() {
         let old = plan(100, 5, 2, false, 1);
         let e = delivered(&old, &lockstep(3, 0, 1, &BTreeSet::new())).expect_err("3 of 2");
-        assert_eq!(e.to_string(), "the job has 2 ranks, but progress was given for 3");
+        assert_eq!(
+            e.to_string(),
+            "the job has 2 ranks, but progress was given for 3"
+        );
         let e = delivered(&old, &lockstep(2, 0, 11, &BTreeSet::new())).expect_err("past end");
-        assert!(e.to_string().contains("yielded batch 11, but the job has only 10"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("yielded batch 11, but the job has only 10"),
+            "{e}"
+        );
         let big = plan(1_000_000, 1000, 2, false, 1);
-        let far = vec![Progress { next_seq: 0, ..Default::default() }, Progress { next_seq: 200, ..Default::default() }];
+        let far = vec![
+            Progress {
+                next_seq: 0,
+                ..Default::default()
+            },
+            Progress {
+                next_seq: 200,
+                ..Default::default()
+            },
+        ];
         let e = delivered(&big, &far).expect_err("too far apart");
         assert!(e.to_string().contains("too far apart"), "{e}");
         // Rank 1 into the next epoch while rank 0 has a batch of this one left.
         let bpe = old.batches_per_epoch();
         let spread = vec![
-            Progress { next_seq: bpe - 1, ..Default::default() },
-            Progress { next_seq: bpe + 1, ..Default::default() },
+            Progress {
+                next_seq: bpe - 1,
+                ..Default::default()
+            },
+            Progress {
+                next_seq: bpe + 1,
+                ..Default::default()
+            },
         ];
         let two = plan(100, 5, 2, false, 2);
         let e = delivered(&two, &spread).expect_err("two epochs");

@@ -63,6 +63,27 @@ pub enum MixError {
     /// Weights too large to add up.
     #[error("the weights add up past 2^40 units; give smaller ones")]
     Weights,
+    /// A weight that is negative, infinite or not a number.
+    #[error("weights must be finite and >= 0")]
+    BadWeight,
+    /// A positive weight under a millionth of the weights' sum.
+    #[error("a weight above 0 is under a millionth of the weights' sum; give it 0 or more")]
+    TinyWeight,
+    /// A stage's weights do not match the sources.
+    #[error("stage {stage} gives {weights} weights for {sources} sources")]
+    StageWeights {
+        /// The stage.
+        stage: usize,
+        /// Weights it gives.
+        weights: usize,
+        /// Sources of the mixture.
+        sources: usize,
+    },
+    /// A stage that starts at a position it cannot.
+    #[error(
+        "stage {0} must start after the stage before it, at a multiple of the block (the first at 0)"
+    )]
+    StageStart(usize),
 }
 
 /// Where the mixture's stream starts drawing under its weights: position
@@ -98,19 +119,36 @@ const WEIGHT_LIMIT: u64 = 1 << 40;
 
 impl Mixture {
     /// The mixture of `sources` in blocks of `block` positions, seeded.
-    pub fn new(sources: &[MixSource], block: u64, seed: u64, shuffle: bool) -> Result<Self, MixError> {
-        let origin = Origin { start: 0, drawn: vec![0; sources.len()] };
+    pub fn new(
+        sources: &[MixSource],
+        block: u64,
+        seed: u64,
+        shuffle: bool,
+    ) -> Result<Self, MixError> {
+        let origin = Origin {
+            start: 0,
+            drawn: vec![0; sources.len()],
+        };
         Self::with_origin(sources, block, seed, shuffle, origin)
     }
 
-    fn with_origin(sources: &[MixSource], block: u64, seed: u64, shuffle: bool, origin: Origin) -> Result<Self, MixError> {
+    fn with_origin(
+        sources: &[MixSource],
+        block: u64,
+        seed: u64,
+        shuffle: bool,
+        origin: Origin,
+    ) -> Result<Self, MixError> {
         if block == 0 {
             return Err(MixError::Block);
         }
         if let Some(k) = sources.iter().position(|s| s.samples == 0) {
             return Err(MixError::EmptySource(k));
         }
-        let denominator = sources.iter().try_fold(0u64, |d, s| d.checked_add(s.weight)).ok_or(MixError::Weights)?;
+        let denominator = sources
+            .iter()
+            .try_fold(0u64, |d, s| d.checked_add(s.weight))
+            .ok_or(MixError::Weights)?;
         if denominator == 0 {
             return Err(MixError::Empty);
         }
@@ -157,14 +195,22 @@ impl Mixture {
     /// stands there, so nothing of a source repeats before its pass ends.
     pub fn reweighted(&self, at: u64, weights: &[u64]) -> Result<Self, MixError> {
         let start = at.max(self.origin.start) / self.block * self.block;
-        let drawn = (0..self.sources.len()).map(|k| self.drawn_before(k, start)).collect();
+        let drawn = (0..self.sources.len())
+            .map(|k| self.drawn_before(k, start))
+            .collect();
         let sources: Vec<MixSource> = self
             .sources
             .iter()
             .zip(weights.iter().chain(std::iter::repeat(&0)))
             .map(|(s, &weight)| MixSource { weight, ..*s })
             .collect();
-        Self::with_origin(&sources, self.block, self.seed, self.shuffle, Origin { start, drawn })
+        Self::with_origin(
+            &sources,
+            self.block,
+            self.seed,
+            self.shuffle,
+            Origin { start, drawn },
+        )
     }
 
     /// Number of sources.
@@ -196,13 +242,21 @@ impl Mixture {
         let d = self.denominator;
         let below = |t: u64| self.offsets_below(n, t);
         let hi = lo + len;
-        if hi <= d { below(hi) - below(lo) } else { (n - below(lo)) + below(hi - d) }
+        if hi <= d {
+            below(hi) - below(lo)
+        } else {
+            (n - below(lo)) + below(hi - d)
+        }
     }
 
     /// `#{x < n : (stride x + offset) mod D < t}` for `t <= D`.
     fn offsets_below(&self, n: u64, t: u64) -> u64 {
         let d = u128::from(self.denominator);
-        let (a, c, t) = (u128::from(self.stride), u128::from(self.offset), u128::from(t));
+        let (a, c, t) = (
+            u128::from(self.stride),
+            u128::from(self.offset),
+            u128::from(t),
+        );
         // [y mod D < t] = floor(y / D) - floor((y + D - t) / D) + 1.
         let n128 = u128::from(n);
         (floor_sum(n128, d, a, c) + n128 - floor_sum(n128, d, a, c + d - t)) as u64
@@ -210,7 +264,9 @@ impl Mixture {
 
     /// Positions of block `b` (from the origin) each source gets.
     pub fn quota(&self, b: u64) -> Vec<u64> {
-        (0..self.sources.len()).map(|k| self.base[k] + u64::from(self.extra(k, b))).collect()
+        (0..self.sources.len())
+            .map(|k| self.base[k] + u64::from(self.extra(k, b)))
+            .collect()
     }
 
     /// Draws of source `k` before position `p` of the stream.
@@ -227,11 +283,19 @@ impl Mixture {
         let quota = self.quota(b);
         let (first, last) = slot_range(&quota, k);
         let perm = self.block_permutation(b);
-        whole + (0..within).filter(|&o| (first..last).contains(&perm.at(o))).count() as u64
+        whole
+            + (0..within)
+                .filter(|&o| (first..last).contains(&perm.at(o)))
+                .count() as u64
     }
 
     fn block_permutation(&self, b: u64) -> Permutation {
-        Permutation::new(self.block, crate::sampler::mix_seed(self.seed, self.origin.start), b, self.shuffle)
+        Permutation::new(
+            self.block,
+            crate::sampler::mix_seed(self.seed, self.origin.start),
+            b,
+            self.shuffle,
+        )
     }
 
     /// What position `p` of the stream draws. Positions before the origin
@@ -251,11 +315,120 @@ impl Mixture {
             first += q;
         }
         let k = source;
-        let draw = self.origin.drawn[k] + b * self.base[k] + self.extras_before(k, b) + (slot - first);
+        let draw =
+            self.origin.drawn[k] + b * self.base[k] + self.extras_before(k, b) + (slot - first);
         let n = self.sources[k].samples;
         let pass = draw / n;
-        let perm = Permutation::new(n, crate::sampler::mix_seed(self.seed, k as u64 + 1), pass, self.shuffle);
-        Draw { source: k, index: perm.at(draw % n), pass }
+        let perm = Permutation::new(
+            n,
+            crate::sampler::mix_seed(self.seed, k as u64 + 1),
+            pass,
+            self.shuffle,
+        );
+        Draw {
+            source: k,
+            index: perm.at(draw % n),
+            pass,
+        }
+    }
+}
+
+/// Integer units of real weights (each a proportion of their sum): every
+/// weight in millionths of the sum, rounded, reduced by their common
+/// divisor (0.2 / 0.3 / 0.5 become 2 / 3 / 5). The same arithmetic in every
+/// process, so every process draws the same stream.
+pub fn weight_units(weights: &[f64]) -> Result<Vec<u64>, MixError> {
+    if weights.iter().any(|w| !w.is_finite() || *w < 0.0) {
+        return Err(MixError::BadWeight);
+    }
+    let sum: f64 = weights.iter().sum();
+    if !sum.is_finite() {
+        return Err(MixError::Weights);
+    }
+    if sum <= 0.0 {
+        return Err(MixError::Empty);
+    }
+    let units: Vec<u64> = weights
+        .iter()
+        .map(|w| (w / sum * UNITS).round() as u64)
+        .collect();
+    if weights.iter().zip(&units).any(|(w, u)| *w > 0.0 && *u == 0) {
+        return Err(MixError::TinyWeight);
+    }
+    let common = units.iter().fold(0, |g, &u| gcd(g, u)).max(1);
+    Ok(units.into_iter().map(|u| u / common).collect())
+}
+
+/// Resolution of [`weight_units`]: millionths of the weights' sum.
+const UNITS: f64 = 1e6;
+
+/// A mixture whose weights changed along the stream (a job resumed with
+/// new weights, a curriculum): one [`Mixture`] per stage, each continuing
+/// every source's walk where the stage before left it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MixPlan {
+    /// Stages in stream order; stage i holds from its origin on.
+    stages: Vec<Mixture>,
+}
+
+impl MixPlan {
+    /// The plan of sources of `sizes` drawn under `stages`: (first stream
+    /// position, weights) in ascending positions, the first at 0, each
+    /// later one at a multiple of `block`.
+    pub fn new(
+        sizes: &[u64],
+        stages: &[(u64, Vec<f64>)],
+        block: u64,
+        seed: u64,
+        shuffle: bool,
+    ) -> Result<Self, MixError> {
+        let mut out: Vec<Mixture> = Vec::with_capacity(stages.len());
+        for (i, (start, weights)) in stages.iter().enumerate() {
+            if weights.len() != sizes.len() {
+                return Err(MixError::StageWeights {
+                    stage: i,
+                    weights: weights.len(),
+                    sources: sizes.len(),
+                });
+            }
+            let units = weight_units(weights)?;
+            let next = match out.last() {
+                None if *start != 0 => return Err(MixError::StageStart(i)),
+                None => {
+                    let sources: Vec<MixSource> = sizes
+                        .iter()
+                        .zip(&units)
+                        .map(|(&samples, &weight)| MixSource { samples, weight })
+                        .collect();
+                    Mixture::new(&sources, block, seed, shuffle)?
+                }
+                Some(before) => {
+                    if *start % block != 0 || *start <= before.origin.start {
+                        return Err(MixError::StageStart(i));
+                    }
+                    before.reweighted(*start, &units)?
+                }
+            };
+            out.push(next);
+        }
+        if out.is_empty() {
+            return Err(MixError::Empty);
+        }
+        Ok(Self { stages: out })
+    }
+
+    /// What position `p` of the stream draws, under the stage it falls in.
+    pub fn at(&self, p: u64) -> Draw {
+        let stage = self
+            .stages
+            .partition_point(|m| m.origin.start <= p)
+            .saturating_sub(1);
+        self.stages[stage].at(p)
+    }
+
+    /// Number of sources.
+    pub fn sources(&self) -> usize {
+        self.stages[0].sources()
     }
 }
 
@@ -303,12 +476,22 @@ mod tests {
     use proptest::prelude::*;
 
     fn sources(sizes: &[u64], weights: &[u64]) -> Vec<MixSource> {
-        sizes.iter().zip(weights).map(|(&samples, &weight)| MixSource { samples, weight }).collect()
+        sizes
+            .iter()
+            .zip(weights)
+            .map(|(&samples, &weight)| MixSource { samples, weight })
+            .collect()
     }
 
     #[test]
     fn floor_sum_matches_the_sum() {
-        for (n, m, a, b) in [(0u128, 7u128, 3u128, 2u128), (10, 7, 3, 2), (1000, 97, 55, 1001), (37, 1, 5, 0), (500, 1 << 20, 648_055, 12345)] {
+        for (n, m, a, b) in [
+            (0u128, 7u128, 3u128, 2u128),
+            (10, 7, 3, 2),
+            (1000, 97, 55, 1001),
+            (37, 1, 5, 0),
+            (500, 1 << 20, 648_055, 12345),
+        ] {
             let brute: u128 = (0..n).map(|i| (a * i + b) / m).sum();
             assert_eq!(floor_sum(n, m, a, b), brute, "n={n} m={m} a={a} b={b}");
         }
@@ -318,9 +501,16 @@ mod tests {
     fn three_sources_of_very_different_sizes() {
         // Issue 31's case: 1,000 / 10,000 / 100,000 samples at 0.2 / 0.3 /
         // 0.5, blocks of 64, over several passes of the small source.
-        let mix = Mixture::new(&sources(&[1_000, 10_000, 100_000], &[2, 3, 5]), 64, 11, true).expect("mix");
+        let mix = Mixture::new(
+            &sources(&[1_000, 10_000, 100_000], &[2, 3, 5]),
+            64,
+            11,
+            true,
+        )
+        .expect("mix");
         let blocks = 200u64; // 12,800 positions: 2,560 of the small source, 2.56 passes
-        let mut per_pass: Vec<std::collections::BTreeMap<u64, Vec<u64>>> = vec![Default::default(); 3];
+        let mut per_pass: Vec<std::collections::BTreeMap<u64, Vec<u64>>> =
+            vec![Default::default(); 3];
         for b in 0..blocks {
             let mut counts = [0u64; 3];
             for p in b * 64..(b + 1) * 64 {
@@ -330,7 +520,11 @@ mod tests {
             }
             for (k, w) in [2.0f64, 3.0, 5.0].iter().enumerate() {
                 let target = w / 10.0 * 64.0;
-                assert!((counts[k] as f64 - target).abs() < 1.0, "block {b}: source {k} has {} for {target}", counts[k]);
+                assert!(
+                    (counts[k] as f64 - target).abs() < 1.0,
+                    "block {b}: source {k} has {} for {target}",
+                    counts[k]
+                );
             }
         }
         // Every sample of a source once per pass; a finished pass is whole.
@@ -340,19 +534,30 @@ mod tests {
                 let mut sorted = indices.clone();
                 sorted.sort_unstable();
                 sorted.dedup();
-                assert_eq!(sorted.len(), indices.len(), "source {k} pass {pass}: a sample twice");
+                assert_eq!(
+                    sorted.len(),
+                    indices.len(),
+                    "source {k} pass {pass}: a sample twice"
+                );
                 if (indices.len() as u64) == n {
                     assert_eq!(sorted, (0..n).collect::<Vec<_>>());
                 }
             }
         }
-        assert!(per_pass[0].len() >= 3, "the small source went through passes");
+        assert!(
+            per_pass[0].len() >= 3,
+            "the small source went through passes"
+        );
     }
 
     #[test]
     fn blocks_are_not_one_fixed_interleave() {
         let mix = Mixture::new(&sources(&[100, 100], &[1, 1]), 16, 3, true).expect("mix");
-        let pattern = |b: u64| (b * 16..(b + 1) * 16).map(|p| mix.at(p).source).collect::<Vec<_>>();
+        let pattern = |b: u64| {
+            (b * 16..(b + 1) * 16)
+                .map(|p| mix.at(p).source)
+                .collect::<Vec<_>>()
+        };
         assert_ne!(pattern(0), pattern(1));
         assert_ne!(pattern(1), pattern(2));
     }
@@ -376,12 +581,17 @@ mod tests {
             let mut sorted = draws.clone();
             sorted.sort_unstable();
             sorted.dedup();
-            assert_eq!(sorted.len(), draws.len(), "source {k}: a draw repeated across the re-weighting");
+            assert_eq!(
+                sorted.len(),
+                draws.len(),
+                "source {k}: a draw repeated across the re-weighting"
+            );
             // The draws are the source's walk from its start, in order.
             let n = [50u64, 70, 90][k];
             let walk: Vec<(u64, u64)> = (0..draws.len() as u64)
                 .map(|m| {
-                    let perm = Permutation::new(n, crate::sampler::mix_seed(5, k as u64 + 1), m / n, true);
+                    let perm =
+                        Permutation::new(n, crate::sampler::mix_seed(5, k as u64 + 1), m / n, true);
                     (m / n, perm.at(m % n))
                 })
                 .collect();
@@ -394,10 +604,22 @@ mod tests {
     #[test]
     fn bad_mixtures_are_refused() {
         assert_eq!(Mixture::new(&[], 8, 0, true), Err(MixError::Empty));
-        assert_eq!(Mixture::new(&sources(&[10], &[0]), 8, 0, true), Err(MixError::Empty));
-        assert_eq!(Mixture::new(&sources(&[10, 0], &[1, 1]), 8, 0, true), Err(MixError::EmptySource(1)));
-        assert_eq!(Mixture::new(&sources(&[10], &[1]), 0, 0, true), Err(MixError::Block));
-        assert_eq!(Mixture::new(&sources(&[10, 10], &[u64::MAX, 2]), 8, 0, true), Err(MixError::Weights));
+        assert_eq!(
+            Mixture::new(&sources(&[10], &[0]), 8, 0, true),
+            Err(MixError::Empty)
+        );
+        assert_eq!(
+            Mixture::new(&sources(&[10, 0], &[1, 1]), 8, 0, true),
+            Err(MixError::EmptySource(1))
+        );
+        assert_eq!(
+            Mixture::new(&sources(&[10], &[1]), 0, 0, true),
+            Err(MixError::Block)
+        );
+        assert_eq!(
+            Mixture::new(&sources(&[10, 10], &[u64::MAX, 2]), 8, 0, true),
+            Err(MixError::Weights)
+        );
     }
 
     proptest! {

@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use loader_listing::ListingError;
-use loader_proto::pb::{Dtype, dataset_spec::Kind};
+use loader_proto::pb::{Dtype, JobSpec, dataset_spec::Kind};
 
 use crate::error::LoaderError;
 
@@ -46,13 +46,37 @@ pub(super) fn fill(kind: &mut Kind) -> Result<(), LoaderError> {
             }
             n.num_samples = rows.map_or(0, |(r, _)| r);
         }
+        Kind::Mix(m) => {
+            for source in &mut m.sources {
+                if let Some(kind) = source.dataset.as_mut().and_then(|d| d.kind.as_mut()) {
+                    fill(kind)?;
+                }
+            }
+            if m.samples_per_epoch == 0 {
+                m.samples_per_epoch = loader_proto::spec::mix_default_epoch(m)?;
+            }
+        }
     }
     Ok(())
 }
 
+/// Records the global batch a mixture's blocks are cut by, when the spec
+/// leaves it to the job (0): what the job opens with, which a resume on
+/// another world size must keep.
+pub(crate) fn fix_mix_block(spec: &mut JobSpec) {
+    if let Some(Kind::Mix(m)) = spec.dataset.as_mut().and_then(|d| d.kind.as_mut())
+        && m.block == 0
+    {
+        m.block = u64::from(spec.batch_size) * u64::from(spec.consumers.max(1));
+    }
+}
+
 /// Tokens in the file at `path`, from its size.
 fn count_tokens(path: &Path, dtype: i32) -> Result<u64, LoaderError> {
-    let bad = |cause: String| LoaderError::TokenFile { path: path.to_path_buf(), cause };
+    let bad = |cause: String| LoaderError::TokenFile {
+        path: path.to_path_buf(),
+        cause,
+    };
     let meta = std::fs::metadata(path).map_err(|e| bad(e.to_string()))?;
     if !meta.is_file() {
         return Err(bad("not a regular file".into()));
@@ -63,7 +87,10 @@ fn count_tokens(path: &Path, dtype: i32) -> Result<u64, LoaderError> {
         _ => return Ok(0),
     };
     if meta.len() % size != 0 {
-        return Err(bad(format!("{} bytes is not a whole number of {size}-byte tokens", meta.len())));
+        return Err(bad(format!(
+            "{} bytes is not a whole number of {size}-byte tokens",
+            meta.len()
+        )));
     }
     Ok(meta.len() / size)
 }

@@ -21,13 +21,15 @@ pub mod transforms;
 use std::path::Path;
 
 use loader_proto::pb::{
-    BlobRef, CorruptPolicy, CustomSpec, DatasetSpec, Dtype, ImageFolderSpec, JobSpec, NpyArray, NpySpec,
-    SamplerSpec, SyntheticSpec, TokensSpec, Transform, WebDatasetSpec, dataset_spec::Kind,
+    BlobRef, CorruptPolicy, CustomSpec, DatasetSpec, Dtype, ImageFolderSpec, JobSpec, MixSource,
+    MixSpec, NpyArray, NpySpec, SamplerSpec, SyntheticSpec, TokensSpec, Transform, WebDatasetSpec,
+    dataset_spec::Kind,
 };
 use loader_proto::sampler::Plan;
 
 use crate::error::LoaderError;
 
+pub(crate) use counts::fix_mix_block;
 pub(crate) use size::batch_bytes;
 
 /// Validates `spec` exactly as the coordinator will.
@@ -36,7 +38,8 @@ pub fn validate(spec: &JobSpec) -> Result<Plan, LoaderError> {
 }
 
 /// A job spec under construction. Start from a dataset: [`synthetic`],
-/// [`tokens`], [`image_folder`], [`webdataset`], [`npy`] or [`custom`].
+/// [`tokens`], [`image_folder`], [`webdataset`], [`npy`], [`custom`], or a
+/// [`mix`] of them.
 #[derive(Debug, Clone)]
 pub struct JobSpecBuilder {
     /// Everything but the counts, which `build` reads from the dataset's
@@ -46,7 +49,10 @@ pub struct JobSpecBuilder {
 
 /// Workers may run elsewhere in the same tree: specs carry absolute paths.
 fn absolute(path: &Path) -> String {
-    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf()).to_string_lossy().into_owned()
+    std::path::absolute(path)
+        .unwrap_or_else(|_| path.to_path_buf())
+        .to_string_lossy()
+        .into_owned()
 }
 
 /// Generated samples: `data` of `shape`/`dtype` and an int64 `label` per
@@ -100,11 +106,16 @@ pub fn webdataset<P: AsRef<Path>>(shards: impl IntoIterator<Item = P>) -> JobSpe
 /// Rows of `.npy` arrays (C order, little-endian), each array a tensor
 /// named by its key; all must have the same number of rows. Headers are
 /// read in [`JobSpecBuilder::build`].
-pub fn npy<N: Into<String>, P: AsRef<Path>>(arrays: impl IntoIterator<Item = (N, P)>) -> JobSpecBuilder {
+pub fn npy<N: Into<String>, P: AsRef<Path>>(
+    arrays: impl IntoIterator<Item = (N, P)>,
+) -> JobSpecBuilder {
     JobSpecBuilder::new(Kind::Npy(NpySpec {
         arrays: arrays
             .into_iter()
-            .map(|(name, path)| NpyArray { name: name.into(), path: absolute(path.as_ref()) })
+            .map(|(name, path)| NpyArray {
+                name: name.into(),
+                path: absolute(path.as_ref()),
+            })
             .collect(),
         num_samples: 0,
     }))
@@ -120,8 +131,56 @@ pub fn custom<K: Into<String>, V: Into<String>>(
     JobSpecBuilder::new(Kind::Custom(CustomSpec {
         name: name.into(),
         num_samples,
-        params: params.into_iter().map(|(k, v)| (k.into(), v.into())).collect(),
+        params: params
+            .into_iter()
+            .map(|(k, v)| (k.into(), v.into()))
+            .collect(),
     }))
+}
+
+/// A weighted mixture of datasets (see docs/mixtures.md): each source a
+/// name, a weight (its share is weight / sum of the weights) and a builder
+/// of any other dataset kind, of which only the dataset, its image
+/// pipeline and its blobs count (batch size, epochs and shuffling are the
+/// mixture's). Every block of `batch_size x consumers` positions gives each
+/// source its share within one sample; each source walks its own seeded
+/// permutation, one pass after another.
+pub fn mix<N: Into<String>>(
+    sources: impl IntoIterator<Item = (N, f64, JobSpecBuilder)>,
+) -> JobSpecBuilder {
+    let mut transforms = Vec::new();
+    let mut blobs = Vec::new();
+    let sources = sources
+        .into_iter()
+        .map(|(name, weight, builder)| {
+            let name = name.into();
+            let JobSpec {
+                dataset,
+                transforms: own,
+                blobs: own_blobs,
+                ..
+            } = builder.spec;
+            if transforms.is_empty() {
+                transforms = own;
+            }
+            blobs.extend(own_blobs.into_iter().map(|b| BlobRef {
+                name: format!("{name}/{}", b.name),
+                ..b
+            }));
+            MixSource {
+                name,
+                weight,
+                dataset,
+            }
+        })
+        .collect();
+    let mut builder = JobSpecBuilder::new(Kind::Mix(MixSpec {
+        sources,
+        ..Default::default()
+    }));
+    builder.spec.transforms = transforms;
+    builder.spec.blobs = blobs;
+    builder
 }
 
 impl JobSpecBuilder {
@@ -204,7 +263,10 @@ impl JobSpecBuilder {
     /// Lists an image folder from a manifest of `relative/path<TAB>label`
     /// lines (paths relative to the folder) instead of its class folders.
     pub fn manifest(mut self, manifest: impl AsRef<Path>) -> Self {
-        if let Some(DatasetSpec { kind: Some(Kind::ImageFolder(f)) }) = &mut self.spec.dataset {
+        if let Some(DatasetSpec {
+            kind: Some(Kind::ImageFolder(f)),
+        }) = &mut self.spec.dataset
+        {
             f.manifest = absolute(manifest.as_ref());
         }
         self
@@ -217,7 +279,35 @@ impl JobSpecBuilder {
     /// its local path in `params[name]`. For files too large for the spec
     /// (a pickled dataset, a vocabulary, an index).
     pub fn blob(mut self, name: impl Into<String>, path: impl AsRef<Path>) -> Self {
-        self.spec.blobs.push(BlobRef { name: name.into(), source: absolute(path.as_ref()), ..Default::default() });
+        self.spec.blobs.push(BlobRef {
+            name: name.into(),
+            source: absolute(path.as_ref()),
+            ..Default::default()
+        });
+        self
+    }
+
+    /// Positions of one epoch of a mixture (default: until the source with
+    /// the largest weight has been drawn once whole).
+    pub fn samples_per_epoch(mut self, samples: u64) -> Self {
+        if let Some(DatasetSpec {
+            kind: Some(Kind::Mix(m)),
+        }) = &mut self.spec.dataset
+        {
+            m.samples_per_epoch = samples;
+        }
+        self
+    }
+
+    /// Adds to a mixture's samples the int64 tensor `name`: the index of
+    /// the source each sample was drawn from.
+    pub fn source_field(mut self, name: impl Into<String>) -> Self {
+        if let Some(DatasetSpec {
+            kind: Some(Kind::Mix(m)),
+        }) = &mut self.spec.dataset
+        {
+            m.source_field = name.into();
+        }
         self
     }
 
@@ -323,9 +413,18 @@ mod tests {
         let Some(Kind::ImageFolder(g)) = build().dataset.and_then(|d| d.kind) else {
             panic!("not an image folder");
         };
-        assert_ne!(f.fingerprint, g.fingerprint, "a new file changes the fingerprint");
-        let e = image_folder(dir.path()).build().expect_err("no pipeline").to_string();
-        assert!(e.starts_with("invalid job spec: transforms: an image dataset needs a pipeline"), "{e}");
+        assert_ne!(
+            f.fingerprint, g.fingerprint,
+            "a new file changes the fingerprint"
+        );
+        let e = image_folder(dir.path())
+            .build()
+            .expect_err("no pipeline")
+            .to_string();
+        assert!(
+            e.starts_with("invalid job spec: transforms: an image dataset needs a pipeline"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -342,11 +441,25 @@ mod tests {
             path
         };
         let (x, y) = (write("x.npy", 12), write("y.npy", 12));
-        let spec = npy([("x", &x), ("y", &y)]).batch_size(4).build().expect("valid");
-        assert!(matches!(spec.dataset.and_then(|d| d.kind), Some(Kind::Npy(n)) if n.num_samples == 12));
+        let spec = npy([("x", &x), ("y", &y)])
+            .batch_size(4)
+            .build()
+            .expect("valid");
+        assert!(
+            matches!(spec.dataset.and_then(|d| d.kind), Some(Kind::Npy(n)) if n.num_samples == 12)
+        );
         let z = write("z.npy", 11);
-        let e = npy([("x", &x), ("z", &z)]).build().expect_err("rows differ").to_string();
-        assert_eq!(e, format!("{}: holds 11 rows, array `x` holds 12; every array needs the same rows", z.display()));
+        let e = npy([("x", &x), ("z", &z)])
+            .build()
+            .expect_err("rows differ")
+            .to_string();
+        assert_eq!(
+            e,
+            format!(
+                "{}: holds 11 rows, array `x` holds 12; every array needs the same rows",
+                z.display()
+            )
+        );
     }
 
     #[test]

@@ -2,8 +2,8 @@ use std::path::Path;
 
 use loader_proto::pb::{CorruptPolicy, Dtype, HorizontalFlip, dataset_spec::Kind, transform::Op};
 
-use super::*;
 use super::values::expand_braces;
+use super::*;
 
 const YAML: &str = "
 name: imagenet
@@ -20,11 +20,16 @@ on_corrupt: skip
 ";
 
 fn spec_of(text: &str) -> JobSpec {
-    parse(text, Path::new("/data/specs")).expect("parses").spec().clone()
+    parse(text, Path::new("/data/specs"))
+        .expect("parses")
+        .spec()
+        .clone()
 }
 
 fn error_of(text: &str) -> String {
-    let e = parse(text, Path::new("/data")).expect_err("must fail").to_string();
+    let e = parse(text, Path::new("/data"))
+        .expect_err("must fail")
+        .to_string();
     assert!(!e.contains('\n'), "one line: {e}");
     e
 }
@@ -38,16 +43,25 @@ fn a_full_yaml_spec_becomes_the_job_spec() {
     assert_eq!((s.shuffle, s.seed, s.drop_last), (true, 7, true));
     assert_eq!(spec.on_corrupt, CorruptPolicy::Skip as i32);
     match spec.dataset.and_then(|d| d.kind) {
-        Some(Kind::ImageFolder(f)) => assert_eq!((f.path.as_str(), f.manifest.as_str()), ("/data/specs/train", "")),
+        Some(Kind::ImageFolder(f)) => assert_eq!(
+            (f.path.as_str(), f.manifest.as_str()),
+            ("/data/specs/train", "")
+        ),
         other => panic!("dataset {other:?}"),
     }
     let ops: Vec<Op> = spec.transforms.into_iter().filter_map(|t| t.op).collect();
     assert!(matches!(ops[0], Op::Decode(_)));
     match &ops[1] {
-        Op::RandomResizedCrop(c) => assert_eq!((c.size.clone(), c.scale.clone(), c.ratio.clone()), (vec![224], vec![0.25, 1.0], vec![])),
+        Op::RandomResizedCrop(c) => assert_eq!(
+            (c.size.clone(), c.scale.clone(), c.ratio.clone()),
+            (vec![224], vec![0.25, 1.0], vec![])
+        ),
         other => panic!("{other:?}"),
     }
-    assert!(matches!(ops[2], Op::HorizontalFlip(HorizontalFlip { p: None })));
+    assert!(matches!(
+        ops[2],
+        Op::HorizontalFlip(HorizontalFlip { p: None })
+    ));
     assert!(matches!(&ops[3], Op::Normalize(n) if n.mean.len() == 3 && n.std.len() == 3));
 }
 
@@ -58,7 +72,12 @@ fn json_says_the_same_as_yaml() {
                        {"normalize": {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}}],
         "batch_size": 64, "epochs": 2, "sampler": {"shuffle": true, "seed": 7, "drop_last": true}, "on_corrupt": "skip"}"#;
     assert_eq!(spec_of(json), spec_of(YAML));
-    assert_eq!(parse_json(json, Path::new("/data/specs")).expect("json").spec(), &spec_of(YAML));
+    assert_eq!(
+        parse_json(json, Path::new("/data/specs"))
+            .expect("json")
+            .spec(),
+        &spec_of(YAML)
+    );
 }
 
 #[test]
@@ -66,53 +85,107 @@ fn other_datasets_parse_with_their_fields() {
     let spec = spec_of("dataset: {npy: {arrays: {x: x.npy, y: /abs/y.npy}}}\nbatch_size: 8\n");
     match spec.dataset.and_then(|d| d.kind) {
         Some(Kind::Npy(n)) => {
-            let got: Vec<(&str, &str)> = n.arrays.iter().map(|a| (a.name.as_str(), a.path.as_str())).collect();
+            let got: Vec<(&str, &str)> = n
+                .arrays
+                .iter()
+                .map(|a| (a.name.as_str(), a.path.as_str()))
+                .collect();
             assert_eq!(got, vec![("x", "/data/specs/x.npy"), ("y", "/abs/y.npy")]);
         }
         other => panic!("{other:?}"),
     }
-    let spec = spec_of("dataset: {webdataset: {shards: 'shards/train-{08..10}.tar'}}\ntransforms: [decode, {center_crop: {size: [32, 48]}}]\nbatch_size: 8\n");
+    let spec = spec_of(
+        "dataset: {webdataset: {shards: 'shards/train-{08..10}.tar'}}\ntransforms: [decode, {center_crop: {size: [32, 48]}}]\nbatch_size: 8\n",
+    );
     match spec.dataset.and_then(|d| d.kind) {
-        Some(Kind::Webdataset(w)) => assert_eq!(w.shards, vec![
-            "/data/specs/shards/train-08.tar", "/data/specs/shards/train-09.tar", "/data/specs/shards/train-10.tar",
-        ]),
+        Some(Kind::Webdataset(w)) => assert_eq!(
+            w.shards,
+            vec![
+                "/data/specs/shards/train-08.tar",
+                "/data/specs/shards/train-09.tar",
+                "/data/specs/shards/train-10.tar",
+            ]
+        ),
         other => panic!("{other:?}"),
     }
-    let spec = spec_of("dataset: {tokens: {path: t.bin, dtype: uint16, context_length: 2048}}\nbatch_size: 8\n");
-    assert!(matches!(spec.dataset.and_then(|d| d.kind), Some(Kind::Tokens(t)) if t.dtype == Dtype::U16 as i32 && t.context_length == 2048));
-    let spec = spec_of("dataset: {custom: {name: mine, num_samples: 10, params: {root: /x, depth: 3}}}\nbatch_size: 2\n");
-    assert!(matches!(spec.dataset.and_then(|d| d.kind), Some(Kind::Custom(c)) if c.params.get("depth").map(String::as_str) == Some("3")));
+    let spec = spec_of(
+        "dataset: {tokens: {path: t.bin, dtype: uint16, context_length: 2048}}\nbatch_size: 8\n",
+    );
+    assert!(
+        matches!(spec.dataset.and_then(|d| d.kind), Some(Kind::Tokens(t)) if t.dtype == Dtype::U16 as i32 && t.context_length == 2048)
+    );
+    let spec = spec_of(
+        "dataset: {custom: {name: mine, num_samples: 10, params: {root: /x, depth: 3}}}\nbatch_size: 2\n",
+    );
+    assert!(
+        matches!(spec.dataset.and_then(|d| d.kind), Some(Kind::Custom(c)) if c.params.get("depth").map(String::as_str) == Some("3"))
+    );
 }
 
 #[test]
 fn a_python_dataset_is_the_custom_dataset_the_python_worker_serves() {
-    let spec = spec_of("dataset: {python: {factory: 'pkg.data:make', args: {root: /x, size: [3, 4]}, num_samples: 9}}\nbatch_size: 2\n");
-    let Some(Kind::Custom(c)) = spec.dataset.and_then(|d| d.kind) else { panic!("not a custom dataset") };
+    let spec = spec_of(
+        "dataset: {python: {factory: 'pkg.data:make', args: {root: /x, size: [3, 4]}, num_samples: 9}}\nbatch_size: 2\n",
+    );
+    let Some(Kind::Custom(c)) = spec.dataset.and_then(|d| d.kind) else {
+        panic!("not a custom dataset")
+    };
     assert_eq!((c.name.as_str(), c.num_samples), (PYTHON_DATASET, 9));
-    assert_eq!(c.params.get("factory").map(String::as_str), Some("pkg.data:make"));
+    assert_eq!(
+        c.params.get("factory").map(String::as_str),
+        Some("pkg.data:make")
+    );
     let args: serde_json::Value = serde_json::from_str(&c.params["args"]).expect("args are JSON");
     assert_eq!(args, serde_json::json!({"root": "/x", "size": [3, 4]}));
-    let e = error_of("dataset: {python: {factory: 'a:b', num_samples: 3, workers: 2}}\nbatch_size: 2\n");
+    let e = error_of(
+        "dataset: {python: {factory: 'a:b', num_samples: 3, workers: 2}}\nbatch_size: 2\n",
+    );
     assert!(e.contains("unknown field `workers`"), "{e}");
 }
 
 #[test]
 fn a_pickle_file_becomes_a_blob_named_by_its_field() {
-    let spec = spec_of("dataset: {python: {pickle_file: ds.pkl, collate_pickle_file: /abs/c.pkl, num_samples: 9}}\nbatch_size: 2\n");
-    let names: Vec<(&str, &str)> = spec.blobs.iter().map(|b| (b.name.as_str(), b.source.as_str())).collect();
-    assert_eq!(names, vec![(PICKLE_FILE, "/data/specs/ds.pkl"), (COLLATE_PICKLE_FILE, "/abs/c.pkl")]);
-    assert!(spec.blobs.iter().all(|b| b.sha256.is_empty()), "hashed when the spec is built");
+    let spec = spec_of(
+        "dataset: {python: {pickle_file: ds.pkl, collate_pickle_file: /abs/c.pkl, num_samples: 9}}\nbatch_size: 2\n",
+    );
+    let names: Vec<(&str, &str)> = spec
+        .blobs
+        .iter()
+        .map(|b| (b.name.as_str(), b.source.as_str()))
+        .collect();
+    assert_eq!(
+        names,
+        vec![
+            (PICKLE_FILE, "/data/specs/ds.pkl"),
+            (COLLATE_PICKLE_FILE, "/abs/c.pkl")
+        ]
+    );
+    assert!(
+        spec.blobs.iter().all(|b| b.sha256.is_empty()),
+        "hashed when the spec is built"
+    );
     match spec.dataset.and_then(|d| d.kind) {
-        Some(Kind::Custom(c)) => assert!(c.params.is_empty(), "the worker adds the paths: {:?}", c.params),
+        Some(Kind::Custom(c)) => assert!(
+            c.params.is_empty(),
+            "the worker adds the paths: {:?}",
+            c.params
+        ),
         other => panic!("{other:?}"),
     }
-    let e = error_of("dataset: {python: {pickle: AAAA, pickle_file: a.pkl, num_samples: 3}}\nbatch_size: 2\n");
-    assert_eq!(e, "spec: dataset.python: give pickle or pickle_file, not both");
+    let e = error_of(
+        "dataset: {python: {pickle: AAAA, pickle_file: a.pkl, num_samples: 3}}\nbatch_size: 2\n",
+    );
+    assert_eq!(
+        e,
+        "spec: dataset.python: give pickle or pickle_file, not both"
+    );
 }
 
 #[test]
 fn bad_specs_fail_on_one_line_naming_the_field() {
-    let image = |transforms: &str| format!("dataset: {{image_folder: {{path: x}}}}\ntransforms: {transforms}\nbatch_size: 4\n");
+    let image = |transforms: &str| {
+        format!("dataset: {{image_folder: {{path: x}}}}\ntransforms: {transforms}\nbatch_size: 4\n")
+    };
     let cases: Vec<(String, &str)> = vec![
         (image("[decode, rotate]"), "spec: transforms[1]: unknown transform `rotate`; expected one of: decode, random_resized_crop, resize, center_crop, horizontal_flip, normalize, cast, layout"),
         (image("[decode, {random_resized_crop: {size: -5}}]"), "spec: transforms[1].random_resized_crop.size: must be a positive number of pixels, got -5"),
@@ -134,7 +207,10 @@ fn bad_specs_fail_on_one_line_naming_the_field() {
     ];
     for (text, expect) in cases {
         let e = error_of(&text);
-        assert!(e.starts_with(expect), "{text:?}\n  got: {e}\n want: {expect}");
+        assert!(
+            e.starts_with(expect),
+            "{text:?}\n  got: {e}\n want: {expect}"
+        );
     }
 }
 
@@ -142,23 +218,42 @@ fn bad_specs_fail_on_one_line_naming_the_field() {
 fn spec_files_resolve_paths_next_to_themselves() {
     let dir = tempfile::tempdir().expect("tempdir");
     let file = dir.path().join("job.yaml");
-    std::fs::write(&file, "dataset: {npy: {arrays: {x: data/x.npy}}}\nbatch_size: 4\n").expect("write");
+    std::fs::write(
+        &file,
+        "dataset: {npy: {arrays: {x: data/x.npy}}}\nbatch_size: 4\n",
+    )
+    .expect("write");
     let spec = parse_file(&file).expect("parse").spec().clone();
     let expect = dir.path().join("data/x.npy").display().to_string();
-    assert!(matches!(spec.dataset.and_then(|d| d.kind), Some(Kind::Npy(n)) if n.arrays[0].path == expect));
-    std::fs::write(&file, "dataset: {npy: {arrays: {x: x.npy}}}\nbatch_size: 4\nepochs: 0\n").expect("write");
+    assert!(
+        matches!(spec.dataset.and_then(|d| d.kind), Some(Kind::Npy(n)) if n.arrays[0].path == expect)
+    );
+    std::fs::write(
+        &file,
+        "dataset: {npy: {arrays: {x: x.npy}}}\nbatch_size: 4\nepochs: 0\n",
+    )
+    .expect("write");
     let e = parse_file(&file).expect_err("epochs").to_string();
     assert_eq!(e, format!("{}: epochs: must be > 0", file.display()));
     let missing = dir.path().join("nope.yaml");
     let e = parse_file(&missing).expect_err("missing").to_string();
-    assert!(e.starts_with(&format!("{}: No such file", missing.display())), "{e}");
+    assert!(
+        e.starts_with(&format!("{}: No such file", missing.display())),
+        "{e}"
+    );
 }
 
 #[test]
 fn brace_ranges_expand_like_webdataset() {
     assert_eq!(expand_braces("a.tar").expect("plain"), vec!["a.tar"]);
-    assert_eq!(expand_braces("s-{0..2}.tar").expect("range"), vec!["s-0.tar", "s-1.tar", "s-2.tar"]);
-    assert_eq!(expand_braces("s-{000998..001000}.tar").expect("padded"), vec!["s-000998.tar", "s-000999.tar", "s-001000.tar"]);
+    assert_eq!(
+        expand_braces("s-{0..2}.tar").expect("range"),
+        vec!["s-0.tar", "s-1.tar", "s-2.tar"]
+    );
+    assert_eq!(
+        expand_braces("s-{000998..001000}.tar").expect("padded"),
+        vec!["s-000998.tar", "s-000999.tar", "s-001000.tar"]
+    );
     assert!(expand_braces("s-{a..b}.tar").is_err());
     assert!(expand_braces("s-{0..99999999}.tar").is_err());
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use loader_proto::pb::{CustomSpec, JobSpec, dataset_spec::Kind};
 
-use super::{Dataset, DatasetError, ImageFolder, Npy, Synthetic, Tokens, WebDataset};
+use super::{Dataset, DatasetError, ImageFolder, Mix, Npy, Synthetic, Tokens, WebDataset};
 
 /// Opens a custom dataset from its spec (its `params` say what to read).
 pub type OpenCustom = dyn Fn(&CustomSpec) -> Result<Arc<dyn Dataset>, DatasetError> + Send + Sync;
@@ -65,6 +65,7 @@ impl Datasets {
                 };
                 open(c)?
             }
+            Some(Kind::Mix(m)) => Arc::new(Mix::open(self, spec, m)?),
         })
     }
 }

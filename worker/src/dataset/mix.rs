@@ -1,0 +1,226 @@
+//! `mix`: a weighted mixture of datasets (docs/mixtures.md). Position `p`
+//! of the mixture's stream (`epoch x samples_per_epoch + index`) reads the
+//! sample [`MixPlan::at`] names: a pure function of the job's seed and
+//! `p`, so every worker, on any worker count, writes the same batch.
+//!
+//! Each source opens as the dataset it is (built-in or custom, a Python
+//! dataset included) and reads its samples with its own pass number as
+//! the epoch, so random transforms differ pass to pass as they do epoch to
+//! epoch. Every source's samples must collate together: the same number of
+//! tensors, each of the same dtype and shape (names are the first
+//! source's); a mismatch fails the job at open, in one line naming the two
+//! sources and the tensor.
+
+use std::sync::Arc;
+
+use loader_proto::mixture::MixPlan;
+use loader_proto::pb::{DatasetSpec, Dtype, JobSpec, MixSpec};
+use loader_proto::sampler::mix_seed;
+use metrics::Counter;
+
+use super::{BatchRows, Dataset, DatasetError, Datasets, SampleKey, SampleTensor};
+
+/// An open mixture.
+#[derive(Debug)]
+pub struct Mix {
+    plan: MixPlan,
+    sources: Vec<Arc<dyn Dataset>>,
+    /// Source names, for messages.
+    names: Vec<String>,
+    /// The first source's tensors, then the source index when asked for.
+    tensors: Vec<SampleTensor>,
+    /// Tensors the sources write (without the source index).
+    source_tensors: usize,
+    /// Positions per epoch.
+    len: u64,
+    /// Samples read per source (`loader_worker_mix_samples_total{source}`).
+    drawn: Vec<Counter>,
+}
+
+impl Mix {
+    /// Opens every source of the mixture `m` of `spec` with `datasets`.
+    pub fn open(datasets: &Datasets, spec: &JobSpec, m: &MixSpec) -> Result<Self, DatasetError> {
+        let plan = loader_proto::spec::mix_plan(spec)
+            .map_err(|e| DatasetError::Spec(format!("{}: {}", e.field, e.problem)))?
+            .ok_or_else(|| DatasetError::Spec("dataset.mix: missing".into()))?;
+        let mut sources: Vec<Arc<dyn Dataset>> = Vec::with_capacity(m.sources.len());
+        for source in &m.sources {
+            let own = JobSpec {
+                dataset: source.dataset.clone().map(|d| DatasetSpec { kind: d.kind }),
+                ..spec.clone()
+            };
+            let dataset = datasets.open(&own).map_err(|e| {
+                DatasetError::Spec(format!("dataset.mix source `{}`: {e}", source.name))
+            })?;
+            if dataset.makes_whole_batches() {
+                return Err(DatasetError::Spec(format!(
+                    "dataset.mix source `{}` makes whole batches with a collate_fn; a mixture collates samples itself",
+                    source.name
+                )));
+            }
+            sources.push(dataset);
+        }
+        let names: Vec<String> = m.sources.iter().map(|s| s.name.clone()).collect();
+        let mut tensors = sources[0].tensors().to_vec();
+        for (k, source) in sources.iter().enumerate().skip(1) {
+            collates(&names[0], &tensors, &names[k], source.tensors())?;
+        }
+        let source_tensors = tensors.len();
+        if !m.source_field.is_empty() {
+            if tensors.iter().any(|t| t.name == m.source_field) {
+                return Err(DatasetError::Spec(format!(
+                    "dataset.mix.source_field: `{}` is already a tensor of the sources' samples",
+                    m.source_field
+                )));
+            }
+            tensors.push(SampleTensor {
+                name: m.source_field.clone(),
+                dtype: Dtype::I64,
+                shape: Vec::new(),
+            });
+        }
+        let drawn = names
+            .iter()
+            .map(|name| metrics::counter!("loader_worker_mix_samples_total", "source" => name.clone()))
+            .collect();
+        Ok(Self {
+            plan,
+            sources,
+            names,
+            tensors,
+            source_tensors,
+            len: m.samples_per_epoch,
+            drawn,
+        })
+    }
+
+    /// The source, and the key it reads, of the mixture's sample `key`.
+    fn draw(&self, key: SampleKey) -> Result<(usize, SampleKey), DatasetError> {
+        if key.index >= self.len {
+            return Err(DatasetError::IndexOutOfRange {
+                index: key.index,
+                len: self.len,
+            });
+        }
+        let position = key
+            .epoch
+            .checked_mul(self.len)
+            .and_then(|p| p.checked_add(key.index))
+            .ok_or_else(|| {
+                DatasetError::Spec(format!(
+                    "dataset.mix: epoch {} is past the stream's end",
+                    key.epoch
+                ))
+            })?;
+        let d = self.plan.at(position);
+        // Each source's random transforms are seeded apart from the others'.
+        Ok((
+            d.source,
+            SampleKey {
+                seed: mix_seed(key.seed, d.source as u64 + 1),
+                epoch: d.pass,
+                index: d.index,
+            },
+        ))
+    }
+
+    /// Reads the mixture's sample `key` into `rows`, returning its source.
+    fn read(&self, key: SampleKey, rows: &mut [&mut [u8]]) -> (usize, Result<(), DatasetError>) {
+        let (k, own) = match self.draw(key) {
+            Ok(d) => d,
+            Err(e) => return (0, Err(e)),
+        };
+        if rows.len() != self.tensors.len() {
+            return (k, Err(DatasetError::RowMismatch { index: key.index }));
+        }
+        let (theirs, field) = rows.split_at_mut(self.source_tensors);
+        if let Some(row) = field.first_mut() {
+            if row.len() != 8 {
+                return (k, Err(DatasetError::RowMismatch { index: key.index }));
+            }
+            row.copy_from_slice(&(k as i64).to_le_bytes());
+        }
+        let read = self.sources[k].read_into(own, theirs).map_err(|e| match e {
+            DatasetError::Corrupt { path, reason } => DatasetError::Corrupt {
+                path: format!("{} (source `{}`)", path, self.names[k]),
+                reason,
+            },
+            other => other,
+        });
+        (k, read)
+    }
+}
+
+/// Checks that `b`'s samples collate with `a`'s: one line naming both
+/// sources and the first tensor that differs.
+fn collates(
+    a: &str,
+    at: &[SampleTensor],
+    b: &str,
+    bt: &[SampleTensor],
+) -> Result<(), DatasetError> {
+    if at.len() != bt.len() {
+        return Err(DatasetError::Spec(format!(
+            "dataset.mix: sources `{a}` and `{b}` do not collate: {} tensors per sample in `{a}`, {} in `{b}`",
+            at.len(),
+            bt.len()
+        )));
+    }
+    for (x, y) in at.iter().zip(bt) {
+        if x.dtype != y.dtype || x.shape != y.shape {
+            return Err(DatasetError::Spec(format!(
+                "dataset.mix: sources `{a}` and `{b}` do not collate: tensor `{}` is {} {:?} in `{a}` and `{}` is {} {:?} in `{b}`",
+                x.name,
+                x.dtype.short_name(),
+                x.shape,
+                y.name,
+                y.dtype.short_name(),
+                y.shape
+            )));
+        }
+    }
+    Ok(())
+}
+
+impl Dataset for Mix {
+    fn tensors(&self) -> &[SampleTensor] {
+        &self.tensors
+    }
+
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn writes_whole_rows(&self) -> bool {
+        self.sources.iter().all(|s| s.writes_whole_rows())
+    }
+
+    fn read_into(&self, key: SampleKey, rows: &mut [&mut [u8]]) -> Result<(), DatasetError> {
+        let (k, read) = self.read(key, rows);
+        if read.is_ok() {
+            self.drawn[k].increment(1);
+        }
+        read
+    }
+
+    fn read_batch(
+        &self,
+        keys: &[SampleKey],
+        batch: &mut BatchRows<'_>,
+    ) -> Result<(), DatasetError> {
+        let mut drawn = vec![0u64; self.sources.len()];
+        for &key in keys {
+            let (k, read) = self.read(key, &mut batch.next_rows());
+            if read.is_ok() {
+                drawn[k] += 1;
+            }
+            batch.settle(key.index, read)?;
+        }
+        for (counter, n) in self.drawn.iter().zip(drawn) {
+            if n > 0 {
+                counter.increment(n);
+            }
+        }
+        Ok(())
+    }
+}
