@@ -44,6 +44,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Optional, Union
 
 from . import _dataset, _native, _template
+from ._mix import Mix
 from ._native import Batch, LoaderError, TensorView
 
 if TYPE_CHECKING:
@@ -51,7 +52,7 @@ if TYPE_CHECKING:
 
     from ._native import LoaderOptions
 
-__all__ = ["Loader", "Batch", "TensorView", "LoaderError", "merge_states"]
+__all__ = ["Loader", "Batch", "TensorView", "LoaderError", "Mix", "merge_states"]
 
 Mapping.register(Batch)
 
@@ -93,6 +94,11 @@ def _python_job(job: Any) -> bool:
     """True for a job over a Python dataset: its batches are yielded in
     ``default_collate``'s structure, not as a ``Batch``."""
     dataset = job.get("dataset") if isinstance(job, Mapping) else None
+    mix = dataset.get("mix") if isinstance(dataset, Mapping) else None
+    if isinstance(mix, Mapping):
+        # A mixture yields like its first source.
+        sources = mix.get("sources") or [{}]
+        dataset = sources[0].get("dataset") if isinstance(sources[0], Mapping) else None
     return isinstance(dataset, Mapping) and "python" in dataset
 
 
@@ -257,7 +263,8 @@ class Loader:
         ``ready_timeout``: seconds the workers get to register; ``options``
         as for ``Loader``.
 
-        ``job`` is a job spec (a dict, a path, spec text), or a map-style
+        ``job`` is a job spec (a dict, a path, spec text), a ``loader.Mix``
+        of datasets and spec entries (docs/mixtures.md), or a map-style
         dataset (``__len__`` and ``__getitem__``, e.g. a
         ``torch.utils.data.Dataset``), like ``DataLoader(dataset,
         batch_size=, shuffle=, drop_last=, num_workers=workers)``: the
@@ -329,6 +336,30 @@ class Loader:
                     options.get("prefetch", DEFAULT_PREFETCH),
                     workers,
                     collate_fn,
+                )
+                if ring is not None:
+                    window, slots, slot_bytes = ring
+                    options["ring"] = (slots, slot_bytes)
+                    options.setdefault("prefetch", window)
+        elif isinstance(job, Mix):
+            if collate_fn is not None:
+                raise TypeError("collate_fn: a Mix collates its sources' samples itself; give each source's samples one structure")
+            mix = job
+            job = mix.job_spec(
+                batch_size=1 if batch_size is None else int(batch_size),
+                shuffle=bool(shuffle),
+                seed=int(seed or 0),
+                drop_last=bool(drop_last),
+                epochs=1 if epochs is None else int(epochs),
+                on_corrupt=on_corrupt or "fail",
+                seed_rngs=seed_rngs is not False,
+            )
+            python = mix.python_sources()
+            if python and "ring" not in options and options.get("shared_memory", True):
+                # Every source's samples collate alike: size by the first
+                # Python one's (plus the source field, in the margin).
+                ring = _dataset.ring_for(
+                    python[0], job["batch_size"], options.get("prefetch", DEFAULT_PREFETCH), workers
                 )
                 if ring is not None:
                     window, slots, slot_bytes = ring

@@ -267,10 +267,15 @@ def job_spec(
 def written_pickles(spec: Any) -> list[str]:
     """The files ``job_spec`` wrote for ``spec`` (none for other specs)."""
     dataset = spec.get("dataset") if isinstance(spec, Mapping) else None
-    python = dataset.get("python") if isinstance(dataset, Mapping) else None
-    if not isinstance(python, Mapping):
-        return []
-    files = [python.get("pickle_file"), python.get("collate_pickle_file")]
+    entries = [dataset] if isinstance(dataset, Mapping) else []
+    mix = dataset.get("mix") if isinstance(dataset, Mapping) else None
+    if isinstance(mix, Mapping):
+        entries = [s.get("dataset") for s in mix.get("sources", []) if isinstance(s, Mapping)]
+    files = []
+    for entry in entries:
+        python = entry.get("python") if isinstance(entry, Mapping) else None
+        if isinstance(python, Mapping):
+            files += [python.get("pickle_file"), python.get("collate_pickle_file")]
     with _written_lock:
         return [f for f in files if isinstance(f, str) and f in _written]
 
@@ -382,6 +387,11 @@ def _insert(node: Any, path: tuple, value: Any) -> Any:
     key, rest = path[0], path[1:]
     if node is None:
         node = {} if isinstance(key, str) else []
+    if isinstance(key, str) != isinstance(node, dict):
+        raise TypeError(
+            f"the batch's samples are not dicts, so its field {key!r} (a mixture's source_field) "
+            "has no place in them: return dicts from __getitem__, or leave source_field out"
+        )
     if isinstance(node, dict):
         node[key] = _insert(node.get(key), rest, value)
     else:

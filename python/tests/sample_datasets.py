@@ -240,3 +240,18 @@ class Batched:
 
     def __getitems__(self, indices):
         return [self._sample(i, 1) for i in indices]
+
+
+class Windows:
+    """Dict samples shaped like the ``tokens`` dataset's with context 1:
+    ``{"tokens": [base + i, base + i + 1]}`` as uint32, so a mixture's
+    batch says which source and which sample each row is."""
+
+    def __init__(self, n: int, base: int = 0, width: int = 2) -> None:
+        self.n, self.base, self.width = n, base, width
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return {"tokens": np.arange(self.base + i, self.base + i + self.width, dtype=np.uint32)}
