@@ -110,3 +110,27 @@ def test_bad_mixtures_are_refused_before_anything_starts(tmp_path):
     with pytest.raises(ValueError, match=r"weight: must be a finite number >= 0"):
         with loader.Loader.local(loader.Mix({"a": Windows(5), "b": NumpyRows(5)}, weights=[1, -1]), workers=1):
             pass
+
+
+def test_new_weights_at_a_resume(tmp_path):
+    a, b = token_file(tmp_path, 600, base=0), token_file(tmp_path, 600)
+    sources = {"a": tokens_entry(a), "b": tokens_entry(b)}
+    args = dict(workers=2, batch_size=20, shuffle=True, seed=4)
+    before = []
+    with loader.Loader.local(loader.Mix(sources, weights=[0.5, 0.5], samples_per_epoch=400), **args) as dl:
+        for batch in dl:
+            before.append(rows(batch))
+            if len(before) == 7:
+                break
+        state = dl.state_dict()
+    after = []
+    with loader.Loader.local(loader.Mix(sources, weights=[0.2, 0.8], samples_per_epoch=400), **args) as dl:
+        dl.load_state_dict(state)
+        for batch in dl:
+            after.append(rows(batch))
+    assert len(before) + len(after) == 20, "the epoch finishes from where it stopped"
+    assert all(sum(k for k, _ in b) == 10 for b in before), "half and half before"
+    assert all(sum(k for k, _ in b) == 16 for b in after), "4 of 20 from a, 16 from b after the resume"
+    for k in (0, 1):
+        drawn = [i for b in before + after for s, i in b if s == k]
+        assert len(drawn) == len(set(drawn)), f"source {k}: nothing twice within its first pass"
