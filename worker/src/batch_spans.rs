@@ -4,6 +4,9 @@
 //! child `batch.deliver` (into a ring slot, or queued until a `Fetch`
 //! stream sends it), whose context travels with the batch to the trainer.
 //!
+//! A mixture's batch also records `sources`: how many of its samples each
+//! source gave (`web=38 code=26`).
+//!
 //! A batch whose task carried no context (not sampled, or the coordinator
 //! does not export) gets [`Span::none`] for both: nothing is made, entered
 //! or recorded.
@@ -54,6 +57,7 @@ impl BatchSpans {
                 bytes = Empty,
                 read_us = Empty,
                 slot_wait_us = Empty,
+                sources = Empty,
             )
         });
         Self { produce }
