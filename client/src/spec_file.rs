@@ -525,6 +525,11 @@ impl DatasetFile {
 /// `p` relative to `base` when relative, made absolute (workers may run in
 /// another working directory).
 fn resolve(base: &Path, p: &str) -> String {
+    // An empty path stays empty, for the spec check to name the field
+    // (joined, it would be the spec file's folder).
+    if p.is_empty() {
+        return String::new();
+    }
     let joined = base.join(p);
     std::path::absolute(&joined)
         .unwrap_or(joined)

@@ -563,6 +563,175 @@ mod tests {
         assert!(e.to_string().contains("spans two epochs"), "{e}");
     }
 
+    /// A mixture of two synthetic sources at 1:3, 1000 positions an epoch
+    /// in blocks of 64, over 3 epochs, resumed at `resume`.
+    fn mix_job(resume: Option<EpochResume>) -> JobSpec {
+        use crate::pb::{
+            DatasetSpec, Dtype, MixSource, MixSpec, SyntheticSpec, dataset_spec::Kind,
+        };
+        let source = |name: &str, weight, num_samples| MixSource {
+            name: name.into(),
+            weight,
+            dataset: Some(DatasetSpec {
+                kind: Some(Kind::Synthetic(SyntheticSpec {
+                    num_samples,
+                    shape: vec![2],
+                    dtype: Dtype::U8 as i32,
+                    ..Default::default()
+                })),
+            }),
+        };
+        JobSpec {
+            dataset: Some(DatasetSpec {
+                kind: Some(Kind::Mix(MixSpec {
+                    sources: vec![source("a", 1.0, 300), source("b", 3.0, 100)],
+                    samples_per_epoch: 1000,
+                    block: 64,
+                    ..Default::default()
+                })),
+            }),
+            batch_size: 8,
+            epochs: 3,
+            consumers: 2,
+            resume,
+            ..Default::default()
+        }
+    }
+
+    fn mix_of(spec: &JobSpec) -> &crate::pb::MixSpec {
+        match spec.dataset.as_ref().and_then(|d| d.kind.as_ref()) {
+            Some(crate::pb::dataset_spec::Kind::Mix(m)) => m,
+            other => panic!("not a mixture: {other:?}"),
+        }
+    }
+
+    fn weights(m: &crate::pb::MixSpec) -> Vec<f64> {
+        m.sources.iter().map(|s| s.weight).collect()
+    }
+
+    #[test]
+    fn reweighting_a_resumed_mixture_keeps_what_was_delivered() {
+        let resume = |offset, delivered| {
+            Some(EpochResume {
+                epoch: 1,
+                offset,
+                delivered,
+            })
+        };
+        let spec = mix_job(resume(100, vec![130]));
+        crate::spec::plan(&spec).expect("the resumed mixture plans");
+        let next = reweight(&spec, &[2.0, 1.0]).expect("reweighted");
+        let m = mix_of(&next);
+        assert_eq!(weights(m), vec![2.0, 1.0]);
+        assert_eq!(m.stages.len(), 1);
+        assert_eq!(
+            (m.stages[0].start, m.stages[0].weights.clone()),
+            (0, vec![1.0, 3.0]),
+            "the old weights hold from the start"
+        );
+        // The first block past epoch 1's position 130: ceil(1131 / 64) x 64.
+        assert_eq!(m.weights_from, (1000u64 + 131).div_ceil(64) * 64);
+        assert_eq!(m.weights_from, 1152);
+        // Every position before it draws what the run drew.
+        let old = crate::spec::mix_plan(&spec).expect("old").expect("mix");
+        let new = crate::spec::mix_plan(&next).expect("new").expect("mix");
+        for p in 0..1152 {
+            assert_eq!(old.at(p), new.at(p), "position {p}");
+        }
+        assert!(
+            (1152..1152 + 4 * 64).any(|p| old.at(p) != new.at(p)),
+            "the new weights hold from 1152 on"
+        );
+
+        // Reweighted again before anything more was delivered: the new
+        // weights replace the last ones, no stage is added.
+        let again = JobSpec {
+            resume: resume(131, vec![]),
+            ..next.clone()
+        };
+        let twice = reweight(&again, &[1.0, 1.0]).expect("reweighted twice");
+        let m2 = mix_of(&twice);
+        assert_eq!(weights(m2), vec![1.0, 1.0]);
+        assert_eq!(m2.stages, mix_of(&next).stages);
+        assert_eq!(m2.weights_from, 1152);
+        let same = reweight(&next, &[1.0, 1.0]).expect("the same resume");
+        assert_eq!(mix_of(&same).stages.len(), 1);
+        assert_eq!(mix_of(&same).weights_from, 1152);
+
+        // Resumed later, in epoch 2: a second stage from 1152 keeps the
+        // first new weights, the newest hold from the next block on.
+        let later = JobSpec {
+            resume: Some(EpochResume {
+                epoch: 2,
+                offset: 10,
+                delivered: vec![],
+            }),
+            ..next.clone()
+        };
+        let third = reweight(&later, &[1.0, 4.0]).expect("reweighted in epoch 2");
+        let m3 = mix_of(&third);
+        let stages: Vec<(u64, Vec<f64>)> = m3
+            .stages
+            .iter()
+            .map(|s| (s.start, s.weights.clone()))
+            .collect();
+        assert_eq!(stages, vec![(0, vec![1.0, 3.0]), (1152, vec![2.0, 1.0])]);
+        assert_eq!(m3.weights_from, 2048);
+        assert_eq!(weights(m3), vec![1.0, 4.0]);
+    }
+
+    #[test]
+    fn reweighting_what_it_cannot_is_one_line() {
+        let resumed = Some(EpochResume {
+            epoch: 1,
+            offset: 100,
+            delivered: vec![130],
+        });
+        let mut not_mix = mix_job(resumed.clone());
+        not_mix.dataset = Some(crate::pb::DatasetSpec {
+            kind: Some(crate::pb::dataset_spec::Kind::Synthetic(
+                crate::pb::SyntheticSpec {
+                    num_samples: 1000,
+                    shape: vec![2],
+                    dtype: crate::pb::Dtype::U8 as i32,
+                    ..Default::default()
+                },
+            )),
+        });
+        crate::spec::plan(&not_mix).expect("a valid job");
+        let cases = [
+            (
+                reweight(&not_mix, &[1.0]),
+                "new weights are for a mixture, and this job is not one",
+            ),
+            (
+                reweight(&mix_job(resumed.clone()), &[1.0, 2.0, 3.0]),
+                "3 weights for a mixture of 2 sources",
+            ),
+            (
+                reweight(&mix_job(resumed.clone()), &[1.0]),
+                "1 weights for a mixture of 2 sources",
+            ),
+            (
+                reweight(&mix_job(None), &[1.0, 2.0]),
+                "new weights need a resumed spec",
+            ),
+            (
+                reweight(&mix_job(resumed.clone()), &[1.0, -2.0]),
+                "invalid job spec: dataset.mix.sources[1].weight: must be a finite number >= 0",
+            ),
+            (
+                reweight(&mix_job(resumed.clone()), &[0.0, 0.0]),
+                "invalid job spec: dataset.mix.sources: weights: a mixture needs at least one source",
+            ),
+        ];
+        for (got, expect) in cases {
+            let e = got.expect_err(expect).to_string();
+            assert!(e.starts_with(expect), "got: {e}\nwant: {expect}");
+            assert!(!e.contains('\n'), "{e}");
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
 

@@ -63,6 +63,9 @@ pub enum MixError {
     /// Weights too large to add up.
     #[error("the weights add up past 2^40 units; give smaller ones")]
     Weights,
+    /// Weights whose sum is past what a float holds.
+    #[error("the weights add up to more than a float holds; give smaller ones")]
+    HugeWeights,
     /// A weight that is negative, infinite or not a number.
     #[error("weights must be finite and >= 0")]
     BadWeight,
@@ -343,7 +346,7 @@ pub fn weight_units(weights: &[f64]) -> Result<Vec<u64>, MixError> {
     }
     let sum: f64 = weights.iter().sum();
     if !sum.is_finite() {
-        return Err(MixError::Weights);
+        return Err(MixError::HugeWeights);
     }
     if sum <= 0.0 {
         return Err(MixError::Empty);

@@ -374,9 +374,25 @@ pub fn mix_plan(spec: &JobSpec) -> Result<Option<MixPlan>, SpecError> {
     let sampler = spec.sampler.unwrap_or_default();
     MixPlan::new(&sizes, &stages, block, sampler.seed, sampler.shuffle)
         .map(Some)
-        .map_err(|e| SpecError {
-            field: "dataset.mix".into(),
-            problem: e.to_string(),
+        .map_err(|e| match e {
+            // The sources' weights are the last stage, from `weights_from`.
+            crate::mixture::MixError::StageStart(i) if i == m.stages.len() => SpecError {
+                field: "dataset.mix.weights_from".into(),
+                problem: format!(
+                    "{} must be after the last stage's start and a multiple of the block ({block})",
+                    m.weights_from
+                ),
+            },
+            crate::mixture::MixError::StageStart(i) => SpecError {
+                field: format!("dataset.mix.stages[{i}].start"),
+                problem: format!(
+                    "must be after the stage before it and a multiple of the block ({block})"
+                ),
+            },
+            e => SpecError {
+                field: "dataset.mix".into(),
+                problem: e.to_string(),
+            },
         })
 }
 
@@ -458,7 +474,7 @@ pub fn num_samples(dataset: &DatasetSpec) -> Result<u64, SpecError> {
             if m.samples_per_epoch == 0 {
                 return filled(
                     "dataset.mix.samples_per_epoch",
-                    "from the sources' sizes and weights",
+                    "drawing the largest-weight source once whole",
                 );
             }
             Ok(m.samples_per_epoch)
@@ -557,8 +573,9 @@ pub fn plan(spec: &JobSpec) -> Result<Plan, SpecError> {
 mod tests {
     use super::*;
     use crate::pb::{
-        CustomSpec, Decode, ImageFolderSpec, NpyArray, NpySpec, RandomResizedCrop, SyntheticSpec,
-        TokensSpec, Transform, WebDatasetSpec, transform::Op,
+        CustomSpec, Decode, ImageFolderSpec, MixSource, MixStage, NpyArray, NpySpec,
+        RandomResizedCrop, SamplerSpec, SyntheticSpec, TokensSpec, Transform, WebDatasetSpec,
+        transform::Op,
     };
 
     fn synthetic() -> JobSpec {
@@ -865,5 +882,287 @@ mod tests {
             assert!(e.problem.starts_with(problem), "{field}: {e}");
             assert!(!e.to_string().contains('\n'));
         }
+    }
+
+    fn synth(num_samples: u64) -> Kind {
+        Kind::Synthetic(SyntheticSpec {
+            num_samples,
+            shape: vec![4],
+            dtype: Dtype::U8 as i32,
+            cost_ns: 0,
+            wait_ns_by_epoch: Vec::new(),
+        })
+    }
+
+    /// A mixture of `sources` (name, weight, dataset) of 1000 samples an
+    /// epoch, blocks of 64.
+    fn mix(sources: Vec<(&str, f64, Option<Kind>)>) -> MixSpec {
+        MixSpec {
+            sources: sources
+                .into_iter()
+                .map(|(name, weight, kind)| MixSource {
+                    name: name.into(),
+                    weight,
+                    dataset: kind.map(|k| DatasetSpec { kind: Some(k) }),
+                })
+                .collect(),
+            samples_per_epoch: 1000,
+            block: 64,
+            ..Default::default()
+        }
+    }
+
+    /// Two synthetic sources `a` and `b` of 100 and 300 samples.
+    fn two(wa: f64, wb: f64) -> MixSpec {
+        mix(vec![
+            ("a", wa, Some(synth(100))),
+            ("b", wb, Some(synth(300))),
+        ])
+    }
+
+    fn mixed(m: MixSpec) -> JobSpec {
+        with(Kind::Mix(m), vec![])
+    }
+
+    #[test]
+    fn a_mixture_plans_in_stream_order_over_its_epoch() {
+        let spec = JobSpec {
+            sampler: Some(SamplerSpec {
+                shuffle: true,
+                seed: 3,
+                drop_last: false,
+            }),
+            ..mixed(two(0.25, 0.75))
+        };
+        let p = plan(&spec).expect("a mixture plans");
+        assert_eq!(p.num_samples, 1000, "num_samples is samples_per_epoch");
+        assert!(
+            !p.shuffle,
+            "the mixture shuffles itself; the plan keeps its order"
+        );
+        assert_eq!(p.seed, 3);
+        let m = mix_plan(&spec).expect("mix plan").expect("a mixture");
+        assert_eq!(m.sources(), 2);
+        assert_eq!(mix_plan(&synthetic()).expect("not a mixture"), None);
+        // Without a block, the job's global batch is the block.
+        let unblocked = JobSpec {
+            dataset: Some(DatasetSpec {
+                kind: Some(Kind::Mix(MixSpec {
+                    block: 0,
+                    ..two(1.0, 1.0)
+                })),
+            }),
+            ..spec.clone()
+        };
+        assert!(mix_plan(&unblocked).expect("block 0").is_some());
+        // A mixture with image sources is an image dataset.
+        let images = mix(vec![
+            ("img", 1.0, Some(folder(10))),
+            ("s", 1.0, Some(synth(5))),
+        ]);
+        assert!(is_image_dataset(&Kind::Mix(images.clone())));
+        assert!(!is_image_dataset(&Kind::Mix(two(1.0, 1.0))));
+        assert_eq!(
+            plan(&with(Kind::Mix(images), train()))
+                .expect("images mixed")
+                .num_samples,
+            1000
+        );
+    }
+
+    #[test]
+    fn a_mixtures_default_epoch_draws_its_heaviest_source_once_whole() {
+        assert_eq!(weight_units(&[0.2, 0.3, 0.5]), Ok(vec![2, 3, 5]));
+        let m = mix(vec![
+            ("small", 0.2, Some(synth(1000))),
+            ("mid", 0.3, Some(synth(10_000))),
+            ("big", 0.5, Some(synth(100_000))),
+        ]);
+        assert_eq!(mix_source_sizes(&m), Ok(vec![1000, 10_000, 100_000]));
+        assert_eq!(mix_default_epoch(&m), Ok(200_000));
+        // 300 and 100 samples at 1:3: the 100 at 3/4 takes ceil(100 x 4/3).
+        let m = mix(vec![
+            ("a", 1.0, Some(synth(300))),
+            ("b", 3.0, Some(synth(100))),
+        ]);
+        assert_eq!(mix_default_epoch(&m), Ok(134));
+        // A tie: the first of the heaviest sources.
+        assert_eq!(mix_default_epoch(&two(1.0, 1.0)), Ok(200));
+        // A source whose size is unknown is named.
+        let m = mix(vec![("a", 1.0, Some(synth(0)))]);
+        assert_eq!(
+            mix_default_epoch(&m).expect_err("no samples").field,
+            "dataset.mix.sources[0].dataset.synthetic.num_samples"
+        );
+    }
+
+    #[test]
+    fn bad_mixtures_name_the_field() {
+        let tokens = |path: &str| {
+            Kind::Tokens(TokensSpec {
+                path: path.into(),
+                dtype: Dtype::U16 as i32,
+                context_length: 8,
+                num_tokens: 100,
+            })
+        };
+        let staged = |stages: Vec<(u64, Vec<f64>)>, weights_from| MixSpec {
+            stages: stages
+                .into_iter()
+                .map(|(start, weights)| MixStage { start, weights })
+                .collect(),
+            weights_from,
+            ..two(1.0, 1.0)
+        };
+        let inner = Kind::Mix(two(1.0, 1.0));
+        let cases: Vec<(&str, &str, MixSpec)> = vec![
+            (
+                "dataset.mix.sources",
+                "must list at least one source",
+                mix(vec![]),
+            ),
+            (
+                "dataset.mix.sources",
+                "257 sources exceed the limit of 256",
+                MixSpec {
+                    sources: (0..=MAX_MIX_SOURCES)
+                        .map(|i| MixSource {
+                            name: format!("s{i}"),
+                            weight: 1.0,
+                            dataset: Some(DatasetSpec {
+                                kind: Some(synth(10)),
+                            }),
+                        })
+                        .collect(),
+                    ..two(1.0, 1.0)
+                },
+            ),
+            (
+                "dataset.mix.sources[0].name",
+                "must be 1 to 255 bytes",
+                mix(vec![("", 1.0, Some(synth(10)))]),
+            ),
+            (
+                "dataset.mix.sources[1].name",
+                "`a` names two sources",
+                mix(vec![
+                    ("a", 1.0, Some(synth(10))),
+                    ("a", 1.0, Some(synth(10))),
+                ]),
+            ),
+            (
+                "dataset.mix.sources[1].weight",
+                "must be a finite number >= 0, got -1",
+                two(1.0, -1.0),
+            ),
+            (
+                "dataset.mix.sources[0].weight",
+                "must be a finite number >= 0, got NaN",
+                two(f64::NAN, 1.0),
+            ),
+            (
+                "dataset.mix.sources[1].weight",
+                "must be a finite number >= 0, got inf",
+                two(1.0, f64::INFINITY),
+            ),
+            (
+                "dataset.mix.sources",
+                "weights: a mixture needs at least one source with a weight above 0",
+                two(0.0, 0.0),
+            ),
+            (
+                "dataset.mix.sources",
+                "weights: a weight above 0 is under a millionth of the weights' sum",
+                two(1.0, 1e-9),
+            ),
+            (
+                "dataset.mix.sources",
+                "weights: the weights add up to more than a float holds",
+                two(f64::MAX, f64::MAX),
+            ),
+            (
+                "dataset.mix.sources[1].dataset",
+                "missing; expected one of: synthetic",
+                mix(vec![("a", 1.0, Some(synth(10))), ("b", 1.0, None)]),
+            ),
+            (
+                "dataset.mix.sources[0].dataset",
+                "a mixture cannot hold a mixture",
+                mix(vec![("inner", 1.0, Some(inner))]),
+            ),
+            (
+                "dataset.mix.sources[1].dataset.tokens.path",
+                "must name the token file",
+                mix(vec![
+                    ("a", 1.0, Some(tokens("a.bin"))),
+                    ("b", 1.0, Some(tokens(""))),
+                ]),
+            ),
+            (
+                "dataset.mix.sources[0].dataset.synthetic.num_samples",
+                "must be > 0",
+                mix(vec![("a", 1.0, Some(synth(0)))]),
+            ),
+            (
+                "dataset.mix.source_field",
+                "must be at most 255 bytes",
+                MixSpec {
+                    source_field: "s".repeat(256),
+                    ..two(1.0, 1.0)
+                },
+            ),
+            (
+                "dataset.mix.stages[0].weights",
+                "gives 1 weights for 2 sources",
+                staged(vec![(0, vec![1.0])], 64),
+            ),
+            (
+                "dataset.mix.stages[0].weights",
+                "weights must be finite and >= 0",
+                staged(vec![(0, vec![1.0, -2.0])], 64),
+            ),
+            (
+                "dataset.mix.stages[0].start",
+                "the first stage starts at 0",
+                staged(vec![(64, vec![1.0, 2.0])], 128),
+            ),
+            (
+                "dataset.mix.stages[1].start",
+                "the first stage starts at 0, each later one after the one before",
+                staged(vec![(0, vec![1.0, 2.0]), (0, vec![2.0, 1.0])], 128),
+            ),
+            (
+                "dataset.mix.weights_from",
+                "must be 0 without earlier stages",
+                staged(vec![], 64),
+            ),
+            (
+                "dataset.mix.weights_from",
+                "must be after the last stage's start 64",
+                staged(vec![(0, vec![1.0, 2.0]), (64, vec![2.0, 1.0])], 64),
+            ),
+            (
+                "dataset.mix.samples_per_epoch",
+                "is 0; the submitter fills it in",
+                MixSpec {
+                    samples_per_epoch: 0,
+                    ..two(1.0, 1.0)
+                },
+            ),
+        ];
+        for (field, problem, m) in cases {
+            let e = plan(&mixed(m)).expect_err(field);
+            assert_eq!(e.field, field, "{e}");
+            assert!(e.problem.starts_with(problem), "{field}: {e}");
+            assert!(!e.to_string().contains('\n'), "{e}");
+        }
+        // Stages that `check` accepts but that do not fall on block
+        // boundaries are refused when the mixture is planned.
+        let e = plan(&mixed(staged(vec![(0, vec![1.0, 2.0])], 100))).expect_err("off the block");
+        assert_eq!(e.field, "dataset.mix.weights_from", "{e}");
+        assert!(e.problem.contains("multiple of the block"), "{e}");
+        assert!(!e.to_string().contains('\n'), "{e}");
+        // A good staged mixture plans.
+        assert!(plan(&mixed(staged(vec![(0, vec![1.0, 2.0])], 128))).is_ok());
     }
 }

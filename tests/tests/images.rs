@@ -386,8 +386,39 @@ fn loaderctl_runs_an_image_folder_and_any_spec_file() {
         "dataset: {image_folder: {path: .}}\ntransforms: [decode, rotate]\nbatch_size: 4\n",
     )
     .expect("bad spec");
+    // A mixture of the arrays with themselves (weights 1 : 3), and one of
+    // the arrays with the image folder, whose samples do not collate.
+    let npy_entry = "{npy: {arrays: {x: x.npy, y: y.npy}}}";
+    let mix_file = data.path().join("mix.yaml");
+    std::fs::write(
+        &mix_file,
+        format!(
+            "dataset: {{mix: {{sources: [{{name: a, weight: 1, dataset: {npy_entry}}}, {{name: b, weight: 3, dataset: {npy_entry}}}], samples_per_epoch: 40, source_field: source}}}}\nbatch_size: 8\nepochs: 2\nsampler: {{shuffle: true}}\n"
+        ),
+    )
+    .expect("mix spec");
+    let clash_file = data.path().join("clash.yaml");
+    std::fs::write(
+        &clash_file,
+        format!(
+            "dataset: {{mix: {{sources: [{{name: rows, weight: 1, dataset: {npy_entry}}}, {{name: photos, weight: 1, dataset: {{image_folder: {{path: {root}}}}}}}]}}}}\ntransforms: [decode, {{center_crop: {{size: 8}}}}]\nbatch_size: 4\n"
+        ),
+    )
+    .expect("clash spec");
     let spec_path = spec_file.display().to_string();
     let bad_path = bad_spec.display().to_string();
+    let (mix_path, clash_path) = (
+        mix_file.display().to_string(),
+        clash_file.display().to_string(),
+    );
+    let (mix, clash) = run(Duration::from_secs(240), move |scope| {
+        let mix = loaderctl(
+            &scope,
+            &["run", "--spec", &mix_path, "--workers", "2", "--json"],
+        );
+        let clash = loaderctl(&scope, &["run", "--spec", &clash_path, "--workers", "1"]);
+        (mix, clash)
+    });
     let (images, npy, bad, missing) = run(Duration::from_secs(240), move |scope| {
         let images = loaderctl(
             &scope,
@@ -428,6 +459,16 @@ fn loaderctl_runs_an_image_folder_and_any_spec_file() {
     let npy = report(&npy);
     assert_eq!(npy["samples"], 42, "{npy}");
     assert_eq!(npy["dataset"], "npy");
+    let mix = report(&mix);
+    assert_eq!(mix["samples"], 80, "two epochs of 40 positions: {mix}");
+    assert_eq!(mix["dataset"], "mix of 2");
+    assert_eq!(clash.0, Some(1));
+    let said = clash.2.last().expect("an error line");
+    assert!(
+        said.starts_with("loaderctl: error: job failed: dataset.mix: sources `rows` and `photos` do not collate: tensor `x` is float32 [3]"),
+        "{:?}",
+        clash.2
+    );
     assert_eq!(bad.0, Some(1));
     assert_eq!(
         bad.2,

@@ -257,3 +257,175 @@ fn brace_ranges_expand_like_webdataset() {
     assert!(expand_braces("s-{a..b}.tar").is_err());
     assert!(expand_braces("s-{0..99999999}.tar").is_err());
 }
+
+const MIX: &str = "
+dataset:
+  mix:
+    sources:
+      - {name: web, weight: 0.7, dataset: {tokens: {path: web.bin, dtype: uint16, context_length: 128}}}
+      - name: code
+        weight: 0.2
+        dataset: {tokens: {path: /abs/code.bin, dtype: uint32, context_length: 256}}
+      - {name: py, weight: 0.1, dataset: {python: {pickle_file: py/ds.pkl, collate_pickle_file: /abs/c.pkl, num_samples: 50}}}
+    samples_per_epoch: 1000
+    source_field: source
+batch_size: 8
+";
+
+#[test]
+fn a_mix_of_tokens_and_python_sources_parses() {
+    let spec = spec_of(MIX);
+    let Some(Kind::Mix(m)) = spec.dataset.as_ref().and_then(|d| d.kind.clone()) else {
+        panic!("not a mixture: {:?}", spec.dataset)
+    };
+    let names: Vec<(&str, f64)> = m
+        .sources
+        .iter()
+        .map(|s| (s.name.as_str(), s.weight))
+        .collect();
+    assert_eq!(names, vec![("web", 0.7), ("code", 0.2), ("py", 0.1)]);
+    assert_eq!(
+        (m.samples_per_epoch, m.source_field.as_str(), m.block),
+        (1000, "source", 0)
+    );
+    assert!(m.stages.is_empty() && m.weights_from == 0);
+    let kinds: Vec<Kind> = m
+        .sources
+        .iter()
+        .map(|s| s.dataset.clone().and_then(|d| d.kind).expect("a dataset"))
+        .collect();
+    match &kinds[0] {
+        Kind::Tokens(t) => assert_eq!(
+            (t.path.as_str(), t.dtype, t.context_length),
+            ("/data/specs/web.bin", Dtype::U16 as i32, 128)
+        ),
+        other => panic!("{other:?}"),
+    }
+    match &kinds[1] {
+        Kind::Tokens(t) => assert_eq!(
+            (t.path.as_str(), t.dtype, t.context_length),
+            ("/abs/code.bin", Dtype::U32 as i32, 256)
+        ),
+        other => panic!("{other:?}"),
+    }
+    match &kinds[2] {
+        Kind::Custom(c) => {
+            assert_eq!((c.name.as_str(), c.num_samples), (PYTHON_DATASET, 50));
+            assert!(c.params.is_empty(), "{:?}", c.params);
+        }
+        other => panic!("{other:?}"),
+    }
+    let blobs: Vec<(&str, &str)> = spec
+        .blobs
+        .iter()
+        .map(|b| (b.name.as_str(), b.source.as_str()))
+        .collect();
+    assert_eq!(
+        blobs,
+        vec![
+            ("py/pickle_file", "/data/specs/py/ds.pkl"),
+            ("py/collate_pickle_file", "/abs/c.pkl"),
+        ]
+    );
+    assert_eq!(blobs[0].0, format!("py/{PICKLE_FILE}"));
+    // The same mixture as JSON.
+    let json = r#"{"dataset": {"mix": {"sources": [
+        {"name": "web", "weight": 0.7, "dataset": {"tokens": {"path": "web.bin", "dtype": "uint16", "context_length": 128}}},
+        {"name": "code", "weight": 0.2, "dataset": {"tokens": {"path": "/abs/code.bin", "dtype": "uint32", "context_length": 256}}},
+        {"name": "py", "weight": 0.1, "dataset": {"python": {"pickle_file": "py/ds.pkl", "collate_pickle_file": "/abs/c.pkl", "num_samples": 50}}}],
+        "samples_per_epoch": 1000, "source_field": "source"}}, "batch_size": 8}"#;
+    assert_eq!(spec_of(json), spec);
+}
+
+#[test]
+fn bad_mixes_fail_on_one_line_naming_the_field() {
+    let tokens = "{tokens: {path: t.bin, dtype: uint16, context_length: 8}}";
+    let mix =
+        |sources: &str| format!("dataset: {{mix: {{sources: [{sources}]}}}}\nbatch_size: 4\n");
+    let cases: Vec<(String, &[&str])> = vec![
+        (
+            mix(&format!(
+                "{{name: a, weight: 1, dataset: {tokens}}}, {{name: inner, weight: 1, dataset: {{mix: {{sources: [{{name: b, weight: 1, dataset: {tokens}}}]}}}}}}"
+            )),
+            &[
+                "dataset.mix.sources[1].dataset",
+                "a mixture cannot hold a mixture",
+            ],
+        ),
+        (
+            mix(&format!(
+                "{{name: a, weight: 1, dataset: {tokens}, shuffle: true}}"
+            )),
+            &["dataset.mix.sources[0]", "unknown field `shuffle`"],
+        ),
+        (
+            mix(
+                "{name: a, weight: 1, dataset: {tokens: {path: t.bin, dtype: uint16, context_length: 8, stride: 4}}}",
+            ),
+            &["dataset.mix.sources[0].dataset.tokens: unknown field `stride`"],
+        ),
+        (
+            mix(&format!("{{name: a, dataset: {tokens}}}")),
+            &["dataset.mix.sources[0]", "missing field `weight`"],
+        ),
+        (
+            mix(&format!("{{weight: 1, dataset: {tokens}}}")),
+            &["dataset.mix.sources[0]", "missing field `name`"],
+        ),
+        (
+            mix("{name: a, weight: 1}"),
+            &["dataset.mix.sources[0]", "missing field `dataset`"],
+        ),
+        (
+            "dataset: {mix: {}}\nbatch_size: 4\n".into(),
+            &["dataset.mix", "missing field `sources`"],
+        ),
+        (
+            mix(""),
+            &["spec: dataset.mix.sources: must list at least one source"],
+        ),
+        (
+            mix(&format!("{{name: a, weight: -1, dataset: {tokens}}}")),
+            &["spec: dataset.mix.sources[0].weight: must be a finite number >= 0, got -1"],
+        ),
+        (
+            mix(&format!(
+                "{{name: a, weight: 1, dataset: {tokens}}}, {{name: a, weight: 1, dataset: {tokens}}}"
+            )),
+            &["spec: dataset.mix.sources[1].name: `a` names two sources"],
+        ),
+        (
+            mix(
+                "{name: a, weight: 1, dataset: {tokens: {path: t.bin, dtype: uint16, context_length: 0}}}",
+            ),
+            &["spec: dataset.mix.sources[0].dataset.tokens.context_length: must be > 0"],
+        ),
+        (
+            mix(
+                "{name: a, weight: 1, dataset: {python: {pickle: AAAA, pickle_file: a.pkl, num_samples: 3}}}",
+            ),
+            &["spec: dataset.mix.sources[0].dataset.python: give pickle or pickle_file, not both"],
+        ),
+    ];
+    for (text, expect) in cases {
+        let e = error_of(&text);
+        for part in expect {
+            assert!(e.contains(part), "{text:?}\n  got: {e}\n want: {part}");
+        }
+    }
+}
+
+#[test]
+fn an_empty_path_is_named_not_taken_for_the_spec_files_folder() {
+    let e = error_of(
+        "dataset: {tokens: {path: '', dtype: uint16, context_length: 8}}\nbatch_size: 4\n",
+    );
+    assert_eq!(e, "spec: dataset.tokens.path: must name the token file");
+    let e = error_of(
+        "dataset: {mix: {sources: [{name: a, weight: 1, dataset: {tokens: {path: '', dtype: uint16, context_length: 8}}}]}}\nbatch_size: 4\n",
+    );
+    assert_eq!(
+        e,
+        "spec: dataset.mix.sources[0].dataset.tokens.path: must name the token file"
+    );
+}

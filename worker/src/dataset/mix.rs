@@ -219,8 +219,13 @@ impl Dataset for Mix {
         // The batch's `batch.produce` span (when traced) carries its mix.
         let span = tracing::Span::current();
         if !span.is_disabled() {
-            let mix: Vec<String> =
-                self.names.iter().zip(&drawn).filter(|(_, n)| **n > 0).map(|(name, n)| format!("{name}={n}")).collect();
+            let mix: Vec<String> = self
+                .names
+                .iter()
+                .zip(&drawn)
+                .filter(|(_, n)| **n > 0)
+                .map(|(name, n)| format!("{name}={n}"))
+                .collect();
             span.record("sources", mix.join(" "));
         }
         for (counter, n) in self.drawn.iter().zip(drawn) {
