@@ -229,9 +229,21 @@ impl Mixture {
     /// Whether source `k` gets one more position in block `b` (counted from
     /// the origin).
     fn extra(&self, k: usize, b: u64) -> bool {
-        let d = u128::from(self.denominator);
-        let o = (u128::from(b) * u128::from(self.stride) + u128::from(self.offset)) % d;
-        let (lo, len) = (u128::from(self.arc_start[k]), u128::from(self.arc_len[k]));
+        let d = self.denominator;
+        // (b x stride + offset) mod D, in u64 where it fits (D <= 2^40:
+        // almost always), else in u128 (a division of those is slow).
+        let o = match (b % d)
+            .checked_mul(self.stride)
+            .and_then(|x| x.checked_add(self.offset))
+        {
+            Some(x) => x % d,
+            None => {
+                ((u128::from(b) * u128::from(self.stride) + u128::from(self.offset))
+                    % u128::from(d)) as u64
+            }
+        };
+        // Offsets stay below D <= 2^40: no overflow below.
+        let (lo, len) = (self.arc_start[k], self.arc_len[k]);
         (o + d - lo) % d < len
     }
 
@@ -292,42 +304,160 @@ impl Mixture {
                 .count() as u64
     }
 
-    fn block_permutation(&self, b: u64) -> Permutation {
-        Permutation::new(
-            self.block,
-            crate::sampler::mix_seed(self.seed, self.origin.start),
-            b,
-            self.shuffle,
-        )
+    /// The order of block `b`'s slots: a seeded shuffle, new per block.
+    fn block_permutation(&self, b: u64) -> BlockOrder {
+        let seed = crate::sampler::mix_seed(self.seed, self.origin.start);
+        if !self.shuffle || self.block > TABLE_BLOCK {
+            return BlockOrder::Feistel(Permutation::new(self.block, seed, b, self.shuffle));
+        }
+        // A small block is shuffled whole, once (Fisher-Yates on SplitMix64):
+        // a few ns per slot where a Feistel lookup per position costs ~40.
+        let mut table: Vec<u32> = (0..self.block as u32).collect();
+        let mut state = crate::sampler::mix_seed(seed, b);
+        for i in (1..table.len()).rev() {
+            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let r = crate::sampler::mix_seed(state, 0);
+            // Multiply-shift: uniform enough for a shuffle, no division.
+            let j = ((u128::from(r) * (i as u128 + 1)) >> 64) as usize;
+            table.swap(i, j);
+        }
+        BlockOrder::Table(table)
     }
 
     /// What position `p` of the stream draws. Positions before the origin
     /// of a re-weighted mixture are drawn as the origin's first block.
     pub fn at(&self, p: u64) -> Draw {
         let rel = p.saturating_sub(self.origin.start);
-        let (b, within) = (rel / self.block, rel % self.block);
-        let quota = self.quota(b);
-        let slot = self.block_permutation(b).at(within);
-        let mut first = 0;
-        let mut source = 0;
-        for (k, &q) in quota.iter().enumerate() {
-            if slot < first + q {
-                source = k;
-                break;
-            }
-            first += q;
+        let block = self.block_state(rel / self.block);
+        let (k, draw) = block.draw(rel % self.block);
+        let pass = draw / self.sources[k].samples;
+        let index = self
+            .source_permutation(k, pass)
+            .at(draw % self.sources[k].samples);
+        Draw {
+            source: k,
+            index,
+            pass,
         }
-        let k = source;
-        let draw =
-            self.origin.drawn[k] + b * self.base[k] + self.extras_before(k, b) + (slot - first);
-        let n = self.sources[k].samples;
-        let pass = draw / n;
-        let perm = Permutation::new(
-            n,
+    }
+
+    /// What every position of block `b` (from the origin) needs: where each
+    /// source's slots start, its draws before the block, and the block's
+    /// permutation.
+    fn block_state(&self, b: u64) -> BlockState {
+        let k = self.sources.len();
+        let mut first = Vec::with_capacity(k + 1);
+        let mut drawn = Vec::with_capacity(k);
+        let mut at = 0;
+        for s in 0..k {
+            first.push(at);
+            at += self.base[s] + u64::from(self.extra(s, b));
+            drawn.push(self.origin.drawn[s] + b * self.base[s] + self.extras_before(s, b));
+        }
+        first.push(at);
+        BlockState {
+            b,
+            first,
+            drawn,
+            perm: self.block_permutation(b),
+        }
+    }
+
+    /// Source `k`'s permutation of its pass `pass`.
+    fn source_permutation(&self, k: usize, pass: u64) -> Permutation {
+        Permutation::new(
+            self.sources[k].samples,
             crate::sampler::mix_seed(self.seed, k as u64 + 1),
             pass,
             self.shuffle,
-        );
+        )
+    }
+}
+
+/// Blocks of at most this many positions are shuffled as a table.
+const TABLE_BLOCK: u64 = 1024;
+
+/// The order of one block's slots.
+#[derive(Debug, Clone)]
+enum BlockOrder {
+    /// A small block's whole shuffle: slot of each offset.
+    Table(Vec<u32>),
+    /// A large block's: computed per offset.
+    Feistel(Permutation),
+}
+
+impl BlockOrder {
+    /// The slot at offset `o` of the block.
+    fn at(&self, o: u64) -> u64 {
+        match self {
+            BlockOrder::Table(t) => t.get(o as usize).map_or(o, |&s| u64::from(s)),
+            BlockOrder::Feistel(p) => p.at(o),
+        }
+    }
+}
+
+/// One block's layout, computed once for all its positions.
+#[derive(Debug, Clone)]
+struct BlockState {
+    b: u64,
+    /// Slot where each source's run starts, and the block's end.
+    first: Vec<u64>,
+    /// Each source's draws before the block.
+    drawn: Vec<u64>,
+    perm: BlockOrder,
+}
+
+impl BlockState {
+    /// The source and its draw number at offset `within` of the block.
+    fn draw(&self, within: u64) -> (usize, u64) {
+        let slot = self.perm.at(within);
+        // The last source whose run starts at or before the slot: runs of
+        // sources with no slot in this block are empty and passed over.
+        let k = self.first.partition_point(|&f| f <= slot) - 1;
+        (k, self.drawn[k] + (slot - self.first[k]))
+    }
+}
+
+/// Draws many positions of a [`MixPlan`], keeping the state of the last
+/// block and of each source's current pass: what a batch's reading uses
+/// (a position costs a permutation lookup or two, not a block's set-up).
+#[derive(Debug)]
+pub struct Drawer<'a> {
+    plan: &'a MixPlan,
+    /// The stage and block last drawn from.
+    block: Option<(usize, BlockState)>,
+    /// Per source, the pass last drawn and its permutation.
+    passes: Vec<Option<(u64, Permutation)>>,
+}
+
+impl<'a> Drawer<'a> {
+    /// A drawer over `plan` with nothing cached.
+    pub fn new(plan: &'a MixPlan) -> Self {
+        Self {
+            plan,
+            block: None,
+            passes: vec![None; plan.sources()],
+        }
+    }
+
+    /// What position `p` draws: [`MixPlan::at`], from the cached state
+    /// where it holds.
+    pub fn at(&mut self, p: u64) -> Draw {
+        let stage = self.plan.stage_of(p);
+        let mixture = &self.plan.stages[stage];
+        let rel = p.saturating_sub(mixture.origin.start);
+        let b = rel / mixture.block;
+        let block = match &mut self.block {
+            Some((s, state)) if *s == stage && state.b == b => state,
+            slot => &mut slot.insert((stage, mixture.block_state(b))).1,
+        };
+        let (k, draw) = block.draw(rel % mixture.block);
+        let n = mixture.sources[k].samples;
+        let pass = draw / n;
+        let perm = match &mut self.passes[k] {
+            Some((cached, perm)) if *cached == pass => perm,
+            slot => &mut slot.insert((pass, mixture.source_permutation(k, pass))).1,
+        };
         Draw {
             source: k,
             index: perm.at(draw % n),
@@ -422,11 +552,14 @@ impl MixPlan {
 
     /// What position `p` of the stream draws, under the stage it falls in.
     pub fn at(&self, p: u64) -> Draw {
-        let stage = self
-            .stages
+        self.stages[self.stage_of(p)].at(p)
+    }
+
+    /// The stage position `p` falls in.
+    fn stage_of(&self, p: u64) -> usize {
+        self.stages
             .partition_point(|m| m.origin.start <= p)
-            .saturating_sub(1);
-        self.stages[stage].at(p)
+            .saturating_sub(1)
     }
 
     /// Number of sources.
@@ -456,20 +589,28 @@ fn floor_sum(n: u128, m: u128, mut a: u128, mut b: u128) -> u128 {
     let (mut n, mut m) = (n, m);
     loop {
         if a >= m {
-            ans += (n * n.saturating_sub(1) / 2) * (a / m);
-            a %= m;
+            ans += (n * n.saturating_sub(1) / 2) * div_rem(a, m).0;
+            a = div_rem(a, m).1;
         }
         if b >= m {
-            ans += n * (b / m);
-            b %= m;
+            ans += n * div_rem(b, m).0;
+            b = div_rem(b, m).1;
         }
         let y_max = a * n + b;
         if y_max < m {
             return ans;
         }
-        n = y_max / m;
-        b = y_max % m;
+        (n, b) = div_rem(y_max, m);
         (m, a) = (a, m);
+    }
+}
+
+/// `(x / y, x % y)`, in u64 when both fit (a u128 division is a slow
+/// library call; the operands here almost always fit).
+fn div_rem(x: u128, y: u128) -> (u128, u128) {
+    match (u64::try_from(x), u64::try_from(y)) {
+        (Ok(x), Ok(y)) => (u128::from(x / y), u128::from(x % y)),
+        _ => (x / y, x % y),
     }
 }
 
@@ -627,6 +768,26 @@ mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+        #[test]
+        fn the_drawer_draws_what_the_plan_names(
+            sizes in proptest::collection::vec(1u64..200, 1..4),
+            block in 1u64..40,
+            seed: u64,
+            positions in proptest::collection::vec(0u64..5_000, 1..200),
+        ) {
+            let k = sizes.len();
+            let first: Vec<f64> = (0..k).map(|i| (i + 1) as f64).collect();
+            let second: Vec<f64> = (0..k).map(|i| (k - i) as f64).collect();
+            let plan = MixPlan::new(&sizes, &[(0, first), (block * 20, second)], block, seed, true).expect("plan");
+            let mut drawer = Drawer::new(&plan);
+            let mut sorted = positions.clone();
+            sorted.sort_unstable();
+            // In order (as a batch reads) and in any order, across stages.
+            for p in sorted.into_iter().chain(positions) {
+                prop_assert_eq!(drawer.at(p), plan.at(p), "position {}", p);
+            }
+        }
 
         #[test]
         fn every_block_is_within_one_and_the_walks_are_exact(

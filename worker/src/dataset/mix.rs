@@ -13,7 +13,7 @@
 
 use std::sync::Arc;
 
-use loader_proto::mixture::MixPlan;
+use loader_proto::mixture::{Drawer, MixPlan};
 use loader_proto::pb::{DatasetSpec, Dtype, JobSpec, MixSpec};
 use loader_proto::sampler::mix_seed;
 use metrics::Counter;
@@ -95,7 +95,11 @@ impl Mix {
     }
 
     /// The source, and the key it reads, of the mixture's sample `key`.
-    fn draw(&self, key: SampleKey) -> Result<(usize, SampleKey), DatasetError> {
+    fn draw(
+        &self,
+        drawer: &mut Drawer<'_>,
+        key: SampleKey,
+    ) -> Result<(usize, SampleKey), DatasetError> {
         if key.index >= self.len {
             return Err(DatasetError::IndexOutOfRange {
                 index: key.index,
@@ -112,7 +116,7 @@ impl Mix {
                     key.epoch
                 ))
             })?;
-        let d = self.plan.at(position);
+        let d = drawer.at(position);
         // Each source's random transforms are seeded apart from the others'.
         Ok((
             d.source,
@@ -124,9 +128,14 @@ impl Mix {
         ))
     }
 
-    /// Reads the mixture's sample `key` into `rows`, returning its source.
-    fn read(&self, key: SampleKey, rows: &mut [&mut [u8]]) -> (usize, Result<(), DatasetError>) {
-        let (k, own) = match self.draw(key) {
+    /// Reads the mixture's sample `key`, drawn as `drawn`, into `rows`.
+    fn read(
+        &self,
+        key: SampleKey,
+        drawn: Result<(usize, SampleKey), DatasetError>,
+        rows: &mut [&mut [u8]],
+    ) -> (usize, Result<(), DatasetError>) {
+        let (k, own) = match drawn {
             Ok(d) => d,
             Err(e) => return (0, Err(e)),
         };
@@ -196,7 +205,7 @@ impl Dataset for Mix {
     }
 
     fn read_into(&self, key: SampleKey, rows: &mut [&mut [u8]]) -> Result<(), DatasetError> {
-        let (k, read) = self.read(key, rows);
+        let (k, read) = self.read(key, self.draw(&mut Drawer::new(&self.plan), key), rows);
         if read.is_ok() {
             self.drawn[k].increment(1);
         }
@@ -209,8 +218,17 @@ impl Dataset for Mix {
         batch: &mut BatchRows<'_>,
     ) -> Result<(), DatasetError> {
         let mut drawn = vec![0u64; self.sources.len()];
-        for &key in keys {
-            let (k, read) = self.read(key, &mut batch.next_rows());
+        // A batch's positions share one block and each source's pass: set
+        // them up once.
+        // Drawn first, read after: the reads (copies, decodes) run back to
+        // back.
+        let mut drawer = Drawer::new(&self.plan);
+        let draws: Vec<_> = keys
+            .iter()
+            .map(|&key| self.draw(&mut drawer, key))
+            .collect();
+        for (&key, draw) in keys.iter().zip(draws) {
+            let (k, read) = self.read(key, draw, &mut batch.next_rows());
             if read.is_ok() {
                 drawn[k] += 1;
             }
