@@ -25,6 +25,8 @@
 //! - **Re-weighting.** [`Mixture::reweighted`] continues every source's
 //!   walk from where it stands at a block boundary under new weights.
 
+use smallvec::SmallVec;
+
 use crate::sampler::Permutation;
 
 /// One source of a mixture: its size and its weight (integer units; the
@@ -312,7 +314,7 @@ impl Mixture {
         }
         // A small block is shuffled whole, once (Fisher-Yates on SplitMix64):
         // a few ns per slot where a Feistel lookup per position costs ~40.
-        let mut table: Vec<u32> = (0..self.block as u32).collect();
+        let mut table: SmallVec<[u32; 64]> = (0..self.block as u32).collect();
         let mut state = crate::sampler::mix_seed(seed, b);
         for i in (1..table.len()).rev() {
             state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -346,8 +348,8 @@ impl Mixture {
     /// permutation.
     fn block_state(&self, b: u64) -> BlockState {
         let k = self.sources.len();
-        let mut first = Vec::with_capacity(k + 1);
-        let mut drawn = Vec::with_capacity(k);
+        let mut first = SmallVec::with_capacity(k + 1);
+        let mut drawn = SmallVec::with_capacity(k);
         let mut at = 0;
         for s in 0..k {
             first.push(at);
@@ -381,7 +383,7 @@ const TABLE_BLOCK: u64 = 1024;
 #[derive(Debug, Clone)]
 enum BlockOrder {
     /// A small block's whole shuffle: slot of each offset.
-    Table(Vec<u32>),
+    Table(SmallVec<[u32; 64]>),
     /// A large block's: computed per offset.
     Feistel(Permutation),
 }
@@ -401,9 +403,9 @@ impl BlockOrder {
 struct BlockState {
     b: u64,
     /// Slot where each source's run starts, and the block's end.
-    first: Vec<u64>,
+    first: SmallVec<[u64; 8]>,
     /// Each source's draws before the block.
-    drawn: Vec<u64>,
+    drawn: SmallVec<[u64; 8]>,
     perm: BlockOrder,
 }
 
@@ -427,7 +429,7 @@ pub struct Drawer<'a> {
     /// The stage and block last drawn from.
     block: Option<(usize, BlockState)>,
     /// Per source, the pass last drawn and its permutation.
-    passes: Vec<Option<(u64, Permutation)>>,
+    passes: SmallVec<[Option<(u64, Permutation)>; 4]>,
 }
 
 impl<'a> Drawer<'a> {
@@ -436,7 +438,7 @@ impl<'a> Drawer<'a> {
         Self {
             plan,
             block: None,
-            passes: vec![None; plan.sources()],
+            passes: smallvec::smallvec![None; plan.sources()],
         }
     }
 

@@ -17,6 +17,7 @@ use loader_proto::mixture::{Drawer, MixPlan};
 use loader_proto::pb::{DatasetSpec, Dtype, JobSpec, MixSpec};
 use loader_proto::sampler::mix_seed;
 use metrics::Counter;
+use smallvec::SmallVec;
 
 use super::{BatchRows, Dataset, DatasetError, Datasets, SampleKey, SampleTensor};
 
@@ -217,17 +218,12 @@ impl Dataset for Mix {
         keys: &[SampleKey],
         batch: &mut BatchRows<'_>,
     ) -> Result<(), DatasetError> {
-        let mut drawn = vec![0u64; self.sources.len()];
+        let mut drawn: SmallVec<[u64; 8]> = smallvec::smallvec![0; self.sources.len()];
         // A batch's positions share one block and each source's pass: set
         // them up once.
-        // Drawn first, read after: the reads (copies, decodes) run back to
-        // back.
         let mut drawer = Drawer::new(&self.plan);
-        let draws: Vec<_> = keys
-            .iter()
-            .map(|&key| self.draw(&mut drawer, key))
-            .collect();
-        for (&key, draw) in keys.iter().zip(draws) {
+        for &key in keys {
+            let draw = self.draw(&mut drawer, key);
             let (k, read) = self.read(key, draw, &mut batch.next_rows());
             if read.is_ok() {
                 drawn[k] += 1;
