@@ -4,10 +4,6 @@
 
 fn main() {
     println!("cargo:rerun-if-changed=src/image/jpeg_turbo.c");
-    cc::Build::new()
-        .file("src/image/jpeg_turbo.c")
-        .opt_level(2)
-        .warnings(true)
-        .compile("loader_jpeg_turbo");
+    cc::Build::new().file("src/image/jpeg_turbo.c").opt_level(2).warnings(true).compile("loader_jpeg_turbo");
     println!("cargo:rustc-link-lib=jpeg");
 }

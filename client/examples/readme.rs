@@ -11,20 +11,11 @@ fn train() -> Result<(), loader_client::LoaderError> {
     use loader_client::{Dtype, Loader, spec};
 
     let job = spec::synthetic(10_000, &[3, 224, 224], Dtype::U8)
-        .batch_size(64)
-        .epochs(2)
-        .consumers(2)
-        .shuffle(0)
-        .name("train")
-        .build()?;
-    let loader = Loader::builder("http://HOST:7070")
-        .job(job)
-        .rank(0)
-        .world_size(2)
-        .build()?;
+        .batch_size(64).epochs(2).consumers(2).shuffle(0).name("train").build()?;
+    let loader = Loader::builder("http://HOST:7070").job(job).rank(0).world_size(2).build()?;
     for batch in loader {
         let batch = batch?;
-        let images = batch.tensor("data").unwrap(); // [64, 3, 224, 224] uint8, zero-copy
+        let images = batch.tensor("data").unwrap();     // [64, 3, 224, 224] uint8, zero-copy
         let labels: Vec<i64> = batch.tensor("label").unwrap().to_vec()?;
     }
     // README ends

@@ -29,11 +29,7 @@ use crate::error::LoaderError;
 /// Fills in the hash and size of every blob of `spec` that names a file
 /// and has no hash yet.
 pub(crate) fn hash_sources(spec: &mut JobSpec) -> Result<(), LoaderError> {
-    for blob in spec
-        .blobs
-        .iter_mut()
-        .filter(|b| !b.source.is_empty() && b.sha256.is_empty())
-    {
+    for blob in spec.blobs.iter_mut().filter(|b| !b.source.is_empty() && b.sha256.is_empty()) {
         let (sha256, size) = loader_process::blobs::hash_file(Path::new(&blob.source))
             .map_err(|e| file_error(blob, e.to_string()))?;
         blob.sha256 = sha256;
@@ -57,16 +53,9 @@ pub(crate) fn without_sources(mut spec: JobSpec) -> JobSpec {
 pub(crate) fn carry_sources(resumed: &mut JobSpec, given: Option<&JobSpec>) {
     let Some(given) = given else { return };
     for blob in resumed.blobs.iter_mut().filter(|b| b.source.is_empty()) {
-        if let Some(now) = given
-            .blobs
-            .iter()
-            .find(|g| g.name == blob.name && !g.source.is_empty())
-        {
+        if let Some(now) = given.blobs.iter().find(|g| g.name == blob.name && !g.source.is_empty()) {
             if now.sha256 != blob.sha256 {
-                tracing::info!(
-                    name = blob.name,
-                    "the resumed job's blob differs from the one given now; using the one given now"
-                );
+                tracing::info!(name = blob.name, "the resumed job's blob differs from the one given now; using the one given now");
             }
             *blob = now.clone();
         }
@@ -86,24 +75,11 @@ pub(crate) async fn upload(
     Ok(())
 }
 
-async fn upload_one(
-    address: &str,
-    client: &TrainerServiceClient<Channel>,
-    blob: &BlobRef,
-) -> Result<(), LoaderError> {
+async fn upload_one(address: &str, client: &TrainerServiceClient<Channel>, blob: &BlobRef) -> Result<(), LoaderError> {
     let mut file = File::open(&blob.source).map_err(|e| file_error(blob, e.to_string()))?;
-    let len = file
-        .metadata()
-        .map_err(|e| file_error(blob, e.to_string()))?
-        .len();
+    let len = file.metadata().map_err(|e| file_error(blob, e.to_string()))?.len();
     if len != blob.size {
-        return Err(file_error(
-            blob,
-            format!(
-                "holds {len} bytes, {} when the spec was built; build the spec again",
-                blob.size
-            ),
-        ));
+        return Err(file_error(blob, format!("holds {len} bytes, {} when the spec was built; build the spec again", blob.size)));
     }
     let started = std::time::Instant::now();
     let mut chunk = Vec::new();
@@ -128,23 +104,15 @@ async fn upload_one(
         offset = at.next_offset;
         // A local file read from the page cache: far quicker than the call
         // that sends it, so it is not worth a blocking-pool hop.
-        chunk = read_chunk(&mut file, offset, blob.size)
-            .map_err(|e| file_error(blob, e.to_string()))?;
+        chunk = read_chunk(&mut file, offset, blob.size).map_err(|e| file_error(blob, e.to_string()))?;
     }
-    tracing::debug!(
-        name = blob.name,
-        bytes = blob.size,
-        "blob held by the coordinator after {:.2}s",
-        started.elapsed().as_secs_f64()
-    );
+    tracing::debug!(name = blob.name, bytes = blob.size, "blob held by the coordinator after {:.2}s", started.elapsed().as_secs_f64());
     Ok(())
 }
 
 /// Up to `MAX_CHUNK` bytes of `file` from `offset`, up to `size`.
 fn read_chunk(file: &mut File, offset: u64, size: u64) -> std::io::Result<Vec<u8>> {
-    let len = usize::try_from(size.saturating_sub(offset))
-        .unwrap_or(usize::MAX)
-        .min(MAX_CHUNK);
+    let len = usize::try_from(size.saturating_sub(offset)).unwrap_or(usize::MAX).min(MAX_CHUNK);
     let mut chunk = vec![0; len];
     file.seek(SeekFrom::Start(offset))?;
     file.read_exact(&mut chunk)?;
@@ -152,11 +120,7 @@ fn read_chunk(file: &mut File, offset: u64, size: u64) -> std::io::Result<Vec<u8
 }
 
 fn file_error(blob: &BlobRef, cause: String) -> LoaderError {
-    LoaderError::BlobFile {
-        name: blob.name.clone(),
-        path: blob.source.clone().into(),
-        cause,
-    }
+    LoaderError::BlobFile { name: blob.name.clone(), path: blob.source.clone().into(), cause }
 }
 
 #[cfg(test)]
@@ -164,12 +128,7 @@ mod tests {
     use super::*;
 
     fn blob(name: &str, sha256: &str, source: &str) -> BlobRef {
-        BlobRef {
-            name: name.into(),
-            sha256: sha256.into(),
-            size: 3,
-            source: source.into(),
-        }
+        BlobRef { name: name.into(), sha256: sha256.into(), size: 3, source: source.into() }
     }
 
     #[test]
@@ -177,56 +136,26 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("data.pkl");
         std::fs::write(&path, b"abc").expect("write");
-        let mut spec = JobSpec {
-            blobs: vec![blob("pickle_file", "", &path.to_string_lossy())],
-            ..Default::default()
-        };
+        let mut spec = JobSpec { blobs: vec![blob("pickle_file", "", &path.to_string_lossy())], ..Default::default() };
         hash_sources(&mut spec).expect("hashed");
-        assert_eq!(
-            spec.blobs[0].sha256,
-            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
-        );
+        assert_eq!(spec.blobs[0].sha256, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
         assert_eq!(spec.blobs[0].size, 3);
-        assert!(
-            without_sources(spec)
-                .blobs
-                .iter()
-                .all(|b| b.source.is_empty())
-        );
+        assert!(without_sources(spec).blobs.iter().all(|b| b.source.is_empty()));
 
-        let mut missing = JobSpec {
-            blobs: vec![blob("pickle_file", "", "/nonexistent/data.pkl")],
-            ..Default::default()
-        };
+        let mut missing = JobSpec { blobs: vec![blob("pickle_file", "", "/nonexistent/data.pkl")], ..Default::default() };
         let e = hash_sources(&mut missing).expect_err("no file").to_string();
-        assert!(
-            e.starts_with("blob `pickle_file` /nonexistent/data.pkl: No such file"),
-            "{e}"
-        );
+        assert!(e.starts_with("blob `pickle_file` /nonexistent/data.pkl: No such file"), "{e}");
     }
 
     #[test]
     fn a_resumed_job_reads_its_blobs_from_the_spec_given_now() {
-        let mut resumed = JobSpec {
-            blobs: vec![blob("pickle_file", "aa", ""), blob("other", "bb", "")],
-            ..Default::default()
-        };
-        let given = JobSpec {
-            blobs: vec![blob("pickle_file", "cc", "/now.pkl")],
-            ..Default::default()
-        };
+        let mut resumed = JobSpec { blobs: vec![blob("pickle_file", "aa", ""), blob("other", "bb", "")], ..Default::default() };
+        let given = JobSpec { blobs: vec![blob("pickle_file", "cc", "/now.pkl")], ..Default::default() };
         carry_sources(&mut resumed, None);
-        assert!(
-            resumed.blobs.iter().all(|b| b.source.is_empty()),
-            "nothing given"
-        );
+        assert!(resumed.blobs.iter().all(|b| b.source.is_empty()), "nothing given");
         carry_sources(&mut resumed, Some(&given));
         assert_eq!(resumed.blobs[0], given.blobs[0]);
-        assert_eq!(
-            resumed.blobs[1],
-            blob("other", "bb", ""),
-            "the coordinator must hold it"
-        );
+        assert_eq!(resumed.blobs[1], blob("other", "bb", ""), "the coordinator must hold it");
     }
 
     #[test]
@@ -235,17 +164,7 @@ mod tests {
         let path = dir.path().join("big");
         std::fs::write(&path, vec![5u8; MAX_CHUNK + 10]).expect("write");
         let mut file = File::open(&path).expect("open");
-        assert_eq!(
-            read_chunk(&mut file, 0, (MAX_CHUNK + 10) as u64)
-                .expect("first")
-                .len(),
-            MAX_CHUNK
-        );
-        assert_eq!(
-            read_chunk(&mut file, MAX_CHUNK as u64, (MAX_CHUNK + 10) as u64)
-                .expect("last")
-                .len(),
-            10
-        );
+        assert_eq!(read_chunk(&mut file, 0, (MAX_CHUNK + 10) as u64).expect("first").len(), MAX_CHUNK);
+        assert_eq!(read_chunk(&mut file, MAX_CHUNK as u64, (MAX_CHUNK + 10) as u64).expect("last").len(), 10);
     }
 }

@@ -218,10 +218,7 @@ impl LoaderBuilder {
     /// slots as batches in flight, at least 4). A batch larger than a slot
     /// streams over gRPC instead. Memory is only touched as slots fill.
     pub fn ring(mut self, slot_count: u32, slot_size: u64) -> Self {
-        self.options.ring = Some(RingSize {
-            slots: slot_count,
-            slot_bytes: slot_size,
-        });
+        self.options.ring = Some(RingSize { slots: slot_count, slot_bytes: slot_size });
         self
     }
 
@@ -272,10 +269,7 @@ impl LoaderBuilder {
     /// Embedded mode: starts the workers with `launcher` instead of a
     /// worker command (the Python SDK forks them from a template process).
     #[cfg(feature = "embedded")]
-    pub fn worker_launcher(
-        self,
-        launcher: std::sync::Arc<dyn crate::embedded::WorkerLauncher>,
-    ) -> Self {
+    pub fn worker_launcher(self, launcher: std::sync::Arc<dyn crate::embedded::WorkerLauncher>) -> Self {
         self.local("worker_launcher", |c| c.launcher = Some(launcher))
     }
 
@@ -361,9 +355,7 @@ impl LoaderBuilder {
                 let rank = self.rank.unwrap_or(state.rank());
                 let world_size = self.world_size.unwrap_or(state.world_size());
                 let resumed = match new_weights(self.spec.as_ref(), &state.spec()?) {
-                    Some(w) => {
-                        state.resume_reweighted(rank, world_size, self.resume_batch_size, &w)?
-                    }
+                    Some(w) => state.resume_reweighted(rank, world_size, self.resume_batch_size, &w)?,
                     None => state.resume_as(rank, world_size, self.resume_batch_size)?,
                 };
                 let mut spec = resumed.spec;
@@ -419,9 +411,7 @@ impl LoaderBuilder {
         // A resumed job has no batches before its first: a start below it
         // (a saved state's, or an epoch's start) begins there.
         let first = plan.first_seq();
-        let start = start
-            .map(|(seq, above)| (seq.max(first), above))
-            .or((first > 0).then(|| (first, BTreeSet::new())));
+        let start = start.map(|(seq, above)| (seq.max(first), above)).or((first > 0).then(|| (first, BTreeSet::new())));
         Ok(Seat { spec, rank, start })
     }
 
@@ -441,11 +431,7 @@ impl LoaderBuilder {
         self.rank = Some(0);
         let mut spec = match &self.resume {
             Some(state) => match new_weights(self.spec.as_ref(), &state.spec()?) {
-                Some(w) => {
-                    state
-                        .resume_reweighted(0, 1, self.resume_batch_size, &w)?
-                        .spec
-                }
+                Some(w) => state.resume_reweighted(0, 1, self.resume_batch_size, &w)?.spec,
                 None => state.resume_as(0, 1, self.resume_batch_size)?.spec,
             },
             None => self.spec.clone().ok_or_else(|| {
@@ -549,28 +535,12 @@ mod tests {
     #[test]
     fn embedded_only_setters_on_a_coordinator_builder_fail_at_build() {
         for (setter, builder) in [
-            (
-                "worker_command",
-                Loader::builder("127.0.0.1:1").worker_command(None),
-            ),
-            (
-                "server_config",
-                Loader::builder("127.0.0.1:1").server_config(ServerConfig::default()),
-            ),
-            (
-                "ready_timeout",
-                Loader::builder("127.0.0.1:1").ready_timeout(Duration::from_secs(1)),
-            ),
+            ("worker_command", Loader::builder("127.0.0.1:1").worker_command(None)),
+            ("server_config", Loader::builder("127.0.0.1:1").server_config(ServerConfig::default())),
+            ("ready_timeout", Loader::builder("127.0.0.1:1").ready_timeout(Duration::from_secs(1))),
         ] {
-            let e = builder
-                .job(four_batches())
-                .build()
-                .expect_err(setter)
-                .to_string();
-            assert!(
-                e.starts_with(setter) && e.contains("Loader::local_builder"),
-                "{e}"
-            );
+            let e = builder.job(four_batches()).build().expect_err(setter).to_string();
+            assert!(e.starts_with(setter) && e.contains("Loader::local_builder"), "{e}");
             assert!(!e.contains('\n'), "{e}");
         }
     }
@@ -599,9 +569,7 @@ mod tests {
 /// job's (a curriculum's next stage).
 fn new_weights(given: Option<&JobSpec>, saved: &JobSpec) -> Option<Vec<f64>> {
     let weights = |s: &JobSpec| match s.dataset.as_ref()?.kind.as_ref()? {
-        loader_proto::pb::dataset_spec::Kind::Mix(m) => {
-            Some(m.sources.iter().map(|s| s.weight).collect::<Vec<f64>>())
-        }
+        loader_proto::pb::dataset_spec::Kind::Mix(m) => Some(m.sources.iter().map(|s| s.weight).collect::<Vec<f64>>()),
         _ => None,
     };
     let new = weights(given?)?;

@@ -37,10 +37,7 @@ const CALL_BACKOFF: Backoff = Backoff::new(Duration::from_millis(50), Duration::
 /// process's TLS settings and `role`'s token.
 pub(crate) fn endpoint(address: &str, role: Role) -> Result<Target, LoaderError> {
     let security = ClientSecurity::for_role(role)?;
-    grpc::endpoint(address, &security).map_err(|e| LoaderError::InvalidAddress {
-        address: e.address,
-        cause: e.cause,
-    })
+    grpc::endpoint(address, &security).map_err(|e| LoaderError::InvalidAddress { address: e.address, cause: e.cause })
 }
 
 /// Connects to the coordinator at `address` (already normalized) as
@@ -50,10 +47,7 @@ pub(crate) fn endpoint(address: &str, role: Role) -> Result<Target, LoaderError>
 pub async fn coordinator(address: &str, role: Role) -> Result<Channel, LoaderError> {
     grpc::connect(&endpoint(address, role)?, Instant::now() + CONNECT_BUDGET)
         .await
-        .map_err(|e| LoaderError::CoordinatorUnreachable {
-            address: address.to_owned(),
-            cause: e.cause,
-        })
+        .map_err(|e| LoaderError::CoordinatorUnreachable { address: address.to_owned(), cause: e.cause })
 }
 
 /// Awaits one unary call to `address`, bounded by [`ATTEMPT_TIMEOUT`]; a call
@@ -81,13 +75,7 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, LoaderError>>,
 {
-    retry::until(
-        Instant::now() + CONNECT_BUDGET,
-        CALL_BACKOFF,
-        call,
-        LoaderError::is_retryable,
-    )
-    .await
+    retry::until(Instant::now() + CONNECT_BUDGET, CALL_BACKOFF, call, LoaderError::is_retryable).await
 }
 
 #[cfg(test)]

@@ -281,8 +281,7 @@ impl Consumer {
     /// pin stage uses it to queue copies ahead without holding back the
     /// batch it could yield.
     pub(crate) fn try_next(&mut self) -> Option<Option<Result<Batch, LoaderError>>> {
-        self.next_blocking_checked(Some(Duration::ZERO), || Err(()))
-            .ok()
+        self.next_blocking_checked(Some(Duration::ZERO), || Err(())).ok()
     }
 
     /// [`Consumer::next_blocking`] that calls `interrupted` about every
@@ -563,9 +562,7 @@ impl Consumer {
         // once instead of at its lease's expiry.
         match tokio::time::timeout(FINAL_HEARTBEAT, self.session.close()).await {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                tracing::debug!(error = %e, "closing the session failed; its lease will expire")
-            }
+            Ok(Err(e)) => tracing::debug!(error = %e, "closing the session failed; its lease will expire"),
             Err(_) => tracing::debug!("closing the session timed out; its lease will expire"),
         }
     }

@@ -186,10 +186,7 @@ impl LoaderError {
                 // The transport's own words ("connection closed before
                 // message completed", "invalid peer certificate"), with a
                 // hint when they are how a TLS mismatch shows.
-                loader_process::grpc::channel::explain(
-                    address,
-                    &loader_process::grpc::root_cause(&status),
-                )
+                loader_process::grpc::channel::explain(address, &loader_process::grpc::root_cause(&status))
             } else {
                 one_line(status.message())
             },

@@ -12,9 +12,9 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::batch::{Batch, Expected};
 use crate::connect;
+use loader_process::security::Role;
 use crate::error::LoaderError;
 use crate::event::{Credit, CreditLine, Event, EventTx};
-use loader_process::security::Role;
 
 /// A running stream, owned by the routes task.
 #[derive(Debug)]
@@ -106,8 +106,7 @@ async fn run(
         .map_err(|s| LoaderError::rpc(address, "Fetch", s))?
     {
         let credit = Credit::for_frame(line);
-        let batch = Batch::from_frame(frame.data, &expected, address, &mut tables)?
-            .traced(&frame.traceparent);
+        let batch = Batch::from_frame(frame.data, &expected, address, &mut tables)?.traced(&frame.traceparent);
         if events.send(Event::Batch(batch, credit)).is_err() {
             // The consumer is gone; nothing left to do.
             return Ok(());

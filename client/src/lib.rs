@@ -85,15 +85,15 @@ pub mod spec;
 pub mod spec_file;
 
 pub use batch::{Batch, Tensor, Transport};
-pub use builder::LoaderBuilder;
-pub use error::LoaderError;
-pub use loader::{BatchStream, Loader, RingSlots};
-pub use loader_proto::pb::{CorruptPolicy, Dtype, Job, JobSpec, Transform};
-pub use options::{DEFAULT_COORDINATOR_TIMEOUT, DEFAULT_PREFETCH, LoaderOptions, RingSize};
 pub use pin::{DEFAULT_DEVICE_PREFETCH, Device, DeviceCopy, DeviceTensor};
+pub use error::LoaderError;
+pub use builder::LoaderBuilder;
+pub use loader::{BatchStream, Loader, RingSlots};
+pub use options::{DEFAULT_COORDINATOR_TIMEOUT, DEFAULT_PREFETCH, LoaderOptions, RingSize};
+pub use loader_proto::pb::{CorruptPolicy, Dtype, Job, JobSpec, Transform};
+pub use spec_file::parse;
 pub use ring::DEFAULT_SLOT_SIZE;
+pub use state::{LoaderState, Resumption, STATE_FORMAT};
 /// Entry points for the fuzz targets (`fuzz/`), not an API.
 #[doc(hidden)]
 pub use ring::fuzzing;
-pub use spec_file::parse;
-pub use state::{LoaderState, Resumption, STATE_FORMAT};

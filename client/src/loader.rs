@@ -73,11 +73,7 @@ pub(crate) async fn open(
     seat: Seat,
     options: &LoaderOptions,
 ) -> Result<Loader, LoaderError> {
-    let Seat {
-        spec,
-        rank,
-        start: resume,
-    } = seat;
+    let Seat { spec, rank, start: resume } = seat;
     // Before any handle is made: handles made without the recorder record
     // nothing.
     let metrics_addr = match options.metrics_addr()? {
@@ -91,9 +87,7 @@ pub(crate) async fn open(
     // small batches get a long window, a ring of many small slots and
     // as many stream credits, so hand-offs are paid per window.
     let batch_bytes = crate::spec::batch_bytes(&spec);
-    let window = batch_bytes.map_or(options.prefetch, |b| {
-        loader_proto::window::batches(b, options.prefetch)
-    });
+    let window = batch_bytes.map_or(options.prefetch, |b| loader_proto::window::batches(b, options.prefetch));
     let mut ring = if options.shared_memory {
         let config = RingConfig::from(options).sized_for(batch_bytes);
         let geometry = config.geometry(window)?;
@@ -109,20 +103,19 @@ pub(crate) async fn open(
     };
     // Before anything connects: a device that cannot be used is an error
     // (or, for `auto`, the host) before any batch is asked for.
-    let (stage, device_fallback) =
-        match Backend::open(options.device, ring.as_ref().map(Ring::shared))? {
-            Opening::Staged(opened) => (
-                Some(PinStage::new(
-                    opened.backend,
-                    opened.device,
-                    options.device_prefetch,
-                    options.coordinator_timeout,
-                )?),
-                None,
-            ),
-            Opening::Host => (None, None),
-            Opening::FellBack(why) => (None, Some(why)),
-        };
+    let (stage, device_fallback) = match Backend::open(options.device, ring.as_ref().map(Ring::shared))? {
+        Opening::Staged(opened) => (
+            Some(PinStage::new(
+                opened.backend,
+                opened.device,
+                options.device_prefetch,
+                options.coordinator_timeout,
+            )?),
+            None,
+        ),
+        Opening::Host => (None, None),
+        Opening::FellBack(why) => (None, Some(why)),
+    };
     let socket = ring
         .as_ref()
         .and_then(|r| r.socket().to_str())
@@ -317,10 +310,7 @@ impl Loader {
     /// Batches yielded so far (for a resumed loader, including those its
     /// predecessors yielded); not those the pin stage holds.
     pub fn yielded(&self) -> u64 {
-        let held = self
-            .stage
-            .as_ref()
-            .map_or(0, |s| s.pending().count() as u64);
+        let held = self.stage.as_ref().map_or(0, |s| s.pending().count() as u64);
         self.consumer.yielded().saturating_sub(held)
     }
 
@@ -378,9 +368,7 @@ impl Loader {
         // Like `Iterator::next`: this thread sleeps in the consumer's wait
         // set (woken by a worker's report), with a timeout at each check.
         let item = match self.stage.as_mut() {
-            None => self
-                .consumer
-                .next_blocking_checked(Some(every), interrupted)?,
+            None => self.consumer.next_blocking_checked(Some(every), interrupted)?,
             Some(stage) => {
                 let mut interrupted = interrupted;
                 staged(stage, &mut self.consumer, |c| {
@@ -458,9 +446,7 @@ impl Iterator for Loader {
         // wakes it directly, without a hop through the runtime.
         let item = match self.stage.as_mut() {
             None => self.consumer.next_blocking(),
-            Some(stage) => match staged(stage, &mut self.consumer, |c| {
-                Ok::<_, Infallible>(c.next_blocking())
-            }) {
+            Some(stage) => match staged(stage, &mut self.consumer, |c| Ok::<_, Infallible>(c.next_blocking())) {
                 Ok(item) => item,
                 Err(never) => match never {},
             },

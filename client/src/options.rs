@@ -126,9 +126,7 @@ impl LoaderOptions {
             return Err(LoaderError::InvalidArgument("prefetch must be > 0".into()));
         }
         if self.device_prefetch == 0 {
-            return Err(LoaderError::InvalidArgument(
-                "device_prefetch must be > 0".into(),
-            ));
+            return Err(LoaderError::InvalidArgument("device_prefetch must be > 0".into()));
         }
         self.metrics_addr()?;
         Ok(())
@@ -140,9 +138,7 @@ impl LoaderOptions {
             .as_deref()
             .map(loader_process::telemetry::metrics::parse_listen)
             .transpose()
-            .map_err(|e| {
-                LoaderError::InvalidArgument(format!("invalid loader option metrics_listen: {e}"))
-            })
+            .map_err(|e| LoaderError::InvalidArgument(format!("invalid loader option metrics_listen: {e}")))
     }
 
     /// Parses and checks options written as JSON (as [`to_json`](Self::to_json)
@@ -168,10 +164,7 @@ impl LoaderOptions {
             })
         })?;
         de.end().map_err(|e| {
-            LoaderError::InvalidArgument(format!(
-                "invalid loader options: {}",
-                without_position(&e)
-            ))
+            LoaderError::InvalidArgument(format!("invalid loader options: {}", without_position(&e)))
         })?;
         options.validate()?;
         Ok(options)
@@ -191,10 +184,7 @@ impl LoaderOptions {
 fn without_position(e: &serde_json::Error) -> String {
     let message = e.to_string();
     let position = format!(" at line {} column {}", e.line(), e.column());
-    message
-        .strip_suffix(&position)
-        .unwrap_or(&message)
-        .to_owned()
+    message.strip_suffix(&position).unwrap_or(&message).to_owned()
 }
 
 /// A [`Duration`] as seconds (a float) on the wire.
@@ -249,10 +239,7 @@ mod tests {
             prefetch: 3,
             in_order: false,
             shared_memory: false,
-            ring: Some(RingSize {
-                slots: 6,
-                slot_bytes: 64 << 10,
-            }),
+            ring: Some(RingSize { slots: 6, slot_bytes: 64 << 10 }),
             ring_dir: Some(PathBuf::from("/shared/ring")),
             allow_ring_peer_uids: [1000, 65534].into(),
             coordinator_timeout: Duration::from_millis(2500),
@@ -265,16 +252,9 @@ mod tests {
         assert!(json.contains(r#""coordinator_timeout":2.5"#), "{json}");
         assert!(json.contains(r#""device":"cuda:1""#), "{json}");
         assert_eq!(LoaderOptions::from_json(&json).expect("parse"), options);
-        let written =
-            r#"{"ring": [6, 65536], "coordinator_timeout": 0.25, "allow_ring_peer_uids": [7]}"#;
+        let written = r#"{"ring": [6, 65536], "coordinator_timeout": 0.25, "allow_ring_peer_uids": [7]}"#;
         let parsed = LoaderOptions::from_json(written).expect("parse");
-        assert_eq!(
-            parsed.ring,
-            Some(RingSize {
-                slots: 6,
-                slot_bytes: 65536
-            })
-        );
+        assert_eq!(parsed.ring, Some(RingSize { slots: 6, slot_bytes: 65536 }));
         assert_eq!(parsed.coordinator_timeout, Duration::from_millis(250));
         assert_eq!(parsed.allow_ring_peer_uids, [7].into());
         assert_eq!(parsed.prefetch, DEFAULT_PREFETCH);
@@ -283,64 +263,25 @@ mod tests {
     #[test]
     fn an_unknown_option_is_named_with_the_known_ones() {
         let e = error(r#"{"prefetch": 2, "prefetchh": 3}"#);
-        assert!(
-            e.starts_with("unknown loader option `prefetchh`, expected one of `prefetch`, "),
-            "{e}"
-        );
-        assert!(
-            e.contains("`coordinator_timeout`") && !e.contains('\n'),
-            "{e}"
-        );
+        assert!(e.starts_with("unknown loader option `prefetchh`, expected one of `prefetch`, "), "{e}");
+        assert!(e.contains("`coordinator_timeout`") && !e.contains('\n'), "{e}");
     }
 
     #[test]
     fn a_bad_value_is_one_line_naming_the_option() {
         for (json, starts) in [
             (r#"{"prefetch": 0}"#, "prefetch must be > 0"),
-            (
-                r#"{"prefetch": "x"}"#,
-                "invalid loader option prefetch: invalid type",
-            ),
-            (
-                r#"{"coordinator_timeout": -1}"#,
-                "invalid loader option coordinator_timeout: must be a number of seconds >= 0 and < 2^64, not -1",
-            ),
-            (
-                r#"{"coordinator_timeout": "NaN"}"#,
-                "invalid loader option coordinator_timeout: invalid type",
-            ),
-            (
-                r#"{"coordinator_timeout": 1e300}"#,
-                "invalid loader option coordinator_timeout: must be",
-            ),
-            (
-                r#"{"ring": [4]}"#,
-                "invalid loader option ring: invalid length 1",
-            ),
-            (
-                r#"{"ring": [4, -1]}"#,
-                "invalid loader option ring[1]: invalid value",
-            ),
-            (
-                r#"{"allow_ring_peer_uids": [-1]}"#,
-                "invalid loader option allow_ring_peer_uids[0]",
-            ),
-            (
-                r#"{"metrics_listen": "localhost:9464"}"#,
-                "invalid loader option metrics_listen: invalid metrics address \"localhost:9464\": expected IP:PORT",
-            ),
-            (
-                r#"{"metrics_listen": 9464}"#,
-                "invalid loader option metrics_listen: invalid type",
-            ),
-            (
-                r#"{"device": "tpu"}"#,
-                "invalid loader option device: invalid device \"tpu\": expected \"cpu\", \"cuda\", \"cuda:N\"",
-            ),
-            (
-                r#"{"device": 0}"#,
-                "invalid loader option device: invalid type",
-            ),
+            (r#"{"prefetch": "x"}"#, "invalid loader option prefetch: invalid type"),
+            (r#"{"coordinator_timeout": -1}"#, "invalid loader option coordinator_timeout: must be a number of seconds >= 0 and < 2^64, not -1"),
+            (r#"{"coordinator_timeout": "NaN"}"#, "invalid loader option coordinator_timeout: invalid type"),
+            (r#"{"coordinator_timeout": 1e300}"#, "invalid loader option coordinator_timeout: must be"),
+            (r#"{"ring": [4]}"#, "invalid loader option ring: invalid length 1"),
+            (r#"{"ring": [4, -1]}"#, "invalid loader option ring[1]: invalid value"),
+            (r#"{"allow_ring_peer_uids": [-1]}"#, "invalid loader option allow_ring_peer_uids[0]"),
+            (r#"{"metrics_listen": "localhost:9464"}"#, "invalid loader option metrics_listen: invalid metrics address \"localhost:9464\": expected IP:PORT"),
+            (r#"{"metrics_listen": 9464}"#, "invalid loader option metrics_listen: invalid type"),
+            (r#"{"device": "tpu"}"#, "invalid loader option device: invalid device \"tpu\": expected \"cpu\", \"cuda\", \"cuda:N\""),
+            (r#"{"device": 0}"#, "invalid loader option device: invalid type"),
             (r#"{"device_prefetch": 0}"#, "device_prefetch must be > 0"),
             (r#"[8]"#, "invalid loader options: expected a JSON object"),
             (r#"{} {}"#, "invalid loader options: trailing characters"),
@@ -349,12 +290,7 @@ mod tests {
             assert!(e.starts_with(starts), "{json}: {e}");
             assert!(!e.contains('\n') && !e.contains(" at line "), "{json}: {e}");
         }
-        let e = LoaderOptions {
-            prefetch: 0,
-            ..Default::default()
-        }
-        .validate()
-        .expect_err("0");
+        let e = LoaderOptions { prefetch: 0, ..Default::default() }.validate().expect_err("0");
         assert!(matches!(e, LoaderError::InvalidArgument(_)), "{e:?}");
     }
 }

@@ -99,10 +99,7 @@ impl Routes {
         let reply = connect::attempt(
             self.session.address(),
             "Routes",
-            client.routes(RoutesRequest {
-                session_id,
-                session_key: session_key.to_string(),
-            }),
+            client.routes(RoutesRequest { session_id, session_key: session_key.to_string() }),
         )
         .await;
         match reply {
@@ -133,13 +130,7 @@ impl Routes {
         true
     }
 
-    fn reconcile(
-        &mut self,
-        routes: &[Route],
-        session_id: u64,
-        session_key: &Arc<str>,
-        stop: &CancellationToken,
-    ) {
+    fn reconcile(&mut self, routes: &[Route], session_id: u64, session_key: &Arc<str>, stop: &CancellationToken) {
         let warned = &mut self.warned;
         self.streams.retain(|address, stream| {
             let listed = routes.iter().any(|r| &r.address == address);

@@ -18,7 +18,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use loader_process::grpc::Channel;
 use loader_proto::PROTOCOL_VERSION;
 use loader_proto::pb::trainer_service_client::TrainerServiceClient;
 use loader_proto::pb::{
@@ -29,6 +28,7 @@ use tokio::sync::{Notify, watch};
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
+use loader_process::grpc::Channel;
 
 use crate::connect::{attempt, with_retries};
 use crate::error::LoaderError;
@@ -132,10 +132,7 @@ impl Session {
     ) -> Result<Self, LoaderError> {
         let client = TrainerServiceClient::new(channel).max_decoding_message_size(usize::MAX);
         crate::blobs::upload(address, &client, &spec).await?;
-        let blobs = JobSpec {
-            blobs: spec.blobs.clone(),
-            ..Default::default()
-        };
+        let blobs = JobSpec { blobs: spec.blobs.clone(), ..Default::default() };
         let job = create_or_attach(address, &client, crate::blobs::without_sources(spec)).await?;
         let mut session = Session {
             address: address.to_owned(),
@@ -198,8 +195,7 @@ impl Session {
             ?resume_at,
             "session open"
         );
-        *self.key.lock().unwrap_or_else(|p| p.into_inner()) =
-            (opened.session_id, opened.session_key.as_str().into());
+        *self.key.lock().unwrap_or_else(|p| p.into_inner()) = (opened.session_id, opened.session_key.as_str().into());
         self.id.send_replace(opened.session_id);
         Ok(opened)
     }
@@ -466,8 +462,7 @@ async fn create_or_attach(
 ) -> Result<Job, LoaderError> {
     let resumed = spec.resume.is_some();
     let wait = if resumed { RESUME_WAIT } else { Duration::ZERO };
-    let backoff =
-        loader_process::retry::Backoff::new(Duration::from_millis(200), Duration::from_secs(1));
+    let backoff = loader_process::retry::Backoff::new(Duration::from_millis(200), Duration::from_secs(1));
     let created = loader_process::retry::until(
         Instant::now() + wait,
         backoff,

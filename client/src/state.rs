@@ -125,9 +125,7 @@ impl LoaderState {
     /// consumed is then known, and a resume on another world size delivers
     /// exactly the rest. Every rank must be there, once.
     pub fn merge(states: &[LoaderState]) -> Result<LoaderState, LoaderError> {
-        let first = states
-            .first()
-            .ok_or_else(|| invalid("there is no state to merge"))?;
+        let first = states.first().ok_or_else(|| invalid("there is no state to merge"))?;
         let world = first.world_size;
         let mut ranks: Vec<Option<RankState>> = vec![None; world as usize];
         for state in states {
@@ -138,9 +136,9 @@ impl LoaderState {
                 )));
             }
             for (rank, progress) in state.by_rank() {
-                let slot = ranks
-                    .get_mut(rank as usize)
-                    .ok_or_else(|| invalid(format!("rank {rank} is outside world size {world}")))?;
+                let slot = ranks.get_mut(rank as usize).ok_or_else(|| {
+                    invalid(format!("rank {rank} is outside world size {world}"))
+                })?;
                 if slot.replace(progress).is_some() {
                     return Err(invalid(format!("rank {rank} is given twice")));
                 }
@@ -172,10 +170,7 @@ impl LoaderState {
     /// The ranks whose progress this state knows, with it.
     fn by_rank(&self) -> Vec<(u32, RankState)> {
         if self.ranks.is_empty() {
-            let own = RankState {
-                next_seq: self.next_seq,
-                yielded_above: self.yielded_above.clone(),
-            };
+            let own = RankState { next_seq: self.next_seq, yielded_above: self.yielded_above.clone() };
             vec![(self.rank, own)]
         } else {
             (0u32..).zip(self.ranks.iter().cloned()).collect()
@@ -192,19 +187,11 @@ impl LoaderState {
     /// step; out-of-order extras are known for that rank only).
     pub fn progress(&self) -> Vec<Progress> {
         if self.ranks.is_empty() {
-            elastic::lockstep(
-                self.world_size,
-                self.rank,
-                self.next_seq,
-                &self.yielded_above,
-            )
+            elastic::lockstep(self.world_size, self.rank, self.next_seq, &self.yielded_above)
         } else {
             self.ranks
                 .iter()
-                .map(|r| Progress {
-                    next_seq: r.next_seq,
-                    yielded_above: r.yielded_above.clone(),
-                })
+                .map(|r| Progress { next_seq: r.next_seq, yielded_above: r.yielded_above.clone() })
                 .collect()
         }
     }
@@ -231,36 +218,18 @@ impl LoaderState {
         }
         let batch_size = batch_size.unwrap_or(spec.batch_size);
         if world_size == self.world_size && batch_size == spec.batch_size {
-            let own = self
-                .by_rank()
-                .into_iter()
-                .find(|(r, _)| *r == rank)
-                .map(|(_, p)| p);
+            let own = self.by_rank().into_iter().find(|(r, _)| *r == rank).map(|(_, p)| p);
             let (next_seq, yielded_above) = match own {
                 Some(p) => (p.next_seq, p.yielded_above),
                 None => (self.next_seq, BTreeSet::new()),
             };
-            return Ok(Resumption {
-                spec,
-                next_seq,
-                yielded_above,
-                replanned: false,
-            });
+            return Ok(Resumption { spec, next_seq, yielded_above, replanned: false });
         }
         let plan = crate::spec::validate(&spec)?;
         let spec = elastic::replan(&spec, &plan, &self.progress(), world_size, batch_size)
-            .map_err(|e| {
-                LoaderError::State(format!(
-                    "cannot resume this state on {world_size} ranks of batch size {batch_size}: {e}"
-                ))
-            })?;
+            .map_err(|e| LoaderError::State(format!("cannot resume this state on {world_size} ranks of batch size {batch_size}: {e}")))?;
         let next_seq = crate::spec::validate(&spec)?.first_seq();
-        Ok(Resumption {
-            spec,
-            next_seq,
-            yielded_above: BTreeSet::new(),
-            replanned: true,
-        })
+        Ok(Resumption { spec, next_seq, yielded_above: BTreeSet::new(), replanned: true })
     }
 
     /// [`resume_as`](Self::resume_as) for a mixture under new `weights`
@@ -286,16 +255,10 @@ impl LoaderState {
         let cannot = |e: elastic::ResumeError| {
             LoaderError::State(format!("cannot resume this state under new weights: {e}"))
         };
-        let replanned = elastic::replan(&spec, &plan, &self.progress(), world_size, batch_size)
-            .map_err(cannot)?;
+        let replanned = elastic::replan(&spec, &plan, &self.progress(), world_size, batch_size).map_err(cannot)?;
         let spec = elastic::reweight(&replanned, weights).map_err(cannot)?;
         let next_seq = crate::spec::validate(&spec)?.first_seq();
-        Ok(Resumption {
-            spec,
-            next_seq,
-            yielded_above: BTreeSet::new(),
-            replanned: true,
-        })
+        Ok(Resumption { spec, next_seq, yielded_above: BTreeSet::new(), replanned: true })
     }
 
     /// The job spec, decoded.
@@ -436,11 +399,7 @@ impl LoaderState {
                     self.rank
                 )));
             }
-            if self
-                .ranks
-                .iter()
-                .any(|r| r.yielded_above.iter().any(|&s| s <= r.next_seq))
-            {
+            if self.ranks.iter().any(|r| r.yielded_above.iter().any(|&s| s <= r.next_seq)) {
                 return Err(invalid(
                     "a rank's yielded_above lists batches at or below its next_seq",
                 ));
@@ -543,23 +502,16 @@ mod tests {
             (with("rank", 2.into()), "outside its world size"),
             (with("world_size", 3.into()), "differs from its spec"),
             (with("surprise", 1.into()), "unknown field"),
+            (with("ranks", serde_json::json!([{"next_seq": 1}])), "lists 1 ranks' progress for world size 2"),
             (
-                with("ranks", serde_json::json!([{"next_seq": 1}])),
-                "lists 1 ranks' progress for world size 2",
-            ),
-            (
-                with(
-                    "ranks",
-                    serde_json::json!([{"next_seq": 1}, {"next_seq": 2}]),
-                ),
+                with("ranks", serde_json::json!([{"next_seq": 1}, {"next_seq": 2}])),
                 "a merged state says rank 0, but it says rank 1",
             ),
             (
                 {
                     let mut v = good_json.clone();
                     v["rank"] = 0.into();
-                    v["ranks"] =
-                        serde_json::json!([{"next_seq": 1}, {"next_seq": 2, "yielded_above": [2]}]);
+                    v["ranks"] = serde_json::json!([{"next_seq": 1}, {"next_seq": 2, "yielded_above": [2]}]);
                     v.to_string()
                 },
                 "a rank's yielded_above lists batches at or below its next_seq",

@@ -34,11 +34,7 @@ fn job(name: &str, world: u32, batch: u32, drop_last: bool) -> JobSpec {
 }
 
 fn build(builder: LoaderBuilder) -> Loader {
-    builder
-        .prefetch(2)
-        .ring(8, DEFAULT_SLOT_SIZE)
-        .build()
-        .expect("loader")
+    builder.prefetch(2).ring(8, DEFAULT_SLOT_SIZE).build().expect("loader")
 }
 
 /// Every batch a rank yielded: (epoch, seq, indices), checking each
@@ -79,17 +75,7 @@ struct Case {
 }
 
 fn run(case: &Case, name: &str) {
-    let Case {
-        w,
-        b,
-        w2,
-        b2,
-        drop_last,
-        steps,
-        ahead,
-        out_of_order,
-        same_coordinator,
-    } = *case;
+    let Case { w, b, w2, b2, drop_last, steps, ahead, out_of_order, same_coordinator } = *case;
     let label = format!("{w}x{b} -> {w2}x{b2} drop_last={drop_last} steps={steps} ahead={ahead}");
     let a = common::Coordinator::start(ServerConfig::default());
     let _a_workers = WorkerProcesses::start(&a.url, 2);
@@ -101,15 +87,9 @@ fn run(case: &Case, name: &str) {
     let mut old_by_seq: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
     let mut states = Vec::new();
     for rank in 0..w {
-        let mut loader = build(
-            Loader::builder(&a.url)
-                .job(spec.clone())
-                .rank(rank)
-                .world_size(w),
-        );
+        let mut loader = build(Loader::builder(&a.url).job(spec.clone()).rank(rank).world_size(w));
         let skipped = (out_of_order && rank == 0).then_some(steps);
-        let mine =
-            steps + if rank == 1 { ahead } else { 0 } + if skipped.is_some() { 2 } else { 0 };
+        let mine = steps + if rank == 1 { ahead } else { 0 } + if skipped.is_some() { 2 } else { 0 };
         for (epoch, seq, indices) in take(&mut loader, mine) {
             if skipped == Some(seq) {
                 continue;
@@ -148,47 +128,28 @@ fn run(case: &Case, name: &str) {
     let mut counts = Vec::new();
     let mut new_plan = None;
     for rank in 0..w2 {
-        let builder = Loader::builder(&url)
-            .resume(state.clone())
-            .rank(rank)
-            .world_size(w2)
-            .resume_batch_size(b2);
+        let builder = Loader::builder(&url).resume(state.clone()).rank(rank).world_size(w2).resume_batch_size(b2);
         let mut loader = build(builder);
         let rest = take(&mut loader, u64::MAX);
-        assert!(
-            loader.next().is_none(),
-            "{label}: rank {rank} ends after its last batch"
-        );
+        assert!(loader.next().is_none(), "{label}: rank {rank} ends after its last batch");
         counts.push(rest.iter().map(|(_, _, i)| i.len()).sum::<usize>());
         for (epoch, seq, indices) in rest {
             new_by_seq.entry(seq).or_default().extend(&indices);
             delivered.push((epoch, indices));
         }
-        new_plan = Some(
-            loader_client::spec::validate(&loader.state().spec().expect("spec")).expect("plan"),
-        );
+        new_plan = Some(loader_client::spec::validate(&loader.state().spec().expect("spec")).expect("plan"));
     }
     let new_plan = new_plan.expect("a new rank");
-    assert!(
-        counts.windows(2).all(|c| c[0] == c[1]),
-        "{label}: every rank gets as many samples: {counts:?}"
-    );
+    assert!(counts.windows(2).all(|c| c[0] == c[1]), "{label}: every rank gets as many samples: {counts:?}");
 
     // Exactly once per epoch: every sample (or, with drop_last, all but a
     // truncated tail), duplicates only DistributedSampler's padding.
     for epoch in 0..2u32 {
-        let mut got: Vec<u64> = delivered
-            .iter()
-            .filter(|(e, _)| *e == epoch)
-            .flat_map(|(_, i)| i.iter().copied())
-            .collect();
+        let mut got: Vec<u64> = delivered.iter().filter(|(e, _)| *e == epoch).flat_map(|(_, i)| i.iter().copied()).collect();
         got.sort_unstable();
         let total = got.len();
         got.dedup();
-        let padding = |p: &loader_proto::sampler::Plan,
-                       ranks: u32,
-                       seqs: &dyn Fn(u32, u64) -> bool|
-         -> usize {
+        let padding = |p: &loader_proto::sampler::Plan, ranks: u32, seqs: &dyn Fn(u32, u64) -> bool| -> usize {
             let mut n = 0;
             for rank in 0..ranks {
                 for seq in p.first_seq()..p.total_batches() {
@@ -196,10 +157,7 @@ fn run(case: &Case, name: &str) {
                     if e != epoch || !seqs(rank, seq) {
                         continue;
                     }
-                    n += p
-                        .batch_positions(e, batch)
-                        .filter(|&pos| p.epoch_position(e, rank, pos).1)
-                        .count();
+                    n += p.batch_positions(e, batch).filter(|&pos| p.epoch_position(e, rank, pos).1).count();
                 }
             }
             n
@@ -209,24 +167,12 @@ fn run(case: &Case, name: &str) {
             seq < mine || (out_of_order && rank == 0 && seq == steps + 1)
         });
         let new_padding = padding(&new_plan, w2, &|_, _| true);
-        assert_eq!(
-            total - got.len(),
-            old_padding + new_padding,
-            "{label}: epoch {epoch}: repeats beyond the padding"
-        );
+        assert_eq!(total - got.len(), old_padding + new_padding, "{label}: epoch {epoch}: repeats beyond the padding");
         if drop_last {
             let slack = (b + 1) * w + (b2 + 1) * w2;
-            assert!(
-                got.len() as u64 + u64::from(slack) >= N,
-                "{label}: epoch {epoch}: only {} of {N}",
-                got.len()
-            );
+            assert!(got.len() as u64 + u64::from(slack) >= N, "{label}: epoch {epoch}: only {} of {N}", got.len());
         } else {
-            assert_eq!(
-                got,
-                (0..N).collect::<Vec<_>>(),
-                "{label}: epoch {epoch} not delivered whole"
-            );
+            assert_eq!(got, (0..N).collect::<Vec<_>>(), "{label}: epoch {epoch} not delivered whole");
         }
     }
 
@@ -236,11 +182,7 @@ fn run(case: &Case, name: &str) {
     if b * w == b2 * w2 && ahead == 0 && !out_of_order {
         // The same global batch size cuts the epochs into as many batches:
         // the resumed ranks' sequence numbers are the old ones.
-        assert_eq!(
-            new_by_seq.keys().next(),
-            Some(&steps),
-            "{label}: resumed at the old step"
-        );
+        assert_eq!(new_by_seq.keys().next(), Some(&steps), "{label}: resumed at the old step");
         for (&seq, new) in &new_by_seq {
             let last_of_epoch = plan.locate(seq).1 + 1 == plan.batches_per_epoch();
             if !drop_last && last_of_epoch {
@@ -262,67 +204,17 @@ fn resumes_on_fewer_and_more_ranks_deliver_every_sample_once() {
     let cases = [
         // 4 -> 2 mid-epoch, global batch kept, on the same coordinator
         // (which replaces the named job by its resumed plan).
-        Case {
-            w: 4,
-            b: 6,
-            w2: 2,
-            b2: 12,
-            drop_last: false,
-            steps: 5,
-            ahead: 0,
-            out_of_order: false,
-            same_coordinator: true,
-        },
+        Case { w: 4, b: 6, w2: 2, b2: 12, drop_last: false, steps: 5, ahead: 0, out_of_order: false, same_coordinator: true },
         // 2 -> 3 exactly at the epoch boundary, drop_last, another global
         // batch size, a fresh coordinator with 3 workers.
-        Case {
-            w: 2,
-            b: 8,
-            w2: 3,
-            b2: 8,
-            drop_last: true,
-            steps: 15,
-            ahead: 0,
-            out_of_order: false,
-            same_coordinator: false,
-        },
+        Case { w: 2, b: 8, w2: 3, b2: 8, drop_last: true, steps: 15, ahead: 0, out_of_order: false, same_coordinator: false },
         // 3 -> 5 mid-way through the second epoch, global batch kept.
-        Case {
-            w: 3,
-            b: 5,
-            w2: 5,
-            b2: 3,
-            drop_last: false,
-            steps: 24,
-            ahead: 0,
-            out_of_order: false,
-            same_coordinator: false,
-        },
+        Case { w: 3, b: 5, w2: 5, b2: 3, drop_last: false, steps: 24, ahead: 0, out_of_order: false, same_coordinator: false },
         // 2 -> 3 with drop_last, mid-epoch, rank 1 two steps ahead and
         // rank 0 with a batch out of order: merged.
-        Case {
-            w: 2,
-            b: 8,
-            w2: 3,
-            b2: 5,
-            drop_last: true,
-            steps: 4,
-            ahead: 2,
-            out_of_order: true,
-            same_coordinator: true,
-        },
+        Case { w: 2, b: 8, w2: 3, b2: 5, drop_last: true, steps: 4, ahead: 2, out_of_order: true, same_coordinator: true },
         // 4 -> 3 without drop_last, the same mix, on a fresh coordinator.
-        Case {
-            w: 4,
-            b: 4,
-            w2: 3,
-            b2: 6,
-            drop_last: false,
-            steps: 7,
-            ahead: 3,
-            out_of_order: true,
-            same_coordinator: false,
-        },
+        Case { w: 4, b: 4, w2: 3, b2: 6, drop_last: false, steps: 7, ahead: 3, out_of_order: true, same_coordinator: false },
     ];
     for (i, case) in cases.iter().enumerate() {
         let name = format!("elastic-{i}");
@@ -344,12 +236,7 @@ fn eight_ranks_resume_on_one_in_embedded_mode() {
             let mut delivered: Vec<(u32, Vec<u64>)> = Vec::new();
             let mut state = None;
             for rank in 0..8 {
-                let mut loader = build(
-                    Loader::builder(&a.url)
-                        .job(spec.clone())
-                        .rank(rank)
-                        .world_size(8),
-                );
+                let mut loader = build(Loader::builder(&a.url).job(spec.clone()).rank(rank).world_size(8));
                 delivered.extend(take(&mut loader, steps).into_iter().map(|(e, _, i)| (e, i)));
                 state.get_or_insert(loader.state());
             }
@@ -362,11 +249,7 @@ fn eight_ranks_resume_on_one_in_embedded_mode() {
                 .build()
                 .expect("embedded resume");
             let rest = take(&mut one, u64::MAX);
-            assert_eq!(
-                rest.first().map(|r| r.1),
-                Some(steps),
-                "the same global batch size keeps the step"
-            );
+            assert_eq!(rest.first().map(|r| r.1), Some(steps), "the same global batch size keeps the step");
             for (_, seq, indices) in &rest {
                 let seq = *seq;
                 if !drop_last && plan.locate(seq).1 + 1 == plan.batches_per_epoch() {
@@ -380,21 +263,13 @@ fn eight_ranks_resume_on_one_in_embedded_mode() {
             }
             delivered.extend(rest.into_iter().map(|(e, _, i)| (e, i)));
             for epoch in 0..2u32 {
-                let mut got: Vec<u64> = delivered
-                    .iter()
-                    .filter(|(e, _)| *e == epoch)
-                    .flat_map(|(_, i)| i.iter().copied())
-                    .collect();
+                let mut got: Vec<u64> = delivered.iter().filter(|(e, _)| *e == epoch).flat_map(|(_, i)| i.iter().copied()).collect();
                 got.sort_unstable();
                 let total = got.len();
                 got.dedup();
                 if drop_last {
                     assert_eq!(total, got.len(), "epoch {epoch}: a sample twice");
-                    assert!(
-                        got.len() as u64 + 16 + 8 * 3 >= N,
-                        "epoch {epoch}: {} of {N}",
-                        got.len()
-                    );
+                    assert!(got.len() as u64 + 16 + 8 * 3 >= N, "epoch {epoch}: {} of {N}", got.len());
                 } else {
                     assert_eq!(got, (0..N).collect::<Vec<_>>(), "epoch {epoch} whole");
                 }

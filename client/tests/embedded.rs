@@ -16,16 +16,8 @@ use loader_client::{Dtype, Loader, spec};
 /// (`cargo test --workspace` builds it).
 fn worker_command() -> Option<Vec<OsString>> {
     let exe = std::env::current_exe().expect("test executable path");
-    let bin = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .expect("target directory")
-        .join("loader-worker");
-    assert!(
-        bin.exists(),
-        "{} is missing: build it with `cargo build -p loader-worker`",
-        bin.display()
-    );
+    let bin = exe.parent().and_then(|d| d.parent()).expect("target directory").join("loader-worker");
+    assert!(bin.exists(), "{} is missing: build it with `cargo build -p loader-worker`", bin.display());
     Some(vec![bin.into()])
 }
 
@@ -178,9 +170,7 @@ fn a_sigkilled_only_worker_is_replaced_and_the_run_completes() {
                 .cost_ns(1_250_000)
                 .build()
                 .expect("spec");
-            let total = loader_proto::spec::plan(&job)
-                .expect("plan")
-                .total_batches();
+            let total = loader_proto::spec::plan(&job).expect("plan").total_batches();
             let server = loader_server::ServerConfig {
                 lease_ttl: Duration::from_millis(1000),
                 heartbeat_interval: Duration::from_millis(300),
@@ -198,18 +188,11 @@ fn a_sigkilled_only_worker_is_replaced_and_the_run_completes() {
                 let batch = batch.unwrap_or_else(|e| panic!("shared_memory={shared_memory}: {e}"));
                 seqs.push(batch.seq());
                 if seqs.len() == 20 {
-                    nix::sys::signal::kill(
-                        nix::unistd::Pid::from_raw(victim as i32),
-                        nix::sys::signal::Signal::SIGKILL,
-                    )
-                    .expect("kill the worker");
+                    nix::sys::signal::kill(nix::unistd::Pid::from_raw(victim as i32), nix::sys::signal::Signal::SIGKILL)
+                        .expect("kill the worker");
                 }
             }
-            assert_eq!(
-                seqs,
-                (0..total).collect::<Vec<_>>(),
-                "shared_memory={shared_memory}"
-            );
+            assert_eq!(seqs, (0..total).collect::<Vec<_>>(), "shared_memory={shared_memory}");
             let now = loader.worker_pids();
             assert_eq!(now.len(), 1, "one worker again");
             assert_ne!(now[0], victim, "a replacement");
@@ -235,26 +218,15 @@ fn a_worker_that_keeps_dying_fails_the_run_in_one_line() {
         // name the same coordinator; other tests' workers name theirs).
         let first = loader.worker_pids()[0];
         let cmdline = std::fs::read(format!("/proc/{first}/cmdline")).expect("cmdline");
-        let args: Vec<String> = cmdline
-            .split(|&b| b == 0)
-            .map(|a| String::from_utf8_lossy(a).into_owned())
-            .collect();
-        let coordinator = args
-            .iter()
-            .skip_while(|a| *a != "--coordinator")
-            .nth(1)
-            .expect("--coordinator")
-            .clone();
+        let args: Vec<String> = cmdline.split(|&b| b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+        let coordinator = args.iter().skip_while(|a| *a != "--coordinator").nth(1).expect("--coordinator").clone();
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let killer = {
             let stop = stop.clone();
             std::thread::spawn(move || {
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     for pid in worker_children(&coordinator) {
-                        let _ = nix::sys::signal::kill(
-                            nix::unistd::Pid::from_raw(pid),
-                            nix::sys::signal::Signal::SIGKILL,
-                        );
+                        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
                     }
                     std::thread::sleep(Duration::from_millis(20));
                 }
@@ -270,10 +242,7 @@ fn a_worker_that_keeps_dying_fails_the_run_in_one_line() {
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         killer.join().expect("killer");
         let error = error.expect("the run fails");
-        assert!(
-            error.contains("worker 1 of 1") && error.contains("keeps dying"),
-            "{error}"
-        );
+        assert!(error.contains("worker 1 of 1") && error.contains("keeps dying"), "{error}");
         assert!(!error.contains('\n'), "one line: {error}");
     });
 }
@@ -281,23 +250,16 @@ fn a_worker_that_keeps_dying_fails_the_run_in_one_line() {
 /// Process ids of this process's children that run a worker of `coordinator`.
 fn worker_children(coordinator: &str) -> Vec<i32> {
     let me = std::process::id().to_string();
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
     entries
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
         .filter(|pid| {
             let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
             // The parent pid is the second field after the parenthesised name.
-            let ppid = stat
-                .rsplit(')')
-                .next()
-                .and_then(|rest| rest.split_whitespace().nth(1));
+            let ppid = stat.rsplit(')').next().and_then(|rest| rest.split_whitespace().nth(1));
             let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
             let cmdline = String::from_utf8_lossy(&cmdline);
-            ppid == Some(me.as_str())
-                && cmdline.contains("loader-worker")
-                && cmdline.contains(coordinator)
+            ppid == Some(me.as_str()) && cmdline.contains("loader-worker") && cmdline.contains(coordinator)
         })
         .collect()
 }
@@ -311,29 +273,17 @@ fn options_set_whole_behave_like_the_setters() {
     /// What a loader shows of its options: where its ring's socket lives,
     /// how many slots the ring has, and the batches it yields.
     fn observe(builder: loader_client::LoaderBuilder) -> (std::path::PathBuf, usize, Vec<u64>) {
-        let mut loader = builder
-            .worker_command(worker_command())
-            .build()
-            .expect("local");
+        let mut loader = builder.worker_command(worker_command()).build().expect("local");
         let socket = loader.ring_socket().expect("a ring").to_path_buf();
         let slots = loader.ring_slots().expect("a ring");
-        let dir = socket
-            .parent()
-            .and_then(|d| d.parent())
-            .expect("socket dir")
-            .to_path_buf();
+        let dir = socket.parent().and_then(|d| d.parent()).expect("socket dir").to_path_buf();
         let mut seqs: Vec<u64> = loader.by_ref().map(|b| b.expect("batch").seq()).collect();
         seqs.sort_unstable();
         (dir, slots.free + slots.granted + slots.held, seqs)
     }
 
     bounded(Duration::from_secs(60), || {
-        let job = || {
-            spec::synthetic(96, &[64], Dtype::U8)
-                .batch_size(8)
-                .build()
-                .expect("spec")
-        };
+        let job = || spec::synthetic(96, &[64], Dtype::U8).batch_size(8).build().expect("spec");
         let dir = tempfile::tempdir().expect("tempdir");
         let by_setters = observe(
             Loader::local_builder(job(), 1)
@@ -346,10 +296,7 @@ fn options_set_whole_behave_like_the_setters() {
         let whole = observe(Loader::local_builder(job(), 1).options(LoaderOptions {
             prefetch: 1,
             in_order: false,
-            ring: Some(RingSize {
-                slots: 3,
-                slot_bytes: 64 << 10,
-            }),
+            ring: Some(RingSize { slots: 3, slot_bytes: 64 << 10 }),
             ring_dir: Some(dir.path().to_path_buf()),
             coordinator_timeout: Duration::from_secs(5),
             ..LoaderOptions::default()

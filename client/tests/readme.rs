@@ -16,10 +16,7 @@ fn block<'a>(text: &'a str, open: &str, close: &str) -> Vec<&'a str> {
         .map(|l| l.len() - l.trim_start().len())
         .min()
         .unwrap_or(0);
-    lines
-        .iter()
-        .map(|l| l.get(indent..).unwrap_or(""))
-        .collect()
+    lines.iter().map(|l| l.get(indent..).unwrap_or("")).collect()
 }
 
 #[test]
@@ -30,8 +27,5 @@ fn the_readme_shows_the_compiled_example() {
     let shown = block(&readme, "```rust", "```");
     let compiled = block(&example, "// README begins", "// README ends");
     assert!(!compiled.is_empty(), "the example lost its README markers");
-    assert_eq!(
-        shown, compiled,
-        "README.md's Rust example differs from client/examples/readme.rs"
-    );
+    assert_eq!(shown, compiled, "README.md's Rust example differs from client/examples/readme.rs");
 }

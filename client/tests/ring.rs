@@ -203,9 +203,7 @@ const LIAR: &str = "http://liar.test:9";
 fn connect_ring(socket: &Path) -> std::io::Result<UnixStream> {
     use std::os::linux::net::SocketAddrExt;
     match socket.as_os_str().as_encoded_bytes().strip_prefix(b"\0") {
-        Some(name) => {
-            UnixStream::connect_addr(&std::os::unix::net::SocketAddr::from_abstract_name(name)?)
-        }
+        Some(name) => UnixStream::connect_addr(&std::os::unix::net::SocketAddr::from_abstract_name(name)?),
         None => UnixStream::connect(socket),
     }
 }

@@ -310,9 +310,7 @@ pub struct ScaleArgs {
 fn parse_wait(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(v) if v.is_finite() && (0.0..=86_400.0).contains(&v) => Ok(v),
-        _ => Err(format!(
-            "{s:?} is not a number of seconds between 0 and 86400"
-        )),
+        _ => Err(format!("{s:?} is not a number of seconds between 0 and 86400")),
     }
 }
 
@@ -350,9 +348,7 @@ fn parse_share(s: &str) -> Result<f64, String> {
     };
     match share {
         Ok(v) if v > 0.0 && v < 1.0 => Ok(v),
-        _ => Err(format!(
-            "{s:?} is not a stall share: give a percentage like 5% or a share like 0.05"
-        )),
+        _ => Err(format!("{s:?} is not a stall share: give a percentage like 5% or a share like 0.05")),
     }
 }
 
@@ -385,26 +381,19 @@ pub struct StatusArgs {
 
 /// Flags of `loaderctl top`.
 #[derive(Debug, Clone, Args)]
-#[command(
-    after_long_help = "Workers: samples/s and batches/s delivered, BUSY = time the producer spent making \
+#[command(after_long_help = "Workers: samples/s and batches/s delivered, BUSY = time the producer spent making \
 batches, QUEUE = batches assigned and not yet delivered. Sessions: STALL = share of the interval the trainer \
 waited for batches, WATERMARK = batches consumed / total. Jobs: batches consumed / total, delivery rate, and \
 the ETA at that rate. Rates are differences between polls of the coordinator's AdminService, taken \
 between the heartbeats the polls saw (`-` until there are two). \
-Quit with q, Ctrl-C or SIGTERM; the terminal is restored and the exit code is 0."
-)]
+Quit with q, Ctrl-C or SIGTERM; the terminal is restored and the exit code is 0.")]
 pub struct TopArgs {
     /// Coordinator URL.
     #[arg(long, env = "LOADER_COORDINATOR", value_name = "URL")]
     pub coordinator: String,
     /// Seconds between polls of the coordinator (and redraws), 0.1 to
     /// 3600; fractions allowed.
-    #[arg(
-        long,
-        value_name = "SECONDS",
-        default_value = "1",
-        allow_negative_numbers = true
-    )]
+    #[arg(long, value_name = "SECONDS", default_value = "1", allow_negative_numbers = true)]
     pub interval: String,
     /// Print one frame (after two polls one interval apart, so rates are
     /// real) as plain text on stdout, and exit.
@@ -460,9 +449,7 @@ pub fn main() -> ExitCode {
         }
         Command::Consume(args) => {
             let _telemetry = loader_process::telemetry::init("loaderctl");
-            secure(&args.security)
-                .and_then(|()| signals::watch())
-                .and_then(|()| consume::run(&args))
+            secure(&args.security).and_then(|()| signals::watch()).and_then(|()| consume::run(&args))
         }
         Command::Status(args) => {
             let _telemetry = loader_process::telemetry::init("loaderctl");
@@ -489,10 +476,7 @@ pub fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if e.downcast_ref::<signals::Stopped>().is_some() => {
-            let stopped = e
-                .downcast_ref::<signals::Stopped>()
-                .copied()
-                .unwrap_or(signals::Stopped(15));
+            let stopped = e.downcast_ref::<signals::Stopped>().copied().unwrap_or(signals::Stopped(15));
             eprintln!("loaderctl: {stopped}; workers stopped");
             ExitCode::from(stopped.exit_code())
         }
@@ -520,6 +504,7 @@ fn worker(args: Vec<OsString>) -> ExitCode {
     // The worker sets up its own tracing and runtime.
     loader_worker::main_with_args(std::iter::once(OsString::from("loader-worker")).chain(args))
 }
+
 
 fn one_line(s: &str) -> String {
     s.lines()

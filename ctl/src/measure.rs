@@ -84,26 +84,17 @@ impl TransportArg {
 }
 
 /// Applies the transport, prefetch and device flags to a loader's builder.
-pub(super) fn configure(
-    builder: LoaderBuilder,
-    args: &MeasureArgs,
-) -> anyhow::Result<LoaderBuilder> {
-    let device: Device = args
-        .device
-        .parse()
-        .map_err(|e| anyhow::anyhow!("--device: {e}"))?;
+pub(super) fn configure(builder: LoaderBuilder, args: &MeasureArgs) -> anyhow::Result<LoaderBuilder> {
+    let device: Device = args.device.parse().map_err(|e| anyhow::anyhow!("--device: {e}"))?;
     let mut builder = builder
         .prefetch(args.prefetch)
         .shared_memory(args.transport.shared_memory())
         .device(device)
         .device_prefetch(args.device_prefetch);
     if let Some(ring) = &args.ring {
-        let parsed = ring.split_once(',').and_then(|(slots, bytes)| {
-            Some((
-                slots.trim().parse::<u32>().ok()?,
-                bytes.trim().parse::<u64>().ok()?,
-            ))
-        });
+        let parsed = ring
+            .split_once(',')
+            .and_then(|(slots, bytes)| Some((slots.trim().parse::<u32>().ok()?, bytes.trim().parse::<u64>().ok()?)));
         let Some((slots, bytes)) = parsed else {
             anyhow::bail!("--ring {ring:?}: expected SLOTS,SLOT_BYTES (e.g. 8,41943040)");
         };
@@ -167,9 +158,7 @@ pub(super) fn consume_and_report(
         // returning drops the loader, which stops what it started.
         signals::check()?;
         let asked = Instant::now();
-        let Some(batch) = loader.next_interruptible(SIGNAL_TICK, signals::check)? else {
-            break;
-        };
+        let Some(batch) = loader.next_interruptible(SIGNAL_TICK, signals::check)? else { break };
         let batch = batch?;
         if first_batch.is_some() {
             waits.push(asked.elapsed());
@@ -212,9 +201,7 @@ pub(super) fn consume_and_report(
     let (cpu, coordinator) = match cpu_from_first {
         Some((process, coordinator)) => (
             cpu::process()?.saturating_sub(process),
-            coordinator
-                .zip(coordinator_cpu())
-                .map(|(from, to)| to.saturating_sub(from)),
+            coordinator.zip(coordinator_cpu()).map(|(from, to)| to.saturating_sub(from)),
         ),
         None => (Duration::ZERO, Some(Duration::ZERO)),
     };
@@ -257,11 +244,7 @@ pub(super) fn consume_and_report(
             .filter(|_| report.workers.is_some())
             .map(|t| format!(" ({t:.0} us without the embedded coordinator)"))
             .unwrap_or_default();
-        let on = if device.is_staged() {
-            format!(", landing on {device}")
-        } else {
-            String::new()
-        };
+        let on = if device.is_staged() { format!(", landing on {device}") } else { String::new() };
         println!(
             "{} samples in {} batches ({:.1} MB){from} in {:.2} s over {} ({} through shared memory{on})\n\
              {:.0} samples/s, {:.1} MB/s, first batch after {:.1} ms, {:.0} us of CPU per batch{trainer}",
@@ -329,9 +312,7 @@ impl Dump {
 
 /// FNV-1a, 64 bits: enough to tell two byte strings apart in a check.
 fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
 }
 
 /// CPU time the embedded coordinator's threads used so far; zero without
@@ -413,12 +394,9 @@ pub(super) fn job_spec(
         }
         "imagefolder" | "image_folder" => {
             let Some(root) = &args.path else {
-                anyhow::bail!(
-                    "--dataset imagefolder needs --path DIR (a folder of class folders of .jpg/.png images)"
-                );
+                anyhow::bail!("--dataset imagefolder needs --path DIR (a folder of class folders of .jpg/.png images)");
             };
-            let builder = spec::image_folder(root)
-                .transforms(spec::transforms::standard_train(STANDARD_IMAGE_SIZE));
+            let builder = spec::image_folder(root).transforms(spec::transforms::standard_train(STANDARD_IMAGE_SIZE));
             (builder, None)
         }
         other => anyhow::bail!(
@@ -466,9 +444,7 @@ pub(super) fn unlink_token_file(
     let Some(named) = file else {
         return Ok((spec, None));
     };
-    let open = named
-        .reopen()
-        .context("cannot reopen the temporary token file")?;
+    let open = named.reopen().context("cannot reopen the temporary token file")?;
     // Unlinks the name; `open` keeps the contents.
     drop(named);
     let path = format!("/proc/{}/fd/{}", std::process::id(), open.as_raw_fd());

@@ -23,5 +23,11 @@ pub(crate) fn run(args: &RunArgs) -> anyhow::Result<()> {
     let loader = configure(Loader::local_builder(spec, workers), &args.measure)?
         .worker_command(Some(vec![exe.into_os_string(), OsString::from("__worker")]))
         .build()?;
-    consume_and_report(loader, &args.measure, &dataset, Some(args.workers), None)
+    consume_and_report(
+        loader,
+        &args.measure,
+        &dataset,
+        Some(args.workers),
+        None,
+    )
 }

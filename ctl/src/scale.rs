@@ -6,13 +6,11 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use loader_proto::pb::{
-    AutoscaleRequest, ListWorkersRequest, ScaleWorkersRequest, ScaleWorkersResponse,
-};
+use loader_proto::pb::{AutoscaleRequest, ListWorkersRequest, ScaleWorkersRequest, ScaleWorkersResponse};
 use tonic::Code;
 
-use super::status::{admin, runtime};
 use super::{AutoscaleArgs, ScaleArgs};
+use super::status::{admin, runtime};
 use loader_client::LoaderError;
 use loader_client::connect::{self, attempt};
 
@@ -86,11 +84,9 @@ pub(crate) fn autoscale(args: &AutoscaleArgs) -> anyhow::Result<()> {
     runtime()?.block_on(async {
         let mut admin = admin(&address).await?;
         match attempt(&address, "Autoscale", admin.autoscale(request)).await {
-            Err(LoaderError::Rpc {
-                code: Code::FailedPrecondition | Code::InvalidArgument,
-                message,
-                ..
-            }) => Err(anyhow::anyhow!("coordinator {address}: {message}")),
+            Err(LoaderError::Rpc { code: Code::FailedPrecondition | Code::InvalidArgument, message, .. }) => {
+                Err(anyhow::anyhow!("coordinator {address}: {message}"))
+            }
             other => other.map(drop).map_err(anyhow::Error::from),
         }
     })?;
@@ -131,29 +127,11 @@ mod tests {
 
     #[test]
     fn the_line_says_what_the_pool_does() {
-        let up = ScaleWorkersResponse {
-            previous: 1,
-            workers: 3,
-            started: 2,
-            draining: vec![],
-        };
+        let up = ScaleWorkersResponse { previous: 1, workers: 3, started: 2, draining: vec![] };
         assert_eq!(describe(&up), "workers 1 -> 3: started 2");
-        let down = ScaleWorkersResponse {
-            previous: 3,
-            workers: 1,
-            started: 0,
-            draining: vec![4, 7],
-        };
-        assert_eq!(
-            describe(&down),
-            "workers 3 -> 1: draining workers 4, 7 (they finish what they hold, then exit)"
-        );
-        let same = ScaleWorkersResponse {
-            previous: 2,
-            workers: 2,
-            started: 0,
-            draining: vec![],
-        };
+        let down = ScaleWorkersResponse { previous: 3, workers: 1, started: 0, draining: vec![4, 7] };
+        assert_eq!(describe(&down), "workers 3 -> 1: draining workers 4, 7 (they finish what they hold, then exit)");
+        let same = ScaleWorkersResponse { previous: 2, workers: 2, started: 0, draining: vec![] };
         assert_eq!(describe(&same), "workers 2 -> 2");
     }
 }

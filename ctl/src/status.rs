@@ -3,7 +3,6 @@
 //! that `loaderctl top` shares; and `loaderctl drain`, which tells a worker
 //! to drain.
 
-use loader_process::grpc::Channel;
 use loader_proto::pb::admin_service_client::AdminServiceClient;
 use loader_proto::pb::dataset_spec::Kind;
 use loader_proto::pb::{
@@ -12,6 +11,7 @@ use loader_proto::pb::{
 };
 use serde_json::json;
 use tonic::Code;
+use loader_process::grpc::Channel;
 
 use super::table::render;
 use super::{DrainArgs, StatusArgs};
@@ -84,10 +84,7 @@ pub(crate) async fn admin(address: &str) -> Result<AdminServiceClient<Channel>, 
 }
 
 /// Lists workers, sessions and jobs, one bounded call each.
-pub(crate) async fn poll(
-    admin: &mut AdminServiceClient<Channel>,
-    address: &str,
-) -> Result<Status, LoaderError> {
+pub(crate) async fn poll(admin: &mut AdminServiceClient<Channel>, address: &str) -> Result<Status, LoaderError> {
     let workers = attempt(
         address,
         "ListWorkers",
@@ -237,10 +234,7 @@ fn render_status(status: &Status) -> String {
                     // Distinct batches delivered, and those delivered once
                     // more, apart: a re-sent copy is dropped by the trainer.
                     let distinct = c.delivered.saturating_sub(c.resent);
-                    format!(
-                        "{}:{}/{}/{}/{}",
-                        c.consumer, distinct, c.resent, c.consumed, c.total
-                    )
+                    format!("{}:{}/{}/{}/{}", c.consumer, distinct, c.resent, c.consumed, c.total)
                 })
                 .collect::<Vec<_>>()
                 .join(" ");
@@ -325,9 +319,7 @@ fn dataset(kind: &Option<Kind>) -> String {
             t.context_length,
             dtype(t.dtype)
         ),
-        Some(Kind::ImageFolder(f)) => {
-            format!("image_folder {} ({} samples)", f.path, f.num_samples)
-        }
+        Some(Kind::ImageFolder(f)) => format!("image_folder {} ({} samples)", f.path, f.num_samples),
         Some(Kind::Webdataset(w)) => format!("webdataset {} shards", w.shards.len()),
         Some(Kind::Npy(n)) => {
             let names: Vec<&str> = n.arrays.iter().map(|a| a.name.as_str()).collect();
@@ -339,19 +331,9 @@ fn dataset(kind: &Option<Kind>) -> String {
             let parts: Vec<String> = m
                 .sources
                 .iter()
-                .map(|s| {
-                    format!(
-                        "{} {:.0}%",
-                        s.name,
-                        100.0 * s.weight / total.max(f64::MIN_POSITIVE)
-                    )
-                })
+                .map(|s| format!("{} {:.0}%", s.name, 100.0 * s.weight / total.max(f64::MIN_POSITIVE)))
                 .collect();
-            format!(
-                "mix {} ({} per epoch)",
-                parts.join(", "),
-                m.samples_per_epoch
-            )
+            format!("mix {} ({} per epoch)", parts.join(", "), m.samples_per_epoch)
         }
         None => "-".into(),
     }
@@ -366,36 +348,16 @@ mod tests {
     /// One worker, one session and one job of the test below.
     fn sample() -> Status {
         let mut status = Status::default();
-        status.workers.push(WorkerInfo {
-            worker_id: 7,
-            address: "http://w:1".into(),
-            busy: 0.25,
-            ..Default::default()
-        });
-        status.sessions.push(SessionInfo {
-            session_id: 9,
-            job_id: 3,
-            stall_ms: 1500,
-            ..Default::default()
-        });
+        status.workers.push(WorkerInfo { worker_id: 7, address: "http://w:1".into(), busy: 0.25, ..Default::default() });
+        status.sessions.push(SessionInfo { session_id: 9, job_id: 3, stall_ms: 1500, ..Default::default() });
         status.jobs.push(JobInfo {
             job: Some(Job {
                 job_id: 3,
-                spec: Some(JobSpec {
-                    name: "demo".into(),
-                    batch_size: 8,
-                    ..Default::default()
-                }),
+                spec: Some(JobSpec { name: "demo".into(), batch_size: 8, ..Default::default() }),
                 num_samples: 100,
                 batches_per_epoch: 13,
             }),
-            consumers: vec![ConsumerProgress {
-                consumer: 0,
-                delivered: 5,
-                consumed: 4,
-                total: 13,
-                ..Default::default()
-            }],
+            consumers: vec![ConsumerProgress { consumer: 0, delivered: 5, consumed: 4, total: 13, ..Default::default() }],
             error: String::new(),
         });
         status
@@ -413,58 +375,26 @@ mod tests {
         assert_eq!(
             keys(&v["workers"][0]),
             [
-                "address",
-                "busy",
-                "delivered",
-                "delivered_samples",
-                "draining",
-                "last_seen_ms",
-                "node",
-                "outstanding",
-                "pid",
-                "worker_id"
+                "address", "busy", "delivered", "delivered_samples", "draining", "last_seen_ms", "node",
+                "outstanding", "pid", "worker_id"
             ]
         );
         assert_eq!(v["workers"][0]["worker_id"], 7);
         assert_eq!(v["workers"][0]["busy"], 0.25);
         assert_eq!(
             keys(&v["sessions"][0]),
-            [
-                "consumer",
-                "job_id",
-                "last_seen_ms",
-                "node",
-                "ring",
-                "session_id",
-                "stall_ms"
-            ]
+            ["consumer", "job_id", "last_seen_ms", "node", "ring", "session_id", "stall_ms"]
         );
         assert_eq!(v["sessions"][0]["stall_ms"], 1500);
         assert_eq!(
             keys(&v["jobs"][0]),
-            [
-                "batch_size",
-                "batches_per_epoch",
-                "consumers",
-                "dataset",
-                "error",
-                "job_id",
-                "name",
-                "num_samples"
-            ]
+            ["batch_size", "batches_per_epoch", "consumers", "dataset", "error", "job_id", "name", "num_samples"]
         );
         assert_eq!(v["jobs"][0]["name"], "demo");
         assert_eq!(v["jobs"][0]["error"], serde_json::Value::Null);
         assert_eq!(
             keys(&v["jobs"][0]["consumers"][0]),
-            [
-                "assigned",
-                "consumed",
-                "consumer",
-                "delivered",
-                "resent",
-                "total"
-            ]
+            ["assigned", "consumed", "consumer", "delivered", "resent", "total"]
         );
         assert_eq!(v["jobs"][0]["consumers"][0]["consumed"], 4);
     }

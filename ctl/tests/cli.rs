@@ -26,10 +26,7 @@ struct Coordinator {
 /// A real coordinator (`loader-server`) and `workers` registered
 /// `loader-worker` processes for `body`; everything is killed when it
 /// returns, and the whole of it is bounded in time.
-fn with_cluster<T: Send + 'static>(
-    workers: usize,
-    body: impl FnOnce(&mut Cluster) -> T + Send + 'static,
-) -> T {
+fn with_cluster<T: Send + 'static>(workers: usize, body: impl FnOnce(&mut Cluster) -> T + Send + 'static) -> T {
     loader_e2e::run(Duration::from_secs(240), move |scope| {
         let mut cluster = Cluster::start(&scope, workers);
         cluster.wait_for_workers(workers);
@@ -190,31 +187,31 @@ fn run_json_reports_its_transport_and_client_cpu() {
 #[test]
 fn consume_measures_a_job_of_an_external_coordinator() {
     with_cluster(2, |cluster| {
-        let coordinator = Coordinator { url: cluster.url() };
-        for transport in ["shm", "grpc"] {
-            let run = loaderctl(
-                &[
-                    "consume",
-                    "--coordinator",
-                    &coordinator.url,
-                    "--job-name",
-                    &format!("consume-{transport}"),
-                    "--json",
-                    "--transport",
-                    transport,
-                    "--samples",
-                    "512",
-                    "--shape",
-                    "16",
-                ],
-                Duration::from_secs(60),
-            );
-            let v = json(&run);
-            assert_eq!(v["samples"], 512, "{v}");
-            assert_eq!(v["transport"], transport, "{v}");
-            assert!(v.get("workers").is_none(), "consume starts no workers: {v}");
-            assert!(v["client_cpu_us_per_batch"].as_f64().is_some(), "{v}");
-        }
+    let coordinator = Coordinator { url: cluster.url() };
+    for transport in ["shm", "grpc"] {
+        let run = loaderctl(
+            &[
+                "consume",
+                "--coordinator",
+                &coordinator.url,
+                "--job-name",
+                &format!("consume-{transport}"),
+                "--json",
+                "--transport",
+                transport,
+                "--samples",
+                "512",
+                "--shape",
+                "16",
+            ],
+            Duration::from_secs(60),
+        );
+        let v = json(&run);
+        assert_eq!(v["samples"], 512, "{v}");
+        assert_eq!(v["transport"], transport, "{v}");
+        assert!(v.get("workers").is_none(), "consume starts no workers: {v}");
+        assert!(v["client_cpu_us_per_batch"].as_f64().is_some(), "{v}");
+    }
     });
 }
 
@@ -289,18 +286,18 @@ fn status_of_an_unreachable_coordinator_fails_fast() {
 #[test]
 fn drain_of_an_unknown_worker_is_a_one_line_error() {
     with_cluster(0, |cluster| {
-        let coordinator = Coordinator { url: cluster.url() };
-        let run = loaderctl(
-            &[
-                "drain",
-                "--coordinator",
-                &coordinator.url,
-                "--worker",
-                "999",
-            ],
-            Duration::from_secs(20),
-        );
-        assert_one_line_error(&run, "has no worker with id 999");
+    let coordinator = Coordinator { url: cluster.url() };
+    let run = loaderctl(
+        &[
+            "drain",
+            "--coordinator",
+            &coordinator.url,
+            "--worker",
+            "999",
+        ],
+        Duration::from_secs(20),
+    );
+    assert_one_line_error(&run, "has no worker with id 999");
     });
 }
 
@@ -323,32 +320,32 @@ fn listed_workers(url: &str) -> Vec<(String, String)> {
 #[test]
 fn drain_tells_a_worker_to_finish_and_exit() {
     with_cluster(1, |cluster| {
-        let coordinator = Coordinator { url: cluster.url() };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let id = loop {
-            if let Some((id, draining)) = listed_workers(&coordinator.url).pop() {
-                assert_eq!(draining, "no");
-                break id;
-            }
-            assert!(Instant::now() < deadline, "the worker never registered");
-            std::thread::sleep(Duration::from_millis(50));
-        };
-        let run = loaderctl(
-            &["drain", "--coordinator", &coordinator.url, "--worker", &id],
-            Duration::from_secs(20),
-        );
-        assert_eq!(run.code, Some(0), "{}", run.stderr);
-        assert_eq!(run.stdout.lines().count(), 1, "{}", run.stdout);
-        assert!(
-            run.stdout.starts_with(&format!("worker {id} is draining")),
-            "{}",
-            run.stdout
-        );
-        // With nothing to finish, it deregisters and exits cleanly.
-        let status = cluster.workers[0]
-            .wait_exit(deadline.saturating_duration_since(Instant::now()))
-            .expect("the drained worker did not exit");
-        assert!(status.success(), "{status}");
+    let coordinator = Coordinator { url: cluster.url() };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let id = loop {
+        if let Some((id, draining)) = listed_workers(&coordinator.url).pop() {
+            assert_eq!(draining, "no");
+            break id;
+        }
+        assert!(Instant::now() < deadline, "the worker never registered");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let run = loaderctl(
+        &["drain", "--coordinator", &coordinator.url, "--worker", &id],
+        Duration::from_secs(20),
+    );
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert_eq!(run.stdout.lines().count(), 1, "{}", run.stdout);
+    assert!(
+        run.stdout.starts_with(&format!("worker {id} is draining")),
+        "{}",
+        run.stdout
+    );
+    // With nothing to finish, it deregisters and exits cleanly.
+    let status = cluster.workers[0]
+        .wait_exit(deadline.saturating_duration_since(Instant::now()))
+        .expect("the drained worker did not exit");
+    assert!(status.success(), "{status}");
     });
 }
 
@@ -364,104 +361,100 @@ fn dump_lines(path: &std::path::Path) -> Vec<String> {
 #[test]
 fn consume_saves_its_state_and_resumes_exactly_after_it() {
     with_cluster(2, |cluster| {
-        let coordinator = Coordinator { url: cluster.url() };
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = |name: &str| dir.path().join(name).to_string_lossy().into_owned();
-        let (state, whole, rest) = (path("state.json"), path("whole.txt"), path("rest.txt"));
-        let limit = Duration::from_secs(60);
-        let first = loaderctl(
-            &[
-                "consume",
-                "--coordinator",
-                &coordinator.url,
-                "--job-name",
-                "cli-resume",
-                "--samples",
-                "300",
-                "--shape",
-                "4",
-                "--batch-size",
-                "8",
-                "--epochs",
-                "2",
-                "--transport",
-                "grpc",
-                "--json",
-                "--save-state-after",
-                "7",
-                "--state-file",
-                &state,
-                "--dump",
-                &whole,
-            ],
-            limit,
-        );
-        let v = json(&first);
-        let whole = dump_lines(std::path::Path::new(&whole));
-        assert_eq!(v["batches"], whole.len(), "{v}");
-        for (seq, line) in whole.iter().enumerate() {
-            let fields: Vec<&str> = line.split(' ').collect();
-            assert_eq!(fields.len(), 3, "{line}");
-            assert_eq!(fields[0], seq.to_string(), "in order: {line}");
-            assert!((1..=8).contains(&fields[2].split(',').count()), "{line}");
-        }
-        let saved: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&state).expect("state file"))
-                .expect("json");
-        assert_eq!(saved["format"], 1, "{saved}");
-        assert_eq!(saved["next_seq"], 7, "{saved}");
+    let coordinator = Coordinator { url: cluster.url() };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = |name: &str| dir.path().join(name).to_string_lossy().into_owned();
+    let (state, whole, rest) = (path("state.json"), path("whole.txt"), path("rest.txt"));
+    let limit = Duration::from_secs(60);
+    let first = loaderctl(
+        &[
+            "consume",
+            "--coordinator",
+            &coordinator.url,
+            "--job-name",
+            "cli-resume",
+            "--samples",
+            "300",
+            "--shape",
+            "4",
+            "--batch-size",
+            "8",
+            "--epochs",
+            "2",
+            "--transport",
+            "grpc",
+            "--json",
+            "--save-state-after",
+            "7",
+            "--state-file",
+            &state,
+            "--dump",
+            &whole,
+        ],
+        limit,
+    );
+    let v = json(&first);
+    let whole = dump_lines(std::path::Path::new(&whole));
+    assert_eq!(v["batches"], whole.len(), "{v}");
+    for (seq, line) in whole.iter().enumerate() {
+        let fields: Vec<&str> = line.split(' ').collect();
+        assert_eq!(fields.len(), 3, "{line}");
+        assert_eq!(fields[0], seq.to_string(), "in order: {line}");
+        assert!((1..=8).contains(&fields[2].split(',').count()), "{line}");
+    }
+    let saved: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&state).expect("state file")).expect("json");
+    assert_eq!(saved["format"], 1, "{saved}");
+    assert_eq!(saved["next_seq"], 7, "{saved}");
 
-        let second = loaderctl(
-            &[
-                "consume",
-                "--coordinator",
-                &coordinator.url,
-                "--resume",
-                &state,
-                "--json",
-                "--dump",
-                &rest,
-            ],
-            limit,
-        );
-        let v = json(&second);
-        assert_eq!(v["batches"], whole.len() - 7, "{v}");
-        assert_eq!(dump_lines(std::path::Path::new(&rest)), whole[7..]);
+    let second = loaderctl(
+        &[
+            "consume",
+            "--coordinator",
+            &coordinator.url,
+            "--resume",
+            &state,
+            "--json",
+            "--dump",
+            &rest,
+        ],
+        limit,
+    );
+    let v = json(&second);
+    assert_eq!(v["batches"], whole.len() - 7, "{v}");
+    assert_eq!(dump_lines(std::path::Path::new(&rest)), whole[7..]);
 
-        std::fs::write(&state, "{\"format\": 1, \"spec\": \"zz\"").expect("corrupt it");
-        let run = loaderctl(
-            &[
-                "consume",
-                "--coordinator",
-                &coordinator.url,
-                "--resume",
-                &state,
-            ],
-            Duration::from_secs(20),
-        );
-        assert_one_line_error(&run, "invalid loader state in ");
-        std::fs::write(&state, "{\"format\": 9}").expect("from the future");
-        let run = loaderctl(
-            &[
-                "consume",
-                "--coordinator",
-                &coordinator.url,
-                "--resume",
-                &state,
-            ],
-            Duration::from_secs(20),
-        );
-        assert_one_line_error(&run, "format 9 is not supported");
+    std::fs::write(&state, "{\"format\": 1, \"spec\": \"zz\"").expect("corrupt it");
+    let run = loaderctl(
+        &[
+            "consume",
+            "--coordinator",
+            &coordinator.url,
+            "--resume",
+            &state,
+        ],
+        Duration::from_secs(20),
+    );
+    assert_one_line_error(&run, "invalid loader state in ");
+    std::fs::write(&state, "{\"format\": 9}").expect("from the future");
+    let run = loaderctl(
+        &[
+            "consume",
+            "--coordinator",
+            &coordinator.url,
+            "--resume",
+            &state,
+        ],
+        Duration::from_secs(20),
+    );
+    assert_one_line_error(&run, "format 9 is not supported");
     });
 }
 
 /// A coordinator with two workers and a `loaderctl consume` child reading
 /// job `name` over gRPC (far longer than any test: it is killed, with the
 /// rest, when `body` returns), once the trainer has consumed something.
-fn with_consumer<T: Send + 'static>(
-    name: &'static str,
-    body: impl FnOnce(&Cluster) -> T + Send + 'static,
-) -> T {
+fn with_consumer<T: Send + 'static>(name: &'static str, body: impl FnOnce(&Cluster) -> T + Send + 'static) -> T {
     loader_e2e::run(Duration::from_secs(240), move |scope| {
         let cluster = Cluster::start(&scope, 2);
         cluster.wait_for_workers(2);
@@ -469,50 +462,25 @@ fn with_consumer<T: Send + 'static>(
         let _trainer = loader_e2e::loaderctl(
             &scope,
             &[
-                "consume",
-                "--coordinator",
-                &url,
-                "--job-name",
-                name,
-                "--json",
-                "--samples",
-                "100000000",
-                "--shape",
-                "1",
-                "--batch-size",
-                "4",
-                "--transport",
-                "grpc",
+                "consume", "--coordinator", &url, "--job-name", name, "--json", "--samples", "100000000",
+                "--shape", "1", "--batch-size", "4", "--transport", "grpc",
             ],
         );
-        cluster
-            .admin()
-            .wait_for("the trainer consuming", Duration::from_secs(60), |admin| {
-                let consumed: u64 = admin
-                    .jobs()?
-                    .iter()
-                    .filter(|j| {
-                        j.job
-                            .as_ref()
-                            .and_then(|j| j.spec.as_ref())
-                            .is_some_and(|s| s.name == name)
-                    })
-                    .flat_map(|j| j.consumers.iter().map(|c| c.consumed))
-                    .sum();
-                Ok((consumed > 0 && !admin.sessions()?.is_empty()).then_some(()))
-            });
+        cluster.admin().wait_for("the trainer consuming", Duration::from_secs(60), |admin| {
+            let consumed: u64 = admin
+                .jobs()?
+                .iter()
+                .filter(|j| j.job.as_ref().and_then(|j| j.spec.as_ref()).is_some_and(|s| s.name == name))
+                .flat_map(|j| j.consumers.iter().map(|c| c.consumed))
+                .sum();
+            Ok((consumed > 0 && !admin.sessions()?.is_empty()).then_some(()))
+        });
         body(&cluster)
     })
 }
 
 fn worker_ids(cluster: &Cluster) -> Vec<u64> {
-    let mut ids: Vec<u64> = cluster
-        .admin()
-        .workers()
-        .expect("ListWorkers")
-        .iter()
-        .map(|w| w.worker_id)
-        .collect();
+    let mut ids: Vec<u64> = cluster.admin().workers().expect("ListWorkers").iter().map(|w| w.worker_id).collect();
     ids.sort_unstable();
     ids
 }
@@ -521,42 +489,22 @@ fn worker_ids(cluster: &Cluster) -> Vec<u64> {
 fn status_json_lists_workers_sessions_and_jobs() {
     with_consumer("status-json", |cluster| {
         let ids = worker_ids(cluster);
-        let v = json(&loaderctl(
-            &["status", "--json", "--coordinator", &cluster.url()],
-            Duration::from_secs(20),
-        ));
+        let v = json(&loaderctl(&["status", "--json", "--coordinator", &cluster.url()], Duration::from_secs(20)));
         let workers = v["workers"].as_array().expect("workers");
-        let mut listed: Vec<u64> = workers
-            .iter()
-            .map(|w| w["worker_id"].as_u64().expect("worker_id"))
-            .collect();
+        let mut listed: Vec<u64> = workers.iter().map(|w| w["worker_id"].as_u64().expect("worker_id")).collect();
         listed.sort_unstable();
         assert_eq!(listed, ids, "{v}");
         for w in workers {
-            assert!(
-                w["address"]
-                    .as_str()
-                    .is_some_and(|a| a.starts_with("http://")),
-                "{w}"
-            );
-            assert!(
-                w["busy"].as_f64().is_some_and(|b| (0.0..=1.0).contains(&b)),
-                "{w}"
-            );
+            assert!(w["address"].as_str().is_some_and(|a| a.starts_with("http://")), "{w}");
+            assert!(w["busy"].as_f64().is_some_and(|b| (0.0..=1.0).contains(&b)), "{w}");
             assert_eq!(w["draining"], false, "{w}");
-            assert!(
-                w["pid"].as_u64().is_some_and(|p| p > 0),
-                "workers report their pid: {w}"
-            );
+            assert!(w["pid"].as_u64().is_some_and(|p| p > 0), "workers report their pid: {w}");
             // Every batch of this job holds 4 samples.
             let delivered = w["delivered"].as_u64().expect("delivered");
             assert_eq!(w["delivered_samples"].as_u64(), Some(4 * delivered), "{w}");
         }
         let jobs = v["jobs"].as_array().expect("jobs");
-        let job = jobs
-            .iter()
-            .find(|j| j["name"] == "status-json")
-            .unwrap_or_else(|| panic!("job not listed: {v}"));
+        let job = jobs.iter().find(|j| j["name"] == "status-json").unwrap_or_else(|| panic!("job not listed: {v}"));
         assert_eq!(job["batch_size"], 4, "{job}");
         assert_eq!(job["num_samples"], 100_000_000, "{job}");
         assert_eq!(job["error"], serde_json::Value::Null, "{job}");
@@ -564,10 +512,7 @@ fn status_json_lists_workers_sessions_and_jobs() {
         assert_eq!(rank0["total"], 25_000_000, "{job}");
         assert!(rank0["consumed"].as_u64().is_some_and(|c| c > 0), "{job}");
         let sessions = v["sessions"].as_array().expect("sessions");
-        let session = sessions
-            .iter()
-            .find(|s| s["job_id"] == job["job_id"])
-            .unwrap_or_else(|| panic!("no session: {v}"));
+        let session = sessions.iter().find(|s| s["job_id"] == job["job_id"]).unwrap_or_else(|| panic!("no session: {v}"));
         assert_eq!(session["consumer"], 0, "{session}");
         assert_eq!(session["ring"], false, "{session}");
         assert!(session["stall_ms"].as_u64().is_some(), "{session}");
@@ -579,12 +524,7 @@ fn section_rows(out: &str, section: &str) -> Vec<Vec<String>> {
     out.lines()
         .skip_while(|l| !l.starts_with(section))
         .skip(2)
-        .take_while(|l| {
-            !l.is_empty()
-                && !["WORKERS", "SESSIONS", "JOBS"]
-                    .iter()
-                    .any(|s| l.starts_with(s))
-        })
+        .take_while(|l| !l.is_empty() && !["WORKERS", "SESSIONS", "JOBS"].iter().any(|s| l.starts_with(s)))
         .map(|l| l.split_whitespace().map(str::to_owned).collect())
         .collect()
 }
@@ -596,14 +536,7 @@ fn top_once_renders_workers_sessions_and_job_progress() {
         // Longer than a session's heartbeat interval (TTL / 3, 1.7 s), so
         // that every worker and session reports between the two polls.
         let run = loaderctl(
-            &[
-                "top",
-                "--once",
-                "--interval",
-                "3",
-                "--coordinator",
-                &cluster.url(),
-            ],
+            &["top", "--once", "--interval", "3", "--coordinator", &cluster.url()],
             Duration::from_secs(20),
         );
         assert_eq!(run.code, Some(0), "{}", run.stderr);
@@ -613,29 +546,20 @@ fn top_once_renders_workers_sessions_and_job_progress() {
 
         // ID ADDRESS SAMPLES/S BATCHES/S BUSY QUEUE DRAINING
         let workers = section_rows(out, "WORKERS");
-        let mut listed: Vec<u64> = workers
-            .iter()
-            .map(|r| r[0].parse().expect("worker id"))
-            .collect();
+        let mut listed: Vec<u64> = workers.iter().map(|r| r[0].parse().expect("worker id")).collect();
         listed.sort_unstable();
         assert_eq!(listed, ids, "{out}");
         for row in &workers {
             assert_eq!(row.len(), 7, "{out}");
             // Both polls listed every worker: real rates, not `-`.
-            assert!(
-                row[2].parse::<f64>().is_ok() && row[3].parse::<f64>().is_ok(),
-                "{out}"
-            );
+            assert!(row[2].parse::<f64>().is_ok() && row[3].parse::<f64>().is_ok(), "{out}");
             assert!(row[4].ends_with('%'), "{out}");
             assert_eq!(row[6], "no", "{out}");
         }
 
         // ID NAME PROGRESS(2 cells) BATCHES/S SAMPLES/S ETA
         let jobs = section_rows(out, "JOBS");
-        let job = jobs
-            .iter()
-            .find(|r| r[1] == "top-once")
-            .unwrap_or_else(|| panic!("no progress line: {out}"));
+        let job = jobs.iter().find(|r| r[1] == "top-once").unwrap_or_else(|| panic!("no progress line: {out}"));
         let (consumed, total) = job[2].split_once('/').expect("consumed/total");
         assert!(consumed.parse::<u64>().is_ok_and(|c| c > 0), "{out}");
         assert_eq!(total, "25000000", "{out}");
@@ -645,10 +569,7 @@ fn top_once_renders_workers_sessions_and_job_progress() {
 
         // ID JOB RANK NODE STALL WATERMARK
         let sessions = section_rows(out, "SESSIONS");
-        let session = sessions
-            .iter()
-            .find(|r| r[1] == job[0])
-            .unwrap_or_else(|| panic!("no session of the job: {out}"));
+        let session = sessions.iter().find(|r| r[1] == job[0]).unwrap_or_else(|| panic!("no session of the job: {out}"));
         assert_eq!(session[2], "0", "{out}");
         assert!(session[4].ends_with('%'), "{out}");
         assert!(session[5].ends_with("/25000000"), "{out}");
@@ -660,27 +581,14 @@ fn top_and_status_json_errors_are_one_line() {
     let limit = Duration::from_secs(20);
     let down = "http://127.0.0.1:1";
     for interval in ["0", "soon", "-1"] {
-        let run = loaderctl(
-            &[
-                "top",
-                "--once",
-                "--interval",
-                interval,
-                "--coordinator",
-                down,
-            ],
-            limit,
-        );
+        let run = loaderctl(&["top", "--once", "--interval", interval, "--coordinator", down], limit);
         assert_one_line_error(&run, &format!("--interval {interval:?}"));
     }
     assert_one_line_error(
         &loaderctl(&["top", "--once", "--coordinator", down], limit),
         "cannot reach coordinator http://127.0.0.1:1: ",
     );
-    assert_one_line_error(
-        &loaderctl(&["top", "--once", "--coordinator", "ftp://x:1"], limit),
-        "ftp://x:1",
-    );
+    assert_one_line_error(&loaderctl(&["top", "--once", "--coordinator", "ftp://x:1"], limit), "ftp://x:1");
     assert_one_line_error(
         &loaderctl(&["status", "--json", "--coordinator", down], limit),
         "cannot reach coordinator http://127.0.0.1:1: ",
@@ -689,20 +597,7 @@ fn top_and_status_json_errors_are_one_line() {
 
 /// `run --json` of a small synthetic job with `extra` flags.
 fn run_small(extra: &[&str]) -> Run {
-    let mut args = vec![
-        "run",
-        "--json",
-        "--workers",
-        "2",
-        "--samples",
-        "256",
-        "--shape",
-        "3,8,8",
-        "--batch-size",
-        "16",
-        "--epochs",
-        "2",
-    ];
+    let mut args = vec!["run", "--json", "--workers", "2", "--samples", "256", "--shape", "3,8,8", "--batch-size", "16", "--epochs", "2"];
     args.extend_from_slice(extra);
     loaderctl(&args, Duration::from_secs(90))
 }
@@ -722,33 +617,15 @@ fn run_device_cuda_without_a_usable_gpu_is_one_line_and_auto_runs_on_the_host() 
     let report = json(&auto);
     assert_eq!(report["batches"], 32, "{report}");
     if report["device"] == "cpu" {
-        let said: Vec<&str> = auto
-            .stderr
-            .lines()
-            .filter(|l| l.contains("device auto"))
-            .collect();
-        assert_eq!(
-            said.len(),
-            1,
-            "one log line says auto fell back: {}",
-            auto.stderr
-        );
+        let said: Vec<&str> = auto.stderr.lines().filter(|l| l.contains("device auto")).collect();
+        assert_eq!(said.len(), 1, "one log line says auto fell back: {}", auto.stderr);
         assert!(said[0].contains("batches stay on the host"), "{}", said[0]);
     } else {
         assert_eq!(report["device"], "cuda:0", "{report}");
     }
-    assert_one_line_error(
-        &run_small(&["--device", "tpu"]),
-        "--device: invalid device \"tpu\"",
-    );
-    assert_one_line_error(
-        &run_small(&["--device-prefetch", "0"]),
-        "device_prefetch must be > 0",
-    );
-    assert_one_line_error(
-        &run_small(&["--ring", "4,x"]),
-        "--ring \"4,x\": expected SLOTS,SLOT_BYTES",
-    );
+    assert_one_line_error(&run_small(&["--device", "tpu"]), "--device: invalid device \"tpu\"");
+    assert_one_line_error(&run_small(&["--device-prefetch", "0"]), "device_prefetch must be > 0");
+    assert_one_line_error(&run_small(&["--ring", "4,x"]), "--ring \"4,x\": expected SLOTS,SLOT_BYTES");
 }
 
 #[test]
@@ -756,12 +633,7 @@ fn run_device_host_lands_every_batch_byte_for_byte() {
     let dir = tempfile::tempdir().expect("tempdir");
     let sums = |device: &str| {
         let path = dir.path().join(format!("{device}.sums"));
-        let run = run_small(&[
-            "--device",
-            device,
-            "--checksum",
-            path.to_str().expect("utf-8"),
-        ]);
+        let run = run_small(&["--device", device, "--checksum", path.to_str().expect("utf-8")]);
         let report = json(&run);
         assert_eq!(report["device"], device, "{report}");
         assert_eq!(report["batches"], 32, "{report}");
@@ -771,10 +643,7 @@ fn run_device_host_lands_every_batch_byte_for_byte() {
     };
     let (host, host_bytes) = sums("cpu");
     let (device, device_bytes) = sums("host");
-    assert_eq!(
-        device, host,
-        "the device path's bytes differ from the host batches"
-    );
+    assert_eq!(device, host, "the device path's bytes differ from the host batches");
     assert_eq!(device_bytes, host_bytes);
 }
 
@@ -790,65 +659,27 @@ fn merge_states_joins_every_rank_or_says_which_is_missing() {
         .expect("spec");
     spec.consumers = 2;
     let state = |rank: u32, next_seq: u64| {
-        Resumption {
-            spec: spec.clone(),
-            next_seq,
-            yielded_above: Default::default(),
-            replanned: false,
-        }
-        .into_state(rank)
+        Resumption { spec: spec.clone(), next_seq, yielded_above: Default::default(), replanned: false }
+            .into_state(rank)
     };
     state(0, 3).save(path("rank0.json")).expect("save");
     state(1, 4).save(path("rank1.json")).expect("save");
 
     assert_one_line_error(
-        &loaderctl(
-            &[
-                "merge-states",
-                &path("rank0.json"),
-                "--out",
-                &path("m.json"),
-            ],
-            limit,
-        ),
+        &loaderctl(&["merge-states", &path("rank0.json"), "--out", &path("m.json")], limit),
         "merging needs every rank's state: rank 1 of 2 missing",
     );
     assert_one_line_error(
-        &loaderctl(
-            &[
-                "merge-states",
-                &path("rank0.json"),
-                &path("rank0.json"),
-                "--out",
-                &path("m.json"),
-            ],
-            limit,
-        ),
+        &loaderctl(&["merge-states", &path("rank0.json"), &path("rank0.json"), "--out", &path("m.json")], limit),
         "rank 0 is given twice",
     );
     assert_one_line_error(
-        &loaderctl(
-            &["merge-states", &path("nope.json"), "--out", &path("m.json")],
-            limit,
-        ),
+        &loaderctl(&["merge-states", &path("nope.json"), "--out", &path("m.json")], limit),
         "cannot read loader state",
     );
-    let run = loaderctl(
-        &[
-            "merge-states",
-            &path("rank1.json"),
-            &path("rank0.json"),
-            "--out",
-            &path("m.json"),
-        ],
-        limit,
-    );
+    let run = loaderctl(&["merge-states", &path("rank1.json"), &path("rank0.json"), "--out", &path("m.json")], limit);
     assert_eq!(run.code, Some(0), "{}", run.stderr);
-    assert!(
-        run.stdout.contains("merged 2 states of 2 ranks"),
-        "{}",
-        run.stdout
-    );
+    assert!(run.stdout.contains("merged 2 states of 2 ranks"), "{}", run.stdout);
     let merged = LoaderState::load(path("m.json")).expect("merged state");
     assert!(merged.is_merged());
     assert_eq!((merged.world_size(), merged.next_seq()), (2, 3));

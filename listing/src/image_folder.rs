@@ -97,10 +97,7 @@ pub fn list(root: &Path, manifest: Option<&Path>) -> Result<ImageListing, Listin
         let problem = if manifest.is_some() {
             "the manifest lists no image".to_owned()
         } else {
-            format!(
-                "no image files ({}) in class folders",
-                IMAGE_EXTENSIONS.map(|e| format!(".{e}")).join(", ")
-            )
+            format!("no image files ({}) in class folders", IMAGE_EXTENSIONS.map(|e| format!(".{e}")).join(", "))
         };
         return Err(ListingError::new(what, problem));
     }
@@ -124,17 +121,11 @@ fn from_class_folders(root: &Path) -> Result<ImageListing, ListingError> {
         dirs.sort_unstable_by(|a, b| a.0.as_os_str().as_bytes().cmp(b.0.as_os_str().as_bytes()));
         for (dir, files) in dirs {
             for file in files {
-                samples.push(ImageSample {
-                    path: dir.join(file),
-                    label: label as i64,
-                });
+                samples.push(ImageSample { path: dir.join(file), label: label as i64 });
             }
         }
     }
-    let classes = classes
-        .into_iter()
-        .map(|c| c.to_string_lossy().into_owned())
-        .collect();
+    let classes = classes.into_iter().map(|c| c.to_string_lossy().into_owned()).collect();
     Ok(ImageListing { samples, classes })
 }
 
@@ -183,8 +174,7 @@ fn from_manifest(manifest: &Path) -> Result<ImageListing, ListingError> {
         if line.iter().all(u8::is_ascii_whitespace) || line.first() == Some(&b'#') {
             continue;
         }
-        let bad =
-            |problem: String| ListingError::new(manifest, format!("line {}: {problem}", n + 1));
+        let bad = |problem: String| ListingError::new(manifest, format!("line {}: {problem}", n + 1));
         let Some(tab) = line.iter().rposition(|&b| b == b'\t') else {
             return Err(bad("expected `relative/path<TAB>label`".into()));
         };
@@ -192,24 +182,13 @@ fn from_manifest(manifest: &Path) -> Result<ImageListing, ListingError> {
         let label = std::str::from_utf8(label)
             .ok()
             .and_then(|l| l.trim().parse::<i64>().ok())
-            .ok_or_else(|| {
-                bad(format!(
-                    "label {:?} is not an integer",
-                    String::from_utf8_lossy(label)
-                ))
-            })?;
+            .ok_or_else(|| bad(format!("label {:?} is not an integer", String::from_utf8_lossy(label))))?;
         if path.is_empty() {
             return Err(bad("empty path".into()));
         }
-        samples.push(ImageSample {
-            path: PathBuf::from(OsString::from_vec(path.to_vec())),
-            label,
-        });
+        samples.push(ImageSample { path: PathBuf::from(OsString::from_vec(path.to_vec())), label });
     }
-    Ok(ImageListing {
-        samples,
-        classes: Vec::new(),
-    })
+    Ok(ImageListing { samples, classes: Vec::new() })
 }
 
 #[cfg(test)]
@@ -226,32 +205,16 @@ mod tests {
     fn class_folders_are_labelled_in_byte_order() {
         let dir = tempfile::tempdir().expect("tempdir");
         let root = dir.path();
-        for rel in [
-            "dog/b.PNG",
-            "dog/a.jpg",
-            "cat/z.jpeg",
-            "cat/notes.txt",
-            "cat/sub/c.jpg",
-            "Zebra/q.jpg",
-        ] {
+        for rel in ["dog/b.PNG", "dog/a.jpg", "cat/z.jpeg", "cat/notes.txt", "cat/sub/c.jpg", "Zebra/q.jpg"] {
             touch(root, rel);
         }
         fs::create_dir_all(root.join("empty")).expect("mkdir");
         touch(root, "stray.jpg");
         let listing = list(root, None).expect("list");
         assert_eq!(listing.classes, vec!["Zebra", "cat", "dog", "empty"]);
-        let got: Vec<(String, i64)> = listing
-            .samples
-            .iter()
-            .map(|s| (s.path.display().to_string(), s.label))
-            .collect();
-        let expect = [
-            ("Zebra/q.jpg", 0),
-            ("cat/z.jpeg", 1),
-            ("cat/sub/c.jpg", 1),
-            ("dog/a.jpg", 2),
-            ("dog/b.PNG", 2),
-        ];
+        let got: Vec<(String, i64)> =
+            listing.samples.iter().map(|s| (s.path.display().to_string(), s.label)).collect();
+        let expect = [("Zebra/q.jpg", 0), ("cat/z.jpeg", 1), ("cat/sub/c.jpg", 1), ("dog/a.jpg", 2), ("dog/b.PNG", 2)];
         assert_eq!(got, expect.map(|(p, l)| (p.to_owned(), l)).to_vec());
 
         let fp = listing.fingerprint();
@@ -266,54 +229,25 @@ mod tests {
         let m = dir.path().join("train.tsv");
         fs::write(&m, "# header\na/x.jpg\t3\n\nb c/y.png\t-1\r\n").expect("write");
         let listing = list(dir.path(), Some(&m)).expect("list");
-        assert_eq!(
-            listing.samples,
-            vec![
-                ImageSample {
-                    path: "a/x.jpg".into(),
-                    label: 3
-                },
-                ImageSample {
-                    path: "b c/y.png".into(),
-                    label: -1
-                },
-            ]
-        );
+        assert_eq!(listing.samples, vec![
+            ImageSample { path: "a/x.jpg".into(), label: 3 },
+            ImageSample { path: "b c/y.png".into(), label: -1 },
+        ]);
         fs::write(&m, "a/x.jpg 3\n").expect("write");
         let e = list(dir.path(), Some(&m)).expect_err("no tab");
-        assert_eq!(
-            e.to_string(),
-            format!(
-                "{}: line 1: expected `relative/path<TAB>label`",
-                m.display()
-            )
-        );
+        assert_eq!(e.to_string(), format!("{}: line 1: expected `relative/path<TAB>label`", m.display()));
         fs::write(&m, "a/x.jpg\tcat\n").expect("write");
         let e = list(dir.path(), Some(&m)).expect_err("label");
-        assert!(
-            e.to_string()
-                .ends_with("line 1: label \"cat\" is not an integer"),
-            "{e}"
-        );
+        assert!(e.to_string().ends_with("line 1: label \"cat\" is not an integer"), "{e}");
     }
 
     #[test]
     fn empty_or_missing_folders_fail_naming_the_root() {
         let dir = tempfile::tempdir().expect("tempdir");
         let e = list(dir.path(), None).expect_err("empty");
-        assert_eq!(
-            e.to_string(),
-            format!(
-                "{}: no image files (.jpg, .jpeg, .png) in class folders",
-                dir.path().display()
-            )
-        );
+        assert_eq!(e.to_string(), format!("{}: no image files (.jpg, .jpeg, .png) in class folders", dir.path().display()));
         let missing = dir.path().join("nope");
         let e = list(&missing, None).expect_err("missing");
-        assert!(
-            e.to_string()
-                .starts_with(&format!("{}: No such file", missing.display())),
-            "{e}"
-        );
+        assert!(e.to_string().starts_with(&format!("{}: No such file", missing.display())), "{e}");
     }
 }

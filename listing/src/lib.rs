@@ -32,10 +32,7 @@ pub struct ListingError {
 
 impl ListingError {
     pub(crate) fn new(path: &std::path::Path, problem: impl Into<String>) -> Self {
-        Self {
-            path: path.display().to_string(),
-            problem: problem.into(),
-        }
+        Self { path: path.display().to_string(), problem: problem.into() }
     }
 
     pub(crate) fn io(path: &std::path::Path, e: &std::io::Error) -> Self {

@@ -60,30 +60,20 @@ impl NpyHeader {
 /// holds all the data the header promises.
 pub fn read_header(path: &Path) -> Result<NpyHeader, ListingError> {
     let mut file = File::open(path).map_err(|e| ListingError::io(path, &e))?;
-    let file_len = file
-        .metadata()
-        .map_err(|e| ListingError::io(path, &e))?
-        .len();
+    let file_len = file.metadata().map_err(|e| ListingError::io(path, &e))?.len();
     let mut prefix = [0u8; 12];
     let got = read_up_to(&mut file, &mut prefix).map_err(|e| ListingError::io(path, &e))?;
-    let (header_len, start) =
-        header_span(&prefix[..got]).map_err(|p| ListingError::new(path, p))?;
+    let (header_len, start) = header_span(&prefix[..got]).map_err(|p| ListingError::new(path, p))?;
     if header_len > MAX_HEADER || start + header_len > file_len {
-        return Err(ListingError::new(
-            path,
-            format!("npy header of {header_len} bytes does not fit the file"),
-        ));
+        return Err(ListingError::new(path, format!("npy header of {header_len} bytes does not fit the file")));
     }
     let mut text = vec![0u8; header_len as usize];
     // The prefix read may have taken a few header bytes (v1 headers start at 10).
     let taken = got.saturating_sub(start as usize);
     text[..taken].copy_from_slice(&prefix[start as usize..got]);
-    file.read_exact(&mut text[taken..])
-        .map_err(|e| ListingError::io(path, &e))?;
+    file.read_exact(&mut text[taken..]).map_err(|e| ListingError::io(path, &e))?;
     let header = parse_dict(&text, start + header_len).map_err(|p| ListingError::new(path, p))?;
-    let need = header
-        .data_bytes()
-        .and_then(|d| d.checked_add(header.data_offset));
+    let need = header.data_bytes().and_then(|d| d.checked_add(header.data_offset));
     if need.is_none_or(|n| n > file_len) {
         return Err(ListingError::new(
             path,
@@ -91,9 +81,7 @@ pub fn read_header(path: &Path) -> Result<NpyHeader, ListingError> {
                 "shape {:?} of {} needs {} bytes after the header, the file has {}",
                 header.shape,
                 header.dtype.short_name(),
-                header
-                    .data_bytes()
-                    .map_or_else(|| "too many".into(), |d| d.to_string()),
+                header.data_bytes().map_or_else(|| "too many".into(), |d| d.to_string()),
                 file_len.saturating_sub(header.data_offset)
             ),
         ));
@@ -119,15 +107,10 @@ fn header_span(prefix: &[u8]) -> Result<(u64, u64), String> {
     }
     match prefix[6] {
         1 => Ok((u64::from(u16::from_le_bytes([prefix[8], prefix[9]])), 10)),
-        2 | 3 if prefix.len() >= 12 => Ok((
-            u64::from(u32::from_le_bytes([
-                prefix[8], prefix[9], prefix[10], prefix[11],
-            ])),
-            12,
-        )),
-        v => Err(format!(
-            "npy format version {v} is not supported (1, 2 or 3)"
-        )),
+        2 | 3 if prefix.len() >= 12 => {
+            Ok((u64::from(u32::from_le_bytes([prefix[8], prefix[9], prefix[10], prefix[11]])), 12))
+        }
+        v => Err(format!("npy format version {v} is not supported (1, 2 or 3)")),
     }
 }
 
@@ -139,17 +122,11 @@ pub fn parse_dict(text: &[u8], data_offset: u64) -> Result<NpyHeader, String> {
         .strip_prefix('\'')
         .and_then(|d| d.strip_suffix('\''))
         .or_else(|| descr.strip_prefix('"').and_then(|d| d.strip_suffix('"')))
-        .ok_or_else(|| {
-            format!("dtype {descr} is not supported (structured dtypes cannot be batched)")
-        })?;
+        .ok_or_else(|| format!("dtype {descr} is not supported (structured dtypes cannot be batched)"))?;
     let dtype = parse_descr(descr)?;
     match dict_value(text, "fortran_order")? {
         "False" => {}
-        "True" => {
-            return Err(
-                "array is in Fortran order; save it C-contiguous (np.ascontiguousarray)".into(),
-            );
-        }
+        "True" => return Err("array is in Fortran order; save it C-contiguous (np.ascontiguousarray)".into()),
         other => return Err(format!("fortran_order is {other}, expected True or False")),
     }
     let shape = dict_value(text, "shape")?;
@@ -161,27 +138,15 @@ pub fn parse_dict(text: &[u8], data_offset: u64) -> Result<NpyHeader, String> {
         .split(',')
         .map(str::trim)
         .filter(|d| !d.is_empty())
-        .map(|d| {
-            d.trim_end_matches('L')
-                .parse::<u64>()
-                .map_err(|_| format!("shape ({inner}) is not a tuple of sizes"))
-        })
+        .map(|d| d.trim_end_matches('L').parse::<u64>().map_err(|_| format!("shape ({inner}) is not a tuple of sizes")))
         .collect::<Result<Vec<u64>, String>>()?;
     if shape.is_empty() {
         return Err("array is a scalar; expected rows (at least one dimension)".into());
     }
     if shape.len() > loader_proto::batch::MAX_NDIM {
-        return Err(format!(
-            "{} dimensions; a batch holds rows of at most {} more",
-            shape.len(),
-            loader_proto::batch::MAX_NDIM - 1
-        ));
+        return Err(format!("{} dimensions; a batch holds rows of at most {} more", shape.len(), loader_proto::batch::MAX_NDIM - 1));
     }
-    Ok(NpyHeader {
-        dtype,
-        shape,
-        data_offset,
-    })
+    Ok(NpyHeader { dtype, shape, data_offset })
 }
 
 /// The value text of `'key': value` in a Python dict literal whose values
@@ -192,11 +157,7 @@ fn dict_value<'a>(text: &'a str, key: &str) -> Result<&'a str, String> {
         .iter()
         .find_map(|k| text.find(k.as_str()).map(|i| i + k.len()))
         .ok_or_else(missing)?;
-    let rest = text[at..]
-        .trim_start()
-        .strip_prefix(':')
-        .ok_or_else(missing)?
-        .trim_start();
+    let rest = text[at..].trim_start().strip_prefix(':').ok_or_else(missing)?.trim_start();
     let end = match rest.chars().next() {
         Some('(') => rest.find(')').map(|i| i + 1),
         Some(q @ ('\'' | '"')) => rest[1..].find(q).map(|i| i + 2),
@@ -244,8 +205,7 @@ mod tests {
 
     /// The bytes `np.save` writes for an array of `descr` and `shape`.
     pub(crate) fn npy_bytes(descr: &str, shape: &str, data: &[u8]) -> Vec<u8> {
-        let mut dict =
-            format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
+        let mut dict = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
         while (10 + dict.len() + 1) % 64 != 0 {
             dict.push(' ');
         }
@@ -264,14 +224,8 @@ mod tests {
         let path = dir.path().join("a.npy");
         std::fs::write(&path, npy_bytes("<f4", "(5, 2, 3)", &[0u8; 5 * 6 * 4])).expect("write");
         let h = read_header(&path).expect("header");
-        assert_eq!(
-            (h.dtype, h.shape.clone(), h.data_offset),
-            (Dtype::F32, vec![5, 2, 3], 128)
-        );
-        assert_eq!(
-            (h.rows(), h.row_shape(), h.row_bytes()),
-            (5, &[2u64, 3][..], Some(24))
-        );
+        assert_eq!((h.dtype, h.shape.clone(), h.data_offset), (Dtype::F32, vec![5, 2, 3], 128));
+        assert_eq!((h.rows(), h.row_shape(), h.row_bytes()), (5, &[2u64, 3][..], Some(24)));
 
         std::fs::write(&path, npy_bytes("|u1", "(7,)", &[0u8; 7])).expect("write");
         let h = read_header(&path).expect("header");
@@ -283,34 +237,18 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("a.npy");
         let cases = [
-            (
-                npy_bytes(">f4", "(2,)", &[0; 8]),
-                "dtype '>f4' is not supported",
-            ),
-            (
-                npy_bytes("<c8", "(2,)", &[0; 16]),
-                "dtype '<c8' is not supported",
-            ),
+            (npy_bytes(">f4", "(2,)", &[0; 8]), "dtype '>f4' is not supported"),
+            (npy_bytes("<c8", "(2,)", &[0; 16]), "dtype '<c8' is not supported"),
             (npy_bytes("<i8", "()", &[0; 8]), "array is a scalar"),
-            (
-                npy_bytes("<i8", "(3,)", &[0; 16]),
-                "shape [3] of int64 needs 24 bytes after the header, the file has 16",
-            ),
+            (npy_bytes("<i8", "(3,)", &[0; 16]), "shape [3] of int64 needs 24 bytes after the header, the file has 16"),
             (b"PK\x03\x04 not npy".to_vec(), "not a .npy file"),
         ];
         for (bytes, expect) in cases {
             std::fs::write(&path, &bytes).expect("write");
             let e = read_header(&path).expect_err(expect).to_string();
-            assert!(
-                e.starts_with(&format!("{}: {expect}", path.display())),
-                "{e}"
-            );
+            assert!(e.starts_with(&format!("{}: {expect}", path.display())), "{e}");
         }
-        let e = parse_dict(
-            b"{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3), }",
-            128,
-        )
-        .expect_err("fortran");
+        let e = parse_dict(b"{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3), }", 128).expect_err("fortran");
         assert!(e.starts_with("array is in Fortran order"), "{e}");
     }
 

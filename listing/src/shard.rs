@@ -71,16 +71,9 @@ pub fn index(path: &Path) -> Result<ShardIndex, ListingError> {
             continue;
         };
         if index.samples.last().is_none_or(|s| s.key != key) {
-            index.samples.push(ShardSample {
-                key: key.to_owned(),
-                image: None,
-                label: None,
-            });
+            index.samples.push(ShardSample { key: key.to_owned(), image: None, label: None });
         }
-        let member = Member {
-            offset: entry.raw_file_position(),
-            len: entry.size(),
-        };
+        let member = Member { offset: entry.raw_file_position(), len: entry.size() };
         let Some(sample) = index.samples.last_mut() else {
             continue;
         };
@@ -130,25 +123,15 @@ mod tests {
 
         let index = index(&path).expect("index");
         let keys: Vec<&str> = index.samples.iter().map(|s| s.key.as_str()).collect();
-        assert_eq!(
-            keys,
-            vec!["s/000", "s/001", "s/002", &long[..long.len() - 4]]
-        );
+        assert_eq!(keys, vec!["s/000", "s/001", "s/002", &long[..long.len() - 4]]);
         let slice = |m: &Option<Member>| {
-            m.as_ref()
-                .map(|m| &bytes[m.offset as usize..(m.offset + m.len) as usize])
+            m.as_ref().map(|m| &bytes[m.offset as usize..(m.offset + m.len) as usize])
         };
         assert_eq!(slice(&index.samples[0].image), Some(&b"jpeg-0"[..]));
         assert_eq!(slice(&index.samples[0].label), Some(&b"3"[..]));
         assert_eq!(slice(&index.samples[1].image), Some(&b"png-1"[..]));
         assert_eq!(slice(&index.samples[1].label), Some(&b"7\n"[..]));
-        assert_eq!(
-            (
-                index.samples[2].image.clone(),
-                index.samples[2].label.clone()
-            ),
-            (None, None)
-        );
+        assert_eq!((index.samples[2].image.clone(), index.samples[2].label.clone()), (None, None));
         assert_eq!(slice(&index.samples[3].image), Some(&b"long-name"[..]));
     }
 
@@ -158,10 +141,6 @@ mod tests {
         let path = dir.path().join("junk.tar");
         std::fs::write(&path, vec![7u8; 1024]).expect("write");
         let e = index(&path).expect_err("junk");
-        assert!(
-            e.to_string()
-                .starts_with(&format!("{}: not a readable tar file", path.display())),
-            "{e}"
-        );
+        assert!(e.to_string().starts_with(&format!("{}: not a readable tar file", path.display())), "{e}");
     }
 }

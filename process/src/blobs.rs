@@ -104,9 +104,7 @@ pub enum ObtainError<E> {
     #[error(transparent)]
     Fill(E),
     /// The bytes written are not the blob asked for.
-    #[error(
-        "blob {sha256}: received {got_size} bytes hashing to {got_sha256}, expected {size} bytes"
-    )]
+    #[error("blob {sha256}: received {got_size} bytes hashing to {got_sha256}, expected {size} bytes")]
     Mismatch {
         /// The blob asked for.
         sha256: String,
@@ -125,36 +123,21 @@ impl BlobDir {
     /// may write to.
     pub fn open(path: impl Into<PathBuf>) -> Result<Self, BlobDirError> {
         let path = path.into();
-        let io = |source| BlobDirError::Io {
-            path: path.clone(),
-            source,
-        };
-        match std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&path)
-        {
+        let io = |source| BlobDirError::Io { path: path.clone(), source };
+        match std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&path) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
             Err(e) => return Err(io(e)),
         }
         let meta = std::fs::symlink_metadata(&path).map_err(io)?;
-        let not_ours = |problem: String| BlobDirError::NotOurs {
-            path: path.clone(),
-            problem,
-        };
+        let not_ours = |problem: String| BlobDirError::NotOurs { path: path.clone(), problem };
         if !meta.is_dir() {
-            return Err(not_ours(
-                "not a directory (symbolic links are refused)".into(),
-            ));
+            return Err(not_ours("not a directory (symbolic links are refused)".into()));
         }
         // SAFETY: getuid has no preconditions and cannot fail.
         let uid = unsafe { libc::getuid() };
         if meta.uid() != uid {
-            return Err(not_ours(format!(
-                "owned by uid {}, not this user (uid {uid})",
-                meta.uid()
-            )));
+            return Err(not_ours(format!("owned by uid {}, not this user (uid {uid})", meta.uid())));
         }
         // Others writing could plant a blob; others reading is the
         // choice of whoever made the directory (one made here is 0700).
@@ -211,20 +194,11 @@ impl BlobDir {
         }
         let (temp, file) = self.create_temp()?;
         // Removes the temporary file on every way out but the rename.
-        let mut writer = BlobWriter {
-            file,
-            temp: Some(temp),
-            sha: Sha256::default(),
-        };
+        let mut writer = BlobWriter { file, temp: Some(temp), sha: Sha256::default() };
         fill(&mut writer).map_err(ObtainError::Fill)?;
         let (got_sha256, got_size) = (writer.sha.clone().finish(), writer.sha.len());
         if got_sha256 != sha256 || got_size != size {
-            return Err(ObtainError::Mismatch {
-                sha256: sha256.to_owned(),
-                size,
-                got_sha256,
-                got_size,
-            });
+            return Err(ObtainError::Mismatch { sha256: sha256.to_owned(), size, got_sha256, got_size });
         }
         writer.publish(&self.file_of(sha256))
     }
@@ -233,13 +207,7 @@ impl BlobDir {
     /// holder; None when it could not be had (the caller goes on without).
     fn lock(&self, sha256: &str, patience: Duration) -> Option<File> {
         let path = self.path.join(format!("{sha256}.lock"));
-        let file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .mode(0o600)
-            .open(path)
-            .ok()?;
+        let file = OpenOptions::new().create(true).truncate(false).write(true).mode(0o600).open(path).ok()?;
         let deadline = Instant::now() + patience;
         loop {
             match file.try_lock() {
@@ -256,23 +224,15 @@ impl BlobDir {
     fn create_temp<E>(&self) -> Result<(PathBuf, File), ObtainError<E>> {
         let mut last = None;
         for attempt in 0..16u32 {
-            let nanos = SystemTime::now()
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map_or(0, |d| d.subsec_nanos());
+            let nanos = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
             let name = format!("{TEMP_PREFIX}{}-{nanos:08x}-{attempt}", std::process::id());
             let path = self.path.join(name);
-            match OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&path)
-            {
+            match OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path) {
                 Ok(file) => return Ok((path, file)),
                 Err(e) => last = Some((path, e)),
             }
         }
-        let (path, source) =
-            last.unwrap_or_else(|| (self.path.clone(), io::Error::other("no attempt made")));
+        let (path, source) = last.unwrap_or_else(|| (self.path.clone(), io::Error::other("no attempt made")));
         Err(ObtainError::Io { path, source })
     }
 
@@ -280,12 +240,8 @@ impl BlobDir {
     /// (modified or read) for `unused_for`, looking at `max_entries`
     /// entries at most. Returns how many files it removed.
     pub fn sweep(&self, unused_for: Duration, max_entries: usize) -> usize {
-        let Ok(entries) = std::fs::read_dir(&self.path) else {
-            return 0;
-        };
-        let Some(cutoff) = SystemTime::now().checked_sub(unused_for) else {
-            return 0;
-        };
+        let Ok(entries) = std::fs::read_dir(&self.path) else { return 0 };
+        let Some(cutoff) = SystemTime::now().checked_sub(unused_for) else { return 0 };
         let mut removed = 0;
         for entry in entries.take(max_entries).flatten() {
             let name = entry.file_name();
@@ -295,10 +251,7 @@ impl BlobDir {
             if !ours || !meta.is_file() {
                 continue;
             }
-            let last_use = [meta.modified(), meta.accessed()]
-                .into_iter()
-                .flatten()
-                .max();
+            let last_use = [meta.modified(), meta.accessed()].into_iter().flatten().max();
             if last_use.is_some_and(|t| t < cutoff) && std::fs::remove_file(entry.path()).is_ok() {
                 removed += 1;
             }
@@ -316,9 +269,7 @@ fn loader_like(name: &str) -> bool {
 /// 64 lowercase hex digits: `loader_proto::blob::is_sha256_hex`, which this
 /// crate, below the protocol, cannot call.
 fn is_blob_name(s: &str) -> bool {
-    s.len() == 64
-        && s.bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    s.len() == 64 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 /// The temporary file a blob is written into by [`BlobDir::obtain`]'s
@@ -346,18 +297,10 @@ impl BlobWriter {
     /// Makes the file read-only and renames it to `to`.
     fn publish<E>(mut self, to: &Path) -> Result<File, ObtainError<E>> {
         let temp = self.temp.take().unwrap_or_default();
-        let io = |source| ObtainError::Io {
-            path: temp.clone(),
-            source,
-        };
-        self.file
-            .set_permissions(std::fs::Permissions::from_mode(0o400))
-            .map_err(io)?;
+        let io = |source| ObtainError::Io { path: temp.clone(), source };
+        self.file.set_permissions(std::fs::Permissions::from_mode(0o400)).map_err(io)?;
         std::fs::rename(&temp, to).map_err(io)?;
-        File::open(to).map_err(|source| ObtainError::Io {
-            path: to.to_path_buf(),
-            source,
-        })
+        File::open(to).map_err(|source| ObtainError::Io { path: to.to_path_buf(), source })
     }
 }
 
@@ -392,18 +335,13 @@ pub struct Sha256 {
 
 impl std::fmt::Debug for Sha256 {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Sha256")
-            .field("len", &self.len)
-            .finish_non_exhaustive()
+        f.debug_struct("Sha256").field("len", &self.len).finish_non_exhaustive()
     }
 }
 
 impl Default for Sha256 {
     fn default() -> Self {
-        Self {
-            context: ring::digest::Context::new(&ring::digest::SHA256),
-            len: 0,
-        }
+        Self { context: ring::digest::Context::new(&ring::digest::SHA256), len: 0 }
     }
 }
 
@@ -448,12 +386,10 @@ pub fn hash_file(path: &Path) -> io::Result<(String, u64)> {
 
 fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write as _;
-    bytes
-        .iter()
-        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-            let _ = write!(s, "{b:02x}");
-            s
-        })
+    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
 }
 
 #[cfg(test)]

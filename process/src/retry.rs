@@ -76,9 +76,7 @@ where
         .when(retryable)
         .adjust(move |_, pause| {
             let left = deadline.saturating_duration_since(Instant::now());
-            pause
-                .filter(|_| !left.is_zero())
-                .map(|pause| pause.min(left))
+            pause.filter(|_| !left.is_zero()).map(|pause| pause.min(left))
         })
         .notify(|e, pause| tracing::debug!(error = %e, ?pause, "retrying"))
         .await
@@ -153,13 +151,7 @@ mod tests {
             || {
                 calls.set(calls.get() + 1);
                 let n = calls.get();
-                async move {
-                    if n < 3 {
-                        Err("not yet".to_owned())
-                    } else {
-                        Ok(n)
-                    }
-                }
+                async move { if n < 3 { Err("not yet".to_owned()) } else { Ok(n) } }
             },
             |_| true,
         )

@@ -5,9 +5,7 @@
 /// Parses a size as a person writes it: `8GiB`, `512MiB`, `2G`, `1000000`.
 pub fn parse_bytes(s: &str) -> Result<u64, String> {
     let t = s.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
     let (number, unit) = t.split_at(split);
     let unit_bytes: f64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,
@@ -19,16 +17,10 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
         "mi" | "mib" => f64::from(1u32 << 20),
         "gi" | "gib" => f64::from(1u32 << 30),
         "ti" | "tib" => (1u64 << 40) as f64,
-        _ => {
-            return Err(format!(
-                "unknown unit in {s:?}; expected e.g. 8GiB, 512MiB, 2G or a number of bytes"
-            ));
-        }
+        _ => return Err(format!("unknown unit in {s:?}; expected e.g. 8GiB, 512MiB, 2G or a number of bytes")),
     };
     match number.parse::<f64>() {
-        Ok(n) if n.is_finite() && n > 0.0 && n * unit_bytes < u64::MAX as f64 => {
-            Ok((n * unit_bytes) as u64)
-        }
+        Ok(n) if n.is_finite() && n > 0.0 && n * unit_bytes < u64::MAX as f64 => Ok((n * unit_bytes) as u64),
         _ => Err(format!("expected a positive size such as 8GiB, got {s:?}")),
     }
 }

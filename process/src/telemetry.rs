@@ -33,9 +33,7 @@ pub struct Telemetry {
 pub fn init(service: &str) -> Telemetry {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_FILTER));
-    let logs = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
-        .with_filter(filter);
+    let logs = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_filter(filter);
     let (tracer, export, failed) = match trace::wanted().then(|| trace::start(service)) {
         Some(Ok((tracer, export))) => (Some(tracer), Some(export), None),
         Some(Err(e)) => (None, None, Some(e)),
@@ -49,22 +47,12 @@ pub fn init(service: &str) -> Telemetry {
     // only, so each callsite's answer is cached: an info event in a hot
     // path stays as cheap as with export off.
     let spans = tracer.map(|tracer| {
-        tracing_opentelemetry::layer()
-            .with_tracer(tracer)
-            .with_filter(tracing_subscriber::filter::filter_fn(|meta| {
-                let level = if meta.is_span() {
-                    tracing::Level::INFO
-                } else {
-                    tracing::Level::WARN
-                };
-                meta.target().starts_with("loader") && *meta.level() <= level
-            }))
+        tracing_opentelemetry::layer().with_tracer(tracer).with_filter(tracing_subscriber::filter::filter_fn(|meta| {
+            let level = if meta.is_span() { tracing::Level::INFO } else { tracing::Level::WARN };
+            meta.target().starts_with("loader") && *meta.level() <= level
+        }))
     });
-    let installed = tracing_subscriber::registry()
-        .with(logs)
-        .with(spans)
-        .try_init()
-        .is_ok();
+    let installed = tracing_subscriber::registry().with(logs).with(spans).try_init().is_ok();
     if let Some(e) = failed {
         tracing::warn!("{e}; spans are not exported");
     }

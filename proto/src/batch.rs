@@ -147,31 +147,19 @@ impl BatchLayout {
     pub fn new(sample_count: usize, tensors: Vec<TensorDesc>) -> Result<Self, BatchError> {
         let bad = |m: String| Err(BatchError::Layout(m));
         if sample_count > MAX_SAMPLES {
-            return bad(format!(
-                "{sample_count} samples exceeds the limit of {MAX_SAMPLES}"
-            ));
+            return bad(format!("{sample_count} samples exceeds the limit of {MAX_SAMPLES}"));
         }
         if tensors.len() > MAX_TENSORS {
-            return bad(format!(
-                "{} tensors exceeds the limit of {MAX_TENSORS}",
-                tensors.len()
-            ));
+            return bad(format!("{} tensors exceeds the limit of {MAX_TENSORS}", tensors.len()));
         }
         let table_offset = FIXED_HEADER_LEN + 8 * sample_count;
         let mut cursor = table_offset;
         for t in &tensors {
             if t.name.len() > MAX_NAME_LEN || t.name.is_empty() {
-                return bad(format!(
-                    "tensor name {:?} must be 1..={MAX_NAME_LEN} bytes",
-                    t.name
-                ));
+                return bad(format!("tensor name {:?} must be 1..={MAX_NAME_LEN} bytes", t.name));
             }
             if t.shape.len() > MAX_NDIM {
-                return bad(format!(
-                    "tensor {:?} has {} dims, the limit is {MAX_NDIM}",
-                    t.name,
-                    t.shape.len()
-                ));
+                return bad(format!("tensor {:?} has {} dims, the limit is {MAX_NDIM}", t.name, t.shape.len()));
             }
             if t.dtype == Dtype::Unspecified {
                 return bad(format!("tensor {:?} has no dtype", t.name));
@@ -181,12 +169,8 @@ impl BatchLayout {
         let mut offset = cursor;
         let mut infos = Vec::with_capacity(tensors.len());
         for t in tensors {
-            let Some(len) = tensor_bytes(t.dtype, &t.shape).and_then(|l| usize::try_from(l).ok())
-            else {
-                return bad(format!(
-                    "tensor {:?} of shape {:?} is too large",
-                    t.name, t.shape
-                ));
+            let Some(len) = tensor_bytes(t.dtype, &t.shape).and_then(|l| usize::try_from(l).ok()) else {
+                return bad(format!("tensor {:?} of shape {:?} is too large", t.name, t.shape));
             };
             let Some(start) = align_up(offset, ALIGN) else {
                 return bad("batch too large".into());
@@ -194,21 +178,10 @@ impl BatchLayout {
             let Some(end) = start.checked_add(len) else {
                 return bad("batch too large".into());
             };
-            infos.push(TensorInfo {
-                name: t.name,
-                dtype: t.dtype,
-                shape: t.shape,
-                offset: start,
-                len,
-            });
+            infos.push(TensorInfo { name: t.name, dtype: t.dtype, shape: t.shape, offset: start, len });
             offset = end;
         }
-        Ok(Self {
-            sample_count,
-            table_offset,
-            tensors: infos,
-            total_len: offset,
-        })
+        Ok(Self { sample_count, table_offset, tensors: infos, total_len: offset })
     }
 
     /// The layout of the same batch holding only its first `samples`
@@ -244,20 +217,9 @@ impl BatchLayout {
             let len = tensor_bytes(t.dtype, &shape).map_or(t.len, |l| l as usize);
             table_end += entry_len(shape.len(), t.name.len());
             total_len = total_len.max(t.offset + len);
-            tensors.push(TensorInfo {
-                name: t.name.clone(),
-                dtype: t.dtype,
-                shape,
-                offset: t.offset,
-                len,
-            });
+            tensors.push(TensorInfo { name: t.name.clone(), dtype: t.dtype, shape, offset: t.offset, len });
         }
-        Ok(Self {
-            sample_count: samples,
-            table_offset,
-            tensors,
-            total_len: total_len.max(table_end),
-        })
+        Ok(Self { sample_count: samples, table_offset, tensors, total_len: total_len.max(table_end) })
     }
 
     /// Bytes of the whole batch.
@@ -426,13 +388,7 @@ pub struct TableCache {
 impl TableCache {
     /// The cached table, if `rest` (the batch from `table_start` on) starts
     /// with the same bytes and the batch has the same length and count.
-    fn hit(
-        &self,
-        rest: &[u8],
-        table_start: usize,
-        tensor_count: usize,
-        total_len: usize,
-    ) -> Option<Arc<[TensorInfo]>> {
+    fn hit(&self, rest: &[u8], table_start: usize, tensor_count: usize, total_len: usize) -> Option<Arc<[TensorInfo]>> {
         let tensors = self.tensors.as_ref()?;
         let same = self.table_start == table_start
             && self.tensor_count == tensor_count
@@ -441,14 +397,7 @@ impl TableCache {
         same.then(|| Arc::clone(tensors))
     }
 
-    fn store(
-        &mut self,
-        raw: &[u8],
-        table_start: usize,
-        tensor_count: usize,
-        total_len: usize,
-        tensors: &Arc<[TensorInfo]>,
-    ) {
+    fn store(&mut self, raw: &[u8], table_start: usize, tensor_count: usize, total_len: usize, tensors: &Arc<[TensorInfo]>) {
         self.raw.clear();
         self.raw.extend_from_slice(raw);
         self.table_start = table_start;
@@ -487,17 +436,11 @@ impl<'a> BatchView<'a> {
         }
         let total_len = r.u64(8, "total_len")?;
         if total_len > buf.len() as u64 {
-            return Err(BatchError::Truncated {
-                what: "batch",
-                need: total_len,
-                have: buf.len() as u64,
-            });
+            return Err(BatchError::Truncated { what: "batch", need: total_len, have: buf.len() as u64 });
         }
         let total_len = total_len as usize;
         // From here on only the batch's own bytes count.
-        let r = Reader {
-            buf: &buf[..total_len],
-        };
+        let r = Reader { buf: &buf[..total_len] };
         let meta = BatchMeta {
             job_id: r.u64(16, "job_id")?,
             seq: r.u64(24, "seq")?,
@@ -515,9 +458,7 @@ impl<'a> BatchView<'a> {
         }
         let expected_table = (FIXED_HEADER_LEN + 8 * sample_count) as u64;
         if table_offset != expected_table {
-            return invalid(format!(
-                "table_offset {table_offset}, expected {expected_table}"
-            ));
+            return invalid(format!("table_offset {table_offset}, expected {expected_table}"));
         }
         let raw = r.bytes(FIXED_HEADER_LEN, 8 * sample_count, "sample indices")?;
         let indices = raw
@@ -528,15 +469,7 @@ impl<'a> BatchView<'a> {
         if let Some(cache) = cache.as_deref() {
             let rest = r.buf.get(table_start..).unwrap_or_default();
             if let Some(tensors) = cache.hit(rest, table_start, tensor_count, total_len) {
-                return Ok(Self {
-                    buf: &buf[..total_len],
-                    header: BatchHeader {
-                        meta,
-                        indices,
-                        tensors,
-                        total_len,
-                    },
-                });
+                return Ok(Self { buf: &buf[..total_len], header: BatchHeader { meta, indices, tensors, total_len } });
             }
         }
         let mut at = table_start;
@@ -579,18 +512,12 @@ impl<'a> BatchView<'a> {
         }
         let table_end = at as u64;
         if table_end > total_len as u64 {
-            return Err(BatchError::Truncated {
-                what: "tensor table",
-                need: table_end,
-                have: total_len as u64,
-            });
+            return Err(BatchError::Truncated { what: "tensor table", need: table_end, have: total_len as u64 });
         }
         let mut infos: Vec<TensorInfo> = Vec::with_capacity(tensors.len());
         for (name, dtype, shape, offset, len) in tensors {
             if offset % ALIGN as u64 != 0 {
-                return invalid(format!(
-                    "tensor {name:?}: offset {offset} is not {ALIGN}-byte aligned"
-                ));
+                return invalid(format!("tensor {name:?}: offset {offset} is not {ALIGN}-byte aligned"));
             }
             let end = offset.checked_add(len);
             if offset < table_end || end.is_none_or(|e| e > total_len as u64) {
@@ -601,39 +528,18 @@ impl<'a> BatchView<'a> {
             if infos.iter().any(|t| t.name == name) {
                 return invalid(format!("tensor {name:?} appears twice"));
             }
-            infos.push(TensorInfo {
-                name,
-                dtype,
-                shape,
-                offset: offset as usize,
-                len: len as usize,
-            });
+            infos.push(TensorInfo { name, dtype, shape, offset: offset as usize, len: len as usize });
         }
-        let mut spans: Vec<(usize, usize)> =
-            infos.iter().map(|t| (t.offset, t.offset + t.len)).collect();
+        let mut spans: Vec<(usize, usize)> = infos.iter().map(|t| (t.offset, t.offset + t.len)).collect();
         spans.sort_unstable();
         if spans.windows(2).any(|w| w[0].1 > w[1].0) {
             return invalid("tensor payloads overlap".into());
         }
         let tensors: Arc<[TensorInfo]> = infos.into();
         if let Some(cache) = cache {
-            cache.store(
-                &buf[table_start..table_end as usize],
-                table_start,
-                tensor_count,
-                total_len,
-                &tensors,
-            );
+            cache.store(&buf[table_start..table_end as usize], table_start, tensor_count, total_len, &tensors);
         }
-        Ok(Self {
-            buf: &buf[..total_len],
-            header: BatchHeader {
-                meta,
-                indices,
-                tensors,
-                total_len,
-            },
-        })
+        Ok(Self { buf: &buf[..total_len], header: BatchHeader { meta, indices, tensors, total_len } })
     }
 
     /// The validated header.

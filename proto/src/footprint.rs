@@ -30,9 +30,7 @@ pub fn batch_bytes_with(spec: &JobSpec, npy_row: impl Fn(&NpyArray) -> Option<u6
     let kind = spec.dataset.as_ref()?.kind.as_ref()?;
     let (per_sample, tensors) = sample_bytes(kind, &spec.transforms, &npy_row)?;
     let batch = u64::from(spec.batch_size);
-    let header = (FIXED_HEADER_LEN as u64)
-        .checked_add(batch.checked_mul(8)?)?
-        .checked_add(PER_TENSOR * tensors)?;
+    let header = (FIXED_HEADER_LEN as u64).checked_add(batch.checked_mul(8)?)?.checked_add(PER_TENSOR * tensors)?;
     per_sample.checked_mul(batch)?.checked_add(header)
 }
 
@@ -100,98 +98,48 @@ mod tests {
     use super::*;
 
     fn spec(kind: Kind, batch_size: u32) -> JobSpec {
-        JobSpec {
-            dataset: Some(DatasetSpec { kind: Some(kind) }),
-            batch_size,
-            epochs: 1,
-            consumers: 1,
-            ..Default::default()
-        }
+        JobSpec { dataset: Some(DatasetSpec { kind: Some(kind) }), batch_size, epochs: 1, consumers: 1, ..Default::default() }
     }
 
     /// The estimate bounds the real layout from above, with little slack.
     #[test]
     fn bounds_the_layout_of_a_synthetic_and_a_token_batch() {
         let synthetic = spec(
-            Kind::Synthetic(SyntheticSpec {
-                num_samples: 1000,
-                shape: vec![3, 32, 32],
-                dtype: Dtype::U8 as i32,
-                cost_ns: 0,
-                wait_ns_by_epoch: Vec::new(),
-            }),
+            Kind::Synthetic(SyntheticSpec { num_samples: 1000, shape: vec![3, 32, 32], dtype: Dtype::U8 as i32, cost_ns: 0, wait_ns_by_epoch: Vec::new() }),
             64,
         );
         let real = BatchLayout::new(
             64,
             vec![
-                TensorDesc {
-                    name: "data".into(),
-                    dtype: Dtype::U8,
-                    shape: vec![64, 3, 32, 32],
-                },
-                TensorDesc {
-                    name: "label".into(),
-                    dtype: Dtype::I64,
-                    shape: vec![64],
-                },
+                TensorDesc { name: "data".into(), dtype: Dtype::U8, shape: vec![64, 3, 32, 32] },
+                TensorDesc { name: "label".into(), dtype: Dtype::I64, shape: vec![64] },
             ],
         )
         .expect("layout")
         .total_len() as u64;
         let estimate = batch_bytes(&synthetic).expect("known");
-        assert!(
-            estimate >= real && estimate < real + 2048,
-            "{estimate} vs {real}"
-        );
+        assert!(estimate >= real && estimate < real + 2048, "{estimate} vs {real}");
 
         let tokens = spec(
-            Kind::Tokens(TokensSpec {
-                path: "unused".into(),
-                dtype: Dtype::U16 as i32,
-                context_length: 2048,
-                num_tokens: 1 << 20,
-            }),
+            Kind::Tokens(TokensSpec { path: "unused".into(), dtype: Dtype::U16 as i32, context_length: 2048, num_tokens: 1 << 20 }),
             1,
         );
-        let real = BatchLayout::new(
-            1,
-            vec![TensorDesc {
-                name: "tokens".into(),
-                dtype: Dtype::U16,
-                shape: vec![1, 2049],
-            }],
-        )
-        .expect("layout")
-        .total_len() as u64;
+        let real = BatchLayout::new(1, vec![TensorDesc { name: "tokens".into(), dtype: Dtype::U16, shape: vec![1, 2049] }])
+            .expect("layout")
+            .total_len() as u64;
         let estimate = batch_bytes(&tokens).expect("known");
-        assert!(
-            estimate >= real && estimate < real + 1024,
-            "{estimate} vs {real}"
-        );
+        assert!(estimate >= real && estimate < real + 1024, "{estimate} vs {real}");
     }
 
     #[test]
     fn huge_shapes_are_counted_and_overflow_is_none() {
         let huge = spec(
-            Kind::Synthetic(SyntheticSpec {
-                num_samples: 16,
-                shape: vec![100_000, 100_000],
-                dtype: Dtype::U8 as i32,
-                cost_ns: 0,
-                wait_ns_by_epoch: Vec::new(),
-            }),
+            Kind::Synthetic(SyntheticSpec { num_samples: 16, shape: vec![100_000, 100_000], dtype: Dtype::U8 as i32, cost_ns: 0, wait_ns_by_epoch: Vec::new() }),
             4,
         );
         assert!(batch_bytes(&huge).expect("counted") >= 40_000_000_000);
         let overflow = spec(
-            Kind::Synthetic(SyntheticSpec {
-                num_samples: 16,
-                shape: vec![u64::MAX / 2, 4],
-                dtype: Dtype::U8 as i32,
-                cost_ns: 0,
-                wait_ns_by_epoch: Vec::new(),
-            }),
+            Kind::Synthetic(SyntheticSpec { num_samples: 16, shape: vec![u64::MAX / 2, 4], dtype: Dtype::U8 as i32, cost_ns: 0, wait_ns_by_epoch: Vec::new() }),
             4,
         );
         assert_eq!(batch_bytes(&overflow), None);

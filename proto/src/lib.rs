@@ -25,8 +25,8 @@
 pub mod batch;
 pub mod blob;
 pub mod doorbell;
-pub mod dtype;
 pub mod elastic;
+pub mod dtype;
 pub mod footprint;
 pub mod mixture;
 pub mod ring;
@@ -37,12 +37,7 @@ pub mod transforms;
 pub mod window;
 
 /// Generated protobuf and gRPC code for `loader.v1`.
-#[allow(
-    missing_docs,
-    unreachable_pub,
-    clippy::all,
-    missing_debug_implementations
-)]
+#[allow(missing_docs, unreachable_pub, clippy::all, missing_debug_implementations)]
 pub mod pb {
     tonic::include_proto!("loader.v1");
 
@@ -53,12 +48,7 @@ pub mod pb {
 
 /// Generated code for KEDA's external-scaler interface (`externalscaler`),
 /// which the coordinator serves so KEDA can scale workers on the stall.
-#[allow(
-    missing_docs,
-    unreachable_pub,
-    clippy::all,
-    missing_debug_implementations
-)]
+#[allow(missing_docs, unreachable_pub, clippy::all, missing_debug_implementations)]
 pub mod keda {
     tonic::include_proto!("externalscaler");
 }

@@ -95,12 +95,7 @@ mod tests {
     #[test]
     fn frames_round_trip_and_split_anywhere() {
         let msgs: Vec<RingToWorker> = (0..3)
-            .map(|i| RingToWorker {
-                msg: Some(Msg::Grant(SlotGrant {
-                    slot: i,
-                    generation: u64::from(i) * 7,
-                })),
-            })
+            .map(|i| RingToWorker { msg: Some(Msg::Grant(SlotGrant { slot: i, generation: u64::from(i) * 7 })) })
             .collect();
         let bytes: Vec<u8> = msgs.iter().flat_map(encode).collect();
         for cut in 0..bytes.len() {
@@ -120,31 +115,19 @@ mod tests {
     #[test]
     fn oversized_and_garbage_frames_are_errors() {
         let mut buf = BytesMut::from(&u32::MAX.to_le_bytes()[..]);
-        assert!(matches!(
-            decode::<RingToWorker>(&mut buf),
-            Err(FrameError::TooLarge(_))
-        ));
+        assert!(matches!(decode::<RingToWorker>(&mut buf), Err(FrameError::TooLarge(_))));
         let mut buf = BytesMut::from(&[3, 0, 0, 0, 0xff, 0xff, 0xff][..]);
-        assert!(matches!(
-            decode::<RingToWorker>(&mut buf),
-            Err(FrameError::Decode(_))
-        ));
+        assert!(matches!(decode::<RingToWorker>(&mut buf), Err(FrameError::Decode(_))));
     }
 
     #[test]
     fn slots_stay_inside_the_ring() {
-        let g = RingGeometry {
-            slot_size: 4096,
-            slot_count: 3,
-        };
+        let g = RingGeometry { slot_size: 4096, slot_count: 3 };
         assert_eq!(g.slot_range(2), Some(8192..12288));
         assert_eq!(g.slot_range(3), None);
         assert_eq!(g.total_len(), Some(12288));
         assert_eq!(g.file_len_with_doorbell(), Some(12288 + 4096));
-        let huge = RingGeometry {
-            slot_size: u64::MAX,
-            slot_count: 2,
-        };
+        let huge = RingGeometry { slot_size: u64::MAX, slot_count: 2 };
         assert_eq!(huge.slot_range(1), None);
         assert_eq!(huge.total_len(), None);
         assert_eq!(huge.file_len_with_doorbell(), None);

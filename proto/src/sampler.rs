@@ -56,24 +56,14 @@ pub struct Permutation {
 impl Permutation {
     /// The permutation for `(seed, epoch)`; the identity when `shuffle` is false.
     pub fn new(n: u64, seed: u64, epoch: u64, shuffle: bool) -> Self {
-        let bits = if n <= 1 {
-            0
-        } else {
-            64 - (n - 1).leading_zeros()
-        };
+        let bits = if n <= 1 { 0 } else { 64 - (n - 1).leading_zeros() };
         let half_bits = bits.div_ceil(2).max(1);
-        let mut state =
-            mix64(seed ^ 0x4c6f_6164_6572_2121) ^ mix64(epoch.wrapping_add(0x9e37_79b9_7f4a_7c15));
+        let mut state = mix64(seed ^ 0x4c6f_6164_6572_2121) ^ mix64(epoch.wrapping_add(0x9e37_79b9_7f4a_7c15));
         let keys = std::array::from_fn(|_| {
             state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
             mix64(state)
         });
-        Self {
-            n,
-            shuffle,
-            half_bits,
-            keys,
-        }
+        Self { n, shuffle, half_bits, keys }
     }
 
     /// Number of elements permuted.
@@ -148,22 +138,14 @@ impl EpochOrder {
             at = at.saturating_add(sizes.get(shard).copied().unwrap_or(0));
         }
         starts.push(at);
-        Self::Shards {
-            perm,
-            starts,
-            first,
-        }
+        Self::Shards { perm, starts, first }
     }
 
     /// The sample at position `i` of the epoch (`i` < number of samples).
     pub fn at(&self, i: u64) -> u64 {
         match self {
             Self::Samples(perm) => perm.at(i),
-            Self::Shards {
-                perm,
-                starts,
-                first,
-            } => {
+            Self::Shards { perm, starts, first } => {
                 // The last shard slot whose start is <= i; empty shards have
                 // the same start as the next one and are skipped over.
                 let j = starts.partition_point(|&s| s <= i).saturating_sub(1);
@@ -195,8 +177,7 @@ pub struct Resumed {
 impl Resumed {
     /// Positions of an epoch of `n` samples still to deliver.
     pub fn remaining(&self, n: u64) -> u64 {
-        n.saturating_sub(self.offset)
-            .saturating_sub(self.delivered.len() as u64)
+        n.saturating_sub(self.offset).saturating_sub(self.delivered.len() as u64)
     }
 
     /// The position of the `q`-th remaining one (`q < remaining(n)`).
@@ -270,20 +251,12 @@ impl Plan {
 
     fn per_consumer(&self, samples: u64) -> u64 {
         let w = u64::from(self.consumers.max(1));
-        if self.drop_last {
-            samples / w
-        } else {
-            samples.div_ceil(w)
-        }
+        if self.drop_last { samples / w } else { samples.div_ceil(w) }
     }
 
     fn batches_of(&self, per: u64) -> u64 {
         let b = self.batch_size.max(1);
-        if self.drop_last {
-            per / b
-        } else {
-            per.div_ceil(b)
-        }
+        if self.drop_last { per / b } else { per.div_ceil(b) }
     }
 
     /// What a saved run had delivered of `epoch`, for a resumed job.
@@ -311,8 +284,7 @@ impl Plan {
             return 0;
         }
         // Never more than a whole epoch's: what is left of one is no more.
-        self.batches_of(self.epoch_samples_per_consumer(epoch))
-            .min(self.batches_per_epoch())
+        self.batches_of(self.epoch_samples_per_consumer(epoch)).min(self.batches_per_epoch())
     }
 
     /// Sequence number of the first batch of `epoch` that exists: the
@@ -348,12 +320,7 @@ impl Plan {
     pub fn order(&self, epoch: u32) -> EpochOrder {
         match &self.shards {
             Some(sizes) => EpochOrder::shards(sizes, self.seed, u64::from(epoch), self.shuffle),
-            None => EpochOrder::Samples(Permutation::new(
-                self.num_samples,
-                self.seed,
-                u64::from(epoch),
-                self.shuffle,
-            )),
+            None => EpochOrder::Samples(Permutation::new(self.num_samples, self.seed, u64::from(epoch), self.shuffle)),
         }
     }
 
@@ -396,10 +363,7 @@ impl Plan {
         let resumed = self.resumed(epoch);
         let q = self.served_index(consumer, position);
         let remaining = resumed.map_or(self.num_samples, |r| r.remaining(self.num_samples));
-        (
-            Resumed::position_or_padding(resumed, self.num_samples, q),
-            q >= remaining,
-        )
+        (Resumed::position_or_padding(resumed, self.num_samples, q), q >= remaining)
     }
 
     /// Dataset indices of the batch with sequence number `seq` of `consumer`.
@@ -422,17 +386,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn plan(n: u64, b: u64, w: u32, drop_last: bool, shuffle: bool) -> Plan {
-        Plan {
-            num_samples: n,
-            batch_size: b,
-            consumers: w,
-            shuffle,
-            seed: 17,
-            drop_last,
-            epochs: 2,
-            shards: None,
-            resume: None,
-        }
+        Plan { num_samples: n, batch_size: b, consumers: w, shuffle, seed: 17, drop_last, epochs: 2, shards: None, resume: None }
     }
 
     /// torch's DistributedSampler + DataLoader, written out literally from
@@ -455,12 +409,7 @@ mod tests {
         } else {
             indices.truncate(total as usize);
         }
-        let mine: Vec<u64> = indices
-            .iter()
-            .copied()
-            .skip(rank as usize)
-            .step_by(w as usize)
-            .collect();
+        let mine: Vec<u64> = indices.iter().copied().skip(rank as usize).step_by(w as usize).collect();
         let mut batches: Vec<Vec<u64>> = mine.chunks(b as usize).map(<[u64]>::to_vec).collect();
         if drop_last && batches.last().is_some_and(|l| (l.len() as u64) < b) {
             batches.pop();
@@ -470,31 +419,16 @@ mod tests {
 
     #[test]
     fn matches_distributed_sampler_without_shuffle() {
-        for &(n, b, w) in &[
-            (10u64, 3u64, 3u32),
-            (10_007, 64, 2),
-            (5, 4, 8),
-            (64, 64, 1),
-            (1, 1, 3),
-            (100, 7, 4),
-        ] {
+        for &(n, b, w) in &[(10u64, 3u64, 3u32), (10_007, 64, 2), (5, 4, 8), (64, 64, 1), (1, 1, 3), (100, 7, 4)] {
             for drop_last in [false, true] {
                 let p = plan(n, b, w, drop_last, false);
                 for r in 0..w {
                     let expect = torch_reference(n, b, u64::from(w), u64::from(r), drop_last);
-                    assert_eq!(
-                        p.batches_per_epoch(),
-                        expect.len() as u64,
-                        "n={n} b={b} w={w} drop={drop_last}"
-                    );
-                    let got: Vec<Vec<u64>> = (0..p.batches_per_epoch())
-                        .map(|s| p.batch_indices(r, s))
-                        .collect();
+                    assert_eq!(p.batches_per_epoch(), expect.len() as u64, "n={n} b={b} w={w} drop={drop_last}");
+                    let got: Vec<Vec<u64>> = (0..p.batches_per_epoch()).map(|s| p.batch_indices(r, s)).collect();
                     assert_eq!(got, expect, "n={n} b={b} w={w} r={r} drop={drop_last}");
                     let lens: Vec<u64> = (0..p.total_batches()).map(|s| p.batch_len(s)).collect();
-                    let want: Vec<u64> = (0..p.epochs)
-                        .flat_map(|_| expect.iter().map(|b| b.len() as u64))
-                        .collect();
+                    let want: Vec<u64> = (0..p.epochs).flat_map(|_| expect.iter().map(|b| b.len() as u64)).collect();
                     assert_eq!(lens, want, "batch_len n={n} b={b} w={w} drop={drop_last}");
                 }
             }
@@ -508,10 +442,7 @@ mod tests {
         let e1 = p.batch_indices(0, p.batches_per_epoch());
         assert_ne!(e0, e1);
         assert_eq!(e0, p.batch_indices(0, 0));
-        let other_seed = Plan {
-            seed: 18,
-            ..p.clone()
-        };
+        let other_seed = Plan { seed: 18, ..p.clone() };
         assert_ne!(e0, other_seed.batch_indices(0, 0));
     }
 
@@ -529,19 +460,13 @@ mod tests {
     }
 
     fn sharded(sizes: &[u64], b: u64, w: u32, shuffle: bool) -> Plan {
-        Plan {
-            shards: Some(sizes.into()),
-            num_samples: sizes.iter().sum(),
-            ..plan(0, b, w, false, shuffle)
-        }
+        Plan { shards: Some(sizes.into()), num_samples: sizes.iter().sum(), ..plan(0, b, w, false, shuffle) }
     }
 
     #[test]
     fn unshuffled_shards_keep_dataset_order() {
         let p = sharded(&[5, 0, 3, 7], 4, 1, false);
-        let all: Vec<u64> = (0..p.batches_per_epoch())
-            .flat_map(|s| p.batch_indices(0, s))
-            .collect();
+        let all: Vec<u64> = (0..p.batches_per_epoch()).flat_map(|s| p.batch_indices(0, s)).collect();
         assert_eq!(all, (0..15).collect::<Vec<_>>());
     }
 
@@ -549,11 +474,7 @@ mod tests {
     fn shuffled_shards_are_read_front_to_back_in_a_new_order_each_epoch() {
         let sizes = [5u64, 0, 3, 7, 1, 4, 4, 6];
         let p = sharded(&sizes, 4, 1, true);
-        let owner: Vec<usize> = sizes
-            .iter()
-            .enumerate()
-            .flat_map(|(s, &n)| std::iter::repeat_n(s, n as usize))
-            .collect();
+        let owner: Vec<usize> = sizes.iter().enumerate().flat_map(|(s, &n)| std::iter::repeat_n(s, n as usize)).collect();
         let shard_of = |i: u64| owner[i as usize];
         let mut orders = Vec::new();
         for epoch in 0..3u64 {
@@ -561,11 +482,7 @@ mod tests {
             let all: Vec<u64> = seqs.flat_map(|s| p.batch_indices(0, s)).collect();
             let mut sorted = all.clone();
             sorted.sort_unstable();
-            assert_eq!(
-                sorted,
-                (0..30).collect::<Vec<_>>(),
-                "every sample once in epoch {epoch}"
-            );
+            assert_eq!(sorted, (0..30).collect::<Vec<_>>(), "every sample once in epoch {epoch}");
             // Within a shard, consecutive positions are consecutive samples.
             let mut shards = Vec::new();
             for w in all.windows(2) {
@@ -578,17 +495,10 @@ mod tests {
                     shards.push(shard_of(i));
                 }
             }
-            assert_eq!(
-                shards.len(),
-                7,
-                "each non-empty shard visited once: {shards:?}"
-            );
+            assert_eq!(shards.len(), 7, "each non-empty shard visited once: {shards:?}");
             orders.push(shards);
         }
-        assert!(
-            orders[0] != orders[1] || orders[1] != orders[2],
-            "shard order changes between epochs"
-        );
+        assert!(orders[0] != orders[1] || orders[1] != orders[2], "shard order changes between epochs");
     }
 
     proptest! {

@@ -16,8 +16,5 @@ pub struct SpecError {
 
 /// Fails with a [`SpecError`] naming `field` and what was wrong with it.
 pub(crate) fn err<T>(field: impl Into<String>, problem: impl Into<String>) -> Result<T, SpecError> {
-    Err(SpecError {
-        field: field.into(),
-        problem: problem.into(),
-    })
+    Err(SpecError { field: field.into(), problem: problem.into() })
 }

@@ -124,17 +124,9 @@ pub fn check(transforms: &[Transform]) -> Result<Pipeline, SpecError> {
     for (i, t) in transforms.iter().enumerate() {
         let step = step(i, t)?;
         match step {
-            Step::Decode if i > 0 => {
-                return err(
-                    format!("transforms[{i}].decode"),
-                    "decode must be the first step only",
-                );
-            }
+            Step::Decode if i > 0 => return err(format!("transforms[{i}].decode"), "decode must be the first step only"),
             _ if i == 0 && step != Step::Decode => {
-                return err(
-                    "transforms[0]",
-                    format!("must be decode, got {}", op_name(t)),
-                );
+                return err("transforms[0]", format!("must be decode, got {}", op_name(t)));
             }
             Step::RandomResizedCrop { height, width, .. } | Step::CenterCrop { height, width } => {
                 size = Some((height, width));
@@ -154,13 +146,7 @@ pub fn check(transforms: &[Transform]) -> Result<Pipeline, SpecError> {
             "the output size is not fixed; add center_crop (or random_resized_crop, or a two-value resize) after the last one-value resize",
         );
     };
-    Ok(Pipeline {
-        steps,
-        dtype,
-        layout,
-        height,
-        width,
-    })
+    Ok(Pipeline { steps, dtype, layout, height, width })
 }
 
 fn op_name(t: &Transform) -> &'static str {
@@ -193,20 +179,8 @@ fn step(i: usize, t: &Transform) -> Result<Step, SpecError> {
             Step::RandomResizedCrop {
                 height,
                 width,
-                scale: range(
-                    &r.scale,
-                    DEFAULT_SCALE,
-                    &field("scale"),
-                    |v| v > 0.0 && v <= 1.0,
-                    "within (0, 1]",
-                )?,
-                ratio: range(
-                    &r.ratio,
-                    DEFAULT_RATIO,
-                    &field("ratio"),
-                    |v| v > 0.0 && v.is_finite(),
-                    "> 0",
-                )?,
+                scale: range(&r.scale, DEFAULT_SCALE, &field("scale"), |v| v > 0.0 && v <= 1.0, "within (0, 1]")?,
+                ratio: range(&r.ratio, DEFAULT_RATIO, &field("ratio"), |v| v > 0.0 && v.is_finite(), "> 0")?,
             }
         }
         Some(Op::Resize(r)) => match r.size.as_slice() {
@@ -234,38 +208,22 @@ fn step(i: usize, t: &Transform) -> Result<Step, SpecError> {
         }
         Some(Op::Cast(c)) => match Dtype::try_from(c.dtype) {
             Ok(d @ (Dtype::U8 | Dtype::F32)) => Step::Cast(d),
-            _ => {
-                return err(
-                    field("dtype"),
-                    format!("must be uint8 or float32, got {}", dtype_name(c.dtype)),
-                );
-            }
+            _ => return err(field("dtype"), format!("must be uint8 or float32, got {}", dtype_name(c.dtype))),
         },
         Some(Op::Layout(l)) => match Layout::try_from(*l) {
             Ok(l @ (Layout::Chw | Layout::Hwc)) => Step::Layout(l),
-            _ => {
-                return err(
-                    format!("transforms[{i}].layout"),
-                    format!("must be chw or hwc, got {l}"),
-                );
-            }
+            _ => return err(format!("transforms[{i}].layout"), format!("must be chw or hwc, got {l}")),
         },
     })
 }
 
 fn dtype_name(v: i32) -> String {
-    Dtype::try_from(v).map_or_else(
-        |_| format!("unknown dtype {v}"),
-        |d| d.short_name().to_owned(),
-    )
+    Dtype::try_from(v).map_or_else(|_| format!("unknown dtype {v}"), |d| d.short_name().to_owned())
 }
 
 fn side(v: u32, field: &str, all: &[u32]) -> Result<u32, SpecError> {
     if v == 0 || v > MAX_SIDE {
-        return err(
-            field,
-            format!("values must be within 1..={MAX_SIDE}, got {all:?}"),
-        );
+        return err(field, format!("values must be within 1..={MAX_SIDE}, got {all:?}"));
     }
     Ok(v)
 }
@@ -278,40 +236,23 @@ fn size_pair(size: &[u32], field: &str) -> Result<(u32, u32), SpecError> {
             Ok((s, s))
         }
         [h, w] => Ok((side(*h, field, size)?, side(*w, field, size)?)),
-        _ => err(
-            field,
-            format!("must hold 1 value (a square) or 2 (height, width), got {size:?}"),
-        ),
+        _ => err(field, format!("must hold 1 value (a square) or 2 (height, width), got {size:?}")),
     }
 }
 
 /// `[min, max]` with each value passing `ok`; empty means `default`.
-fn range(
-    v: &[f32],
-    default: [f32; 2],
-    field: &str,
-    ok: impl Fn(f32) -> bool,
-    what: &str,
-) -> Result<[f32; 2], SpecError> {
+fn range(v: &[f32], default: [f32; 2], field: &str, ok: impl Fn(f32) -> bool, what: &str) -> Result<[f32; 2], SpecError> {
     match v {
         [] => Ok(default),
         [lo, hi] if ok(*lo) && ok(*hi) && lo <= hi => Ok([*lo, *hi]),
         [lo, hi] if ok(*lo) && ok(*hi) => err(field, format!("min must be <= max, got {v:?}")),
         [_, _] => err(field, format!("values must be {what}, got {v:?}")),
-        _ => err(
-            field,
-            format!("must hold 2 values [min, max] (or none for {default:?}), got {v:?}"),
-        ),
+        _ => err(field, format!("must hold 2 values [min, max] (or none for {default:?}), got {v:?}")),
     }
 }
 
 /// Exactly three per-channel values, each passing `ok`.
-fn triple(
-    v: &[f32],
-    field: &str,
-    ok: impl Fn(f32) -> bool,
-    what: &str,
-) -> Result<[f32; 3], SpecError> {
+fn triple(v: &[f32], field: &str, ok: impl Fn(f32) -> bool, what: &str) -> Result<[f32; 3], SpecError> {
     match v {
         [a, b, c] if ok(*a) && ok(*b) && ok(*c) => Ok([*a, *b, *c]),
         [_, _, _] => err(field, format!("values must be {what}, got {v:?}")),

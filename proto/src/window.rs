@@ -58,9 +58,7 @@ pub fn batches(batch_bytes: u64, at_least: u32) -> u32 {
 pub fn held(batch_bytes: u64, batch_time: Duration, at_least: u32) -> u32 {
     let by_time = WINDOW_TIME.as_nanos() / batch_time.as_nanos().max(1);
     let by_time = u32::try_from(by_time).unwrap_or(u32::MAX);
-    batches(batch_bytes, at_least)
-        .min(by_time)
-        .max(at_least.max(1))
+    batches(batch_bytes, at_least).min(by_time).max(at_least.max(1))
 }
 
 /// Batches per range handed out for a window of `window` batches: a quarter

@@ -72,24 +72,22 @@ impl Batch {
 
     /// The arrays, made on first call.
     fn arrays<'py>(&self, py: Python<'py>) -> PyResult<&Bound<'py, PyDict>> {
-        let dict = self
-            .arrays
-            .get_or_try_init(py, || -> PyResult<Py<PyDict>> {
-                let numpy = NUMPY.get_or_try_init(py, || py.import("numpy").map(Bound::unbind))?;
-                let asarray = numpy.bind(py).getattr("asarray")?;
-                if let Device::Cuda(_) = self.inner.device() {
-                    return Err(PyBufferError::new_err(format!(
-                        "the batch lives on {}: use batch.torch() (DLPack), not numpy",
-                        self.inner.device()
-                    )));
-                }
-                let dict = PyDict::new(py);
-                for (name, view) in self.each_view()? {
-                    let view = Bound::new(py, view)?;
-                    dict.set_item(name, asarray.call1((view,))?)?;
-                }
-                Ok(dict.unbind())
-            })?;
+        let dict = self.arrays.get_or_try_init(py, || -> PyResult<Py<PyDict>> {
+            let numpy = NUMPY.get_or_try_init(py, || py.import("numpy").map(Bound::unbind))?;
+            let asarray = numpy.bind(py).getattr("asarray")?;
+            if let Device::Cuda(_) = self.inner.device() {
+                return Err(PyBufferError::new_err(format!(
+                    "the batch lives on {}: use batch.torch() (DLPack), not numpy",
+                    self.inner.device()
+                )));
+            }
+            let dict = PyDict::new(py);
+            for (name, view) in self.each_view()? {
+                let view = Bound::new(py, view)?;
+                dict.set_item(name, asarray.call1((view,))?)?;
+            }
+            Ok(dict.unbind())
+        })?;
         Ok(dict.bind(py))
     }
 }

@@ -56,11 +56,8 @@ impl PythonDataset {
     /// Opens the dataset a `python` spec describes (unpickles it or calls
     /// its factory) and reads a first sample for the schema.
     pub(crate) fn open(spec: &CustomSpec) -> Result<Self, DatasetError> {
-        Python::attach(|py| Self::open_in(py, spec)).map_err(|e| {
-            Python::attach(|py| {
-                DatasetError::Spec(format!("dataset.python: {}", last_line(py, &e)))
-            })
-        })
+        Python::attach(|py| Self::open_in(py, spec))
+            .map_err(|e| Python::attach(|py| DatasetError::Spec(format!("dataset.python: {}", last_line(py, &e)))))
     }
 
     fn open_in(py: Python<'_>, spec: &CustomSpec) -> PyResult<Self> {
@@ -69,22 +66,17 @@ impl PythonDataset {
         for (k, v) in &spec.params {
             params.set_item(k, v)?;
         }
-        let source = module
-            .getattr("Source")?
-            .call1((params, spec.num_samples))?;
+        let source = module.getattr("Source")?.call1((params, spec.num_samples))?;
         let described = source.call_method0("tensors")?;
         let mut tensors = Vec::new();
         for item in described.cast::<PyList>()?.iter() {
             let (name, dtype, shape): (String, String, Vec<u64>) = item.extract()?;
             let dtype = Dtype::parse(&dtype).ok_or_else(|| {
-                pyo3::exceptions::PyTypeError::new_err(format!(
-                    "{name}: dtype {dtype} cannot be batched"
-                ))
+                pyo3::exceptions::PyTypeError::new_err(format!("{name}: dtype {dtype} cannot be batched"))
             })?;
             tensors.push(SampleTensor { name, dtype, shape });
         }
-        let plan = SamplePlan::of(&source.call_method0("schema_sample")?)
-            .filter(|p| p.leaves() == tensors.len());
+        let plan = SamplePlan::of(&source.call_method0("schema_sample")?).filter(|p| p.leaves() == tensors.len());
         let collates = source.getattr("collates")?.extract()?;
         Ok(Self {
             restart: module.getattr("RESTART")?.unbind(),
@@ -99,17 +91,8 @@ impl PythonDataset {
     }
 
     /// Reads sample `key.index` into `rows`, with the GIL held.
-    fn read_in(
-        &self,
-        py: Python<'_>,
-        key: SampleKey,
-        rows: &mut [&mut [u8]],
-    ) -> Result<(), DatasetError> {
-        let leaves = match self
-            .source
-            .bind(py)
-            .call_method1("read", (key.index, sample_seed(key)))
-        {
+    fn read_in(&self, py: Python<'_>, key: SampleKey, rows: &mut [&mut [u8]]) -> Result<(), DatasetError> {
+        let leaves = match self.source.bind(py).call_method1("read", (key.index, sample_seed(key))) {
             Ok(leaves) => leaves,
             Err(e) => return Err(self.failed(py, &e, key.index)),
         };
@@ -120,20 +103,14 @@ impl PythonDataset {
     /// call gets every sample of the batch; each is written into its rows by
     /// the plan, or, when it does not follow it, converted by the Python
     /// half (which also words the error of a sample that cannot be batched).
-    fn read_batch_in(
-        &self,
-        py: Python<'_>,
-        keys: &[SampleKey],
-        batch: &mut BatchRows<'_>,
-    ) -> Result<(), DatasetError> {
+    fn read_batch_in(&self, py: Python<'_>, keys: &[SampleKey], batch: &mut BatchRows<'_>) -> Result<(), DatasetError> {
         self.read_samples(py, keys, |read| match read {
             Read::Restart => {
                 batch.reset();
                 Ok(())
             }
             Read::Sample(key, sample) => {
-                let written = sample
-                    .and_then(|s| self.write_sample(py, key.index, &s, &mut batch.next_rows()));
+                let written = sample.and_then(|s| self.write_sample(py, key.index, &s, &mut batch.next_rows()));
                 batch.settle(key.index, written)
             }
         })
@@ -141,23 +118,13 @@ impl PythonDataset {
 
     /// Writes sample `index` into `rows`: by the plan, else through the
     /// Python half's full conversion and checks.
-    fn write_sample(
-        &self,
-        py: Python<'_>,
-        index: u64,
-        sample: &Bound<'_, PyAny>,
-        rows: &mut [&mut [u8]],
-    ) -> Result<(), DatasetError> {
+    fn write_sample(&self, py: Python<'_>, index: u64, sample: &Bound<'_, PyAny>, rows: &mut [&mut [u8]]) -> Result<(), DatasetError> {
         if let Some(plan) = &self.plan
             && plan.write(sample, rows).is_ok()
         {
             return Ok(());
         }
-        match self
-            .source
-            .bind(py)
-            .call_method1("convert", (index, sample))
-        {
+        match self.source.bind(py).call_method1("convert", (index, sample)) {
             Ok(leaves) => copy_leaves(py, index, &leaves, rows),
             Err(e) => Err(self.failed(py, &e, index)),
         }
@@ -166,12 +133,7 @@ impl PythonDataset {
     /// Makes the batch of samples `keys` whole with the GIL held: one call
     /// reads them, the corrupt policy applies to those that raised, and the
     /// user's `collate_fn` makes the batch of the others.
-    fn make_batch_in(
-        &self,
-        py: Python<'_>,
-        keys: &[SampleKey],
-        on_corrupt: CorruptPolicy,
-    ) -> Result<MadeBatch, DatasetError> {
+    fn make_batch_in(&self, py: Python<'_>, keys: &[SampleKey], on_corrupt: CorruptPolicy) -> Result<MadeBatch, DatasetError> {
         let first = keys.first().map_or(0, |k| k.index);
         let mut settled = BatchRows::new(Vec::new(), keys.len(), on_corrupt, true);
         let mut samples = Vec::with_capacity(keys.len());
@@ -200,45 +162,26 @@ impl PythonDataset {
                     bytes: Vec::new(),
                 })
                 .collect();
-            return Ok(MadeBatch {
-                tensors,
-                kept,
-                skipped,
-            });
+            return Ok(MadeBatch { tensors, kept, skipped });
         }
         let leaves = self
             .source
             .bind(py)
             .call_method1("collate", (kept_samples,))
             .map_err(|e| self.failed(py, &e, first))?;
-        let leaves = leaves
-            .cast::<PyList>()
-            .map_err(|_| DatasetError::RowMismatch { index: first })?;
+        let leaves = leaves.cast::<PyList>().map_err(|_| DatasetError::RowMismatch { index: first })?;
         let mut tensors = Vec::with_capacity(leaves.len());
         for leaf in leaves.iter() {
-            let (name, dtype, shape, buf): (String, String, Vec<u64>, Bound<'_, PyAny>) = leaf
-                .extract()
-                .map_err(|_| DatasetError::RowMismatch { index: first })?;
-            let dtype = Dtype::parse(&dtype).ok_or_else(|| {
-                DatasetError::Spec(format!(
-                    "collate_fn returned {name} of dtype {dtype}, which cannot be batched"
-                ))
-            })?;
+            let (name, dtype, shape, buf): (String, String, Vec<u64>, Bound<'_, PyAny>) =
+                leaf.extract().map_err(|_| DatasetError::RowMismatch { index: first })?;
+            let dtype = Dtype::parse(&dtype)
+                .ok_or_else(|| DatasetError::Spec(format!("collate_fn returned {name} of dtype {dtype}, which cannot be batched")))?;
             let bytes = PyBuffer::<u8>::get(&buf)
                 .and_then(|b| b.to_vec(py))
                 .map_err(|_| DatasetError::RowMismatch { index: first })?;
-            tensors.push(MadeTensor {
-                name,
-                dtype,
-                shape,
-                bytes,
-            });
+            tensors.push(MadeTensor { name, dtype, shape, bytes });
         }
-        Ok(MadeBatch {
-            tensors,
-            kept,
-            skipped,
-        })
+        Ok(MadeBatch { tensors, kept, skipped })
     }
 
     /// Reads the samples `keys` in one Python call (`Source.read_batch`, a
@@ -270,18 +213,12 @@ impl PythonDataset {
                 each(Read::Restart)?;
                 continue;
             }
-            let key = *keys
-                .get(pos)
-                .ok_or(DatasetError::RowMismatch { index: first })?;
+            let key = *keys.get(pos).ok_or(DatasetError::RowMismatch { index: first })?;
             pos += 1;
-            let raised = item
-                .is_instance(self.raised.bind(py))
-                .map_err(|e| self.failed(py, &e, key.index))?;
+            let raised = item.is_instance(self.raised.bind(py)).map_err(|e| self.failed(py, &e, key.index))?;
             let sample = if raised {
                 // `__getitem__` raised: the exception's last line.
-                let reason = item
-                    .getattr("reason")
-                    .map_err(|e| self.failed(py, &e, key.index))?;
+                let reason = item.getattr("reason").map_err(|e| self.failed(py, &e, key.index))?;
                 Err(corrupt(key.index, &reason))
             } else {
                 Ok(item)
@@ -339,15 +276,8 @@ fn corrupt(index: u64, reason: &Bound<'_, PyAny>) -> DatasetError {
 /// Copies the leaves of sample `index` (a list of byte buffers, in the
 /// order of the dataset's tensors) into its rows; each must be exactly its
 /// row's size.
-fn copy_leaves(
-    py: Python<'_>,
-    index: u64,
-    leaves: &Bound<'_, PyAny>,
-    rows: &mut [&mut [u8]],
-) -> Result<(), DatasetError> {
-    let leaves = leaves
-        .cast::<PyList>()
-        .map_err(|_| DatasetError::RowMismatch { index })?;
+fn copy_leaves(py: Python<'_>, index: u64, leaves: &Bound<'_, PyAny>, rows: &mut [&mut [u8]]) -> Result<(), DatasetError> {
+    let leaves = leaves.cast::<PyList>().map_err(|_| DatasetError::RowMismatch { index })?;
     if leaves.len() != rows.len() {
         return Err(DatasetError::RowMismatch { index });
     }
@@ -383,11 +313,7 @@ impl Dataset for PythonDataset {
         Python::attach(|py| self.read_in(py, key, rows))
     }
 
-    fn read_batch(
-        &self,
-        keys: &[SampleKey],
-        batch: &mut BatchRows<'_>,
-    ) -> Result<(), DatasetError> {
+    fn read_batch(&self, keys: &[SampleKey], batch: &mut BatchRows<'_>) -> Result<(), DatasetError> {
         self.check_range(keys)?;
         Python::attach(|py| self.read_batch_in(py, keys, batch))
     }
@@ -396,11 +322,7 @@ impl Dataset for PythonDataset {
         self.collates
     }
 
-    fn make_batch(
-        &self,
-        keys: &[SampleKey],
-        on_corrupt: CorruptPolicy,
-    ) -> Result<MadeBatch, DatasetError> {
+    fn make_batch(&self, keys: &[SampleKey], on_corrupt: CorruptPolicy) -> Result<MadeBatch, DatasetError> {
         self.check_range(keys)?;
         Python::attach(|py| self.make_batch_in(py, keys, on_corrupt))
     }

@@ -95,10 +95,7 @@ impl SamplePlan {
         }
         if let Ok(l) = sample.cast_exact::<PyList>() {
             let items = l.iter().map(|v| Self::of(&v)).collect::<Option<_>>()?;
-            return Some(Self::Seq {
-                tuple: false,
-                items,
-            });
+            return Some(Self::Seq { tuple: false, items });
         }
         if let Ok(d) = sample.cast_exact::<PyDict>() {
             let mut keys = Vec::with_capacity(d.len());
@@ -119,12 +116,7 @@ impl SamplePlan {
             return Some(Self::Tensor {
                 dtype: sample.getattr(intern!(py, "dtype")).ok()?.unbind(),
                 shape: sample.getattr(intern!(py, "shape")).ok()?.extract().ok()?,
-                elem: sample
-                    .call_method0(intern!(py, "element_size"))
-                    .ok()?
-                    .extract()
-                    .ok()
-                    .filter(|&e| e > 0)?,
+                elem: sample.call_method0(intern!(py, "element_size")).ok()?.extract().ok().filter(|&e| e > 0)?,
                 class: class.unbind(),
             });
         }
@@ -150,26 +142,13 @@ impl SamplePlan {
     /// Writes `sample`'s leaves into `rows` (one per leaf, in order, each
     /// exactly its leaf's size). On a [`Miss`] some rows may be written:
     /// the caller writes them all again.
-    pub(crate) fn write(
-        &self,
-        sample: &Bound<'_, PyAny>,
-        rows: &mut [&mut [u8]],
-    ) -> Result<(), Miss> {
+    pub(crate) fn write(&self, sample: &Bound<'_, PyAny>, rows: &mut [&mut [u8]]) -> Result<(), Miss> {
         let mut next = 0;
         self.walk(sample, rows, &mut next)?;
-        if next == rows.len() {
-            Ok(())
-        } else {
-            Err(Miss)
-        }
+        if next == rows.len() { Ok(()) } else { Err(Miss) }
     }
 
-    fn walk(
-        &self,
-        v: &Bound<'_, PyAny>,
-        rows: &mut [&mut [u8]],
-        next: &mut usize,
-    ) -> Result<(), Miss> {
+    fn walk(&self, v: &Bound<'_, PyAny>, rows: &mut [&mut [u8]], next: &mut usize) -> Result<(), Miss> {
         match self {
             Self::Seq { tuple: true, items } => {
                 let t = v.cast_exact::<PyTuple>().map_err(|_| Miss)?;
@@ -181,10 +160,7 @@ impl SamplePlan {
                 }
                 Ok(())
             }
-            Self::Seq {
-                tuple: false,
-                items,
-            } => {
+            Self::Seq { tuple: false, items } => {
                 let l = v.cast_exact::<PyList>().map_err(|_| Miss)?;
                 if l.len() != items.len() {
                     return Err(Miss);
@@ -226,17 +202,9 @@ impl SamplePlan {
                 if !v.is_exact_instance_of::<PyBool>() {
                     return Err(Miss);
                 }
-                put(
-                    leaf(rows, next)?,
-                    &[u8::from(v.is_truthy().map_err(|_| Miss)?)],
-                )
+                put(leaf(rows, next)?, &[u8::from(v.is_truthy().map_err(|_| Miss)?)])
             }
-            Self::Tensor {
-                class,
-                dtype,
-                shape,
-                elem,
-            } => tensor_row(v, class, dtype, shape, *elem, leaf(rows, next)?),
+            Self::Tensor { class, dtype, shape, elem } => tensor_row(v, class, dtype, shape, *elem, leaf(rows, next)?),
             Self::Array { format, shape } => {
                 // A number where an array was: the Python half says so.
                 if v.is_instance_of::<PyInt>() || v.is_instance_of::<PyFloat>() {
@@ -257,9 +225,7 @@ impl SamplePlan {
                 // bytes start at `buf_ptr()`; that length was just checked
                 // to equal the row's. Read only, with the GIL held (no
                 // Python code runs while the bytes are copied).
-                let bytes = unsafe {
-                    std::slice::from_raw_parts(buf.buf_ptr().cast::<u8>(), buf.len_bytes())
-                };
+                let bytes = unsafe { std::slice::from_raw_parts(buf.buf_ptr().cast::<u8>(), buf.len_bytes()) };
                 put(row, bytes)
             }
         }
@@ -283,23 +249,14 @@ fn tensor_row(
     // raise). Left to ask per sample: the device and a lazy negation
     // (`_neg_view`, of any dtype).
     if !v.is_instance(class.bind(py)).map_err(|_| Miss)?
-        || !v
-            .getattr(intern!(py, "dtype"))
-            .map_err(|_| Miss)?
-            .is(dtype.bind(py))
+        || !v.getattr(intern!(py, "dtype")).map_err(|_| Miss)?.is(dtype.bind(py))
         || !truthy(v, intern!(py, "is_cpu"), false)
         || truthy(v, intern!(py, "is_neg"), true)
     {
         return Err(Miss);
     }
-    let got: Vec<usize> = v
-        .getattr(intern!(py, "shape"))
-        .and_then(|s| s.extract())
-        .map_err(|_| Miss)?;
-    let nbytes = shape
-        .iter()
-        .try_fold(elem, |n, &d| n.checked_mul(d))
-        .ok_or(Miss)?;
+    let got: Vec<usize> = v.getattr(intern!(py, "shape")).and_then(|s| s.extract()).map_err(|_| Miss)?;
+    let nbytes = shape.iter().try_fold(elem, |n, &d| n.checked_mul(d)).ok_or(Miss)?;
     if got != shape || nbytes != row.len() {
         return Err(Miss);
     }
@@ -307,37 +264,21 @@ fn tensor_row(
         return Ok(());
     }
     // Negative strides (torch has none today) fail to extract: a miss.
-    let strides: Vec<usize> = v
-        .call_method0(intern!(py, "stride"))
-        .and_then(|s| s.extract())
-        .map_err(|_| Miss)?;
+    let strides: Vec<usize> = v.call_method0(intern!(py, "stride")).and_then(|s| s.extract()).map_err(|_| Miss)?;
     let layout = TensorLayout::new(shape, &strides, elem).ok_or(Miss)?;
     let first = if layout.is_contiguous() {
         // Its `nbytes` from `data_ptr()` (which includes the storage
         // offset) lie in its storage by torch's own invariant, the one
         // `.numpy()` relies on. Not asked of the storage: a new storage
         // object per sample costs small tensors more than their copy.
-        v.call_method0(intern!(py, "data_ptr"))
-            .and_then(|p| p.extract())
-            .map_err(|_| Miss)?
+        v.call_method0(intern!(py, "data_ptr")).and_then(|p| p.extract()).map_err(|_| Miss)?
     } else {
         // The bytes its strides reach, as `layout` computed them, must lie
         // in its storage.
-        let offset: usize = v
-            .call_method0(intern!(py, "storage_offset"))
-            .and_then(|o| o.extract())
-            .map_err(|_| Miss)?;
-        let storage = v
-            .call_method0(intern!(py, "untyped_storage"))
-            .map_err(|_| Miss)?;
-        let start: usize = storage
-            .call_method0(intern!(py, "data_ptr"))
-            .and_then(|p| p.extract())
-            .map_err(|_| Miss)?;
-        let size: usize = storage
-            .call_method0(intern!(py, "nbytes"))
-            .and_then(|n| n.extract())
-            .map_err(|_| Miss)?;
+        let offset: usize = v.call_method0(intern!(py, "storage_offset")).and_then(|o| o.extract()).map_err(|_| Miss)?;
+        let storage = v.call_method0(intern!(py, "untyped_storage")).map_err(|_| Miss)?;
+        let start: usize = storage.call_method0(intern!(py, "data_ptr")).and_then(|p| p.extract()).map_err(|_| Miss)?;
+        let size: usize = storage.call_method0(intern!(py, "nbytes")).and_then(|n| n.extract()).map_err(|_| Miss)?;
         let skip = offset.checked_mul(elem).ok_or(Miss)?;
         if start == 0 || skip.checked_add(layout.extent).is_none_or(|end| end > size) {
             return Err(Miss);
@@ -354,12 +295,7 @@ fn tensor_row(
     // its `nbytes` from `data_ptr()` (torch's invariant), for any other
     // they were just checked against the storage's own size. The storage
     // is torch's allocation, never the batch buffer `row`.
-    let src = unsafe {
-        std::slice::from_raw_parts(
-            std::ptr::with_exposed_provenance::<u8>(first),
-            layout.extent,
-        )
-    };
+    let src = unsafe { std::slice::from_raw_parts(std::ptr::with_exposed_provenance::<u8>(first), layout.extent) };
     layout.copy(src, row);
     Ok(())
 }
@@ -410,9 +346,7 @@ impl TensorLayout {
             run = n.checked_mul(elem)?;
             dims.pop();
         }
-        let extent = dims.iter().try_fold(run, |end, &(n, stride)| {
-            end.checked_add((n - 1).checked_mul(stride)?)
-        })?;
+        let extent = dims.iter().try_fold(run, |end, &(n, stride)| end.checked_add((n - 1).checked_mul(stride)?))?;
         Some(Self { dims, run, extent })
     }
 
@@ -426,10 +360,7 @@ impl TensorLayout {
     /// element.
     fn copy(&self, src: &[u8], row: &mut [u8]) {
         debug_assert_eq!(src.len(), self.extent);
-        debug_assert_eq!(
-            row.len(),
-            self.dims.iter().fold(self.run, |n, &(d, _)| n * d)
-        );
+        debug_assert_eq!(row.len(), self.dims.iter().fold(self.run, |n, &(d, _)| n * d));
         copy_dims(src, &self.dims, self.run, row);
     }
 }
@@ -480,27 +411,15 @@ fn tensor_is_plain(v: &Bound<'_, PyAny>) -> bool {
 
 /// `v.name` (or `v.name()` when `call`) is true; false when it raises.
 fn truthy(v: &Bound<'_, PyAny>, name: &Bound<'_, PyString>, call: bool) -> bool {
-    let got = if call {
-        v.call_method0(name)
-    } else {
-        v.getattr(name)
-    };
+    let got = if call { v.call_method0(name) } else { v.getattr(name) };
     got.and_then(|x| x.is_truthy()).unwrap_or(false)
 }
 
 /// `torch.Tensor`, when torch is loaded (never imported here).
 fn torch_tensor_class(py: Python<'_>) -> Option<Bound<'_, PyType>> {
-    let modules = py
-        .import(intern!(py, "sys"))
-        .ok()?
-        .getattr(intern!(py, "modules"))
-        .ok()?;
+    let modules = py.import(intern!(py, "sys")).ok()?.getattr(intern!(py, "modules")).ok()?;
     let torch = modules.get_item(intern!(py, "torch")).ok()?;
-    torch
-        .getattr(intern!(py, "Tensor"))
-        .ok()?
-        .cast_into::<PyType>()
-        .ok()
+    torch.getattr(intern!(py, "Tensor")).ok()?.cast_into::<PyType>().ok()
 }
 
 /// The row of the next leaf.

@@ -125,11 +125,8 @@ impl NativeLoader {
                 })?;
                 let builder = Loader::local_builder(spec, workers).ready_timeout(ready);
                 match template {
-                    Some((template, threads)) => {
-                        builder.worker_launcher(template.launcher(threads))
-                    }
-                    None => builder
-                        .worker_command(Some(command.into_iter().map(OsString::from).collect())),
+                    Some((template, threads)) => builder.worker_launcher(template.launcher(threads)),
+                    None => builder.worker_command(Some(command.into_iter().map(OsString::from).collect())),
                 }
             }
             _ => {
@@ -223,7 +220,8 @@ impl NativeLoader {
     /// None without a ring. Waits for a `next` running in another thread.
     fn ring_socket(&self, py: Python<'_>) -> PyResult<Option<String>> {
         self.with(py, |l| {
-            l.ring_socket().map(|p| p.to_string_lossy().into_owned())
+            l.ring_socket()
+                .map(|p| p.to_string_lossy().into_owned())
         })
     }
 

@@ -83,16 +83,10 @@ pub(crate) fn resume_state(
     let state = LoaderState::from_json(state).map_err(to_py)?;
     let rank = rank.unwrap_or(state.rank());
     let world_size = world_size.unwrap_or(state.world_size());
-    let resumed = state
-        .resume_as(rank, world_size, batch_size)
-        .map_err(to_py)?;
+    let resumed = state.resume_as(rank, world_size, batch_size).map_err(to_py)?;
     let plan = loader_client::spec::validate(&resumed.spec).map_err(to_py)?;
     let yielded = resumed.next_seq.max(plan.first_seq()) + resumed.yielded_above.len() as u64;
-    let json = if resumed.replanned {
-        resumed.into_state(rank).to_json()
-    } else {
-        state.to_json()
-    };
+    let json = if resumed.replanned { resumed.into_state(rank).to_json() } else { state.to_json() };
     Ok((json, plan.batches_per_epoch(), plan.epochs, yielded))
 }
 

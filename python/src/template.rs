@@ -61,21 +61,14 @@ impl WorkerTemplate {
     #[new]
     fn new(fd: RawFd, pid: u32) -> PyResult<Self> {
         if fd < 0 {
-            return Err(PyOSError::new_err(
-                "the worker template's socket is not open",
-            ));
+            return Err(PyOSError::new_err("the worker template's socket is not open"));
         }
         // SAFETY: the caller (`loader._template`) detached this descriptor
         // from its socket object and hands it over: nothing else closes it.
         let stream = UnixStream::from(unsafe { OwnedFd::from_raw_fd(fd) });
         Ok(Self {
             pid,
-            conn: Arc::new(Mutex::new(Conn {
-                stream,
-                buf: Vec::new(),
-                exited: HashMap::new(),
-                closed: false,
-            })),
+            conn: Arc::new(Mutex::new(Conn { stream, buf: Vec::new(), exited: HashMap::new(), closed: false })),
         })
     }
 
@@ -99,11 +92,7 @@ impl WorkerTemplate {
     /// by this template under the thread policy `threads`
     /// (`loader._worker.apply_thread_policy`).
     pub(crate) fn launcher(&self, threads: u32) -> Arc<dyn WorkerLauncher> {
-        Arc::new(TemplateLauncher {
-            pid: self.pid,
-            threads,
-            conn: Arc::clone(&self.conn),
-        })
+        Arc::new(TemplateLauncher { pid: self.pid, threads, conn: Arc::clone(&self.conn) })
     }
 }
 
@@ -157,9 +146,7 @@ impl Conn {
                 },
             };
             let blocking = wait.is_some();
-            if self.stream.set_nonblocking(!blocking).is_err()
-                || (blocking && self.stream.set_read_timeout(wait).is_err())
-            {
+            if self.stream.set_nonblocking(!blocking).is_err() || (blocking && self.stream.set_read_timeout(wait).is_err()) {
                 self.closed = true;
                 return None;
             }
@@ -187,10 +174,7 @@ impl Conn {
                 continue;
             };
             if let Some(pid) = value.get("exited").and_then(Value::as_u64) {
-                let status = value
-                    .get("status")
-                    .and_then(Value::as_str)
-                    .unwrap_or("an unknown status");
+                let status = value.get("status").and_then(Value::as_str).unwrap_or("an unknown status");
                 if let Ok(pid) = u32::try_from(pid) {
                     self.exited.insert(pid, status.to_owned());
                 }
@@ -210,17 +194,9 @@ impl Conn {
 }
 
 impl WorkerLauncher for TemplateLauncher {
-    fn launch(
-        &self,
-        worker: usize,
-        args: &[String],
-        env_remove: &[&str],
-    ) -> Result<Box<dyn WorkerProcess>, LoaderError> {
+    fn launch(&self, worker: usize, args: &[String], env_remove: &[&str]) -> Result<Box<dyn WorkerProcess>, LoaderError> {
         let failed = |why: String| {
-            LoaderError::Embedded(format!(
-                "cannot start worker {worker} from the worker template (pid {}): {why}",
-                self.pid
-            ))
+            LoaderError::Embedded(format!("cannot start worker {worker} from the worker template (pid {}): {why}", self.pid))
         };
         let mut argv = vec!["loader-worker".to_owned()];
         argv.extend_from_slice(args);
@@ -230,31 +206,14 @@ impl WorkerLauncher for TemplateLauncher {
         if conn.closed {
             return Err(failed("it has exited".into()));
         }
-        conn.send(
-            &json!({"spawn": {"argv": argv, "env_remove": env_remove, "threads": self.threads}}),
-        )
-        .map_err(|e| failed(e.to_string()))?;
+        conn.send(&json!({"spawn": {"argv": argv, "env_remove": env_remove, "threads": self.threads}}))
+            .map_err(|e| failed(e.to_string()))?;
         let answer = conn.pump(Some(Instant::now() + SPAWN_ANSWER));
         drop(conn);
-        let answer = answer
-            .ok_or_else(|| failed(format!("no answer within {}s", SPAWN_ANSWER.as_secs())))?;
-        match answer
-            .get("spawned")
-            .and_then(Value::as_u64)
-            .and_then(|p| u32::try_from(p).ok())
-        {
-            Some(pid) => Ok(Box::new(TemplateWorker {
-                pid,
-                conn: Arc::clone(&self.conn),
-                exited: None,
-            })),
-            None => Err(failed(
-                answer
-                    .get("error")
-                    .and_then(Value::as_str)
-                    .unwrap_or("it gave no pid")
-                    .to_owned(),
-            )),
+        let answer = answer.ok_or_else(|| failed(format!("no answer within {}s", SPAWN_ANSWER.as_secs())))?;
+        match answer.get("spawned").and_then(Value::as_u64).and_then(|p| u32::try_from(p).ok()) {
+            Some(pid) => Ok(Box::new(TemplateWorker { pid, conn: Arc::clone(&self.conn), exited: None })),
+            None => Err(failed(answer.get("error").and_then(Value::as_str).unwrap_or("it gave no pid").to_owned())),
         }
     }
 
@@ -273,6 +232,7 @@ struct TemplateWorker {
     exited: Option<String>,
 }
 
+
 impl WorkerProcess for TemplateWorker {
     fn id(&self) -> u32 {
         self.pid
@@ -289,8 +249,7 @@ impl WorkerProcess for TemplateWorker {
                 // The template is gone, so nobody will say: the pid itself
                 // tells whether the worker still runs (it is nobody's child
                 // now, so it cannot linger as a zombie of ours).
-                (orphaned && !running(self.pid))
-                    .then(|| "an unknown status (its template exited)".to_owned())
+                (orphaned && !running(self.pid)).then(|| "an unknown status (its template exited)".to_owned())
             });
         }
         self.exited.clone()

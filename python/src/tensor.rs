@@ -16,9 +16,9 @@ use std::sync::Arc;
 
 use loader_client::{Batch, Device, DeviceTensor, Dtype, Tensor};
 use pyo3::exceptions::{PyBufferError, PyValueError};
-use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyTuple};
+use pyo3::ffi;
 
 use crate::dlpack;
 
@@ -48,22 +48,8 @@ pub(crate) struct TensorView {
 impl TensorView {
     /// A view of `tensor`, which must be a tensor of `batch`.
     pub(crate) fn new(batch: &Arc<Batch>, tensor: &Tensor<'_>) -> PyResult<Self> {
-        let (name, dtype, shape, data, len) = (
-            tensor.name,
-            tensor.dtype,
-            tensor.shape,
-            tensor.bytes.as_ptr() as usize,
-            tensor.bytes.len(),
-        );
-        Self::described(
-            batch,
-            name,
-            dtype,
-            shape,
-            data,
-            len,
-            (dlpack::DEVICE_CPU, 0),
-        )
+        let (name, dtype, shape, data, len) = (tensor.name, tensor.dtype, tensor.shape, tensor.bytes.as_ptr() as usize, tensor.bytes.len());
+        Self::described(batch, name, dtype, shape, data, len, (dlpack::DEVICE_CPU, 0))
     }
 
     /// A view of `tensor`, a device tensor of `batch` (whose copy the host
@@ -73,18 +59,9 @@ impl TensorView {
             Device::Cuda(n) => (dlpack::DEVICE_CUDA, i32::try_from(n).unwrap_or(i32::MAX)),
             _ => (dlpack::DEVICE_CPU, 0),
         };
-        let data = usize::try_from(tensor.ptr).map_err(|_| {
-            PyValueError::new_err(format!("tensor {}: device address too large", tensor.name))
-        })?;
-        Self::described(
-            batch,
-            tensor.name,
-            tensor.dtype,
-            tensor.shape,
-            data,
-            tensor.len,
-            device,
-        )
+        let data = usize::try_from(tensor.ptr)
+            .map_err(|_| PyValueError::new_err(format!("tensor {}: device address too large", tensor.name)))?;
+        Self::described(batch, tensor.name, tensor.dtype, tensor.shape, data, tensor.len, device)
     }
 
     fn described(
@@ -96,20 +73,13 @@ impl TensorView {
         len: usize,
         device: (i32, i32),
     ) -> PyResult<Self> {
-        let tensor = Described {
-            name,
-            dtype,
-            shape,
-            len,
-        };
+        let tensor = Described { name, dtype, shape, len };
         let shape = tensor
             .shape
             .iter()
             .map(|&d| isize::try_from(d))
             .collect::<Result<Box<[isize]>, _>>()
-            .map_err(|_| {
-                PyValueError::new_err(format!("tensor {}: shape too large", tensor.name))
-            })?;
+            .map_err(|_| PyValueError::new_err(format!("tensor {}: shape too large", tensor.name)))?;
         let item = tensor.dtype.size() as isize;
         let mut strides = vec![item; shape.len()].into_boxed_slice();
         for i in (0..shape.len().saturating_sub(1)).rev() {
@@ -236,9 +206,7 @@ impl TensorView {
             let stream = match stream {
                 None => 1,
                 Some(s) => s.extract::<i64>().map_err(|_| {
-                    PyValueError::new_err(
-                        "stream must be an integer (a CUDA stream handle, 1, 2 or -1)",
-                    )
+                    PyValueError::new_err("stream must be an integer (a CUDA stream handle, 1, 2 or -1)")
                 })?,
             };
             match stream {
@@ -253,26 +221,14 @@ impl TensorView {
                         .batch
                         .on_device()
                         .ok_or_else(|| PyBufferError::new_err("the batch has no device copy"))?;
-                    py.detach(|| copy.wait_on_stream(s as u64))
-                        .map_err(crate::errors::to_py)?;
+                    py.detach(|| copy.wait_on_stream(s as u64)).map_err(crate::errors::to_py)?;
                 }
-                s => {
-                    return Err(PyValueError::new_err(format!(
-                        "invalid stream {s} for CUDA (DLPack)"
-                    )));
-                }
+                s => return Err(PyValueError::new_err(format!("invalid stream {s} for CUDA (DLPack)"))),
             }
         } else {
             let _ = stream;
         }
-        dlpack::capsule(
-            py,
-            &self.batch,
-            self.data,
-            self.dtype,
-            &self.shape,
-            self.device,
-        )
+        dlpack::capsule(py, &self.batch, self.data, self.dtype, &self.shape, self.device)
     }
 
     /// `(kDLCPU, 0)`, or `(kDLCUDA, ordinal)` for a batch on a GPU.

@@ -27,18 +27,10 @@ pub(crate) fn admit(workers: &WorkerTable, spec: &JobSpec) -> Result<(), SpecErr
         .filter(|w| w.memory_budget > 0)
         .map(|w| (w.memory_budget, w.max_outstanding))
         .collect();
-    if budgets.is_empty()
-        || budgets
-            .iter()
-            .any(|&(budget, k)| bytes.saturating_mul(k) <= budget)
-    {
+    if budgets.is_empty() || budgets.iter().any(|&(budget, k)| bytes.saturating_mul(k) <= budget) {
         return Ok(());
     }
-    let (budget, k) = budgets
-        .iter()
-        .copied()
-        .max_by_key(|&(b, k)| b / k.max(1))
-        .unwrap_or((0, 1));
+    let (budget, k) = budgets.iter().copied().max_by_key(|&(b, k)| b / k.max(1)).unwrap_or((0, 1));
     Err(SpecError {
         field: "batch_size".into(),
         problem: format!(
@@ -61,13 +53,7 @@ mod tests {
     fn spec(shape: Vec<u64>, batch_size: u32) -> JobSpec {
         JobSpec {
             dataset: Some(DatasetSpec {
-                kind: Some(Kind::Synthetic(SyntheticSpec {
-                    num_samples: 16,
-                    shape,
-                    dtype: Dtype::U8 as i32,
-                    cost_ns: 0,
-                    wait_ns_by_epoch: Vec::new(),
-                })),
+                kind: Some(Kind::Synthetic(SyntheticSpec { num_samples: 16, shape, dtype: Dtype::U8 as i32, cost_ns: 0, wait_ns_by_epoch: Vec::new() })),
             }),
             batch_size,
             epochs: 1,
@@ -80,26 +66,15 @@ mod tests {
     fn a_batch_no_worker_can_hold_is_refused_naming_the_sizes() {
         let mut workers = WorkerTable::default();
         let huge = spec(vec![100_000, 100_000], 4);
-        assert!(
-            admit(&workers, &huge).is_ok(),
-            "no worker said its budget: the workers decide"
-        );
+        assert!(admit(&workers, &huge).is_ok(), "no worker said its budget: the workers decide");
         workers.register("http://a".into(), "n".into(), 8, 0);
-        assert!(
-            admit(&workers, &huge).is_ok(),
-            "an old worker without a budget"
-        );
+        assert!(admit(&workers, &huge).is_ok(), "an old worker without a budget");
         workers.workers.clear();
         workers.register("http://a".into(), "n".into(), 8, 12 << 30);
         workers.register("http://b".into(), "n".into(), 8, 2 << 30);
         let e = admit(&workers, &huge).expect_err("refused");
         assert_eq!(e.field, "batch_size");
-        assert!(
-            e.to_string().starts_with(
-                "invalid job spec: batch_size: a batch of 4 samples takes 40.0 GB, but the largest"
-            ),
-            "{e}"
-        );
+        assert!(e.to_string().starts_with("invalid job spec: batch_size: a batch of 4 samples takes 40.0 GB, but the largest"), "{e}");
         assert!(admit(&workers, &spec(vec![3, 224, 224], 64)).is_ok());
     }
 }

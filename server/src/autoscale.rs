@@ -49,39 +49,18 @@ pub(crate) struct Policy {
 
 impl Policy {
     /// Checks the request's bounds; one line when they are wrong.
-    pub(crate) fn new(
-        min: u32,
-        max: u32,
-        target_stall: f64,
-        cooldown: Duration,
-    ) -> Result<Self, String> {
+    pub(crate) fn new(min: u32, max: u32, target_stall: f64, cooldown: Duration) -> Result<Self, String> {
         if min == 0 || min > max {
-            return Err(format!(
-                "autoscale bounds {min}..{max}: need 1 <= min <= max"
-            ));
+            return Err(format!("autoscale bounds {min}..{max}: need 1 <= min <= max"));
         }
         if max > MAX_WORKERS {
-            return Err(format!(
-                "autoscale bounds {min}..{max}: a pool runs at most {} workers",
-                MAX_WORKERS
-            ));
+            return Err(format!("autoscale bounds {min}..{max}: a pool runs at most {} workers", MAX_WORKERS));
         }
         if !(target_stall.is_finite() && target_stall > 0.0 && target_stall < 1.0) {
-            return Err(format!(
-                "target stall {target_stall}: need a share between 0 and 1 (e.g. 0.05 for 5%)"
-            ));
+            return Err(format!("target stall {target_stall}: need a share between 0 and 1 (e.g. 0.05 for 5%)"));
         }
-        let cooldown = if cooldown.is_zero() {
-            DEFAULT_COOLDOWN
-        } else {
-            cooldown
-        };
-        Ok(Self {
-            min,
-            max,
-            target_stall,
-            cooldown,
-        })
+        let cooldown = if cooldown.is_zero() { DEFAULT_COOLDOWN } else { cooldown };
+        Ok(Self { min, max, target_stall, cooldown })
     }
 }
 
@@ -103,11 +82,7 @@ pub(crate) struct Load {
 impl Load {
     /// Reads the counters from the coordinator; the pool runs `workers`.
     pub(crate) fn read(coordinator: &crate::coordinator::Coordinator, workers: u32) -> Self {
-        let stall_ms = coordinator
-            .list_sessions()
-            .iter()
-            .map(|s| (s.session_id, s.stall_ms))
-            .collect();
+        let stall_ms = coordinator.list_sessions().iter().map(|s| (s.session_id, s.stall_ms)).collect();
         let consumed = coordinator
             .list_jobs()
             .iter()
@@ -115,23 +90,9 @@ impl Load {
             .map(|c| c.consumed)
             .sum();
         let listed = coordinator.list_workers();
-        let running: Vec<f64> = listed
-            .iter()
-            .filter(|w| !w.draining)
-            .map(|w| w.busy)
-            .collect();
-        let busy = if running.is_empty() {
-            0.0
-        } else {
-            running.iter().sum::<f64>() / running.len() as f64
-        };
-        Self {
-            at: Instant::now(),
-            stall_ms,
-            consumed,
-            busy,
-            workers,
-        }
+        let running: Vec<f64> = listed.iter().filter(|w| !w.draining).map(|w| w.busy).collect();
+        let busy = if running.is_empty() { 0.0 } else { running.iter().sum::<f64>() / running.len() as f64 };
+        Self { at: Instant::now(), stall_ms, consumed, busy, workers }
     }
 }
 
@@ -170,13 +131,7 @@ pub(crate) struct Autoscaler {
 impl Autoscaler {
     /// A policy with no history.
     pub(crate) fn new(policy: Policy) -> Self {
-        Self {
-            policy,
-            last: None,
-            changed_at: None,
-            grew_from: None,
-            ceiling: None,
-        }
+        Self { policy, last: None, changed_at: None, grew_from: None, ceiling: None }
     }
 
     /// Looks at `load`: the number of workers to run now, if it changes.
@@ -187,10 +142,7 @@ impl Autoscaler {
             let workers = load.workers.clamp(p.min, p.max);
             return Some(self.changed(load.at, workers, format!("bounds {}..{}", p.min, p.max)));
         }
-        if self
-            .changed_at
-            .is_some_and(|t| load.at.duration_since(t) < p.cooldown)
-        {
+        if self.changed_at.is_some_and(|t| load.at.duration_since(t) < p.cooldown) {
             return None;
         }
         let interval = interval(previous.as_ref()?, &load)?;
@@ -203,10 +155,7 @@ impl Autoscaler {
         if interval.stall < p.target_stall {
             self.ceiling = None;
         }
-        if interval.stall > p.target_stall
-            && load.workers < p.max
-            && self.ceiling.is_none_or(|c| load.workers < c)
-        {
+        if interval.stall > p.target_stall && load.workers < p.max && self.ceiling.is_none_or(|c| load.workers < c) {
             self.grew_from = Some(interval.rate);
             let reason = format!(
                 "stall {:.1}% above the target {:.1}%",
@@ -250,11 +199,7 @@ pub(crate) fn interval(from: &Load, to: &Load) -> Option<Interval> {
             sessions += 1;
         }
     }
-    let stall = if sessions == 0 {
-        0.0
-    } else {
-        (stalled / (secs * f64::from(sessions))).clamp(0.0, 1.0)
-    };
+    let stall = if sessions == 0 { 0.0 } else { (stalled / (secs * f64::from(sessions))).clamp(0.0, 1.0) };
     let rate = to.consumed.saturating_sub(from.consumed) as f64 / secs;
     Some(Interval { stall, rate })
 }
@@ -273,12 +218,7 @@ mod tests {
 
     impl Clock {
         fn new() -> Self {
-            Self {
-                start: Instant::now(),
-                secs: 0,
-                stall_ms: 0,
-                consumed: 0,
-            }
+            Self { start: Instant::now(), secs: 0, stall_ms: 0, consumed: 0 }
         }
 
         /// One second passes with `stall` share of it stalled and `rate`
@@ -303,27 +243,14 @@ mod tests {
 
     #[test]
     fn bad_bounds_and_targets_are_one_line_errors() {
-        assert_eq!(
-            Policy::new(0, 3, 0.05, Duration::ZERO).expect_err("refused"),
-            "autoscale bounds 0..3: need 1 <= min <= max"
-        );
-        assert_eq!(
-            Policy::new(4, 3, 0.05, Duration::ZERO).expect_err("refused"),
-            "autoscale bounds 4..3: need 1 <= min <= max"
-        );
-        assert!(
-            Policy::new(1, 3, 5.0, Duration::ZERO)
-                .expect_err("refused")
-                .starts_with("target stall 5: need a share")
-        );
+        assert_eq!(Policy::new(0, 3, 0.05, Duration::ZERO).expect_err("refused"), "autoscale bounds 0..3: need 1 <= min <= max");
+        assert_eq!(Policy::new(4, 3, 0.05, Duration::ZERO).expect_err("refused"), "autoscale bounds 4..3: need 1 <= min <= max");
+        assert!(Policy::new(1, 3, 5.0, Duration::ZERO).expect_err("refused").starts_with("target stall 5: need a share"));
         assert_eq!(
             Policy::new(1, 5000, 0.05, Duration::ZERO).expect_err("refused"),
             "autoscale bounds 1..5000: a pool runs at most 1024 workers"
         );
-        assert_eq!(
-            Policy::new(1, 3, 0.05, Duration::ZERO).map(|p| p.cooldown),
-            Ok(DEFAULT_COOLDOWN)
-        );
+        assert_eq!(Policy::new(1, 3, 0.05, Duration::ZERO).map(|p| p.cooldown), Ok(DEFAULT_COOLDOWN));
     }
 
     #[test]
@@ -331,11 +258,7 @@ mod tests {
         let mut a = Autoscaler::new(policy());
         let mut c = Clock::new();
         let mut workers = 1;
-        assert_eq!(
-            a.decide(c.tick(0.5, 50, 1.0, workers)),
-            None,
-            "one look is no interval"
-        );
+        assert_eq!(a.decide(c.tick(0.5, 50, 1.0, workers)), None, "one look is no interval");
         let d = a.decide(c.tick(0.5, 50, 1.0, workers)).expect("grow");
         assert_eq!(d.workers, 2);
         assert_eq!(d.reason, "stall 50.0% above the target 5.0%");
@@ -343,37 +266,20 @@ mod tests {
         // Within the cool-down: nothing, however stalled.
         assert_eq!(a.decide(c.tick(0.3, 90, 1.0, workers)), None);
         // 90/s against 50/s before: it helped, and the stall is still high.
-        assert_eq!(
-            a.decide(c.tick(0.3, 90, 1.0, workers)).map(|d| d.workers),
-            Some(3)
-        );
+        assert_eq!(a.decide(c.tick(0.3, 90, 1.0, workers)).map(|d| d.workers), Some(3));
         workers = 3;
         assert_eq!(a.decide(c.tick(0.2, 92, 1.0, workers)), None, "cool-down");
         // 92/s against 90/s: the third worker did not help; hold at 3.
         assert_eq!(a.decide(c.tick(0.2, 92, 1.0, workers)), None);
-        assert_eq!(
-            a.decide(c.tick(0.2, 92, 1.0, workers)),
-            None,
-            "holds while stalled"
-        );
+        assert_eq!(a.decide(c.tick(0.2, 92, 1.0, workers)), None, "holds while stalled");
         // The load falls: no stall, idle workers: shrink one at a time.
-        assert_eq!(
-            a.decide(c.tick(0.0, 92, 0.2, workers)).map(|d| d.workers),
-            Some(2)
-        );
+        assert_eq!(a.decide(c.tick(0.0, 92, 0.2, workers)).map(|d| d.workers), Some(2));
         workers = 2;
         assert_eq!(a.decide(c.tick(0.0, 92, 0.2, workers)), None, "cool-down");
-        assert_eq!(
-            a.decide(c.tick(0.0, 92, 0.2, workers)).map(|d| d.workers),
-            Some(1)
-        );
+        assert_eq!(a.decide(c.tick(0.0, 92, 0.2, workers)).map(|d| d.workers), Some(1));
         workers = 1;
         for _ in 0..5 {
-            assert_eq!(
-                a.decide(c.tick(0.0, 92, 0.1, workers)),
-                None,
-                "never under the minimum"
-            );
+            assert_eq!(a.decide(c.tick(0.0, 92, 0.1, workers)), None, "never under the minimum");
         }
     }
 
@@ -386,37 +292,19 @@ mod tests {
         assert_eq!(a.decide(c.tick(0.04, 50, 0.2, 2)), None);
         // No stall, but busy workers (they are what keeps the stall away).
         assert_eq!(a.decide(c.tick(0.0, 50, 0.9, 2)), None);
-        assert_eq!(
-            a.decide(c.tick(0.0, 50, 0.2, 2)).map(|d| d.workers),
-            Some(1)
-        );
+        assert_eq!(a.decide(c.tick(0.0, 50, 0.2, 2)).map(|d| d.workers), Some(1));
     }
 
     #[test]
     fn out_of_bounds_comes_back_at_once_and_without_trainers_idle_workers_go() {
-        let mut a =
-            Autoscaler::new(Policy::new(2, 3, 0.05, Duration::from_secs(2)).expect("policy"));
+        let mut a = Autoscaler::new(Policy::new(2, 3, 0.05, Duration::from_secs(2)).expect("policy"));
         let mut c = Clock::new();
         assert_eq!(a.decide(c.tick(0.0, 0, 0.0, 1)).map(|d| d.workers), Some(2));
-        assert_eq!(
-            a.decide(c.tick(0.0, 0, 0.0, 6)).map(|d| d.workers),
-            Some(3),
-            "bounds beat the cool-down"
-        );
+        assert_eq!(a.decide(c.tick(0.0, 0, 0.0, 6)).map(|d| d.workers), Some(3), "bounds beat the cool-down");
         let mut idle = Autoscaler::new(policy());
         let at = Instant::now();
-        let empty = |s: u64| Load {
-            at: at + Duration::from_secs(s),
-            stall_ms: BTreeMap::new(),
-            consumed: 0,
-            busy: 0.0,
-            workers: 2,
-        };
+        let empty = |s: u64| Load { at: at + Duration::from_secs(s), stall_ms: BTreeMap::new(), consumed: 0, busy: 0.0, workers: 2 };
         assert_eq!(idle.decide(empty(1)), None);
-        assert_eq!(
-            idle.decide(empty(2)).map(|d| d.workers),
-            Some(1),
-            "no trainer waits: idle workers go"
-        );
+        assert_eq!(idle.decide(empty(2)).map(|d| d.workers), Some(1), "no trainer waits: idle workers go");
     }
 }

@@ -92,10 +92,7 @@ pub(crate) struct Chunk {
 impl BlobStore {
     /// An empty store that holds at most `budget` bytes.
     pub(crate) fn new(budget: u64) -> Self {
-        Self {
-            budget,
-            inner: Mutex::new(Store::default()),
-        }
+        Self { budget, inner: Mutex::new(Store::default()) }
     }
 
     fn lock(&self) -> MutexGuard<'_, Store> {
@@ -104,26 +101,13 @@ impl BlobStore {
 
     /// True when the blob `sha256` of `size` bytes is held whole.
     pub(crate) fn holds(&self, sha256: &str, size: u64) -> bool {
-        self.lock()
-            .held
-            .get(sha256)
-            .is_some_and(|h| h.bytes.len() as u64 == size)
+        self.lock().held.get(sha256).is_some_and(|h| h.bytes.len() as u64 == size)
     }
 
     /// Applies one `PutBlob` call at `now`; `in_use` holds the hashes that
     /// unfinished jobs reference, which eviction keeps.
-    pub(crate) fn put(
-        &self,
-        chunk: Chunk,
-        in_use: &HashSet<String>,
-        now: Instant,
-    ) -> Result<PutOutcome, CoordinatorError> {
-        let Chunk {
-            sha256,
-            size,
-            offset,
-            data,
-        } = chunk;
+    pub(crate) fn put(&self, chunk: Chunk, in_use: &HashSet<String>, now: Instant) -> Result<PutOutcome, CoordinatorError> {
+        let Chunk { sha256, size, offset, data } = chunk;
         check_name(&sha256)?;
         if data.len() > MAX_CHUNK {
             return Err(bad(format!(
@@ -141,26 +125,15 @@ impl BlobStore {
         if let Some(held) = store.held.get_mut(&sha256) {
             let len = held.bytes.len() as u64;
             if len != size {
-                return Err(bad(format!(
-                    "blob {sha256} is held with {len} bytes, not {size}"
-                )));
+                return Err(bad(format!("blob {sha256} is held with {len} bytes, not {size}")));
             }
             held.used = now;
-            return Ok(PutOutcome {
-                held: true,
-                next_offset: size,
-            });
+            return Ok(PutOutcome { held: true, next_offset: size });
         }
         if !store.uploads.contains_key(&sha256) {
             self.make_room(&mut store, &sha256, size, in_use, now)?;
-            let capacity =
-                usize::try_from(size).map_err(|_| bad(format!("blob {sha256}: {size} bytes")))?;
-            let upload = Upload {
-                size,
-                bytes: Vec::with_capacity(capacity),
-                sha: Sha256::default(),
-                touched: now,
-            };
+            let capacity = usize::try_from(size).map_err(|_| bad(format!("blob {sha256}: {size} bytes")))?;
+            let upload = Upload { size, bytes: Vec::with_capacity(capacity), sha: Sha256::default(), touched: now };
             store.uploads.insert(sha256.clone(), upload);
             crate::meters::blob_bytes(store.used());
         }
@@ -168,19 +141,13 @@ impl BlobStore {
             return Err(bad(format!("blob {sha256}: upload vanished")));
         };
         if upload.size != size {
-            return Err(bad(format!(
-                "blob {sha256} is being uploaded with {} bytes, not {size}",
-                upload.size
-            )));
+            return Err(bad(format!("blob {sha256} is being uploaded with {} bytes, not {size}", upload.size)));
         }
         let at = upload.bytes.len() as u64;
         if offset != at || data.is_empty() {
             // A repeated chunk, one from a second uploader, or a question.
             if at < size {
-                return Ok(PutOutcome {
-                    held: false,
-                    next_offset: at,
-                });
+                return Ok(PutOutcome { held: false, next_offset: at });
             }
         } else {
             upload.bytes.extend_from_slice(&data);
@@ -188,10 +155,7 @@ impl BlobStore {
             upload.touched = now;
         }
         if (upload.bytes.len() as u64) < size {
-            return Ok(PutOutcome {
-                held: false,
-                next_offset: upload.bytes.len() as u64,
-            });
+            return Ok(PutOutcome { held: false, next_offset: upload.bytes.len() as u64 });
         }
         let Some(done) = store.uploads.remove(&sha256) else {
             return Err(bad(format!("blob {sha256}: upload vanished")));
@@ -201,18 +165,9 @@ impl BlobStore {
             return Err(CoordinatorError::BlobMismatch { sha256, got });
         }
         tracing::info!(sha256, size, "blob held");
-        store.held.insert(
-            sha256,
-            Held {
-                bytes: Bytes::from(done.bytes),
-                used: now,
-            },
-        );
+        store.held.insert(sha256, Held { bytes: Bytes::from(done.bytes), used: now });
         crate::meters::blob_bytes(store.used());
-        Ok(PutOutcome {
-            held: true,
-            next_offset: size,
-        })
+        Ok(PutOutcome { held: true, next_offset: size })
     }
 
     /// Frees room for an upload of `size` bytes of `sha256`, or refuses it.
@@ -234,29 +189,18 @@ impl BlobStore {
         if store.used() + size <= self.budget {
             return Ok(());
         }
-        let mut unused: Vec<(Instant, String)> = store
-            .held
-            .iter()
-            .filter(|(k, _)| !in_use.contains(*k))
-            .map(|(k, h)| (h.used, k.clone()))
-            .collect();
+        let mut unused: Vec<(Instant, String)> =
+            store.held.iter().filter(|(k, _)| !in_use.contains(*k)).map(|(k, h)| (h.used, k.clone())).collect();
         unused.sort();
         for (_, key) in unused {
             store.held.remove(&key);
-            tracing::info!(
-                sha256 = key,
-                "blob dropped: no unfinished job needs it and another needs the room"
-            );
+            tracing::info!(sha256 = key, "blob dropped: no unfinished job needs it and another needs the room");
             if store.used() + size <= self.budget {
                 return Ok(());
             }
         }
-        let stale: Vec<String> = store
-            .uploads
-            .iter()
-            .filter(|(_, u)| now.duration_since(u.touched) >= STALE_UPLOAD)
-            .map(|(k, _)| k.clone())
-            .collect();
+        let stale: Vec<String> =
+            store.uploads.iter().filter(|(_, u)| now.duration_since(u.touched) >= STALE_UPLOAD).map(|(k, _)| k.clone()).collect();
         for key in stale {
             store.uploads.remove(&key);
             tracing::info!(sha256 = key, "stalled blob upload dropped to make room");
@@ -274,31 +218,16 @@ impl BlobStore {
 
     /// Up to `max_bytes` (at most `MAX_CHUNK`; 0 means that) of the blob
     /// `sha256` from `offset`, and the blob's size.
-    pub(crate) fn get(
-        &self,
-        sha256: &str,
-        offset: u64,
-        max_bytes: u32,
-        now: Instant,
-    ) -> Result<(Bytes, u64), CoordinatorError> {
+    pub(crate) fn get(&self, sha256: &str, offset: u64, max_bytes: u32, now: Instant) -> Result<(Bytes, u64), CoordinatorError> {
         check_name(sha256)?;
         let mut store = self.lock();
-        let held = store
-            .held
-            .get_mut(sha256)
-            .ok_or_else(|| CoordinatorError::UnknownBlob(sha256.to_owned()))?;
+        let held = store.held.get_mut(sha256).ok_or_else(|| CoordinatorError::UnknownBlob(sha256.to_owned()))?;
         held.used = now;
         let size = held.bytes.len() as u64;
         if offset > size {
-            return Err(bad(format!(
-                "blob {sha256} has {size} bytes; offset {offset} is past its end"
-            )));
+            return Err(bad(format!("blob {sha256} has {size} bytes; offset {offset} is past its end")));
         }
-        let want = if max_bytes == 0 {
-            MAX_CHUNK
-        } else {
-            (max_bytes as usize).min(MAX_CHUNK)
-        };
+        let want = if max_bytes == 0 { MAX_CHUNK } else { (max_bytes as usize).min(MAX_CHUNK) };
         let start = offset as usize;
         let end = start + want.min(held.bytes.len() - start);
         Ok((held.bytes.slice(start..end), size))
@@ -308,11 +237,7 @@ impl BlobStore {
 impl Store {
     /// Bytes held and reserved by uploads.
     fn used(&self) -> u64 {
-        self.held
-            .values()
-            .map(|h| h.bytes.len() as u64)
-            .sum::<u64>()
-            + self.uploads.values().map(|u| u.size).sum::<u64>()
+        self.held.values().map(|h| h.bytes.len() as u64).sum::<u64>() + self.uploads.values().map(|u| u.size).sum::<u64>()
     }
 }
 
@@ -320,9 +245,7 @@ fn check_name(sha256: &str) -> Result<(), CoordinatorError> {
     if is_sha256_hex(sha256) {
         Ok(())
     } else {
-        Err(bad(format!(
-            "blob name {sha256:?} is not a SHA-256 in 64 lowercase hex digits"
-        )))
+        Err(bad(format!("blob name {sha256:?} is not a SHA-256 in 64 lowercase hex digits")))
     }
 }
 

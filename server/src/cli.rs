@@ -88,11 +88,7 @@ where
         Ok(a) => a,
         Err(e) => {
             let _ = e.print();
-            return if e.use_stderr() {
-                ExitCode::from(2)
-            } else {
-                ExitCode::SUCCESS
-            };
+            return if e.use_stderr() { ExitCode::from(2) } else { ExitCode::SUCCESS };
         }
     };
     let _telemetry = loader_process::telemetry::init("loader-server");
@@ -106,25 +102,17 @@ where
 }
 
 fn run(args: Args) -> Result<(), String> {
-    let addr: SocketAddr = args.listen.parse().map_err(|e| {
-        format!(
-            "invalid --listen address {:?}: {e} (expected HOST:PORT, e.g. 127.0.0.1:7070)",
-            args.listen
-        )
-    })?;
+    let addr: SocketAddr = args
+        .listen
+        .parse()
+        .map_err(|e| format!("invalid --listen address {:?}: {e} (expected HOST:PORT, e.g. 127.0.0.1:7070)", args.listen))?;
     let metrics = args
         .metrics_listen
         .as_deref()
-        .map(|given| {
-            loader_process::telemetry::metrics::parse_listen(given)
-                .map_err(|e| format!("--metrics-listen: {e}"))
-        })
+        .map(|given| loader_process::telemetry::metrics::parse_listen(given).map_err(|e| format!("--metrics-listen: {e}")))
         .transpose()?;
     let ttl = Duration::from_millis(args.lease_ttl_ms);
-    let security = args
-        .security
-        .server(&Role::ALL)
-        .map_err(|e| e.to_string())?;
+    let security = args.security.server(&Role::ALL).map_err(|e| e.to_string())?;
     if let Some(tls) = &security.tls {
         // Refuse unusable files before announcing the address.
         tls.load().map_err(|e| e.to_string())?;
@@ -160,36 +148,27 @@ fn run(args: Args) -> Result<(), String> {
             None => None,
         },
     };
-    let runtime =
-        tokio::runtime::Runtime::new().map_err(|e| format!("cannot start runtime: {e}"))?;
+    let runtime = tokio::runtime::Runtime::new().map_err(|e| format!("cannot start runtime: {e}"))?;
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
-        let local = listener
-            .local_addr()
-            .map_err(|e| format!("cannot read listening address: {e}"))?;
+        let local = listener.local_addr().map_err(|e| format!("cannot read listening address: {e}"))?;
         let metrics = metrics
-            .map(|addr| {
-                loader_process::telemetry::metrics::serve(addr)
-                    .map_err(|e| format!("--metrics-listen: {e}"))
-            })
+            .map(|addr| loader_process::telemetry::metrics::serve(addr).map_err(|e| format!("--metrics-listen: {e}")))
             .transpose()?;
         println!("listening {local}");
         if let Some(addr) = metrics {
             println!("metrics {addr}");
         }
         let _ = std::io::stdout().flush();
-        crate::serve(listener, config, loader_process::signals::stop_requested())
-            .await
-            .map_err(|e| e.to_string())
+        crate::serve(listener, config, loader_process::signals::stop_requested()).await.map_err(|e| e.to_string())
     })
 }
 
 /// `loader-worker` next to this executable, for `--worker-pool local`.
 fn sibling_worker() -> Result<std::path::PathBuf, String> {
-    let exe = std::env::current_exe()
-        .map_err(|e| format!("--worker-pool local: cannot find this executable: {e}"))?;
+    let exe = std::env::current_exe().map_err(|e| format!("--worker-pool local: cannot find this executable: {e}"))?;
     let worker = exe.with_file_name("loader-worker");
     if worker.is_file() {
         Ok(worker)

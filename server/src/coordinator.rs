@@ -75,9 +75,7 @@ const POISON_DEATHS: u32 = 3;
 /// it runs (an in-order trainer may legitimately stop all deliveries while
 /// it waits for a dead worker's batch) are not its fault.
 fn poisoned(t: &mut Tables, job_id: u64, address: &str) {
-    let Some(job) = t.jobs.get_mut(job_id) else {
-        return;
-    };
+    let Some(job) = t.jobs.get_mut(job_id) else { return };
     if job.delivered_any {
         return;
     }
@@ -114,11 +112,7 @@ impl HeartbeatOutcome {
     fn is_empty(&self) -> bool {
         match self {
             HeartbeatOutcome::Reregister => false,
-            HeartbeatOutcome::Tasks {
-                tasks,
-                drain,
-                ended,
-            } => tasks.is_empty() && !drain && ended.is_empty(),
+            HeartbeatOutcome::Tasks { tasks, drain, ended } => tasks.is_empty() && !drain && ended.is_empty(),
         }
     }
 }
@@ -176,20 +170,13 @@ impl Coordinator {
         self.tables.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub(crate) fn create_or_attach(
-        &self,
-        mut spec: pb::JobSpec,
-    ) -> Result<(pb::Job, bool), CoordinatorError> {
+    pub(crate) fn create_or_attach(&self, mut spec: pb::JobSpec) -> Result<(pb::Job, bool), CoordinatorError> {
         // Where the trainer read its blobs is its own business (and would
         // make the specs of ranks on different hosts differ).
         for blob in &mut spec.blobs {
             blob.source.clear();
         }
-        if let Some(missing) = spec
-            .blobs
-            .iter()
-            .find(|b| !self.blobs.holds(&b.sha256, b.size))
-        {
+        if let Some(missing) = spec.blobs.iter().find(|b| !self.blobs.holds(&b.sha256, b.size)) {
             // A malformed or unhashed ref gets the spec's own message.
             loader_proto::spec::plan(&spec)?;
             return Err(CoordinatorError::MissingBlob {
@@ -204,9 +191,7 @@ impl Coordinator {
         let t = &mut *guard;
         crate::admission::admit(&t.workers, &spec)?;
         let sessions = &t.sessions;
-        let out = t
-            .jobs
-            .create_or_attach(spec, |id| sessions.has_job(id), persist)?;
+        let out = t.jobs.create_or_attach(spec, |id| sessions.has_job(id), persist)?;
         drop(guard);
         if !out.1 {
             tracing::info!(job_id = out.0.job_id, "job created");
@@ -224,25 +209,14 @@ impl Coordinator {
             .jobs
             .iter()
             .filter(|j| !j.finished())
-            .flat_map(|j| {
-                j.job
-                    .spec
-                    .iter()
-                    .flat_map(|s| s.blobs.iter().map(|b| b.sha256.clone()))
-            })
+            .flat_map(|j| j.job.spec.iter().flat_map(|s| s.blobs.iter().map(|b| b.sha256.clone())))
             .collect();
         self.blobs.put(chunk, &in_use, std::time::Instant::now())
     }
 
     /// Reads part of a blob: up to `max_bytes` from `offset`, and its size.
-    pub(crate) fn get_blob(
-        &self,
-        sha256: &str,
-        offset: u64,
-        max_bytes: u32,
-    ) -> Result<(prost::bytes::Bytes, u64), CoordinatorError> {
-        self.blobs
-            .get(sha256, offset, max_bytes, std::time::Instant::now())
+    pub(crate) fn get_blob(&self, sha256: &str, offset: u64, max_bytes: u32) -> Result<(prost::bytes::Bytes, u64), CoordinatorError> {
+        self.blobs.get(sha256, offset, max_bytes, std::time::Instant::now())
     }
 
     /// Opens a session; `resume_at` restarts the consumer's queue there.
@@ -262,10 +236,7 @@ impl Coordinator {
         }
         let consumers = job.plan.consumers;
         if consumer >= consumers {
-            return Err(CoordinatorError::BadConsumer {
-                consumer,
-                consumers,
-            });
+            return Err(CoordinatorError::BadConsumer { consumer, consumers });
         }
         let job = job.job.clone();
         if let Some(start_seq) = resume_at {
@@ -291,12 +262,7 @@ impl Coordinator {
 
     /// Renews a session and records its watermark; returns the job's error
     /// if it failed, or None when the session is unknown.
-    pub(crate) fn session_heartbeat(
-        &self,
-        session_id: u64,
-        consumed: u64,
-        stall_ms: u64,
-    ) -> Option<String> {
+    pub(crate) fn session_heartbeat(&self, session_id: u64, consumed: u64, stall_ms: u64) -> Option<String> {
         let mut t = self.lock();
         let s = t.sessions.sessions.get_mut(&session_id)?;
         s.last_seen = Instant::now();
@@ -338,31 +304,15 @@ impl Coordinator {
     /// The key of a session this coordinator opened (empty when tokens are
     /// off): what the trainer presents for it from then on.
     pub(crate) fn session_key(&self, session_id: u64, job_id: u64, consumer: u32) -> String {
-        self.config
-            .security
-            .session_keys
-            .as_ref()
-            .map(|k| k.key(job_id, consumer, session_id))
-            .unwrap_or_default()
+        self.config.security.session_keys.as_ref().map(|k| k.key(job_id, consumer, session_id)).unwrap_or_default()
     }
 
     /// Refuses a call about `session_id` whose `key` is not the session's,
     /// when tokens are on. An unknown session passes: the call itself says
     /// it is unknown, which tells nothing about other sessions.
-    pub(crate) fn check_session_key(
-        &self,
-        session_id: u64,
-        key: &str,
-    ) -> Result<(), CoordinatorError> {
-        let Some(keys) = &self.config.security.session_keys else {
-            return Ok(());
-        };
-        let owner = self
-            .lock()
-            .sessions
-            .sessions
-            .get(&session_id)
-            .map(|s| (s.job_id, s.consumer));
+    pub(crate) fn check_session_key(&self, session_id: u64, key: &str) -> Result<(), CoordinatorError> {
+        let Some(keys) = &self.config.security.session_keys else { return Ok(()) };
+        let owner = self.lock().sessions.sessions.get(&session_id).map(|s| (s.job_id, s.consumer));
         match owner {
             Some((job, consumer)) if !keys.verify(job, consumer, session_id, key) => {
                 Err(CoordinatorError::WrongSessionKey(session_id))
@@ -372,43 +322,21 @@ impl Coordinator {
     }
 
     /// Workers that can serve a session, and the job's error if it failed.
-    pub(crate) fn routes(
-        &self,
-        session_id: u64,
-    ) -> Result<(Vec<pb::Route>, String), CoordinatorError> {
+    pub(crate) fn routes(&self, session_id: u64) -> Result<(Vec<pb::Route>, String), CoordinatorError> {
         let t = self.lock();
-        let s = t
-            .sessions
-            .sessions
-            .get(&session_id)
-            .ok_or(CoordinatorError::UnknownSession(session_id))?;
+        let s = t.sessions.sessions.get(&session_id).ok_or(CoordinatorError::UnknownSession(session_id))?;
         let error = t.jobs.get(s.job_id)?.error.clone().unwrap_or_default();
         let routes = t
             .workers
             .workers
             .iter()
-            .map(|(&id, w)| pb::Route {
-                worker_id: id,
-                address: w.address.clone(),
-                colocated: w.node == s.node,
-            })
+            .map(|(&id, w)| pb::Route { worker_id: id, address: w.address.clone(), colocated: w.node == s.node })
             .collect();
         Ok((routes, error))
     }
 
-    pub(crate) fn register_worker(
-        &self,
-        address: String,
-        node: String,
-        max_outstanding: u32,
-        memory_budget: u64,
-    ) -> u64 {
-        let id = self.lock().workers.register(
-            address.clone(),
-            node,
-            u64::from(max_outstanding),
-            memory_budget,
-        );
+    pub(crate) fn register_worker(&self, address: String, node: String, max_outstanding: u32, memory_budget: u64) -> u64 {
+        let id = self.lock().workers.register(address.clone(), node, u64::from(max_outstanding), memory_budget);
         tracing::info!(worker_id = id, %address, "worker registered");
         id
     }
@@ -444,11 +372,7 @@ impl Coordinator {
                 Some(_) => {}
             }
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                return HeartbeatOutcome::Tasks {
-                    tasks: Vec::new(),
-                    drain: false,
-                    ended: Vec::new(),
-                };
+                return HeartbeatOutcome::Tasks { tasks: Vec::new(), drain: false, ended: Vec::new() };
             }
         }
     }
@@ -456,12 +380,7 @@ impl Coordinator {
     /// Records delivered and failed batches and the worker's windows; false
     /// when the worker is unknown.
     fn apply_report(&self, worker_id: u64, report: WorkerReport) -> bool {
-        let WorkerReport {
-            delivered,
-            failed,
-            windows,
-            busy,
-        } = report;
+        let WorkerReport { delivered, failed, windows, busy } = report;
         let mut guard = self.lock();
         let t = &mut *guard;
         let Some(w) = t.workers.workers.get_mut(&worker_id) else {
@@ -474,9 +393,7 @@ impl Coordinator {
         w.set_windows(windows.into_iter().map(|jw| (jw.job_id, jw.batches)));
         for d in delivered {
             let key = (d.job_id, d.consumer);
-            let Some(held) = w.outstanding.get_mut(&key) else {
-                continue;
-            };
+            let Some(held) = w.outstanding.get_mut(&key) else { continue };
             // Only batches this worker was holding count: a report can
             // never deliver a batch twice.
             let moved: Vec<u64> = d.seqs.iter().copied().filter(|s| held.remove(s)).collect();
@@ -488,22 +405,12 @@ impl Coordinator {
                 && let Some(job) = t.jobs.get_mut(d.job_id)
             {
                 job.delivered_any = true;
-                w.delivered_samples += moved
-                    .iter()
-                    .map(|&seq| job.plan.batch_len(seq))
-                    .sum::<u64>();
+                w.delivered_samples += moved.iter().map(|&seq| job.plan.batch_len(seq)).sum::<u64>();
             }
-            if let Some(c) = t
-                .jobs
-                .get_mut(d.job_id)
-                .and_then(|j| j.consumers.get_mut(d.consumer as usize))
-            {
+            if let Some(c) = t.jobs.get_mut(d.job_id).and_then(|j| j.consumers.get_mut(d.consumer as usize)) {
                 c.delivered += n;
                 let consumed = c.consumed;
-                w.unacked
-                    .entry(key)
-                    .or_default()
-                    .extend(moved.into_iter().filter(|&s| s >= consumed));
+                w.unacked.entry(key).or_default().extend(moved.into_iter().filter(|&s| s >= consumed));
             }
         }
         for f in failed {
@@ -534,11 +441,7 @@ impl Coordinator {
         let w = t.workers.workers.get_mut(&worker_id)?;
         let ended: Vec<ConsumerKey> = std::mem::take(&mut w.ended).into_iter().collect();
         if w.draining {
-            return Some(HeartbeatOutcome::Tasks {
-                tasks: Vec::new(),
-                drain: true,
-                ended,
-            });
+            return Some(HeartbeatOutcome::Tasks { tasks: Vec::new(), drain: true, ended });
         }
         let mut tasks = Vec::new();
         loop {
@@ -573,11 +476,7 @@ impl Coordinator {
                         continue;
                     };
                     w.outstanding.entry(key).or_default().extend(range.clone());
-                    let ring_socket = t
-                        .sessions
-                        .ring_for(job_id, c as u32, &w.node)
-                        .unwrap_or_default()
-                        .to_owned();
+                    let ring_socket = t.sessions.ring_for(job_id, c as u32, &w.node).unwrap_or_default().to_owned();
                     let traceparents = t.traces.assign(key, range.clone(), worker_id);
                     tasks.push(pb::Task {
                         job: Some(job.job.clone()),
@@ -591,11 +490,7 @@ impl Coordinator {
                 }
             }
             if !progressed {
-                return Some(HeartbeatOutcome::Tasks {
-                    tasks,
-                    drain: false,
-                    ended,
-                });
+                return Some(HeartbeatOutcome::Tasks { tasks, drain: false, ended });
             }
         }
     }
@@ -622,17 +517,9 @@ impl Coordinator {
             // Jobs it was making batches of: a job whose workers keep dying
             // before any of its batches is delivered is failed, so that it
             // takes down no more of them.
-            let held: std::collections::BTreeSet<u64> =
-                t.workers
-                    .workers
-                    .get(&id)
-                    .map_or_else(Default::default, |w| {
-                        w.outstanding
-                            .iter()
-                            .filter(|(_, s)| !s.is_empty())
-                            .map(|(&(job_id, _), _)| job_id)
-                            .collect()
-                    });
+            let held: std::collections::BTreeSet<u64> = t.workers.workers.get(&id).map_or_else(Default::default, |w| {
+                w.outstanding.iter().filter(|(_, s)| !s.is_empty()).map(|(&(job_id, _), _)| job_id).collect()
+            });
             if let Some((address, requeued)) = retire(t, id) {
                 tracing::warn!(worker_id = id, %address, requeued, "worker lease expired");
                 for job_id in held {
@@ -645,12 +532,7 @@ impl Coordinator {
         t.sessions.sessions.retain(|id, s| {
             let alive = now.saturating_duration_since(s.last_seen) <= ttl;
             if !alive {
-                tracing::warn!(
-                    session_id = id,
-                    job_id = s.job_id,
-                    consumer = s.consumer,
-                    "session lease expired"
-                );
+                tracing::warn!(session_id = id, job_id = s.job_id, consumer = s.consumer, "session lease expired");
                 orphans.push((s.job_id, s.consumer));
             }
             alive
@@ -675,11 +557,7 @@ impl Coordinator {
                 "consumer has no session; batches held for it taken back"
             );
         }
-        crate::meters::tables(
-            t.workers.workers.len(),
-            t.sessions.sessions.len(),
-            t.jobs.iter().count(),
-        );
+        crate::meters::tables(t.workers.workers.len(), t.sessions.sessions.len(), t.jobs.iter().count());
         drop(guard);
         // Wake long polls: requeued batches, and workers to tell.
         if !dead.is_empty() || told > 0 {
@@ -698,15 +576,8 @@ impl Coordinator {
         }
         let mut guard = self.lock();
         let t = &mut *guard;
-        let Some(s) = t.sessions.sessions.remove(&session_id) else {
-            return;
-        };
-        tracing::info!(
-            session_id,
-            job_id = s.job_id,
-            consumer = s.consumer,
-            "session closed"
-        );
+        let Some(s) = t.sessions.sessions.remove(&session_id) else { return };
+        tracing::info!(session_id, job_id = s.job_id, consumer = s.consumer, "session closed");
         let mut told = 0;
         if !t.sessions.has_consumer(s.job_id, s.consumer) {
             told = end_consumer(t, (s.job_id, s.consumer)).workers;
@@ -720,11 +591,7 @@ impl Coordinator {
     /// Marks a worker draining: no new tasks; it leaves when done.
     pub(crate) fn drain_worker(&self, worker_id: u64) -> Result<(), CoordinatorError> {
         let mut t = self.lock();
-        let w = t
-            .workers
-            .workers
-            .get_mut(&worker_id)
-            .ok_or(CoordinatorError::UnknownWorker(worker_id))?;
+        let w = t.workers.workers.get_mut(&worker_id).ok_or(CoordinatorError::UnknownWorker(worker_id))?;
         w.draining = true;
         drop(t);
         tracing::info!(worker_id, "worker draining");
@@ -736,8 +603,7 @@ impl Coordinator {
     /// A worker leaves; whatever it still holds goes back to the queues.
     pub(crate) fn deregister(&self, worker_id: u64) -> Result<(), CoordinatorError> {
         let mut guard = self.lock();
-        let (address, requeued) =
-            retire(&mut guard, worker_id).ok_or(CoordinatorError::UnknownWorker(worker_id))?;
+        let (address, requeued) = retire(&mut guard, worker_id).ok_or(CoordinatorError::UnknownWorker(worker_id))?;
         drop(guard);
         tracing::info!(worker_id, %address, requeued, "worker deregistered");
         if requeued > 0 {
@@ -748,8 +614,7 @@ impl Coordinator {
 
     /// Expires leases every quarter TTL until `stop` is cancelled.
     pub(crate) async fn reap_leases(self, stop: tokio_util::sync::CancellationToken) {
-        let mut tick =
-            tokio::time::interval((self.config.lease_ttl / 4).max(Duration::from_millis(10)));
+        let mut tick = tokio::time::interval((self.config.lease_ttl / 4).max(Duration::from_millis(10)));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {

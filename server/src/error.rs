@@ -44,9 +44,7 @@ pub enum CoordinatorError {
         total: u64,
     },
     /// A named job exists with a different spec.
-    #[error(
-        "a job named {0:?} already exists with a different spec; pick another name or submit the same spec"
-    )]
+    #[error("a job named {0:?} already exists with a different spec; pick another name or submit the same spec")]
     NameTaken(String),
     /// A resumed job's new plan was submitted under the name of a job that
     /// runs another plan and still has trainers.
@@ -56,9 +54,7 @@ pub enum CoordinatorError {
     ResumeConflict(String),
     /// A session was asked for a job that a resumed plan of the same name
     /// replaced.
-    #[error(
-        "job {0} was replaced by a resumed plan of the same name; resume from the saved state again"
-    )]
+    #[error("job {0} was replaced by a resumed plan of the same name; resume from the saved state again")]
     Replaced(u64),
     /// A required message field is missing.
     #[error("request is missing {0}")]
@@ -83,18 +79,14 @@ pub enum CoordinatorError {
     WorkerStart(String),
     /// A call about a session without that session's key: only the
     /// trainer that opened a session may act for it.
-    #[error(
-        "session {0}: missing or wrong session key (a trainer may act only for the sessions it opened)"
-    )]
+    #[error("session {0}: missing or wrong session key (a trainer may act only for the sessions it opened)")]
     WrongSessionKey(u64),
     /// A `PutBlob` or `GetBlob` call that cannot be right (a bad hash, a
     /// chunk too large or past the blob's end, sizes that disagree).
     #[error("{0}")]
     BadBlobRequest(String),
     /// An upload's bytes do not hash to the name it was uploaded under.
-    #[error(
-        "blob {sha256}: the uploaded bytes hash to {got}; upload the file again (did it change while it was read?)"
-    )]
+    #[error("blob {sha256}: the uploaded bytes hash to {got}; upload the file again (did it change while it was read?)")]
     BlobMismatch {
         /// The name it was uploaded under.
         sha256: String,
@@ -102,9 +94,7 @@ pub enum CoordinatorError {
         got: String,
     },
     /// A blob larger than the whole blob budget.
-    #[error(
-        "blob {sha256} of {size} is larger than this coordinator's blob budget of {budget}; start loader-server with a larger --blob-budget"
-    )]
+    #[error("blob {sha256} of {size} is larger than this coordinator's blob budget of {budget}; start loader-server with a larger --blob-budget")]
     BlobTooLarge {
         /// The blob.
         sha256: String,
@@ -114,9 +104,7 @@ pub enum CoordinatorError {
         budget: String,
     },
     /// A blob that does not fit next to the blobs running jobs need.
-    #[error(
-        "blob {sha256} of {size} does not fit: {used} of this coordinator's {budget} blob budget hold blobs of unfinished jobs; wait for them to finish or raise loader-server --blob-budget"
-    )]
+    #[error("blob {sha256} of {size} does not fit: {used} of this coordinator's {budget} blob budget hold blobs of unfinished jobs; wait for them to finish or raise loader-server --blob-budget")]
     BlobBudgetFull {
         /// The blob.
         sha256: String,
@@ -128,14 +116,10 @@ pub enum CoordinatorError {
         budget: String,
     },
     /// A read of a blob the coordinator does not hold.
-    #[error(
-        "this coordinator holds no blob {0}; the trainer uploads it before it submits the job (a restarted coordinator gets it again when the trainer reopens its session)"
-    )]
+    #[error("this coordinator holds no blob {0}; the trainer uploads it before it submits the job (a restarted coordinator gets it again when the trainer reopens its session)")]
     UnknownBlob(String),
     /// A job names a blob the coordinator does not hold.
-    #[error(
-        "the job needs blob `{name}` ({sha256}, {size} bytes), which this coordinator does not hold; upload it first with PutBlob (the SDKs upload a spec's pickle_file themselves)"
-    )]
+    #[error("the job needs blob `{name}` ({sha256}, {size} bytes), which this coordinator does not hold; upload it first with PutBlob (the SDKs upload a spec's pickle_file themselves)")]
     MissingBlob {
         /// The blob's name in the spec.
         name: String,
@@ -152,13 +136,9 @@ impl From<CoordinatorError> for Status {
             CoordinatorError::ProtocolMismatch { .. }
             | CoordinatorError::NoWorkerPool
             | CoordinatorError::MissingBlob { .. } => Code::FailedPrecondition,
-            CoordinatorError::BlobTooLarge { .. } | CoordinatorError::BlobBudgetFull { .. } => {
-                Code::ResourceExhausted
-            }
+            CoordinatorError::BlobTooLarge { .. } | CoordinatorError::BlobBudgetFull { .. } => Code::ResourceExhausted,
             CoordinatorError::WorkerStart(_) => Code::Internal,
-            CoordinatorError::ScaleRefused(_) | CoordinatorError::WrongSessionKey(_) => {
-                Code::PermissionDenied
-            }
+            CoordinatorError::ScaleRefused(_) | CoordinatorError::WrongSessionKey(_) => Code::PermissionDenied,
             CoordinatorError::ScaleFailed(_) => Code::Unavailable,
             CoordinatorError::InvalidSpec(_)
             | CoordinatorError::BadConsumer { .. }
@@ -172,9 +152,7 @@ impl From<CoordinatorError> for Status {
             | CoordinatorError::UnknownWorker(_)
             | CoordinatorError::UnknownSession(_) => Code::NotFound,
             CoordinatorError::NameTaken(_) => Code::AlreadyExists,
-            CoordinatorError::ResumeConflict(_) | CoordinatorError::Replaced(_) => {
-                Code::FailedPrecondition
-            }
+            CoordinatorError::ResumeConflict(_) | CoordinatorError::Replaced(_) => Code::FailedPrecondition,
             CoordinatorError::Journal(_) => Code::Unavailable,
         };
         Status::new(code, e.to_string())
@@ -184,9 +162,5 @@ impl From<CoordinatorError> for Status {
 /// Rejects a peer of another protocol version.
 pub(crate) fn check_version(got: u32) -> Result<(), CoordinatorError> {
     let want = loader_proto::PROTOCOL_VERSION;
-    if got == want {
-        Ok(())
-    } else {
-        Err(CoordinatorError::ProtocolMismatch { got, want })
-    }
+    if got == want { Ok(()) } else { Err(CoordinatorError::ProtocolMismatch { got, want }) }
 }

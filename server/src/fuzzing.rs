@@ -17,12 +17,7 @@ use crate::service::{admin::AdminApi, trainer::TrainerApi, worker::WorkerApi};
 /// everything in memory (`config.state_dir` must be None; a pool is ignored).
 pub fn services(
     mut config: ServerConfig,
-) -> (
-    impl WorkerService,
-    impl TrainerService,
-    impl AdminService,
-    impl ExternalScaler,
-) {
+) -> (impl WorkerService, impl TrainerService, impl AdminService, impl ExternalScaler) {
     config.state_dir = None;
     config.worker_pool = None;
     // Without a journal `open` touches no file and cannot fail.
@@ -30,10 +25,7 @@ pub fn services(
     (
         WorkerApi(coordinator.clone()),
         TrainerApi(coordinator.clone()),
-        AdminApi {
-            coordinator: coordinator.clone(),
-            pool: None,
-        },
+        AdminApi { coordinator: coordinator.clone(), pool: None },
         crate::service::keda::KedaScaler::new(coordinator),
     )
 }

@@ -76,15 +76,8 @@ impl JobState {
 /// weights (new ones at a resume).
 fn same_job(a: &pb::JobSpec, b: &pb::JobSpec) -> bool {
     let bare = |s: &pb::JobSpec| {
-        let mut bare = pb::JobSpec {
-            consumers: 0,
-            batch_size: 0,
-            resume: None,
-            ..s.clone()
-        };
-        if let Some(pb::dataset_spec::Kind::Mix(m)) =
-            bare.dataset.as_mut().and_then(|d| d.kind.as_mut())
-        {
+        let mut bare = pb::JobSpec { consumers: 0, batch_size: 0, resume: None, ..s.clone() };
+        if let Some(pb::dataset_spec::Kind::Mix(m)) = bare.dataset.as_mut().and_then(|d| d.kind.as_mut()) {
             m.sources.iter_mut().for_each(|s| s.weight = 0.0);
             m.stages.clear();
             m.weights_from = 0;
@@ -156,11 +149,7 @@ impl JobTable {
 
     /// Brings back a journaled job: each consumer resumes at its watermark.
     pub(crate) fn restore(&mut self, journaled: JournaledJob) -> Result<(), CoordinatorError> {
-        let spec = journaled
-            .job
-            .spec
-            .clone()
-            .ok_or(CoordinatorError::Missing("spec of a journaled job"))?;
+        let spec = journaled.job.spec.clone().ok_or(CoordinatorError::Missing("spec of a journaled job"))?;
         let plan = loader_proto::spec::plan(&spec)?;
         self.next_id = self.next_id.max(journaled.job.job_id);
         self.insert(journaled.job, plan, &journaled.watermarks);
@@ -172,11 +161,7 @@ impl JobTable {
         let first = plan.first_seq();
         let consumers = (0..plan.consumers)
             .map(|c| {
-                let consumed = watermarks
-                    .iter()
-                    .find(|(k, _)| *k == c)
-                    .map_or(0, |(_, w)| *w)
-                    .max(first);
+                let consumed = watermarks.iter().find(|(k, _)| *k == c).map_or(0, |(_, w)| *w).max(first);
                 ConsumerState {
                     queue: RangeQueue::starting_at(consumed, plan.total_batches()),
                     delivered: consumed,
@@ -191,15 +176,8 @@ impl JobTable {
             self.names.insert(spec.name.clone(), job.job_id);
         }
         let name = job.spec.as_ref().map_or("", |s| s.name.as_str());
-        let life = tracing::info_span!(
-            "job",
-            job_id = job.job_id,
-            name,
-            batches = plan.total_batches()
-        );
-        self.jobs.insert(
-            job.job_id,
-            JobState {
+        let life = tracing::info_span!("job", job_id = job.job_id, name, batches = plan.total_batches());
+        self.jobs.insert(job.job_id, JobState {
                 life,
                 job,
                 plan,
@@ -208,8 +186,7 @@ impl JobTable {
                 delivered_any: watermarks.iter().any(|&(_, w)| w > 0),
                 replaced: false,
                 deaths_before_delivery: 0,
-            },
-        );
+            });
     }
 
     pub(crate) fn get(&self, id: u64) -> Result<&JobState, CoordinatorError> {
@@ -218,25 +195,11 @@ impl JobTable {
 
     /// Restarts a consumer's queue at `start_seq`, the first batch a resumed
     /// trainer has not consumed.
-    pub(crate) fn reposition(
-        &mut self,
-        id: u64,
-        consumer: u32,
-        start_seq: u64,
-    ) -> Result<(), CoordinatorError> {
-        let job = self
-            .jobs
-            .get_mut(&id)
-            .ok_or(CoordinatorError::UnknownJob(id))?;
+    pub(crate) fn reposition(&mut self, id: u64, consumer: u32, start_seq: u64) -> Result<(), CoordinatorError> {
+        let job = self.jobs.get_mut(&id).ok_or(CoordinatorError::UnknownJob(id))?;
         let total = job.plan.total_batches();
         let consumers = job.plan.consumers;
-        let c = job
-            .consumers
-            .get_mut(consumer as usize)
-            .ok_or(CoordinatorError::BadConsumer {
-                consumer,
-                consumers,
-            })?;
+        let c = job.consumers.get_mut(consumer as usize).ok_or(CoordinatorError::BadConsumer { consumer, consumers })?;
         if start_seq > total {
             return Err(CoordinatorError::BadResume { start_seq, total });
         }

@@ -49,12 +49,8 @@ impl Journal {
     pub(crate) fn open(dir: &Path) -> Result<Self, JournalError> {
         let file = dir.join("coordinator.redb");
         let path = file.display().to_string();
-        let fail = |cause: String| JournalError {
-            path: path.clone(),
-            cause,
-        };
-        std::fs::create_dir_all(dir)
-            .map_err(|e| fail(format!("cannot create the state directory: {e}")))?;
+        let fail = |cause: String| JournalError { path: path.clone(), cause };
+        std::fs::create_dir_all(dir).map_err(|e| fail(format!("cannot create the state directory: {e}")))?;
         let db = Database::create(&file).map_err(|e| fail(e.to_string()))?;
         let journal = Self { db, path };
         // Create the tables so that reads of a fresh journal find them.
@@ -68,16 +64,10 @@ impl Journal {
     }
 
     fn fail(&self, cause: impl ToString) -> JournalError {
-        JournalError {
-            path: self.path.clone(),
-            cause: cause.to_string(),
-        }
+        JournalError { path: self.path.clone(), cause: cause.to_string() }
     }
 
-    fn write(
-        &self,
-        f: impl FnOnce(&redb::WriteTransaction) -> Result<(), redb::Error>,
-    ) -> Result<(), JournalError> {
+    fn write(&self, f: impl FnOnce(&redb::WriteTransaction) -> Result<(), redb::Error>) -> Result<(), JournalError> {
         let tx = self.db.begin_write().map_err(|e| self.fail(e))?;
         f(&tx).map_err(|e| self.fail(e))?;
         tx.commit().map_err(|e| self.fail(e))
@@ -105,15 +95,9 @@ impl Journal {
     }
 
     /// Records a consumer's acknowledged watermark.
-    pub(crate) fn put_watermark(
-        &self,
-        job_id: u64,
-        consumer: u32,
-        consumed: u64,
-    ) -> Result<(), JournalError> {
+    pub(crate) fn put_watermark(&self, job_id: u64, consumer: u32, consumed: u64) -> Result<(), JournalError> {
         self.write(|tx| {
-            tx.open_table(WATERMARKS)?
-                .insert((job_id, consumer), consumed)?;
+            tx.open_table(WATERMARKS)?.insert((job_id, consumer), consumed)?;
             Ok(())
         })
     }
@@ -126,12 +110,9 @@ impl Journal {
         let mut out = Vec::new();
         for entry in jobs.iter().map_err(|e| self.fail(e))? {
             let (id, bytes) = entry.map_err(|e| self.fail(e))?;
-            let job = pb::Job::decode(bytes.value())
-                .map_err(|e| self.fail(format!("job {}: {e}", id.value())))?;
+            let job = pb::Job::decode(bytes.value()).map_err(|e| self.fail(format!("job {}: {e}", id.value())))?;
             let mut watermarks = Vec::new();
-            let range = marks
-                .range((id.value(), 0)..=(id.value(), u32::MAX))
-                .map_err(|e| self.fail(e))?;
+            let range = marks.range((id.value(), 0)..=(id.value(), u32::MAX)).map_err(|e| self.fail(e))?;
             for mark in range {
                 let (key, consumed) = mark.map_err(|e| self.fail(e))?;
                 watermarks.push((key.value().1, consumed.value()));
@@ -152,13 +133,7 @@ mod tests {
         {
             let j = Journal::open(dir.path()).expect("open");
             assert_eq!(j.next_boot().expect("boot"), 1);
-            j.put_job(&pb::Job {
-                job_id: 3,
-                num_samples: 10,
-                batches_per_epoch: 2,
-                spec: None,
-            })
-            .expect("job");
+            j.put_job(&pb::Job { job_id: 3, num_samples: 10, batches_per_epoch: 2, spec: None }).expect("job");
             j.put_watermark(3, 1, 7).expect("mark");
             j.put_watermark(3, 1, 9).expect("mark");
             j.put_watermark(3, 0, 4).expect("mark");

@@ -49,12 +49,12 @@ mod workers;
 use std::future::Future;
 use std::sync::Arc;
 
-use loader_process::grpc::{Access, Services};
-use loader_process::security::Role;
 use loader_proto::pb::{
     admin_service_server::AdminServiceServer, trainer_service_server::TrainerServiceServer,
     worker_service_server::WorkerServiceServer,
 };
+use loader_process::grpc::{Access, Services};
+use loader_process::security::Role;
 use tokio::net::TcpListener;
 
 pub use config::{LocalPoolConfig, ServerConfig, WorkerPoolConfig};
@@ -89,13 +89,8 @@ pub async fn serve(
     let pool = match &config.worker_pool {
         Some(pool) => {
             let addr = listener.local_addr().map_err(ServerError::Address)?;
-            let url =
-                loader_process::grpc::normalize(&addr.to_string(), config.security.tls.is_some());
-            Some(Arc::new(
-                WorkerPool::open(pool, url)
-                    .await
-                    .map_err(ServerError::Pool)?,
-            ))
+            let url = loader_process::grpc::normalize(&addr.to_string(), config.security.tls.is_some());
+            Some(Arc::new(WorkerPool::open(pool, url).await.map_err(ServerError::Pool)?))
         }
         None => None,
     };
@@ -116,25 +111,10 @@ pub async fn serve(
     // Who may call what (docs/security.md): KEDA's scaler client sends no
     // headers, so its service also admits a verified client certificate.
     let services = Services::new(loader_proto::pb::FILE_DESCRIPTOR_SET)
-        .serve(
-            Access::Role(Role::Worker),
-            WorkerServiceServer::new(WorkerApi(coordinator.clone())),
-        )
-        .serve(
-            Access::Role(Role::Trainer),
-            TrainerServiceServer::new(TrainerApi(coordinator.clone())),
-        )
-        .serve(
-            Access::RoleOrClientCert(Role::Admin),
-            service::keda::server(coordinator.clone()),
-        )
-        .serve(
-            Access::Role(Role::Admin),
-            AdminServiceServer::new(AdminApi {
-                coordinator,
-                pool: pool.clone(),
-            }),
-        );
+        .serve(Access::Role(Role::Worker), WorkerServiceServer::new(WorkerApi(coordinator.clone())))
+        .serve(Access::Role(Role::Trainer), TrainerServiceServer::new(TrainerApi(coordinator.clone())))
+        .serve(Access::RoleOrClientCert(Role::Admin), service::keda::server(coordinator.clone()))
+        .serve(Access::Role(Role::Admin), AdminServiceServer::new(AdminApi { coordinator, pool: pool.clone() }));
     let served = loader_process::grpc::serve(listener, services, &security, shutdown).await;
     stop.cancel();
     let _ = reaper.await;

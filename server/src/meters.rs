@@ -6,8 +6,7 @@
 /// Leases that ran out: `kind` is `worker` or `session`.
 pub(crate) fn lease_expired(kind: &'static str, n: usize) {
     if n > 0 {
-        metrics::counter!("loader_coordinator_lease_expiries_total", "kind" => kind)
-            .increment(n as u64);
+        metrics::counter!("loader_coordinator_lease_expiries_total", "kind" => kind).increment(n as u64);
     }
 }
 

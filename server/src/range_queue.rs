@@ -20,11 +20,7 @@ pub(crate) struct RangeQueue {
 impl RangeQueue {
     /// A queue whose numbers below `next` were consumed before a restart.
     pub(crate) fn starting_at(next: u64, end: u64) -> Self {
-        Self {
-            next: next.min(end),
-            end,
-            returned: BTreeSet::new(),
-        }
+        Self { next: next.min(end), end, returned: BTreeSet::new() }
     }
 
     /// Takes up to `max` consecutive sequence numbers, lowest first.
@@ -49,11 +45,7 @@ impl RangeQueue {
 
     /// Takes up to `max` consecutive given-back sequence numbers, if any.
     pub(crate) fn take_returned(&mut self, max: u64) -> Option<Range<u64>> {
-        if self.returned.is_empty() {
-            None
-        } else {
-            self.take(max)
-        }
+        if self.returned.is_empty() { None } else { self.take(max) }
     }
 
     /// Gives handed-out sequence numbers back, to be handed out again.
@@ -88,11 +80,7 @@ mod tests {
         let mut q = RangeQueue::starting_at(0, 10);
         assert_eq!(q.take(6), Some(0..6));
         q.give_back([4, 1, 2, 9]);
-        assert_eq!(
-            q.handed_out(),
-            3,
-            "9 was never handed out and is not taken back"
-        );
+        assert_eq!(q.handed_out(), 3, "9 was never handed out and is not taken back");
         assert_eq!(q.take_returned(5), Some(1..3));
         assert_eq!(q.take(5), Some(4..5));
         assert_eq!(q.take_returned(5), None, "only given-back numbers");

@@ -31,39 +31,21 @@ impl SessionTable {
     /// A table whose ids start above `base`, so that ids handed out before a
     /// restart never name a different process after it.
     pub(crate) fn with_id_base(base: u64) -> Self {
-        Self {
-            next_id: base,
-            ..Self::default()
-        }
+        Self { next_id: base, ..Self::default() }
     }
 
-    pub(crate) fn open(
-        &mut self,
-        job_id: u64,
-        consumer: u32,
-        node: String,
-        ring_socket: String,
-    ) -> u64 {
+    pub(crate) fn open(&mut self, job_id: u64, consumer: u32, node: String, ring_socket: String) -> u64 {
         self.next_id += 1;
         self.sessions.insert(
             self.next_id,
-            SessionState {
-                job_id,
-                consumer,
-                node,
-                ring_socket,
-                last_seen: Instant::now(),
-                stall_ms: 0,
-            },
+            SessionState { job_id, consumer, node, ring_socket, last_seen: Instant::now(), stall_ms: 0 },
         );
         self.next_id
     }
 
     /// Whether some open session consumes `(job_id, consumer)`.
     pub(crate) fn has_consumer(&self, job_id: u64, consumer: u32) -> bool {
-        self.sessions
-            .values()
-            .any(|s| s.job_id == job_id && s.consumer == consumer)
+        self.sessions.values().any(|s| s.job_id == job_id && s.consumer == consumer)
     }
 
     /// Whether some open session consumes any rank of `job_id`.

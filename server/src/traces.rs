@@ -10,8 +10,8 @@
 use std::collections::HashMap;
 use std::ops::Range;
 
-use loader_process::telemetry::trace;
 use loader_proto::ConsumerKey;
+use loader_process::telemetry::trace;
 use tracing::Span;
 use tracing::field::Empty;
 
@@ -26,12 +26,7 @@ impl BatchTraces {
     /// Starts (or, for a batch given out again, keeps) the root span of
     /// every batch of `range`, and returns the `traceparent` of those
     /// sampled, for the task. Empty when spans are not exported.
-    pub(crate) fn assign(
-        &mut self,
-        key: ConsumerKey,
-        range: Range<u64>,
-        worker_id: u64,
-    ) -> HashMap<u64, String> {
+    pub(crate) fn assign(&mut self, key: ConsumerKey, range: Range<u64>, worker_id: u64) -> HashMap<u64, String> {
         if !trace::exporting() {
             return HashMap::new();
         }
@@ -43,9 +38,10 @@ impl BatchTraces {
             if !trace::sample_batch(job_id, consumer, seq) {
                 continue;
             }
-            let span = self.open.entry((job_id, consumer, seq)).or_insert_with(|| {
-                tracing::info_span!("batch", job_id, consumer, seq, worker_id = Empty)
-            });
+            let span = self
+                .open
+                .entry((job_id, consumer, seq))
+                .or_insert_with(|| tracing::info_span!("batch", job_id, consumer, seq, worker_id = Empty));
             // The last worker given it (a batch given out again keeps its
             // span: the trace shows each attempt's produce span).
             span.record("worker_id", worker_id);
@@ -76,8 +72,7 @@ impl BatchTraces {
         if self.open.is_empty() {
             return;
         }
-        self.open
-            .retain(|&(j, c, _), _| j != job_id || consumer.is_some_and(|k| k != c));
+        self.open.retain(|&(j, c, _), _| j != job_id || consumer.is_some_and(|k| k != c));
     }
 }
 

@@ -53,10 +53,7 @@ impl WorkerState {
 
     /// Batches of `job_id` it may hold undelivered per consumer.
     pub(crate) fn window_for(&self, job_id: u64) -> u64 {
-        self.windows
-            .get(&job_id)
-            .copied()
-            .unwrap_or(self.max_outstanding)
+        self.windows.get(&job_id).copied().unwrap_or(self.max_outstanding)
     }
 
     /// Records the windows a heartbeat announced. A window is never below
@@ -65,8 +62,7 @@ impl WorkerState {
     pub(crate) fn set_windows(&mut self, windows: impl IntoIterator<Item = (u64, u32)>) {
         let cap = u64::from(loader_proto::window::MAX_WINDOW).max(self.max_outstanding);
         for (job_id, batches) in windows {
-            self.windows
-                .insert(job_id, u64::from(batches).clamp(self.max_outstanding, cap));
+            self.windows.insert(job_id, u64::from(batches).clamp(self.max_outstanding, cap));
         }
     }
 
@@ -86,19 +82,10 @@ impl WorkerTable {
     /// A table whose ids start above `base`, so that ids handed out before a
     /// restart never name a different process after it.
     pub(crate) fn with_id_base(base: u64) -> Self {
-        Self {
-            next_id: base,
-            ..Self::default()
-        }
+        Self { next_id: base, ..Self::default() }
     }
 
-    pub(crate) fn register(
-        &mut self,
-        address: String,
-        node: String,
-        max_outstanding: u64,
-        memory_budget: u64,
-    ) -> u64 {
+    pub(crate) fn register(&mut self, address: String, node: String, max_outstanding: u64, memory_budget: u64) -> u64 {
         self.next_id += 1;
         let state = WorkerState {
             address,

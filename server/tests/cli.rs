@@ -33,15 +33,10 @@ fn prints_listening_line_with_the_bound_port() {
         .spawn()
         .expect("spawn loader-server");
     let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("read");
+    BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("read");
     let _ = child.kill();
     let _ = child.wait();
-    let addr = line
-        .trim()
-        .strip_prefix("listening ")
-        .expect("listening line");
+    let addr = line.trim().strip_prefix("listening ").expect("listening line");
     let addr: std::net::SocketAddr = addr.parse().expect("socket address");
     assert_ne!(addr.port(), 0);
 }
@@ -52,10 +47,7 @@ fn bad_address_is_a_one_line_error() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.trim().lines().count(), 1, "{err}");
-    assert!(
-        err.contains("invalid --listen address \"not-an-address\""),
-        "{err}"
-    );
+    assert!(err.contains("invalid --listen address \"not-an-address\""), "{err}");
 }
 
 #[test]

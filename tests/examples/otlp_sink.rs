@@ -7,9 +7,7 @@
 use std::io::Read;
 
 fn main() -> std::process::ExitCode {
-    let listen = std::env::args()
-        .nth(1)
-        .unwrap_or_else(|| "127.0.0.1:0".to_owned());
+    let listen = std::env::args().nth(1).unwrap_or_else(|| "127.0.0.1:0".to_owned());
     let receiver = match loader_e2e::OtlpReceiver::start(&listen) {
         Ok(r) => r,
         Err(e) => {

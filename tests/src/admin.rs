@@ -4,13 +4,12 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use loader_process::grpc::Channel;
-use loader_process::security::ClientSecurity;
 use loader_proto::pb::admin_service_client::AdminServiceClient;
 use loader_proto::pb::{
-    DrainWorkerRequest, JobInfo, ListJobsRequest, ListSessionsRequest, ListWorkersRequest,
-    SessionInfo, WorkerInfo,
+    DrainWorkerRequest, JobInfo, ListJobsRequest, ListSessionsRequest, ListWorkersRequest, SessionInfo, WorkerInfo,
 };
+use loader_process::grpc::Channel;
+use loader_process::security::ClientSecurity;
 
 /// Longest one admin call may take.
 const CALL: Duration = Duration::from_secs(5);
@@ -34,20 +33,12 @@ impl Admin {
 
     /// A client presenting `security`'s TLS settings and token.
     pub fn with_security(url: &str, security: &ClientSecurity) -> Admin {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("admin runtime");
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("admin runtime");
         let channel = {
             let _enter = runtime.enter();
-            loader_process::grpc::endpoint(url, security)
-                .expect("coordinator URL")
-                .connect_lazy()
+            loader_process::grpc::endpoint(url, security).expect("coordinator URL").connect_lazy()
         };
-        Admin {
-            runtime,
-            client: AdminServiceClient::new(channel),
-        }
+        Admin { runtime, client: AdminServiceClient::new(channel) }
     }
 
     fn call<T, F: Future<Output = Result<tonic::Response<T>, tonic::Status>>>(
@@ -59,9 +50,7 @@ impl Admin {
         self.runtime.block_on(async move {
             match tokio::time::timeout(CALL, f(client)).await {
                 Ok(Ok(reply)) => Ok(reply.into_inner()),
-                Ok(Err(status)) => {
-                    Err(format!("{what}: {:?}: {}", status.code(), status.message()))
-                }
+                Ok(Err(status)) => Err(format!("{what}: {:?}: {}", status.code(), status.message())),
                 Err(_) => Err(format!("{what}: no answer within {CALL:?}")),
             }
         })
@@ -69,34 +58,24 @@ impl Admin {
 
     /// The registered workers.
     pub fn workers(&self) -> Result<Vec<WorkerInfo>, String> {
-        self.call("ListWorkers", |mut c| async move {
-            c.list_workers(ListWorkersRequest {}).await
-        })
-        .map(|r| r.workers)
+        self.call("ListWorkers", |mut c| async move { c.list_workers(ListWorkersRequest {}).await }).map(|r| r.workers)
     }
 
     /// The open trainer sessions.
     pub fn sessions(&self) -> Result<Vec<SessionInfo>, String> {
-        self.call("ListSessions", |mut c| async move {
-            c.list_sessions(ListSessionsRequest {}).await
-        })
-        .map(|r| r.sessions)
+        self.call("ListSessions", |mut c| async move { c.list_sessions(ListSessionsRequest {}).await })
+            .map(|r| r.sessions)
     }
 
     /// The jobs with their consumers' progress.
     pub fn jobs(&self) -> Result<Vec<JobInfo>, String> {
-        self.call("ListJobs", |mut c| async move {
-            c.list_jobs(ListJobsRequest {}).await
-        })
-        .map(|r| r.jobs)
+        self.call("ListJobs", |mut c| async move { c.list_jobs(ListJobsRequest {}).await }).map(|r| r.jobs)
     }
 
     /// Tells worker `worker_id` to drain.
     pub fn drain(&self, worker_id: u64) -> Result<(), String> {
-        self.call("DrainWorker", |mut c| async move {
-            c.drain_worker(DrainWorkerRequest { worker_id }).await
-        })
-        .map(|_| ())
+        self.call("DrainWorker", |mut c| async move { c.drain_worker(DrainWorkerRequest { worker_id }).await })
+            .map(|_| ())
     }
 
     /// The id of the worker serving at `addr` (its `listening` address).
@@ -124,10 +103,7 @@ impl Admin {
                 Ok(None) => "not yet".to_owned(),
                 Err(e) => e,
             };
-            assert!(
-                Instant::now() < deadline,
-                "{what}: not within {limit:?} ({last})"
-            );
+            assert!(Instant::now() < deadline, "{what}: not within {limit:?} ({last})");
             std::thread::sleep(POLL);
         }
     }

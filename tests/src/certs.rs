@@ -6,8 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose,
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose,
 };
 
 /// A certificate authority whose files are in a directory.
@@ -37,22 +36,12 @@ impl TestCa {
     pub fn new(dir: &Path, name: &str) -> TestCa {
         let key = KeyPair::generate().expect("CA key");
         let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
-        params
-            .distinguished_name
-            .push(DnType::CommonName, format!("Loader test CA {name}"));
+        params.distinguished_name.push(DnType::CommonName, format!("Loader test CA {name}"));
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
         let cert = params.self_signed(&key).expect("CA certificate");
         std::fs::write(dir.join(format!("{name}.pem")), cert.pem()).expect("write CA");
-        TestCa {
-            issuer: Issuer::new(params, key),
-            dir: dir.to_owned(),
-            name: name.to_owned(),
-        }
+        TestCa { issuer: Issuer::new(params, key), dir: dir.to_owned(), name: name.to_owned() }
     }
 
     /// The CA's certificate file.
@@ -65,20 +54,11 @@ impl TestCa {
     pub fn leaf(&self, leaf: &str) -> TestCert {
         let key = KeyPair::generate().expect("leaf key");
         let mut params =
-            CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
-                .expect("leaf params");
+            CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()]).expect("leaf params");
         params.distinguished_name.push(DnType::CommonName, leaf);
-        params.extended_key_usages = vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ];
-        let cert = params
-            .signed_by(&key, &self.issuer)
-            .expect("leaf certificate");
-        let out = TestCert {
-            cert: self.dir.join(format!("{leaf}.pem")),
-            key: self.dir.join(format!("{leaf}.key")),
-        };
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
+        let cert = params.signed_by(&key, &self.issuer).expect("leaf certificate");
+        let out = TestCert { cert: self.dir.join(format!("{leaf}.pem")), key: self.dir.join(format!("{leaf}.key")) };
         std::fs::write(&out.cert, cert.pem()).expect("write leaf");
         std::fs::write(&out.key, key.serialize_pem()).expect("write key");
         out

@@ -103,12 +103,7 @@ impl ClusterBuilder {
     /// has registered.
     pub fn start(self, scope: &Scope) -> Cluster {
         let server = start_server(scope, &self, &self.listen);
-        let mut cluster = Cluster {
-            workers: Vec::new(),
-            server,
-            config: self,
-            scope: scope.clone(),
-        };
+        let mut cluster = Cluster { workers: Vec::new(), server, config: self, scope: scope.clone() };
         for _ in 0..cluster.config.workers {
             cluster.add_worker();
         }
@@ -129,9 +124,7 @@ fn start_server(scope: &Scope, config: &ClusterBuilder, listen: &str) -> Proc {
         args.extend(["--metrics-listen".to_owned(), "127.0.0.1:0".to_owned()]);
     }
     let mut command = Command::new(binary("loader-server"));
-    command
-        .args(&args)
-        .envs(config.env.iter().map(|(k, v)| (k, v)));
+    command.args(&args).envs(config.env.iter().map(|(k, v)| (k, v)));
     Proc::spawn(scope, "loader-server", command, true)
 }
 
@@ -196,9 +189,7 @@ impl Cluster {
     /// Starts one more worker on this host with extra flags.
     pub fn add_worker_with(&mut self, extra: &[&str]) -> &Proc {
         let mut command = Command::new(binary("loader-worker"));
-        command
-            .args(["--coordinator", &self.url(), "--listen", "127.0.0.1:0"])
-            .args(extra);
+        command.args(["--coordinator", &self.url(), "--listen", "127.0.0.1:0"]).args(extra);
         if self.config.metrics {
             command.args(["--metrics-listen", "127.0.0.1:0"]);
         }
@@ -223,10 +214,9 @@ impl Cluster {
 
     /// Waits (bounded) until the coordinator lists at least `n` workers.
     pub fn wait_for_workers(&self, n: usize) {
-        self.admin()
-            .wait_for(&format!("{n} workers registered"), REGISTRATION, |a| {
-                Ok((a.workers()?.len() >= n).then_some(()))
-            });
+        self.admin().wait_for(&format!("{n} workers registered"), REGISTRATION, |a| {
+            Ok((a.workers()?.len() >= n).then_some(()))
+        });
     }
 
     /// SIGKILLs the coordinator, waits `down`, then starts it again with the
@@ -237,10 +227,6 @@ impl Cluster {
         std::thread::sleep(down);
         let addr = self.server.addr().to_owned();
         self.server = start_server(&self.scope, &self.config, &addr);
-        assert_eq!(
-            self.server.addr(),
-            addr,
-            "the restarted coordinator must listen where the first one did"
-        );
+        assert_eq!(self.server.addr(), addr, "the restarted coordinator must listen where the first one did");
     }
 }

@@ -19,11 +19,7 @@ pub fn rgb(width: u32, height: u32, dominant: usize, seed: u32) -> Vec<u8> {
         for x in 0..width {
             let texture = ((x * 7 + y * 13 + seed * 29) % 40) as u8;
             for c in 0..3 {
-                out.push(if c == dominant {
-                    200 + texture / 2
-                } else {
-                    20 + texture
-                });
+                out.push(if c == dominant { 200 + texture / 2 } else { 20 + texture });
             }
         }
     }
@@ -35,12 +31,7 @@ pub fn jpeg(pixels: &[u8], width: u32, height: u32) -> Vec<u8> {
     let mut out = Vec::new();
     let encoder = jpeg_encoder::Encoder::new(&mut out, 90);
     encoder
-        .encode(
-            pixels,
-            width as u16,
-            height as u16,
-            jpeg_encoder::ColorType::Rgb,
-        )
+        .encode(pixels, width as u16, height as u16, jpeg_encoder::ColorType::Rgb)
         .expect("encode jpeg");
     out
 }
@@ -91,8 +82,7 @@ impl ImageFolder {
             if *class == "cow" {
                 // Sorts first in its folder ("b" < "i").
                 corrupt = folder.join("broken.jpg");
-                std::fs::write(&corrupt, b"\xff\xd8\xff\xe0 this is not a JPEG")
-                    .expect("corrupt file");
+                std::fs::write(&corrupt, b"\xff\xd8\xff\xe0 this is not a JPEG").expect("corrupt file");
                 corrupt_index = labels.len() as u64;
                 labels.push(label as i64);
             }
@@ -101,11 +91,7 @@ impl ImageFolder {
                 let pixels = rgb(w, h, label, i);
                 let is_png = *class == "bee" && i == 3;
                 let path = folder.join(format!("img{i:02}.{}", if is_png { "png" } else { "jpg" }));
-                let bytes = if is_png {
-                    png(&pixels, w, h)
-                } else {
-                    jpeg(&pixels, w, h)
-                };
+                let bytes = if is_png { png(&pixels, w, h) } else { jpeg(&pixels, w, h) };
                 std::fs::write(&path, bytes).expect("image");
                 if is_png {
                     png_path = path;
@@ -114,14 +100,7 @@ impl ImageFolder {
                 labels.push(label as i64);
             }
         }
-        ImageFolder {
-            dir,
-            corrupt,
-            png: png_path,
-            labels,
-            corrupt_index,
-            png_index,
-        }
+        ImageFolder { dir, corrupt, png: png_path, labels, corrupt_index, png_index }
     }
 
     /// The root folder.
@@ -143,9 +122,7 @@ pub fn write_shard(path: &Path, first: u64, samples: u64) {
             header.set_size(data.len() as u64);
             header.set_mode(0o644);
             header.set_entry_type(tar::EntryType::Regular);
-            builder
-                .append_data(&mut header, format!("s/{index:06}.{ext}"), data.as_slice())
-                .expect("tar member");
+            builder.append_data(&mut header, format!("s/{index:06}.{ext}"), data.as_slice()).expect("tar member");
         }
     }
     std::fs::write(path, builder.into_inner().expect("tar")).expect("write shard");
@@ -155,11 +132,7 @@ pub fn write_shard(path: &Path, first: u64, samples: u64) {
 /// raw little-endian `data`.
 pub fn write_npy(path: &Path, descr: &str, shape: &[u64], data: &[u8]) {
     let dims: Vec<String> = shape.iter().map(u64::to_string).collect();
-    let shape = if dims.len() == 1 {
-        format!("({},)", dims[0])
-    } else {
-        format!("({})", dims.join(", "))
-    };
+    let shape = if dims.len() == 1 { format!("({},)", dims[0]) } else { format!("({})", dims.join(", ")) };
     let mut dict = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
     while (10 + dict.len() + 1) % 64 != 0 {
         dict.push(' ');

@@ -49,9 +49,7 @@ pub struct KubeApi {
 }
 
 fn recorded(name: &str) -> serde_json::Value {
-    let path: PathBuf = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("data/kube")
-        .join(name);
+    let path: PathBuf = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/kube").join(name);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
@@ -67,11 +65,7 @@ async fn scale(
     cluster.requests.push(KubeRequest {
         method: method.to_string(),
         path: format!("/apis/apps/v1/namespaces/{namespace}/deployments/{name}/scale"),
-        content_type: headers
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
-            .to_owned(),
+        content_type: headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned(),
         body: String::from_utf8_lossy(&body).into_owned(),
     });
     if cluster.forbid {
@@ -105,20 +99,11 @@ impl KubeApi {
             .enable_all()
             .build()
             .expect("runtime");
-        let state = Arc::new(Mutex::new(Cluster {
-            replicas,
-            forbid,
-            requests: Vec::new(),
-        }));
+        let state = Arc::new(Mutex::new(Cluster { replicas, forbid, requests: Vec::new() }));
         let app = Router::new()
-            .route(
-                "/apis/apps/v1/namespaces/{namespace}/deployments/{name}/scale",
-                get(scale).patch(scale),
-            )
+            .route("/apis/apps/v1/namespaces/{namespace}/deployments/{name}/scale", get(scale).patch(scale))
             .with_state(Arc::clone(&state));
-        let listener = runtime
-            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-            .expect("bind");
+        let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).expect("bind");
         let addr = listener.local_addr().expect("addr");
         runtime.spawn(async move {
             let _ = axum::serve(listener, app).await;
@@ -130,12 +115,7 @@ impl KubeApi {
              current-context: test\nusers:\n- name: test\n  user:\n    token: test-token\n"
         );
         std::io::Write::write_all(&mut kubeconfig, text.as_bytes()).expect("write kubeconfig");
-        KubeApi {
-            addr,
-            state,
-            runtime,
-            kubeconfig,
-        }
+        KubeApi { addr, state, runtime, kubeconfig }
     }
 
     /// A kubeconfig pointing at this server (namespace `ml`).
@@ -145,19 +125,12 @@ impl KubeApi {
 
     /// The Deployment's replicas now.
     pub fn replicas(&self) -> u32 {
-        self.state
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .replicas
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).replicas
     }
 
     /// Every request so far.
     pub fn requests(&self) -> Vec<KubeRequest> {
-        self.state
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .requests
-            .clone()
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).requests.clone()
     }
 
     /// Where it listens.

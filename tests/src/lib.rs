@@ -30,8 +30,8 @@
 mod admin;
 mod certs;
 mod cluster;
-pub mod dataset_files;
 mod kube_api;
+pub mod dataset_files;
 mod netns;
 mod otlp;
 mod proc;
@@ -42,8 +42,8 @@ mod wait;
 
 pub use admin::Admin;
 pub use certs::{TestCa, TestCert};
-pub use cluster::{Cluster, ClusterBuilder};
 pub use kube_api::{KubeApi, KubeRequest};
+pub use cluster::{Cluster, ClusterBuilder};
 pub use netns::{HOST_ADDR, NS_ADDR, RemoteNamespace};
 pub use otlp::{OtlpReceiver, ReceivedSpan, string_attribute};
 pub use proc::{Proc, binary, loaderctl};

@@ -37,10 +37,7 @@ impl RemoteNamespace {
         }
         match Command::new("ip").args(["netns", "list"]).output() {
             Ok(out) if out.status.success() => None,
-            Ok(out) => Some(format!(
-                "`ip netns list` failed: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            )),
+            Ok(out) => Some(format!("`ip netns list` failed: {}", String::from_utf8_lossy(&out.stderr).trim())),
             Err(e) => Some(format!("no `ip` command (install iproute2): {e}")),
         }
     }
@@ -55,26 +52,15 @@ impl RemoteNamespace {
             .write(true)
             .open(LOCK_FILE)
             .unwrap_or_else(|e| panic!("open {LOCK_FILE}: {e}"));
-        lock.lock()
-            .unwrap_or_else(|e| panic!("lock {LOCK_FILE}: {e}"));
+        lock.lock().unwrap_or_else(|e| panic!("lock {LOCK_FILE}: {e}"));
         remove();
         let guard = RemoteNamespace { _lock: lock };
         ip(&["netns", "add", NAMESPACE]);
-        ip(&[
-            "link", "add", HOST_IF, "type", "veth", "peer", "name", NS_IF,
-        ]);
+        ip(&["link", "add", HOST_IF, "type", "veth", "peer", "name", NS_IF]);
         ip(&["link", "set", NS_IF, "netns", NAMESPACE]);
         ip(&["addr", "add", &format!("{HOST_ADDR}/30"), "dev", HOST_IF]);
         ip(&["link", "set", HOST_IF, "up"]);
-        ip(&[
-            "-n",
-            NAMESPACE,
-            "addr",
-            "add",
-            &format!("{NS_ADDR}/30"),
-            "dev",
-            NS_IF,
-        ]);
+        ip(&["-n", NAMESPACE, "addr", "add", &format!("{NS_ADDR}/30"), "dev", NS_IF]);
         ip(&["-n", NAMESPACE, "link", "set", NS_IF, "up"]);
         ip(&["-n", NAMESPACE, "link", "set", "lo", "up"]);
         guard
@@ -104,21 +90,11 @@ impl Drop for RemoteNamespace {
 /// end of a veth deletes both). Errors mean they were not there.
 fn remove() {
     let _ = Command::new("ip").args(["link", "del", HOST_IF]).output();
-    let _ = Command::new("ip")
-        .args(["netns", "del", NAMESPACE])
-        .output();
+    let _ = Command::new("ip").args(["netns", "del", NAMESPACE]).output();
 }
 
 /// Runs `ip args`, panicking with its stderr when it fails.
 fn ip(args: &[&str]) {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("ip {args:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "ip {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr).trim()
-    );
+    let out = Command::new("ip").args(args).output().unwrap_or_else(|e| panic!("ip {args:?}: {e}"));
+    assert!(out.status.success(), "ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
 }

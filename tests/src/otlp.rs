@@ -7,12 +7,8 @@
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
-use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
-    TraceService, TraceServiceServer,
-};
-use opentelemetry_proto::tonic::collector::trace::v1::{
-    ExportTraceServiceRequest, ExportTraceServiceResponse,
-};
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{TraceService, TraceServiceServer};
+use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
 use opentelemetry_proto::tonic::common::v1::KeyValue;
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use opentelemetry_proto::tonic::trace::v1::Span;
@@ -40,32 +36,22 @@ impl TraceService for Store {
     ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
         let mut spans = self.spans.lock().unwrap_or_else(|p| p.into_inner());
         for resource_spans in request.into_inner().resource_spans {
-            let attributes = resource_spans
-                .resource
-                .map(|r| r.attributes)
-                .unwrap_or_default();
+            let attributes = resource_spans.resource.map(|r| r.attributes).unwrap_or_default();
             let service = string_attribute(&attributes, "service.name").unwrap_or_default();
             for scope in resource_spans.scope_spans {
-                spans.extend(scope.spans.into_iter().map(|span| ReceivedSpan {
-                    service: service.clone(),
-                    span,
-                }));
+                spans.extend(scope.spans.into_iter().map(|span| ReceivedSpan { service: service.clone(), span }));
             }
         }
-        Ok(tonic::Response::new(ExportTraceServiceResponse {
-            partial_success: None,
-        }))
+        Ok(tonic::Response::new(ExportTraceServiceResponse { partial_success: None }))
     }
 }
 
 /// The value of attribute `key`, as a string (integers in decimal).
 pub fn string_attribute(attributes: &[KeyValue], key: &str) -> Option<String> {
-    attributes.iter().find(|kv| kv.key == key).and_then(|kv| {
-        match kv.value.as_ref()?.value.as_ref()? {
-            Value::StringValue(s) => Some(s.clone()),
-            Value::IntValue(i) => Some(i.to_string()),
-            _ => None,
-        }
+    attributes.iter().find(|kv| kv.key == key).and_then(|kv| match kv.value.as_ref()?.value.as_ref()? {
+        Value::StringValue(s) => Some(s.clone()),
+        Value::IntValue(i) => Some(i.to_string()),
+        _ => None,
     })
 }
 
@@ -83,10 +69,7 @@ pub struct OtlpReceiver {
 impl OtlpReceiver {
     /// Starts a receiver on `listen` (e.g. `127.0.0.1:0`).
     pub fn start(listen: &str) -> std::io::Result<Self> {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()?;
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
         let listener = runtime.block_on(tokio::net::TcpListener::bind(listen))?;
         let addr = listener.local_addr()?;
         let store = Store::default();
@@ -97,11 +80,7 @@ impl OtlpReceiver {
                 .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
                 .await
         });
-        Ok(Self {
-            addr,
-            store,
-            _runtime: runtime,
-        })
+        Ok(Self { addr, store, _runtime: runtime })
     }
 
     /// Its address.
@@ -116,19 +95,11 @@ impl OtlpReceiver {
 
     /// A copy of every span received so far.
     pub fn spans(&self) -> Vec<ReceivedSpan> {
-        self.store
-            .spans
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.store.spans.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// How many spans were received so far.
     pub fn count(&self) -> usize {
-        self.store
-            .spans
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .len()
+        self.store.spans.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 }

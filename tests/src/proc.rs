@@ -26,10 +26,7 @@ const DRAIN: Duration = Duration::from_secs(2);
 pub fn binary(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
     // target/<profile>/deps/<test> -> target/<profile>/<name>
-    let dir = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .expect("target directory");
+    let dir = exe.parent().and_then(|d| d.parent()).expect("target directory");
     let path = dir.join(name);
     assert!(
         path.exists(),
@@ -80,35 +77,14 @@ impl Proc {
     /// [`Proc::spawn`], with stderr also collected line by line (and still
     /// echoed to the test's stderr), for tests that check what a process
     /// logged.
-    pub fn spawn_capturing_stderr(
-        scope: &Scope,
-        name: &str,
-        command: Command,
-        listening: bool,
-    ) -> Proc {
+    pub fn spawn_capturing_stderr(scope: &Scope, name: &str, command: Command, listening: bool) -> Proc {
         Proc::start(scope, name, command, listening, true)
     }
 
-    fn start(
-        scope: &Scope,
-        name: &str,
-        mut command: Command,
-        listening: bool,
-        capture: bool,
-    ) -> Proc {
-        let stderr_mode = if capture {
-            Stdio::piped()
-        } else {
-            Stdio::inherit()
-        };
-        command
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(stderr_mode)
-            .process_group(0);
-        let mut child = command
-            .spawn()
-            .unwrap_or_else(|e| panic!("spawn {name}: {e}"));
+    fn start(scope: &Scope, name: &str, mut command: Command, listening: bool, capture: bool) -> Proc {
+        let stderr_mode = if capture { Stdio::piped() } else { Stdio::inherit() };
+        command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(stderr_mode).process_group(0);
+        let mut child = command.spawn().unwrap_or_else(|e| panic!("spawn {name}: {e}"));
         scope.track(name, child.id());
         let stderr = Arc::new(Mutex::new(Vec::new()));
         let (drained_tx, drained) = mpsc::channel();
@@ -121,10 +97,7 @@ impl Proc {
                 for line in BufReader::new(err).lines() {
                     let Ok(line) = line else { break };
                     eprintln!("{line}");
-                    lines
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .push(line);
+                    lines.lock().unwrap_or_else(PoisonError::into_inner).push(line);
                 }
                 let _ = done.send(());
             });
@@ -139,30 +112,17 @@ impl Proc {
             for line in BufReader::new(out).lines() {
                 let Ok(line) = line else { break };
                 let _ = first_tx.send(line.clone());
-                lines
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .push(line);
+                lines.lock().unwrap_or_else(PoisonError::into_inner).push(line);
             }
             let _ = drained_tx.send(());
         });
-        let mut proc = Proc {
-            name: name.to_owned(),
-            child,
-            addr: None,
-            stdout,
-            stderr,
-            status: None,
-            drained,
-            readers,
-        };
+        let mut proc =
+            Proc { name: name.to_owned(), child, addr: None, stdout, stderr, status: None, drained, readers };
         if listening {
-            let line = first_rx.recv_timeout(STARTUP).unwrap_or_else(|_| {
-                panic!("{name} did not print its listening line within {STARTUP:?}")
-            });
-            let addr = line
-                .strip_prefix("listening ")
-                .unwrap_or_else(|| panic!("{name} printed {line:?}"));
+            let line = first_rx
+                .recv_timeout(STARTUP)
+                .unwrap_or_else(|_| panic!("{name} did not print its listening line within {STARTUP:?}"));
+            let addr = line.strip_prefix("listening ").unwrap_or_else(|| panic!("{name} printed {line:?}"));
             proc.addr = Some(addr.to_owned());
         }
         proc
@@ -170,9 +130,7 @@ impl Proc {
 
     /// The address from its `listening` line.
     pub fn addr(&self) -> &str {
-        self.addr
-            .as_deref()
-            .unwrap_or_else(|| panic!("{} announced no address", self.name))
+        self.addr.as_deref().unwrap_or_else(|| panic!("{} announced no address", self.name))
     }
 
     /// The process id.
@@ -182,10 +140,7 @@ impl Proc {
 
     /// Every line printed on stdout so far.
     pub fn stdout(&self) -> Vec<String> {
-        self.stdout
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.stdout.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
     /// What follows `prefix` on the first stdout line that starts with it
@@ -197,11 +152,7 @@ impl Proc {
             if let Some(rest) = self.stdout().iter().find_map(|l| l.strip_prefix(prefix)) {
                 return rest.to_owned();
             }
-            assert!(
-                Instant::now() < deadline,
-                "{} printed no {prefix:?} line within {limit:?}",
-                self.name
-            );
+            assert!(Instant::now() < deadline, "{} printed no {prefix:?} line within {limit:?}", self.name);
             std::thread::sleep(Duration::from_millis(10));
         }
     }
@@ -209,10 +160,7 @@ impl Proc {
     /// Every line printed on stderr so far (empty unless started with
     /// [`Proc::spawn_capturing_stderr`]).
     pub fn stderr(&self) -> Vec<String> {
-        self.stderr
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.stderr.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
     /// SIGKILLs this process (not its group: the test decides what dies)
@@ -263,10 +211,8 @@ impl Proc {
     /// `/memfd:<name>` in `/proc/<pid>/maps`); false once it has exited.
     pub fn maps_memfd(&self, name: &str) -> bool {
         let needle = format!("/memfd:{name}");
-        std::fs::read_to_string(format!("/proc/{}/maps", self.pid())).is_ok_and(|maps| {
-            maps.lines()
-                .any(|l| l.ends_with(&needle) || l.contains(&format!("{needle} ")))
-        })
+        std::fs::read_to_string(format!("/proc/{}/maps", self.pid()))
+            .is_ok_and(|maps| maps.lines().any(|l| l.ends_with(&needle) || l.contains(&format!("{needle} "))))
     }
 }
 

@@ -88,9 +88,7 @@ impl Scope {
                 break;
             }
             if Instant::now() >= deadline {
-                left.push(format!(
-                    "still alive {DEATH_GRACE:?} after SIGKILL: {alive:?}"
-                ));
+                left.push(format!("still alive {DEATH_GRACE:?} after SIGKILL: {alive:?}"));
                 break;
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -101,9 +99,7 @@ impl Scope {
 
 /// Members of process group `pgid` that are not zombies: (pid, command name).
 pub(crate) fn live_members(pgid: i32) -> Vec<(i32, String)> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
     dir.filter_map(|entry| {
         let pid: i32 = entry.ok()?.file_name().to_str()?.parse().ok()?;
         let stat = ProcStat::read(pid)?;
@@ -115,17 +111,9 @@ pub(crate) fn live_members(pgid: i32) -> Vec<(i32, String)> {
 /// Reaps the zombies of group `pgid` that were re-parented to this process.
 fn reap_orphans(pgid: i32) {
     let me = std::process::id() as i32;
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return;
-    };
+    let Ok(dir) = std::fs::read_dir("/proc") else { return };
     for entry in dir.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<i32>().ok())
-        else {
-            continue;
-        };
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else { continue };
         if let Some(stat) = ProcStat::read(pid)
             && stat.pgrp == pgid
             && stat.ppid == me
@@ -158,22 +146,14 @@ impl ProcStat {
         let state = rest.next()?.chars().next()?;
         let ppid = rest.next()?.parse().ok()?;
         let pgrp = rest.next()?.parse().ok()?;
-        Some(ProcStat {
-            comm,
-            state,
-            ppid,
-            pgrp,
-        })
+        Some(ProcStat { comm, state, ppid, pgrp })
     }
 }
 
 /// Runs `body` with a fresh [`Scope`], failing the test if it takes longer
 /// than `limit` or leaves a process alive. On timeout every process of the
 /// scope is killed first, which unblocks a body waiting on them.
-pub fn run<T: Send + 'static>(
-    limit: Duration,
-    body: impl FnOnce(Scope) -> T + Send + 'static,
-) -> T {
+pub fn run<T: Send + 'static>(limit: Duration, body: impl FnOnce(Scope) -> T + Send + 'static) -> T {
     let _serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
     let scope = Scope::new();
     let (done_tx, done_rx) = mpsc::channel();
@@ -239,20 +219,14 @@ mod tests {
         let mut command = Command::new("sh");
         command.args(["-c", "sleep 60 & echo $!; wait"]);
         let proc = Proc::spawn(scope, "sh", command, false);
-        wait_until(
-            "the shell printed its child's pid",
-            Duration::from_secs(5),
-            || !proc.stdout().is_empty(),
-        );
+        wait_until("the shell printed its child's pid", Duration::from_secs(5), || !proc.stdout().is_empty());
         let pid = proc.stdout()[0].parse().expect("pid");
         (proc, pid)
     }
 
     #[test]
     fn a_dropped_child_takes_its_grandchildren_along_and_they_are_reaped() {
-        let grandchild = run(Duration::from_secs(20), |scope| {
-            shell_with_grandchild(&scope).1
-        });
+        let grandchild = run(Duration::from_secs(20), |scope| shell_with_grandchild(&scope).1);
         assert!(
             !std::path::Path::new(&format!("/proc/{grandchild}")).exists(),
             "the grandchild {grandchild} is still there (alive or an unreaped zombie)"
@@ -262,8 +236,6 @@ mod tests {
     #[test]
     #[should_panic(expected = "test left processes alive")]
     fn a_process_left_running_fails_the_test() {
-        run(Duration::from_secs(20), |scope| {
-            std::mem::forget(shell_with_grandchild(&scope).0)
-        });
+        run(Duration::from_secs(20), |scope| std::mem::forget(shell_with_grandchild(&scope).0));
     }
 }

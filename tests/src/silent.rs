@@ -10,9 +10,7 @@ use std::time::Duration;
 
 use loader_proto::PROTOCOL_VERSION;
 use loader_proto::pb::trainer_service_client::TrainerServiceClient;
-use loader_proto::pb::{
-    CreateOrAttachJobRequest, JobSpec, OpenSessionRequest, SessionHeartbeatRequest,
-};
+use loader_proto::pb::{CreateOrAttachJobRequest, JobSpec, OpenSessionRequest, SessionHeartbeatRequest};
 
 /// Longest one call may take.
 const CALL: Duration = Duration::from_secs(5);
@@ -43,17 +41,11 @@ impl SilentTrainer {
         let thread = std::thread::Builder::new()
             .name("e2e-silent-trainer".into())
             .spawn(move || {
-                let runtime = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .expect("runtime");
+                let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
                 runtime.block_on(async move {
-                    let channel = loader_process::grpc::endpoint(
-                        &url,
-                        &loader_process::security::ClientSecurity::none(),
-                    )
-                    .expect("coordinator URL")
-                    .connect_lazy();
+                    let channel = loader_process::grpc::endpoint(&url, &loader_process::security::ClientSecurity::none())
+                        .expect("coordinator URL")
+                        .connect_lazy();
                     let mut client = TrainerServiceClient::new(channel);
                     let job = tokio::time::timeout(
                         CALL,
@@ -84,9 +76,7 @@ impl SilentTrainer {
                     .into_inner();
                     let _ = opened_tx.send((session.session_id, job.job_id));
                     // Heartbeat until told to stop (or the test is gone).
-                    while let Err(mpsc::RecvTimeoutError::Timeout) =
-                        stopped.recv_timeout(Duration::ZERO)
-                    {
+                    while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(Duration::ZERO) {
                         let beat = client.heartbeat(SessionHeartbeatRequest {
                             protocol_version: PROTOCOL_VERSION,
                             session_id: session.session_id,
@@ -100,15 +90,9 @@ impl SilentTrainer {
                 });
             })
             .expect("spawn silent trainer");
-        let (session_id, job_id) = opened_rx
-            .recv_timeout(2 * CALL + Duration::from_secs(1))
-            .expect("the silent trainer opened its session");
-        SilentTrainer {
-            session_id,
-            job_id,
-            stop: Some(stop),
-            thread: Some(thread),
-        }
+        let (session_id, job_id) =
+            opened_rx.recv_timeout(2 * CALL + Duration::from_secs(1)).expect("the silent trainer opened its session");
+        SilentTrainer { session_id, job_id, stop: Some(stop), thread: Some(thread) }
     }
 }
 

@@ -48,14 +48,10 @@ impl Trainer {
             .name("e2e-trainer".into())
             .spawn(move || {
                 let result = (|| {
-                    let loader = builder
-                        .job(job)
-                        .build()
-                        .map_err(|e| format!("build: {e}"))?;
+                    let loader = builder.job(job).build().map_err(|e| format!("build: {e}"))?;
                     let mut seen = Vec::new();
                     for batch in loader {
-                        let batch =
-                            batch.map_err(|e| format!("after {} batches: {e}", seen.len()))?;
+                        let batch = batch.map_err(|e| format!("after {} batches: {e}", seen.len()))?;
                         seen.push(Received {
                             seq: batch.seq(),
                             indices: batch.indices().to_vec(),
@@ -106,30 +102,18 @@ impl Trainer {
         match self.done.recv_timeout(limit) {
             Ok(Ok(seen)) => Ok(seen),
             Ok(Err(e)) => Err(format!("the trainer failed: {e}")),
-            Err(_) => Err(format!(
-                "the trainer did not finish within {limit:?} ({} batches yielded)",
-                self.yielded()
-            )),
+            Err(_) => Err(format!("the trainer did not finish within {limit:?} ({} batches yielded)", self.yielded())),
         }
     }
 }
 
 /// Asserts that `seen` is exactly the sequence numbers `seqs` of `consumer`,
 /// in order, each with the indices the plan gives it.
-pub fn assert_exact(
-    seen: &[(u64, Vec<u64>)],
-    plan: &Plan,
-    consumer: u32,
-    seqs: std::ops::Range<u64>,
-) {
+pub fn assert_exact(seen: &[(u64, Vec<u64>)], plan: &Plan, consumer: u32, seqs: std::ops::Range<u64>) {
     let got: Vec<u64> = seen.iter().map(|(s, _)| *s).collect();
     let want: Vec<u64> = seqs.collect();
     if got != want {
-        let first = got
-            .iter()
-            .zip(&want)
-            .position(|(g, w)| g != w)
-            .unwrap_or(got.len().min(want.len()));
+        let first = got.iter().zip(&want).position(|(g, w)| g != w).unwrap_or(got.len().min(want.len()));
         panic!(
             "sequence differs from {:?}..{:?} at position {first}: got {:?} (len {}), want {:?} (len {})",
             want.first(),
@@ -141,11 +125,7 @@ pub fn assert_exact(
         );
     }
     for (seq, indices) in seen {
-        assert_eq!(
-            indices,
-            &plan.batch_indices(consumer, *seq),
-            "indices of batch {seq}"
-        );
+        assert_eq!(indices, &plan.batch_indices(consumer, *seq), "indices of batch {seq}");
     }
 }
 

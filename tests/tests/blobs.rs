@@ -16,9 +16,7 @@ use tonic::Code;
 
 /// 2.5 chunks of bytes that differ from chunk to chunk.
 fn blob_bytes() -> Vec<u8> {
-    (0..(5 << 19))
-        .map(|i: u32| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
-        .collect()
+    (0..(5 << 19)).map(|i: u32| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect()
 }
 
 fn sha256(bytes: &[u8]) -> String {
@@ -51,43 +49,16 @@ fn workers_fetch_a_jobs_blob_once_per_host_directory_and_run_the_job() {
             cluster.add_worker_with(&["--blob-dir", &host.to_string_lossy()]);
         }
         cluster.wait_for_workers(3);
-        let loader = Loader::builder(cluster.url())
-            .job(job)
-            .build()
-            .expect("loader");
-        loader
-            .into_iter()
-            .map(|b| b.expect("batch").len())
-            .sum::<usize>()
+        let loader = Loader::builder(cluster.url()).job(job).build().expect("loader");
+        loader.into_iter().map(|b| b.expect("batch").len()).sum::<usize>()
     });
     assert_eq!(batches, 1024);
     for host in [&host_a, &host_b] {
         let fetched = host.join(sha256(&bytes));
-        assert!(
-            std::fs::read(&fetched).expect("fetched") == bytes,
-            "{} holds the blob's bytes",
-            fetched.display()
-        );
-        assert_eq!(
-            std::fs::metadata(&fetched)
-                .expect("stat")
-                .permissions()
-                .mode()
-                & 0o777,
-            0o400,
-            "read-only"
-        );
-        let temporaries = std::fs::read_dir(host)
-            .expect("list")
-            .flatten()
-            .filter(|e| e.file_name().to_string_lossy().starts_with(".tmp-"))
-            .count();
-        assert_eq!(
-            temporaries,
-            0,
-            "no temporary file left in {}",
-            host.display()
-        );
+        assert!(std::fs::read(&fetched).expect("fetched") == bytes, "{} holds the blob's bytes", fetched.display());
+        assert_eq!(std::fs::metadata(&fetched).expect("stat").permissions().mode() & 0o777, 0o400, "read-only");
+        let temporaries = std::fs::read_dir(host).expect("list").flatten().filter(|e| e.file_name().to_string_lossy().starts_with(".tmp-")).count();
+        assert_eq!(temporaries, 0, "no temporary file left in {}", host.display());
     }
 }
 
@@ -97,52 +68,23 @@ fn the_coordinator_refuses_blobs_it_cannot_hold_and_jobs_naming_blobs_it_does_no
     let file = dir.path().join("big.bin");
     let bytes = blob_bytes();
     std::fs::write(&file, &bytes).expect("write the blob");
-    let job = spec::synthetic(64, &[4], Dtype::U8)
-        .batch_size(8)
-        .blob("big", &file)
-        .build()
-        .expect("spec");
+    let job = spec::synthetic(64, &[4], Dtype::U8).batch_size(8).blob("big", &file).build().expect("spec");
     run(Duration::from_secs(60), move |scope| {
-        let cluster = Cluster::builder()
-            .env("LOADER_BLOB_BUDGET", "1MiB")
-            .workers(1)
-            .start(&scope);
+        let cluster = Cluster::builder().env("LOADER_BLOB_BUDGET", "1MiB").workers(1).start(&scope);
         // Over the budget: the SDK's upload is refused, naming the sizes.
-        let e = Loader::builder(cluster.url())
-            .job(job.clone())
-            .build()
-            .expect_err("over the budget")
-            .to_string();
-        assert!(
-            e.contains("of 2.6 MB is larger than this coordinator's blob budget of 1.0 MB"),
-            "{e}"
-        );
+        let e = Loader::builder(cluster.url()).job(job.clone()).build().expect_err("over the budget").to_string();
+        assert!(e.contains("of 2.6 MB is larger than this coordinator's blob budget of 1.0 MB"), "{e}");
         assert!(!e.contains('\n'), "{e}");
 
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
         runtime.block_on(async {
-            let channel = endpoint(&cluster.url(), &ClientSecurity::none())
-                .expect("url")
-                .connect_lazy();
+            let channel = endpoint(&cluster.url(), &ClientSecurity::none()).expect("url").connect_lazy();
             let mut client = TrainerServiceClient::new(channel);
             // A job naming a blob nobody uploaded.
-            let request = pb::CreateOrAttachJobRequest {
-                protocol_version: loader_proto::PROTOCOL_VERSION,
-                spec: Some(job.clone()),
-            };
-            let status = client
-                .create_or_attach_job(request)
-                .await
-                .expect_err("blob not held");
+            let request = pb::CreateOrAttachJobRequest { protocol_version: loader_proto::PROTOCOL_VERSION, spec: Some(job.clone()) };
+            let status = client.create_or_attach_job(request).await.expect_err("blob not held");
             assert_eq!(status.code(), Code::FailedPrecondition);
-            assert!(
-                status.message().starts_with("the job needs blob `big`"),
-                "{}",
-                status.message()
-            );
+            assert!(status.message().starts_with("the job needs blob `big`"), "{}", status.message());
             // Bytes that do not hash to the name they are sent under.
             let forged = pb::PutBlobRequest {
                 protocol_version: loader_proto::PROTOCOL_VERSION,
@@ -153,11 +95,7 @@ fn the_coordinator_refuses_blobs_it_cannot_hold_and_jobs_naming_blobs_it_does_no
             };
             let status = client.put_blob(forged).await.expect_err("hash differs");
             assert_eq!(status.code(), Code::InvalidArgument);
-            assert!(
-                status.message().contains("the uploaded bytes hash to"),
-                "{}",
-                status.message()
-            );
+            assert!(status.message().contains("the uploaded bytes hash to"), "{}", status.message());
         });
     });
 }

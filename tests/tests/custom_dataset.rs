@@ -24,10 +24,7 @@ fn a_custom_worker_serves_its_registered_dataset() {
         command.args(["--coordinator", &cluster.url(), "--listen", "127.0.0.1:0"]);
         cluster.add_worker_command(command);
         cluster.wait_for_workers(1);
-        let loader = Loader::builder(cluster.url())
-            .job(job)
-            .build()
-            .expect("loader");
+        let loader = Loader::builder(cluster.url()).job(job).build().expect("loader");
         let mut seen = Vec::new();
         for batch in loader {
             let batch = batch.expect("batch");
@@ -49,25 +46,12 @@ fn a_custom_worker_serves_its_registered_dataset() {
 
 #[test]
 fn a_stock_worker_refuses_a_custom_dataset_by_name() {
-    let job = spec::custom("squares", 10, [("offset", "1")])
-        .batch_size(5)
-        .build()
-        .expect("custom spec");
+    let job = spec::custom("squares", 10, [("offset", "1")]).batch_size(5).build().expect("custom spec");
     let outcome = run(Duration::from_secs(60), move |scope| {
         let cluster = Cluster::start(&scope, 1);
-        let loader = Loader::builder(cluster.url())
-            .job(job)
-            .build()
-            .expect("loader");
-        loader
-            .into_iter()
-            .map(|b| b.map(|_| ()))
-            .collect::<Result<Vec<()>, _>>()
-            .map_err(|e| e.to_string())
+        let loader = Loader::builder(cluster.url()).job(job).build().expect("loader");
+        loader.into_iter().map(|b| b.map(|_| ())).collect::<Result<Vec<()>, _>>().map_err(|e| e.to_string())
     });
     let error = outcome.expect_err("a stock worker cannot serve it");
-    assert!(
-        error.contains("this worker has no dataset `squares`"),
-        "{error}"
-    );
+    assert!(error.contains("this worker has no dataset `squares`"), "{error}");
 }

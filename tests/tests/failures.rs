@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use loader_client::{Dtype, JobSpec, Loader, Transport, spec};
 use loader_e2e::{
-    Cluster, HOST_ADDR, NS_ADDR, Proc, RemoteNamespace, Scope, Trainer, assert_received, binary,
-    loaderctl, run, wait_until,
+    Cluster, HOST_ADDR, NS_ADDR, Proc, RemoteNamespace, Scope, Trainer, assert_received, binary, loaderctl, run,
+    wait_until,
 };
 
 /// Lease TTL of the coordinator in most of these tests: short, so a death costs little.
@@ -31,27 +31,11 @@ fn slow_job(batches: u64, cost_us: u64) -> JobSpec {
 
 /// `loaderctl consume` flags for a job that runs until it is killed.
 fn endless_consume(url: &str, transport: &str) -> Vec<String> {
-    [
-        "consume",
-        "--coordinator",
-        url,
-        "--transport",
-        transport,
-        "--json",
-    ]
-    .into_iter()
-    .chain([
-        "--samples",
-        "100000",
-        "--shape",
-        "64",
-        "--batch-size",
-        "64",
-        "--epochs",
-        "100000",
-    ])
-    .map(str::to_owned)
-    .collect()
+    ["consume", "--coordinator", url, "--transport", transport, "--json"]
+        .into_iter()
+        .chain(["--samples", "100000", "--shape", "64", "--batch-size", "64", "--epochs", "100000"])
+        .map(str::to_owned)
+        .collect()
 }
 
 #[test]
@@ -81,10 +65,7 @@ fn killing_workers_repeatedly_loses_and_duplicates_nothing() {
             cluster.add_worker();
             kills += 1;
         }
-        assert_eq!(
-            kills, 5,
-            "the run ended before 5 workers were killed; make the job slower"
-        );
+        assert_eq!(kills, 5, "the run ended before 5 workers were killed; make the job slower");
         let seen = trainer.join(Duration::from_secs(150));
         assert_received(&seen, &plan, 0, 0..total);
     });
@@ -98,10 +79,7 @@ fn survivors_finish_the_job_after_a_worker_dies_for_good() {
             let job = slow_job(400, 1000);
             let plan = loader_proto::spec::plan(&job).expect("plan");
             let total = plan.total_batches();
-            let trainer = Trainer::spawn(
-                Loader::builder(cluster.url()).shared_memory(shared_memory),
-                job,
-            );
+            let trainer = Trainer::spawn(Loader::builder(cluster.url()).shared_memory(shared_memory), job);
             trainer.wait_for(total / 5, Duration::from_secs(60));
             // No replacement: the one survivor must produce the dead
             // worker's batches once its lease expires.
@@ -121,51 +99,27 @@ fn sigkilled_trainer_session_expires_and_workers_unmap_its_ring() {
         let mut cluster = Cluster::builder().workers(2).ttl_ms(TTL_MS).start(&scope);
         let admin = cluster.admin();
         let mut trainer = loaderctl(&scope, &endless_consume(&cluster.url(), "shm"));
-        wait_until(
-            "every worker maps the trainer's ring",
-            Duration::from_secs(20),
-            || {
-                assert!(
-                    trainer.wait_exit(Duration::ZERO).is_none(),
-                    "loaderctl consume exited early"
-                );
-                cluster.workers.iter().all(|w| w.maps_memfd("loader-ring"))
-            },
-        );
-        assert_eq!(
-            admin.sessions().expect("sessions").len(),
-            1,
-            "the trainer's session is listed"
-        );
+        wait_until("every worker maps the trainer's ring", Duration::from_secs(20), || {
+            assert!(trainer.wait_exit(Duration::ZERO).is_none(), "loaderctl consume exited early");
+            cluster.workers.iter().all(|w| w.maps_memfd("loader-ring"))
+        });
+        assert_eq!(admin.sessions().expect("sessions").len(), 1, "the trainer's session is listed");
 
         trainer.kill();
         let killed = Instant::now();
         let bound = ttl + SLACK;
-        wait_until(
-            "session expired and every ring mapping dropped",
-            bound,
-            || {
-                let sessions = admin.sessions().expect("sessions");
-                sessions.is_empty() && cluster.workers.iter().all(|w| !w.maps_memfd("loader-ring"))
-            },
-        );
-        eprintln!(
-            "session gone and rings unmapped {:?} after SIGKILL (bound {bound:?})",
-            killed.elapsed()
-        );
+        wait_until("session expired and every ring mapping dropped", bound, || {
+            let sessions = admin.sessions().expect("sessions");
+            sessions.is_empty() && cluster.workers.iter().all(|w| !w.maps_memfd("loader-ring"))
+        });
+        eprintln!("session gone and rings unmapped {:?} after SIGKILL (bound {bound:?})", killed.elapsed());
 
         // The workers outlive the trainer and serve the next one.
         for worker in &mut cluster.workers {
-            assert!(
-                worker.wait_exit(Duration::ZERO).is_none(),
-                "a worker exited with the trainer"
-            );
+            assert!(worker.wait_exit(Duration::ZERO).is_none(), "a worker exited with the trainer");
         }
         let report = consume_64_batches(&scope, &cluster.url(), &[]);
-        assert_eq!(
-            report["shm_batches"], 64,
-            "co-located workers deliver through the ring: {report}"
-        );
+        assert_eq!(report["shm_batches"], 64, "co-located workers deliver through the ring: {report}");
     });
 }
 
@@ -175,14 +129,7 @@ fn dropped_counts(worker: &Proc) -> Vec<u64> {
     worker
         .stderr()
         .iter()
-        .filter_map(|line| {
-            line.split_once("dropped ")?
-                .1
-                .split_once(" held batches")?
-                .0
-                .parse()
-                .ok()
-        })
+        .filter_map(|line| line.split_once("dropped ")?.1.split_once(" held batches")?.0.parse().ok())
         .collect()
 }
 
@@ -201,59 +148,36 @@ fn a_dead_trainers_batches_are_dropped_by_the_worker_holding_them() {
         // trainer's stream (with a ring they would sit in its memfd, which
         // the kernel frees with the trainer).
         let mut trainer = loaderctl(&scope, &endless_consume(&cluster.url(), "grpc"));
-        admin.wait_for(
-            "the worker delivered batches",
-            Duration::from_secs(20),
-            |a| Ok(a.workers()?.iter().all(|w| w.delivered > 0).then_some(())),
-        );
-        assert!(
-            trainer.wait_exit(Duration::ZERO).is_none(),
-            "loaderctl consume exited early"
-        );
+        admin.wait_for("the worker delivered batches", Duration::from_secs(20), |a| {
+            Ok(a.workers()?.iter().all(|w| w.delivered > 0).then_some(()))
+        });
+        assert!(trainer.wait_exit(Duration::ZERO).is_none(), "loaderctl consume exited early");
 
         trainer.kill();
         let killed = Instant::now();
         // Until the session's lease runs out the coordinator keeps the
         // worker's share assigned, and nobody fetches it.
         let held = admin.workers().expect("workers")[0].outstanding;
-        assert!(
-            held > 0,
-            "the worker held no batch for the trainer when it died"
-        );
+        assert!(held > 0, "the worker held no batch for the trainer when it died");
         // The lease runs out (TTL), the reaper sees it (TTL/4), the worker
         // hears it in its next heartbeat answer (at most TTL/3 later).
         let bound = ttl + ttl / 4 + ttl / 3 + SLACK;
         let worker = &cluster.workers[0];
-        wait_until(
-            "the worker logged that it dropped the dead trainer's batches",
-            bound,
-            || !dropped_counts(worker).is_empty(),
-        );
+        wait_until("the worker logged that it dropped the dead trainer's batches", bound, || {
+            !dropped_counts(worker).is_empty()
+        });
         eprintln!(
             "worker dropped {:?} batches {:?} after the trainer's SIGKILL (bound {bound:?}); the coordinator counted {held} held",
             dropped_counts(worker),
             killed.elapsed()
         );
-        assert!(
-            dropped_counts(worker).iter().sum::<u64>() > 0,
-            "the worker dropped no batch"
-        );
-        admin.wait_for(
-            "the coordinator counts nothing held by the worker",
-            SLACK,
-            |a| {
-                Ok(
-                    (a.sessions()?.is_empty() && a.workers()?.iter().all(|w| w.outstanding == 0))
-                        .then_some(()),
-                )
-            },
-        );
+        assert!(dropped_counts(worker).iter().sum::<u64>() > 0, "the worker dropped no batch");
+        admin.wait_for("the coordinator counts nothing held by the worker", SLACK, |a| {
+            Ok((a.sessions()?.is_empty() && a.workers()?.iter().all(|w| w.outstanding == 0)).then_some(()))
+        });
 
         // The worker outlives the trainer and serves the next one.
-        assert!(
-            cluster.workers[0].wait_exit(Duration::ZERO).is_none(),
-            "the worker exited with the trainer"
-        );
+        assert!(cluster.workers[0].wait_exit(Duration::ZERO).is_none(), "the worker exited with the trainer");
         consume_64_batches(&scope, &cluster.url(), &["--transport", "grpc"]);
     });
 }
@@ -268,9 +192,7 @@ fn consume_64_batches(scope: &Scope, url: &str, extra: &[&str]) -> serde_json::V
         .map(str::to_owned)
         .collect();
     let mut second = loaderctl(scope, &args);
-    let status = second
-        .wait_exit(Duration::from_secs(60))
-        .expect("the second consumer finishes within 60 s");
+    let status = second.wait_exit(Duration::from_secs(60)).expect("the second consumer finishes within 60 s");
     assert!(status.success(), "second consumer: {status}");
     let report = last_json(&second);
     assert_eq!(report["batches"], 64, "{report}");
@@ -280,11 +202,7 @@ fn consume_64_batches(scope: &Scope, url: &str, extra: &[&str]) -> serde_json::V
 /// The JSON object a `loaderctl ... --json` child printed last.
 fn last_json(proc: &Proc) -> serde_json::Value {
     let lines = proc.stdout();
-    let line = lines
-        .iter()
-        .rev()
-        .find(|l| l.starts_with('{'))
-        .unwrap_or_else(|| panic!("no JSON in {lines:?}"));
+    let line = lines.iter().rev().find(|l| l.starts_with('{')).unwrap_or_else(|| panic!("no JSON in {lines:?}"));
     serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"))
 }
 
@@ -294,11 +212,7 @@ fn coordinator_sigkill_and_restart_mid_epoch_is_exactly_once() {
         // Long enough that the workers hold their leases through the restart.
         const TTL_MS: u64 = 3000;
         let state = tempfile::tempdir().expect("state dir");
-        let mut cluster = Cluster::builder()
-            .workers(2)
-            .ttl_ms(TTL_MS)
-            .state_dir(state.path())
-            .start(&scope);
+        let mut cluster = Cluster::builder().workers(2).ttl_ms(TTL_MS).state_dir(state.path()).start(&scope);
         let job = slow_job(400, 1000);
         let plan = loader_proto::spec::plan(&job).expect("plan");
         let total = plan.total_batches();
@@ -315,10 +229,7 @@ fn coordinator_sigkill_and_restart_mid_epoch_is_exactly_once() {
             "coordinator SIGKILLed after {at_kill} of {total} batches, back {:?} later after {at_restart}",
             killed.elapsed()
         );
-        assert!(
-            at_restart < total,
-            "the job ended before the restart; make it slower"
-        );
+        assert!(at_restart < total, "the job ended before the restart; make it slower");
 
         let seen = trainer.join(Duration::from_secs(90));
         assert_received(&seen, &plan, 0, 0..total);
@@ -341,44 +252,27 @@ fn workers_fence_and_exit_nonzero_when_the_coordinator_is_gone() {
         let admin = cluster.admin();
         // Busy workers, holding a trainer's ring, not idle ones.
         let _trainer = loaderctl(&scope, &endless_consume(&cluster.url(), "shm"));
-        admin.wait_for(
-            "both workers delivered batches",
-            Duration::from_secs(20),
-            |a| Ok(a.workers()?.iter().all(|w| w.delivered > 0).then_some(())),
-        );
+        admin.wait_for("both workers delivered batches", Duration::from_secs(20), |a| {
+            Ok(a.workers()?.iter().all(|w| w.delivered > 0).then_some(()))
+        });
 
         cluster.server.kill();
         let killed = Instant::now();
         let bound = ttl + interval + SLACK;
-        let mut exits: Vec<Option<(Duration, std::process::ExitStatus)>> =
-            vec![None; cluster.workers.len()];
-        wait_until(
-            "every worker exits",
-            bound + Duration::from_secs(10),
-            || {
-                for (worker, exit) in cluster.workers.iter_mut().zip(&mut exits) {
-                    if exit.is_none() {
-                        *exit = worker
-                            .wait_exit(Duration::ZERO)
-                            .map(|status| (killed.elapsed(), status));
-                    }
+        let mut exits: Vec<Option<(Duration, std::process::ExitStatus)>> = vec![None; cluster.workers.len()];
+        wait_until("every worker exits", bound + Duration::from_secs(10), || {
+            for (worker, exit) in cluster.workers.iter_mut().zip(&mut exits) {
+                if exit.is_none() {
+                    *exit = worker.wait_exit(Duration::ZERO).map(|status| (killed.elapsed(), status));
                 }
-                exits.iter().all(Option::is_some)
-            },
-        );
+            }
+            exits.iter().all(Option::is_some)
+        });
         for (i, exit) in exits.iter().enumerate() {
             let (after, status) = exit.expect("exited");
-            eprintln!(
-                "worker {i} exited {after:?} after the coordinator's SIGKILL with {status} (bound {bound:?})"
-            );
-            assert!(
-                !status.success(),
-                "worker {i}: a fenced worker exits non-zero, got {status}"
-            );
-            assert!(
-                after <= bound,
-                "worker {i} exited {after:?} after the coordinator died; bound {bound:?}"
-            );
+            eprintln!("worker {i} exited {after:?} after the coordinator's SIGKILL with {status} (bound {bound:?})");
+            assert!(!status.success(), "worker {i}: a fenced worker exits non-zero, got {status}");
+            assert!(after <= bound, "worker {i} exited {after:?} after the coordinator died; bound {bound:?}");
         }
     });
 }
@@ -393,20 +287,10 @@ fn partitioned_remote_worker_is_fenced_and_its_batches_reassigned() {
         let ttl = Duration::from_millis(TTL_MS);
         // Dropped last: the workers inside it die first.
         let ns = RemoteNamespace::create();
-        let mut cluster = Cluster::builder()
-            .ttl_ms(TTL_MS)
-            .listen(format!("{HOST_ADDR}:0"))
-            .start(&scope);
+        let mut cluster = Cluster::builder().ttl_ms(TTL_MS).listen(format!("{HOST_ADDR}:0")).start(&scope);
         cluster.add_worker();
         let mut remote = ns.command(binary("loader-worker"));
-        remote.args([
-            "--coordinator",
-            &cluster.url(),
-            "--listen",
-            &format!("{NS_ADDR}:0"),
-            "--node",
-            "remote-test",
-        ]);
+        remote.args(["--coordinator", &cluster.url(), "--listen", &format!("{NS_ADDR}:0"), "--node", "remote-test"]);
         cluster.add_worker_command(remote);
         cluster.wait_for_workers(2);
         let admin = cluster.admin();
@@ -416,24 +300,14 @@ fn partitioned_remote_worker_is_fenced_and_its_batches_reassigned() {
         let total = plan.total_batches();
         let trainer = Trainer::spawn(Loader::builder(cluster.url()), job);
         trainer.wait_for(total / 5, Duration::from_secs(60));
-        admin.wait_for(
-            "the remote worker delivered batches",
-            Duration::from_secs(30),
-            |a| {
-                Ok(a.workers()?
-                    .iter()
-                    .any(|w| w.address.contains(NS_ADDR) && w.delivered > 0)
-                    .then_some(()))
-            },
-        );
+        admin.wait_for("the remote worker delivered batches", Duration::from_secs(30), |a| {
+            Ok(a.workers()?.iter().any(|w| w.address.contains(NS_ADDR) && w.delivered > 0).then_some(()))
+        });
 
         ns.cut();
         let cut = Instant::now();
         let at_cut = trainer.yielded();
-        assert!(
-            at_cut < total,
-            "the job ended before the partition; make it slower"
-        );
+        assert!(at_cut < total, "the job ended before the partition; make it slower");
         // The worker fences when its lease runs out (TTL after its last
         // renewal, at most a heartbeat interval before the cut), then gives
         // open connections the worker's shutdown grace (2 s) to close: the
@@ -446,38 +320,18 @@ fn partitioned_remote_worker_is_fenced_and_its_batches_reassigned() {
         eprintln!(
             "remote worker exited {after:?} after the cut with {status} (bound {bound:?}); {at_cut} of {total} batches had arrived"
         );
-        assert!(
-            !status.success(),
-            "a fenced worker exits non-zero, got {status}"
-        );
-        assert!(
-            after <= bound,
-            "the partitioned worker exited {after:?} after the cut; bound {bound:?}"
-        );
+        assert!(!status.success(), "a fenced worker exits non-zero, got {status}");
+        assert!(after <= bound, "the partitioned worker exited {after:?} after the cut; bound {bound:?}");
         admin.wait_for("the partitioned worker is no longer listed", SLACK, |a| {
-            Ok(a.workers()?
-                .iter()
-                .all(|w| !w.address.contains(NS_ADDR))
-                .then_some(()))
+            Ok(a.workers()?.iter().all(|w| !w.address.contains(NS_ADDR)).then_some(()))
         });
 
         let seen = trainer.join(Duration::from_secs(90));
         assert_received(&seen, &plan, 0, 0..total);
-        let grpc = seen
-            .iter()
-            .filter(|r| r.transport == Transport::Grpc)
-            .count();
-        let shm = seen
-            .iter()
-            .filter(|r| r.transport == Transport::SharedMemory)
-            .count();
-        eprintln!(
-            "{grpc} batches from the remote worker over gRPC, {shm} from the local one through the ring"
-        );
-        assert!(
-            grpc > 0 && shm > 0,
-            "both paths carried batches: {grpc} gRPC, {shm} shared memory"
-        );
+        let grpc = seen.iter().filter(|r| r.transport == Transport::Grpc).count();
+        let shm = seen.iter().filter(|r| r.transport == Transport::SharedMemory).count();
+        eprintln!("{grpc} batches from the remote worker over gRPC, {shm} from the local one through the ring");
+        assert!(grpc > 0 && shm > 0, "both paths carried batches: {grpc} gRPC, {shm} shared memory");
         drop(cluster);
         drop(ns);
     });

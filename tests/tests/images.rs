@@ -28,45 +28,28 @@ struct Sample {
 }
 
 fn fnv(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-    })
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
 }
 
 /// Consumes `job` from `url` as rank 0 of 1, checking every batch's tensor
 /// table; every sample, or the error the loader ended with.
 fn consume_images(url: String, job: JobSpec, side: u64) -> Result<Vec<Sample>, String> {
-    let loader = Loader::builder(url)
-        .job(job)
-        .build()
-        .map_err(|e| e.to_string())?;
+    let loader = Loader::builder(url).job(job).build().map_err(|e| e.to_string())?;
     let mut out = Vec::new();
     for batch in loader {
         let batch = batch.map_err(|e| e.to_string())?;
         let n = batch.len();
         let image = batch.tensor("image").expect("image tensor");
-        assert_eq!(
-            (image.dtype, image.shape.to_vec()),
-            (Dtype::U8, vec![n as u64, 3, side, side])
-        );
+        assert_eq!((image.dtype, image.shape.to_vec()), (Dtype::U8, vec![n as u64, 3, side, side]));
         let label = batch.tensor("label").expect("label tensor");
-        assert_eq!(
-            (label.dtype, label.shape.to_vec()),
-            (Dtype::I64, vec![n as u64])
-        );
+        assert_eq!((label.dtype, label.shape.to_vec()), (Dtype::I64, vec![n as u64]));
         let labels: Vec<i64> = label.to_vec().expect("int64 labels");
         let row = (3 * side * side) as usize;
         let plane = (side * side) as usize;
         for (k, &index) in batch.indices().iter().enumerate() {
             let pixels = &image.bytes[k * row..(k + 1) * row];
-            let means: Vec<u64> = (0..3)
-                .map(|c| {
-                    pixels[c * plane..(c + 1) * plane]
-                        .iter()
-                        .map(|&b| u64::from(b))
-                        .sum()
-                })
-                .collect();
+            let means: Vec<u64> =
+                (0..3).map(|c| pixels[c * plane..(c + 1) * plane].iter().map(|&b| u64::from(b)).sum()).collect();
             let dominant = (0..3).max_by_key(|&c| means[c]).unwrap_or(0);
             out.push(Sample {
                 epoch: batch.epoch(),
@@ -93,23 +76,16 @@ fn image_job(folder: &ImageFolder, policy: CorruptPolicy) -> JobSpec {
 }
 
 #[test]
-fn an_image_folder_gives_uint8_chw_images_and_folder_labels_skipping_the_corrupt_file_identically_everywhere()
- {
+fn an_image_folder_gives_uint8_chw_images_and_folder_labels_skipping_the_corrupt_file_identically_everywhere() {
     let folder = ImageFolder::write();
     let job = image_job(&folder, CorruptPolicy::Skip);
     let plan = loader_proto::spec::plan(&job).expect("plan");
     let n = folder.labels.len() as u64;
-    assert_eq!(
-        plan.num_samples, n,
-        "the corrupt file is listed like any other"
-    );
+    assert_eq!(plan.num_samples, n, "the corrupt file is listed like any other");
     let j1 = job.clone();
     let (one, three, log) = run(Duration::from_secs(240), move |scope| {
         let (one, log) = {
-            let cluster = Cluster::builder()
-                .workers(1)
-                .capture_worker_stderr()
-                .start(&scope);
+            let cluster = Cluster::builder().workers(1).capture_worker_stderr().start(&scope);
             let one = consume_images(cluster.url(), j1.clone(), 224).expect("one worker");
             (one, cluster.workers[0].stderr())
         };
@@ -121,34 +97,16 @@ fn an_image_folder_gives_uint8_chw_images_and_folder_labels_skipping_the_corrupt
     });
 
     for epoch in 0..2 {
-        let mut indices: Vec<u64> = one
-            .iter()
-            .filter(|s| s.epoch == epoch)
-            .map(|s| s.index)
-            .collect();
+        let mut indices: Vec<u64> = one.iter().filter(|s| s.epoch == epoch).map(|s| s.index).collect();
         indices.sort_unstable();
         let expect: Vec<u64> = (0..n).filter(|&i| i != folder.corrupt_index).collect();
-        assert_eq!(
-            indices, expect,
-            "epoch {epoch}: every sample but the corrupt one, once"
-        );
+        assert_eq!(indices, expect, "epoch {epoch}: every sample but the corrupt one, once");
     }
     for s in &one {
-        assert_eq!(
-            s.label, folder.labels[s.index as usize],
-            "label of sample {}",
-            s.index
-        );
-        assert_eq!(
-            s.dominant as i64, s.label,
-            "sample {}: the pixels are of its class",
-            s.index
-        );
+        assert_eq!(s.label, folder.labels[s.index as usize], "label of sample {}", s.index);
+        assert_eq!(s.dominant as i64, s.label, "sample {}: the pixels are of its class", s.index);
     }
-    assert!(
-        one.iter().any(|s| s.index == folder.png_index),
-        "the PNG is decoded"
-    );
+    assert!(one.iter().any(|s| s.index == folder.png_index), "the PNG is decoded");
     // The batch that held the corrupt file is one shorter, everything else as planned.
     let mut by_seq: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
     for s in &one {
@@ -156,35 +114,21 @@ fn an_image_folder_gives_uint8_chw_images_and_folder_labels_skipping_the_corrupt
     }
     assert_eq!(by_seq.len() as u64, plan.total_batches());
     for (seq, got) in &by_seq {
-        let planned: Vec<u64> = plan
-            .batch_indices(0, *seq)
-            .into_iter()
-            .filter(|&i| i != folder.corrupt_index)
-            .collect();
+        let planned: Vec<u64> =
+            plan.batch_indices(0, *seq).into_iter().filter(|&i| i != folder.corrupt_index).collect();
         assert_eq!(got, &planned, "batch {seq}");
     }
     let corrupt = folder.corrupt.display().to_string();
     assert!(
-        log.iter()
-            .any(|l| l.contains(&corrupt) && l.contains("skipped")),
+        log.iter().any(|l| l.contains(&corrupt) && l.contains("skipped")),
         "the worker logs the skipped file {corrupt}: {log:?}"
     );
     // Randomness from (seed, epoch, index) alone: same pixels on another
     // run with another worker count; other pixels in another epoch.
     assert_eq!(one, three);
-    let pixels: HashMap<(u32, u64), u64> =
-        one.iter().map(|s| ((s.epoch, s.index), s.pixels)).collect();
-    let changed = (0..n)
-        .filter(|&i| {
-            pixels
-                .get(&(0, i))
-                .is_some_and(|p| Some(p) != pixels.get(&(1, i)))
-        })
-        .count();
-    assert!(
-        changed as u64 >= n - 4,
-        "crops differ between epochs for most samples ({changed} of {n})"
-    );
+    let pixels: HashMap<(u32, u64), u64> = one.iter().map(|s| ((s.epoch, s.index), s.pixels)).collect();
+    let changed = (0..n).filter(|&i| pixels.get(&(0, i)).is_some_and(|p| Some(p) != pixels.get(&(1, i)))).count();
+    assert!(changed as u64 >= n - 4, "crops differ between epochs for most samples ({changed} of {n})");
 }
 
 #[test]
@@ -197,10 +141,7 @@ fn under_the_fail_policy_the_job_fails_naming_the_corrupt_file() {
     });
     let error = outcome.expect_err("the job must fail");
     let corrupt = folder.corrupt.display().to_string();
-    assert!(
-        error.contains(&format!("corrupt sample {corrupt}")),
-        "{error}"
-    );
+    assert!(error.contains(&format!("corrupt sample {corrupt}")), "{error}");
     assert!(!error.contains('\n'), "one line: {error}");
 }
 
@@ -218,11 +159,7 @@ fn webdataset_shards_give_every_sample_once_per_epoch_reading_each_shard_in_orde
     }
     let n = first;
     let job = spec::webdataset(&shards)
-        .transforms([
-            transforms::decode(),
-            transforms::resize(16),
-            transforms::center_crop(16),
-        ])
+        .transforms([transforms::decode(), transforms::resize(16), transforms::center_crop(16)])
         .batch_size(5)
         .epochs(2)
         .shuffle(3)
@@ -241,68 +178,37 @@ fn webdataset_shards_give_every_sample_once_per_epoch_reading_each_shard_in_orde
     };
     let mut orders = Vec::new();
     for epoch in 0..2 {
-        let order: Vec<u64> = seen
-            .iter()
-            .filter(|s| s.epoch == epoch)
-            .map(|s| s.index)
-            .collect();
+        let order: Vec<u64> = seen.iter().filter(|s| s.epoch == epoch).map(|s| s.index).collect();
         let mut sorted = order.clone();
         sorted.sort_unstable();
-        assert_eq!(
-            sorted,
-            (0..n).collect::<Vec<_>>(),
-            "epoch {epoch}: every sample exactly once"
-        );
+        assert_eq!(sorted, (0..n).collect::<Vec<_>>(), "epoch {epoch}: every sample exactly once");
         // Each shard is one run of consecutive samples, front to back.
         let mut runs: Vec<usize> = Vec::new();
         for pair in order.windows(2) {
             if shard_of(pair[0]) == shard_of(pair[1]) {
-                assert_eq!(
-                    pair[1],
-                    pair[0] + 1,
-                    "epoch {epoch} reads a shard in order: {order:?}"
-                );
+                assert_eq!(pair[1], pair[0] + 1, "epoch {epoch} reads a shard in order: {order:?}");
             }
         }
         for &i in &order {
             let shard = shard_of(i).expect("in a shard");
             if runs.last() != Some(&shard) {
-                assert!(
-                    !runs.contains(&shard),
-                    "epoch {epoch} returns to shard {shard}: {order:?}"
-                );
+                assert!(!runs.contains(&shard), "epoch {epoch} returns to shard {shard}: {order:?}");
                 runs.push(shard);
             }
         }
         orders.push(runs);
     }
-    assert_ne!(
-        orders[0], orders[1],
-        "shuffle reorders the shards each epoch"
-    );
+    assert_ne!(orders[0], orders[1], "shuffle reorders the shards each epoch");
     for s in &seen {
-        assert_eq!(
-            s.label, s.index as i64,
-            "the .cls label of sample {}",
-            s.index
-        );
-        assert_eq!(
-            s.dominant as u64,
-            s.index % 3,
-            "the image of sample {}",
-            s.index
-        );
+        assert_eq!(s.label, s.index as i64, "the .cls label of sample {}", s.index);
+        assert_eq!(s.dominant as u64, s.index % 3, "the image of sample {}", s.index);
     }
 }
 
 /// Two arrays of `rows` rows: `x` float32 [rows, 3] and `y` int64 [rows].
 fn write_arrays(dir: &Path, rows: u64) -> (Vec<u8>, Vec<u8>) {
-    let x: Vec<u8> = (0..rows * 3)
-        .flat_map(|v| (v as f32 * 0.5).to_le_bytes())
-        .collect();
-    let y: Vec<u8> = (0..rows)
-        .flat_map(|v| ((v * v) as i64 - 7).to_le_bytes())
-        .collect();
+    let x: Vec<u8> = (0..rows * 3).flat_map(|v| (v as f32 * 0.5).to_le_bytes()).collect();
+    let y: Vec<u8> = (0..rows).flat_map(|v| ((v * v) as i64 - 7).to_le_bytes()).collect();
     write_npy(&dir.join("x.npy"), "<f4", &[rows, 3], &x);
     write_npy(&dir.join("y.npy"), "<i8", &[rows], &y);
     (x, y)
@@ -313,38 +219,22 @@ fn npy_rows_arrive_byte_for_byte() {
     const ROWS: u64 = 37;
     let dir = tempfile::tempdir().expect("tempdir");
     let (x, y) = write_arrays(dir.path(), ROWS);
-    let job = spec::npy([
-        ("x", dir.path().join("x.npy")),
-        ("y", dir.path().join("y.npy")),
-    ])
-    .batch_size(8)
-    .shuffle(2)
-    .build()
-    .expect("npy spec");
+    let job = spec::npy([("x", dir.path().join("x.npy")), ("y", dir.path().join("y.npy"))])
+        .batch_size(8)
+        .shuffle(2)
+        .build()
+        .expect("npy spec");
     let rows = run(Duration::from_secs(120), move |scope| {
         let cluster = Cluster::start(&scope, 2);
-        let loader = Loader::builder(cluster.url())
-            .job(job)
-            .build()
-            .expect("loader");
+        let loader = Loader::builder(cluster.url()).job(job).build().expect("loader");
         let mut rows = Vec::new();
         for batch in loader {
             let batch = batch.expect("batch");
             let (bx, by) = (batch.tensor("x").expect("x"), batch.tensor("y").expect("y"));
-            assert_eq!(
-                (bx.dtype, bx.shape.to_vec()),
-                (Dtype::F32, vec![batch.len() as u64, 3])
-            );
-            assert_eq!(
-                (by.dtype, by.shape.to_vec()),
-                (Dtype::I64, vec![batch.len() as u64])
-            );
+            assert_eq!((bx.dtype, bx.shape.to_vec()), (Dtype::F32, vec![batch.len() as u64, 3]));
+            assert_eq!((by.dtype, by.shape.to_vec()), (Dtype::I64, vec![batch.len() as u64]));
             for (k, &i) in batch.indices().iter().enumerate() {
-                rows.push((
-                    i,
-                    bx.bytes[k * 12..(k + 1) * 12].to_vec(),
-                    by.bytes[k * 8..(k + 1) * 8].to_vec(),
-                ));
+                rows.push((i, bx.bytes[k * 12..(k + 1) * 12].to_vec(), by.bytes[k * 8..(k + 1) * 8].to_vec()));
             }
         }
         rows
@@ -363,9 +253,7 @@ fn loaderctl(scope: &loader_e2e::Scope, args: &[&str]) -> (Option<i32>, Vec<Stri
     let mut command = std::process::Command::new(loader_e2e::binary("loaderctl"));
     command.args(args);
     let mut proc = Proc::spawn_capturing_stderr(scope, "loaderctl", command, false);
-    let status = proc
-        .wait_exit(Duration::from_secs(120))
-        .expect("loaderctl exits");
+    let status = proc.wait_exit(Duration::from_secs(120)).expect("loaderctl exits");
     // The reader threads drain the pipes once the process is gone.
     std::thread::sleep(Duration::from_millis(100));
     (status.code(), proc.stdout(), proc.stderr())
@@ -381,11 +269,8 @@ fn loaderctl_runs_an_image_folder_and_any_spec_file() {
     std::fs::write(&spec_file, "dataset: {npy: {arrays: {x: x.npy, y: y.npy}}}\nbatch_size: 4\nepochs: 2\nsampler: {shuffle: true}\n")
         .expect("spec file");
     let bad_spec = data.path().join("bad.yaml");
-    std::fs::write(
-        &bad_spec,
-        "dataset: {image_folder: {path: .}}\ntransforms: [decode, rotate]\nbatch_size: 4\n",
-    )
-    .expect("bad spec");
+    std::fs::write(&bad_spec, "dataset: {image_folder: {path: .}}\ntransforms: [decode, rotate]\nbatch_size: 4\n")
+        .expect("bad spec");
     // A mixture of the arrays with themselves (weights 1 : 3), and one of
     // the arrays with the image folder, whose samples do not collate.
     let npy_entry = "{npy: {arrays: {x: x.npy, y: y.npy}}}";
@@ -407,40 +292,18 @@ fn loaderctl_runs_an_image_folder_and_any_spec_file() {
     .expect("clash spec");
     let spec_path = spec_file.display().to_string();
     let bad_path = bad_spec.display().to_string();
-    let (mix_path, clash_path) = (
-        mix_file.display().to_string(),
-        clash_file.display().to_string(),
-    );
+    let (mix_path, clash_path) = (mix_file.display().to_string(), clash_file.display().to_string());
     let (mix, clash) = run(Duration::from_secs(240), move |scope| {
-        let mix = loaderctl(
-            &scope,
-            &["run", "--spec", &mix_path, "--workers", "2", "--json"],
-        );
+        let mix = loaderctl(&scope, &["run", "--spec", &mix_path, "--workers", "2", "--json"]);
         let clash = loaderctl(&scope, &["run", "--spec", &clash_path, "--workers", "1"]);
         (mix, clash)
     });
     let (images, npy, bad, missing) = run(Duration::from_secs(240), move |scope| {
-        let images = loaderctl(
-            &scope,
-            &[
-                "run",
-                "--dataset",
-                "imagefolder",
-                "--path",
-                &root,
-                "--on-corrupt",
-                "skip",
-                "--batch-size",
-                "4",
-                "--workers",
-                "2",
-                "--json",
-            ],
-        );
-        let npy = loaderctl(
-            &scope,
-            &["run", "--spec", &spec_path, "--workers", "1", "--json"],
-        );
+        let images = loaderctl(&scope, &[
+            "run", "--dataset", "imagefolder", "--path", &root, "--on-corrupt", "skip", "--batch-size", "4",
+            "--workers", "2", "--json",
+        ]);
+        let npy = loaderctl(&scope, &["run", "--spec", &spec_path, "--workers", "1", "--json"]);
         let bad = loaderctl(&scope, &["run", "--spec", &bad_path]);
         let missing = loaderctl(&scope, &["run", "--dataset", "imagefolder"]);
         (images, npy, bad, missing)
@@ -450,11 +313,7 @@ fn loaderctl_runs_an_image_folder_and_any_spec_file() {
         serde_json::from_str(out.1.last().expect("a report line")).expect("json report")
     };
     let images = report(&images);
-    assert_eq!(
-        images["samples"],
-        folder.labels.len() as u64 - 1,
-        "{images}"
-    );
+    assert_eq!(images["samples"], folder.labels.len() as u64 - 1, "{images}");
     assert_eq!(images["dataset"], "image_folder");
     let npy = report(&npy);
     assert_eq!(npy["samples"], 42, "{npy}");
@@ -470,19 +329,12 @@ fn loaderctl_runs_an_image_folder_and_any_spec_file() {
         clash.2
     );
     assert_eq!(bad.0, Some(1));
-    assert_eq!(
-        bad.2,
-        vec![format!(
-            "loaderctl: error: {}: transforms[1]: unknown transform `rotate`; expected one of: decode, random_resized_crop, \
+    assert_eq!(bad.2, vec![format!(
+        "loaderctl: error: {}: transforms[1]: unknown transform `rotate`; expected one of: decode, random_resized_crop, \
          resize, center_crop, horizontal_flip, normalize, cast, layout at line 2 column 22",
-            bad_spec.display()
-        )]
-    );
+        bad_spec.display()
+    )]);
     assert_eq!(missing.0, Some(1));
     assert_eq!(missing.2.len(), 1, "{:?}", missing.2);
-    assert!(
-        missing.2[0].contains("--dataset imagefolder needs --path DIR"),
-        "{:?}",
-        missing.2
-    );
+    assert!(missing.2[0].contains("--dataset imagefolder needs --path DIR"), "{:?}", missing.2);
 }

@@ -11,18 +11,12 @@ use loader_e2e::{Cluster, Proc, Trainer, assert_received, binary, run};
 
 /// Runs `loaderctl args`, waits (bounded) for it to exit; returns its exit
 /// code, stderr and how long it ran.
-fn loaderctl(
-    scope: &loader_e2e::Scope,
-    args: &[&str],
-    limit: Duration,
-) -> (Option<i32>, Vec<String>, Duration) {
+fn loaderctl(scope: &loader_e2e::Scope, args: &[&str], limit: Duration) -> (Option<i32>, Vec<String>, Duration) {
     let mut command = Command::new(binary("loaderctl"));
     command.args(args);
     let started = Instant::now();
     let mut proc = Proc::spawn_capturing_stderr(scope, "loaderctl", command, false);
-    let status = proc
-        .wait_exit(limit)
-        .unwrap_or_else(|| panic!("loaderctl {args:?} did not exit within {limit:?}"));
+    let status = proc.wait_exit(limit).unwrap_or_else(|| panic!("loaderctl {args:?} did not exit within {limit:?}"));
     let took = started.elapsed();
     // The reader thread drains the pipe once the process is gone.
     std::thread::sleep(Duration::from_millis(100));
@@ -31,10 +25,7 @@ fn loaderctl(
 
 /// The error line of a failed `loaderctl`: its stderr is that one line.
 fn one_line(stderr: &[String]) -> &str {
-    let errors: Vec<&String> = stderr
-        .iter()
-        .filter(|l| l.starts_with("loaderctl: error"))
-        .collect();
+    let errors: Vec<&String> = stderr.iter().filter(|l| l.starts_with("loaderctl: error")).collect();
     assert_eq!(errors.len(), 1, "one error line, got {stderr:?}");
     errors[0]
 }
@@ -62,59 +53,31 @@ fn a_poison_job_fails_its_trainer_and_hurts_no_worker_and_no_other_job() {
         let (code, stderr, took) = loaderctl(
             &scope,
             &[
-                "consume",
-                "--coordinator",
-                &url,
-                "--samples",
-                "16",
-                "--shape",
-                "100000,100000",
-                "--batch-size",
-                "4",
-                "--transport",
-                "grpc",
+                "consume", "--coordinator", &url, "--samples", "16", "--shape", "100000,100000", "--batch-size", "4",
+                "--transport", "grpc",
             ],
             Duration::from_secs(20),
         );
         assert_ne!(code, Some(0));
         let line = one_line(&stderr);
-        assert!(
-            line.contains("batch_size") && line.contains("40.0 GB"),
-            "{line}"
-        );
+        assert!(line.contains("batch_size") && line.contains("40.0 GB"), "{line}");
         eprintln!("huge shape: {took:?}: {line}");
 
         // A batch size of u32::MAX: refused before any worker sees it.
         let (code, stderr, _) = loaderctl(
             &scope,
-            &[
-                "consume",
-                "--coordinator",
-                &url,
-                "--samples",
-                "16",
-                "--batch-size",
-                "4294967295",
-                "--transport",
-                "grpc",
-            ],
+            &["consume", "--coordinator", &url, "--samples", "16", "--batch-size", "4294967295", "--transport", "grpc"],
             Duration::from_secs(20),
         );
         assert_ne!(code, Some(0));
         let line = one_line(&stderr);
-        assert!(
-            line.contains("batch_size: 4294967295 exceeds the limit"),
-            "{line}"
-        );
+        assert!(line.contains("batch_size: 4294967295 exceeds the limit"), "{line}");
 
         // The healthy job finishes exactly once, and no worker died.
         let seen = trainer.join(Duration::from_secs(120));
         assert_received(&seen, &plan, 0, 0..total);
         for (i, worker) in cluster.workers.iter_mut().enumerate() {
-            assert!(
-                worker.wait_exit(Duration::ZERO).is_none(),
-                "worker {i} died"
-            );
+            assert!(worker.wait_exit(Duration::ZERO).is_none(), "worker {i} died");
         }
     });
 }
@@ -126,18 +89,7 @@ fn embedded_run_of_a_poison_job_fails_in_one_line() {
     run(Duration::from_secs(60), |scope| {
         let (code, stderr, took) = loaderctl(
             &scope,
-            &[
-                "run",
-                "--workers",
-                "1",
-                "--samples",
-                "16",
-                "--shape",
-                "100000,100000",
-                "--batch-size",
-                "4",
-                "--json",
-            ],
+            &["run", "--workers", "1", "--samples", "16", "--shape", "100000,100000", "--batch-size", "4", "--json"],
             Duration::from_secs(30),
         );
         assert_ne!(code, Some(0));
@@ -150,30 +102,21 @@ fn embedded_run_of_a_poison_job_fails_in_one_line() {
 /// Process ids of `parent`'s children.
 fn children(parent: u32) -> Vec<i32> {
     let parent = parent.to_string();
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
     entries
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
         .filter(|pid| {
             let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
             // The parent pid is the second field after the parenthesised name.
-            stat.rsplit(')')
-                .next()
-                .and_then(|rest| rest.split_whitespace().nth(1))
-                == Some(parent.as_str())
+            stat.rsplit(')').next().and_then(|rest| rest.split_whitespace().nth(1)) == Some(parent.as_str())
         })
         .collect()
 }
 
 fn alive(pid: i32) -> bool {
     // A zombie has exited; only its entry waits to be reaped.
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        stat.rsplit(')')
-            .next()
-            .and_then(|rest| rest.split_whitespace().next())
-            != Some("Z")
-    })
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|stat| stat.rsplit(')').next().and_then(|rest| rest.split_whitespace().next()) != Some("Z"))
 }
 
 /// SIGTERM (and SIGINT) to `loaderctl run` stop its workers and exit with
@@ -189,48 +132,25 @@ fn a_signalled_loaderctl_run_stops_its_workers_and_leaves_nothing() {
         run(Duration::from_secs(60), move |scope| {
             let mut command = Command::new(binary("loaderctl"));
             command
-                .args([
-                    "run",
-                    "--workers",
-                    "2",
-                    "--dataset",
-                    "tokens",
-                    "--batch-size",
-                    "8",
-                    "--epochs",
-                    "100000",
-                    "--json",
-                ])
+                .args(["run", "--workers", "2", "--dataset", "tokens", "--batch-size", "8", "--epochs", "100000", "--json"])
                 .env("TMPDIR", &tmp_path);
             let mut proc = Proc::spawn_capturing_stderr(&scope, "loaderctl", command, false);
             let pid = proc.pid();
             let mut workers = Vec::new();
-            loader_e2e::wait_until(
-                "loaderctl run starts its workers",
-                Duration::from_secs(20),
-                || {
-                    workers = children(pid);
-                    workers.len() >= 2
-                },
-            );
+            loader_e2e::wait_until("loaderctl run starts its workers", Duration::from_secs(20), || {
+                workers = children(pid);
+                workers.len() >= 2
+            });
             // Consuming for a moment: workers map the ring, the file is read.
             std::thread::sleep(Duration::from_millis(500));
             kill(Pid::from_raw(pid as i32), signal).expect("signal");
             let sent = Instant::now();
-            let status = proc
-                .wait_exit(Duration::from_secs(2))
-                .expect("loaderctl exits within 2 s");
+            let status = proc.wait_exit(Duration::from_secs(2)).expect("loaderctl exits within 2 s");
             assert_eq!(status.code(), Some(code), "{signal}");
-            loader_e2e::wait_until(
-                "every worker is gone",
-                Duration::from_secs(2).saturating_sub(sent.elapsed()),
-                || workers.iter().all(|&w| !alive(w)),
-            );
-            let left: Vec<_> = std::fs::read_dir(&tmp_path)
-                .expect("tmp")
-                .filter_map(Result::ok)
-                .map(|e| e.path())
-                .collect();
+            loader_e2e::wait_until("every worker is gone", Duration::from_secs(2).saturating_sub(sent.elapsed()), || {
+                workers.iter().all(|&w| !alive(w))
+            });
+            let left: Vec<_> = std::fs::read_dir(&tmp_path).expect("tmp").filter_map(Result::ok).map(|e| e.path()).collect();
             assert!(left.is_empty(), "{signal} left {left:?}");
         });
     }
@@ -239,11 +159,7 @@ fn a_signalled_loaderctl_run_stops_its_workers_and_leaves_nothing() {
 /// Entries of /dev/shm (Loader puts nothing there: its ring is a memfd).
 fn dev_shm() -> std::collections::BTreeSet<String> {
     std::fs::read_dir("/dev/shm")
-        .map(|d| {
-            d.filter_map(Result::ok)
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect()
-        })
+        .map(|d| d.filter_map(Result::ok).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
         .unwrap_or_default()
 }
 
@@ -259,29 +175,14 @@ fn a_sigkilled_loaderctl_run_leaves_nothing() {
     run(Duration::from_secs(60), move |scope| {
         let mut command = Command::new(binary("loaderctl"));
         command
-            .args([
-                "run",
-                "--workers",
-                "1",
-                "--dataset",
-                "tokens",
-                "--batch-size",
-                "8",
-                "--epochs",
-                "100000",
-                "--json",
-            ])
+            .args(["run", "--workers", "1", "--dataset", "tokens", "--batch-size", "8", "--epochs", "100000", "--json"])
             .env("TMPDIR", &tmp_path);
         let mut proc = Proc::spawn_capturing_stderr(&scope, "loaderctl", command, false);
         let mut workers = Vec::new();
-        loader_e2e::wait_until(
-            "loaderctl run starts its worker",
-            Duration::from_secs(20),
-            || {
-                workers = children(proc.pid());
-                !workers.is_empty()
-            },
-        );
+        loader_e2e::wait_until("loaderctl run starts its worker", Duration::from_secs(20), || {
+            workers = children(proc.pid());
+            !workers.is_empty()
+        });
         std::thread::sleep(Duration::from_millis(500));
         proc.kill();
         // Its coordinator died with it: the worker cannot renew its lease
@@ -308,10 +209,7 @@ fn a_finished_trainers_session_leaves_status_within_one_heartbeat() {
     run(Duration::from_secs(60), |scope| {
         let cluster = Cluster::builder().workers(1).start(&scope);
         let admin = cluster.admin();
-        let job = spec::synthetic(400, &[16], Dtype::U8)
-            .batch_size(8)
-            .build()
-            .expect("spec");
+        let job = spec::synthetic(400, &[16], Dtype::U8).batch_size(8).build().expect("spec");
         let plan = loader_proto::spec::plan(&job).expect("plan");
         let total = plan.total_batches();
         let trainer = Trainer::spawn(Loader::builder(cluster.url()), job);
@@ -319,18 +217,13 @@ fn a_finished_trainers_session_leaves_status_within_one_heartbeat() {
         assert_received(&seen, &plan, 0, 0..total);
         let finished = Instant::now();
         // The default heartbeat interval is 1.67 s, the lease 5 s.
-        admin.wait_for(
-            "the finished session is gone",
-            Duration::from_millis(1666),
-            |a| Ok(a.sessions()?.is_empty().then_some(())),
-        );
+        admin.wait_for("the finished session is gone", Duration::from_millis(1666), |a| {
+            Ok(a.sessions()?.is_empty().then_some(()))
+        });
         eprintln!("session gone {:?} after the last batch", finished.elapsed());
         let jobs = admin.jobs().expect("jobs");
         let progress = &jobs[0].consumers[0];
-        assert_eq!(
-            (progress.delivered, progress.resent, progress.consumed),
-            (total, 0, total)
-        );
+        assert_eq!((progress.delivered, progress.resent, progress.consumed), (total, 0, total));
     });
 }
 
@@ -350,26 +243,17 @@ fn a_trainer_whose_coordinator_is_gone_fails_in_one_bound_on_every_transport() {
                 .expect("spec");
             let timeout = Duration::from_secs(3);
             let trainer = Trainer::spawn(
-                Loader::builder(cluster.url())
-                    .shared_memory(shared_memory)
-                    .coordinator_timeout(timeout),
+                Loader::builder(cluster.url()).shared_memory(shared_memory).coordinator_timeout(timeout),
                 job,
             );
             trainer.wait_for(10, Duration::from_secs(20));
             cluster.server.kill();
             let killed = Instant::now();
             // The outage is noticed at the next heartbeat (every TTL/3).
-            let error = trainer
-                .finish(timeout + Duration::from_secs(5))
-                .expect_err("the trainer fails");
+            let error = trainer.finish(timeout + Duration::from_secs(5)).expect_err("the trainer fails");
             let after = killed.elapsed();
-            eprintln!(
-                "shared_memory={shared_memory}: failed {after:?} after the coordinator's SIGKILL: {error}"
-            );
-            assert!(
-                error.contains("lost the coordinator") && error.contains("no answer for"),
-                "{error}"
-            );
+            eprintln!("shared_memory={shared_memory}: failed {after:?} after the coordinator's SIGKILL: {error}");
+            assert!(error.contains("lost the coordinator") && error.contains("no answer for"), "{error}");
             assert!(!error.contains('\n'));
             assert!(after >= timeout, "not before the timeout: {after:?}");
         });

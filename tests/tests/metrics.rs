@@ -19,27 +19,14 @@ const PATIENCE: Duration = Duration::from_secs(30);
 
 /// One `GET /metrics`, parsed.
 fn scrape(addr: SocketAddr) -> Scrape {
-    let mut stream =
-        TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect to /metrics");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .expect("read timeout");
-    write!(
-        stream,
-        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nAccept: text/plain\r\nConnection: close\r\n\r\n"
-    )
-    .expect("send the request");
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect to /metrics");
+    stream.set_read_timeout(Some(Duration::from_secs(10))).expect("read timeout");
+    write!(stream, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nAccept: text/plain\r\nConnection: close\r\n\r\n").expect("send the request");
     let mut response = String::new();
-    stream
-        .read_to_string(&mut response)
-        .expect("read the response");
+    stream.read_to_string(&mut response).expect("read the response");
     let (head, body) = response.split_once("\r\n\r\n").expect("an HTTP response");
     assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
-    assert!(
-        head.to_ascii_lowercase()
-            .contains("content-type: text/plain; version=0.0.4"),
-        "{head}"
-    );
+    assert!(head.to_ascii_lowercase().contains("content-type: text/plain; version=0.0.4"), "{head}");
     Scrape::parse(body.lines().map(|l| Ok(l.to_owned()))).expect("Prometheus text format")
 }
 
@@ -70,10 +57,7 @@ fn wait_for(what: &str, mut value: impl FnMut() -> f64, done: impl Fn(f64) -> bo
         if done(v) {
             return v;
         }
-        assert!(
-            Instant::now() < deadline,
-            "{what}: still {v} after {PATIENCE:?}"
-        );
+        assert!(Instant::now() < deadline, "{what}: still {v} after {PATIENCE:?}");
         std::thread::sleep(Duration::from_millis(100));
     }
 }
@@ -109,36 +93,22 @@ impl Prometheus {
         )
         .expect("write the configuration");
         // A free port: Prometheus does not print the port it picked.
-        let addr = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port");
+        let addr = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port");
         let mut command = Command::new("prometheus");
         command
             .arg(format!("--config.file={}", config.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.path().join("data").display()
-            ))
+            .arg(format!("--storage.tsdb.path={}", dir.path().join("data").display()))
             .arg(format!("--web.listen-address={addr}"))
             .arg("--log.level=warn");
         let proc = Proc::spawn_capturing_stderr(scope, "prometheus", command, false);
-        Ok(Prometheus {
-            addr,
-            _proc: proc,
-            _dir: dir,
-        })
+        Ok(Prometheus { addr, _proc: proc, _dir: dir })
     }
 
     /// The value of an instant query that yields one number; NaN while it
     /// yields none (or Prometheus is not up yet).
     fn query(&self, query: &str) -> f64 {
-        let Some(json) = self.answer(query) else {
-            return f64::NAN;
-        };
-        json["data"]["result"][0]["value"][1]
-            .as_str()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(f64::NAN)
+        let Some(json) = self.answer(query) else { return f64::NAN };
+        json["data"]["result"][0]["value"][1].as_str().and_then(|v| v.parse().ok()).unwrap_or(f64::NAN)
     }
 
     /// Prometheus' JSON answer to an instant query (`status` is `error`,
@@ -147,21 +117,12 @@ impl Prometheus {
     fn answer(&self, query: &str) -> Option<serde_json::Value> {
         let encoded: String = query
             .bytes()
-            .map(|b| {
-                if b.is_ascii_alphanumeric() || b == b'_' {
-                    (b as char).to_string()
-                } else {
-                    format!("%{b:02X}")
-                }
-            })
+            .map(|b| if b.is_ascii_alphanumeric() || b == b'_' { (b as char).to_string() } else { format!("%{b:02X}") })
             .collect();
         let mut stream = TcpStream::connect_timeout(&self.addr, Duration::from_secs(2)).ok()?;
-        stream
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .expect("read timeout");
+        stream.set_read_timeout(Some(Duration::from_secs(10))).expect("read timeout");
         // HTTP/1.0: the answer comes whole, not chunked.
-        write!(stream, "GET /api/v1/query?query={encoded} HTTP/1.0\r\n\r\n")
-            .expect("send the query");
+        write!(stream, "GET /api/v1/query?query={encoded} HTTP/1.0\r\n\r\n").expect("send the query");
         let mut response = String::new();
         stream.read_to_string(&mut response).ok()?;
         let (head, body) = response.split_once("\r\n\r\n")?;
@@ -185,9 +146,7 @@ fn consume(batches: impl IntoIterator<Item = Result<Batch, LoaderError>>) -> u64
 }
 
 fn metrics_addr(proc: &Proc) -> SocketAddr {
-    proc.announced("metrics ", ANNOUNCE)
-        .parse()
-        .expect("a socket address")
+    proc.announced("metrics ", ANNOUNCE).parse().expect("a socket address")
 }
 
 fn job(name: &str, samples: u64, sample_bytes: u64, cost_ns: u64) -> JobSpec {
@@ -206,20 +165,13 @@ fn job(name: &str, samples: u64, sample_bytes: u64, cost_ns: u64) -> JobSpec {
 #[test]
 fn every_process_serves_metrics_that_add_up() {
     run(Duration::from_secs(240), |scope: Scope| {
-        let cluster = Cluster::builder()
-            .workers(2)
-            .ttl_ms(3000)
-            .metrics()
-            .start(&scope);
+        let cluster = Cluster::builder().workers(2).ttl_ms(3000).metrics().start(&scope);
         let server = metrics_addr(&cluster.server);
         let workers: Vec<SocketAddr> = cluster.workers.iter().map(metrics_addr).collect();
         let builder = || Loader::builder(cluster.url()).metrics_listen("127.0.0.1:0");
 
         // A whole job: what the workers delivered is what the trainer consumed.
-        let loader = builder()
-            .job(job("whole", 2000, 256, 0))
-            .build()
-            .expect("loader");
+        let loader = builder().job(job("whole", 2000, 256, 0)).build().expect("loader");
         let trainer = loader.metrics_addr().expect("the trainer serves metrics");
         let total = loader.total_batches();
         let whole = loader.job().job_id.to_string();
@@ -229,44 +181,22 @@ fn every_process_serves_metrics_that_add_up() {
         assert_eq!(delivered, total as f64, "the workers' delivered batches");
         let trainer_scrape = scrape(trainer);
         assert_eq!(
-            sum(
-                &trainer_scrape,
-                "loader_trainer_batches_consumed_total",
-                &[("job_id", &whole), ("rank", "0")]
-            ),
+            sum(&trainer_scrape, "loader_trainer_batches_consumed_total", &[("job_id", &whole), ("rank", "0")]),
             total as f64
         );
-        assert_eq!(
-            sum(
-                &trainer_scrape,
-                "loader_trainer_samples_consumed_total",
-                &labels
-            ),
-            2000.0
-        );
-        assert_eq!(
-            sum_over(&workers, "loader_worker_samples_delivered_total", &labels),
-            2000.0
-        );
+        assert_eq!(sum(&trainer_scrape, "loader_trainer_samples_consumed_total", &labels), 2000.0);
+        assert_eq!(sum_over(&workers, "loader_worker_samples_delivered_total", &labels), 2000.0);
         let worker_scrape = scrape(workers[0]);
         let stages: Vec<&str> = worker_scrape
             .samples
             .iter()
-            .filter(|s| {
-                s.metric == "loader_worker_stage_seconds"
-                    && s.labels.get("job_id") == Some(whole.as_str())
-            })
+            .filter(|s| s.metric == "loader_worker_stage_seconds" && s.labels.get("job_id") == Some(whole.as_str()))
             .filter_map(|s| s.labels.get("stage"))
             .collect();
         for stage in ["read", "collate", "deliver"] {
             assert!(stages.contains(&stage), "stage {stage} in {stages:?}");
         }
-        assert!(
-            worker_scrape
-                .samples
-                .iter()
-                .any(|s| s.metric == "loader_worker_busy_ratio")
-        );
+        assert!(worker_scrape.samples.iter().any(|s| s.metric == "loader_worker_busy_ratio"));
         wait_for(
             "the coordinator's worker gauge",
             || sum(&scrape(server), "loader_coordinator_workers", &[]),
@@ -276,33 +206,16 @@ fn every_process_serves_metrics_that_add_up() {
         targets.extend([server, trainer]);
         match Prometheus::start(&scope, &targets) {
             Ok(prometheus) => {
-                let delivered =
-                    format!("sum(loader_worker_batches_delivered_total{{job_id=\"{whole}\"}})");
-                let consumed =
-                    format!("sum(loader_trainer_batches_consumed_total{{job_id=\"{whole}\"}})");
-                wait_for(
-                    "targets up in Prometheus",
-                    || prometheus.query("sum(up)"),
-                    |v| v == targets.len() as f64,
-                );
-                wait_for(
-                    "delivered batches in Prometheus",
-                    || prometheus.query(&delivered),
-                    |v| v == total as f64,
-                );
-                wait_for(
-                    "consumed batches in Prometheus",
-                    || prometheus.query(&consumed),
-                    |v| v == total as f64,
-                );
+                let delivered = format!("sum(loader_worker_batches_delivered_total{{job_id=\"{whole}\"}})");
+                let consumed = format!("sum(loader_trainer_batches_consumed_total{{job_id=\"{whole}\"}})");
+                wait_for("targets up in Prometheus", || prometheus.query("sum(up)"), |v| v == targets.len() as f64);
+                wait_for("delivered batches in Prometheus", || prometheus.query(&delivered), |v| v == total as f64);
+                wait_for("consumed batches in Prometheus", || prometheus.query(&consumed), |v| v == total as f64);
                 // Every query of the Grafana dashboard parses and runs.
                 for expr in dashboard_queries() {
                     let expr = expr.replace("$job_id", ".*");
                     let answer = prometheus.answer(&expr).expect("Prometheus answers");
-                    assert_eq!(
-                        answer["status"], "success",
-                        "dashboard query {expr}: {answer}"
-                    );
+                    assert_eq!(answer["status"], "success", "dashboard query {expr}: {answer}");
                 }
             }
             Err(reason) => eprintln!("skipped the Prometheus server part: {reason}"),
@@ -313,14 +226,9 @@ fn every_process_serves_metrics_that_add_up() {
         // time rises while it does not read. The batches (1 MiB) are large
         // enough that the trainer takes fewer of them ahead than the
         // workers may make.
-        for (name, shared_memory, transport) in
-            [("stops-shm", true, "shm"), ("stops-grpc", false, "grpc")]
-        {
-            let loader = builder()
-                .shared_memory(shared_memory)
-                .job(job(name, 1600, 64 << 10, 0))
-                .build()
-                .expect("loader");
+        for (name, shared_memory, transport) in [("stops-shm", true, "shm"), ("stops-grpc", false, "grpc")] {
+            let loader =
+                builder().shared_memory(shared_memory).job(job(name, 1600, 64 << 10, 0)).build().expect("loader");
             let total = loader.total_batches();
             let id = loader.job().job_id.to_string();
             let mut batches = loader.into_iter();
@@ -329,45 +237,24 @@ fn every_process_serves_metrics_that_add_up() {
             }
             let labels = [("job_id", id.as_str()), ("transport", transport)];
             let blocked = || sum_over(&workers, "loader_worker_blocked_seconds_total", &labels);
-            let first = wait_for(
-                &format!("{name}: the workers' blocked time"),
-                blocked,
-                |v| v > 0.0,
-            );
-            wait_for(
-                &format!("{name}: the workers' blocked time, later"),
-                blocked,
-                |v| v > first,
-            );
+            let first = wait_for(&format!("{name}: the workers' blocked time"), blocked, |v| v > 0.0);
+            wait_for(&format!("{name}: the workers' blocked time, later"), blocked, |v| v > first);
             let rest = consume(batches);
             assert_eq!(3 + rest, total, "{name}");
         }
 
         // A trainer that waits for slow workers sees its own stall, and the
         // coordinator learns it from the session's heartbeats.
-        let loader = builder()
-            .job(job("slow", 1280, 256, 4_000_000))
-            .build()
-            .expect("loader");
+        let loader = builder().job(job("slow", 1280, 256, 4_000_000)).build().expect("loader");
         let slow = loader.job().job_id.to_string();
         let total = loader.total_batches();
         assert_eq!(consume(loader), total);
         let labels = [("job_id", slow.as_str())];
-        let stall = sum(
-            &scrape(trainer),
-            "loader_trainer_stall_seconds_total",
-            &labels,
-        );
+        let stall = sum(&scrape(trainer), "loader_trainer_stall_seconds_total", &labels);
         assert!(stall > 0.0, "the trainer's stall: {stall}");
         wait_for(
             "the coordinator's stall",
-            || {
-                sum(
-                    &scrape(server),
-                    "loader_coordinator_trainer_stall_seconds_total",
-                    &labels,
-                )
-            },
+            || sum(&scrape(server), "loader_coordinator_trainer_stall_seconds_total", &labels),
             |v| v > 0.0,
         );
     });
@@ -379,26 +266,12 @@ fn every_process_serves_metrics_that_add_up() {
 fn a_bad_metrics_address_is_a_one_line_error() {
     run(Duration::from_secs(60), |scope: Scope| {
         let mut server = Command::new(binary("loader-server"));
-        server.args([
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics-listen",
-            "localhost:9464",
-        ]);
+        server.args(["--listen", "127.0.0.1:0", "--metrics-listen", "localhost:9464"]);
         let mut worker = Command::new(binary("loader-worker"));
-        worker.args([
-            "--coordinator",
-            "http://127.0.0.1:1",
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics-listen",
-            "9464",
-        ]);
+        worker.args(["--coordinator", "http://127.0.0.1:1", "--listen", "127.0.0.1:0", "--metrics-listen", "9464"]);
         for (name, command) in [("loader-server", server), ("loader-worker", worker)] {
             let mut proc = Proc::spawn_capturing_stderr(&scope, name, command, false);
-            let status = proc
-                .wait_exit(Duration::from_secs(20))
-                .expect("exits by itself");
+            let status = proc.wait_exit(Duration::from_secs(20)).expect("exits by itself");
             assert_eq!(status.code(), Some(1), "{name}");
             // The reader thread may still be collecting the last line.
             let deadline = Instant::now() + Duration::from_secs(5);
@@ -407,10 +280,7 @@ fn a_bad_metrics_address_is_a_one_line_error() {
             }
             let stderr = proc.stderr();
             assert_eq!(stderr.len(), 1, "{name}: {stderr:?}");
-            assert!(
-                stderr[0].starts_with(&format!("{name}: error: ")),
-                "{stderr:?}"
-            );
+            assert!(stderr[0].starts_with(&format!("{name}: error: ")), "{stderr:?}");
             assert!(stderr[0].contains("--metrics-listen"), "{stderr:?}");
             assert!(stderr[0].contains("invalid metrics address"), "{stderr:?}");
         }
@@ -419,10 +289,7 @@ fn a_bad_metrics_address_is_a_one_line_error() {
 
 /// The PromQL of every panel of `deploy/grafana/loader-dashboard.json`.
 fn dashboard_queries() -> Vec<String> {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../deploy/grafana/loader-dashboard.json"
-    );
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/grafana/loader-dashboard.json");
     let text = std::fs::read_to_string(path).expect("read the dashboard");
     let dashboard: serde_json::Value = serde_json::from_str(&text).expect("the dashboard is JSON");
     let panels = dashboard["panels"].as_array().expect("panels");
@@ -439,11 +306,7 @@ fn dashboard_queries() -> Vec<String> {
 /// guide's tables are checked against real scrapes above).
 #[test]
 fn the_dashboard_queries_documented_metrics() {
-    let guide = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../docs/operations.md"
-    ))
-    .expect("guide");
+    let guide = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/operations.md")).expect("guide");
     let mut seen = 0;
     for query in dashboard_queries() {
         for word in query.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
@@ -451,15 +314,9 @@ fn the_dashboard_queries_documented_metrics() {
                 continue;
             }
             let metric = word.trim_end_matches("_bucket");
-            assert!(
-                guide.contains(&format!("| `{metric}` |")),
-                "the dashboard queries {metric}, which docs/operations.md does not list"
-            );
+            assert!(guide.contains(&format!("| `{metric}` |")), "the dashboard queries {metric}, which docs/operations.md does not list");
             seen += 1;
         }
     }
-    assert!(
-        seen >= 10,
-        "only {seen} metric references found in the dashboard"
-    );
+    assert!(seen >= 10, "only {seen} metric references found in the dashboard");
 }

@@ -30,21 +30,14 @@ const WRONG: &str = "not-a-token-0123456789abcdef";
 const CALL: Duration = Duration::from_secs(10);
 
 fn token_env() -> Vec<(String, String)> {
-    [
-        ("LOADER_WORKER_TOKEN", WORKER),
-        ("LOADER_TRAINER_TOKEN", TRAINER),
-        ("LOADER_ADMIN_TOKEN", ADMIN),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_owned(), v.to_owned()))
-    .collect()
+    [("LOADER_WORKER_TOKEN", WORKER), ("LOADER_TRAINER_TOKEN", TRAINER), ("LOADER_ADMIN_TOKEN", ADMIN)]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
 }
 
 fn with_token(token: Option<&str>) -> ClientSecurity {
-    ClientSecurity {
-        tls: None,
-        token: token.map(|t| Token::new(t, "test").expect("token")),
-    }
+    ClientSecurity { tls: None, token: token.map(|t| Token::new(t, "test").expect("token")) }
 }
 
 type Call = fn(Channel) -> BoxFuture<'static, Result<(), Status>>;
@@ -52,204 +45,75 @@ type Call = fn(Channel) -> BoxFuture<'static, Result<(), Status>>;
 /// Every RPC of the coordinator, with the role it needs.
 const COORDINATOR: &[(&str, Role, Call)] = &[
     ("WorkerService/RegisterWorker", Role::Worker, |c| {
-        async move {
-            WorkerServiceClient::new(c)
-                .register_worker(pb::RegisterWorkerRequest::default())
-                .await
-                .map(drop)
-        }
-        .boxed()
+        async move { WorkerServiceClient::new(c).register_worker(pb::RegisterWorkerRequest::default()).await.map(drop) }.boxed()
     }),
     ("WorkerService/Heartbeat", Role::Worker, |c| {
-        async move {
-            WorkerServiceClient::new(c)
-                .heartbeat(pb::WorkerHeartbeatRequest::default())
-                .await
-                .map(drop)
-        }
-        .boxed()
+        async move { WorkerServiceClient::new(c).heartbeat(pb::WorkerHeartbeatRequest::default()).await.map(drop) }.boxed()
     }),
     ("WorkerService/Deregister", Role::Worker, |c| {
-        async move {
-            WorkerServiceClient::new(c)
-                .deregister(pb::DeregisterRequest::default())
-                .await
-                .map(drop)
-        }
-        .boxed()
+        async move { WorkerServiceClient::new(c).deregister(pb::DeregisterRequest::default()).await.map(drop) }.boxed()
     }),
     ("WorkerService/GetBlob", Role::Worker, |c| {
-        async move {
-            WorkerServiceClient::new(c)
-                .get_blob(pb::GetBlobRequest::default())
-                .await
-                .map(drop)
-        }
-        .boxed()
+        async move { WorkerServiceClient::new(c).get_blob(pb::GetBlobRequest::default()).await.map(drop) }.boxed()
     }),
     ("TrainerService/PutBlob", Role::Trainer, |c| {
-        async move {
-            TrainerServiceClient::new(c)
-                .put_blob(pb::PutBlobRequest::default())
-                .await
-                .map(drop)
-        }
-        .boxed()
+        async move { TrainerServiceClient::new(c).put_blob(pb::PutBlobRequest::default()).await.map(drop) }.boxed()
     }),
     ("TrainerService/CreateOrAttachJob", Role::Trainer, |c| {
         async move {
-            TrainerServiceClient::new(c)
-                .create_or_attach_job(pb::CreateOrAttachJobRequest::default())
-                .await
-                .map(drop)
+            TrainerServiceClient::new(c).create_or_attach_job(pb::CreateOrAttachJobRequest::default()).await.map(drop)
         }
         .boxed()
     }),
     ("TrainerService/OpenSession", Role::Trainer, |c| {
-        async move {
-            TrainerServiceClient::new(c)
-                .open_session(pb::OpenSessionRequest::default())
-                .await
-                .map(drop)
-        }
-        .boxed()
+        async move { TrainerServiceClient::new(c).open_session(pb::OpenSessionRequest::default()).await.map(drop) }.boxed()
     }),
     ("TrainerService/Heartbeat", Role::Trainer, |c| {
-        async move {
-            TrainerServiceClient::new(c)
-                .heartbeat(pb::SessionHeartbeatRequest::default())
-                .await
-                .map(drop)
-        }
-        .boxed()
+        async move { TrainerServiceClient::new(c).heartbeat(pb::SessionHeartbeatRequest::default()).await.map(drop) }.boxed()
     }),
     ("TrainerService/Routes", Role::Trainer, |c| {
-        async move {
-            TrainerServiceClient::new(c)
-                .routes(pb::RoutesRequest::default())
-                .await
-                .map(drop)
-        }
-        .boxed()
+        async move { TrainerServiceClient::new(c).routes(pb::RoutesRequest::default()).await.map(drop) }.boxed()
     }),
     ("TrainerService/CloseSession", Role::Trainer, |c| {
-        async move {
-            TrainerServiceClient::new(c)
-                .close_session(pb::CloseSessionRequest::default())
-                .await
-                .map(drop)
-        }
-        .boxed()
+        async move { TrainerServiceClient::new(c).close_session(pb::CloseSessionRequest::default()).await.map(drop) }.boxed()
     }),
     ("AdminService/ListWorkers", Role::Admin, |c| {
-        async move {
-            AdminServiceClient::new(c)
-                .list_workers(pb::ListWorkersRequest::default())
-                .await
-                .map(drop)
-        }
-        .boxed()
+        async move { AdminServiceClient::new(c).list_workers(pb::ListWorkersRequest::default()).await.map(drop) }.boxed()
     }),
     ("AdminService/ListJobs", Role::Admin, |c| {
-        async move {
-            AdminServiceClient::new(c)
-                .list_jobs(pb::ListJobsRequest::default())
-                .await
-                .map(drop)
-        }
-        .boxed()
+        async move { AdminServiceClient::new(c).list_jobs(pb::ListJobsRequest::default()).await.map(drop) }.boxed()
     }),
     ("AdminService/DrainWorker", Role::Admin, |c| {
-        async move {
-            AdminServiceClient::new(c)
-                .drain_worker(pb::DrainWorkerRequest::default())
-                .await
-                .map(drop)
-        }
-        .boxed()
+        async move { AdminServiceClient::new(c).drain_worker(pb::DrainWorkerRequest::default()).await.map(drop) }.boxed()
     }),
     ("AdminService/ScaleWorkers", Role::Admin, |c| {
-        async move {
-            AdminServiceClient::new(c)
-                .scale_workers(pb::ScaleWorkersRequest::default())
-                .await
-                .map(drop)
-        }
-        .boxed()
+        async move { AdminServiceClient::new(c).scale_workers(pb::ScaleWorkersRequest::default()).await.map(drop) }.boxed()
     }),
     ("AdminService/Autoscale", Role::Admin, |c| {
-        async move {
-            AdminServiceClient::new(c)
-                .autoscale(pb::AutoscaleRequest::default())
-                .await
-                .map(drop)
-        }
-        .boxed()
+        async move { AdminServiceClient::new(c).autoscale(pb::AutoscaleRequest::default()).await.map(drop) }.boxed()
     }),
     ("AdminService/ListSessions", Role::Admin, |c| {
-        async move {
-            AdminServiceClient::new(c)
-                .list_sessions(pb::ListSessionsRequest::default())
-                .await
-                .map(drop)
-        }
-        .boxed()
+        async move { AdminServiceClient::new(c).list_sessions(pb::ListSessionsRequest::default()).await.map(drop) }.boxed()
     }),
     ("ExternalScaler/IsActive", Role::Admin, |c| {
-        async move {
-            ExternalScalerClient::new(c)
-                .is_active(ScaledObjectRef::default())
-                .await
-                .map(drop)
-        }
-        .boxed()
+        async move { ExternalScalerClient::new(c).is_active(ScaledObjectRef::default()).await.map(drop) }.boxed()
     }),
     ("ExternalScaler/StreamIsActive", Role::Admin, |c| {
-        async move {
-            ExternalScalerClient::new(c)
-                .stream_is_active(ScaledObjectRef::default())
-                .await
-                .map(drop)
-        }
-        .boxed()
+        async move { ExternalScalerClient::new(c).stream_is_active(ScaledObjectRef::default()).await.map(drop) }.boxed()
     }),
     ("ExternalScaler/GetMetricSpec", Role::Admin, |c| {
-        async move {
-            ExternalScalerClient::new(c)
-                .get_metric_spec(ScaledObjectRef::default())
-                .await
-                .map(drop)
-        }
-        .boxed()
+        async move { ExternalScalerClient::new(c).get_metric_spec(ScaledObjectRef::default()).await.map(drop) }.boxed()
     }),
     ("ExternalScaler/GetMetrics", Role::Admin, |c| {
-        async move {
-            ExternalScalerClient::new(c)
-                .get_metrics(GetMetricsRequest::default())
-                .await
-                .map(drop)
-        }
-        .boxed()
+        async move { ExternalScalerClient::new(c).get_metrics(GetMetricsRequest::default()).await.map(drop) }.boxed()
     }),
 ];
 
 /// A worker's one RPC, with a valid session key (so that only the token decides).
 fn fetch(channel: Channel) -> BoxFuture<'static, Result<(), Status>> {
     let keys = SessionKeys::from_worker_token(&Token::new(WORKER, "test").expect("token"));
-    let opening = FetchRequest {
-        job_id: 1,
-        consumer: 0,
-        session_id: 1,
-        credits: 0,
-        session_key: keys.key(1, 0, 1),
-    };
-    async move {
-        BatchServiceClient::new(channel)
-            .fetch(futures::stream::iter([opening]))
-            .await
-            .map(drop)
-    }
-    .boxed()
+    let opening = FetchRequest { job_id: 1, consumer: 0, session_id: 1, credits: 0, session_key: keys.key(1, 0, 1) };
+    async move { BatchServiceClient::new(channel).fetch(futures::stream::iter([opening])).await.map(drop) }.boxed()
 }
 
 /// What a call with `token` to an RPC that needs `needed` must get, on a
@@ -268,19 +132,10 @@ fn expected(token: Option<&str>, needed: Role, known: &[Role]) -> Option<Code> {
     }
 }
 
-fn call(
-    runtime: &tokio::runtime::Runtime,
-    url: &str,
-    token: Option<&str>,
-    rpc: Call,
-) -> Result<(), Status> {
+fn call(runtime: &tokio::runtime::Runtime, url: &str, token: Option<&str>, rpc: Call) -> Result<(), Status> {
     runtime.block_on(async {
-        let channel = endpoint(url, &with_token(token))
-            .expect("url")
-            .connect_lazy();
-        tokio::time::timeout(CALL, rpc(channel))
-            .await
-            .expect("the call was answered")
+        let channel = endpoint(url, &with_token(token)).expect("url").connect_lazy();
+        tokio::time::timeout(CALL, rpc(channel)).await.expect("the call was answered")
     })
 }
 
@@ -293,10 +148,7 @@ fn every_rpc_checks_the_callers_role() {
         }
         let cluster = builder.workers(1).start(&scope);
         let worker_url = format!("http://{}", cluster.workers[0].addr());
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
         let tokens = [None, Some(WRONG), Some(WORKER), Some(TRAINER), Some(ADMIN)];
         let mut table = Vec::new();
         // (url, roles its tokens grant, the calls tried on it)
@@ -305,11 +157,7 @@ fn every_rpc_checks_the_callers_role() {
             (cluster.url(), &Role::ALL, COORDINATOR.to_vec()),
             // A worker knows the worker token (its own) and the trainer
             // token (it checks fetches); not the admin token.
-            (
-                worker_url,
-                &[Role::Worker, Role::Trainer],
-                vec![("BatchService/Fetch", Role::Trainer, fetch as Call)],
-            ),
+            (worker_url, &[Role::Worker, Role::Trainer], vec![("BatchService/Fetch", Role::Trainer, fetch as Call)]),
         ];
         for (url, known, rpcs) in &servers {
             for (name, needed, rpc) in rpcs {
@@ -325,50 +173,28 @@ fn every_rpc_checks_the_callers_role() {
                     };
                     match want {
                         Some(code) => {
-                            let status = got
-                                .as_ref()
-                                .unwrap_or_else(|| panic!("{name} with {label}: let through"));
-                            assert_eq!(
-                                status.code(),
-                                code,
-                                "{name} with {label}: {}",
-                                status.message()
-                            );
-                            assert!(
-                                !status.message().contains('\n') && !status.message().is_empty(),
-                                "{name}"
-                            );
+                            let status = got.as_ref().unwrap_or_else(|| panic!("{name} with {label}: let through"));
+                            assert_eq!(status.code(), code, "{name} with {label}: {}", status.message());
+                            assert!(!status.message().contains('\n') && !status.message().is_empty(), "{name}");
                         }
                         None => {
                             if let Some(status) = &got {
                                 assert!(
-                                    !matches!(
-                                        status.code(),
-                                        Code::Unauthenticated | Code::PermissionDenied
-                                    ),
+                                    !matches!(status.code(), Code::Unauthenticated | Code::PermissionDenied),
                                     "{name} with {label}: refused: {status:?}"
                                 );
                             }
                         }
                     }
-                    table.push(format!(
-                        "{name:<34} {label:<18} {:?}",
-                        got.map_or(Code::Ok, |s| s.code())
-                    ));
+                    table.push(format!("{name:<34} {label:<18} {:?}", got.map_or(Code::Ok, |s| s.code())));
                 }
             }
         }
         // Health checks stay open (Kubernetes probes send no token).
         let health = runtime.block_on(async {
-            let channel = endpoint(&cluster.url(), &with_token(None))
-                .expect("url")
-                .connect_lazy();
+            let channel = endpoint(&cluster.url(), &with_token(None)).expect("url").connect_lazy();
             let mut client = tonic_health::pb::health_client::HealthClient::new(channel);
-            client
-                .check(tonic_health::pb::HealthCheckRequest {
-                    service: String::new(),
-                })
-                .await
+            client.check(tonic_health::pb::HealthCheckRequest { service: String::new() }).await
         });
         assert!(health.is_ok(), "{health:?}");
         eprintln!("{}", table.join("\n"));
@@ -385,16 +211,9 @@ fn a_trainer_acts_only_for_its_own_session() {
         }
         let cluster = builder.workers(1).start(&scope);
         let worker_url = format!("http://{}", cluster.workers[0].addr());
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
         runtime.block_on(async {
-            let trainer = || {
-                endpoint(&cluster.url(), &with_token(Some(TRAINER)))
-                    .expect("url")
-                    .connect_lazy()
-            };
+            let trainer = || endpoint(&cluster.url(), &with_token(Some(TRAINER))).expect("url").connect_lazy();
             let mut client = TrainerServiceClient::new(trainer());
             let spec = loader_client::spec::synthetic(64, &[4], loader_client::Dtype::U8)
                 .batch_size(8)
@@ -402,10 +221,7 @@ fn a_trainer_acts_only_for_its_own_session() {
                 .build()
                 .expect("spec");
             let job = client
-                .create_or_attach_job(pb::CreateOrAttachJobRequest {
-                    protocol_version: loader_proto::PROTOCOL_VERSION,
-                    spec: Some(spec),
-                })
+                .create_or_attach_job(pb::CreateOrAttachJobRequest { protocol_version: loader_proto::PROTOCOL_VERSION, spec: Some(spec) })
                 .await
                 .expect("job")
                 .into_inner()
@@ -418,16 +234,8 @@ fn a_trainer_acts_only_for_its_own_session() {
                 node: "t".into(),
                 ..Default::default()
             };
-            let mine = client
-                .open_session(open(0))
-                .await
-                .expect("open 0")
-                .into_inner();
-            let theirs = client
-                .open_session(open(1))
-                .await
-                .expect("open 1")
-                .into_inner();
+            let mine = client.open_session(open(0)).await.expect("open 0").into_inner();
+            let theirs = client.open_session(open(1)).await.expect("open 1").into_inner();
             assert_eq!(mine.session_key.len(), 32);
             assert_ne!(mine.session_key, theirs.session_key);
             // My key on their session: refused, on every session call.
@@ -437,17 +245,11 @@ fn a_trainer_acts_only_for_its_own_session() {
                 session_key: mine.session_key.clone(),
                 ..Default::default()
             };
-            let e = client
-                .heartbeat(heartbeat.clone())
-                .await
-                .expect_err("their session, my key");
+            let e = client.heartbeat(heartbeat.clone()).await.expect_err("their session, my key");
             assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
             assert!(e.message().contains("session key"), "{}", e.message());
             let e = client
-                .routes(pb::RoutesRequest {
-                    session_id: theirs.session_id,
-                    session_key: mine.session_key.clone(),
-                })
+                .routes(pb::RoutesRequest { session_id: theirs.session_id, session_key: mine.session_key.clone() })
                 .await
                 .expect_err("routes");
             assert_eq!(e.code(), Code::PermissionDenied);
@@ -463,16 +265,11 @@ fn a_trainer_acts_only_for_its_own_session() {
             assert_eq!(e.code(), Code::PermissionDenied);
             // With its own key, each goes through.
             client
-                .heartbeat(pb::SessionHeartbeatRequest {
-                    session_key: theirs.session_key.clone(),
-                    ..heartbeat
-                })
+                .heartbeat(pb::SessionHeartbeatRequest { session_key: theirs.session_key.clone(), ..heartbeat })
                 .await
                 .expect("own key");
             // A worker refuses a fetch of consumer 1 with session 0's key.
-            let worker = endpoint(&worker_url, &with_token(Some(TRAINER)))
-                .expect("url")
-                .connect_lazy();
+            let worker = endpoint(&worker_url, &with_token(Some(TRAINER))).expect("url").connect_lazy();
             let opening = FetchRequest {
                 job_id: job.job_id,
                 consumer: 1,
@@ -480,38 +277,26 @@ fn a_trainer_acts_only_for_its_own_session() {
                 credits: 1,
                 session_key: mine.session_key.clone(),
             };
-            let e = BatchServiceClient::new(worker)
-                .fetch(futures::stream::iter([opening]))
-                .await
-                .expect_err("fetch");
+            let e = BatchServiceClient::new(worker).fetch(futures::stream::iter([opening])).await.expect_err("fetch");
             assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
         });
     });
 }
 
 /// `loaderctl` with `args` and `env`; its exit code and output.
-fn loaderctl(
-    scope: &Scope,
-    args: &[&str],
-    env: &[(&str, &Path)],
-) -> (i32, Vec<String>, Vec<String>) {
+fn loaderctl(scope: &Scope, args: &[&str], env: &[(&str, &Path)]) -> (i32, Vec<String>, Vec<String>) {
     let mut command = Command::new(binary("loaderctl"));
     command.args(args);
     for (k, v) in env {
         command.env(k, v);
     }
     let mut proc = Proc::spawn_capturing_stderr(scope, "loaderctl", command, false);
-    let status = proc
-        .wait_exit(Duration::from_secs(60))
-        .expect("loaderctl exits");
+    let status = proc.wait_exit(Duration::from_secs(60)).expect("loaderctl exits");
     (status.code().unwrap_or(-1), proc.stdout(), proc.stderr())
 }
 
 fn one_error_line(stderr: &[String]) -> String {
-    let errors: Vec<&String> = stderr
-        .iter()
-        .filter(|l| l.starts_with("loaderctl: error:"))
-        .collect();
+    let errors: Vec<&String> = stderr.iter().filter(|l| l.starts_with("loaderctl: error:")).collect();
     assert_eq!(errors.len(), 1, "one error line: {stderr:?}");
     eprintln!("{}", errors[0]);
     errors[0].clone()
@@ -524,13 +309,8 @@ fn tls_refuses_plaintext_and_foreign_ca_clients_in_one_line() {
         let ca = TestCa::new(dir.path(), "ca");
         let other = TestCa::new(dir.path(), "other");
         let server = ca.leaf("server");
-        let admin_tls = ClientSecurity {
-            tls: Some(ClientTls {
-                ca: ca.cert(),
-                identity: None,
-            }),
-            token: None,
-        };
+        let admin_tls =
+            ClientSecurity { tls: Some(ClientTls { ca: ca.cert(), identity: None }), token: None };
         let cluster = Cluster::builder()
             .secured(true, admin_tls)
             .env("LOADER_TLS_CERT", server.cert.display().to_string())
@@ -541,16 +321,9 @@ fn tls_refuses_plaintext_and_foreign_ca_clients_in_one_line() {
         let addr = cluster.server.addr().to_owned();
 
         // TLS with the right CA works, also for a host:port address.
-        let (code, stdout, stderr) = loaderctl(
-            &scope,
-            &["status", "--coordinator", &addr, "--json"],
-            &[("LOADER_TLS_CA", &ca.cert())],
-        );
+        let (code, stdout, stderr) = loaderctl(&scope, &["status", "--coordinator", &addr, "--json"], &[("LOADER_TLS_CA", &ca.cert())]);
         assert_eq!(code, 0, "{stderr:?}");
-        assert!(
-            stdout.concat().contains("https://"),
-            "the worker advertises https: {stdout:?}"
-        );
+        assert!(stdout.concat().contains("https://"), "the worker advertises https: {stdout:?}");
 
         // Plaintext against TLS.
         let plain = format!("http://{addr}");
@@ -561,34 +334,18 @@ fn tls_refuses_plaintext_and_foreign_ca_clients_in_one_line() {
         assert!(line.contains("TLS"), "says TLS: {line}");
 
         // Another CA.
-        let (code, _, stderr) = loaderctl(
-            &scope,
-            &[
-                "status",
-                "--coordinator",
-                &addr,
-                "--tls-ca",
-                &other.cert().display().to_string(),
-            ],
-            &[],
-        );
+        let (code, _, stderr) =
+            loaderctl(&scope, &["status", "--coordinator", &addr, "--tls-ca", &other.cert().display().to_string()], &[]);
         assert_eq!(code, 1);
         let line = one_error_line(&stderr);
-        assert!(
-            line.contains(&format!("https://{addr}")),
-            "names the address: {line}"
-        );
+        assert!(line.contains(&format!("https://{addr}")), "names the address: {line}");
         assert!(line.contains("not signed by the CA in --tls-ca"), "{line}");
 
         // TLS against a plaintext coordinator.
         let plain_cluster = Cluster::builder().start(&scope);
         let (code, _, stderr) = loaderctl(
             &scope,
-            &[
-                "status",
-                "--coordinator",
-                &format!("https://{}", plain_cluster.server.addr()),
-            ],
+            &["status", "--coordinator", &format!("https://{}", plain_cluster.server.addr())],
             &[("LOADER_TLS_CA", &ca.cert())],
         );
         assert_eq!(code, 1);
@@ -596,11 +353,7 @@ fn tls_refuses_plaintext_and_foreign_ca_clients_in_one_line() {
         assert!(line.contains("does not speak TLS"), "{line}");
 
         // https:// with no CA configured.
-        let (code, _, stderr) = loaderctl(
-            &scope,
-            &["status", "--coordinator", &format!("https://{addr}")],
-            &[],
-        );
+        let (code, _, stderr) = loaderctl(&scope, &["status", "--coordinator", &format!("https://{addr}")], &[]);
         assert_eq!(code, 1);
         assert!(one_error_line(&stderr).contains("--tls-ca"), "{stderr:?}");
     });
@@ -618,10 +371,7 @@ fn a_job_runs_over_mutual_tls_with_tokens() {
         let token_file = dir.path().join("trainer.token");
         std::fs::write(&token_file, format!("{TRAINER}\n")).expect("token file");
         let admin = ClientSecurity {
-            tls: Some(ClientTls {
-                ca: ca.cert(),
-                identity: Some((trainer.cert.clone(), trainer.key.clone())),
-            }),
+            tls: Some(ClientTls { ca: ca.cert(), identity: Some((trainer.cert.clone(), trainer.key.clone())) }),
             token: Some(Token::new(ADMIN, "test").expect("token")),
         };
         let mut builder = Cluster::builder()
@@ -638,21 +388,8 @@ fn a_job_runs_over_mutual_tls_with_tokens() {
         let ca_cert = ca.cert();
         let dump = dir.path().join("dump");
         let job = [
-            "consume",
-            "--coordinator",
-            &url,
-            "--samples",
-            "2000",
-            "--shape",
-            "64",
-            "--batch-size",
-            "32",
-            "--epochs",
-            "2",
-            "--transport",
-            "grpc",
-            "--json",
-            "--dump",
+            "consume", "--coordinator", &url, "--samples", "2000", "--shape", "64", "--batch-size", "32", "--epochs", "2",
+            "--transport", "grpc", "--json", "--dump",
         ];
         let mut args: Vec<&str> = job.to_vec();
         let dump_arg = dump.display().to_string();
@@ -674,19 +411,10 @@ fn a_job_runs_over_mutual_tls_with_tokens() {
         assert_eq!(seqs, (0..126).collect::<Vec<_>>(), "{stdout:?}");
 
         // Without a client certificate, or with one from another CA: refused.
-        for (label, cert, key) in [
-            ("no certificate", None, None),
-            ("another CA's", Some(&stranger.cert), Some(&stranger.key)),
-        ] {
-            let mut env: Vec<(&str, &Path)> = vec![
-                ("LOADER_TLS_CA", &ca_cert),
-                ("LOADER_TRAINER_TOKEN_FILE", &token_file),
-            ];
+        for (label, cert, key) in [("no certificate", None, None), ("another CA's", Some(&stranger.cert), Some(&stranger.key))] {
+            let mut env: Vec<(&str, &Path)> = vec![("LOADER_TLS_CA", &ca_cert), ("LOADER_TRAINER_TOKEN_FILE", &token_file)];
             if let (Some(c), Some(k)) = (cert, key) {
-                env.extend([
-                    ("LOADER_TLS_CERT", c.as_path()),
-                    ("LOADER_TLS_KEY", k.as_path()),
-                ]);
+                env.extend([("LOADER_TLS_CERT", c.as_path()), ("LOADER_TLS_KEY", k.as_path())]);
             }
             let (code, _, stderr) = loaderctl(&scope, &args, &env);
             assert_eq!(code, 1, "{label}: {stderr:?}");
@@ -696,10 +424,7 @@ fn a_job_runs_over_mutual_tls_with_tokens() {
         // The right certificate but no token: refused, naming the token.
         let (code, _, stderr) = loaderctl(&scope, &args, &tls_env[..3]);
         assert_eq!(code, 1);
-        assert!(
-            one_error_line(&stderr).contains("LOADER_TRAINER_TOKEN"),
-            "{stderr:?}"
-        );
+        assert!(one_error_line(&stderr).contains("LOADER_TRAINER_TOKEN"), "{stderr:?}");
     });
 }
 
@@ -707,38 +432,19 @@ fn a_job_runs_over_mutual_tls_with_tokens() {
 fn limits_refuse_oversized_requests_and_admin_floods() {
     run(Duration::from_secs(120), |scope| {
         let cluster = Cluster::start(&scope, 0);
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
         runtime.block_on(async {
-            let channel = endpoint(&cluster.url(), &with_token(None))
-                .expect("url")
-                .connect_lazy();
+            let channel = endpoint(&cluster.url(), &with_token(None)).expect("url").connect_lazy();
             // A spec of 5 MiB: refused at its length prefix.
-            let spec = pb::JobSpec {
-                name: "x".repeat(5 << 20),
-                ..Default::default()
-            };
+            let spec = pb::JobSpec { name: "x".repeat(5 << 20), ..Default::default() };
             let e = TrainerServiceClient::new(channel.clone())
-                .create_or_attach_job(pb::CreateOrAttachJobRequest {
-                    protocol_version: 1,
-                    spec: Some(spec),
-                })
+                .create_or_attach_job(pb::CreateOrAttachJobRequest { protocol_version: 1, spec: Some(spec) })
                 .await
                 .expect_err("too large");
             assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
-            assert!(
-                e.message()
-                    .contains("over this server's limit of 4194304 bytes"),
-                "{}",
-                e.message()
-            );
+            assert!(e.message().contains("over this server's limit of 4194304 bytes"), "{}", e.message());
             // The connection is still good for a normal call.
-            AdminServiceClient::new(channel.clone())
-                .list_workers(pb::ListWorkersRequest::default())
-                .await
-                .expect("list");
+            AdminServiceClient::new(channel.clone()).list_workers(pb::ListWorkersRequest::default()).await.expect("list");
 
             // Admin calls past the budget (200 a second) are refused;
             // the trainer's calls are not counted against it.
@@ -747,12 +453,7 @@ fn limits_refuse_oversized_requests_and_admin_floods() {
             for _ in 0..600 {
                 if let Err(e) = admin.list_workers(pb::ListWorkersRequest::default()).await {
                     assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
-                    assert!(
-                        e.message()
-                            .contains("admin calls are limited to 200 a second"),
-                        "{}",
-                        e.message()
-                    );
+                    assert!(e.message().contains("admin calls are limited to 200 a second"), "{}", e.message());
                     refused += 1;
                 }
             }
@@ -760,10 +461,7 @@ fn limits_refuse_oversized_requests_and_admin_floods() {
             let mut trainer = TrainerServiceClient::new(channel);
             for _ in 0..50 {
                 let r = trainer.routes(pb::RoutesRequest::default()).await;
-                assert!(
-                    r.as_ref().is_err_and(|e| e.code() == Code::NotFound),
-                    "{r:?}"
-                );
+                assert!(r.as_ref().is_err_and(|e| e.code() == Code::NotFound), "{r:?}");
             }
         });
     });

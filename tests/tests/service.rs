@@ -41,12 +41,7 @@ fn consume_all(cluster: &Cluster, job: &JobSpec) -> Vec<Seen> {
             let url = cluster.url();
             let job = job.clone();
             std::thread::spawn(move || {
-                let loader = Loader::builder(url)
-                    .job(job)
-                    .rank(rank)
-                    .world_size(WORLD)
-                    .build()
-                    .expect("loader");
+                let loader = Loader::builder(url).job(job).rank(rank).world_size(WORLD).build().expect("loader");
                 let mut seen = Seen::new();
                 for batch in loader {
                     let batch = batch.expect("batch");
@@ -57,10 +52,7 @@ fn consume_all(cluster: &Cluster, job: &JobSpec) -> Vec<Seen> {
             })
         })
         .collect();
-    handles
-        .into_iter()
-        .map(|h| h.join().expect("consumer thread"))
-        .collect()
+    handles.into_iter().map(|h| h.join().expect("consumer thread")).collect()
 }
 
 #[test]
@@ -102,11 +94,7 @@ fn every_rank_gets_its_distributed_sampler_share_exactly_once_in_order() {
         assert!(count.keys().all(|&i| i < N));
         // ... plus DistributedSampler's padding: per_rank * W - N repeats.
         let total: u32 = count.values().sum();
-        assert_eq!(
-            u64::from(total),
-            per_rank * u64::from(WORLD),
-            "epoch {epoch}: samples incl. padding"
-        );
+        assert_eq!(u64::from(total), per_rank * u64::from(WORLD), "epoch {epoch}: samples incl. padding");
         let repeated = count.values().filter(|&&c| c > 1).count() as u64;
         assert_eq!(repeated, per_rank * u64::from(WORLD) - N);
     }
@@ -114,10 +102,7 @@ fn every_rank_gets_its_distributed_sampler_share_exactly_once_in_order() {
     // A new permutation each epoch.
     for seen in &three {
         let order = |e: u32| -> Vec<u64> {
-            seen.iter()
-                .filter(|(ep, _, _)| *ep == e)
-                .flat_map(|(_, _, i)| i.clone())
-                .collect()
+            seen.iter().filter(|(ep, _, _)| *ep == e).flat_map(|(_, _, i)| i.clone()).collect()
         };
         assert_ne!(order(0), order(1), "epoch 2 repeats epoch 1's order");
     }
@@ -140,18 +125,11 @@ fn token_windows_arrive_byte_for_byte() {
         })
         .collect();
     std::fs::write(&path, &file).expect("write token file");
-    let job = spec::tokens(&path, Dtype::U16, CTX)
-        .batch_size(16)
-        .shuffle(5)
-        .build()
-        .expect("tokens spec");
+    let job = spec::tokens(&path, Dtype::U16, CTX).batch_size(16).shuffle(5).build().expect("tokens spec");
 
     let windows = run(Duration::from_secs(120), move |scope| {
         let cluster = Cluster::start(&scope, 2);
-        let loader = Loader::builder(cluster.url())
-            .job(job)
-            .build()
-            .expect("loader");
+        let loader = Loader::builder(cluster.url()).job(job).build().expect("loader");
         let mut windows = Vec::new();
         for batch in loader {
             let batch = batch.expect("batch");
@@ -174,11 +152,7 @@ fn token_windows_arrive_byte_for_byte() {
     assert_eq!(indices, (0..expected_windows).collect::<Vec<_>>());
     for (index, bytes) in &windows {
         let start = (*index * CTX) as usize * 2;
-        assert_eq!(
-            bytes[..],
-            file[start..start + (CTX as usize + 1) * 2],
-            "window {index}"
-        );
+        assert_eq!(bytes[..], file[start..start + (CTX as usize + 1) * 2], "window {index}");
     }
 }
 
@@ -199,18 +173,13 @@ fn one_consumer_fed_by_a_local_and_a_remote_worker_gets_the_exact_sequence() {
         // batches over gRPC, the local one's through the trainer's ring.
         cluster.add_worker_with(&["--node", "remote-node-for-test"]);
         cluster.wait_for_workers(2);
-        let loader = Loader::builder(cluster.url())
-            .job(job)
-            .build()
-            .expect("loader");
+        let loader = Loader::builder(cluster.url()).job(job).build().expect("loader");
         let mut seen = Vec::new();
         let mut transports = HashMap::new();
         for batch in loader {
             let batch = batch.expect("batch");
             check_synthetic_contents_shape(&batch, 3 * 8 * 8);
-            *transports
-                .entry(format!("{:?}", batch.transport()))
-                .or_insert(0u64) += 1;
+            *transports.entry(format!("{:?}", batch.transport())).or_insert(0u64) += 1;
             seen.push((batch.seq(), batch.indices().to_vec()));
         }
         (seen, transports)
@@ -220,20 +189,12 @@ fn one_consumer_fed_by_a_local_and_a_remote_worker_gets_the_exact_sequence() {
     for (seq, indices) in &seen {
         assert_eq!(indices, &plan.batch_indices(0, *seq), "batch {seq}");
     }
-    assert_eq!(
-        transports.len(),
-        2,
-        "both transports fed the consumer: {transports:?}"
-    );
+    assert_eq!(transports.len(), 2, "both transports fed the consumer: {transports:?}");
 }
 
 /// Label and data of every sample match its index (any sample shape).
 fn check_synthetic_contents_shape(batch: &Batch, row: usize) {
-    let labels: Vec<i64> = batch
-        .tensor("label")
-        .expect("label tensor")
-        .to_vec()
-        .expect("int64 labels");
+    let labels: Vec<i64> = batch.tensor("label").expect("label tensor").to_vec().expect("int64 labels");
     let data = batch.tensor("data").expect("data tensor");
     for (i, &index) in batch.indices().iter().enumerate() {
         assert_eq!(labels[i], index as i64);

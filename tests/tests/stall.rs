@@ -51,15 +51,9 @@ fn one_run(
     shared_memory: bool,
     kill: Kill,
 ) -> Result<(Vec<Received>, Instant), String> {
-    let mut cluster = Cluster::builder()
-        .workers(WORKERS)
-        .ttl_ms(ttl_ms)
-        .start(scope);
+    let mut cluster = Cluster::builder().workers(WORKERS).ttl_ms(ttl_ms).start(scope);
     let started = Instant::now();
-    let trainer = Trainer::spawn(
-        Loader::builder(cluster.url()).shared_memory(shared_memory),
-        job(),
-    );
+    let trainer = Trainer::spawn(Loader::builder(cluster.url()).shared_memory(shared_memory), job());
     if kill != Kill::None {
         trainer.wait_for(KILL_AFTER, Duration::from_secs(60));
         cluster.workers[0].kill();
@@ -72,10 +66,7 @@ fn one_run(
     let plan = loader_proto::spec::plan(&job()).expect("plan");
     assert_received(&seen, &plan, 0, 0..BATCHES);
     if shared_memory {
-        assert!(
-            seen.iter().any(|r| r.transport == Transport::SharedMemory),
-            "the ring was used"
-        );
+        assert!(seen.iter().any(|r| r.transport == Transport::SharedMemory), "the ring was used");
     }
     Ok((seen, started))
 }
@@ -83,11 +74,7 @@ fn one_run(
 /// Longest gap between consecutive batches from batch `KILL_AFTER - 1` on
 /// (the kill lands right after batch `KILL_AFTER` arrived).
 fn longest_gap(seen: &[Received]) -> Duration {
-    seen[KILL_AFTER as usize - 1..]
-        .windows(2)
-        .map(|w| w[1].at.duration_since(w[0].at))
-        .max()
-        .unwrap_or_default()
+    seen[KILL_AFTER as usize - 1..].windows(2).map(|w| w[1].at.duration_since(w[0].at)).max().unwrap_or_default()
 }
 
 /// Time from the start to the last batch.
@@ -102,8 +89,7 @@ fn stall_after_worker_sigkill_by_ttl() {
         let mut rows = Vec::new();
         for shared_memory in [true, false] {
             for ttl_ms in TTLS_MS {
-                let calm =
-                    one_run(&scope, ttl_ms, shared_memory, Kill::None).expect("undisturbed run");
+                let calm = one_run(&scope, ttl_ms, shared_memory, Kill::None).expect("undisturbed run");
                 let mut row = format!(
                     "| {} | {:.0} | {:.2} | {:.2} |",
                     if shared_memory { "shm" } else { "grpc" },

@@ -10,9 +10,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use loader_e2e::{
-    Cluster, OtlpReceiver, Proc, ReceivedSpan as Received, Scope, run, string_attribute,
-};
+use loader_e2e::{Cluster, OtlpReceiver, Proc, ReceivedSpan as Received, Scope, run, string_attribute};
 
 /// Bound on the wait for every span to arrive.
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -22,52 +20,21 @@ const BATCHES: usize = 16;
 /// The environment that turns export on, towards `receiver`, with short
 /// export batches so spans arrive while the test waits.
 fn otel_env(receiver: SocketAddr) -> [(&'static str, String); 2] {
-    [
-        ("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{receiver}")),
-        ("OTEL_BSP_SCHEDULE_DELAY", "100".into()),
-    ]
+    [("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{receiver}")), ("OTEL_BSP_SCHEDULE_DELAY", "100".into())]
 }
 
 /// One `loaderctl consume` over `transport`: `batches` batches of 16
 /// samples, as job `name`; waits for it to finish.
-fn consume(
-    scope: &Scope,
-    url: &str,
-    receiver: SocketAddr,
-    transport: &str,
-    name: &str,
-    batches: usize,
-) {
+fn consume(scope: &Scope, url: &str, receiver: SocketAddr, transport: &str, name: &str, batches: usize) {
     let samples = (batches * 16).to_string();
     let mut command = std::process::Command::new(loader_e2e::binary("loaderctl"));
     command
-        .args([
-            "consume",
-            "--coordinator",
-            url,
-            "--transport",
-            transport,
-            "--job-name",
-            name,
-            "--json",
-        ])
-        .args([
-            "--samples",
-            samples.as_str(),
-            "--shape",
-            "64",
-            "--batch-size",
-            "16",
-        ])
+        .args(["consume", "--coordinator", url, "--transport", transport, "--job-name", name, "--json"])
+        .args(["--samples", samples.as_str(), "--shape", "64", "--batch-size", "16"])
         .envs(otel_env(receiver));
     let mut trainer = Proc::spawn(scope, "loaderctl", command, false);
-    let status = trainer
-        .wait_exit(Duration::from_secs(60))
-        .expect("loaderctl consume finishes within 60 s");
-    assert!(
-        status.success(),
-        "loaderctl consume --transport {transport}: {status}"
-    );
+    let status = trainer.wait_exit(Duration::from_secs(60)).expect("loaderctl consume finishes within 60 s");
+    assert!(status.success(), "loaderctl consume --transport {transport}: {status}");
 }
 
 /// The spans of one batch, by name.
@@ -86,10 +53,7 @@ const CHAIN: [(&str, &str); 4] = [
 /// Groups the received spans of job `job_id` into batch traces by seq.
 fn batches_of(received: &[Received], job_id: &str) -> HashMap<String, BatchTrace> {
     let mut by_seq: HashMap<String, BatchTrace> = HashMap::new();
-    let by_id: HashMap<&[u8], &Received> = received
-        .iter()
-        .map(|r| (r.span.span_id.as_slice(), r))
-        .collect();
+    let by_id: HashMap<&[u8], &Received> = received.iter().map(|r| (r.span.span_id.as_slice(), r)).collect();
     for r in received {
         if !CHAIN.iter().any(|(name, _)| *name == r.span.name) {
             continue;
@@ -98,18 +62,11 @@ fn batches_of(received: &[Received], job_id: &str) -> HashMap<String, BatchTrace
         let own = |key: &str| string_attribute(&r.span.attributes, key);
         let parent = by_id.get(r.span.parent_span_id.as_slice());
         let of_parent = |key: &str| parent.and_then(|p| string_attribute(&p.span.attributes, key));
-        let (Some(job), Some(seq)) = (
-            own("job_id").or_else(|| of_parent("job_id")),
-            own("seq").or_else(|| of_parent("seq")),
-        ) else {
+        let (Some(job), Some(seq)) = (own("job_id").or_else(|| of_parent("job_id")), own("seq").or_else(|| of_parent("seq"))) else {
             continue;
         };
         if job == job_id {
-            by_seq
-                .entry(seq)
-                .or_default()
-                .spans
-                .insert(r.span.name.clone(), r.clone());
+            by_seq.entry(seq).or_default().spans.insert(r.span.name.clone(), r.clone());
         }
     }
     by_seq
@@ -122,35 +79,17 @@ fn check_chain(seq: &str, trace: &BatchTrace, transport: &str) {
     let spans: Vec<&Received> = CHAIN
         .iter()
         .map(|(name, service)| {
-            let r = trace
-                .spans
-                .get(*name)
-                .unwrap_or_else(|| panic!("batch {seq}: no {name} span"));
-            assert_eq!(
-                r.service, *service,
-                "batch {seq}: {name} came from {}",
-                r.service
-            );
+            let r = trace.spans.get(*name).unwrap_or_else(|| panic!("batch {seq}: no {name} span"));
+            assert_eq!(r.service, *service, "batch {seq}: {name} came from {}", r.service);
             r
         })
         .collect();
     let root = &spans[0].span;
-    assert!(
-        root.parent_span_id.is_empty(),
-        "batch {seq}: the coordinator's span is the root"
-    );
+    assert!(root.parent_span_id.is_empty(), "batch {seq}: the coordinator's span is the root");
     for pair in spans.windows(2) {
         let (parent, child) = (&pair[0].span, &pair[1].span);
-        assert_eq!(
-            child.trace_id, root.trace_id,
-            "batch {seq}: {} is in another trace",
-            child.name
-        );
-        assert_eq!(
-            child.parent_span_id, parent.span_id,
-            "batch {seq}: {} is not a child of {}",
-            child.name, parent.name
-        );
+        assert_eq!(child.trace_id, root.trace_id, "batch {seq}: {} is in another trace", child.name);
+        assert_eq!(child.parent_span_id, parent.span_id, "batch {seq}: {} is not a child of {}", child.name, parent.name);
         assert!(
             child.start_time_unix_nano >= parent.start_time_unix_nano,
             "batch {seq}: {} starts before its parent {}",
@@ -160,11 +99,7 @@ fn check_chain(seq: &str, trace: &BatchTrace, transport: &str) {
     }
     for name in ["batch.deliver", "batch.consume"] {
         let got = string_attribute(&trace.spans[name].span.attributes, "transport");
-        assert_eq!(
-            got.as_deref(),
-            Some(transport),
-            "batch {seq}: transport of {name}"
-        );
+        assert_eq!(got.as_deref(), Some(transport), "batch {seq}: transport of {name}");
     }
 }
 
@@ -174,10 +109,7 @@ fn wait_for_batches(receiver: &OtlpReceiver, job_id: &str) -> HashMap<String, Ba
     loop {
         let received = receiver.spans();
         let batches = batches_of(&received, job_id);
-        let whole = batches
-            .values()
-            .filter(|b| b.spans.len() == CHAIN.len())
-            .count();
+        let whole = batches.values().filter(|b| b.spans.len() == CHAIN.len()).count();
         if whole == BATCHES {
             return batches;
         }
@@ -225,10 +157,7 @@ fn one_batch_is_one_trace_across_coordinator_worker_and_trainer() {
             if jobs.contains(&"1".to_owned()) && jobs.contains(&"2".to_owned()) {
                 break;
             }
-            assert!(
-                Instant::now() < deadline,
-                "no job span for both jobs after {PATIENCE:?}: {jobs:?}"
-            );
+            assert!(Instant::now() < deadline, "no job span for both jobs after {PATIENCE:?}: {jobs:?}");
             std::thread::sleep(Duration::from_millis(100));
         }
     });
@@ -239,9 +168,7 @@ fn the_coordinator_samples_batches_and_the_others_follow() {
     run(Duration::from_secs(120), |scope| {
         let receiver = OtlpReceiver::start("127.0.0.1:0").expect("start the OTLP receiver");
         let addr = receiver.addr();
-        let mut builder = Cluster::builder()
-            .workers(1)
-            .env("OTEL_TRACES_SAMPLER_ARG", "0.5");
+        let mut builder = Cluster::builder().workers(1).env("OTEL_TRACES_SAMPLER_ARG", "0.5");
         for (name, value) in otel_env(addr) {
             builder = builder.env(name, value);
         }
@@ -255,14 +182,8 @@ fn the_coordinator_samples_batches_and_the_others_follow() {
         let deadline = Instant::now() + PATIENCE;
         let batches = loop {
             let batches = batches_of(&receiver.spans(), "1");
-            let consumed = batches
-                .values()
-                .filter(|b| b.spans.contains_key("batch.consume"))
-                .count();
-            let whole = batches
-                .values()
-                .filter(|b| b.spans.len() == CHAIN.len())
-                .count();
+            let consumed = batches.values().filter(|b| b.spans.contains_key("batch.consume")).count();
+            let whole = batches.values().filter(|b| b.spans.len() == CHAIN.len()).count();
             if consumed > 0 && whole == consumed && whole == batches.len() {
                 break batches;
             }
@@ -273,10 +194,7 @@ fn the_coordinator_samples_batches_and_the_others_follow() {
             );
             std::thread::sleep(Duration::from_millis(100));
         };
-        assert!(
-            batches.len() < 64,
-            "every batch was traced at a ratio of 0.5"
-        );
+        assert!(batches.len() < 64, "every batch was traced at a ratio of 0.5");
         // No orphans: a batch the coordinator did not sample has no span
         // anywhere (a worker or trainer span of one would have no root and
         // show up here with fewer than four).

@@ -32,9 +32,7 @@ fn files(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
-    let dir = args
-        .get(1)
-        .ok_or("usage: image_pipeline DIR [THREADS] [PASSES] [eval]")?;
+    let dir = args.get(1).ok_or("usage: image_pipeline DIR [THREADS] [PASSES] [eval]")?;
     let threads: usize = args.get(2).map_or(Ok(2), |s| s.parse())?;
     let passes: u64 = args.get(3).map_or(Ok(1), |s| s.parse())?;
     let eval = args.get(4).is_some_and(|s| s == "eval");
@@ -52,11 +50,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     } else {
         vec![
             t(Op::Decode(pb::Decode {})),
-            t(Op::RandomResizedCrop(pb::RandomResizedCrop {
-                size: vec![224],
-                scale: vec![],
-                ratio: vec![],
-            })),
+            t(Op::RandomResizedCrop(pb::RandomResizedCrop { size: vec![224], scale: vec![], ratio: vec![] })),
             t(Op::HorizontalFlip(pb::HorizontalFlip { p: None })),
         ]
     };
@@ -70,11 +64,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let mut out = vec![0u8; pipeline.output_bytes()];
                 let mut i = id;
                 while i < n {
-                    let key = SampleKey {
-                        seed: 0,
-                        epoch: i / data.len() as u64,
-                        index: i % data.len() as u64,
-                    };
+                    let key = SampleKey { seed: 0, epoch: i / data.len() as u64, index: i % data.len() as u64 };
                     if let Err(e) = pipeline.run(&data[key.index as usize], key, &mut out) {
                         eprintln!("{}: {e}", paths[key.index as usize].display());
                     }

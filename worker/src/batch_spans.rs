@@ -41,9 +41,7 @@ impl BatchSpans {
     pub(crate) fn start(task: &Task, job_id: u64, seq: u64) -> Self {
         // Most tasks carry no context at all: no lookup for their batches.
         if task.traceparents.is_empty() {
-            return Self {
-                produce: Span::none(),
-            };
+            return Self { produce: Span::none() };
         }
         let traceparent = task.traceparents.get(&seq).map_or("", String::as_str);
         let produce = trace::child_of(traceparent, || {

@@ -94,12 +94,7 @@ impl BlobFetcher {
     /// Fetches over `channel` (the coordinator at `addr`) into the blob
     /// directory `dir`.
     pub(crate) fn new(channel: Channel, addr: String, runtime: Handle, dir: PathBuf) -> Self {
-        Self {
-            client: WorkerServiceClient::new(channel),
-            addr,
-            runtime,
-            dir,
-        }
+        Self { client: WorkerServiceClient::new(channel), addr, runtime, dir }
     }
 
     /// Every blob of `spec`, open: from the host's blob directory, fetched
@@ -107,20 +102,13 @@ impl BlobFetcher {
     pub(crate) fn localize(&self, spec: &JobSpec) -> Result<LocalBlobs, BlobError> {
         let mut open = Vec::with_capacity(spec.blobs.len());
         for blob in &spec.blobs {
-            let dir = BlobDir::open(&self.dir).map_err(|e| BlobError::Store {
-                name: blob.name.clone(),
-                cause: e.to_string(),
-            })?;
+            let dir = BlobDir::open(&self.dir)
+                .map_err(|e| BlobError::Store { name: blob.name.clone(), cause: e.to_string() })?;
             let file = dir
-                .obtain(&blob.sha256, blob.size, PATIENCE + CALL_TIMEOUT, |w| {
-                    self.fetch(blob, w)
-                })
+                .obtain(&blob.sha256, blob.size, PATIENCE + CALL_TIMEOUT, |w| self.fetch(blob, w))
                 .map_err(|e| match e {
                     ObtainError::Fill(fetch) => fetch,
-                    other => BlobError::Store {
-                        name: blob.name.clone(),
-                        cause: other.to_string(),
-                    },
+                    other => BlobError::Store { name: blob.name.clone(), cause: other.to_string() },
                 })?;
             open.push((blob.name.clone(), file));
         }
@@ -154,41 +142,29 @@ impl BlobFetcher {
                     Ok(Ok(reply)) => {
                         let reply = reply.into_inner();
                         if reply.size != blob.size {
-                            return Err(format!(
-                                "the coordinator holds {} bytes, the job says {}",
-                                reply.size, blob.size
-                            ));
+                            return Err(format!("the coordinator holds {} bytes, the job says {}", reply.size, blob.size));
                         }
                         if reply.data.is_empty() {
                             return Err(format!("no bytes at offset {offset} of {}", blob.size));
                         }
-                        out.write_all(&reply.data)
-                            .map_err(|e| format!("cannot write it: {e}"))?;
+                        out.write_all(&reply.data).map_err(|e| format!("cannot write it: {e}"))?;
                         offset += reply.data.len() as u64;
                         deadline = Instant::now() + PATIENCE;
                         pauses = BACKOFF.pauses();
                         continue;
                     }
                     Ok(Err(status)) => status,
-                    Err(_) => tonic::Status::deadline_exceeded(format!(
-                        "no answer within {CALL_TIMEOUT:?}"
-                    )),
+                    Err(_) => tonic::Status::deadline_exceeded(format!("no answer within {CALL_TIMEOUT:?}")),
                 };
                 // Not held yet (the trainer uploads it again after a
                 // coordinator restart) or not reachable: wait a while.
-                let retryable = matches!(
-                    status.code(),
-                    Code::NotFound | Code::Unavailable | Code::DeadlineExceeded | Code::Unknown
-                );
+                let retryable =
+                    matches!(status.code(), Code::NotFound | Code::Unavailable | Code::DeadlineExceeded | Code::Unknown);
                 let pause = pauses.next().unwrap_or(BACKOFF.max);
                 if !retryable || Instant::now() + pause > deadline {
                     return Err(crate::error::one_line(&status));
                 }
-                tracing::debug!(
-                    sha256 = blob.sha256,
-                    "blob fetch failed, retrying: {}",
-                    status.message()
-                );
+                tracing::debug!(sha256 = blob.sha256, "blob fetch failed, retrying: {}", status.message());
                 tokio::time::sleep(pause).await;
             }
             Ok(())
@@ -211,7 +187,7 @@ impl LocalBlobs {
     /// source `s` finds blob `s/x` under `x`.
     pub(crate) fn apply(&self, spec: &JobSpec) -> JobSpec {
         let mut spec = spec.clone();
-        let path = |file: &std::fs::File| format!("/proc/self/fd/{}", file.as_raw_fd());
+        let path = |file: &File| format!("/proc/self/fd/{}", file.as_raw_fd());
         match spec.dataset.as_mut().and_then(|d| d.kind.as_mut()) {
             Some(Kind::Custom(custom)) => {
                 for (name, file) in &self.0 {
@@ -220,9 +196,7 @@ impl LocalBlobs {
             }
             Some(Kind::Mix(mix)) => {
                 for source in &mut mix.sources {
-                    let Some(Kind::Custom(custom)) =
-                        source.dataset.as_mut().and_then(|d| d.kind.as_mut())
-                    else {
+                    let Some(Kind::Custom(custom)) = source.dataset.as_mut().and_then(|d| d.kind.as_mut()) else {
                         continue;
                     };
                     let prefix = format!("{}/", source.name);
@@ -256,9 +230,7 @@ mod tests {
         let mut sha = Sha256::default();
         sha.update(b"pickled");
         let sha = sha.finish();
-        let file = dir
-            .obtain(&sha, 7, Duration::ZERO, |w| w.write_all(b"pickled"))
-            .expect("stored");
+        let file = dir.obtain(&sha, 7, Duration::ZERO, |w| w.write_all(b"pickled")).expect("stored");
         std::fs::remove_file(dir.file_of(&sha)).expect("the trainer's loader closed");
         let spec = JobSpec {
             dataset: Some(DatasetSpec {
@@ -272,15 +244,10 @@ mod tests {
         };
         let local = LocalBlobs(vec![("pickle_file".into(), file)]);
         let opened = local.apply(&spec);
-        let Some(Kind::Custom(c)) = opened.dataset.and_then(|d| d.kind) else {
-            panic!("custom")
-        };
+        let Some(Kind::Custom(c)) = opened.dataset.and_then(|d| d.kind) else { panic!("custom") };
         assert_eq!(c.params["args"], "{}");
         let mut bytes = Vec::new();
-        File::open(&c.params["pickle_file"])
-            .expect("open by path")
-            .read_to_end(&mut bytes)
-            .expect("read");
+        File::open(&c.params["pickle_file"]).expect("open by path").read_to_end(&mut bytes).expect("read");
         assert_eq!(bytes, b"pickled");
     }
 }

@@ -75,15 +75,8 @@ mod tests {
     #[test]
     fn limits_come_from_the_cgroup_or_meminfo() {
         let dir = tempfile::tempdir().expect("tempdir");
-        std::fs::write(
-            dir.path().join("meminfo"),
-            "MemTotal:       24576000 kB\nMemFree: 1 kB\n",
-        )
-        .expect("write");
-        assert_eq!(
-            meminfo_total(&dir.path().join("meminfo")),
-            Some(24_576_000 * 1024)
-        );
+        std::fs::write(dir.path().join("meminfo"), "MemTotal:       24576000 kB\nMemFree: 1 kB\n").expect("write");
+        assert_eq!(meminfo_total(&dir.path().join("meminfo")), Some(24_576_000 * 1024));
         assert_eq!(cgroup_limit(dir.path()), None, "no cgroup files");
         std::fs::write(dir.path().join("memory.max"), "max\n").expect("write");
         assert_eq!(cgroup_limit(dir.path()), None, "unlimited");
@@ -96,12 +89,7 @@ mod tests {
     fn a_batch_that_does_not_fit_is_refused_in_one_line() {
         assert_eq!(refuse(1, 10 << 20, 8, 1 << 30), None);
         let e = refuse(7, 40_000_000_224, 8, 12 << 30).expect("refused");
-        assert!(
-            e.starts_with(
-                "job 7: batches of 40.0 GB do not fit this worker's memory budget of 12.9 GB"
-            ),
-            "{e}"
-        );
+        assert!(e.starts_with("job 7: batches of 40.0 GB do not fit this worker's memory budget of 12.9 GB"), "{e}");
         assert!(!e.contains('\n'));
     }
 }

@@ -98,10 +98,7 @@ where
         Err(e) => return fail(&clap_message(&e)),
     };
     let _telemetry = loader_process::telemetry::init("loader-worker");
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => return fail(&format!("cannot start the async runtime: {e}")),
     };
@@ -116,20 +113,11 @@ async fn serve(args: Args, datasets: Datasets) -> Result<(), WorkerError> {
     crate::security_settings(&args.security)?;
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
-        .map_err(|source| WorkerError::Listen {
-            addr: args.listen.clone(),
-            source,
-        })?;
+        .map_err(|source| WorkerError::Listen { addr: args.listen.clone(), source })?;
     let local = listener
         .local_addr()
-        .map_err(|source| WorkerError::Listen {
-            addr: args.listen.clone(),
-            source,
-        })?;
-    let metrics = args
-        .metrics_listen
-        .map(loader_process::telemetry::metrics::serve)
-        .transpose()?;
+        .map_err(|source| WorkerError::Listen { addr: args.listen.clone(), source })?;
+    let metrics = args.metrics_listen.map(loader_process::telemetry::metrics::serve).transpose()?;
     {
         let mut out = std::io::stdout().lock();
         // A closed stdout (parent not reading) must not stop the worker.
@@ -145,19 +133,10 @@ async fn serve(args: Args, datasets: Datasets) -> Result<(), WorkerError> {
         max_outstanding: args.max_outstanding,
         memory_budget: args.memory_budget,
         connect_timeout: Duration::from_secs_f64(args.connect_timeout),
-        blob_dir: Some(
-            args.blob_dir
-                .unwrap_or_else(loader_process::blobs::path_from_env),
-        ),
+        blob_dir: Some(args.blob_dir.unwrap_or_else(loader_process::blobs::path_from_env)),
         security: args.security,
     };
-    crate::run_with_datasets(
-        listener,
-        config,
-        datasets,
-        loader_process::signals::stop_requested(),
-    )
-    .await
+    crate::run_with_datasets(listener, config, datasets, loader_process::signals::stop_requested()).await
 }
 
 /// Clap's report up to its first blank line (the error, and for a missing
@@ -186,31 +165,14 @@ mod tests {
 
     #[test]
     fn a_bad_metrics_address_is_one_line_naming_the_flag() {
-        let base = [
-            "loader-worker",
-            "--coordinator",
-            "http://127.0.0.1:1",
-            "--listen",
-            "127.0.0.1:0",
-        ];
-        let ok = Args::try_parse_from(base.iter().chain(&["--metrics-listen", "127.0.0.1:0"]))
-            .expect("port 0");
-        assert_eq!(
-            ok.metrics_listen,
-            Some(SocketAddr::from(([127, 0, 0, 1], 0)))
-        );
-        assert_eq!(
-            Args::try_parse_from(base).expect("off").metrics_listen,
-            None
-        );
-        let e = Args::try_parse_from(base.iter().chain(&["--metrics-listen", "localhost:9464"]))
-            .expect_err("host name");
+        let base = ["loader-worker", "--coordinator", "http://127.0.0.1:1", "--listen", "127.0.0.1:0"];
+        let ok = Args::try_parse_from(base.iter().chain(&["--metrics-listen", "127.0.0.1:0"])).expect("port 0");
+        assert_eq!(ok.metrics_listen, Some(SocketAddr::from(([127, 0, 0, 1], 0))));
+        assert_eq!(Args::try_parse_from(base).expect("off").metrics_listen, None);
+        let e = Args::try_parse_from(base.iter().chain(&["--metrics-listen", "localhost:9464"])).expect_err("host name");
         let message = clap_message(&e);
         assert!(message.contains("--metrics-listen"), "{message}");
-        assert!(
-            message.contains("invalid metrics address \"localhost:9464\": expected IP:PORT"),
-            "{message}"
-        );
+        assert!(message.contains("invalid metrics address \"localhost:9464\": expected IP:PORT"), "{message}");
         assert!(!message.contains('\n'), "{message}");
     }
 }

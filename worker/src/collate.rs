@@ -46,10 +46,7 @@ pub struct BatchRules {
 
 impl Default for BatchRules {
     fn default() -> Self {
-        Self {
-            seed: 0,
-            on_corrupt: CorruptPolicy::Fail,
-        }
+        Self { seed: 0, on_corrupt: CorruptPolicy::Fail }
     }
 }
 
@@ -74,11 +71,7 @@ pub fn layout(dataset: &dyn Dataset, samples: usize) -> Result<BatchLayout, Batc
             let mut shape = Vec::with_capacity(t.shape.len() + 1);
             shape.push(samples as u64);
             shape.extend_from_slice(&t.shape);
-            TensorDesc {
-                name: t.name.clone(),
-                dtype: t.dtype,
-                shape,
-            }
+            TensorDesc { name: t.name.clone(), dtype: t.dtype, shape }
         })
         .collect();
     BatchLayout::new(samples, tensors)
@@ -132,14 +125,8 @@ pub fn make(
     indices: &[u64],
     rules: BatchRules,
 ) -> Result<(MadeBatch, BatchLayout, Duration), CollateError> {
-    let keys: Vec<SampleKey> = indices
-        .iter()
-        .map(|&index| SampleKey {
-            seed: rules.seed,
-            epoch: u64::from(meta.epoch),
-            index,
-        })
-        .collect();
+    let keys: Vec<SampleKey> =
+        indices.iter().map(|&index| SampleKey { seed: rules.seed, epoch: u64::from(meta.epoch), index }).collect();
     let reading = Instant::now();
     let made = dataset.make_batch(&keys, rules.on_corrupt)?;
     let read = reading.elapsed();
@@ -155,11 +142,7 @@ pub fn make(
     let tensors = made
         .tensors
         .iter()
-        .map(|t| TensorDesc {
-            name: t.name.clone(),
-            dtype: t.dtype,
-            shape: t.shape.clone(),
-        })
+        .map(|t| TensorDesc { name: t.name.clone(), dtype: t.dtype, shape: t.shape.clone() })
         .collect();
     let layout = BatchLayout::new(made.kept.len(), tensors)?;
     Ok((made, layout, read))
@@ -187,11 +170,7 @@ pub fn write_made(
         }
         payload.copy_from_slice(&tensor.bytes);
     }
-    Ok(Collated {
-        len: layout.total_len(),
-        skipped: made.skipped,
-        read,
-    })
+    Ok(Collated { len: layout.total_len(), skipped: made.skipped, read })
 }
 
 /// [`write_made`] into a buffer of its own (for a gRPC stream).
@@ -223,14 +202,8 @@ fn fill(
             p.fill(0);
         }
     }
-    let keys: Vec<SampleKey> = indices
-        .iter()
-        .map(|&index| SampleKey {
-            seed: rules.seed,
-            epoch: u64::from(meta.epoch),
-            index,
-        })
-        .collect();
+    let keys: Vec<SampleKey> =
+        indices.iter().map(|&index| SampleKey { seed: rules.seed, epoch: u64::from(meta.epoch), index }).collect();
     let mut rows = BatchRows::new(payloads, indices.len(), rules.on_corrupt, whole_rows);
     let reading = Instant::now();
     dataset.read_batch(&keys, &mut rows)?;
@@ -247,19 +220,11 @@ fn fill(
         .into());
     }
     if skipped.is_empty() {
-        return Ok(Collated {
-            len: layout.total_len(),
-            skipped,
-            read,
-        });
+        return Ok(Collated { len: layout.total_len(), skipped, read });
     }
     let short = layout.truncated(kept.len())?;
     short.write(meta, &kept, buf)?;
-    Ok(Collated {
-        len: short.total_len(),
-        skipped,
-        read,
-    })
+    Ok(Collated { len: short.total_len(), skipped, read })
 }
 
 #[cfg(test)]
@@ -273,21 +238,12 @@ mod tests {
     use crate::dataset::{Synthetic, Tokens, synthetic::expected_data};
 
     fn meta(seq: u64) -> BatchMeta {
-        BatchMeta {
-            job_id: 7,
-            epoch: 1,
-            consumer: 2,
-            seq,
-        }
+        BatchMeta { job_id: 7, epoch: 1, consumer: 2, seq }
     }
 
     #[test]
     fn synthetic_batch_parses_and_holds_the_pattern() {
-        for (shape, dtype) in [
-            (vec![3u64, 5], Dtype::U8),
-            (vec![1], Dtype::U16),
-            (vec![4, 4], Dtype::F32),
-        ] {
+        for (shape, dtype) in [(vec![3u64, 5], Dtype::U8), (vec![1], Dtype::U16), (vec![4, 4], Dtype::F32)] {
             let ds = Synthetic::new(&SyntheticSpec {
                 num_samples: 1000,
                 shape: shape.clone(),
@@ -297,9 +253,7 @@ mod tests {
             })
             .expect("dataset");
             let indices = [0u64, 999, 251, 300, 7];
-            let bytes = collate(&ds, &meta(11), &indices, BatchRules::default())
-                .expect("collate")
-                .0;
+            let bytes = collate(&ds, &meta(11), &indices, BatchRules::default()).expect("collate").0;
             let view = BatchView::parse(&bytes).expect("parse");
             let h = view.header();
             assert_eq!(h.meta, meta(11));
@@ -314,11 +268,7 @@ mod tests {
             assert_eq!(h.tensors[1].shape, vec![5]);
             assert_eq!(h.tensors[1].dtype, Dtype::I64);
             for (k, &i) in indices.iter().enumerate() {
-                assert_eq!(
-                    &data[k * row..(k + 1) * row],
-                    expected_data(i, row).as_slice(),
-                    "sample {i}"
-                );
+                assert_eq!(&data[k * row..(k + 1) * row], expected_data(i, row).as_slice(), "sample {i}");
                 assert_eq!(&label[k * 8..(k + 1) * 8], &(i as i64).to_le_bytes());
             }
         }
@@ -326,19 +276,10 @@ mod tests {
 
     #[test]
     fn synthetic_index_out_of_range_fails() {
-        let ds = Synthetic::new(&SyntheticSpec {
-            num_samples: 4,
-            shape: vec![2],
-            dtype: Dtype::U8 as i32,
-            cost_ns: 0,
-            wait_ns_by_epoch: Vec::new(),
-        })
-        .expect("dataset");
+        let ds = Synthetic::new(&SyntheticSpec { num_samples: 4, shape: vec![2], dtype: Dtype::U8 as i32, cost_ns: 0, wait_ns_by_epoch: Vec::new() })
+            .expect("dataset");
         let e = collate(&ds, &meta(0), &[1, 4], BatchRules::default()).expect_err("out of range");
-        assert_eq!(
-            e.to_string(),
-            "sample index 4 is out of range for a dataset of 4 samples"
-        );
+        assert_eq!(e.to_string(), "sample index 4 is out of range for a dataset of 4 samples");
     }
 
     /// Synthetic samples, except that every index divisible by 3 is corrupt
@@ -356,10 +297,7 @@ mod tests {
         fn read_into(&self, key: SampleKey, rows: &mut [&mut [u8]]) -> Result<(), DatasetError> {
             if key.index.is_multiple_of(3) {
                 rows.iter_mut().for_each(|r| r.fill(0xEE));
-                return Err(DatasetError::Corrupt {
-                    path: format!("/data/{}.jpg", key.index),
-                    reason: "bad huffman code".into(),
-                });
+                return Err(DatasetError::Corrupt { path: format!("/data/{}.jpg", key.index), reason: "bad huffman code".into() });
             }
             self.0.read_into(key, rows)
         }
@@ -368,44 +306,25 @@ mod tests {
     #[test]
     fn skip_leaves_corrupt_samples_out_and_the_batch_still_parses() {
         let ds = EveryThirdCorrupt(
-            Synthetic::new(&SyntheticSpec {
-                num_samples: 100,
-                shape: vec![5, 3],
-                dtype: Dtype::U16 as i32,
-                cost_ns: 0,
-                wait_ns_by_epoch: Vec::new(),
-            })
-            .expect("dataset"),
+            Synthetic::new(&SyntheticSpec { num_samples: 100, shape: vec![5, 3], dtype: Dtype::U16 as i32, cost_ns: 0, wait_ns_by_epoch: Vec::new() })
+                .expect("dataset"),
         );
-        let skip = BatchRules {
-            seed: 1,
-            on_corrupt: CorruptPolicy::Skip,
-        };
+        let skip = BatchRules { seed: 1, on_corrupt: CorruptPolicy::Skip };
         let indices = [1u64, 3, 4, 9, 10, 6];
         let layout = layout(&ds, indices.len()).expect("layout");
         // A stale slot, as a shared-memory ring hands out.
         let mut slot = vec![0xABu8; layout.total_len() + 100];
-        let collated =
-            collate_into(&ds, &layout, &meta(5), &indices, skip, &mut slot).expect("collate");
+        let collated = collate_into(&ds, &layout, &meta(5), &indices, skip, &mut slot).expect("collate");
         let (bytes, skipped) = collate(&ds, &meta(5), &indices, skip).expect("collate");
         // The same batch (padding aside, which a stale slot leaves as it was).
-        let (in_slot, in_buf) = (
-            BatchView::parse(&slot[..collated.len]).expect("slot"),
-            BatchView::parse(&bytes).expect("buf"),
-        );
+        let (in_slot, in_buf) = (BatchView::parse(&slot[..collated.len]).expect("slot"), BatchView::parse(&bytes).expect("buf"));
         assert_eq!(in_slot.header(), in_buf.header());
         for i in 0..2 {
             assert_eq!(in_slot.payload(i), in_buf.payload(i));
         }
         for s in [&collated.skipped, &skipped] {
-            let got: Vec<(u64, String)> =
-                s.iter().map(|s| (s.index, s.error.to_string())).collect();
-            assert_eq!(
-                got,
-                [3u64, 9, 6]
-                    .map(|i| (i, format!("corrupt sample /data/{i}.jpg: bad huffman code")))
-                    .to_vec()
-            );
+            let got: Vec<(u64, String)> = s.iter().map(|s| (s.index, s.error.to_string())).collect();
+            assert_eq!(got, [3u64, 9, 6].map(|i| (i, format!("corrupt sample /data/{i}.jpg: bad huffman code"))).to_vec());
         }
         let view = BatchView::parse(&bytes).expect("parse");
         let h = view.header();
@@ -415,29 +334,16 @@ mod tests {
         let data = view.payload_by_name("data").expect("data");
         let label = view.payload_by_name("label").expect("label");
         for (k, i) in [1u64, 4, 10].into_iter().enumerate() {
-            assert_eq!(
-                &data[k * 30..(k + 1) * 30],
-                expected_data(i, 30).as_slice(),
-                "sample {i}"
-            );
+            assert_eq!(&data[k * 30..(k + 1) * 30], expected_data(i, 30).as_slice(), "sample {i}");
             assert_eq!(&label[k * 8..(k + 1) * 8], &(i as i64).to_le_bytes());
         }
 
         let all_bad = collate(&ds, &meta(5), &[3, 6], skip).expect("collate").0;
         let view = BatchView::parse(&all_bad).expect("an empty batch parses");
-        assert_eq!(
-            (
-                view.header().indices.len(),
-                view.header().tensors[0].shape[0]
-            ),
-            (0, 0)
-        );
+        assert_eq!((view.header().indices.len(), view.header().tensors[0].shape[0]), (0, 0));
 
         let e = collate(&ds, &meta(5), &indices, BatchRules::default()).expect_err("fail policy");
-        assert_eq!(
-            e.to_string(),
-            "corrupt sample /data/3.jpg: bad huffman code"
-        );
+        assert_eq!(e.to_string(), "corrupt sample /data/3.jpg: bad huffman code");
     }
 
     fn token_file(tokens: &[u8]) -> tempfile::NamedTempFile {
@@ -448,21 +354,14 @@ mod tests {
     }
 
     fn tokens_spec(path: &str, dtype: Dtype, ctx: u64, num_tokens: u64) -> TokensSpec {
-        TokensSpec {
-            path: path.into(),
-            dtype: dtype as i32,
-            context_length: ctx,
-            num_tokens,
-        }
+        TokensSpec { path: path.into(), dtype: dtype as i32, context_length: ctx, num_tokens }
     }
 
     #[test]
     fn tokens_batches_copy_windows_verbatim() {
         for (dtype, size) in [(Dtype::U16, 2usize), (Dtype::U32, 4)] {
             let num_tokens = 1001u64;
-            let raw: Vec<u8> = (0..num_tokens as usize * size)
-                .map(|b| (b * 7 + b / 13) as u8)
-                .collect();
+            let raw: Vec<u8> = (0..num_tokens as usize * size).map(|b| (b * 7 + b / 13) as u8).collect();
             let file = token_file(&raw);
             let path = file.path().to_str().expect("utf-8 path");
             let ctx = 16u64;
@@ -470,9 +369,7 @@ mod tests {
             assert_eq!(ds.len(), (num_tokens - 1) / ctx);
             let last = ds.len() - 1;
             let indices = [0, 3, last, 1, last];
-            let bytes = collate(&ds, &meta(3), &indices, BatchRules::default())
-                .expect("collate")
-                .0;
+            let bytes = collate(&ds, &meta(3), &indices, BatchRules::default()).expect("collate").0;
             let view = BatchView::parse(&bytes).expect("parse");
             let t = &view.header().tensors[0];
             assert_eq!((t.name.as_str(), t.dtype), ("tokens", dtype));
@@ -481,18 +378,10 @@ mod tests {
             let window = (ctx as usize + 1) * size;
             for (k, &i) in indices.iter().enumerate() {
                 let start = i as usize * ctx as usize * size;
-                assert_eq!(
-                    &payload[k * window..(k + 1) * window],
-                    &raw[start..start + window],
-                    "window {i}"
-                );
+                assert_eq!(&payload[k * window..(k + 1) * window], &raw[start..start + window], "window {i}");
             }
-            let e = collate(&ds, &meta(3), &[ds.len()], BatchRules::default())
-                .expect_err("past the end");
-            assert!(matches!(
-                e,
-                CollateError::Dataset(DatasetError::IndexOutOfRange { .. })
-            ));
+            let e = collate(&ds, &meta(3), &[ds.len()], BatchRules::default()).expect_err("past the end");
+            assert!(matches!(e, CollateError::Dataset(DatasetError::IndexOutOfRange { .. })));
         }
     }
 
@@ -502,9 +391,7 @@ mod tests {
         let e = Tokens::open(&tokens_spec(missing, Dtype::U16, 4, 2048)).expect_err("missing");
         assert_eq!(
             e.to_string(),
-            format!(
-                "tokens dataset: cannot open {missing}: No such file or directory (os error 2)"
-            )
+            format!("tokens dataset: cannot open {missing}: No such file or directory (os error 2)")
         );
 
         let file = token_file(&[0u8; 1000]);
@@ -512,9 +399,7 @@ mod tests {
         let e = Tokens::open(&tokens_spec(path, Dtype::U16, 4, 2048)).expect_err("wrong size");
         assert_eq!(
             e.to_string(),
-            format!(
-                "tokens dataset {path}: file holds 1000 bytes, spec says 2048 tokens of uint16 (4096 bytes)"
-            )
+            format!("tokens dataset {path}: file holds 1000 bytes, spec says 2048 tokens of uint16 (4096 bytes)")
         );
     }
 }

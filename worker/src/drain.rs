@@ -44,11 +44,7 @@ pub(crate) struct Drain {
 impl Drain {
     /// A drain ordered at `now`, with the outboxes' progress count then.
     pub(crate) fn new(patience: Duration, progress: u64, now: Instant) -> Self {
-        Self {
-            patience,
-            progress,
-            since: now,
-        }
+        Self { patience, progress, since: now }
     }
 
     /// How long it waits without progress.
@@ -84,10 +80,7 @@ mod tests {
     #[test]
     fn a_drain_with_nothing_held_is_done_at_once() {
         let t0 = Instant::now();
-        assert_eq!(
-            Drain::new(PATIENCE, 5, t0).step(true, 5, t0),
-            DrainStep::Done
-        );
+        assert_eq!(Drain::new(PATIENCE, 5, t0).step(true, 5, t0), DrainStep::Done);
     }
 
     #[test]
@@ -103,10 +96,7 @@ mod tests {
         let t0 = Instant::now();
         let mut d = Drain::new(PATIENCE, 5, t0);
         // A batch produced or taken just before the patience ran out.
-        assert_eq!(
-            d.step(false, 6, t0 + PATIENCE - Duration::from_millis(1)),
-            DrainStep::Continue
-        );
+        assert_eq!(d.step(false, 6, t0 + PATIENCE - Duration::from_millis(1)), DrainStep::Continue);
         assert_eq!(d.step(false, 6, t0 + PATIENCE), DrainStep::Continue);
         assert_eq!(d.step(false, 6, t0 + 2 * PATIENCE), DrainStep::HandBack);
         // Whatever the clock says, holding nothing is done, not handed back.

@@ -85,9 +85,7 @@ pub(crate) enum FetchError {
     Closed,
     /// A fetch without its session's key (tokens are on): a trainer
     /// fetches only its own session's batches.
-    #[error(
-        "session {session}: missing or wrong session key for job {job} consumer {consumer} (a trainer fetches only its own session's batches)"
-    )]
+    #[error("session {session}: missing or wrong session key for job {job} consumer {consumer} (a trainer fetches only its own session's batches)")]
     WrongSessionKey {
         /// The job named.
         job: u64,

@@ -8,8 +8,8 @@ use bytes::Bytes;
 use loader_proto::pb::batch_service_server::BatchService;
 use tokio_util::sync::CancellationToken;
 
-use crate::outbox::Outboxes;
 pub use crate::ring::fuzzing::{MAX_MEMFD, WorkerRing};
+use crate::outbox::Outboxes;
 use crate::service::FetchService;
 
 /// The worker's `BatchService` with outboxes a target can fill.
@@ -23,10 +23,7 @@ pub struct Fetch {
 
 impl Default for Fetch {
     fn default() -> Self {
-        Self {
-            outboxes: Outboxes::new(),
-            stop: CancellationToken::new(),
-        }
+        Self { outboxes: Outboxes::new(), stop: CancellationToken::new() }
     }
 }
 
@@ -39,8 +36,7 @@ impl Fetch {
     /// Queues `batch` as the producer would: sequence number `seq` of
     /// consumer `consumer` of job `job_id`.
     pub fn push(&self, job_id: u64, consumer: u32, seq: u64, batch: Bytes) {
-        self.outboxes
-            .push((job_id, consumer), seq, batch, 1, tracing::Span::none());
+        self.outboxes.push((job_id, consumer), seq, batch, 1, tracing::Span::none());
     }
 
     /// Stops the service, as the worker's shutdown does.

@@ -73,9 +73,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use cli::{main_with_args, main_with_datasets};
 pub use config::WorkerConfig;
-pub use dataset::{
-    Dataset, DatasetError, Datasets, SampleKey, SampleTensor, Transform, Transformed,
-};
+pub use dataset::{Dataset, DatasetError, Datasets, SampleKey, SampleTensor, Transform, Transformed};
 pub use error::WorkerError;
 
 use crate::blobs::BlobFetcher;
@@ -125,10 +123,7 @@ fn sweep_blob_dir(path: &std::path::Path) -> Result<(), WorkerError> {
         return Ok(());
     }
     let dir = BlobDir::open(path)?;
-    let swept = dir.sweep(
-        loader_process::blobs::UNUSED_FOR,
-        loader_process::blobs::SWEEP_ENTRIES,
-    );
+    let swept = dir.sweep(loader_process::blobs::UNUSED_FOR, loader_process::blobs::SWEEP_ENTRIES);
     if swept > 0 {
         tracing::info!(dir = %dir.path().display(), swept, "removed blob files unused for an hour");
     }
@@ -145,27 +140,18 @@ pub async fn run_with_datasets(
 ) -> Result<(), WorkerError> {
     let local = listener
         .local_addr()
-        .map_err(|source| WorkerError::Listen {
-            addr: "the given listener".into(),
-            source,
-        })?;
+        .map_err(|source| WorkerError::Listen { addr: "the given listener".into(), source })?;
     let (serving, calling) = security_settings(&config.security)?;
-    let advertise = config.advertise.clone().unwrap_or_else(|| {
-        loader_process::grpc::normalize(&local.to_string(), serving.tls.is_some())
-    });
+    let advertise = config
+        .advertise
+        .clone()
+        .unwrap_or_else(|| loader_process::grpc::normalize(&local.to_string(), serving.tls.is_some()));
     if config.advertise.is_none() && local.ip().is_unspecified() {
         tracing::warn!("advertising {advertise}, which trainers cannot reach; set --advertise");
     }
-    let node = config
-        .node
-        .clone()
-        .unwrap_or_else(loader_process::node::local_node);
+    let node = config.node.clone().unwrap_or_else(loader_process::node::local_node);
     let outboxes = Outboxes::new();
-    let rings = Rings::new(
-        outboxes.clone(),
-        advertise.clone(),
-        tokio::runtime::Handle::current(),
-    );
+    let rings = Rings::new(outboxes.clone(), advertise.clone(), tokio::runtime::Handle::current());
     let windows = Windows::new(config.max_outstanding);
     let budget = config.memory_budget.unwrap_or_else(budget::detect);
     let (coordinator, channel) = match link::channel(&config.coordinator, &calling) {
@@ -175,29 +161,14 @@ pub async fn run_with_datasets(
             return Err(e);
         }
     };
-    let blob_dir = config
-        .blob_dir
-        .clone()
-        .unwrap_or_else(loader_process::blobs::path_from_env);
+    let blob_dir = config.blob_dir.clone().unwrap_or_else(loader_process::blobs::path_from_env);
     if let Err(e) = sweep_blob_dir(&blob_dir) {
         rings.close();
         return Err(e);
     }
-    let blobs = BlobFetcher::new(
-        channel.clone(),
-        coordinator.clone(),
-        tokio::runtime::Handle::current(),
-        blob_dir,
-    );
-    let producer = Producer::spawn(
-        outboxes.clone(),
-        rings.clone(),
-        windows.clone(),
-        budget,
-        datasets,
-        Some(blobs),
-    )
-    .map_err(WorkerError::Thread)?;
+    let blobs = BlobFetcher::new(channel.clone(), coordinator.clone(), tokio::runtime::Handle::current(), blob_dir);
+    let producer = Producer::spawn(outboxes.clone(), rings.clone(), windows.clone(), budget, datasets, Some(blobs))
+        .map_err(WorkerError::Thread)?;
     let mut link = Link::new(
         coordinator,
         channel,
@@ -215,18 +186,10 @@ pub async fn run_with_datasets(
     );
 
     let stop = CancellationToken::new();
-    let mut server = tokio::spawn(service::serve(
-        listener,
-        outboxes.clone(),
-        serving,
-        stop.clone(),
-    ));
+    let mut server = tokio::spawn(service::serve(listener, outboxes.clone(), serving, stop.clone()));
     let work = async {
         let reg = link
-            .register(
-                Instant::now() + config.connect_timeout,
-                config.connect_timeout,
-            )
+            .register(Instant::now() + config.connect_timeout, config.connect_timeout)
             .await?;
         link.run(reg).await
     };
@@ -248,11 +211,7 @@ pub async fn run_with_datasets(
     stop.cancel();
     // A fenced worker leaves at once: its streams may cross a cut link that
     // would hold a graceful close for the whole grace period.
-    let grace = if matches!(outcome, Err(WorkerError::LeaseLost { .. })) {
-        Duration::ZERO
-    } else {
-        GRACE
-    };
+    let grace = if matches!(outcome, Err(WorkerError::LeaseLost { .. })) { Duration::ZERO } else { GRACE };
     if !server.is_finished() && tokio::time::timeout(grace, &mut server).await.is_err() {
         tracing::info!("connections still open after {grace:?}; closing them");
         server.abort();

@@ -24,15 +24,13 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use loader_process::grpc::Channel;
 use loader_process::retry::{self, Backoff};
-use loader_process::security::ClientSecurity;
 use loader_proto::PROTOCOL_VERSION;
 use loader_proto::pb::worker_service_client::WorkerServiceClient;
-use loader_proto::pb::{
-    ConsumerId, DeregisterRequest, RegisterWorkerRequest, WorkerHeartbeatRequest,
-};
+use loader_proto::pb::{ConsumerId, DeregisterRequest, RegisterWorkerRequest, WorkerHeartbeatRequest};
 use tokio::time::{Instant, sleep_until, timeout_at};
+use loader_process::grpc::Channel;
+use loader_process::security::ClientSecurity;
 use tonic::{Code, Status};
 
 use crate::drain::{Drain, DrainStep};
@@ -162,17 +160,10 @@ fn describe(status: &Status) -> String {
 
 /// The coordinator at `addr` (as given) as a URL and a channel to it; no
 /// connection is made yet. The link and the blob fetches share it.
-pub(crate) fn channel(
-    addr: &str,
-    security: &ClientSecurity,
-) -> Result<(String, Channel), WorkerError> {
+pub(crate) fn channel(addr: &str, security: &ClientSecurity) -> Result<(String, Channel), WorkerError> {
     let url = loader_process::grpc::normalize(addr, security.tls.is_some());
-    let target = loader_process::grpc::endpoint(&url, security).map_err(|e| {
-        WorkerError::CoordinatorAddress {
-            addr: addr.to_owned(),
-            reason: e.cause,
-        }
-    })?;
+    let target = loader_process::grpc::endpoint(&url, security)
+        .map_err(|e| WorkerError::CoordinatorAddress { addr: addr.to_owned(), reason: e.cause })?;
     // Longer than a trainer's: registration retries within its own
     // deadline, and a heartbeat may wait out a loaded coordinator.
     let target = target.map_endpoint(|e| e.connect_timeout(CONNECT_TIMEOUT));
@@ -235,11 +226,7 @@ impl Link {
 
     /// Registers, retrying with backoff until `deadline`; `patience` is how
     /// long that was, for the message.
-    pub(crate) async fn register(
-        &mut self,
-        deadline: Instant,
-        patience: Duration,
-    ) -> Result<Registration, WorkerError> {
+    pub(crate) async fn register(&mut self, deadline: Instant, patience: Duration) -> Result<Registration, WorkerError> {
         // Why the last answered attempt failed: an attempt that the deadline
         // cuts off reports that instead of "no answer".
         let cause = Mutex::new(None::<String>);
@@ -267,9 +254,7 @@ impl Link {
                 let reg = Registration {
                     worker_id: r.worker_id,
                     lease_ttl: Duration::from_millis(r.lease_ttl_ms.max(1)),
-                    heartbeat_interval: Duration::from_millis(
-                        r.heartbeat_interval_ms.max(MIN_INTERVAL_MS),
-                    ),
+                    heartbeat_interval: Duration::from_millis(r.heartbeat_interval_ms.max(MIN_INTERVAL_MS)),
                     granted: sent,
                 };
                 tracing::info!(worker_id = reg.worker_id, coordinator = %self.addr, "registered");
@@ -280,27 +265,18 @@ impl Link {
             Err(_) => Err(WorkerError::Unreachable {
                 addr: self.addr.clone(),
                 after: patience,
-                cause: cause
-                    .into_inner()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .unwrap_or_else(|| "no answer".to_owned()),
+                cause: cause.into_inner().unwrap_or_else(|p| p.into_inner()).unwrap_or_else(|| "no answer".to_owned()),
             }),
         }
     }
 
     fn refused(&self, status: &Status) -> WorkerError {
         let cause = if status.code() == Code::Unimplemented {
-            format!(
-                "it does not serve loader.v1.WorkerService ({})",
-                describe(status)
-            )
+            format!("it does not serve loader.v1.WorkerService ({})", describe(status))
         } else {
             describe(status)
         };
-        WorkerError::Refused {
-            addr: self.addr.clone(),
-            cause,
-        }
+        WorkerError::Refused { addr: self.addr.clone(), cause }
     }
 
     /// Heartbeats until the lease is lost or the coordinator refuses this
@@ -328,11 +304,7 @@ impl Link {
                 return Err(self.fence(reg.lease_ttl));
             }
             let idle = self.producer.is_idle() && self.outboxes.is_empty();
-            let wait = if idle && drain.is_none() {
-                LONG_POLL.min(reg.lease_ttl / 3)
-            } else {
-                Duration::ZERO
-            };
+            let wait = if idle && drain.is_none() { LONG_POLL.min(reg.lease_ttl / 3) } else { Duration::ZERO };
             let delivered = self.outboxes.take_delivered();
             let failed = self.producer.take_failed();
             let request = WorkerHeartbeatRequest {
@@ -355,23 +327,17 @@ impl Link {
                     retrying = false;
                     let resp = resp.into_inner();
                     if resp.reregister {
-                        tracing::warn!(
-                            worker_id = reg.worker_id,
-                            "coordinator asked this worker to register again"
-                        );
+                        tracing::warn!(worker_id = reg.worker_id, "coordinator asked this worker to register again");
                         // The coordinator no longer counts our tasks as ours,
                         // and ignored the reports: send them again under the
                         // new id.
                         self.producer.clear();
                         self.outboxes.restore_delivered(delivered);
                         self.producer.restore_failed(failed);
-                        reg = self
-                            .register(renewed + reg.lease_ttl, reg.lease_ttl)
-                            .await
-                            .map_err(|e| match e {
-                                WorkerError::Unreachable { .. } => self.fence(reg.lease_ttl),
-                                other => other,
-                            })?;
+                        reg = self.register(renewed + reg.lease_ttl, reg.lease_ttl).await.map_err(|e| match e {
+                            WorkerError::Unreachable { .. } => self.fence(reg.lease_ttl),
+                            other => other,
+                        })?;
                         renewed = reg.granted;
                         next = Instant::now();
                         continue;
@@ -382,15 +348,8 @@ impl Link {
                         self.drop_ended(ended);
                     }
                     if resp.drain && drain.is_none() {
-                        tracing::info!(
-                            worker_id = reg.worker_id,
-                            "draining: finishing held tasks, taking no new ones"
-                        );
-                        drain = Some(Drain::new(
-                            reg.lease_ttl,
-                            self.outboxes.progress(),
-                            Instant::now(),
-                        ));
+                        tracing::info!(worker_id = reg.worker_id, "draining: finishing held tasks, taking no new ones");
+                        drain = Some(Drain::new(reg.lease_ttl, self.outboxes.progress(), Instant::now()));
                     }
                     // Decided once a heartbeat had nothing left to report.
                     if let Some(d) = &mut drain
@@ -421,11 +380,7 @@ impl Link {
                         );
                         self.producer.submit(task);
                     }
-                    let pace = if wait.is_zero() {
-                        reg.heartbeat_interval
-                    } else {
-                        reg.heartbeat_interval.min(wait)
-                    };
+                    let pace = if wait.is_zero() { reg.heartbeat_interval } else { reg.heartbeat_interval.min(wait) };
                     next = started + pace;
                 }
                 Ok(Err(status)) if is_fatal(&status) => return Err(self.refused(&status)),
@@ -439,8 +394,7 @@ impl Link {
                     self.outboxes.restore_delivered(delivered);
                     self.producer.restore_failed(failed);
                     retrying = true;
-                    next = Instant::now()
-                        + (reg.heartbeat_interval / 2).min(Duration::from_millis(200));
+                    next = Instant::now() + (reg.heartbeat_interval / 2).min(Duration::from_millis(200));
                 }
                 Err(_) => return Err(self.fence(reg.lease_ttl)),
             }
@@ -453,11 +407,7 @@ impl Link {
         let dropped = self.producer.drop_consumer((ended.job_id, ended.consumer));
         if dropped.batches == 0 && dropped.tasks == 0 {
             // What it held went out before the notice arrived.
-            tracing::debug!(
-                job = ended.job_id,
-                consumer = ended.consumer,
-                "consumer ended; nothing held for it"
-            );
+            tracing::debug!(job = ended.job_id, consumer = ended.consumer, "consumer ended; nothing held for it");
             return;
         }
         tracing::info!(
@@ -475,10 +425,7 @@ impl Link {
     /// a hand-back) is dropped first, so that no batch goes out after the
     /// coordinator took it back.
     async fn deregister(&mut self, worker_id: u64) -> Result<(), WorkerError> {
-        let request = DeregisterRequest {
-            protocol_version: PROTOCOL_VERSION,
-            worker_id,
-        };
+        let request = DeregisterRequest { protocol_version: PROTOCOL_VERSION, worker_id };
         self.producer.stop();
         self.outboxes.close();
         self.rings.close();
@@ -490,11 +437,7 @@ impl Link {
             // The coordinator expires our lease anyway and requeues
             // whatever was still held then; nothing is lost.
             Err(status) => {
-                tracing::warn!(
-                    worker_id,
-                    "deregistration failed ({}); the lease will expire",
-                    describe(&status)
-                );
+                tracing::warn!(worker_id, "deregistration failed ({}); the lease will expire", describe(&status));
                 Ok(())
             }
         }
@@ -506,10 +449,7 @@ impl Link {
         self.producer.stop();
         self.outboxes.close();
         self.rings.close();
-        WorkerError::LeaseLost {
-            addr: self.addr.clone(),
-            ttl,
-        }
+        WorkerError::LeaseLost { addr: self.addr.clone(), ttl }
     }
 }
 
@@ -519,34 +459,12 @@ mod tests {
 
     #[test]
     fn deliveries_wait_for_half_the_window_unless_the_producer_starves() {
-        let at = |unreported, half_window, starving| {
-            Waiting {
-                failures: false,
-                unreported,
-                half_window,
-                starving,
-            }
-            .worth_a_call()
-        };
-        assert!(
-            !at(0, false, false) && !at(0, false, true),
-            "nothing to say"
-        );
-        assert!(
-            !at(1, false, false) && !at(3, false, false),
-            "work left: wait for more deliveries"
-        );
-        assert!(
-            at(4, true, false) && at(5, true, false),
-            "half the window delivered"
-        );
+        let at = |unreported, half_window, starving| Waiting { failures: false, unreported, half_window, starving }.worth_a_call();
+        assert!(!at(0, false, false) && !at(0, false, true), "nothing to say");
+        assert!(!at(1, false, false) && !at(3, false, false), "work left: wait for more deliveries");
+        assert!(at(4, true, false) && at(5, true, false), "half the window delivered");
         assert!(at(1, false, true), "out of tasks: report what there is");
-        let failed = Waiting {
-            failures: true,
-            unreported: 0,
-            half_window: false,
-            starving: false,
-        };
+        let failed = Waiting { failures: true, unreported: 0, half_window: false, starving: false };
         assert!(failed.worth_a_call(), "failures at once");
     }
 }

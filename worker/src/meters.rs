@@ -32,10 +32,7 @@ pub(crate) struct Meters {
 impl Meters {
     /// The handles of `key`, built the first time.
     pub(crate) fn consumer(&self, key: ConsumerKey) -> Arc<ConsumerMeters> {
-        let mut consumers = self
-            .consumers
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut consumers = self.consumers.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(m) = consumers.get(&key) {
             return Arc::clone(m);
         }
@@ -177,8 +174,7 @@ impl<'a> BlockedClock<'a> {
     pub(crate) fn tick(&mut self, blocked: bool) {
         let now = Instant::now();
         if let Some(since) = self.since.take() {
-            self.gauge
-                .increment(now.saturating_duration_since(since).as_secs_f64());
+            self.gauge.increment(now.saturating_duration_since(since).as_secs_f64());
         }
         if blocked {
             self.since = Some(now);
@@ -225,9 +221,6 @@ mod tests {
         std::thread::sleep(pause);
         drop(clock);
         let second = read();
-        assert!(
-            second >= first + pause.as_secs_f64(),
-            "the wait up to the drop is added: {second}"
-        );
+        assert!(second >= first + pause.as_secs_f64(), "the wait up to the drop is added: {second}");
     }
 }

@@ -94,14 +94,7 @@ struct Queued {
 
 impl Outbox {
     fn new(meters: Arc<ConsumerMeters>) -> Self {
-        Self {
-            batches: BTreeMap::new(),
-            stream: None,
-            session: 0,
-            credits: 0,
-            wake: Arc::default(),
-            meters,
-        }
+        Self { batches: BTreeMap::new(), stream: None, session: 0, credits: 0, wake: Arc::default(), meters }
     }
 
     fn idle(&self) -> bool {
@@ -118,9 +111,7 @@ impl Outboxes {
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding this lock leaves plain queues behind, which
         // stay consistent; keep serving rather than cascade the panic.
-        self.state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// The metric handles of every consumer.
@@ -131,70 +122,33 @@ impl Outboxes {
     /// Queues a produced batch of `samples` samples for its consumer, with
     /// its delivery span (see [`Queued::deliver`]). Dropped if the worker is
     /// closed.
-    pub(crate) fn push(
-        &self,
-        key: ConsumerKey,
-        seq: u64,
-        batch: Bytes,
-        samples: u64,
-        deliver: Span,
-    ) {
+    pub(crate) fn push(&self, key: ConsumerKey, seq: u64, batch: Bytes, samples: u64, deliver: Span) {
         let mut state = self.lock();
         if state.closed {
             return;
         }
         state.progress += 1;
-        let outbox = state
-            .boxes
-            .entry(key)
-            .or_insert_with(|| Outbox::new(self.meters.consumer(key)));
-        outbox.batches.insert(
-            seq,
-            Queued {
-                batch,
-                samples,
-                at: Instant::now(),
-                deliver,
-            },
-        );
+        let outbox = state.boxes.entry(key).or_insert_with(|| Outbox::new(self.meters.consumer(key)));
+        outbox.batches.insert(seq, Queued { batch, samples, at: Instant::now(), deliver });
         outbox.wake.notify_waiters();
     }
 
     /// Attaches a new stream for `key` with its first `credits`, replacing
     /// (and ending) any previous stream of that consumer.
-    pub(crate) fn attach(
-        self: &Arc<Self>,
-        key: ConsumerKey,
-        session: u64,
-        credits: u32,
-    ) -> Attachment {
+    pub(crate) fn attach(self: &Arc<Self>, key: ConsumerKey, session: u64, credits: u32) -> Attachment {
         let mut state = self.lock();
         state.generation += 1;
         let generation = state.generation;
-        let outbox = state
-            .boxes
-            .entry(key)
-            .or_insert_with(|| Outbox::new(self.meters.consumer(key)));
+        let outbox = state.boxes.entry(key).or_insert_with(|| Outbox::new(self.meters.consumer(key)));
         if outbox.stream.is_some() {
-            tracing::debug!(
-                job = key.0,
-                consumer = key.1,
-                old = outbox.session,
-                new = session,
-                "stream replaced"
-            );
+            tracing::debug!(job = key.0, consumer = key.1, old = outbox.session, new = session, "stream replaced");
         }
         outbox.stream = Some(generation);
         outbox.session = session;
         outbox.credits = u64::from(credits);
         outbox.wake.notify_waiters();
         let meters = Arc::clone(&outbox.meters);
-        Attachment {
-            outboxes: Arc::clone(self),
-            key,
-            generation,
-            meters,
-        }
+        Attachment { outboxes: Arc::clone(self), key, generation, meters }
     }
 
     /// True when no batch waits for delivery.
@@ -211,12 +165,7 @@ impl Outboxes {
     pub(crate) fn sample_meters(&self) {
         let state = self.lock();
         let batches = state.boxes.values().map(|o| o.batches.len()).sum();
-        let credits = state
-            .boxes
-            .values()
-            .filter(|o| o.stream.is_some())
-            .map(|o| o.credits)
-            .sum();
+        let credits = state.boxes.values().filter(|o| o.stream.is_some()).map(|o| o.credits).sum();
         drop(state);
         crate::meters::outboxes(batches, credits);
     }
@@ -255,11 +204,7 @@ impl Outboxes {
         let delivered = std::mem::take(&mut self.lock().delivered);
         delivered
             .into_iter()
-            .map(|((job_id, consumer), seqs)| Delivered {
-                job_id,
-                consumer,
-                seqs,
-            })
+            .map(|((job_id, consumer), seqs)| Delivered { job_id, consumer, seqs })
             .collect()
     }
 
@@ -293,9 +238,7 @@ impl Outboxes {
     /// batches of later tasks. Returns how many were dropped.
     pub(crate) fn drop_consumer(&self, key: ConsumerKey) -> usize {
         let mut state = self.lock();
-        let Some(outbox) = state.boxes.get_mut(&key) else {
-            return 0;
-        };
+        let Some(outbox) = state.boxes.get_mut(&key) else { return 0 };
         let dropped = std::mem::take(&mut outbox.batches).len();
         if outbox.idle() {
             state.boxes.remove(&key);
@@ -397,16 +340,7 @@ impl Attachment {
         if outbox.credits == 0 {
             return Step::Wait(Arc::clone(&outbox.wake), !outbox.batches.is_empty());
         }
-        let Some((
-            seq,
-            Queued {
-                batch,
-                samples,
-                at,
-                deliver,
-            },
-        )) = outbox.batches.pop_first()
-        else {
+        let Some((seq, Queued { batch, samples, at, deliver })) = outbox.batches.pop_first() else {
             return Step::Wait(Arc::clone(&outbox.wake), false);
         };
         outbox.credits -= 1;
@@ -418,10 +352,7 @@ impl Attachment {
         self.outboxes.report.notify_one();
         // The trainer's span of this batch is a child of the delivery.
         let traceparent = loader_process::telemetry::trace::carry(&deliver);
-        Step::Send(BatchFrame {
-            data: batch,
-            traceparent,
-        })
+        Step::Send(BatchFrame { data: batch, traceparent })
     }
 }
 
@@ -458,10 +389,7 @@ mod tests {
     }
 
     fn delivered(o: &Outboxes) -> Vec<u64> {
-        o.take_delivered()
-            .into_iter()
-            .flat_map(|d| d.seqs)
-            .collect()
+        o.take_delivered().into_iter().flat_map(|d| d.seqs).collect()
     }
 
     // On a runtime: a stream blocked for want of credits wakes on a timer
@@ -571,11 +499,7 @@ mod tests {
         assert_eq!(ready(&a), Some(Some(batch(0))));
         let before = o.progress();
         assert_eq!(o.drop_consumer(KEY), 2);
-        assert_eq!(
-            o.drop_consumer((9, 9)),
-            0,
-            "an unknown consumer holds nothing"
-        );
+        assert_eq!(o.drop_consumer((9, 9)), 0, "an unknown consumer holds nothing");
         assert_eq!(o.len(), 1, "the other consumer's batch stays");
         assert_eq!(o.progress(), before, "dropping is not progress");
         assert_eq!(ready(&a), None, "the stream waits for later batches");

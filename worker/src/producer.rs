@@ -33,12 +33,11 @@ use loader_proto::spec::SpecError;
 use tokio::sync::Notify;
 
 use crate::batch_spans::{BatchSpans, Transport};
-use crate::blobs::{BlobError, BlobFetcher};
 use crate::busy::BusyMeter;
 use crate::collate::{
-    BatchRules, CollateError, Skipped, collate_bytes, collate_into, layout, made_bytes, make,
-    write_made,
+    BatchRules, CollateError, Skipped, collate_bytes, collate_into, layout, made_bytes, make, write_made,
 };
+use crate::blobs::{BlobError, BlobFetcher};
 use crate::dataset::{Dataset, DatasetError, Datasets};
 use crate::outbox::Outboxes;
 use crate::ring::{Rings, Route};
@@ -338,9 +337,7 @@ enum TaskError {
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, Queue> {
-        self.queue
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.queue.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Abandons the running task. The caller then wakes ring waits, outside
@@ -364,16 +361,11 @@ impl Shared {
                         q.running = Some(task_key(&task.0));
                         break (task, q.generation);
                     }
-                    q = self
-                        .ready
-                        .wait(q)
-                        .unwrap_or_else(|poisoned| poisoned.into_inner());
+                    q = self.ready.wait(q).unwrap_or_else(|poisoned| poisoned.into_inner());
                 }
             };
-            let outcome = catch_unwind(AssertUnwindSafe(|| {
-                self.produce(&task, submitted, generation, &mut cache)
-            }))
-            .unwrap_or(Err(TaskError::Panicked));
+            let outcome = catch_unwind(AssertUnwindSafe(|| self.produce(&task, submitted, generation, &mut cache)))
+                .unwrap_or(Err(TaskError::Panicked));
             let mut q = self.lock();
             q.busy = false;
             q.running = None;
@@ -382,11 +374,7 @@ impl Shared {
                 && q.generation == generation
             {
                 let job_id = task.job.as_ref().map_or(0, |j| j.job_id);
-                tracing::warn!(
-                    job = job_id,
-                    consumer = task.consumer,
-                    "task failed: {error}"
-                );
+                tracing::warn!(job = job_id, consumer = task.consumer, "task failed: {error}");
                 q.failed.push(Failed {
                     job_id,
                     consumer: task.consumer,
@@ -417,33 +405,16 @@ impl Shared {
         let plan = loader_proto::spec::plan(spec)?;
         check_range(task, &plan)?;
         let dataset = cache.open(job.job_id, spec, &self.datasets, self.blobs.as_ref())?;
-        let rules = BatchRules {
-            seed: plan.seed,
-            on_corrupt: loader_proto::spec::corrupt_policy(spec),
-        };
+        let rules = BatchRules { seed: plan.seed, on_corrupt: loader_proto::spec::corrupt_policy(spec) };
         if dataset.len() != plan.num_samples {
-            return Err(TaskError::SampleCount {
-                held: dataset.len(),
-                planned: plan.num_samples,
-            });
+            return Err(TaskError::SampleCount { held: dataset.len(), planned: plan.num_samples });
         }
         // A batch that cannot fit fails the task before anything is
         // allocated: the worker keeps serving every other job.
-        let full = layout(
-            &*dataset,
-            usize::try_from(plan.batch_size).unwrap_or(usize::MAX),
-        )
-        .map_err(|source| TaskError::Layout {
-            job_id: job.job_id,
-            source,
-        })?;
+        let full = layout(&*dataset, usize::try_from(plan.batch_size).unwrap_or(usize::MAX))
+            .map_err(|source| TaskError::Layout { job_id: job.job_id, source })?;
         let batch_bytes = full.total_len() as u64;
-        if let Some(refused) = crate::budget::refuse(
-            job.job_id,
-            batch_bytes,
-            self.windows.at_least(),
-            self.budget,
-        ) {
+        if let Some(refused) = crate::budget::refuse(job.job_id, batch_bytes, self.windows.at_least(), self.budget) {
             return Err(TaskError::OverBudget(refused));
         }
         // The window this worker holds for the job follows its batch bytes
@@ -455,22 +426,13 @@ impl Shared {
         let meters = self.outboxes.meters().consumer(key);
         let ring = Some(Path::new(&task.ring_socket)).filter(|p| !p.as_os_str().is_empty());
         let abandoned = || self.abandon.load(Ordering::SeqCst) != generation;
-        let failed = |seq: u64, source: CollateError| TaskError::Batch {
-            job_id: job.job_id,
-            seq,
-            source,
-        };
+        let failed = |seq: u64, source: CollateError| TaskError::Batch { job_id: job.job_id, seq, source };
         for seq in task.start_seq..task.end_seq {
             if abandoned() {
                 return Ok(());
             }
             let (epoch, _) = plan.locate(seq);
-            let meta = BatchMeta {
-                job_id: job.job_id,
-                epoch,
-                consumer: task.consumer,
-                seq,
-            };
+            let meta = BatchMeta { job_id: job.job_id, epoch, consumer: task.consumer, seq };
             let indices = plan.batch_indices(task.consumer, seq);
             let spans = BatchSpans::start(task, job.job_id, seq);
             // A batch made whole (a Python `collate_fn`) is made first: its
@@ -491,33 +453,17 @@ impl Shared {
             };
             if let Some(path) = ring {
                 let asked = Instant::now();
-                match self.rings.acquire(
-                    path,
-                    key,
-                    submitted,
-                    layout.total_len(),
-                    &abandoned,
-                    &meters.blocked_shm,
-                ) {
+                match self.rings.acquire(path, key, submitted, layout.total_len(), &abandoned, &meters.blocked_shm) {
                     Route::Slot(mut lease) => {
                         // A failure drops the lease, which gives the slot back.
                         let started = Instant::now();
                         let _busy = self.busy_meter.spell(started);
                         spans.waited_for_slot(started.saturating_duration_since(asked));
                         let collated = match made.take() {
-                            Some((batch, read)) => {
-                                write_made(batch, &layout, &meta, read, lease.bytes_mut())
-                            }
-                            None => spans.produce().in_scope(|| {
-                                collate_into(
-                                    &*dataset,
-                                    &layout,
-                                    &meta,
-                                    &indices,
-                                    rules,
-                                    lease.bytes_mut(),
-                                )
-                            }),
+                            Some((batch, read)) => write_made(batch, &layout, &meta, read, lease.bytes_mut()),
+                            None => spans
+                                .produce()
+                                .in_scope(|| collate_into(&*dataset, &layout, &meta, &indices, rules, lease.bytes_mut())),
                         }
                         .map_err(|e| failed(seq, e))?;
                         spans.made(indices.len(), &collated);
@@ -535,9 +481,7 @@ impl Shared {
                         drop(q);
                         // The slot was waited for before the batch was made.
                         meters.delivered_after(started.saturating_duration_since(asked));
-                        meters
-                            .shm
-                            .record(held(&indices, &collated.skipped), collated.len as u64);
+                        meters.shm.record(held(&indices, &collated.skipped), collated.len as u64);
                         continue;
                     }
                     Route::Grpc => {}
@@ -557,9 +501,7 @@ impl Shared {
             let _busy = self.busy_meter.spell(started);
             let (batch, collated) = match made {
                 Some((batch, read)) => made_bytes(batch, &layout, &meta, read),
-                None => spans
-                    .produce()
-                    .in_scope(|| collate_bytes(&*dataset, &layout, &meta, &indices, rules)),
+                None => spans.produce().in_scope(|| collate_bytes(&*dataset, &layout, &meta, &indices, rules)),
             }
             .map_err(|e| failed(seq, e))?;
             spans.made(indices.len(), &collated);
@@ -572,13 +514,7 @@ impl Shared {
             if q.generation != generation {
                 return Ok(());
             }
-            self.outboxes.push(
-                key,
-                seq,
-                batch,
-                held(&indices, &collated.skipped),
-                spans.deliver(Transport::Grpc),
-            );
+            self.outboxes.push(key, seq, batch, held(&indices, &collated.skipped), spans.deliver(Transport::Grpc));
         }
         Ok(())
     }
@@ -637,20 +573,12 @@ fn held(indices: &[u64], skipped: &[Skipped]) -> u64 {
 /// confused coordinator cannot make the worker produce garbage.
 fn check_range(task: &Task, plan: &Plan) -> Result<(), TaskError> {
     if task.consumer >= plan.consumers {
-        return Err(TaskError::ConsumerOutOfRange {
-            consumer: task.consumer,
-            consumers: plan.consumers,
-        });
+        return Err(TaskError::ConsumerOutOfRange { consumer: task.consumer, consumers: plan.consumers });
     }
     let total = plan.total_batches();
     // A resumed job has no batches before its first.
     if task.start_seq >= task.end_seq || task.end_seq > total || task.start_seq < plan.first_seq() {
-        return Err(TaskError::SeqsOutOfRange {
-            start: task.start_seq,
-            end: task.end_seq,
-            first: plan.first_seq(),
-            total,
-        });
+        return Err(TaskError::SeqsOutOfRange { start: task.start_seq, end: task.end_seq, first: plan.first_seq(), total });
     }
     Ok(())
 }
@@ -686,11 +614,7 @@ impl DatasetCache {
             datasets.open(&local.apply(spec))?
         };
         if self.open.len() >= DATASET_CACHE
-            && let Some(oldest) = self
-                .open
-                .iter()
-                .min_by_key(|(_, (_, used))| *used)
-                .map(|(id, _)| *id)
+            && let Some(oldest) = self.open.iter().min_by_key(|(_, (_, used))| *used).map(|(id, _)| *id)
         {
             self.open.remove(&oldest);
         }
@@ -704,9 +628,7 @@ pub(crate) mod tests {
     use std::time::Duration;
 
     use loader_proto::batch::BatchView;
-    use loader_proto::pb::{
-        DatasetSpec, Dtype, Job, JobSpec, SyntheticSpec, TokensSpec, dataset_spec::Kind,
-    };
+    use loader_proto::pb::{DatasetSpec, Dtype, Job, JobSpec, SyntheticSpec, TokensSpec, dataset_spec::Kind};
 
     use super::*;
 
@@ -725,44 +647,20 @@ pub(crate) mod tests {
     }
 
     pub(crate) fn synthetic(job_id: u64) -> Job {
-        job(
-            job_id,
-            Kind::Synthetic(SyntheticSpec {
-                num_samples: 10,
-                shape: vec![3],
-                dtype: Dtype::U8 as i32,
-                cost_ns: 0,
-                wait_ns_by_epoch: Vec::new(),
-            }),
-        )
+        job(job_id, Kind::Synthetic(SyntheticSpec { num_samples: 10, shape: vec![3], dtype: Dtype::U8 as i32, cost_ns: 0, wait_ns_by_epoch: Vec::new() }))
     }
 
     /// A producer whose ring connections run on the test's runtime.
     pub(crate) fn spawn(outboxes: &Arc<Outboxes>) -> Producer {
-        let rings = Rings::new(
-            Arc::clone(outboxes),
-            "http://worker.test:1".into(),
-            tokio::runtime::Handle::current(),
-        );
-        Producer::spawn(
-            Arc::clone(outboxes),
-            rings,
-            Windows::new(8),
-            1 << 30,
-            Datasets::new(),
-            None,
-        )
-        .expect("spawn")
+        let rings = Rings::new(Arc::clone(outboxes), "http://worker.test:1".into(), tokio::runtime::Handle::current());
+        Producer::spawn(Arc::clone(outboxes), rings, Windows::new(8), 1 << 30, Datasets::new(), None).expect("spawn")
     }
 
     /// Waits (bounded) until the producer has worked through its queue.
     pub(crate) fn settle(p: &Producer) {
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         while !p.is_idle() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "producer did not finish"
-            );
+            assert!(std::time::Instant::now() < deadline, "producer did not finish");
             std::thread::sleep(Duration::from_millis(5));
         }
     }
@@ -772,45 +670,12 @@ pub(crate) mod tests {
         let outboxes = Outboxes::new();
         let p = spawn(&outboxes);
         // Consumer 1 of 2: 5 samples per epoch -> 2 batches per epoch, 4 in all.
-        p.submit(Task {
-            job: Some(synthetic(1)),
-            consumer: 1,
-            start_seq: 0,
-            end_seq: 3,
-            ring_socket: String::new(),
-            ..Default::default()
-        });
+        p.submit(Task { job: Some(synthetic(1)), consumer: 1, start_seq: 0, end_seq: 3, ring_socket: String::new(), ..Default::default() });
         let missing = "/nonexistent/loader-test/tokens.bin";
-        let tokens = Kind::Tokens(TokensSpec {
-            path: missing.into(),
-            dtype: Dtype::U16 as i32,
-            context_length: 4,
-            num_tokens: 100,
-        });
-        p.submit(Task {
-            job: Some(job(2, tokens)),
-            consumer: 0,
-            start_seq: 0,
-            end_seq: 1,
-            ring_socket: String::new(),
-            ..Default::default()
-        });
-        p.submit(Task {
-            job: Some(synthetic(1)),
-            consumer: 1,
-            start_seq: 3,
-            end_seq: 9,
-            ring_socket: String::new(),
-            ..Default::default()
-        });
-        p.submit(Task {
-            job: Some(synthetic(1)),
-            consumer: 1,
-            start_seq: 3,
-            end_seq: 4,
-            ring_socket: String::new(),
-            ..Default::default()
-        });
+        let tokens = Kind::Tokens(TokensSpec { path: missing.into(), dtype: Dtype::U16 as i32, context_length: 4, num_tokens: 100 });
+        p.submit(Task { job: Some(job(2, tokens)), consumer: 0, start_seq: 0, end_seq: 1, ring_socket: String::new(), ..Default::default() });
+        p.submit(Task { job: Some(synthetic(1)), consumer: 1, start_seq: 3, end_seq: 9, ring_socket: String::new(), ..Default::default() });
+        p.submit(Task { job: Some(synthetic(1)), consumer: 1, start_seq: 3, end_seq: 4, ring_socket: String::new(), ..Default::default() });
         settle(&p);
 
         let failed = p.take_failed();
@@ -818,26 +683,14 @@ pub(crate) mod tests {
         assert_eq!(
             errors,
             vec![
-                format!(
-                    "tokens dataset: cannot open {missing}: No such file or directory (os error 2)"
-                )
-                .as_str(),
+                format!("tokens dataset: cannot open {missing}: No such file or directory (os error 2)").as_str(),
                 "seqs 3..9 are out of range for batches 0..4",
             ]
         );
-        assert_eq!(
-            (
-                failed[0].job_id,
-                failed[0].consumer,
-                failed[0].start_seq,
-                failed[0].end_seq
-            ),
-            (2, 0, 0, 1)
-        );
+        assert_eq!((failed[0].job_id, failed[0].consumer, failed[0].start_seq, failed[0].end_seq), (2, 0, 0, 1));
 
         let attachment = outboxes.attach((1, 1), 1, 100);
-        let plan =
-            loader_proto::spec::plan(synthetic(1).spec.as_ref().expect("spec")).expect("plan");
+        let plan = loader_proto::spec::plan(synthetic(1).spec.as_ref().expect("spec")).expect("plan");
         for seq in 0..4 {
             let batch = attachment.next().await.expect("batch").data;
             let view = BatchView::parse(&batch).expect("parse");
@@ -857,17 +710,8 @@ pub(crate) mod tests {
     async fn running_out_of_tasks_wakes_the_link() {
         let outboxes = Outboxes::new();
         let p = spawn(&outboxes);
-        p.submit(Task {
-            job: Some(synthetic(1)),
-            consumer: 1,
-            start_seq: 0,
-            end_seq: 2,
-            ring_socket: String::new(),
-            ..Default::default()
-        });
-        tokio::time::timeout(Duration::from_secs(20), p.report_wanted())
-            .await
-            .expect("woken when the queue ran out");
+        p.submit(Task { job: Some(synthetic(1)), consumer: 1, start_seq: 0, end_seq: 2, ring_socket: String::new(), ..Default::default() });
+        tokio::time::timeout(Duration::from_secs(20), p.report_wanted()).await.expect("woken when the queue ran out");
         settle(&p);
         assert!(!p.has_failures(), "a wake-up, not a failure");
         p.stop();
@@ -907,31 +751,14 @@ pub(crate) mod tests {
         p.submit(task(1, 0));
         settle(&p);
         assert_eq!(outboxes.len(), 4);
-        assert_eq!(
-            p.drop_consumer((1, 0)),
-            Dropped {
-                batches: 2,
-                tasks: 0
-            }
-        );
-        assert_eq!(
-            p.drop_consumer((1, 0)),
-            Dropped {
-                batches: 0,
-                tasks: 0
-            }
-        );
+        assert_eq!(p.drop_consumer((1, 0)), Dropped { batches: 2, tasks: 0 });
+        assert_eq!(p.drop_consumer((1, 0)), Dropped { batches: 0, tasks: 0 });
         assert_eq!(outboxes.len(), 2, "consumer 1 keeps its batches");
 
         // A running and a queued task of the consumer are both dropped, and
         // nothing of the running one reaches the outbox afterwards.
-        let slow = Kind::Synthetic(SyntheticSpec {
-            num_samples: 10,
-            shape: vec![3],
-            dtype: Dtype::U8 as i32,
-            cost_ns: 50_000_000,
-            wait_ns_by_epoch: Vec::new(),
-        });
+        let slow =
+            Kind::Synthetic(SyntheticSpec { num_samples: 10, shape: vec![3], dtype: Dtype::U8 as i32, cost_ns: 50_000_000, wait_ns_by_epoch: Vec::new() });
         let slow_task = |start_seq: u64| Task {
             job: Some(job(2, slow.clone())),
             consumer: 0,
@@ -944,11 +771,7 @@ pub(crate) mod tests {
         p.submit(slow_task(2));
         assert_eq!(p.drop_consumer((2, 0)).tasks, 2);
         settle(&p);
-        assert_eq!(
-            outboxes.len(),
-            2,
-            "no batch of the dropped consumer slipped in"
-        );
+        assert_eq!(outboxes.len(), 2, "no batch of the dropped consumer slipped in");
         p.stop();
     }
 
@@ -956,27 +779,13 @@ pub(crate) mod tests {
     async fn clear_drops_queued_work() {
         let outboxes = Outboxes::new();
         let p = spawn(&outboxes);
-        p.submit(Task {
-            job: Some(synthetic(1)),
-            consumer: 0,
-            start_seq: 0,
-            end_seq: 4,
-            ring_socket: String::new(),
-            ..Default::default()
-        });
+        p.submit(Task { job: Some(synthetic(1)), consumer: 0, start_seq: 0, end_seq: 4, ring_socket: String::new(), ..Default::default() });
         settle(&p);
         assert!(!outboxes.is_empty());
         p.clear();
         assert!(outboxes.is_empty());
         p.stop();
-        p.submit(Task {
-            job: Some(synthetic(1)),
-            consumer: 0,
-            start_seq: 0,
-            end_seq: 4,
-            ring_socket: String::new(),
-            ..Default::default()
-        });
+        p.submit(Task { job: Some(synthetic(1)), consumer: 0, start_seq: 0, end_seq: 4, ring_socket: String::new(), ..Default::default() });
         assert!(p.is_idle(), "a stopped producer takes no task");
     }
 }

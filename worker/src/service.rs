@@ -5,10 +5,10 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use futures::Stream;
-use loader_process::grpc::{Access, Services};
-use loader_process::security::{Role, ServerSecurity, SessionKeys};
 use loader_proto::pb::batch_service_server::{BatchService, BatchServiceServer};
 use loader_proto::pb::{BatchFrame, FetchRequest};
+use loader_process::grpc::{Access, Services};
+use loader_process::security::{Role, ServerSecurity, SessionKeys};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
@@ -29,16 +29,8 @@ pub(crate) struct FetchService {
 
 impl FetchService {
     /// A service over `outboxes`, stopping its background tasks on `stop`.
-    pub(crate) fn new(
-        outboxes: Arc<Outboxes>,
-        keys: Option<SessionKeys>,
-        stop: CancellationToken,
-    ) -> Self {
-        Self {
-            outboxes,
-            keys,
-            stop,
-        }
+    pub(crate) fn new(outboxes: Arc<Outboxes>, keys: Option<SessionKeys>, stop: CancellationToken) -> Self {
+        Self { outboxes, keys, stop }
     }
 }
 
@@ -48,38 +40,19 @@ type FrameStream = Pin<Box<dyn Stream<Item = Result<BatchFrame, Status>> + Send>
 impl BatchService for FetchService {
     type FetchStream = FrameStream;
 
-    async fn fetch(
-        &self,
-        request: Request<Streaming<FetchRequest>>,
-    ) -> Result<Response<FrameStream>, Status> {
+    async fn fetch(&self, request: Request<Streaming<FetchRequest>>) -> Result<Response<FrameStream>, Status> {
         if self.stop.is_cancelled() {
             return Err(FetchError::Closed.into());
         }
         let mut inbound = request.into_inner();
         let first = inbound.message().await?.ok_or(FetchError::NoOpening)?;
         if let Some(keys) = &self.keys
-            && !keys.verify(
-                first.job_id,
-                first.consumer,
-                first.session_id,
-                &first.session_key,
-            )
+            && !keys.verify(first.job_id, first.consumer, first.session_id, &first.session_key)
         {
-            return Err(FetchError::WrongSessionKey {
-                job: first.job_id,
-                consumer: first.consumer,
-                session: first.session_id,
-            }
-            .into());
+            return Err(FetchError::WrongSessionKey { job: first.job_id, consumer: first.consumer, session: first.session_id }.into());
         }
         let key = (first.job_id, first.consumer);
-        tracing::debug!(
-            job = key.0,
-            consumer = key.1,
-            session = first.session_id,
-            credits = first.credits,
-            "fetch"
-        );
+        tracing::debug!(job = key.0, consumer = key.1, session = first.session_id, credits = first.credits, "fetch");
         let attachment = Arc::new(self.outboxes.attach(key, first.session_id, first.credits));
 
         // Credits arrive on the request half; read them until the client
@@ -119,14 +92,9 @@ pub(crate) async fn serve(
     stop: CancellationToken,
 ) -> Result<(), WorkerError> {
     // Batches are ~10 MB: no cap on what the worker sends.
-    let batches = BatchServiceServer::new(FetchService::new(
-        outboxes,
-        security.session_keys.clone(),
-        stop.clone(),
-    ))
-    .max_encoding_message_size(usize::MAX);
-    let services = Services::new(loader_proto::pb::FILE_DESCRIPTOR_SET)
-        .serve(Access::Role(Role::Trainer), batches);
+    let batches = BatchServiceServer::new(FetchService::new(outboxes, security.session_keys.clone(), stop.clone()))
+        .max_encoding_message_size(usize::MAX);
+    let services = Services::new(loader_proto::pb::FILE_DESCRIPTOR_SET).serve(Access::Role(Role::Trainer), batches);
     loader_process::grpc::serve(listener, services, &security, stop.cancelled_owned())
         .await
         .map_err(|e| WorkerError::Serve(crate::error::one_line(&e)))
@@ -152,20 +120,10 @@ mod tests {
         credits: u32,
     ) -> (mpsc::Sender<FetchRequest>, Streaming<BatchFrame>) {
         let (tx, rx) = mpsc::channel(4);
-        tx.send(FetchRequest {
-            job_id: 3,
-            consumer: 1,
-            session_id: session,
-            credits,
-            ..Default::default()
-        })
-        .await
-        .expect("send opening");
-        let stream = client
-            .fetch(ReceiverStream::new(rx))
+        tx.send(FetchRequest { job_id: 3, consumer: 1, session_id: session, credits, ..Default::default() })
             .await
-            .expect("fetch")
-            .into_inner();
+            .expect("send opening");
+        let stream = client.fetch(ReceiverStream::new(rx)).await.expect("fetch").into_inner();
         (tx, stream)
     }
 
@@ -178,47 +136,24 @@ mod tests {
         tokio::time::timeout(LIMIT, async {
             let outboxes = Outboxes::new();
             for seq in 0..6u64 {
-                outboxes.push(
-                    (3, 1),
-                    seq,
-                    Bytes::from(vec![seq as u8; 1 << 20]),
-                    1,
-                    tracing::Span::none(),
-                );
+                outboxes.push((3, 1), seq, Bytes::from(vec![seq as u8; 1 << 20]), 1, tracing::Span::none());
             }
             let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
             let addr = listener.local_addr().expect("addr");
             let stop = CancellationToken::new();
-            let server = tokio::spawn(serve(
-                listener,
-                Arc::clone(&outboxes),
-                ServerSecurity::none(),
-                stop.clone(),
-            ));
+            let server = tokio::spawn(serve(listener, Arc::clone(&outboxes), ServerSecurity::none(), stop.clone()));
             let mut client = BatchServiceClient::connect(format!("http://{addr}"))
                 .await
                 .expect("connect")
                 .max_decoding_message_size(usize::MAX);
 
             let (tx, mut first) = open(&mut client, 1, 2).await;
-            assert_eq!(
-                frame(&mut first).await,
-                Some(Bytes::from(vec![0u8; 1 << 20]))
-            );
+            assert_eq!(frame(&mut first).await, Some(Bytes::from(vec![0u8; 1 << 20])));
             assert_eq!(frame(&mut first).await.map(|b| b[0]), Some(1));
             // Two credits, two batches handed over; the rest wait.
-            let delivered: Vec<u64> = outboxes
-                .take_delivered()
-                .into_iter()
-                .flat_map(|d| d.seqs)
-                .collect();
+            let delivered: Vec<u64> = outboxes.take_delivered().into_iter().flat_map(|d| d.seqs).collect();
             assert_eq!(delivered, vec![0, 1]);
-            tx.send(FetchRequest {
-                credits: 1,
-                ..Default::default()
-            })
-            .await
-            .expect("credit");
+            tx.send(FetchRequest { credits: 1, ..Default::default() }).await.expect("credit");
             assert_eq!(frame(&mut first).await.map(|b| b[0]), Some(2));
 
             // A newer stream of the same consumer takes over the rest; the

@@ -41,10 +41,7 @@ struct Job {
 impl Windows {
     /// No job sized yet.
     pub(crate) fn new(at_least: u32) -> Arc<Self> {
-        Arc::new(Self {
-            at_least: at_least.max(1),
-            jobs: Mutex::new(BTreeMap::new()),
-        })
+        Arc::new(Self { at_least: at_least.max(1), jobs: Mutex::new(BTreeMap::new()) })
     }
 
     fn lock(&self) -> MutexGuard<'_, BTreeMap<u64, Job>> {
@@ -82,10 +79,9 @@ impl Windows {
 
     fn window(&self, job: Option<&Job>) -> u32 {
         match job {
-            Some(Job {
-                bytes: Some(bytes),
-                time: Some(time),
-            }) => loader_proto::window::held(*bytes, *time, self.at_least),
+            Some(Job { bytes: Some(bytes), time: Some(time) }) => {
+                loader_proto::window::held(*bytes, *time, self.at_least)
+            }
             _ => self.at_least,
         }
     }
@@ -100,10 +96,7 @@ impl Windows {
         let jobs = self.lock();
         jobs.iter()
             .filter(|(_, j)| j.bytes.is_some() && j.time.is_some())
-            .map(|(&job_id, j)| JobWindow {
-                job_id,
-                batches: self.window(Some(j)),
-            })
+            .map(|(&job_id, j)| JobWindow { job_id, batches: self.window(Some(j)) })
             .collect()
     }
 }
@@ -131,18 +124,9 @@ mod tests {
         assert_eq!(
             w.announce(),
             vec![
-                JobWindow {
-                    job_id: 1,
-                    batches: loader_proto::window::MAX_WINDOW
-                },
-                JobWindow {
-                    job_id: 2,
-                    batches: 8
-                },
-                JobWindow {
-                    job_id: 3,
-                    batches: 8
-                },
+                JobWindow { job_id: 1, batches: loader_proto::window::MAX_WINDOW },
+                JobWindow { job_id: 2, batches: 8 },
+                JobWindow { job_id: 3, batches: 8 },
             ]
         );
         // The time is smoothed: one slow batch does not collapse a window,

@@ -39,10 +39,7 @@ impl Running {
             if let Some(status) = self.0.try_wait().expect("wait") {
                 break status;
             }
-            assert!(
-                Instant::now() < deadline,
-                "loader-worker did not exit within {LIMIT:?}"
-            );
+            assert!(Instant::now() < deadline, "loader-worker did not exit within {LIMIT:?}");
             std::thread::sleep(Duration::from_millis(20));
         };
         let mut out = String::new();
@@ -75,25 +72,14 @@ impl Running {
 
 fn assert_one_error_line(stderr: &str) -> &str {
     let lines: Vec<&str> = stderr.lines().collect();
-    assert_eq!(
-        lines.len(),
-        1,
-        "expected one line on stderr, got {stderr:?}"
-    );
+    assert_eq!(lines.len(), 1, "expected one line on stderr, got {stderr:?}");
     assert!(lines[0].starts_with("loader-worker: error: "), "{stderr:?}");
     lines[0]
 }
 
 #[test]
 fn a_bad_flag_is_one_line_and_fails() {
-    let (status, out, err) = Running::start(&[
-        "--coordinator",
-        "http://127.0.0.1:1",
-        "--listen",
-        "127.0.0.1:0",
-        "--bogus",
-    ])
-    .finish();
+    let (status, out, err) = Running::start(&["--coordinator", "http://127.0.0.1:1", "--listen", "127.0.0.1:0", "--bogus"]).finish();
     assert!(!status.success());
     assert_eq!(out, "");
     assert!(assert_one_error_line(&err).contains("--bogus"));
@@ -109,28 +95,17 @@ fn a_missing_flag_is_one_line_and_names_it() {
 #[test]
 fn an_unreachable_coordinator_fails_after_the_connect_timeout() {
     let coordinator = "http://127.0.0.1:1";
-    let (status, out, err) = Running::start(&[
-        "--coordinator",
-        coordinator,
-        "--listen",
-        "127.0.0.1:0",
-        "--connect-timeout",
-        "1",
-    ])
-    .finish();
+    let (status, out, err) =
+        Running::start(&["--coordinator", coordinator, "--listen", "127.0.0.1:0", "--connect-timeout", "1"]).finish();
     assert!(!status.success());
     assert!(out.starts_with("listening 127.0.0.1:"), "{out:?}");
     let line = assert_one_error_line(&err);
-    assert!(
-        line.contains(&format!("cannot reach coordinator {coordinator} after 1s")),
-        "{line}"
-    );
+    assert!(line.contains(&format!("cannot reach coordinator {coordinator} after 1s")), "{line}");
 }
 
 #[test]
 fn a_malformed_coordinator_address_fails_at_once() {
-    let (status, _, err) =
-        Running::start(&["--coordinator", "not a url", "--listen", "127.0.0.1:0"]).finish();
+    let (status, _, err) = Running::start(&["--coordinator", "not a url", "--listen", "127.0.0.1:0"]).finish();
     assert!(!status.success());
     assert!(assert_one_error_line(&err).contains("invalid coordinator address \"not a url\""));
 }
@@ -148,10 +123,7 @@ fn serves_health_while_registering_and_stops_on_sigterm() {
         "600",
     ]);
     let addr = worker.listening();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     let status = runtime.block_on(async {
         tokio::time::timeout(LIMIT, async {
             let target = loader_process::grpc::endpoint(
@@ -159,37 +131,23 @@ fn serves_health_while_registering_and_stops_on_sigterm() {
                 &loader_process::security::ClientSecurity::none(),
             )
             .expect("endpoint");
-            let channel =
-                loader_process::grpc::connect(&target, tokio::time::Instant::now() + LIMIT)
-                    .await
-                    .expect("connect");
-            let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
-            let request = tonic_health::pb::HealthCheckRequest {
-                service: "loader.v1.BatchService".into(),
-            };
-            health
-                .check(request)
+            let channel = loader_process::grpc::connect(&target, tokio::time::Instant::now() + LIMIT)
                 .await
-                .expect("check")
-                .into_inner()
-                .status
+                .expect("connect");
+            let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+            let request = tonic_health::pb::HealthCheckRequest { service: "loader.v1.BatchService".into() };
+            health.check(request).await.expect("check").into_inner().status
         })
         .await
         .expect("health check overran")
     });
-    assert_eq!(
-        status,
-        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
-    );
+    assert_eq!(status, tonic_health::pb::health_check_response::ServingStatus::Serving as i32);
     // Close our connection: an idle client that never answers the server's
     // goodbye would hold the graceful shutdown for its whole grace period.
     drop(runtime);
 
     let pid = worker.0.id().to_string();
-    let killed = Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .expect("run kill");
+    let killed = Command::new("kill").args(["-TERM", &pid]).status().expect("run kill");
     assert!(killed.success());
     let (status, _, err) = worker.finish();
     assert!(status.success(), "exit {status:?}, stderr {err:?}");

@@ -67,11 +67,7 @@ fn python_with_pillow() -> Option<PathBuf> {
 }
 
 fn run_bounded(mut cmd: Command) -> String {
-    let mut child = cmd
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start python");
+    let mut child = cmd.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("start python");
     let start = Instant::now();
     loop {
         if let Some(status) = child.try_wait().expect("wait python") {
@@ -102,11 +98,7 @@ fn picture(w: u32, h: u32, seed: u32) -> Vec<u8> {
             noise ^= noise << 5;
             let (fx, fy) = (x as f32 / w as f32, y as f32 / h as f32);
             let shade = 128.0 + 90.0 * ((fx * 6.0 + seed as f32).sin() * (fy * 4.0).cos());
-            let edge = if (fx - 0.4).powi(2) + (fy - 0.5).powi(2) < 0.05 {
-                60.0
-            } else {
-                0.0
-            };
+            let edge = if (fx - 0.4).powi(2) + (fy - 0.5).powi(2) < 0.05 { 60.0 } else { 0.0 };
             let tex = ((x / 3 + y / 5) % 2) as f32 * 24.0 + (noise % 16) as f32;
             let c = |k: f32| (shade * k + edge + tex).clamp(0.0, 255.0) as u8;
             v.extend_from_slice(&[c(1.0), c(0.8), c(0.6)]);
@@ -151,38 +143,18 @@ fn resize_and_center_crop_agree_with_pillow() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut cases = Vec::new();
     // (width, height): shrinks of 1.5x, 1.5x, 1.2x, 1.0x, an enlargement, and 3x.
-    for (i, (w, h)) in [
-        (500, 375),
-        (375, 500),
-        (400, 300),
-        (256, 300),
-        (200, 180),
-        (1024, 768),
-    ]
-    .into_iter()
-    .enumerate()
-    {
+    for (i, (w, h)) in [(500, 375), (375, 500), (400, 300), (256, 300), (200, 180), (1024, 768)].into_iter().enumerate() {
         let rgb = picture(w, h, i as u32);
         let png = dir.path().join(format!("{i}.png"));
         std::fs::write(&png, png_of(&rgb, w, h)).expect("write png");
-        cases.push(Case {
-            file: png,
-            max: 1,
-            mean: 0.3,
-        });
+        cases.push(Case { file: png, max: 1, mean: 0.3 });
         let jpg = dir.path().join(format!("{i}.jpg"));
         std::fs::write(&jpg, jpeg_of(&rgb, w, h)).expect("write jpeg");
         let reduced = w.min(h) >= 512;
-        cases.push(Case {
-            file: jpg,
-            max: if reduced { 10 } else { 1 },
-            mean: if reduced { 1.2 } else { 0.3 },
-        });
+        cases.push(Case { file: jpg, max: if reduced { 10 } else { 1 }, mean: if reduced { 1.2 } else { 0.3 } });
     }
     let mut cmd = Command::new(&python);
-    cmd.arg("-c")
-        .arg(PILLOW)
-        .args(cases.iter().map(|c| &c.file));
+    cmd.arg("-c").arg(PILLOW).args(cases.iter().map(|c| &c.file));
     run_bounded(cmd);
 
     let t = |op| Transform { op: Some(op) };
@@ -197,42 +169,18 @@ fn resize_and_center_crop_agree_with_pillow() {
     for c in &cases {
         let encoded = std::fs::read(&c.file).expect("read image");
         let mut ours = vec![0u8; pipeline.output_bytes()];
-        pipeline
-            .run(
-                &encoded,
-                SampleKey {
-                    seed: 0,
-                    epoch: 0,
-                    index: 0,
-                },
-                &mut ours,
-            )
-            .expect("run");
+        pipeline.run(&encoded, SampleKey { seed: 0, epoch: 0, index: 0 }, &mut ours).expect("run");
         let mut pil = c.file.clone().into_os_string();
         pil.push(".pil");
         let theirs = std::fs::read(&pil).expect("read Pillow output");
         assert_eq!(theirs.len(), ours.len(), "{}", c.file.display());
-        let diffs: Vec<u8> = ours
-            .iter()
-            .zip(&theirs)
-            .map(|(a, b)| a.abs_diff(*b))
-            .collect();
+        let diffs: Vec<u8> = ours.iter().zip(&theirs).map(|(a, b)| a.abs_diff(*b)).collect();
         let max = diffs.iter().copied().max().unwrap_or(0);
         let mean = diffs.iter().map(|&d| f64::from(d)).sum::<f64>() / diffs.len() as f64;
-        let name = c
-            .file
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        eprintln!(
-            "{name}: max |diff| {max}, mean |diff| {mean:.4} (allowed {} / {})",
-            c.max, c.mean
-        );
+        let name = c.file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        eprintln!("{name}: max |diff| {max}, mean |diff| {mean:.4} (allowed {} / {})", c.max, c.mean);
         if max > c.max || mean > c.mean {
-            failures.push(format!(
-                "{name}: max {max} (<= {}), mean {mean:.4} (<= {})",
-                c.max, c.mean
-            ));
+            failures.push(format!("{name}: max {max} (<= {}), mean {mean:.4} (<= {})", c.max, c.mean));
         }
     }
     assert!(failures.is_empty(), "differs from Pillow: {failures:?}");

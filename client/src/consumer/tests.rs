@@ -85,7 +85,8 @@ async fn reorders_drops_copies_returns_credits_and_ends() {
         tx.send(Event::Batch(batch(seq), Credit::for_frame(&line)))
             .expect("send");
     }
-    let seq = |item: Option<Result<Batch, LoaderError>>| item.expect("item").expect("batch").seq();
+    let seq =
+        |item: Option<Result<Batch, LoaderError>>| item.expect("item").expect("batch").seq();
     assert_eq!(seq(consumer.next().await), 0);
     assert_eq!(seq(consumer.next().await), 1);
     // Two yielded: two credits back (the second copy of 1 is still queued).
@@ -122,7 +123,8 @@ fn a_blocked_consumer_is_woken_by_events_sent_from_another_thread() {
         }
         tx
     });
-    let seq = |item: Option<Result<Batch, LoaderError>>| item.expect("item").expect("batch").seq();
+    let seq =
+        |item: Option<Result<Batch, LoaderError>>| item.expect("item").expect("batch").seq();
     assert_eq!(seq(consumer.next_blocking()), 0);
     assert!(!consumer.take_finish_due());
     assert_eq!(seq(consumer.next_blocking()), 1);
@@ -183,7 +185,8 @@ fn both_fronts_count_stall_the_same_way() {
         .expect("runtime");
     let (credit_tx, _credit_rx) = mpsc::unbounded_channel();
     let line = CreditLine::new(credit_tx);
-    let seq = |item: Option<Result<Batch, LoaderError>>| item.expect("item").expect("batch").seq();
+    let seq =
+        |item: Option<Result<Batch, LoaderError>>| item.expect("item").expect("batch").seq();
 
     // Async: batch 1 comes from a task that first runs once `next`
     // sleeps (one thread), and sends a while after that.
@@ -220,10 +223,7 @@ fn both_fronts_count_stall_the_same_way() {
         Ok::<(), Infallible>(())
     });
     assert_eq!(seq(item.unwrap_or_else(|never| match never {})), 1);
-    assert!(
-        session.reported_stall_us() > 0,
-        "the blocking front counts its wait"
-    );
+    assert!(session.reported_stall_us() > 0, "the blocking front counts its wait");
 }
 
 #[tokio::test]

@@ -27,12 +27,7 @@ pub trait WorkerLauncher: Send + Sync + Debug {
     /// its program), with the variables `env_remove` taken out of its
     /// environment (the trainer's own TLS and token settings are not the
     /// embedded workers').
-    fn launch(
-        &self,
-        worker: usize,
-        args: &[String],
-        env_remove: &[&str],
-    ) -> Result<Box<dyn WorkerProcess>, LoaderError>;
+    fn launch(&self, worker: usize, args: &[String], env_remove: &[&str]) -> Result<Box<dyn WorkerProcess>, LoaderError>;
 
     /// What starts the workers, for messages (`python -m loader._worker`).
     fn describe(&self) -> String;
@@ -74,12 +69,7 @@ impl CommandLauncher {
 }
 
 impl WorkerLauncher for CommandLauncher {
-    fn launch(
-        &self,
-        worker: usize,
-        args: &[String],
-        env_remove: &[&str],
-    ) -> Result<Box<dyn WorkerProcess>, LoaderError> {
+    fn launch(&self, worker: usize, args: &[String], env_remove: &[&str]) -> Result<Box<dyn WorkerProcess>, LoaderError> {
         let (program, leading) = self
             .command
             .split_first()
@@ -95,12 +85,7 @@ impl WorkerLauncher for CommandLauncher {
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
-            .map_err(|e| {
-                LoaderError::Embedded(format!(
-                    "cannot start worker {worker} ({}): {e}",
-                    display(program)
-                ))
-            })?;
+            .map_err(|e| LoaderError::Embedded(format!("cannot start worker {worker} ({}): {e}", display(program))))?;
         if let Some(stdout) = child.stdout.take() {
             drain(worker, stdout);
         }
@@ -108,11 +93,7 @@ impl WorkerLauncher for CommandLauncher {
     }
 
     fn describe(&self) -> String {
-        self.command
-            .iter()
-            .map(|a| display(a))
-            .collect::<Vec<_>>()
-            .join(" ")
+        self.command.iter().map(|a| display(a)).collect::<Vec<_>>().join(" ")
     }
 }
 

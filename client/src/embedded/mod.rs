@@ -29,8 +29,8 @@ use crate::connect;
 use crate::error::LoaderError;
 use crate::event::{Event, EventTx};
 
-use self::coordinator::InProcessCoordinator;
 pub use self::coordinator::THREAD_NAME as COORDINATOR_THREAD;
+use self::coordinator::InProcessCoordinator;
 pub use self::launch::{CommandLauncher, WorkerLauncher, WorkerProcess};
 pub use self::workers::WORKER_BIN_ENV;
 use self::workers::{CommandSources, WorkerProcesses};
@@ -116,13 +116,8 @@ impl Supervisor {
                     std::thread::sleep(SUPERVISE_EVERY);
                 }
             })
-            .map_err(|e| {
-                LoaderError::Embedded(format!("cannot start the worker supervisor: {e}"))
-            })?;
-        Ok(Self {
-            stop,
-            thread: Some(thread),
-        })
+            .map_err(|e| LoaderError::Embedded(format!("cannot start the worker supervisor: {e}")))?;
+        Ok(Self { stop, thread: Some(thread) })
     }
 }
 

@@ -133,11 +133,7 @@ struct Slot {
 
 impl WorkerProcesses {
     /// Starts `count` workers with `launcher` against `coordinator`.
-    pub(crate) fn spawn(
-        launcher: Arc<dyn WorkerLauncher>,
-        coordinator: &str,
-        count: usize,
-    ) -> Result<Self, LoaderError> {
+    pub(crate) fn spawn(launcher: Arc<dyn WorkerLauncher>, coordinator: &str, count: usize) -> Result<Self, LoaderError> {
         let mut procs = WorkerProcesses {
             launcher,
             coordinator: coordinator.to_owned(),
@@ -157,26 +153,15 @@ impl WorkerProcesses {
 
     /// Starts the worker of slot `i`.
     fn start(&self, i: usize) -> Result<Box<dyn WorkerProcess>, LoaderError> {
-        let args = [
-            "--coordinator",
-            &self.coordinator,
-            "--listen",
-            "127.0.0.1:0",
-        ]
-        .map(str::to_owned);
+        let args = ["--coordinator", &self.coordinator, "--listen", "127.0.0.1:0"].map(str::to_owned);
         // The embedded cluster is plaintext and token-less on loopback: the
         // trainer's own TLS and token settings are not the workers'.
-        self.launcher
-            .launch(i + 1, &args, &loader_process::security::config::VARIABLES)
+        self.launcher.launch(i + 1, &args, &loader_process::security::config::VARIABLES)
     }
 
     /// Process ids of the running workers.
     pub(crate) fn pids(&self) -> Vec<u32> {
-        self.slots
-            .iter()
-            .filter_map(|s| s.child.as_ref())
-            .map(|c| c.id())
-            .collect()
+        self.slots.iter().filter_map(|s| s.child.as_ref()).map(|c| c.id()).collect()
     }
 
     /// Fails if a worker has exited: while the cluster starts, an exit is a
@@ -209,11 +194,7 @@ impl WorkerProcesses {
             {
                 slot.child = None;
                 slot.exits.push_back(now);
-                while slot
-                    .exits
-                    .front()
-                    .is_some_and(|&t| now.duration_since(t) > RESTART_WINDOW)
-                {
+                while slot.exits.front().is_some_and(|&t| now.duration_since(t) > RESTART_WINDOW) {
                     slot.exits.pop_front();
                 }
                 if slot.exits.len() >= MAX_RESTARTS {
@@ -340,9 +321,7 @@ mod tests {
 
     #[test]
     fn early_exit_is_named() {
-        let launcher = Arc::new(
-            super::super::launch::CommandLauncher::new(vec!["false".into()]).expect("command"),
-        );
+        let launcher = Arc::new(super::super::launch::CommandLauncher::new(vec!["false".into()]).expect("command"));
         let mut procs = WorkerProcesses::spawn(launcher, "http://127.0.0.1:1", 1).expect("spawn");
         let started = Instant::now();
         loop {

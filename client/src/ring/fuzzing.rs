@@ -13,10 +13,10 @@ use bytes::{Bytes, BytesMut};
 use loader_proto::batch::TableCache;
 use loader_proto::ring::RingGeometry;
 
-use super::SlotRing;
 use super::book::{Book, SlotCredit};
 use super::inbox::{Inbox, Worker};
 use super::memory::RingMemory;
+use super::SlotRing;
 use crate::batch::{Batch, Expected};
 use crate::wake::WaitSet;
 
@@ -50,23 +50,13 @@ impl Session {
 
 /// Checks `bytes` as a `Fetch` stream checks a frame from a worker, then
 /// reads every tensor as a user would; returns the payload bytes read.
-pub fn check_frame(
-    bytes: Bytes,
-    session: &Session,
-    tables: &mut TableCache,
-) -> Result<usize, String> {
-    let batch =
-        Batch::from_frame(bytes, &session.expected(), "fuzz", tables).map_err(|e| e.to_string())?;
+pub fn check_frame(bytes: Bytes, session: &Session, tables: &mut TableCache) -> Result<usize, String> {
+    let batch = Batch::from_frame(bytes, &session.expected(), "fuzz", tables).map_err(|e| e.to_string())?;
     Ok(read_batch(&batch))
 }
 
 fn read_batch(batch: &Batch) -> usize {
-    let _ = (
-        batch.epoch(),
-        batch.seq(),
-        batch.index_in_epoch(),
-        batch.indices().len(),
-    );
+    let _ = (batch.epoch(), batch.seq(), batch.index_in_epoch(), batch.indices().len());
     let mut n = 0;
     for t in batch.tensors() {
         n += t.bytes.len();
@@ -98,17 +88,9 @@ impl TrainerRing {
     /// A ring with `prefetch` credits per connection and one attached
     /// worker; the book has granted it its first slots already.
     pub fn new(slot_count: u32, prefetch: u32, session: &Session) -> Result<Self, String> {
-        let geometry = RingGeometry {
-            slot_size: SLOT_SIZE,
-            slot_count,
-        };
+        let geometry = RingGeometry { slot_size: SLOT_SIZE, slot_count };
         let memory = RingMemory::create(geometry).map_err(|e| e.to_string())?;
-        let memfd = File::from(
-            memory
-                .fd()
-                .try_clone_to_owned()
-                .map_err(|e| e.to_string())?,
-        );
+        let memfd = File::from(memory.fd().try_clone_to_owned().map_err(|e| e.to_string())?);
         let ring = Arc::new(SlotRing {
             memory,
             book: Book::new(geometry, prefetch),
@@ -118,28 +100,15 @@ impl TrainerRing {
         let inbox = Inbox::new(Arc::clone(&ring), wait, session.expected());
         let (ours, worker) = UnixStream::pair().map_err(|e| e.to_string())?;
         worker.set_nonblocking(true).map_err(|e| e.to_string())?;
-        let who = Worker {
-            address: "fuzz-worker".into(),
-            pid: 0,
-        };
-        inbox
-            .adopt(ours, BytesMut::new(), who)
-            .map_err(|e| e.to_string())?;
-        Ok(Self {
-            inbox,
-            ring,
-            memfd,
-            worker,
-            held: Mutex::new(Vec::new()),
-        })
+        let who = Worker { address: "fuzz-worker".into(), pid: 0 };
+        inbox.adopt(ours, BytesMut::new(), who).map_err(|e| e.to_string())?;
+        Ok(Self { inbox, ring, memfd, worker, held: Mutex::new(Vec::new()) })
     }
 
     /// Writes `bytes` at the front of `slot`, as a worker collating into it
     /// would (cut to the slot).
     pub fn write_slot(&self, slot: u32, bytes: &[u8]) {
-        let Some(range) = self.ring.memory.geometry().slot_range(slot) else {
-            return;
-        };
+        let Some(range) = self.ring.memory.geometry().slot_range(slot) else { return };
         let n = bytes.len().min(range.len());
         let _ = self.memfd.write_at(&bytes[..n], range.start as u64);
     }
@@ -164,10 +133,7 @@ impl TrainerRing {
             let got = self.inbox.read_all(|batch: Batch, credit: SlotCredit| {
                 read_batch(&batch);
                 if hold(batch.seq()) {
-                    self.held
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .push((batch, credit));
+                    self.held.lock().unwrap_or_else(|p| p.into_inner()).push((batch, credit));
                 } else {
                     credit.give_back();
                 }
@@ -183,12 +149,7 @@ impl TrainerRing {
     /// Drops every held batch: their credits and slots go back, and the
     /// book grants again.
     pub fn release_all(&self) {
-        for (batch, credit) in self
-            .held
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .drain(..)
-        {
+        for (batch, credit) in self.held.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
             drop(batch);
             credit.give_back();
         }

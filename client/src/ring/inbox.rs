@@ -330,9 +330,7 @@ impl Inbox {
         match msg.msg {
             Some(ring_to_trainer::Msg::Filled(f)) => {
                 tracing::trace!(worker = %worker.address, slot = f.slot, generation = f.generation, seq = f.seq, "filled");
-                let batch = self
-                    .slot_batch(id, worker, tables, f.slot, f.generation, f.len)?
-                    .traced(&f.traceparent);
+                let batch = self.slot_batch(id, worker, tables, f.slot, f.generation, f.len)?.traced(&f.traceparent);
                 if batch.seq() != f.seq {
                     return Err(bad(
                         worker,

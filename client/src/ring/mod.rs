@@ -113,10 +113,7 @@ fn abstract_name() -> PathBuf {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());
-    PathBuf::from(format!(
-        "\0loader-ring-{}-{n}-{nanos:08x}",
-        std::process::id()
-    ))
+    PathBuf::from(format!("\0loader-ring-{}-{n}-{nanos:08x}", std::process::id()))
 }
 
 /// Settings of the ring, from the loader's options.
@@ -170,11 +167,7 @@ impl RingConfig {
             let page = page_size();
             // Never larger than the default: a batch that big streams over
             // gRPC, as it did before sizing.
-            out.slot_size = bytes
-                .max(1)
-                .div_ceil(page)
-                .saturating_mul(page)
-                .min(DEFAULT_SLOT_SIZE);
+            out.slot_size = bytes.max(1).div_ceil(page).saturating_mul(page).min(DEFAULT_SLOT_SIZE);
         }
         out
     }
@@ -352,12 +345,8 @@ impl Ring {
             // so only this user can even connect (the peer-credential
             // check comes after that).
             use std::os::unix::fs::PermissionsExt as _;
-            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).map_err(
-                |cause| RingError::Listen {
-                    path: path.clone(),
-                    cause,
-                },
-            )?;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+                .map_err(|cause| RingError::Listen { path: path.clone(), cause })?;
         }
         let shared = Arc::new(SlotRing {
             memory,
@@ -436,11 +425,7 @@ mod tests {
     async fn a_socket_in_a_shared_directory_is_private_to_this_user() {
         use std::os::unix::fs::PermissionsExt as _;
         let shared = tempfile::tempdir().expect("shared dir");
-        let config = RingConfig {
-            dir: Some(shared.path().to_owned()),
-            slot_size: 64 << 10,
-            ..Default::default()
-        };
+        let config = RingConfig { dir: Some(shared.path().to_owned()), slot_size: 64 << 10, ..Default::default() };
         let ring = Ring::bind(&config, config.geometry(2).expect("geometry"), 2).expect("bind");
         let socket = ring.socket().to_owned();
         let mode = |p: &Path| std::fs::metadata(p).expect("stat").permissions().mode() & 0o777;

@@ -73,10 +73,7 @@ pub(crate) fn fix_mix_block(spec: &mut JobSpec) {
 
 /// Tokens in the file at `path`, from its size.
 fn count_tokens(path: &Path, dtype: i32) -> Result<u64, LoaderError> {
-    let bad = |cause: String| LoaderError::TokenFile {
-        path: path.to_path_buf(),
-        cause,
-    };
+    let bad = |cause: String| LoaderError::TokenFile { path: path.to_path_buf(), cause };
     let meta = std::fs::metadata(path).map_err(|e| bad(e.to_string()))?;
     if !meta.is_file() {
         return Err(bad("not a regular file".into()));
@@ -87,10 +84,7 @@ fn count_tokens(path: &Path, dtype: i32) -> Result<u64, LoaderError> {
         _ => return Ok(0),
     };
     if meta.len() % size != 0 {
-        return Err(bad(format!(
-            "{} bytes is not a whole number of {size}-byte tokens",
-            meta.len()
-        )));
+        return Err(bad(format!("{} bytes is not a whole number of {size}-byte tokens", meta.len())));
     }
     Ok(meta.len() / size)
 }

@@ -10,9 +10,7 @@ use loader_proto::pb::JobSpec;
 /// dataset only a custom worker knows (the default geometry then applies).
 pub(crate) fn batch_bytes(spec: &JobSpec) -> Option<u64> {
     loader_proto::footprint::batch_bytes_with(spec, |a| {
-        loader_listing::npy::read_header(Path::new(&a.path))
-            .ok()?
-            .row_bytes()
+        loader_listing::npy::read_header(Path::new(&a.path)).ok()?.row_bytes()
     })
 }
 
@@ -22,10 +20,7 @@ mod tests {
 
     #[test]
     fn a_custom_dataset_has_no_estimate() {
-        let spec = crate::spec::custom("squares", 10, Vec::<(String, String)>::new())
-            .batch_size(4)
-            .build()
-            .expect("spec");
+        let spec = crate::spec::custom("squares", 10, Vec::<(String, String)>::new()).batch_size(4).build().expect("spec");
         assert_eq!(batch_bytes(&spec), None);
     }
 }

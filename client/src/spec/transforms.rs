@@ -4,7 +4,7 @@
 //! random choice derives from (seed, epoch, sample index).
 
 use loader_proto::pb::{
-    Cast, CenterCrop, Decode, Dtype, HorizontalFlip, Layout, Normalize, RandomResizedCrop, Resize,
+    CenterCrop, Cast, Decode, Dtype, HorizontalFlip, Layout, Normalize, RandomResizedCrop, Resize,
     Transform, transform::Op,
 };
 
@@ -20,11 +20,7 @@ pub fn decode() -> Transform {
 /// torchvision's `RandomResizedCrop(size)` with the default scale
 /// (0.08, 1.0) and ratio (3/4, 4/3), to a `size` x `size` square.
 pub fn random_resized_crop(size: u32) -> Transform {
-    op(Op::RandomResizedCrop(RandomResizedCrop {
-        size: vec![size],
-        scale: Vec::new(),
-        ratio: Vec::new(),
-    }))
+    op(Op::RandomResizedCrop(RandomResizedCrop { size: vec![size], scale: Vec::new(), ratio: Vec::new() }))
 }
 
 /// Resizes the shorter side to `size`, keeping the aspect ratio.
@@ -44,17 +40,12 @@ pub fn horizontal_flip() -> Transform {
 
 /// `(x / 255 - mean) / std` per channel, giving float32.
 pub fn normalize(mean: [f32; 3], std: [f32; 3]) -> Transform {
-    op(Op::Normalize(Normalize {
-        mean: mean.to_vec(),
-        std: std.to_vec(),
-    }))
+    op(Op::Normalize(Normalize { mean: mean.to_vec(), std: std.to_vec() }))
 }
 
 /// Converts the element type (uint8 <-> float32).
 pub fn cast(dtype: Dtype) -> Transform {
-    op(Op::Cast(Cast {
-        dtype: dtype as i32,
-    }))
+    op(Op::Cast(Cast { dtype: dtype as i32 }))
 }
 
 /// Sets the memory layout of the image tensor (CHW is the default).

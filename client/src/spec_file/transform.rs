@@ -14,8 +14,7 @@ use super::values::{DtypeName, LayoutName, Size};
 use crate::spec::transforms;
 
 /// Names of the transforms, for messages.
-const TRANSFORMS: &str =
-    "decode, random_resized_crop, resize, center_crop, horizontal_flip, normalize, cast, layout";
+const TRANSFORMS: &str = "decode, random_resized_crop, resize, center_crop, horizontal_flip, normalize, cast, layout";
 
 /// One pipeline step: a bare name (`decode`, `horizontal_flip`) or a
 /// one-key map of the name to its settings (`{resize: {size: 256}}`).
@@ -31,9 +30,7 @@ impl<'de> Deserialize<'de> for TransformFile {
 struct TransformVisitor;
 
 fn unknown_transform<E: de::Error>(name: &str) -> E {
-    E::custom(format!(
-        "unknown transform `{name}`; expected one of: {TRANSFORMS}"
-    ))
+    E::custom(format!("unknown transform `{name}`; expected one of: {TRANSFORMS}"))
 }
 
 fn op(op: Op) -> Transform {
@@ -51,27 +48,19 @@ impl<'de> Visitor<'de> for TransformVisitor {
         match name {
             "decode" => Ok(transforms::decode()),
             "horizontal_flip" => Ok(transforms::horizontal_flip()),
-            "random_resized_crop" | "resize" | "center_crop" => Err(E::custom(format!(
-                "transform `{name}` needs a size, e.g. `{{{name}: {{size: 224}}}}`"
-            ))),
-            "normalize" => Err(E::custom(
-                "transform `normalize` needs `{normalize: {mean: [r, g, b], std: [r, g, b]}}`",
-            )),
-            "cast" => Err(E::custom(
-                "transform `cast` needs a dtype, e.g. `{cast: {dtype: float32}}`",
-            )),
-            "layout" => Err(E::custom(
-                "transform `layout` needs `{layout: chw}` or `{layout: hwc}`",
-            )),
+            "random_resized_crop" | "resize" | "center_crop" => {
+                Err(E::custom(format!("transform `{name}` needs a size, e.g. `{{{name}: {{size: 224}}}}`")))
+            }
+            "normalize" => Err(E::custom("transform `normalize` needs `{normalize: {mean: [r, g, b], std: [r, g, b]}}`")),
+            "cast" => Err(E::custom("transform `cast` needs a dtype, e.g. `{cast: {dtype: float32}}`")),
+            "layout" => Err(E::custom("transform `layout` needs `{layout: chw}` or `{layout: hwc}`")),
             other => Err(unknown_transform(other)),
         }
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Transform, A::Error> {
         let Some(name) = map.next_key::<String>()? else {
-            return Err(de::Error::custom(format!(
-                "empty transform; expected one of: {TRANSFORMS}"
-            )));
+            return Err(de::Error::custom(format!("empty transform; expected one of: {TRANSFORMS}")));
         };
         let transform = match name.as_str() {
             "decode" => {
@@ -86,26 +75,17 @@ impl<'de> Visitor<'de> for TransformVisitor {
                     ratio: c.ratio.map(Vec::from).unwrap_or_default(),
                 }))
             }
-            "resize" => op(Op::Resize(Resize {
-                size: map.next_value::<SizeFile>()?.size.0,
-            })),
-            "center_crop" => op(Op::CenterCrop(CenterCrop {
-                size: map.next_value::<SizeFile>()?.size.0,
-            })),
+            "resize" => op(Op::Resize(Resize { size: map.next_value::<SizeFile>()?.size.0 })),
+            "center_crop" => op(Op::CenterCrop(CenterCrop { size: map.next_value::<SizeFile>()?.size.0 })),
             "horizontal_flip" => {
                 let p = map.next_value::<Option<FlipFile>>()?.and_then(|f| f.p);
                 op(Op::HorizontalFlip(HorizontalFlip { p }))
             }
             "normalize" => {
                 let n: NormalizeFile = map.next_value()?;
-                op(Op::Normalize(Normalize {
-                    mean: n.mean,
-                    std: n.std,
-                }))
+                op(Op::Normalize(Normalize { mean: n.mean, std: n.std }))
             }
-            "cast" => op(Op::Cast(loader_proto::pb::Cast {
-                dtype: map.next_value::<CastFile>()?.dtype.0 as i32,
-            })),
+            "cast" => op(Op::Cast(loader_proto::pb::Cast { dtype: map.next_value::<CastFile>()?.dtype.0 as i32 })),
             "layout" => op(Op::Layout(map.next_value::<LayoutName>()?.0 as i32)),
             other => return Err(unknown_transform(other)),
         };
@@ -182,3 +162,4 @@ impl<'de> Deserialize<'de> for NoSettings {
         d.deserialize_any(V)
     }
 }
+

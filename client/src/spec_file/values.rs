@@ -22,9 +22,7 @@ impl<'de> Deserialize<'de> for Count {
                 f.write_str("a positive integer")
             }
             fn visit_u64<E: de::Error>(self, v: u64) -> Result<Count, E> {
-                u32::try_from(v)
-                    .map(Count)
-                    .map_err(|_| E::custom(format!("must be at most {}, got {v}", u32::MAX)))
+                u32::try_from(v).map(Count).map_err(|_| E::custom(format!("must be at most {}, got {v}", u32::MAX)))
             }
             fn visit_i64<E: de::Error>(self, v: i64) -> Result<Count, E> {
                 match u64::try_from(v) {
@@ -52,9 +50,7 @@ struct SizeVisitor;
 fn pixels<E: de::Error>(v: i128) -> Result<u32, E> {
     match u32::try_from(v) {
         Ok(p) if p > 0 => Ok(p),
-        _ => Err(E::custom(format!(
-            "must be a positive number of pixels, got {v}"
-        ))),
+        _ => Err(E::custom(format!("must be a positive number of pixels, got {v}"))),
     }
 }
 
@@ -79,10 +75,7 @@ impl<'de> Visitor<'de> for SizeVisitor {
             out.push(pixels(i128::from(v))?);
         }
         if !(1..=2).contains(&out.len()) {
-            return Err(de::Error::custom(format!(
-                "expected one size or [height, width], got {} values",
-                out.len()
-            )));
+            return Err(de::Error::custom(format!("expected one size or [height, width], got {} values", out.len())));
         }
         Ok(out)
     }
@@ -127,12 +120,10 @@ pub(super) struct LayoutName(pub(super) Layout);
 
 impl<'de> Deserialize<'de> for LayoutName {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_str(NameVisitor("chw or hwc", |name| {
-            match name.to_ascii_lowercase().as_str() {
-                "chw" => Ok(LayoutName(Layout::Chw)),
-                "hwc" => Ok(LayoutName(Layout::Hwc)),
-                _ => Err(format!("unknown layout `{name}`; expected chw or hwc")),
-            }
+        d.deserialize_str(NameVisitor("chw or hwc", |name| match name.to_ascii_lowercase().as_str() {
+            "chw" => Ok(LayoutName(Layout::Chw)),
+            "hwc" => Ok(LayoutName(Layout::Hwc)),
+            _ => Err(format!("unknown layout `{name}`; expected chw or hwc")),
         }))
     }
 }
@@ -231,25 +222,14 @@ pub(super) fn expand_braces(pattern: &str) -> Result<Vec<String>, String> {
         return Ok(vec![pattern.to_owned()]);
     };
     let bad = || format!("bad shard range in `{pattern}`; expected e.g. `train-{{000..099}}.tar`");
-    let close = pattern[open..]
-        .find('}')
-        .map(|i| i + open)
-        .ok_or_else(bad)?;
+    let close = pattern[open..].find('}').map(|i| i + open).ok_or_else(bad)?;
     let (first, last) = pattern[open + 1..close].split_once("..").ok_or_else(bad)?;
-    let (a, b) = (
-        first.parse::<u64>().map_err(|_| bad())?,
-        last.parse::<u64>().map_err(|_| bad())?,
-    );
+    let (a, b) = (first.parse::<u64>().map_err(|_| bad())?, last.parse::<u64>().map_err(|_| bad())?);
     if b < a || b - a >= MAX_SHARDS {
         return Err(bad());
     }
-    let width = if first.starts_with('0') {
-        first.len()
-    } else {
-        0
-    };
+    let width = if first.starts_with('0') { first.len() } else { 0 };
     let (head, tail) = (&pattern[..open], &pattern[close + 1..]);
-    Ok((a..=b)
-        .map(|i| format!("{head}{i:0width$}{tail}"))
-        .collect())
+    Ok((a..=b).map(|i| format!("{head}{i:0width$}{tail}")).collect())
 }
+

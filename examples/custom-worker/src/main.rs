@@ -24,10 +24,8 @@
 use std::process::ExitCode;
 use std::sync::Arc;
 
+use loader_worker::{Dataset, DatasetError, Datasets, SampleKey, SampleTensor, Transform, Transformed};
 use loader_proto::pb::{CustomSpec, Dtype};
-use loader_worker::{
-    Dataset, DatasetError, Datasets, SampleKey, SampleTensor, Transform, Transformed,
-};
 
 /// `x[i] = i + offset` (float32), `y[i] = (i + offset)^2` (int64).
 #[derive(Debug)]
@@ -47,21 +45,11 @@ impl Squares {
         let offset = match spec.params.get("offset") {
             None => 0,
             Some(v) => v.parse().map_err(|_| {
-                DatasetError::Spec(format!(
-                    "dataset.custom.params.offset: {v:?} is not a non-negative integer"
-                ))
+                DatasetError::Spec(format!("dataset.custom.params.offset: {v:?} is not a non-negative integer"))
             })?,
         };
-        let scalar = |name: &str, dtype| SampleTensor {
-            name: name.into(),
-            dtype,
-            shape: Vec::new(),
-        };
-        Ok(Self {
-            len: spec.num_samples,
-            offset,
-            tensors: vec![scalar("x", Dtype::F32), scalar("y", Dtype::I64)],
-        })
+        let scalar = |name: &str, dtype| SampleTensor { name: name.into(), dtype, shape: Vec::new() };
+        Ok(Self { len: spec.num_samples, offset, tensors: vec![scalar("x", Dtype::F32), scalar("y", Dtype::I64)] })
     }
 }
 
@@ -80,10 +68,7 @@ impl Dataset for Squares {
 
     fn read_into(&self, key: SampleKey, rows: &mut [&mut [u8]]) -> Result<(), DatasetError> {
         if key.index >= self.len {
-            return Err(DatasetError::IndexOutOfRange {
-                index: key.index,
-                len: self.len,
-            });
+            return Err(DatasetError::IndexOutOfRange { index: key.index, len: self.len });
         }
         let [x, y] = rows else {
             return Err(DatasetError::RowMismatch { index: key.index });
@@ -116,18 +101,11 @@ impl Transform for Jitter {
     fn check(&self, tensors: &[SampleTensor]) -> Result<(), DatasetError> {
         match tensors.first() {
             Some(t) if t.name == "x" && t.dtype == Dtype::F32 && t.shape.is_empty() => Ok(()),
-            _ => Err(DatasetError::Spec(
-                "jitter: needs a float32 scalar `x` as the first tensor".into(),
-            )),
+            _ => Err(DatasetError::Spec("jitter: needs a float32 scalar `x` as the first tensor".into())),
         }
     }
 
-    fn apply(
-        &self,
-        key: SampleKey,
-        _: &[SampleTensor],
-        rows: &mut [&mut [u8]],
-    ) -> Result<(), DatasetError> {
+    fn apply(&self, key: SampleKey, _: &[SampleTensor], rows: &mut [&mut [u8]]) -> Result<(), DatasetError> {
         let Some(Ok(bytes)) = rows.first_mut().map(|r| <&mut [u8; 4]>::try_from(&mut **r)) else {
             return Err(DatasetError::RowMismatch { index: key.index });
         };
@@ -138,19 +116,13 @@ impl Transform for Jitter {
 
 fn main() -> ExitCode {
     let datasets = Datasets::new()
-        .register(
-            "squares",
-            |spec: &CustomSpec| -> Result<Arc<dyn Dataset>, DatasetError> {
-                Ok(Arc::new(Squares::open(spec)?))
-            },
-        )
-        .register(
-            "noisy_squares",
-            |spec: &CustomSpec| -> Result<Arc<dyn Dataset>, DatasetError> {
-                let squares: Arc<dyn Dataset> = Arc::new(Squares::open(spec)?);
-                Ok(Arc::new(Transformed::new(squares, vec![Arc::new(Jitter)])?))
-            },
-        );
+        .register("squares", |spec: &CustomSpec| -> Result<Arc<dyn Dataset>, DatasetError> {
+            Ok(Arc::new(Squares::open(spec)?))
+        })
+        .register("noisy_squares", |spec: &CustomSpec| -> Result<Arc<dyn Dataset>, DatasetError> {
+            let squares: Arc<dyn Dataset> = Arc::new(Squares::open(spec)?);
+            Ok(Arc::new(Transformed::new(squares, vec![Arc::new(Jitter)])?))
+        });
     loader_worker::main_with_datasets(std::env::args_os(), datasets)
 }
 
@@ -160,33 +132,19 @@ mod tests {
 
     #[test]
     fn jitter_is_a_function_of_the_key() {
-        let spec = CustomSpec {
-            name: "noisy_squares".into(),
-            num_samples: 10,
-            params: Default::default(),
-        };
+        let spec = CustomSpec { name: "noisy_squares".into(), num_samples: 10, params: Default::default() };
         let squares: Arc<dyn Dataset> = Arc::new(Squares::open(&spec).expect("open"));
         let noisy = Transformed::new(squares, vec![Arc::new(Jitter)]).expect("checked");
         let read = |key: SampleKey| {
             let (mut x, mut y) = ([0u8; 4], [0u8; 8]);
-            noisy
-                .read_into(key, &mut [&mut x[..], &mut y[..]])
-                .expect("read");
+            noisy.read_into(key, &mut [&mut x[..], &mut y[..]]).expect("read");
             (f32::from_le_bytes(x), i64::from_le_bytes(y))
         };
-        let key = SampleKey {
-            seed: 3,
-            epoch: 1,
-            index: 4,
-        };
+        let key = SampleKey { seed: 3, epoch: 1, index: 4 };
         let (x, y) = read(key);
         assert!((4.0..5.0).contains(&x), "x = 4 + noise in [0, 1): {x}");
         assert_eq!(y, 16, "y untouched");
         assert_eq!(read(key), (x, y), "same key, same value");
-        assert_ne!(
-            read(SampleKey { epoch: 2, ..key }).0,
-            x,
-            "another epoch, other noise"
-        );
+        assert_ne!(read(SampleKey { epoch: 2, ..key }).0, x, "another epoch, other noise");
     }
 }

@@ -15,8 +15,5 @@ fn a_bad_flag_is_a_one_line_error() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
     assert_eq!(lines.len(), 1, "expected one line, got: {stderr}");
-    assert!(
-        lines[0].contains("--no-such-flag"),
-        "the error names the flag: {stderr}"
-    );
+    assert!(lines[0].contains("--no-such-flag"), "the error names the flag: {stderr}");
 }

@@ -77,9 +77,7 @@ pub fn check(
     authorization: Option<&[u8]>,
     client_cert: bool,
 ) -> Result<Option<Role>, AuthError> {
-    let Some(needed) = access.role() else {
-        return Ok(None);
-    };
+    let Some(needed) = access.role() else { return Ok(None) };
     let method = method.trim_start_matches('/').to_owned();
     let Some(header) = authorization else {
         if access == Access::RoleOrClientCert(needed) && client_cert {
@@ -95,11 +93,7 @@ pub fn check(
     match tokens.role_of(token.trim()) {
         None => Err(AuthError::Unknown { method }),
         Some(got) if got == needed => Ok(Some(got)),
-        Some(got) => Err(AuthError::WrongRole {
-            method,
-            got,
-            needed,
-        }),
+        Some(got) => Err(AuthError::WrongRole { method, got, needed }),
     }
 }
 
@@ -114,10 +108,7 @@ impl AuthLayer {
     /// Checks calls against `tokens`, each service per `policy`; lets every
     /// call through when `tokens` is `None` (tokens off).
     pub fn new(tokens: Option<RoleTokens>, policy: Arc<Policy>) -> Self {
-        Self {
-            tokens: tokens.map(Arc::new),
-            policy,
-        }
+        Self { tokens: tokens.map(Arc::new), policy }
     }
 }
 
@@ -125,11 +116,7 @@ impl<S> Layer<S> for AuthLayer {
     type Service = Auth<S>;
 
     fn layer(&self, inner: S) -> Auth<S> {
-        Auth {
-            inner,
-            tokens: self.tokens.clone(),
-            policy: Arc::clone(&self.policy),
-        }
+        Auth { inner, tokens: self.tokens.clone(), policy: Arc::clone(&self.policy) }
     }
 }
 
@@ -143,10 +130,7 @@ pub struct Auth<S> {
 
 impl<S> Service<http::Request<Body>> for Auth<S>
 where
-    S: Service<http::Request<Body>, Response = http::Response<Body>, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
+    S: Service<http::Request<Body>, Response = http::Response<Body>, Error = Infallible> + Clone + Send + 'static,
     S::Future: Send + 'static,
 {
     type Response = http::Response<Body>;
@@ -158,26 +142,15 @@ where
     }
 
     fn call(&mut self, mut req: http::Request<Body>) -> Self::Future {
-        let Some(tokens) = &self.tokens else {
-            return self.inner.call(req).boxed();
-        };
+        let Some(tokens) = &self.tokens else { return self.inner.call(req).boxed() };
         let path = req.uri().path().to_owned();
         let client_cert = req
             .extensions()
             .get::<TlsConnectInfo<TcpConnectInfo>>()
             .and_then(|info| info.peer_certs())
             .is_some_and(|certs| !certs.is_empty());
-        let header = req
-            .headers()
-            .get(http::header::AUTHORIZATION)
-            .map(|v| v.as_bytes());
-        match check(
-            tokens,
-            self.policy.of_path(&path),
-            &path,
-            header,
-            client_cert,
-        ) {
+        let header = req.headers().get(http::header::AUTHORIZATION).map(|v| v.as_bytes());
+        match check(tokens, self.policy.of_path(&path), &path, header, client_cert) {
             Ok(role) => {
                 if let Some(role) = role {
                     req.extensions_mut().insert(Caller(role));
@@ -214,93 +187,32 @@ mod tests {
         let m = "/loader.v1.AdminService/ListWorkers";
         let admin = Access::Role(Role::Admin);
         let code = |h: Option<&str>| {
-            check(&tokens, admin, m, h.map(str::as_bytes), false)
-                .map_err(|e| (e.status().code(), e.to_string()))
+            check(&tokens, admin, m, h.map(str::as_bytes), false).map_err(|e| (e.status().code(), e.to_string()))
         };
-        assert_eq!(
-            code(Some("Bearer admin-token-0123456789")),
-            Ok(Some(Role::Admin))
-        );
-        assert_eq!(
-            code(Some("bearer  admin-token-0123456789 ")),
-            Ok(Some(Role::Admin))
-        );
+        assert_eq!(code(Some("Bearer admin-token-0123456789")), Ok(Some(Role::Admin)));
+        assert_eq!(code(Some("bearer  admin-token-0123456789 ")), Ok(Some(Role::Admin)));
         let (c, msg) = code(None).expect_err("missing");
         assert_eq!(c, tonic::Code::Unauthenticated);
         assert_eq!(
             msg,
             "no token: loader.v1.AdminService/ListWorkers needs the admin role's token (set LOADER_ADMIN_TOKEN or LOADER_ADMIN_TOKEN_FILE)"
         );
-        assert_eq!(
-            code(Some("Bearer nope-0123456789abcdef"))
-                .expect_err("unknown")
-                .0,
-            tonic::Code::Unauthenticated
-        );
-        assert_eq!(
-            code(Some("admin-token-0123456789"))
-                .expect_err("no scheme")
-                .0,
-            tonic::Code::Unauthenticated
-        );
-        assert_eq!(
-            code(Some("Basic admin-token-0123456789"))
-                .expect_err("basic")
-                .0,
-            tonic::Code::Unauthenticated
-        );
+        assert_eq!(code(Some("Bearer nope-0123456789abcdef")).expect_err("unknown").0, tonic::Code::Unauthenticated);
+        assert_eq!(code(Some("admin-token-0123456789")).expect_err("no scheme").0, tonic::Code::Unauthenticated);
+        assert_eq!(code(Some("Basic admin-token-0123456789")).expect_err("basic").0, tonic::Code::Unauthenticated);
         let (c, msg) = code(Some("Bearer trainer-token-0123456789")).expect_err("wrong role");
         assert_eq!(c, tonic::Code::PermissionDenied);
-        assert_eq!(
-            msg,
-            "the trainer role may not call loader.v1.AdminService/ListWorkers (it needs the admin role)"
-        );
+        assert_eq!(msg, "the trainer role may not call loader.v1.AdminService/ListWorkers (it needs the admin role)");
     }
 
     #[test]
     fn open_services_and_client_certificates() {
         let tokens = tokens();
-        assert_eq!(
-            check(
-                &tokens,
-                Access::Open,
-                "/grpc.health.v1.Health/Check",
-                None,
-                false
-            ),
-            Ok(None)
-        );
+        assert_eq!(check(&tokens, Access::Open, "/grpc.health.v1.Health/Check", None, false), Ok(None));
         let scaler = Access::RoleOrClientCert(Role::Admin);
-        assert_eq!(
-            check(
-                &tokens,
-                scaler,
-                "/externalscaler.ExternalScaler/IsActive",
-                None,
-                true
-            ),
-            Ok(None)
-        );
-        assert!(
-            check(
-                &tokens,
-                scaler,
-                "/externalscaler.ExternalScaler/IsActive",
-                None,
-                false
-            )
-            .is_err()
-        );
+        assert_eq!(check(&tokens, scaler, "/externalscaler.ExternalScaler/IsActive", None, true), Ok(None));
+        assert!(check(&tokens, scaler, "/externalscaler.ExternalScaler/IsActive", None, false).is_err());
         // A certificate does not excuse a wrong token.
-        assert!(
-            check(
-                &tokens,
-                scaler,
-                "/x/y",
-                Some(b"Bearer worker-token-0123456789"),
-                true
-            )
-            .is_err()
-        );
+        assert!(check(&tokens, scaler, "/x/y", Some(b"Bearer worker-token-0123456789"), true).is_err());
     }
 }

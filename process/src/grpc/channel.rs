@@ -26,8 +26,7 @@ const CONNECTION_WINDOW: u32 = 64 << 20;
 /// work of a 10 MB batch 64-fold against the 16 KiB default.
 const MAX_FRAME: u32 = 1 << 20;
 /// Pauses between connection attempts.
-const CONNECT_BACKOFF: Backoff =
-    Backoff::new(Duration::from_millis(50), Duration::from_millis(800));
+const CONNECT_BACKOFF: Backoff = Backoff::new(Duration::from_millis(50), Duration::from_millis(800));
 
 /// An address that is not a URL a channel can use.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -95,10 +94,7 @@ impl Target {
             Some(tls) => self.endpoint.connect_with_connector_lazy(tls.clone()),
             None => self.endpoint.connect_lazy(),
         };
-        Channel {
-            inner,
-            authorization: self.authorization.clone(),
-        }
+        Channel { inner, authorization: self.authorization.clone() }
     }
 
     /// One connection attempt.
@@ -114,10 +110,7 @@ impl Target {
 /// with Loader's transport settings and `security`'s TLS and token;
 /// nothing is connected yet.
 pub fn endpoint(address: &str, security: &ClientSecurity) -> Result<Target, AddressError> {
-    let bad = |cause: String| AddressError {
-        address: address.to_owned(),
-        cause,
-    };
+    let bad = |cause: String| AddressError { address: address.to_owned(), cause };
     let endpoint = Endpoint::from_shared(address.to_owned()).map_err(|e| bad(root_cause(&e)))?;
     let uri = endpoint.uri().clone();
     let shown = uri.to_string().trim_end_matches('/').to_owned();
@@ -160,33 +153,17 @@ pub fn endpoint(address: &str, security: &ClientSecurity) -> Result<Target, Addr
             Ok::<_, AddressError>(v)
         })
         .transpose()?;
-    Ok(Target {
-        address: shown,
-        endpoint,
-        tls,
-        authorization,
-    })
+    Ok(Target { address: shown, endpoint, tls, authorization })
 }
 
 /// Connects to `target`, retrying until `deadline`. The channel reconnects
 /// by itself afterwards, so a peer's restart later on is survived by the
 /// calls' own retries.
 pub async fn connect(target: &Target, deadline: Instant) -> Result<Channel, ConnectError> {
-    let inner = retry::until(
-        deadline,
-        CONNECT_BACKOFF,
-        || target.connect_once(),
-        |_| true,
-    )
-    .await
-    .map_err(|e| ConnectError {
-        address: target.address(),
-        cause: explain(&target.address(), &root_cause(&e)),
-    })?;
-    Ok(Channel {
-        inner,
-        authorization: target.authorization.clone(),
-    })
+    let inner = retry::until(deadline, CONNECT_BACKOFF, || target.connect_once(), |_| true)
+        .await
+        .map_err(|e| ConnectError { address: target.address(), cause: explain(&target.address(), &root_cause(&e)) })?;
+    Ok(Channel { inner, authorization: target.authorization.clone() })
 }
 
 /// `cause` of a failed connection to `address`, with a hint for the
@@ -197,9 +174,7 @@ pub fn explain(address: &str, cause: &str) -> String {
     let lower = cause.to_lowercase();
     let hint = if !tls && PLAINTEXT_CUT_OFF.iter().any(|c| lower.contains(c)) {
         " (the server closed the connection: if it requires TLS, use https:// and --tls-ca)"
-    } else if tls
-        && (cause.contains("CertificateRequired") || cause.contains("certificate required"))
-    {
+    } else if tls && (cause.contains("CertificateRequired") || cause.contains("certificate required")) {
         " (the server requires a client certificate: set --tls-cert and --tls-key)"
     } else if tls && (cause.contains("UnknownCA") || cause.contains("BadCertificate")) {
         " (the server does not trust this client's certificate: --tls-cert must be signed by its --tls-client-ca)"
@@ -221,12 +196,7 @@ pub fn explain(address: &str, cause: &str) -> String {
 
 /// How a plaintext HTTP/2 connection to a TLS server ends, as the client
 /// sees it (the server hangs up on the first bytes).
-const PLAINTEXT_CUT_OFF: [&str; 4] = [
-    "connection closed",
-    "connection reset",
-    "broken pipe",
-    "connection error",
-];
+const PLAINTEXT_CUT_OFF: [&str; 4] = ["connection closed", "connection reset", "broken pipe", "connection error"];
 
 /// A channel whose calls carry the caller's token (when it has one).
 #[derive(Debug, Clone)]
@@ -246,8 +216,7 @@ impl tower::Service<http::Request<Body>> for Channel {
 
     fn call(&mut self, mut req: http::Request<Body>) -> Self::Future {
         if let Some(v) = &self.authorization {
-            req.headers_mut()
-                .insert(http::header::AUTHORIZATION, v.clone());
+            req.headers_mut().insert(http::header::AUTHORIZATION, v.clone());
         }
         tower::Service::call(&mut self.inner, req)
     }
@@ -260,11 +229,7 @@ pub fn root_cause(err: &(dyn std::error::Error + 'static)) -> String {
     while let Some(next) = cause.source() {
         cause = next;
     }
-    cause
-        .to_string()
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ")
+    cause.to_string().split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 #[cfg(test)]
@@ -292,27 +257,12 @@ mod tests {
     #[test]
     fn tls_mismatches_get_a_hint() {
         let hint = |a: &str, c: &str| explain(a, c).trim_start_matches(c).to_owned();
-        assert!(
-            hint("http://h:1", "connection closed before message completed")
-                .contains("use https://")
-        );
+        assert!(hint("http://h:1", "connection closed before message completed").contains("use https://"));
         assert!(hint("http://h:1", "connection reset").contains("use https://"));
-        assert!(
-            hint("http://h:1", "Connection reset by peer (os error 104)").contains("use https://")
-        );
-        assert!(
-            hint(
-                "https://h:1",
-                "received corrupt message of type InvalidContentType"
-            )
-            .contains("does not speak TLS")
-        );
-        assert!(
-            hint("https://h:1", "invalid peer certificate: UnknownIssuer").contains("--tls-ca")
-        );
-        assert!(
-            hint("https://h:1", "received fatal alert: CertificateRequired").contains("--tls-cert")
-        );
+        assert!(hint("http://h:1", "Connection reset by peer (os error 104)").contains("use https://"));
+        assert!(hint("https://h:1", "received corrupt message of type InvalidContentType").contains("does not speak TLS"));
+        assert!(hint("https://h:1", "invalid peer certificate: UnknownIssuer").contains("--tls-ca"));
+        assert!(hint("https://h:1", "received fatal alert: CertificateRequired").contains("--tls-cert"));
         assert!(hint("https://h:1", "received fatal alert: UnknownCA").contains("--tls-client-ca"));
         assert_eq!(hint("http://h:1", "Connection refused (os error 111)"), "");
     }
@@ -321,12 +271,9 @@ mod tests {
     async fn nothing_listening_is_one_bounded_error() {
         let budget = Duration::from_millis(500);
         let started = std::time::Instant::now();
-        let e = connect(
-            &endpoint("http://127.0.0.1:1", &ClientSecurity::none()).expect("valid"),
-            Instant::now() + budget,
-        )
-        .await
-        .expect_err("nothing listens on port 1");
+        let e = connect(&endpoint("http://127.0.0.1:1", &ClientSecurity::none()).expect("valid"), Instant::now() + budget)
+            .await
+            .expect_err("nothing listens on port 1");
         assert_eq!(e.address, "http://127.0.0.1:1");
         assert!(!e.cause.is_empty() && !e.cause.contains('\n'), "{e}");
         assert!(started.elapsed() < budget + CONNECT_TIMEOUT + Duration::from_secs(1));

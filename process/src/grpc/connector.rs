@@ -38,9 +38,7 @@ pub(crate) struct TlsConnector {
 
 impl std::fmt::Debug for TlsConnector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TlsConnector")
-            .field("server_name", &self.server_name)
-            .finish_non_exhaustive()
+        f.debug_struct("TlsConnector").field("server_name", &self.server_name).finish_non_exhaustive()
     }
 }
 
@@ -49,15 +47,9 @@ impl TlsConnector {
     /// address, brackets allowed) verified with `config`.
     pub(crate) fn new(config: Arc<ClientConfig>, host: &str) -> Result<Self, String> {
         let host = host.trim_start_matches('[').trim_end_matches(']');
-        let server_name = ServerName::try_from(host.to_owned()).map_err(|_| {
-            format!(
-                "{host:?} cannot be checked against a certificate (not a DNS name or an IP address)"
-            )
-        })?;
-        Ok(Self {
-            config,
-            server_name,
-        })
+        let server_name = ServerName::try_from(host.to_owned())
+            .map_err(|_| format!("{host:?} cannot be checked against a certificate (not a DNS name or an IP address)"))?;
+        Ok(Self { config, server_name })
     }
 }
 
@@ -76,24 +68,17 @@ impl tower::Service<Uri> for TlsConnector {
         Box::pin(async move {
             let host = uri
                 .host()
-                .ok_or_else(|| {
-                    io::Error::new(io::ErrorKind::InvalidInput, "the address has no host")
-                })?
+                .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "the address has no host"))?
                 .trim_start_matches('[')
                 .trim_end_matches(']')
                 .to_owned();
-            let tcp =
-                TcpStream::connect((host.as_str(), uri.port_u16().unwrap_or(HTTPS_PORT))).await?;
+            let tcp = TcpStream::connect((host.as_str(), uri.port_u16().unwrap_or(HTTPS_PORT))).await?;
             // Small frames (heartbeats, trailers) must not wait for the
             // peer's delayed ACK.
             tcp.set_nodelay(true)?;
-            let tls = connector
-                .connect(server_name, ReadAhead::new(tcp, CLIENT_READ_AHEAD))
-                .await?;
+            let tls = connector.connect(server_name, ReadAhead::new(tcp, CLIENT_READ_AHEAD)).await?;
             if tls.get_ref().1.alpn_protocol() != Some(ALPN_H2) {
-                return Err(io::Error::other(
-                    "the server did not agree to HTTP/2 (ALPN h2): is it a gRPC server?",
-                ));
+                return Err(io::Error::other("the server did not agree to HTTP/2 (ALPN h2): is it a gRPC server?"));
             }
             Ok(TokioIo::new(tls))
         })
@@ -123,32 +108,22 @@ mod tests {
             .expect("cert");
         let ca = dir.path().join("ca.pem");
         std::fs::write(&ca, cert.pem()).expect("write");
-        let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
-            rustls::crypto::aws_lc_rs::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .expect("versions")
-        .with_no_client_auth()
-        .with_single_cert(
-            vec![CertificateDer::from_pem_slice(cert.pem().as_bytes()).expect("cert der")],
-            PrivateKeyDer::from_pem_slice(key.serialize_pem().as_bytes()).expect("key der"),
-        )
-        .expect("server config");
+        let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::aws_lc_rs::default_provider()))
+            .with_safe_default_protocol_versions()
+            .expect("versions")
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![CertificateDer::from_pem_slice(cert.pem().as_bytes()).expect("cert der")],
+                PrivateKeyDer::from_pem_slice(key.serialize_pem().as_bytes()).expect("key der"),
+            )
+            .expect("server config");
         config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let uri: Uri = format!(
-            "https://localhost:{}",
-            listener.local_addr().expect("addr").port()
-        )
-        .parse()
-        .expect("uri");
+        let uri: Uri = format!("https://localhost:{}", listener.local_addr().expect("addr").port()).parse().expect("uri");
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
         tokio::spawn(async move {
             let (tcp, _) = listener.accept().await.expect("accept");
-            if let Ok(mut tls) = acceptor
-                .accept(ReadAhead::new(tcp, SERVER_READ_AHEAD))
-                .await
-            {
+            if let Ok(mut tls) = acceptor.accept(ReadAhead::new(tcp, SERVER_READ_AHEAD)).await {
                 let mut word = [0u8; 4];
                 if tls.read_exact(&mut word).await.is_ok() {
                     let _ = tls.write_all(&word).await;
@@ -156,9 +131,7 @@ mod tests {
                 }
             }
         });
-        let client = ClientTls { ca, identity: None }
-            .client_config()
-            .expect("client config");
+        let client = ClientTls { ca, identity: None }.client_config().expect("client config");
         (uri, client, dir)
     }
 
@@ -171,11 +144,7 @@ mod tests {
             let io = connector.oneshot(uri).await.expect("handshake");
             let mut tls = io.into_inner();
             let suite = tls.get_ref().1.negotiated_cipher_suite().map(|s| s.suite());
-            assert_eq!(
-                suite,
-                Some(rustls::CipherSuite::TLS13_AES_128_GCM_SHA256),
-                "the client's first choice"
-            );
+            assert_eq!(suite, Some(rustls::CipherSuite::TLS13_AES_128_GCM_SHA256), "the client's first choice");
             tls.write_all(b"ping").await.expect("write");
             tls.flush().await.expect("flush");
             let mut back = [0u8; 4];
@@ -207,9 +176,7 @@ mod tests {
 
     #[test]
     fn a_host_that_no_certificate_can_name_is_refused() {
-        let (_, config, _dir) = tokio::runtime::Runtime::new()
-            .expect("rt")
-            .block_on(server(&[ALPN_H2]));
+        let (_, config, _dir) = tokio::runtime::Runtime::new().expect("rt").block_on(server(&[ALPN_H2]));
         assert!(TlsConnector::new(Arc::clone(&config), "[::1]").is_ok());
         assert!(TlsConnector::new(config, "bad_host!").is_err());
     }

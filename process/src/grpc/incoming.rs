@@ -34,10 +34,7 @@ const QUEUE: usize = 64;
 /// TLS connections accepted on `listener`, handshaken with `tls`'s
 /// configuration of the moment; the files are checked for changes every
 /// [`RELOAD_INTERVAL`]. Accepting stops when the stream is dropped.
-pub(crate) fn tls(
-    listener: TcpListener,
-    tls: Arc<ReloadingTls>,
-) -> ReceiverStream<io::Result<TlsStream<ReadAhead>>> {
+pub(crate) fn tls(listener: TcpListener, tls: Arc<ReloadingTls>) -> ReceiverStream<io::Result<TlsStream<ReadAhead>>> {
     let (tx, rx) = mpsc::channel(QUEUE);
     tokio::spawn(async move {
         let mut reload = tokio::time::interval(RELOAD_INTERVAL);
@@ -73,29 +70,18 @@ pub(crate) fn tls(
     ReceiverStream::new(rx)
 }
 
-async fn handshake(
-    acceptor: TlsAcceptor,
-    tcp: TcpStream,
-    peer: SocketAddr,
-) -> Option<TlsStream<ReadAhead>> {
+async fn handshake(acceptor: TlsAcceptor, tcp: TcpStream, peer: SocketAddr) -> Option<TlsStream<ReadAhead>> {
     let _ = tcp.set_nodelay(true);
     let mut first = [0u8; 1];
     match tokio::time::timeout(HANDSHAKE_TIMEOUT, tcp.peek(&mut first)).await {
         Ok(Ok(1)) if first[0] != TLS_HANDSHAKE_RECORD => {
-            tracing::warn!(
-                "connection from {peer} refused: it is not TLS (a plaintext client? this server requires TLS)"
-            );
+            tracing::warn!("connection from {peer} refused: it is not TLS (a plaintext client? this server requires TLS)");
             return None;
         }
         Ok(Ok(1)) => {}
         _ => return None,
     }
-    match tokio::time::timeout(
-        HANDSHAKE_TIMEOUT,
-        acceptor.accept(ReadAhead::new(tcp, SERVER_READ_AHEAD)),
-    )
-    .await
-    {
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(ReadAhead::new(tcp, SERVER_READ_AHEAD))).await {
         Ok(Ok(mut stream)) => {
             stream.get_mut().1.set_buffer_limit(Some(SEND_BUFFER));
             Some(stream)
@@ -105,10 +91,7 @@ async fn handshake(
             None
         }
         Err(_) => {
-            tracing::warn!(
-                "TLS handshake with {peer} took over {}s; closed",
-                HANDSHAKE_TIMEOUT.as_secs()
-            );
+            tracing::warn!("TLS handshake with {peer} took over {}s; closed", HANDSHAKE_TIMEOUT.as_secs());
             None
         }
     }

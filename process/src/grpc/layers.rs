@@ -23,8 +23,7 @@ use super::limits::{self, AdminRateLimitLayer, MessageSizeLayer, TimeoutLayer};
 use crate::security::RoleTokens;
 
 /// The layers, as the type tonic's server builder takes.
-pub type Stack =
-    S<MessageSizeLayer, S<TimeoutLayer, S<AdminRateLimitLayer, S<AuthLayer, Identity>>>>;
+pub type Stack = S<MessageSizeLayer, S<TimeoutLayer, S<AdminRateLimitLayer, S<AuthLayer, Identity>>>>;
 
 /// The layer stack wrapped around every service of a server whose services
 /// are `policy` and whose accepted tokens are `tokens` (none: no checks).

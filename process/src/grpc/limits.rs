@@ -55,10 +55,7 @@ pub struct TimeoutLayer(pub Duration);
 impl<S> Layer<S> for TimeoutLayer {
     type Service = Timeout<S>;
     fn layer(&self, inner: S) -> Timeout<S> {
-        Timeout {
-            inner,
-            limit: self.0,
-        }
+        Timeout { inner, limit: self.0 }
     }
 }
 
@@ -88,11 +85,7 @@ where
         async move {
             match tokio::time::timeout(limit, call).await {
                 Ok(answered) => answered,
-                Err(_) => Ok(Status::deadline_exceeded(format!(
-                    "no answer within {}s",
-                    limit.as_secs()
-                ))
-                .into_http()),
+                Err(_) => Ok(Status::deadline_exceeded(format!("no answer within {}s", limit.as_secs())).into_http()),
             }
         }
         .boxed()
@@ -111,21 +104,14 @@ pub struct AdminRateLimitLayer {
 impl AdminRateLimitLayer {
     /// At most `per_second` admin calls a second, in bursts of as many.
     pub fn new(per_second: NonZeroU32, policy: Arc<Policy>) -> Self {
-        Self {
-            limiter: Arc::new(RateLimiter::direct(Quota::per_second(per_second))),
-            policy,
-            per_second: per_second.get(),
-        }
+        Self { limiter: Arc::new(RateLimiter::direct(Quota::per_second(per_second))), policy, per_second: per_second.get() }
     }
 }
 
 impl<S> Layer<S> for AdminRateLimitLayer {
     type Service = AdminRateLimit<S>;
     fn layer(&self, inner: S) -> AdminRateLimit<S> {
-        AdminRateLimit {
-            inner,
-            layer: self.clone(),
-        }
+        AdminRateLimit { inner, layer: self.clone() }
     }
 }
 
@@ -170,10 +156,7 @@ pub struct MessageSizeLayer(pub u32);
 impl<S> Layer<S> for MessageSizeLayer {
     type Service = MessageSize<S>;
     fn layer(&self, inner: S) -> MessageSize<S> {
-        MessageSize {
-            inner,
-            limit: self.0,
-        }
+        MessageSize { inner, limit: self.0 }
     }
 }
 
@@ -198,13 +181,7 @@ where
 
     fn call(&mut self, req: http::Request<Body>) -> S::Future {
         let limit = self.limit;
-        self.inner.call(req.map(|body| {
-            Body::new(Framed {
-                inner: body,
-                limit,
-                prefix: Prefix::default(),
-            })
-        }))
+        self.inner.call(req.map(|body| Body::new(Framed { inner: body, limit, prefix: Prefix::default() })))
     }
 }
 
@@ -225,9 +202,7 @@ impl Prefix {
     fn scan(&mut self, mut data: &[u8], limit: u32) -> Option<u32> {
         while !data.is_empty() {
             if self.skip > 0 {
-                let n = data
-                    .len()
-                    .min(usize::try_from(self.skip).unwrap_or(usize::MAX));
+                let n = data.len().min(usize::try_from(self.skip).unwrap_or(usize::MAX));
                 self.skip -= n as u64;
                 data = &data[n..];
                 continue;
@@ -238,12 +213,7 @@ impl Prefix {
             data = &data[n..];
             if self.have == 5 {
                 self.have = 0;
-                let len = u32::from_be_bytes([
-                    self.bytes[1],
-                    self.bytes[2],
-                    self.bytes[3],
-                    self.bytes[4],
-                ]);
+                let len = u32::from_be_bytes([self.bytes[1], self.bytes[2], self.bytes[3], self.bytes[4]]);
                 if len > limit {
                     return Some(len);
                 }
@@ -265,10 +235,7 @@ impl http_body::Body for Framed {
     type Data = Bytes;
     type Error = Status;
 
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
         let this = &mut *self;
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
@@ -314,17 +281,9 @@ mod tests {
         for split in 0..body.len() {
             let mut p = Prefix::default();
             let (a, b) = body.split_at(split);
-            assert_eq!(
-                p.scan(a, 100).or_else(|| p.scan(b, 100)),
-                None,
-                "split at {split}"
-            );
+            assert_eq!(p.scan(a, 100).or_else(|| p.scan(b, 100)), None, "split at {split}");
             let mut p = Prefix::default();
-            assert_eq!(
-                p.scan(a, 99).or_else(|| p.scan(b, 99)),
-                Some(100),
-                "split at {split}"
-            );
+            assert_eq!(p.scan(a, 99).or_else(|| p.scan(b, 99)), Some(100), "split at {split}");
         }
     }
 
@@ -335,10 +294,7 @@ mod tests {
         let mut p = Prefix::default();
         // The first message (5 bytes) passes; the second's length is known
         // at its prefix's last byte (index 10 + 4), before its payload.
-        let found = body
-            .iter()
-            .enumerate()
-            .find_map(|(i, b)| p.scan(std::slice::from_ref(b), 5).map(|len| (i, len)));
+        let found = body.iter().enumerate().find_map(|(i, b)| p.scan(std::slice::from_ref(b), 5).map(|len| (i, len)));
         assert_eq!(found, Some((14, 6)));
     }
 }

@@ -23,7 +23,5 @@ mod read_ahead;
 pub mod server;
 
 pub use access::Access;
-pub use channel::{
-    AddressError, Channel, ConnectError, Target, connect, endpoint, normalize, root_cause,
-};
+pub use channel::{AddressError, Channel, ConnectError, Target, connect, endpoint, normalize, root_cause};
 pub use server::{Services, serve};

@@ -41,28 +41,18 @@ pub(crate) struct ReadAhead {
 impl ReadAhead {
     /// Buffers `tcp`'s reads, `capacity` bytes at a time.
     pub(crate) fn new(tcp: TcpStream, capacity: usize) -> Self {
-        Self {
-            inner: BufReader::with_capacity(capacity, tcp),
-        }
+        Self { inner: BufReader::with_capacity(capacity, tcp) }
     }
 }
 
 impl AsyncRead for ReadAhead {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.inner).poll_read(cx, buf)
     }
 }
 
 impl AsyncWrite for ReadAhead {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.inner).poll_write(cx, buf)
     }
 
@@ -112,9 +102,7 @@ mod tests {
         tokio::time::timeout(std::time::Duration::from_secs(20), async {
             let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
             let addr = listener.local_addr().expect("addr");
-            let sent: Vec<u8> = (0..3 * SERVER_READ_AHEAD + 17)
-                .map(|i| (i * 7 % 251) as u8)
-                .collect();
+            let sent: Vec<u8> = (0..3 * SERVER_READ_AHEAD + 17).map(|i| (i * 7 % 251) as u8).collect();
             let to_send = sent.clone();
             let peer = tokio::spawn(async move {
                 let (mut tcp, _) = listener.accept().await.expect("accept");
@@ -123,10 +111,7 @@ mod tests {
                 tcp.read_exact(&mut reply).await.expect("reply");
                 reply
             });
-            let mut conn = ReadAhead::new(
-                TcpStream::connect(addr).await.expect("connect"),
-                SERVER_READ_AHEAD,
-            );
+            let mut conn = ReadAhead::new(TcpStream::connect(addr).await.expect("connect"), SERVER_READ_AHEAD);
             let info = conn.connect_info();
             assert_eq!(info.remote_addr, Some(addr));
             let mut got = Vec::with_capacity(sent.len());

@@ -86,17 +86,10 @@ pub async fn serve(
     security: &ServerSecurity,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
-    let Services {
-        mut routes,
-        names,
-        descriptors,
-        mut policy,
-    } = services;
+    let Services { mut routes, names, descriptors, mut policy } = services;
     let (health, health_service) = tonic_health::server::health_reporter();
     for name in names {
-        health
-            .set_service_status(name, ServingStatus::Serving)
-            .await;
+        health.set_service_status(name, ServingStatus::Serving).await;
     }
     let reflection = descriptors
         .into_iter()
@@ -126,9 +119,7 @@ pub async fn serve(
             // worker's small frames) for the peer's delayed ACK: 40 ms
             // stalls of every small heartbeat.
             let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-            router
-                .serve_with_incoming_shutdown(incoming, shutdown)
-                .await?;
+            router.serve_with_incoming_shutdown(incoming, shutdown).await?;
         }
     }
     Ok(())

@@ -12,9 +12,9 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use super::SecurityError;
 use super::tls::{ClientTls, ServerTls};
 use super::token::{Role, RoleTokens, SessionKeys, Token};
+use super::SecurityError;
 
 /// Every environment variable the security settings read: what a process
 /// that starts plaintext, token-less children (the embedded mode) removes
@@ -37,70 +37,31 @@ pub const VARIABLES: [&str; 10] = [
 pub struct SecurityArgs {
     /// PEM certificate (chain) this process presents: as a server, and as
     /// a client to servers that require client certificates.
-    #[arg(
-        long,
-        env = "LOADER_TLS_CERT",
-        value_name = "PATH",
-        requires = "tls_key",
-        help_heading = "Security"
-    )]
+    #[arg(long, env = "LOADER_TLS_CERT", value_name = "PATH", requires = "tls_key", help_heading = "Security")]
     pub tls_cert: Option<PathBuf>,
     /// PEM private key of --tls-cert.
-    #[arg(
-        long,
-        env = "LOADER_TLS_KEY",
-        value_name = "PATH",
-        requires = "tls_cert",
-        help_heading = "Security"
-    )]
+    #[arg(long, env = "LOADER_TLS_KEY", value_name = "PATH", requires = "tls_cert", help_heading = "Security")]
     pub tls_key: Option<PathBuf>,
     /// Serving: require client certificates signed by this PEM CA (mutual TLS).
-    #[arg(
-        long,
-        env = "LOADER_TLS_CLIENT_CA",
-        value_name = "PATH",
-        help_heading = "Security"
-    )]
+    #[arg(long, env = "LOADER_TLS_CLIENT_CA", value_name = "PATH", help_heading = "Security")]
     pub tls_client_ca: Option<PathBuf>,
     /// Connecting: verify servers with this PEM CA; `host:port` addresses
     /// then mean https://.
-    #[arg(
-        long,
-        env = "LOADER_TLS_CA",
-        value_name = "PATH",
-        help_heading = "Security"
-    )]
+    #[arg(long, env = "LOADER_TLS_CA", value_name = "PATH", help_heading = "Security")]
     pub tls_ca: Option<PathBuf>,
     /// File with the worker role's token (or set LOADER_WORKER_TOKEN).
-    #[arg(
-        long,
-        env = "LOADER_WORKER_TOKEN_FILE",
-        value_name = "PATH",
-        help_heading = "Security"
-    )]
+    #[arg(long, env = "LOADER_WORKER_TOKEN_FILE", value_name = "PATH", help_heading = "Security")]
     pub worker_token_file: Option<PathBuf>,
     /// File with the trainer role's token (or set LOADER_TRAINER_TOKEN).
-    #[arg(
-        long,
-        env = "LOADER_TRAINER_TOKEN_FILE",
-        value_name = "PATH",
-        help_heading = "Security"
-    )]
+    #[arg(long, env = "LOADER_TRAINER_TOKEN_FILE", value_name = "PATH", help_heading = "Security")]
     pub trainer_token_file: Option<PathBuf>,
     /// File with the admin role's token (or set LOADER_ADMIN_TOKEN).
-    #[arg(
-        long,
-        env = "LOADER_ADMIN_TOKEN_FILE",
-        value_name = "PATH",
-        help_heading = "Security"
-    )]
+    #[arg(long, env = "LOADER_ADMIN_TOKEN_FILE", value_name = "PATH", help_heading = "Security")]
     pub admin_token_file: Option<PathBuf>,
 }
 
 fn env_path(var: &str) -> Option<PathBuf> {
-    std::env::var_os(var)
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
+    std::env::var_os(var).filter(|v| !v.is_empty()).map(PathBuf::from)
 }
 
 impl SecurityArgs {
@@ -132,24 +93,16 @@ impl SecurityArgs {
 
     fn server_tls(&self) -> Result<Option<ServerTls>, SecurityError> {
         match (&self.tls_cert, &self.tls_key) {
-            (Some(cert), Some(key)) => Ok(Some(ServerTls {
-                cert: cert.clone(),
-                key: key.clone(),
-                client_ca: self.tls_client_ca.clone(),
-            })),
+            (Some(cert), Some(key)) => {
+                Ok(Some(ServerTls { cert: cert.clone(), key: key.clone(), client_ca: self.tls_client_ca.clone() }))
+            }
             (None, None) if self.tls_client_ca.is_some() => Err(SecurityError::new(
                 "--tls-client-ca",
                 "client certificates are checked only over TLS: set --tls-cert and --tls-key too",
             )),
             (None, None) => Ok(None),
-            (Some(_), None) => Err(SecurityError::new(
-                "--tls-cert",
-                "needs --tls-key (LOADER_TLS_KEY)",
-            )),
-            (None, Some(_)) => Err(SecurityError::new(
-                "--tls-key",
-                "needs --tls-cert (LOADER_TLS_CERT)",
-            )),
+            (Some(_), None) => Err(SecurityError::new("--tls-cert", "needs --tls-key (LOADER_TLS_KEY)")),
+            (None, Some(_)) => Err(SecurityError::new("--tls-key", "needs --tls-cert (LOADER_TLS_CERT)")),
         }
     }
 
@@ -160,10 +113,7 @@ impl SecurityArgs {
             (Some(c), Some(k)) => Some((c.clone(), k.clone())),
             _ => None,
         };
-        Ok(self.tls_ca.as_ref().map(|ca| ClientTls {
-            ca: ca.clone(),
-            identity,
-        }))
+        Ok(self.tls_ca.as_ref().map(|ca| ClientTls { ca: ca.clone(), identity }))
     }
 
     /// What a server that answers `served` roles checks. Tokens are all or
@@ -171,10 +121,8 @@ impl SecurityArgs {
     /// (a role left without would be open to anyone).
     pub fn server(&self, served: &[Role]) -> Result<ServerSecurity, SecurityError> {
         let tls = self.server_tls()?;
-        let tokens: Vec<(Role, Option<Token>)> = Role::ALL
-            .iter()
-            .map(|r| Ok((*r, self.token(*r)?)))
-            .collect::<Result<_, SecurityError>>()?;
+        let tokens: Vec<(Role, Option<Token>)> =
+            Role::ALL.iter().map(|r| Ok((*r, self.token(*r)?))).collect::<Result<_, SecurityError>>()?;
         let any = tokens.iter().any(|(_, t)| t.is_some());
         let session_keys = tokens
             .iter()
@@ -182,25 +130,14 @@ impl SecurityArgs {
             .and_then(|(_, t)| t.as_ref())
             .map(SessionKeys::from_worker_token);
         if !any {
-            return Ok(ServerSecurity {
-                tls,
-                tokens: None,
-                session_keys: None,
-            });
+            return Ok(ServerSecurity { tls, tokens: None, session_keys: None });
         }
         // The worker token is the session keys' secret, so every server
         // needs it; a server knows it as a role it refuses (PERMISSION_DENIED,
         // not UNAUTHENTICATED) where workers have nothing to call.
         let mut accepted = Vec::new();
-        for role in Role::ALL
-            .into_iter()
-            .filter(|r| served.contains(r) || *r == Role::Worker)
-        {
-            match tokens
-                .iter()
-                .find(|(r, _)| *r == role)
-                .and_then(|(_, t)| t.clone())
-            {
+        for role in Role::ALL.into_iter().filter(|r| served.contains(r) || *r == Role::Worker) {
+            match tokens.iter().find(|(r, _)| *r == role).and_then(|(_, t)| t.clone()) {
                 Some(t) => accepted.push((role, t)),
                 None => {
                     return Err(SecurityError::new(
@@ -214,19 +151,12 @@ impl SecurityArgs {
                 }
             }
         }
-        Ok(ServerSecurity {
-            tls,
-            tokens: Some(RoleTokens::new(&accepted)?),
-            session_keys,
-        })
+        Ok(ServerSecurity { tls, tokens: Some(RoleTokens::new(&accepted)?), session_keys })
     }
 
     /// What a client of `role` uses.
     pub fn client(&self, role: Role) -> Result<ClientSecurity, SecurityError> {
-        Ok(ClientSecurity {
-            tls: self.client_tls()?,
-            token: self.token(role)?,
-        })
+        Ok(ClientSecurity { tls: self.client_tls()?, token: self.token(role)? })
     }
 }
 
@@ -280,10 +210,7 @@ impl ClientSecurity {
     /// Makes `security` this process's settings for `role` (a binary's
     /// flags), before its first connection.
     pub fn install(role: Role, security: ClientSecurity) {
-        installed()
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(role, Arc::new(security));
+        installed().lock().unwrap_or_else(|p| p.into_inner()).insert(role, Arc::new(security));
     }
 }
 

@@ -36,14 +36,7 @@ pub struct SecurityError {
 
 impl SecurityError {
     pub(crate) fn new(what: impl Into<String>, cause: impl std::fmt::Display) -> Self {
-        let cause = cause
-            .to_string()
-            .split_whitespace()
-            .collect::<Vec<_>>()
-            .join(" ");
-        Self {
-            what: what.into(),
-            cause,
-        }
+        let cause = cause.to_string().split_whitespace().collect::<Vec<_>>().join(" ");
+        Self { what: what.into(), cause }
     }
 }

@@ -38,12 +38,8 @@ impl ServerTls {
     /// Reads the files and builds the rustls configuration.
     pub fn load(&self) -> Result<Arc<ServerConfig>, SecurityError> {
         let certs = read_certs(&self.cert, "--tls-cert")?;
-        let key = PrivateKeyDer::from_pem_file(&self.key).map_err(|e| {
-            SecurityError::new(
-                format!("--tls-key {}", self.key.display()),
-                pem_cause(&e, "private key"),
-            )
-        })?;
+        let key = PrivateKeyDer::from_pem_file(&self.key)
+            .map_err(|e| SecurityError::new(format!("--tls-key {}", self.key.display()), pem_cause(&e, "private key")))?;
         let builder = ServerConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .map_err(|e| SecurityError::new("TLS", e))?;
@@ -52,23 +48,14 @@ impl ServerTls {
                 let roots = Arc::new(read_roots(ca, "--tls-client-ca")?);
                 let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider())
                     .build()
-                    .map_err(|e| {
-                        SecurityError::new(format!("--tls-client-ca {}", ca.display()), e)
-                    })?;
+                    .map_err(|e| SecurityError::new(format!("--tls-client-ca {}", ca.display()), e))?;
                 builder.with_client_cert_verifier(verifier)
             }
             None => builder.with_no_client_auth(),
         };
-        let mut config = builder.with_single_cert(certs, key).map_err(|e| {
-            SecurityError::new(
-                format!(
-                    "--tls-cert {} with --tls-key {}",
-                    self.cert.display(),
-                    self.key.display()
-                ),
-                e,
-            )
-        })?;
+        let mut config = builder
+            .with_single_cert(certs, key)
+            .map_err(|e| SecurityError::new(format!("--tls-cert {} with --tls-key {}", self.cert.display(), self.key.display()), e))?;
         config.alpn_protocols = vec![ALPN_H2.to_vec()];
         Ok(Arc::new(config))
     }
@@ -79,11 +66,7 @@ impl ServerTls {
         [Some(&self.cert), Some(&self.key), self.client_ca.as_ref()]
             .into_iter()
             .flatten()
-            .map(|p| {
-                std::fs::metadata(p)
-                    .ok()
-                    .and_then(|m| Some((m.modified().ok()?, m.len())))
-            })
+            .map(|p| std::fs::metadata(p).ok().and_then(|m| Some((m.modified().ok()?, m.len()))))
             .collect()
     }
 }
@@ -107,10 +90,7 @@ impl ReloadingTls {
     pub fn new(files: ServerTls) -> Result<Self, SecurityError> {
         let stamp = files.stamp();
         let config = files.load()?;
-        Ok(Self {
-            files,
-            state: RwLock::new((config, stamp)),
-        })
+        Ok(Self { files, state: RwLock::new((config, stamp)) })
     }
 
     /// The configuration for the next handshake.
@@ -135,9 +115,7 @@ impl ReloadingTls {
                 true
             }
             Err(e) => {
-                tracing::warn!(
-                    "TLS files changed but cannot be used, keeping the previous certificate: {e}"
-                );
+                tracing::warn!("TLS files changed but cannot be used, keeping the previous certificate: {e}");
                 false
             }
         }
@@ -167,22 +145,11 @@ impl ClientTls {
         let mut config = match &self.identity {
             Some((cert, key)) => {
                 let certs = read_certs(cert, "--tls-cert")?;
-                let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| {
-                    SecurityError::new(
-                        format!("--tls-key {}", key.display()),
-                        pem_cause(&e, "private key"),
-                    )
-                })?;
-                builder.with_client_auth_cert(certs, key_der).map_err(|e| {
-                    SecurityError::new(
-                        format!(
-                            "--tls-cert {} with --tls-key {}",
-                            cert.display(),
-                            key.display()
-                        ),
-                        e,
-                    )
-                })?
+                let key_der = PrivateKeyDer::from_pem_file(key)
+                    .map_err(|e| SecurityError::new(format!("--tls-key {}", key.display()), pem_cause(&e, "private key")))?;
+                builder
+                    .with_client_auth_cert(certs, key_der)
+                    .map_err(|e| SecurityError::new(format!("--tls-cert {} with --tls-key {}", cert.display(), key.display()), e))?
             }
             None => builder.with_no_client_auth(),
         };

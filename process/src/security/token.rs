@@ -85,16 +85,11 @@ impl Token {
         if text.len() < MIN_TOKEN_LEN {
             return Err(SecurityError::new(
                 what,
-                format!(
-                    "a token must be at least {MIN_TOKEN_LEN} characters (e.g. `openssl rand -hex 32`)"
-                ),
+                format!("a token must be at least {MIN_TOKEN_LEN} characters (e.g. `openssl rand -hex 32`)"),
             ));
         }
         if !text.bytes().all(|b| b.is_ascii_graphic()) {
-            return Err(SecurityError::new(
-                what,
-                "a token must be printable ASCII without spaces",
-            ));
+            return Err(SecurityError::new(what, "a token must be printable ASCII without spaces"));
         }
         Ok(Self(text.into()))
     }
@@ -111,22 +106,14 @@ impl Token {
     /// file `file` (its flag) / `LOADER_<ROLE>_TOKEN_FILE` names; `None`
     /// when neither is set, an error when both are.
     pub fn for_role(role: Role, file: Option<&Path>) -> Result<Option<Self>, SecurityError> {
-        let value = std::env::var(role.token_var())
-            .ok()
-            .filter(|v| !v.is_empty());
-        let file = file.map(Path::to_path_buf).or_else(|| {
-            std::env::var_os(role.token_file_var())
-                .filter(|v| !v.is_empty())
-                .map(Into::into)
-        });
+        let value = std::env::var(role.token_var()).ok().filter(|v| !v.is_empty());
+        let file = file
+            .map(Path::to_path_buf)
+            .or_else(|| std::env::var_os(role.token_file_var()).filter(|v| !v.is_empty()).map(Into::into));
         match (value, file) {
             (Some(_), Some(_)) => Err(SecurityError::new(
                 role.token_var(),
-                format!(
-                    "set either {} or {}, not both",
-                    role.token_var(),
-                    role.token_file_var()
-                ),
+                format!("set either {} or {}, not both", role.token_var(), role.token_file_var()),
             )),
             (Some(text), None) => Self::new(&text, role.token_var()).map(Some),
             (None, Some(path)) => Self::from_file(&path, role.token_file_var()).map(Some),
@@ -155,9 +142,7 @@ pub struct RoleTokens {
 
 impl fmt::Debug for RoleTokens {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_list()
-            .entries(self.digests.iter().map(|(r, _)| r))
-            .finish()
+        f.debug_list().entries(self.digests.iter().map(|(r, _)| r)).finish()
     }
 }
 
@@ -217,31 +202,19 @@ impl fmt::Debug for SessionKeys {
 impl SessionKeys {
     /// Keys derived from the worker token.
     pub fn from_worker_token(token: &Token) -> Self {
-        let derived = hmac::sign(
-            &hmac::Key::new(hmac::HMAC_SHA256, token.secret().as_bytes()),
-            b"loader session keys v1",
-        );
-        Self {
-            key: hmac::Key::new(hmac::HMAC_SHA256, derived.as_ref()),
-        }
+        let derived = hmac::sign(&hmac::Key::new(hmac::HMAC_SHA256, token.secret().as_bytes()), b"loader session keys v1");
+        Self { key: hmac::Key::new(hmac::HMAC_SHA256, derived.as_ref()) }
     }
 
     /// The key of `session` of `consumer` of `job`, as hex.
     pub fn key(&self, job: u64, consumer: u32, session: u64) -> String {
         let tag = hmac::sign(&self.key, &Self::message(job, consumer, session));
-        tag.as_ref()[..16]
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect()
+        tag.as_ref()[..16].iter().map(|b| format!("{b:02x}")).collect()
     }
 
     /// Whether `presented` is the key of that session (constant time).
     pub fn verify(&self, job: u64, consumer: u32, session: u64, presented: &str) -> bool {
-        bool::from(
-            self.key(job, consumer, session)
-                .as_bytes()
-                .ct_eq(presented.as_bytes()),
-        )
+        bool::from(self.key(job, consumer, session).as_bytes().ct_eq(presented.as_bytes()))
     }
 
     fn message(job: u64, consumer: u32, session: u64) -> [u8; 20] {
@@ -264,10 +237,7 @@ mod tests {
     #[test]
     fn short_and_spaced_tokens_are_refused_in_one_line() {
         let e = Token::new("changeme", "LOADER_ADMIN_TOKEN").expect_err("too short");
-        assert_eq!(
-            e.to_string(),
-            "LOADER_ADMIN_TOKEN: a token must be at least 16 characters (e.g. `openssl rand -hex 32`)"
-        );
+        assert_eq!(e.to_string(), "LOADER_ADMIN_TOKEN: a token must be at least 16 characters (e.g. `openssl rand -hex 32`)");
         assert!(Token::new("0123456789 abcdef", "t").is_err());
         assert_eq!(token("  0123456789abcdef\n").secret(), "0123456789abcdef");
         assert_eq!(format!("{:?}", token("0123456789abcdef")), "Token(..)");
@@ -291,10 +261,7 @@ mod tests {
     fn two_roles_with_one_token_are_refused() {
         let t = token("same-0123456789ab");
         let e = RoleTokens::new(&[(Role::Worker, t.clone()), (Role::Admin, t)]).expect_err("same");
-        assert!(
-            e.to_string().contains("two roles have the same token"),
-            "{e}"
-        );
+        assert!(e.to_string().contains("two roles have the same token"), "{e}");
     }
 
     #[test]
@@ -316,14 +283,8 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("t");
         std::fs::write(&path, "file-token-0123456789\n").expect("write");
-        assert_eq!(
-            Token::from_file(&path, "--admin-token-file")
-                .expect("read")
-                .secret(),
-            "file-token-0123456789"
-        );
-        let e = Token::from_file(&dir.path().join("missing"), "--admin-token-file")
-            .expect_err("missing");
+        assert_eq!(Token::from_file(&path, "--admin-token-file").expect("read").secret(), "file-token-0123456789");
+        let e = Token::from_file(&dir.path().join("missing"), "--admin-token-file").expect_err("missing");
         assert!(e.to_string().starts_with("--admin-token-file "), "{e}");
         assert!(e.to_string().contains("No such file"), "{e}");
     }

@@ -19,15 +19,13 @@ use std::net::SocketAddr;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use axum::http::header::CONTENT_TYPE;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use axum::http::header::CONTENT_TYPE;
 
 /// Upper bounds of every histogram's buckets, in seconds (every Loader
 /// histogram is a duration): 100 µs to 10 s.
-pub const BUCKETS_SECONDS: &[f64] = &[
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
-    5.0, 10.0,
-];
+pub const BUCKETS_SECONDS: &[f64] =
+    &[0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
 
 /// How often histograms are compacted when nobody scrapes, so that an
 /// unscraped process does not keep every sample.
@@ -37,9 +35,7 @@ const UPKEEP: Duration = Duration::from_secs(5);
 #[derive(Debug, thiserror::Error)]
 pub enum MetricsError {
     /// The address is not `IP:PORT`.
-    #[error(
-        "invalid metrics address {given:?}: expected IP:PORT, e.g. 127.0.0.1:9464 (port 0 picks a free one)"
-    )]
+    #[error("invalid metrics address {given:?}: expected IP:PORT, e.g. 127.0.0.1:9464 (port 0 picks a free one)")]
     Address {
         /// What was given.
         given: String,
@@ -53,9 +49,7 @@ pub enum MetricsError {
         source: io::Error,
     },
     /// This process serves metrics on another address already.
-    #[error(
-        "metrics are served on {serving} already (asked for {asked}); a process has one metrics endpoint"
-    )]
+    #[error("metrics are served on {serving} already (asked for {asked}); a process has one metrics endpoint")]
     AlreadyServing {
         /// The address being served.
         serving: SocketAddr,
@@ -86,17 +80,12 @@ static ENDPOINT: Mutex<Option<Endpoint>> = Mutex::new(None);
 /// Parses a metrics address as people write it: `IP:PORT`, port 0 for any
 /// free port (`[::1]:9464` for IPv6).
 pub fn parse_listen(given: &str) -> Result<SocketAddr, MetricsError> {
-    given.trim().parse().map_err(|_| MetricsError::Address {
-        given: given.to_owned(),
-    })
+    given.trim().parse().map_err(|_| MetricsError::Address { given: given.to_owned() })
 }
 
 /// Where this process serves metrics, if it does.
 pub fn serving() -> Option<SocketAddr> {
-    ENDPOINT
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .map(|e| e.bound)
+    ENDPOINT.lock().unwrap_or_else(PoisonError::into_inner).map(|e| e.bound)
 }
 
 /// Installs the Prometheus recorder and serves `GET /metrics` on `addr`
@@ -109,26 +98,15 @@ pub fn serve(addr: SocketAddr) -> Result<SocketAddr, MetricsError> {
         return if e.asked == addr {
             Ok(e.bound)
         } else {
-            Err(MetricsError::AlreadyServing {
-                serving: e.bound,
-                asked: addr,
-            })
+            Err(MetricsError::AlreadyServing { serving: e.bound, asked: addr })
         };
     }
     // Bound before the recorder is installed: a bad address leaves the
     // process as it was.
-    let listener =
-        std::net::TcpListener::bind(addr).map_err(|source| MetricsError::Bind { addr, source })?;
-    let bound = listener
-        .local_addr()
-        .map_err(|source| MetricsError::Bind { addr, source })?;
-    listener
-        .set_nonblocking(true)
-        .map_err(|source| MetricsError::Bind { addr, source })?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(MetricsError::Start)?;
+    let listener = std::net::TcpListener::bind(addr).map_err(|source| MetricsError::Bind { addr, source })?;
+    let bound = listener.local_addr().map_err(|source| MetricsError::Bind { addr, source })?;
+    listener.set_nonblocking(true).map_err(|source| MetricsError::Bind { addr, source })?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(MetricsError::Start)?;
     let recorder = PrometheusBuilder::new()
         .set_buckets(BUCKETS_SECONDS)
         .map_err(|e| MetricsError::Install(e.to_string()))?
@@ -164,12 +142,7 @@ async fn accept(listener: std::net::TcpListener, handle: PrometheusHandle) {
     });
     let scrape = move || {
         let page = handle.render();
-        async move {
-            (
-                [(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
-                page,
-            )
-        }
+        async move { ([(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], page) }
     };
     let app = axum::Router::new().route("/metrics", axum::routing::get(scrape));
     if let Err(e) = axum::serve(listener, app).await {
@@ -185,43 +158,19 @@ mod tests {
 
     #[test]
     fn addresses_are_ip_and_port() {
-        assert_eq!(
-            parse_listen("127.0.0.1:0").expect("v4"),
-            "127.0.0.1:0".parse().expect("addr")
-        );
-        assert_eq!(
-            parse_listen(" [::1]:9464 ").expect("v6"),
-            "[::1]:9464".parse().expect("addr")
-        );
-        for bad in [
-            "",
-            "9464",
-            "localhost:9464",
-            "127.0.0.1",
-            "127.0.0.1:99999",
-            "http://127.0.0.1:1",
-        ] {
+        assert_eq!(parse_listen("127.0.0.1:0").expect("v4"), "127.0.0.1:0".parse().expect("addr"));
+        assert_eq!(parse_listen(" [::1]:9464 ").expect("v6"), "[::1]:9464".parse().expect("addr"));
+        for bad in ["", "9464", "localhost:9464", "127.0.0.1", "127.0.0.1:99999", "http://127.0.0.1:1"] {
             let e = parse_listen(bad).expect_err(bad).to_string();
-            assert!(
-                e.starts_with(&format!(
-                    "invalid metrics address {bad:?}: expected IP:PORT"
-                )),
-                "{bad}: {e}"
-            );
+            assert!(e.starts_with(&format!("invalid metrics address {bad:?}: expected IP:PORT")), "{bad}: {e}");
             assert!(!e.contains('\n'), "{e}");
         }
     }
 
     fn request(addr: SocketAddr, method: &str, path: &str) -> String {
         let mut stream = std::net::TcpStream::connect(addr).expect("connect");
-        stream
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .expect("timeout");
-        write!(
-            stream,
-            "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
-        )
-        .expect("write");
+        stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+        write!(stream, "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n").expect("write");
         let mut out = String::new();
         stream.read_to_string(&mut out).expect("read");
         out
@@ -237,27 +186,15 @@ mod tests {
         assert_eq!(serve(asked).expect("same address again"), bound);
         let other = parse_listen("127.0.0.1:1").expect("addr");
         let e = serve(other).expect_err("another address").to_string();
-        assert!(
-            e.starts_with(&format!("metrics are served on {bound} already")),
-            "{e}"
-        );
+        assert!(e.starts_with(&format!("metrics are served on {bound} already")), "{e}");
 
         metrics::counter!("loader_test_things_total", "job" => "7").increment(3);
         metrics::histogram!("loader_test_wait_seconds").record(0.003);
         let page = request(bound, "GET", "/metrics");
         assert!(page.starts_with("HTTP/1.1 200 OK\r\n"), "{page}");
-        assert!(
-            page.contains("loader_test_things_total{job=\"7\"} 3\n"),
-            "{page}"
-        );
-        assert!(
-            page.contains("loader_test_wait_seconds_bucket{le=\"0.005\"} 1\n"),
-            "{page}"
-        );
-        assert!(
-            page.contains("content-type: text/plain; version=0.0.4"),
-            "{page}"
-        );
+        assert!(page.contains("loader_test_things_total{job=\"7\"} 3\n"), "{page}");
+        assert!(page.contains("loader_test_wait_seconds_bucket{le=\"0.005\"} 1\n"), "{page}");
+        assert!(page.contains("content-type: text/plain; version=0.0.4"), "{page}");
         assert!(request(bound, "GET", "/").starts_with("HTTP/1.1 404 "));
         assert!(request(bound, "POST", "/metrics").starts_with("HTTP/1.1 405 "));
     }

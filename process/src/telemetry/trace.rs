@@ -141,12 +141,9 @@ impl Drop for Export {
 /// Whether the environment asks for export (`OTEL_EXPORTER_OTLP_ENDPOINT`
 /// or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` set and not empty).
 pub fn wanted() -> bool {
-    [
-        "OTEL_EXPORTER_OTLP_ENDPOINT",
-        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-    ]
-    .iter()
-    .any(|name| std::env::var_os(name).is_some_and(|v| !v.is_empty()))
+    ["OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"]
+        .iter()
+        .any(|name| std::env::var_os(name).is_some_and(|v| !v.is_empty()))
 }
 
 /// Builds the exporter, provider and tracer for `service` (the default
@@ -167,33 +164,18 @@ pub(super) fn start(service: &str) -> Result<(SdkTracer, Export), String> {
             .build()
             .map_err(|e| format!("cannot set up OTLP trace export: {e}"))?
     };
-    let name = std::env::var("OTEL_SERVICE_NAME")
-        .ok()
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| service.to_owned());
-    let resource = opentelemetry_sdk::Resource::builder()
-        .with_service_name(name)
-        .build();
+    let name = std::env::var("OTEL_SERVICE_NAME").ok().filter(|s| !s.is_empty()).unwrap_or_else(|| service.to_owned());
+    let resource = opentelemetry_sdk::Resource::builder().with_service_name(name).build();
     let ratio = batch_ratio_from_env();
     BATCH_RATIO.store(ratio.to_bits(), Ordering::Relaxed);
-    let sampler = if ratio > 0.0 {
-        Sampler::ParentBased(Box::new(Sampler::AlwaysOn))
-    } else {
-        Sampler::AlwaysOff
-    };
+    let sampler = if ratio > 0.0 { Sampler::ParentBased(Box::new(Sampler::AlwaysOn)) } else { Sampler::AlwaysOff };
     let provider = SdkTracerProvider::builder()
         .with_batch_exporter(exporter)
         .with_resource(resource)
         .with_sampler(sampler)
         .build();
     let tracer = provider.tracer("loader");
-    Ok((
-        tracer,
-        Export {
-            provider,
-            runtime: Some(runtime),
-        },
-    ))
+    Ok((tracer, Export { provider, runtime: Some(runtime) }))
 }
 
 /// The fraction of batches traced (an `f64`'s bits), set by [`start`].
@@ -212,9 +194,7 @@ pub fn sample_batch(job_id: u64, consumer: u32, seq: u64) -> bool {
         return true;
     }
     static KEYS: OnceLock<RandomState> = OnceLock::new();
-    let hash = KEYS
-        .get_or_init(RandomState::new)
-        .hash_one((job_id, consumer, seq));
+    let hash = KEYS.get_or_init(RandomState::new).hash_one((job_id, consumer, seq));
     // The top 53 bits as a uniform number in [0, 1).
     ((hash >> 11) as f64) * (1.0 / (1u64 << 53) as f64) < ratio
 }
@@ -229,10 +209,7 @@ fn batch_ratio_from_env() -> f64 {
 /// The ratio of batches traced for `OTEL_TRACES_SAMPLER` = `sampler` and
 /// `OTEL_TRACES_SAMPLER_ARG` = `arg`.
 fn batch_ratio(sampler: Option<&str>, arg: Option<&str>) -> f64 {
-    let arg = || {
-        arg.and_then(|v| v.trim().parse::<f64>().ok())
-            .filter(|r| !r.is_nan())
-    };
+    let arg = || arg.and_then(|v| v.trim().parse::<f64>().ok()).filter(|r| !r.is_nan());
     let ratio = match sampler.map(|v| v.trim().to_ascii_lowercase()) {
         None => arg().unwrap_or(1.0),
         Some(s) if s == "always_off" || s == "parentbased_always_off" => 0.0,
@@ -272,16 +249,8 @@ mod tests {
     fn a_malformed_traceparent_names_no_parent() {
         let good = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
         let cx = remote_context(good).expect("a valid traceparent");
-        assert_eq!(
-            format!("{:032x}", cx.span().span_context().trace_id()),
-            "0af7651916cd43dd8448eb211c80319c"
-        );
-        for bad in [
-            "",
-            "garbage",
-            "00-zz-b7ad6b7169203331-01",
-            "00-00000000000000000000000000000000-b7ad6b7169203331-01",
-        ] {
+        assert_eq!(format!("{:032x}", cx.span().span_context().trace_id()), "0af7651916cd43dd8448eb211c80319c");
+        for bad in ["", "garbage", "00-zz-b7ad6b7169203331-01", "00-00000000000000000000000000000000-b7ad6b7169203331-01"] {
             assert!(remote_context(bad).is_none(), "{bad:?}");
         }
     }
@@ -296,10 +265,7 @@ mod tests {
         let span = tracing::info_span!("batch");
         assert_eq!(carry(&span), "");
         // No subscriber here: the span is disabled, so nothing is adopted.
-        let child = child_of(
-            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
-            || tracing::info_span!("c"),
-        );
+        let child = child_of("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", || tracing::info_span!("c"));
         assert!(child.is_disabled());
         assert!(child_of("", || tracing::info_span!("c")).is_none());
     }

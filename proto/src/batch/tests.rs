@@ -5,16 +5,8 @@ fn sample_layout() -> BatchLayout {
     BatchLayout::new(
         3,
         vec![
-            TensorDesc {
-                name: "data".into(),
-                dtype: Dtype::U8,
-                shape: vec![3, 2, 5],
-            },
-            TensorDesc {
-                name: "label".into(),
-                dtype: Dtype::I64,
-                shape: vec![3],
-            },
+            TensorDesc { name: "data".into(), dtype: Dtype::U8, shape: vec![3, 2, 5] },
+            TensorDesc { name: "label".into(), dtype: Dtype::I64, shape: vec![3] },
         ],
     )
     .expect("layout")
@@ -23,17 +15,9 @@ fn sample_layout() -> BatchLayout {
 fn sample_batch() -> Vec<u8> {
     let layout = sample_layout();
     let mut buf = vec![0u8; layout.total_len()];
-    let meta = BatchMeta {
-        job_id: 7,
-        epoch: 1,
-        consumer: 2,
-        seq: 42,
-    };
+    let meta = BatchMeta { job_id: 7, epoch: 1, consumer: 2, seq: 42 };
     let mut payloads = layout.write(&meta, &[5, 9, 11], &mut buf).expect("write");
-    payloads[0]
-        .iter_mut()
-        .enumerate()
-        .for_each(|(i, b)| *b = i as u8);
+    payloads[0].iter_mut().enumerate().for_each(|(i, b)| *b = i as u8);
     payloads[1].copy_from_slice(&[1i64, 2, 3].map(i64::to_le_bytes).concat());
     buf
 }
@@ -43,23 +27,12 @@ fn round_trip() {
     let buf = sample_batch();
     let view = BatchView::parse(&buf).expect("parse");
     let h = view.header();
-    assert_eq!(
-        h.meta,
-        BatchMeta {
-            job_id: 7,
-            epoch: 1,
-            consumer: 2,
-            seq: 42
-        }
-    );
+    assert_eq!(h.meta, BatchMeta { job_id: 7, epoch: 1, consumer: 2, seq: 42 });
     assert_eq!(h.indices, vec![5, 9, 11]);
     assert_eq!(h.tensors.len(), 2);
     assert_eq!(h.tensors[0].shape, vec![3, 2, 5]);
     assert!(h.tensors.iter().all(|t| t.offset % ALIGN == 0));
-    assert_eq!(
-        view.payload_by_name("data").expect("data"),
-        (0..30).map(|i| i as u8).collect::<Vec<_>>()
-    );
+    assert_eq!(view.payload_by_name("data").expect("data"), (0..30).map(|i| i as u8).collect::<Vec<_>>());
     assert_eq!(view.payload(1).expect("label")[8..16], 2i64.to_le_bytes());
 }
 
@@ -67,45 +40,21 @@ fn round_trip() {
 fn a_truncated_batch_keeps_its_rows_and_parses() {
     let layout = sample_layout();
     let mut buf = sample_batch();
-    let meta = BatchMeta {
-        job_id: 7,
-        epoch: 1,
-        consumer: 2,
-        seq: 42,
-    };
+    let meta = BatchMeta { job_id: 7, epoch: 1, consumer: 2, seq: 42 };
     for keep in [2usize, 1, 0] {
         let short = layout.truncated(keep).expect("truncate");
-        short
-            .write(&meta, &[5, 11][..keep], &mut buf)
-            .expect("rewrite");
+        short.write(&meta, &[5, 11][..keep], &mut buf).expect("rewrite");
         let view = BatchView::parse(&buf[..short.total_len()]).expect("parse");
         let h = view.header();
         assert_eq!(h.indices, [5, 11][..keep].to_vec());
         assert_eq!(h.tensors[0].shape, vec![keep as u64, 2, 5]);
         assert_eq!(h.tensors[1].shape, vec![keep as u64]);
-        assert_eq!(
-            view.payload(0).expect("data"),
-            (0..10 * keep).map(|i| i as u8).collect::<Vec<_>>()
-        );
-        assert_eq!(
-            view.payload(1).expect("label"),
-            [1i64, 2].map(i64::to_le_bytes).concat()[..8 * keep].to_vec()
-        );
+        assert_eq!(view.payload(0).expect("data"), (0..10 * keep).map(|i| i as u8).collect::<Vec<_>>());
+        assert_eq!(view.payload(1).expect("label"), [1i64, 2].map(i64::to_le_bytes).concat()[..8 * keep].to_vec());
     }
     assert!(layout.truncated(4).is_err());
-    let scalar = BatchLayout::new(
-        2,
-        vec![TensorDesc {
-            name: "x".into(),
-            dtype: Dtype::U8,
-            shape: vec![],
-        }],
-    )
-    .expect("layout");
-    assert!(
-        scalar.truncated(1).is_err(),
-        "no batch dimension to shorten"
-    );
+    let scalar = BatchLayout::new(2, vec![TensorDesc { name: "x".into(), dtype: Dtype::U8, shape: vec![] }]).expect("layout");
+    assert!(scalar.truncated(1).is_err(), "no batch dimension to shorten");
 }
 
 #[test]
@@ -120,33 +69,18 @@ fn slot_larger_than_batch_is_fine() {
 #[test]
 fn write_rejects_small_buffer_and_wrong_index_count() {
     let layout = sample_layout();
-    let meta = BatchMeta {
-        job_id: 1,
-        epoch: 0,
-        consumer: 0,
-        seq: 0,
-    };
+    let meta = BatchMeta { job_id: 1, epoch: 0, consumer: 0, seq: 0 };
     let mut small = vec![0u8; layout.total_len() - 1];
-    assert!(matches!(
-        layout.write(&meta, &[1, 2, 3], &mut small),
-        Err(BatchError::Layout(_))
-    ));
+    assert!(matches!(layout.write(&meta, &[1, 2, 3], &mut small), Err(BatchError::Layout(_))));
     let mut buf = vec![0u8; layout.total_len()];
-    assert!(matches!(
-        layout.write(&meta, &[1, 2], &mut buf),
-        Err(BatchError::Layout(_))
-    ));
+    assert!(matches!(layout.write(&meta, &[1, 2], &mut buf), Err(BatchError::Layout(_))));
 }
 
 fn table_entry(buf: &[u8], i: usize) -> usize {
     // Entries of the sample layout: "data" (3 dims, name 4) then "label".
     let table = FIXED_HEADER_LEN + 8 * 3;
-    if i == 0 {
-        table
-    } else {
-        table + entry_len(3, 4)
-    }
-    .min(buf.len())
+    if i == 0 { table } else { table + entry_len(3, 4) }
+        .min(buf.len())
 }
 
 #[test]
@@ -167,51 +101,24 @@ fn lying_headers_are_rejected() {
     let cases: Vec<(&str, Mutation)> = vec![
         ("magic", Box::new(|b| b[0] = b'X')),
         ("version", Box::new(|b| b[4] = 9)),
-        (
-            "total_len past buffer",
-            Box::new(|b| b[8..16].copy_from_slice(&u64::MAX.to_le_bytes())),
-        ),
-        (
-            "sample_count",
-            Box::new(|b| b[40..44].copy_from_slice(&1000u32.to_le_bytes())),
-        ),
-        (
-            "tensor_count",
-            Box::new(|b| b[44..48].copy_from_slice(&3u32.to_le_bytes())),
-        ),
-        (
-            "table_offset",
-            Box::new(|b| b[48..56].copy_from_slice(&8u64.to_le_bytes())),
-        ),
-        (
-            "offset past end",
-            Box::new(move |b| b[e1..e1 + 8].copy_from_slice(&(1u64 << 40).to_le_bytes())),
-        ),
-        (
-            "offset overflow",
-            Box::new(move |b| b[e1..e1 + 8].copy_from_slice(&(u64::MAX - 63).to_le_bytes())),
-        ),
-        (
-            "length lies",
-            Box::new(move |b| b[e1 + 8..e1 + 16].copy_from_slice(&4096u64.to_le_bytes())),
-        ),
+        ("total_len past buffer", Box::new(|b| b[8..16].copy_from_slice(&u64::MAX.to_le_bytes()))),
+        ("sample_count", Box::new(|b| b[40..44].copy_from_slice(&1000u32.to_le_bytes()))),
+        ("tensor_count", Box::new(|b| b[44..48].copy_from_slice(&3u32.to_le_bytes()))),
+        ("table_offset", Box::new(|b| b[48..56].copy_from_slice(&8u64.to_le_bytes()))),
+        ("offset past end", Box::new(move |b| b[e1..e1 + 8].copy_from_slice(&(1u64 << 40).to_le_bytes()))),
+        ("offset overflow", Box::new(move |b| b[e1..e1 + 8].copy_from_slice(&(u64::MAX - 63).to_le_bytes()))),
+        ("length lies", Box::new(move |b| b[e1 + 8..e1 + 16].copy_from_slice(&4096u64.to_le_bytes()))),
         ("dtype", Box::new(move |b| b[e1 + 16] = 200)),
         ("ndim", Box::new(move |b| b[e1 + 17] = 40)),
-        (
-            "misaligned",
-            Box::new(move |b| {
-                let off = u64::from_le_bytes(b[e1..e1 + 8].try_into().expect("8 bytes"));
-                b[e1..e1 + 8].copy_from_slice(&(off + 1).to_le_bytes());
-            }),
-        ),
-        (
-            "overlap",
-            Box::new(move |b| {
-                let first = table_entry(b, 0);
-                let off0 = b[first..first + 8].to_vec();
-                b[e1..e1 + 8].copy_from_slice(&off0);
-            }),
-        ),
+        ("misaligned", Box::new(move |b| {
+            let off = u64::from_le_bytes(b[e1..e1 + 8].try_into().expect("8 bytes"));
+            b[e1..e1 + 8].copy_from_slice(&(off + 1).to_le_bytes());
+        })),
+        ("overlap", Box::new(move |b| {
+            let first = table_entry(b, 0);
+            let off0 = b[first..first + 8].to_vec();
+            b[e1..e1 + 8].copy_from_slice(&off0);
+        })),
     ];
     for (what, mutate) in cases {
         let mut buf = good.clone();
@@ -229,43 +136,21 @@ fn lying_headers_are_rejected() {
 #[test]
 fn a_stream_with_one_table_parses_it_once() {
     let mut cache = TableCache::default();
-    let first = BatchView::parse_cached(&sample_batch(), &mut cache)
-        .expect("first")
-        .into_header();
+    let first = BatchView::parse_cached(&sample_batch(), &mut cache).expect("first").into_header();
     let layout = sample_layout();
     let mut buf = sample_batch();
-    let meta = BatchMeta {
-        job_id: 7,
-        epoch: 1,
-        consumer: 2,
-        seq: 43,
-    };
+    let meta = BatchMeta { job_id: 7, epoch: 1, consumer: 2, seq: 43 };
     layout.write(&meta, &[1, 2, 3], &mut buf).expect("write");
-    let second = BatchView::parse_cached(&buf, &mut cache)
-        .expect("second")
-        .into_header();
-    assert!(
-        Arc::ptr_eq(&first.tensors, &second.tensors),
-        "the table was parsed again"
-    );
+    let second = BatchView::parse_cached(&buf, &mut cache).expect("second").into_header();
+    assert!(Arc::ptr_eq(&first.tensors, &second.tensors), "the table was parsed again");
     assert_eq!((second.meta.seq, &second.indices[..]), (43, &[1, 2, 3][..]));
-    assert_eq!(
-        second,
-        BatchView::parse(&buf).expect("uncached").into_header()
-    );
+    assert_eq!(second, BatchView::parse(&buf).expect("uncached").into_header());
     // A short last batch has another table: parsed, and cached from then on.
     let short = layout.truncated(1).expect("truncate");
     short.write(&meta, &[8], &mut buf).expect("rewrite");
-    let third = BatchView::parse_cached(&buf[..short.total_len()], &mut cache)
-        .expect("short")
-        .into_header();
+    let third = BatchView::parse_cached(&buf[..short.total_len()], &mut cache).expect("short").into_header();
     assert_eq!(third.tensors[0].shape, vec![1, 2, 5]);
-    assert_eq!(
-        third,
-        BatchView::parse(&buf[..short.total_len()])
-            .expect("uncached")
-            .into_header()
-    );
+    assert_eq!(third, BatchView::parse(&buf[..short.total_len()]).expect("uncached").into_header());
 }
 
 proptest! {

@@ -16,17 +16,9 @@ use crate::jobs::JobTable;
 /// the acknowledged watermark, which need no copy anywhere any more.
 /// `delivered`: they had been delivered (unacknowledged), so they will be
 /// delivered again and count as re-sent. Returns how many went back.
-fn give_back(
-    jobs: &mut JobTable,
-    key: ConsumerKey,
-    seqs: impl IntoIterator<Item = u64>,
-    delivered: bool,
-) -> usize {
+fn give_back(jobs: &mut JobTable, key: ConsumerKey, seqs: impl IntoIterator<Item = u64>, delivered: bool) -> usize {
     let (job_id, consumer) = key;
-    let Some(c) = jobs
-        .get_mut(job_id)
-        .and_then(|j| j.consumers.get_mut(consumer as usize))
-    else {
+    let Some(c) = jobs.get_mut(job_id).and_then(|j| j.consumers.get_mut(consumer as usize)) else {
         return 0;
     };
     let consumed = c.consumed;
@@ -50,16 +42,8 @@ fn give_back(
 /// the number of batches given back, or None when it is unknown.
 pub(super) fn retire(t: &mut Tables, worker_id: u64) -> Option<(String, usize)> {
     let w = t.workers.workers.remove(&worker_id)?;
-    let undelivered: usize = w
-        .outstanding
-        .into_iter()
-        .map(|(key, seqs)| give_back(&mut t.jobs, key, seqs, false))
-        .sum();
-    let unacked: usize = w
-        .unacked
-        .into_iter()
-        .map(|(key, seqs)| give_back(&mut t.jobs, key, seqs, true))
-        .sum();
+    let undelivered: usize = w.outstanding.into_iter().map(|(key, seqs)| give_back(&mut t.jobs, key, seqs, false)).sum();
+    let unacked: usize = w.unacked.into_iter().map(|(key, seqs)| give_back(&mut t.jobs, key, seqs, true)).sum();
     let requeued = undelivered + unacked;
     Some((w.address, requeued))
 }
@@ -90,8 +74,7 @@ pub(super) fn end_consumer(t: &mut Tables, key: ConsumerKey) -> Ended {
             w.ended.insert(key);
             ended.workers += 1;
         }
-        ended.requeued +=
-            give_back(&mut t.jobs, key, held, false) + give_back(&mut t.jobs, key, unacked, true);
+        ended.requeued += give_back(&mut t.jobs, key, held, false) + give_back(&mut t.jobs, key, unacked, true);
     }
     ended
 }

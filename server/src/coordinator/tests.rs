@@ -5,13 +5,7 @@ fn spec(name: &str, n: u64, batch: u32, consumers: u32) -> JobSpec {
     JobSpec {
         name: name.into(),
         dataset: Some(DatasetSpec {
-            kind: Some(Kind::Synthetic(SyntheticSpec {
-                num_samples: n,
-                shape: vec![4],
-                dtype: Dtype::U8 as i32,
-                cost_ns: 0,
-                wait_ns_by_epoch: Vec::new(),
-            })),
+            kind: Some(Kind::Synthetic(SyntheticSpec { num_samples: n, shape: vec![4], dtype: Dtype::U8 as i32, cost_ns: 0, wait_ns_by_epoch: Vec::new() })),
         }),
         batch_size: batch,
         epochs: 1,
@@ -26,40 +20,21 @@ fn create(c: &Coordinator, spec: JobSpec) -> pb::Job {
     let consumers = spec.consumers;
     let (job, _) = c.create_or_attach(spec).expect("job");
     for consumer in 0..consumers {
-        c.open_session(job.job_id, consumer, "n".into(), String::new(), None)
-            .expect("session");
+        c.open_session(job.job_id, consumer, "n".into(), String::new(), None).expect("session");
     }
     job
 }
 
 fn coordinator() -> Coordinator {
-    Coordinator::new(ServerConfig {
-        range_len: 2,
-        ..ServerConfig::default()
-    })
+    Coordinator::new(ServerConfig { range_len: 2, ..ServerConfig::default() })
 }
 
 fn seqs(tasks: &[pb::Task], consumer: u32) -> Vec<u64> {
-    tasks
-        .iter()
-        .filter(|t| t.consumer == consumer)
-        .flat_map(|t| t.start_seq..t.end_seq)
-        .collect()
+    tasks.iter().filter(|t| t.consumer == consumer).flat_map(|t| t.start_seq..t.end_seq).collect()
 }
 
 async fn tasks(c: &Coordinator, worker: u64, delivered: Vec<pb::Delivered>) -> Vec<pb::Task> {
-    match c
-        .worker_heartbeat(
-            worker,
-            WorkerReport {
-                delivered,
-                failed: Vec::new(),
-                ..Default::default()
-            },
-            Duration::ZERO,
-        )
-        .await
-    {
+    match c.worker_heartbeat(worker, WorkerReport { delivered, failed: Vec::new(), ..Default::default() }, Duration::ZERO).await {
         HeartbeatOutcome::Tasks { tasks, .. } => tasks,
         HeartbeatOutcome::Reregister => panic!("worker unknown"),
     }
@@ -78,10 +53,7 @@ async fn announced_windows_size_the_ranges_of_their_job_only() {
         windows: vec![pb::JobWindow { job_id, batches }],
         ..Default::default()
     };
-    let t = match c
-        .worker_heartbeat(w, announce(small.job_id, 256), Duration::ZERO)
-        .await
-    {
+    let t = match c.worker_heartbeat(w, announce(small.job_id, 256), Duration::ZERO).await {
         HeartbeatOutcome::Tasks { tasks, .. } => tasks,
         HeartbeatOutcome::Reregister => panic!("worker unknown"),
     };
@@ -91,22 +63,12 @@ async fn announced_windows_size_the_ranges_of_their_job_only() {
             .map(|t| (t.start_seq, t.end_seq))
             .collect()
     };
-    assert_eq!(
-        ranges(small.job_id),
-        vec![(0, 64), (64, 128), (128, 192), (192, 256)]
-    );
-    assert_eq!(
-        ranges(other.job_id),
-        vec![(0, 2), (2, 4), (4, 6), (6, 8)],
-        "not announced: max_outstanding"
-    );
+    assert_eq!(ranges(small.job_id), vec![(0, 64), (64, 128), (128, 192), (192, 256)]);
+    assert_eq!(ranges(other.job_id), vec![(0, 2), (2, 4), (4, 6), (6, 8)], "not announced: max_outstanding");
 
     // Out of bounds either way: clamped.
     let w2 = c.register_worker("http://w2".into(), "n".into(), 8, 0);
-    match c
-        .worker_heartbeat(w2, announce(other.job_id, 1 << 30), Duration::ZERO)
-        .await
-    {
+    match c.worker_heartbeat(w2, announce(other.job_id, 1 << 30), Duration::ZERO).await {
         HeartbeatOutcome::Tasks { tasks, .. } => {
             let held: u64 = tasks
                 .iter()
@@ -118,10 +80,7 @@ async fn announced_windows_size_the_ranges_of_their_job_only() {
         HeartbeatOutcome::Reregister => panic!("worker unknown"),
     }
     let w3 = c.register_worker("http://w3".into(), "n".into(), 8, 0);
-    match c
-        .worker_heartbeat(w3, announce(small.job_id, 0), Duration::ZERO)
-        .await
-    {
+    match c.worker_heartbeat(w3, announce(small.job_id, 0), Duration::ZERO).await {
         HeartbeatOutcome::Tasks { tasks, .. } => {
             let held: u64 = tasks
                 .iter()
@@ -143,19 +102,12 @@ async fn assignment_is_bounded_per_consumer_and_resumes_on_delivery() {
     assert_eq!(seqs(&t, 0), vec![0, 1, 2, 3]);
     assert_eq!(seqs(&t, 1), vec![0, 1, 2, 3]);
     assert!(tasks(&c, w, Vec::new()).await.is_empty(), "no room left");
-    let report = vec![pb::Delivered {
-        job_id: job.job_id,
-        consumer: 0,
-        seqs: vec![0, 1, 0],
-    }];
+    let report = vec![pb::Delivered { job_id: job.job_id, consumer: 0, seqs: vec![0, 1, 0] }];
     let t = tasks(&c, w, report).await;
     assert_eq!(seqs(&t, 0), vec![4, 5]);
     assert!(seqs(&t, 1).is_empty());
     let jobs = c.list_jobs();
-    assert_eq!(
-        jobs[0].consumers[0].delivered, 2,
-        "a duplicate report counts once"
-    );
+    assert_eq!(jobs[0].consumers[0].delivered, 2, "a duplicate report counts once");
     assert_eq!(c.list_workers()[0].outstanding, 8);
 }
 
@@ -177,18 +129,7 @@ async fn idle_heartbeat_waits_for_work_and_wakes_on_new_job() {
     let w = c.register_worker("http://w".into(), "n".into(), 4, 0);
     let waiting = {
         let c = c.clone();
-        tokio::spawn(async move {
-            c.worker_heartbeat(
-                w,
-                WorkerReport {
-                    delivered: Vec::new(),
-                    failed: Vec::new(),
-                    ..Default::default()
-                },
-                Duration::from_secs(1),
-            )
-            .await
-        })
+        tokio::spawn(async move { c.worker_heartbeat(w, WorkerReport { delivered: Vec::new(), failed: Vec::new(), ..Default::default() }, Duration::from_secs(1)).await })
     };
     tokio::time::advance(Duration::from_millis(100)).await;
     create(&c, spec("", 10, 5, 1));
@@ -198,18 +139,7 @@ async fn idle_heartbeat_waits_for_work_and_wakes_on_new_job() {
     }
     // With nothing to do the call ends at its deadline, empty.
     let start = tokio::time::Instant::now();
-    match c
-        .worker_heartbeat(
-            w,
-            WorkerReport {
-                delivered: Vec::new(),
-                failed: Vec::new(),
-                ..Default::default()
-            },
-            Duration::from_millis(300),
-        )
-        .await
-    {
+    match c.worker_heartbeat(w, WorkerReport { delivered: Vec::new(), failed: Vec::new(), ..Default::default() }, Duration::from_millis(300)).await {
         HeartbeatOutcome::Tasks { tasks: t, .. } => assert!(t.is_empty()),
         HeartbeatOutcome::Reregister => panic!("worker unknown"),
     }
@@ -220,16 +150,7 @@ async fn idle_heartbeat_waits_for_work_and_wakes_on_new_job() {
 async fn unknown_worker_is_told_to_reregister() {
     let c = coordinator();
     assert!(matches!(
-        c.worker_heartbeat(
-            42,
-            WorkerReport {
-                delivered: Vec::new(),
-                failed: Vec::new(),
-                ..Default::default()
-            },
-            Duration::ZERO
-        )
-        .await,
+        c.worker_heartbeat(42, WorkerReport { delivered: Vec::new(), failed: Vec::new(), ..Default::default() }, Duration::ZERO).await,
         HeartbeatOutcome::Reregister
     ));
 }
@@ -238,38 +159,16 @@ async fn unknown_worker_is_told_to_reregister() {
 async fn failed_task_fails_the_job_and_stops_assignment() {
     let c = coordinator();
     let (job, _) = c.create_or_attach(spec("", 10, 2, 1)).expect("job");
-    let (session, _) = c
-        .open_session(job.job_id, 0, "n".into(), String::new(), None)
-        .expect("session");
+    let (session, _) = c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("session");
     let w = c.register_worker("http://w".into(), "n".into(), 2, 0);
     let t = tasks(&c, w, Vec::new()).await;
     assert_eq!(t.len(), 1);
-    let failed = vec![pb::Failed {
-        job_id: job.job_id,
-        consumer: 0,
-        start_seq: 0,
-        end_seq: 2,
-        error: "bad file /x".into(),
-    }];
-    match c
-        .worker_heartbeat(
-            w,
-            WorkerReport {
-                delivered: Vec::new(),
-                failed,
-                ..Default::default()
-            },
-            Duration::ZERO,
-        )
-        .await
-    {
+    let failed = vec![pb::Failed { job_id: job.job_id, consumer: 0, start_seq: 0, end_seq: 2, error: "bad file /x".into() }];
+    match c.worker_heartbeat(w, WorkerReport { delivered: Vec::new(), failed, ..Default::default() }, Duration::ZERO).await {
         HeartbeatOutcome::Tasks { tasks: t, .. } => assert!(t.is_empty()),
         HeartbeatOutcome::Reregister => panic!("worker unknown"),
     }
-    assert_eq!(
-        c.session_heartbeat(session, 0, 0).as_deref(),
-        Some("bad file /x")
-    );
+    assert_eq!(c.session_heartbeat(session, 0, 0).as_deref(), Some("bad file /x"));
     assert_eq!(c.routes(session).expect("routes").1, "bad file /x");
 }
 
@@ -281,9 +180,7 @@ fn named_jobs_attach_and_reject_other_specs() {
     let (b, attached) = c.create_or_attach(spec("train", 10, 2, 1)).expect("attach");
     assert!(attached);
     assert_eq!(a.job_id, b.job_id);
-    let err = c
-        .create_or_attach(spec("train", 11, 2, 1))
-        .expect_err("different spec");
+    let err = c.create_or_attach(spec("train", 11, 2, 1)).expect_err("different spec");
     assert_eq!(tonic::Status::from(err).code(), tonic::Code::AlreadyExists);
 }
 
@@ -291,29 +188,14 @@ fn named_jobs_attach_and_reject_other_specs() {
 fn a_resumed_plan_replaces_its_namesake_once_no_trainer_is_left() {
     let c = coordinator();
     let (old, _) = c.create_or_attach(spec("train", 100, 10, 4)).expect("job");
-    let (old_session, _) = c
-        .open_session(old.job_id, 0, "n".into(), String::new(), None)
-        .expect("session");
+    let (old_session, _) = c.open_session(old.job_id, 0, "n".into(), String::new(), None).expect("session");
     let mut resumed = spec("train", 100, 10, 2);
-    resumed.resume = Some(pb::EpochResume {
-        epoch: 0,
-        offset: 40,
-        delivered: vec![41],
-    });
+    resumed.resume = Some(pb::EpochResume { epoch: 0, offset: 40, delivered: vec![41] });
 
     // The old run still has a trainer: refused, saying how to resume.
-    let status = tonic::Status::from(
-        c.create_or_attach(resumed.clone())
-            .expect_err("old trainer left"),
-    );
+    let status = tonic::Status::from(c.create_or_attach(resumed.clone()).expect_err("old trainer left"));
     assert_eq!(status.code(), tonic::Code::FailedPrecondition);
-    assert!(
-        status
-            .message()
-            .contains("every new rank must resume from the same state"),
-        "{}",
-        status.message()
-    );
+    assert!(status.message().contains("every new rank must resume from the same state"), "{}", status.message());
 
     // Once it has left, the first new rank replaces the job, the others attach.
     c.close_session(old_session, 3);
@@ -323,15 +205,9 @@ fn a_resumed_plan_replaces_its_namesake_once_no_trainer_is_left() {
     let (again, attached) = c.create_or_attach(resumed.clone()).expect("attaches");
     assert!(attached);
     assert_eq!(again.job_id, new.job_id);
-    let err = c
-        .open_session(old.job_id, 1, "n".into(), String::new(), None)
-        .expect_err("replaced");
-    assert!(
-        err.to_string().contains("replaced by a resumed plan"),
-        "{err}"
-    );
-    c.open_session(new.job_id, 1, "n".into(), String::new(), None)
-        .expect("session on the new plan");
+    let err = c.open_session(old.job_id, 1, "n".into(), String::new(), None).expect_err("replaced");
+    assert!(err.to_string().contains("replaced by a resumed plan"), "{err}");
+    c.open_session(new.job_id, 1, "n".into(), String::new(), None).expect("session on the new plan");
 
     // A rank resumed from another state while the new plan runs: refused.
     let mut other = resumed.clone();
@@ -355,22 +231,12 @@ fn bad_requests_map_to_fatal_codes() {
     assert_eq!(status.code(), tonic::Code::InvalidArgument);
     assert!(status.message().contains("batch_size"));
     let (job, _) = c.create_or_attach(spec("", 10, 2, 2)).expect("job");
-    let err = c
-        .open_session(job.job_id, 2, "n".into(), String::new(), None)
-        .expect_err("consumer 2 of 2");
-    assert_eq!(
-        tonic::Status::from(err).code(),
-        tonic::Code::InvalidArgument
-    );
-    let err = c
-        .open_session(99, 0, "n".into(), String::new(), None)
-        .expect_err("no job");
+    let err = c.open_session(job.job_id, 2, "n".into(), String::new(), None).expect_err("consumer 2 of 2");
+    assert_eq!(tonic::Status::from(err).code(), tonic::Code::InvalidArgument);
+    let err = c.open_session(99, 0, "n".into(), String::new(), None).expect_err("no job");
     assert_eq!(tonic::Status::from(err).code(), tonic::Code::NotFound);
     let err = crate::error::check_version(99).expect_err("version");
-    assert_eq!(
-        tonic::Status::from(err).code(),
-        tonic::Code::FailedPrecondition
-    );
+    assert_eq!(tonic::Status::from(err).code(), tonic::Code::FailedPrecondition);
 }
 
 #[test]
@@ -379,51 +245,19 @@ fn a_job_runs_only_on_blobs_the_coordinator_holds_and_keeps_no_trainer_path() {
     let bytes = b"pickled dataset".to_vec();
     let mut sha = loader_process::blobs::Sha256::default();
     sha.update(&bytes);
-    let blob = pb::BlobRef {
-        name: "pickle_file".into(),
-        sha256: sha.finish(),
-        size: bytes.len() as u64,
-        source: "/home/me/ds.pkl".into(),
-    };
-    let named = |name: &str| JobSpec {
-        blobs: vec![blob.clone()],
-        ..spec(name, 10, 2, 1)
-    };
+    let blob = pb::BlobRef { name: "pickle_file".into(), sha256: sha.finish(), size: bytes.len() as u64, source: "/home/me/ds.pkl".into() };
+    let named = |name: &str| JobSpec { blobs: vec![blob.clone()], ..spec(name, 10, 2, 1) };
     let status = tonic::Status::from(c.create_or_attach(named("a")).expect_err("not uploaded"));
     assert_eq!(status.code(), tonic::Code::FailedPrecondition);
-    assert!(
-        status
-            .message()
-            .starts_with("the job needs blob `pickle_file`"),
-        "{}",
-        status.message()
-    );
+    assert!(status.message().starts_with("the job needs blob `pickle_file`"), "{}", status.message());
 
-    let chunk = crate::blobs::Chunk {
-        sha256: blob.sha256.clone(),
-        size: blob.size,
-        offset: 0,
-        data: bytes.into(),
-    };
+    let chunk = crate::blobs::Chunk { sha256: blob.sha256.clone(), size: blob.size, offset: 0, data: bytes.into() };
     assert!(c.put_blob(chunk).expect("uploaded").held);
     let (job, _) = c.create_or_attach(named("a")).expect("held now");
     let held = job.spec.as_ref().expect("spec").blobs[0].clone();
-    assert_eq!(
-        held,
-        pb::BlobRef {
-            source: String::new(),
-            ..blob.clone()
-        },
-        "the trainer's path stays with it"
-    );
+    assert_eq!(held, pb::BlobRef { source: String::new(), ..blob.clone() }, "the trainer's path stays with it");
     // A rank on another host, whose file is elsewhere, attaches.
-    let elsewhere = JobSpec {
-        blobs: vec![pb::BlobRef {
-            source: "/data/ds.pkl".into(),
-            ..blob.clone()
-        }],
-        ..spec("a", 10, 2, 1)
-    };
+    let elsewhere = JobSpec { blobs: vec![pb::BlobRef { source: "/data/ds.pkl".into(), ..blob.clone() }], ..spec("a", 10, 2, 1) };
     assert!(c.create_or_attach(elsewhere).expect("attached").1);
 }
 
@@ -431,30 +265,12 @@ fn a_job_runs_only_on_blobs_the_coordinator_holds_and_keeps_no_trainer_path() {
 async fn tasks_of_a_colocated_ring_session_carry_its_socket() {
     let c = coordinator();
     let (job, _) = c.create_or_attach(spec("", 100, 10, 2)).expect("job");
-    c.open_session(
-        job.job_id,
-        0,
-        "host-a".into(),
-        "/run/loader/a.sock".into(),
-        None,
-    )
-    .expect("session 0");
-    c.open_session(
-        job.job_id,
-        1,
-        "host-b".into(),
-        "/run/loader/b.sock".into(),
-        None,
-    )
-    .expect("session 1");
+    c.open_session(job.job_id, 0, "host-a".into(), "/run/loader/a.sock".into(), None).expect("session 0");
+    c.open_session(job.job_id, 1, "host-b".into(), "/run/loader/b.sock".into(), None).expect("session 1");
     let local = c.register_worker("http://a".into(), "host-a".into(), 2, 0);
     let t = tasks(&c, local, Vec::new()).await;
     for task in &t {
-        let expect = if task.consumer == 0 {
-            "/run/loader/a.sock"
-        } else {
-            ""
-        };
+        let expect = if task.consumer == 0 { "/run/loader/a.sock" } else { "" };
         assert_eq!(task.ring_socket, expect, "consumer {}", task.consumer);
     }
     assert_eq!(t.len(), 2);
@@ -464,17 +280,11 @@ async fn tasks_of_a_colocated_ring_session_carry_its_socket() {
 async fn expired_worker_batches_go_to_another_worker_first() {
     let c = coordinator();
     let (job, _) = c.create_or_attach(spec("", 640, 64, 1)).expect("job");
-    let (session, _) = c
-        .open_session(job.job_id, 0, "n".into(), String::new(), None)
-        .expect("session");
+    let (session, _) = c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("session");
     let a = c.register_worker("http://a".into(), "n".into(), 4, 0);
     assert_eq!(seqs(&tasks(&c, a, Vec::new()).await, 0), vec![0, 1, 2, 3]);
     // a delivers 0 and 1; the trainer acknowledges 0 only.
-    let report = vec![pb::Delivered {
-        job_id: job.job_id,
-        consumer: 0,
-        seqs: vec![0, 1],
-    }];
+    let report = vec![pb::Delivered { job_id: job.job_id, consumer: 0, seqs: vec![0, 1] }];
     tasks(&c, a, report).await;
     c.session_heartbeat(session, 1, 0);
 
@@ -486,42 +296,18 @@ async fn expired_worker_batches_go_to_another_worker_first() {
     assert_eq!(c.expire(tokio::time::Instant::now()), (0, 0));
     tokio::time::advance(ttl / 2 + Duration::from_millis(1)).await;
     c.session_heartbeat(session, 1, 0);
-    match c
-        .worker_heartbeat(
-            b,
-            WorkerReport {
-                delivered: Vec::new(),
-                failed: Vec::new(),
-                ..Default::default()
-            },
-            Duration::ZERO,
-        )
-        .await
-    {
+    match c.worker_heartbeat(b, WorkerReport { delivered: Vec::new(), failed: Vec::new(), ..Default::default() }, Duration::ZERO).await {
         HeartbeatOutcome::Tasks { .. } => {}
         HeartbeatOutcome::Reregister => panic!("b is alive"),
     }
-    assert_eq!(
-        c.expire(tokio::time::Instant::now()),
-        (1, 0),
-        "a expired, the session renewed"
-    );
+    assert_eq!(c.expire(tokio::time::Instant::now()), (1, 0), "a expired, the session renewed");
     // a's unacknowledged (1) and undelivered (2, 3) batches come back, lowest first.
     let b_tasks = tasks(&c, b, vec![]).await;
     let again: Vec<u64> = seqs(&b_tasks, 0);
     assert_eq!(again[..3], [1, 2, 3]);
     // a is told to register again.
     assert!(matches!(
-        c.worker_heartbeat(
-            a,
-            WorkerReport {
-                delivered: Vec::new(),
-                failed: Vec::new(),
-                ..Default::default()
-            },
-            Duration::ZERO
-        )
-        .await,
+        c.worker_heartbeat(a, WorkerReport { delivered: Vec::new(), failed: Vec::new(), ..Default::default() }, Duration::ZERO).await,
         HeartbeatOutcome::Reregister
     ));
 }
@@ -530,88 +316,29 @@ async fn expired_worker_batches_go_to_another_worker_first() {
 async fn silent_session_expires_and_its_ring_is_no_longer_routed() {
     let c = coordinator();
     let (job, _) = c.create_or_attach(spec("", 640, 64, 1)).expect("job");
-    let (session, _) = c
-        .open_session(job.job_id, 0, "n".into(), "/tmp/ring.sock".into(), None)
-        .expect("session");
+    let (session, _) = c.open_session(job.job_id, 0, "n".into(), "/tmp/ring.sock".into(), None).expect("session");
     let w = c.register_worker("http://w".into(), "n".into(), 1, 0);
-    assert_eq!(
-        tasks(&c, w, Vec::new()).await[0].ring_socket,
-        "/tmp/ring.sock"
-    );
+    assert_eq!(tasks(&c, w, Vec::new()).await[0].ring_socket, "/tmp/ring.sock");
     tokio::time::advance(c.config.lease_ttl + Duration::from_millis(1)).await;
     // The worker renews; the session does not.
-    let report = vec![pb::Delivered {
-        job_id: job.job_id,
-        consumer: 0,
-        seqs: vec![0],
-    }];
-    match c
-        .worker_heartbeat(
-            w,
-            WorkerReport {
-                delivered: report,
-                failed: Vec::new(),
-                ..Default::default()
-            },
-            Duration::ZERO,
-        )
-        .await
-    {
-        HeartbeatOutcome::Tasks { tasks: t, .. } => assert_eq!(
-            t[0].ring_socket, "/tmp/ring.sock",
-            "not expired before the reaper runs"
-        ),
+    let report = vec![pb::Delivered { job_id: job.job_id, consumer: 0, seqs: vec![0] }];
+    match c.worker_heartbeat(w, WorkerReport { delivered: report, failed: Vec::new(), ..Default::default() }, Duration::ZERO).await {
+        HeartbeatOutcome::Tasks { tasks: t, .. } => assert_eq!(t[0].ring_socket, "/tmp/ring.sock", "not expired before the reaper runs"),
         HeartbeatOutcome::Reregister => panic!("worker alive"),
     }
     assert_eq!(c.list_sessions().len(), 1);
     assert!(c.list_sessions()[0].ring);
     assert_eq!(c.expire(tokio::time::Instant::now()), (0, 1));
-    assert!(
-        c.list_sessions().is_empty(),
-        "an expired session is no longer listed"
-    );
-    assert_eq!(
-        c.session_heartbeat(session, 0, 0),
-        None,
-        "the trainer is told to reopen"
-    );
-    let report = vec![pb::Delivered {
-        job_id: job.job_id,
-        consumer: 0,
-        seqs: vec![1],
-    }];
-    match c
-        .worker_heartbeat(
-            w,
-            WorkerReport {
-                delivered: report,
-                failed: Vec::new(),
-                ..Default::default()
-            },
-            Duration::ZERO,
-        )
-        .await
-    {
-        HeartbeatOutcome::Tasks { tasks: t, .. } => {
-            assert!(t.is_empty(), "nothing is produced for a dead trainer")
-        }
+    assert!(c.list_sessions().is_empty(), "an expired session is no longer listed");
+    assert_eq!(c.session_heartbeat(session, 0, 0), None, "the trainer is told to reopen");
+    let report = vec![pb::Delivered { job_id: job.job_id, consumer: 0, seqs: vec![1] }];
+    match c.worker_heartbeat(w, WorkerReport { delivered: report, failed: Vec::new(), ..Default::default() }, Duration::ZERO).await {
+        HeartbeatOutcome::Tasks { tasks: t, .. } => assert!(t.is_empty(), "nothing is produced for a dead trainer"),
         HeartbeatOutcome::Reregister => panic!("worker alive"),
     }
     // A new trainer for the consumer gets batches again, over gRPC.
-    c.open_session(job.job_id, 0, "n".into(), String::new(), None)
-        .expect("new session");
-    match c
-        .worker_heartbeat(
-            w,
-            WorkerReport {
-                delivered: Vec::new(),
-                failed: Vec::new(),
-                ..Default::default()
-            },
-            Duration::ZERO,
-        )
-        .await
-    {
+    c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("new session");
+    match c.worker_heartbeat(w, WorkerReport { delivered: Vec::new(), failed: Vec::new(), ..Default::default() }, Duration::ZERO).await {
         HeartbeatOutcome::Tasks { tasks: t, .. } => assert_eq!(t[0].ring_socket, ""),
         HeartbeatOutcome::Reregister => panic!("worker alive"),
     }
@@ -620,17 +347,11 @@ async fn silent_session_expires_and_its_ring_is_no_longer_routed() {
 #[tokio::test]
 async fn a_restart_on_the_same_state_dir_resumes_at_the_watermark() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let config = ServerConfig {
-        range_len: 2,
-        state_dir: Some(dir.path().to_owned()),
-        ..ServerConfig::default()
-    };
+    let config = ServerConfig { range_len: 2, state_dir: Some(dir.path().to_owned()), ..ServerConfig::default() };
     let (job_id, old_worker) = {
         let c = Coordinator::open(config.clone()).expect("open");
         let (job, _) = c.create_or_attach(spec("train", 640, 64, 1)).expect("job");
-        let (session, _) = c
-            .open_session(job.job_id, 0, "n".into(), String::new(), None)
-            .expect("session");
+        let (session, _) = c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("session");
         let w = c.register_worker("http://w".into(), "n".into(), 4, 0);
         tasks(&c, w, Vec::new()).await;
         c.session_heartbeat(session, 3, 0);
@@ -638,35 +359,19 @@ async fn a_restart_on_the_same_state_dir_resumes_at_the_watermark() {
     };
     let c = Coordinator::open(config).expect("reopen");
     // The named job is still there, with the same id.
-    let (job, attached) = c
-        .create_or_attach(spec("train", 640, 64, 1))
-        .expect("attach");
+    let (job, attached) = c.create_or_attach(spec("train", 640, 64, 1)).expect("attach");
     assert!(attached);
     assert_eq!(job.job_id, job_id);
     // A worker of the previous run must register again.
     assert!(matches!(
-        c.worker_heartbeat(
-            old_worker,
-            WorkerReport {
-                delivered: Vec::new(),
-                failed: Vec::new(),
-                ..Default::default()
-            },
-            Duration::ZERO
-        )
-        .await,
+        c.worker_heartbeat(old_worker, WorkerReport { delivered: Vec::new(), failed: Vec::new(), ..Default::default() }, Duration::ZERO).await,
         HeartbeatOutcome::Reregister
     ));
     let w = c.register_worker("http://w2".into(), "n".into(), 2, 0);
     assert_ne!(w, old_worker);
     assert!(tasks(&c, w, Vec::new()).await.is_empty(), "no trainer yet");
-    c.open_session(job.job_id, 0, "n".into(), String::new(), None)
-        .expect("trainer reopens");
-    assert_eq!(
-        seqs(&tasks(&c, w, Vec::new()).await, 0),
-        vec![3, 4],
-        "delivery resumes at the watermark"
-    );
+    c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("trainer reopens");
+    assert_eq!(seqs(&tasks(&c, w, Vec::new()).await, 0), vec![3, 4], "delivery resumes at the watermark");
     assert_eq!(c.list_jobs()[0].consumers[0].consumed, 3);
 }
 
@@ -677,23 +382,8 @@ async fn a_draining_worker_gets_no_tasks_and_its_leftovers_are_requeued_on_dereg
     let w = c.register_worker("http://w".into(), "n".into(), 4, 0);
     assert_eq!(seqs(&tasks(&c, w, Vec::new()).await, 0), vec![0, 1, 2, 3]);
     c.drain_worker(w).expect("drain");
-    let report = vec![pb::Delivered {
-        job_id: job.job_id,
-        consumer: 0,
-        seqs: vec![0, 1],
-    }];
-    match c
-        .worker_heartbeat(
-            w,
-            WorkerReport {
-                delivered: report,
-                failed: Vec::new(),
-                ..Default::default()
-            },
-            Duration::from_secs(1),
-        )
-        .await
-    {
+    let report = vec![pb::Delivered { job_id: job.job_id, consumer: 0, seqs: vec![0, 1] }];
+    match c.worker_heartbeat(w, WorkerReport { delivered: report, failed: Vec::new(), ..Default::default() }, Duration::from_secs(1)).await {
         HeartbeatOutcome::Tasks { tasks, drain, .. } => {
             assert!(tasks.is_empty());
             assert!(drain);
@@ -705,11 +395,7 @@ async fn a_draining_worker_gets_no_tasks_and_its_leftovers_are_requeued_on_dereg
     assert!(c.list_workers().is_empty());
     let other = c.register_worker("http://o".into(), "n".into(), 8, 0);
     let again = seqs(&tasks(&c, other, Vec::new()).await, 0);
-    assert_eq!(
-        again[..4],
-        [0, 1, 2, 3],
-        "unacknowledged and undelivered batches come back first"
-    );
+    assert_eq!(again[..4], [0, 1, 2, 3], "unacknowledged and undelivered batches come back first");
     let err = c.drain_worker(w).expect_err("gone");
     assert_eq!(tonic::Status::from(err).code(), tonic::Code::NotFound);
 }
@@ -718,26 +404,15 @@ async fn a_draining_worker_gets_no_tasks_and_its_leftovers_are_requeued_on_dereg
 async fn a_resumed_session_restarts_its_consumer_at_the_saved_batch() {
     let c = coordinator();
     let (job, _) = c.create_or_attach(spec("", 640, 64, 1)).expect("job");
-    c.open_session(job.job_id, 0, "n".into(), String::new(), None)
-        .expect("first trainer");
+    c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("first trainer");
     let w = c.register_worker("http://w".into(), "n".into(), 4, 0);
     assert_eq!(seqs(&tasks(&c, w, Vec::new()).await, 0), vec![0, 1, 2, 3]);
-    c.open_session(job.job_id, 0, "n".into(), String::new(), Some(7))
-        .expect("resumed trainer");
-    let report = vec![pb::Delivered {
-        job_id: job.job_id,
-        consumer: 0,
-        seqs: vec![0, 1, 2, 3],
-    }];
+    c.open_session(job.job_id, 0, "n".into(), String::new(), Some(7)).expect("resumed trainer");
+    let report = vec![pb::Delivered { job_id: job.job_id, consumer: 0, seqs: vec![0, 1, 2, 3] }];
     assert_eq!(seqs(&tasks(&c, w, report).await, 0), vec![7, 8, 9]);
     assert_eq!(c.list_jobs()[0].consumers[0].consumed, 7);
-    let err = c
-        .open_session(job.job_id, 0, "n".into(), String::new(), Some(11))
-        .expect_err("past the end");
-    assert_eq!(
-        tonic::Status::from(err).code(),
-        tonic::Code::InvalidArgument
-    );
+    let err = c.open_session(job.job_id, 0, "n".into(), String::new(), Some(11)).expect_err("past the end");
+    assert_eq!(tonic::Status::from(err).code(), tonic::Code::InvalidArgument);
 }
 
 #[tokio::test(start_paused = true)]
@@ -753,48 +428,21 @@ async fn a_full_worker_still_takes_batches_given_back_by_a_dead_one() {
     for s in c.list_sessions() {
         c.session_heartbeat(s.session_id, 0, 0);
     }
-    let HeartbeatOutcome::Tasks { tasks: none, .. } = c
-        .worker_heartbeat(
-            full,
-            WorkerReport {
-                delivered: Vec::new(),
-                failed: Vec::new(),
-                ..Default::default()
-            },
-            Duration::ZERO,
-        )
-        .await
+    let HeartbeatOutcome::Tasks { tasks: none, .. } =
+        c.worker_heartbeat(full, WorkerReport { delivered: Vec::new(), failed: Vec::new(), ..Default::default() }, Duration::ZERO).await
     else {
         panic!("full is alive")
     };
     assert!(none.is_empty(), "at its limit");
     assert_eq!(c.expire(tokio::time::Instant::now()), (1, 0));
-    assert_eq!(
-        seqs(&tasks(&c, full, Vec::new()).await, 0),
-        vec![0, 1],
-        "given-back batches exceed the limit"
-    );
-    assert!(
-        tasks(&c, full, Vec::new()).await.is_empty(),
-        "but new ones do not"
-    );
+    assert_eq!(seqs(&tasks(&c, full, Vec::new()).await, 0), vec![0, 1], "given-back batches exceed the limit");
+    assert!(tasks(&c, full, Vec::new()).await.is_empty(), "but new ones do not");
     let _ = job;
 }
 
 /// A worker's heartbeat answer: its new tasks and the consumers it must drop.
 async fn orders(c: &Coordinator, worker: u64) -> (Vec<pb::Task>, Vec<ConsumerKey>) {
-    match c
-        .worker_heartbeat(
-            worker,
-            WorkerReport {
-                delivered: Vec::new(),
-                failed: Vec::new(),
-                ..Default::default()
-            },
-            Duration::ZERO,
-        )
-        .await
-    {
+    match c.worker_heartbeat(worker, WorkerReport { delivered: Vec::new(), failed: Vec::new(), ..Default::default() }, Duration::ZERO).await {
         HeartbeatOutcome::Tasks { tasks, ended, .. } => (tasks, ended),
         HeartbeatOutcome::Reregister => panic!("worker unknown"),
     }
@@ -806,43 +454,22 @@ async fn a_consumer_whose_last_session_expires_is_taken_back_and_its_workers_tol
     let ttl = c.config.lease_ttl;
     let (job, _) = c.create_or_attach(spec("", 640, 64, 1)).expect("job");
     let key = (job.job_id, 0);
-    let (first, _) = c
-        .open_session(job.job_id, 0, "n".into(), String::new(), None)
-        .expect("first session");
+    let (first, _) = c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("first session");
     let w = c.register_worker("http://w".into(), "n".into(), 4, 0);
     assert_eq!(seqs(&orders(&c, w).await.0, 0), vec![0, 1, 2, 3]);
     // w hands 0 to the trainer, which dies before acknowledging it; w
     // takes 4 in its place.
-    let t = tasks(
-        &c,
-        w,
-        vec![pb::Delivered {
-            job_id: job.job_id,
-            consumer: 0,
-            seqs: vec![0],
-        }],
-    )
-    .await;
+    let t = tasks(&c, w, vec![pb::Delivered { job_id: job.job_id, consumer: 0, seqs: vec![0] }]).await;
     assert_eq!(seqs(&t, 0), vec![4]);
 
     // A second session of the consumer keeps it alive past the first one's lease.
     tokio::time::advance(ttl / 2).await;
-    let (second, _) = c
-        .open_session(job.job_id, 0, "n".into(), String::new(), None)
-        .expect("second session");
+    let (second, _) = c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("second session");
     tokio::time::advance(ttl / 2 + Duration::from_millis(1)).await;
     assert_eq!(orders(&c, w).await, (vec![], vec![]), "at its limit");
     assert_eq!(c.expire(tokio::time::Instant::now()), (0, 1));
-    assert_eq!(
-        c.session_heartbeat(first, 0, 0),
-        None,
-        "the first session is gone"
-    );
-    assert_eq!(
-        orders(&c, w).await,
-        (vec![], vec![]),
-        "the consumer still has a session"
-    );
+    assert_eq!(c.session_heartbeat(first, 0, 0), None, "the first session is gone");
+    assert_eq!(orders(&c, w).await, (vec![], vec![]), "the consumer still has a session");
     assert_eq!(c.list_workers()[0].outstanding, 4);
 
     // Its last session expires: what w held (1..5) and what it delivered
@@ -852,24 +479,15 @@ async fn a_consumer_whose_last_session_expires_is_taken_back_and_its_workers_tol
     assert_eq!(c.expire(tokio::time::Instant::now()), (0, 1));
     assert_eq!(c.session_heartbeat(second, 0, 0), None);
     assert_eq!(c.list_workers()[0].outstanding, 0);
-    assert_eq!(
-        c.list_jobs()[0].consumers[0].assigned,
-        0,
-        "every batch handed out is back in the queue"
-    );
+    assert_eq!(c.list_jobs()[0].consumers[0].assigned, 0, "every batch handed out is back in the queue");
     assert_eq!(orders(&c, w).await, (vec![], vec![key]));
     assert_eq!(orders(&c, w).await, (vec![], vec![]), "told once");
     let later = c.register_worker("http://later".into(), "n".into(), 4, 0);
-    assert_eq!(
-        orders(&c, later).await,
-        (vec![], vec![]),
-        "nothing for a consumer without a session"
-    );
+    assert_eq!(orders(&c, later).await, (vec![], vec![]), "nothing for a consumer without a session");
 
     // A trainer that comes later gets those batches first (beyond the
     // limit, like a dead worker's), each exactly once.
-    c.open_session(job.job_id, 0, "n".into(), String::new(), None)
-        .expect("later session");
+    c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("later session");
     assert_eq!(seqs(&orders(&c, later).await.0, 0), vec![0, 1, 2, 3, 4]);
     assert_eq!(seqs(&orders(&c, w).await.0, 0), vec![5, 6, 7, 8]);
 }
@@ -885,50 +503,26 @@ async fn a_long_poll_wakes_when_its_workers_consumer_ends() {
     // At its limit: the call waits (and renews the lease as it arrives).
     let waiting = {
         let c = c.clone();
-        tokio::spawn(async move {
-            c.worker_heartbeat(
-                w,
-                WorkerReport {
-                    delivered: Vec::new(),
-                    failed: Vec::new(),
-                    ..Default::default()
-                },
-                ttl,
-            )
-            .await
-        })
+        tokio::spawn(async move { c.worker_heartbeat(w, WorkerReport { delivered: Vec::new(), failed: Vec::new(), ..Default::default() }, ttl).await })
     };
     tokio::task::yield_now().await;
     assert!(!waiting.is_finished());
     tokio::time::advance(ttl / 2 + Duration::from_millis(1)).await;
     let asked = tokio::time::Instant::now();
-    assert_eq!(
-        c.expire(asked),
-        (0, 1),
-        "the session expired, the worker did not"
-    );
+    assert_eq!(c.expire(asked), (0, 1), "the session expired, the worker did not");
     match waiting.await.expect("join") {
-        HeartbeatOutcome::Tasks {
-            tasks,
-            drain,
-            ended,
-        } => {
+        HeartbeatOutcome::Tasks { tasks, drain, ended } => {
             assert!(tasks.is_empty());
             assert!(!drain);
             assert_eq!(ended, vec![(job.job_id, 0)]);
         }
         HeartbeatOutcome::Reregister => panic!("worker known"),
     }
-    assert_eq!(
-        asked.elapsed(),
-        Duration::ZERO,
-        "answered at once, not at the end of its wait"
-    );
+    assert_eq!(asked.elapsed(), Duration::ZERO, "answered at once, not at the end of its wait");
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_draining_worker_hears_that_its_consumer_ended_and_deregisters_with_nothing_to_give_back()
-{
+async fn a_draining_worker_hears_that_its_consumer_ended_and_deregisters_with_nothing_to_give_back() {
     let c = coordinator();
     let ttl = c.config.lease_ttl;
     let job = create(&c, spec("", 640, 64, 1));
@@ -937,43 +531,15 @@ async fn a_draining_worker_hears_that_its_consumer_ended_and_deregisters_with_no
     c.drain_worker(w).expect("drain");
     tokio::time::advance(ttl + Duration::from_millis(1)).await;
     let answer = |outcome| match outcome {
-        HeartbeatOutcome::Tasks {
-            tasks,
-            drain,
-            ended,
-        } => (tasks, drain, ended),
+        HeartbeatOutcome::Tasks { tasks, drain, ended } => (tasks, drain, ended),
         HeartbeatOutcome::Reregister => panic!("worker known"),
     };
-    let renew = c
-        .worker_heartbeat(
-            w,
-            WorkerReport {
-                delivered: Vec::new(),
-                failed: Vec::new(),
-                ..Default::default()
-            },
-            Duration::ZERO,
-        )
-        .await;
+    let renew = c.worker_heartbeat(w, WorkerReport { delivered: Vec::new(), failed: Vec::new(), ..Default::default() }, Duration::ZERO).await;
     assert_eq!(answer(renew), (vec![], true, vec![]));
     assert_eq!(c.expire(tokio::time::Instant::now()), (0, 1));
-    let told = c
-        .worker_heartbeat(
-            w,
-            WorkerReport {
-                delivered: Vec::new(),
-                failed: Vec::new(),
-                ..Default::default()
-            },
-            Duration::ZERO,
-        )
-        .await;
+    let told = c.worker_heartbeat(w, WorkerReport { delivered: Vec::new(), failed: Vec::new(), ..Default::default() }, Duration::ZERO).await;
     assert_eq!(answer(told), (vec![], true, vec![(job.job_id, 0)]));
-    assert_eq!(
-        c.list_jobs()[0].consumers[0].assigned,
-        0,
-        "taken back when the consumer ended"
-    );
+    assert_eq!(c.list_jobs()[0].consumers[0].assigned, 0, "taken back when the consumer ended");
     c.deregister(w).expect("deregister");
     assert_eq!(c.list_jobs()[0].consumers[0].assigned, 0, "and not twice");
 }
@@ -982,23 +548,12 @@ async fn a_draining_worker_hears_that_its_consumer_ended_and_deregisters_with_no
 async fn a_finished_consumers_leftovers_go_when_its_session_ends_and_nothing_is_requeued() {
     let c = coordinator();
     let (job, _) = c.create_or_attach(spec("", 256, 64, 1)).expect("job");
-    let (session, _) = c
-        .open_session(job.job_id, 0, "n".into(), String::new(), None)
-        .expect("session");
+    let (session, _) = c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("session");
     let slow = c.register_worker("http://slow".into(), "n".into(), 2, 0);
     let fast = c.register_worker("http://fast".into(), "n".into(), 2, 0);
     assert_eq!(seqs(&orders(&c, slow).await.0, 0), vec![0, 1]);
     assert_eq!(seqs(&orders(&c, fast).await.0, 0), vec![2, 3]);
-    tasks(
-        &c,
-        fast,
-        vec![pb::Delivered {
-            job_id: job.job_id,
-            consumer: 0,
-            seqs: vec![2, 3],
-        }],
-    )
-    .await;
+    tasks(&c, fast, vec![pb::Delivered { job_id: job.job_id, consumer: 0, seqs: vec![2, 3] }]).await;
     // The trainer has all 4 batches (0 and 1 as copies from elsewhere, e.g.
     // after a requeue) and says so in its final heartbeat: slow's are
     // leftovers. While the session is open, late delivery reports still
@@ -1012,18 +567,10 @@ async fn a_finished_consumers_leftovers_go_when_its_session_ends_and_nothing_is_
     assert_eq!(orders(&c, slow).await, (vec![], vec![]));
     assert_eq!(c.expire(tokio::time::Instant::now()), (0, 1));
     assert_eq!(orders(&c, slow).await, (vec![], vec![(job.job_id, 0)]));
-    assert_eq!(
-        orders(&c, fast).await,
-        (vec![], vec![]),
-        "fast holds nothing"
-    );
+    assert_eq!(orders(&c, fast).await, (vec![], vec![]), "fast holds nothing");
     assert!(c.list_workers().iter().all(|w| w.outstanding == 0));
     let progress = &c.list_jobs()[0].consumers[0];
-    assert_eq!(
-        (progress.assigned, progress.consumed),
-        (4, 4),
-        "nothing requeued"
-    );
+    assert_eq!((progress.assigned, progress.consumed), (4, 4), "nothing requeued");
 }
 
 /// A job whose workers keep dying before any of its batches is delivered is
@@ -1033,9 +580,7 @@ async fn a_finished_consumers_leftovers_go_when_its_session_ends_and_nothing_is_
 async fn a_job_that_kills_its_workers_before_delivering_is_failed() {
     let c = coordinator();
     let (job, _) = c.create_or_attach(spec("", 6400, 1, 1)).expect("job");
-    let (session, _) = c
-        .open_session(job.job_id, 0, "n".into(), String::new(), None)
-        .expect("session");
+    let (session, _) = c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("session");
     let ttl = c.config.lease_ttl;
     let job_id = job.job_id;
     let die = |delivered: bool| {
@@ -1044,11 +589,7 @@ async fn a_job_that_kills_its_workers_before_delivering_is_failed() {
             let w = c.register_worker("http://w".into(), "n".into(), 4, 0);
             let t = tasks(&c, w, Vec::new()).await;
             if delivered {
-                let report = vec![pb::Delivered {
-                    job_id,
-                    consumer: 0,
-                    seqs: vec![t[0].start_seq],
-                }];
+                let report = vec![pb::Delivered { job_id, consumer: 0, seqs: vec![t[0].start_seq] }];
                 tasks(&c, w, report).await;
             }
             tokio::time::advance(ttl + Duration::from_millis(1)).await;
@@ -1058,23 +599,14 @@ async fn a_job_that_kills_its_workers_before_delivering_is_failed() {
     };
     die(false).await;
     die(false).await;
-    assert_eq!(
-        c.session_heartbeat(session, 0, 0).as_deref(),
-        Some(""),
-        "two deaths: not yet"
-    );
+    assert_eq!(c.session_heartbeat(session, 0, 0).as_deref(), Some(""), "two deaths: not yet");
     die(false).await;
     let error = c.session_heartbeat(session, 0, 0).expect("session");
-    assert!(
-        error.starts_with("3 workers died while producing batches of job"),
-        "{error}"
-    );
+    assert!(error.starts_with("3 workers died while producing batches of job"), "{error}");
 
     // Another job delivers once; then no number of deaths fails it.
     let (job, _) = c.create_or_attach(spec("other", 6400, 1, 1)).expect("job");
-    let (session, _) = c
-        .open_session(job.job_id, 0, "n".into(), String::new(), None)
-        .expect("session");
+    let (session, _) = c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("session");
     let job_id = job.job_id;
     let die = |delivered: bool| {
         let c = c.clone();
@@ -1082,11 +614,7 @@ async fn a_job_that_kills_its_workers_before_delivering_is_failed() {
             let w = c.register_worker("http://w".into(), "n".into(), 4, 0);
             let t = tasks(&c, w, Vec::new()).await;
             if delivered {
-                let report = vec![pb::Delivered {
-                    job_id,
-                    consumer: 0,
-                    seqs: vec![t[0].start_seq],
-                }];
+                let report = vec![pb::Delivered { job_id, consumer: 0, seqs: vec![t[0].start_seq] }];
                 tasks(&c, w, report).await;
             }
             tokio::time::advance(ttl + Duration::from_millis(1)).await;
@@ -1099,11 +627,7 @@ async fn a_job_that_kills_its_workers_before_delivering_is_failed() {
     for _ in 0..5 {
         die(false).await;
     }
-    assert_eq!(
-        c.session_heartbeat(session, 0, 0).as_deref(),
-        Some(""),
-        "it delivered once"
-    );
+    assert_eq!(c.session_heartbeat(session, 0, 0).as_deref(), Some(""), "it delivered once");
 }
 
 /// Workers that announce a memory budget no batch of a job fits get the job
@@ -1117,15 +641,8 @@ fn a_job_no_worker_can_hold_is_refused_at_submission() {
         s.shape = vec![100_000, 100_000];
     }
     let err = c.create_or_attach(huge).expect_err("refused");
-    assert!(
-        err.to_string()
-            .contains("batch_size: a batch of 4 samples takes 40.0 GB"),
-        "{err}"
-    );
-    assert_eq!(
-        tonic::Status::from(err).code(),
-        tonic::Code::InvalidArgument
-    );
+    assert!(err.to_string().contains("batch_size: a batch of 4 samples takes 40.0 GB"), "{err}");
+    assert_eq!(tonic::Status::from(err).code(), tonic::Code::InvalidArgument);
     assert!(c.create_or_attach(spec("", 16, 4, 1)).is_ok());
 }
 
@@ -1137,29 +654,16 @@ fn a_job_no_worker_can_hold_is_refused_at_submission() {
 async fn a_closed_session_is_gone_at_once_and_its_consumer_ends() {
     let c = coordinator();
     let (job, _) = c.create_or_attach(spec("", 100, 10, 1)).expect("job");
-    let (session, _) = c
-        .open_session(job.job_id, 0, "n".into(), String::new(), None)
-        .expect("session");
+    let (session, _) = c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("session");
     let w = c.register_worker("http://w".into(), "n".into(), 4, 0);
     tasks(&c, w, Vec::new()).await;
-    let report = vec![pb::Delivered {
-        job_id: job.job_id,
-        consumer: 0,
-        seqs: vec![0, 1, 2],
-    }];
+    let report = vec![pb::Delivered { job_id: job.job_id, consumer: 0, seqs: vec![0, 1, 2] }];
     tasks(&c, w, report).await;
     c.close_session(session, 1);
     assert!(c.list_sessions().is_empty(), "gone at once");
     let progress = &c.list_jobs()[0].consumers[0];
-    assert_eq!(
-        (progress.consumed, progress.delivered, progress.resent),
-        (1, 3, 2),
-        "1 and 2 go out again"
-    );
-    match c
-        .worker_heartbeat(w, WorkerReport::default(), Duration::ZERO)
-        .await
-    {
+    assert_eq!((progress.consumed, progress.delivered, progress.resent), (1, 3, 2), "1 and 2 go out again");
+    match c.worker_heartbeat(w, WorkerReport::default(), Duration::ZERO).await {
         HeartbeatOutcome::Tasks { ended, .. } => assert_eq!(ended, vec![(job.job_id, 0)]),
         HeartbeatOutcome::Reregister => panic!("worker unknown"),
     }
@@ -1176,31 +680,20 @@ async fn workers_list_delivered_samples_and_busy() {
     let w = c.register_worker("http://w".into(), "n".into(), 8, 0);
     assert_eq!(seqs(&tasks(&c, w, Vec::new()).await, 0), vec![0, 1, 2]);
     let report = |delivered: Vec<u64>, busy: f64| WorkerReport {
-        delivered: vec![pb::Delivered {
-            job_id: job.job_id,
-            consumer: 0,
-            seqs: delivered,
-        }],
+        delivered: vec![pb::Delivered { job_id: job.job_id, consumer: 0, seqs: delivered }],
         busy,
         ..Default::default()
     };
     let listed = |c: &Coordinator| {
         let workers = c.list_workers();
         assert_eq!(workers.len(), 1);
-        (
-            workers[0].delivered,
-            workers[0].delivered_samples,
-            workers[0].busy,
-        )
+        (workers[0].delivered, workers[0].delivered_samples, workers[0].busy)
     };
-    c.worker_heartbeat(w, report(vec![0, 1, 2], 0.25), Duration::ZERO)
-        .await;
+    c.worker_heartbeat(w, report(vec![0, 1, 2], 0.25), Duration::ZERO).await;
     assert_eq!(listed(&c), (3, 10, 0.25));
     // Batches it no longer holds count once.
-    c.worker_heartbeat(w, report(vec![2], f64::NAN), Duration::ZERO)
-        .await;
+    c.worker_heartbeat(w, report(vec![2], f64::NAN), Duration::ZERO).await;
     assert_eq!(listed(&c), (3, 10, 0.25));
-    c.worker_heartbeat(w, report(Vec::new(), 7.0), Duration::ZERO)
-        .await;
+    c.worker_heartbeat(w, report(Vec::new(), 7.0), Duration::ZERO).await;
     assert_eq!(listed(&c), (3, 10, 1.0));
 }

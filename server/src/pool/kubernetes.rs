@@ -28,10 +28,7 @@ pub(crate) struct Deployment {
 
 impl std::fmt::Debug for Deployment {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Deployment")
-            .field("name", &self.name)
-            .field("namespace", &self.namespace)
-            .finish()
+        f.debug_struct("Deployment").field("name", &self.name).field("namespace", &self.namespace).finish()
     }
 }
 
@@ -43,16 +40,12 @@ impl Deployment {
         // so rustls cannot pick one itself: use ring (an error only means
         // one was installed already).
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let client_config = Config::infer().await.map_err(|e| {
-            CoordinatorError::ScaleFailed(format!("kubernetes: no cluster configuration: {e}"))
-        })?;
-        let namespace = config
-            .namespace
-            .clone()
-            .unwrap_or_else(|| client_config.default_namespace.clone());
-        let client = Client::try_from(client_config).map_err(|e| {
-            CoordinatorError::ScaleFailed(format!("kubernetes: cannot make a client: {e}"))
-        })?;
+        let client_config = Config::infer()
+            .await
+            .map_err(|e| CoordinatorError::ScaleFailed(format!("kubernetes: no cluster configuration: {e}")))?;
+        let namespace = config.namespace.clone().unwrap_or_else(|| client_config.default_namespace.clone());
+        let client = Client::try_from(client_config)
+            .map_err(|e| CoordinatorError::ScaleFailed(format!("kubernetes: cannot make a client: {e}")))?;
         Ok(Self {
             api: Api::namespaced(client, &namespace),
             name: config.deployment.clone(),
@@ -62,20 +55,13 @@ impl Deployment {
 
     /// The replicas the Deployment asks for now.
     pub(crate) async fn replicas(&self) -> Result<u32, CoordinatorError> {
-        let scale = self
-            .api
-            .get_scale(&self.name)
-            .await
-            .map_err(|e| self.failed("get", e))?;
+        let scale = self.api.get_scale(&self.name).await.map_err(|e| self.failed("get", e))?;
         let replicas = scale.spec.and_then(|s| s.replicas).unwrap_or(0);
         Ok(u32::try_from(replicas).unwrap_or(0))
     }
 
     /// Sets the Deployment's replicas to `workers`.
-    pub(crate) async fn scale(
-        &self,
-        workers: u32,
-    ) -> Result<pb::ScaleWorkersResponse, CoordinatorError> {
+    pub(crate) async fn scale(&self, workers: u32) -> Result<pb::ScaleWorkersResponse, CoordinatorError> {
         let previous = self.replicas().await?;
         if workers != previous {
             let patch = serde_json::json!({ "spec": { "replicas": workers } });
@@ -98,19 +84,14 @@ impl Deployment {
     fn failed(&self, verb: &str, e: kube::Error) -> CoordinatorError {
         let what = format!("deployments/scale {}/{}", self.namespace, self.name);
         match e {
-            kube::Error::Api(status) if status.code == 401 || status.code == 403 => {
-                CoordinatorError::ScaleRefused(format!(
-                    "kubernetes refused to {verb} {what}: {} (the coordinator's service account needs get and patch on deployments/scale)",
-                    status.message
-                ))
-            }
-            kube::Error::Api(status) => CoordinatorError::ScaleFailed(format!(
-                "kubernetes: cannot {verb} {what}: {} ({})",
-                status.message, status.code
+            kube::Error::Api(status) if status.code == 401 || status.code == 403 => CoordinatorError::ScaleRefused(format!(
+                "kubernetes refused to {verb} {what}: {} (the coordinator's service account needs get and patch on deployments/scale)",
+                status.message
             )),
-            other => {
-                CoordinatorError::ScaleFailed(format!("kubernetes: cannot {verb} {what}: {other}"))
+            kube::Error::Api(status) => {
+                CoordinatorError::ScaleFailed(format!("kubernetes: cannot {verb} {what}: {} ({})", status.message, status.code))
             }
+            other => CoordinatorError::ScaleFailed(format!("kubernetes: cannot {verb} {what}: {other}")),
         }
     }
 }

@@ -47,11 +47,7 @@ pub(crate) struct Processes {
 impl Processes {
     /// A pool of no process yet; its workers will register at `url`.
     pub(crate) fn new(config: LocalPoolConfig, url: String) -> Self {
-        Self {
-            config,
-            url,
-            members: Mutex::new(Vec::new()),
-        }
+        Self { config, url, members: Mutex::new(Vec::new()) }
     }
 
     /// Workers to start with the coordinator.
@@ -60,31 +56,18 @@ impl Processes {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Member>> {
-        self.members
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.members.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Runs `workers` workers: starts the missing ones, or drains the
     /// surplus (see the module docs).
-    pub(crate) fn scale(
-        &self,
-        coordinator: &Coordinator,
-        workers: u32,
-    ) -> Result<pb::ScaleWorkersResponse, CoordinatorError> {
+    pub(crate) fn scale(&self, coordinator: &Coordinator, workers: u32) -> Result<pb::ScaleWorkersResponse, CoordinatorError> {
         let mut members = self.lock();
         reap_exited(&mut members);
         let live = members.iter().filter(|m| !m.leaving).count() as u32;
-        let mut response = pb::ScaleWorkersResponse {
-            previous: live,
-            workers,
-            ..Default::default()
-        };
+        let mut response = pb::ScaleWorkersResponse { previous: live, workers, ..Default::default() };
         for _ in live..workers {
-            members.push(Member {
-                child: self.spawn()?,
-                leaving: false,
-            });
+            members.push(Member { child: self.spawn()?, leaving: false });
             response.started += 1;
         }
         if workers < live {
@@ -97,14 +80,8 @@ impl Processes {
                 .filter(|(_, m)| !m.leaving)
                 .map(|(i, m)| {
                     let pid = m.child.id().unwrap_or(0);
-                    let found = registered
-                        .iter()
-                        .find(|w| pid != 0 && w.pid == pid && !w.draining);
-                    (
-                        found.map_or(0, |w| w.outstanding),
-                        found.map(|w| w.worker_id),
-                        i,
-                    )
+                    let found = registered.iter().find(|w| pid != 0 && w.pid == pid && !w.draining);
+                    (found.map_or(0, |w| w.outstanding), found.map(|w| w.worker_id), i)
                 })
                 .collect();
             candidates.sort_by_key(|&(outstanding, id, _)| (id.is_some(), outstanding));
@@ -139,9 +116,9 @@ impl Processes {
             // is for the coordinator's announcements.
             .stdout(Stdio::null())
             .kill_on_drop(true);
-        command.spawn().map_err(|e| {
-            CoordinatorError::WorkerStart(format!("{}: {e}", self.config.command.display()))
-        })
+        command
+            .spawn()
+            .map_err(|e| CoordinatorError::WorkerStart(format!("{}: {e}", self.config.command.display())))
     }
 
     /// Workers running (not leaving), after reaping those that exited.
@@ -173,10 +150,7 @@ impl Processes {
         }
         let deadline = tokio::time::Instant::now() + STOP_GRACE;
         for m in &mut members {
-            if tokio::time::timeout_at(deadline, m.child.wait())
-                .await
-                .is_err()
-            {
+            if tokio::time::timeout_at(deadline, m.child.wait()).await.is_err() {
                 let _ = m.child.start_kill();
                 let _ = m.child.wait().await;
             }

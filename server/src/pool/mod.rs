@@ -10,9 +10,9 @@
 //!   Deployment, through its scale subresource; Kubernetes picks the pods
 //!   to remove and each drains on its SIGTERM.
 
+mod local;
 #[cfg(feature = "kubernetes")]
 mod kubernetes;
-mod local;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -23,6 +23,7 @@ use crate::autoscale::{Autoscaler, Load, MAX_WORKERS, Policy};
 use crate::config::WorkerPoolConfig;
 use crate::coordinator::Coordinator;
 use crate::error::CoordinatorError;
+
 
 /// Where the pool's workers run.
 #[derive(Debug)]
@@ -42,23 +43,13 @@ pub(crate) struct WorkerPool {
 
 impl WorkerPool {
     /// The pool `config` describes; local workers will register at `url`.
-    pub(crate) async fn open(
-        config: &WorkerPoolConfig,
-        url: String,
-    ) -> Result<Self, CoordinatorError> {
+    pub(crate) async fn open(config: &WorkerPoolConfig, url: String) -> Result<Self, CoordinatorError> {
         let backend = match config {
-            WorkerPoolConfig::Local(local) => {
-                Backend::Local(local::Processes::new(local.clone(), url))
-            }
+            WorkerPoolConfig::Local(local) => Backend::Local(local::Processes::new(local.clone(), url)),
             #[cfg(feature = "kubernetes")]
-            WorkerPoolConfig::Kubernetes(k) => {
-                Backend::Kubernetes(kubernetes::Deployment::connect(k).await?)
-            }
+            WorkerPoolConfig::Kubernetes(k) => Backend::Kubernetes(kubernetes::Deployment::connect(k).await?),
         };
-        Ok(Self {
-            backend,
-            autoscaler: Mutex::new(None),
-        })
+        Ok(Self { backend, autoscaler: Mutex::new(None) })
     }
 
     /// Starts what the pool starts with (local workers), and its
@@ -83,11 +74,7 @@ impl WorkerPool {
     }
 
     /// Runs `workers` workers.
-    pub(crate) async fn scale(
-        &self,
-        coordinator: &Coordinator,
-        workers: u32,
-    ) -> Result<pb::ScaleWorkersResponse, CoordinatorError> {
+    pub(crate) async fn scale(&self, coordinator: &Coordinator, workers: u32) -> Result<pb::ScaleWorkersResponse, CoordinatorError> {
         if workers > MAX_WORKERS {
             return Err(CoordinatorError::BadScaling(format!(
                 "{workers} workers: a pool runs at most {MAX_WORKERS}"
@@ -111,10 +98,7 @@ impl WorkerPool {
 
     /// Turns autoscaling on with `policy`, or off.
     pub(crate) fn autoscale(&self, policy: Option<Policy>) {
-        let mut slot = self
-            .autoscaler
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut slot = self.autoscaler.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         match policy {
             Some(p) => {
                 tracing::info!(min = p.min, max = p.max, target_stall = p.target_stall, cooldown = ?p.cooldown, "autoscaling on");
@@ -129,11 +113,7 @@ impl WorkerPool {
     }
 
     /// Applies the autoscaling policy once a second until `stop`.
-    async fn run_autoscaler(
-        self: Arc<Self>,
-        coordinator: Coordinator,
-        stop: tokio_util::sync::CancellationToken,
-    ) {
+    async fn run_autoscaler(self: Arc<Self>, coordinator: Coordinator, stop: tokio_util::sync::CancellationToken) {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -141,12 +121,7 @@ impl WorkerPool {
                 () = stop.cancelled() => return,
                 _ = tick.tick() => {}
             }
-            if self
-                .autoscaler
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner())
-                .is_none()
-            {
+            if self.autoscaler.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).is_none() {
                 continue;
             }
             let workers = match self.running().await {
@@ -157,12 +132,7 @@ impl WorkerPool {
                 }
             };
             let load = Load::read(&coordinator, workers);
-            let decision = match self
-                .autoscaler
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner())
-                .as_mut()
-            {
+            let decision = match self.autoscaler.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).as_mut() {
                 Some(a) => a.decide(load),
                 None => None,
             };

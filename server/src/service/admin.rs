@@ -23,17 +23,14 @@ impl AdminService for AdminApi {
         &self,
         _request: Request<pb::ListWorkersRequest>,
     ) -> Result<Response<pb::ListWorkersResponse>, Status> {
-        Ok(Response::new(pb::ListWorkersResponse {
-            workers: self.coordinator.list_workers(),
-        }))
+        Ok(Response::new(pb::ListWorkersResponse { workers: self.coordinator.list_workers() }))
     }
 
     async fn drain_worker(
         &self,
         request: Request<pb::DrainWorkerRequest>,
     ) -> Result<Response<pb::DrainWorkerResponse>, Status> {
-        self.coordinator
-            .drain_worker(request.into_inner().worker_id)?;
+        self.coordinator.drain_worker(request.into_inner().worker_id)?;
         Ok(Response::new(pb::DrainWorkerResponse {}))
     }
 
@@ -42,10 +39,7 @@ impl AdminService for AdminApi {
         request: Request<pb::ScaleWorkersRequest>,
     ) -> Result<Response<pb::ScaleWorkersResponse>, Status> {
         let pool = self.pool.as_ref().ok_or(CoordinatorError::NoWorkerPool)?;
-        Ok(Response::new(
-            pool.scale(&self.coordinator, request.into_inner().workers)
-                .await?,
-        ))
+        Ok(Response::new(pool.scale(&self.coordinator, request.into_inner().workers).await?))
     }
 
     async fn autoscale(
@@ -58,10 +52,7 @@ impl AdminService for AdminApi {
             None
         } else {
             let cooldown = std::time::Duration::from_millis(r.cooldown_ms);
-            Some(
-                Policy::new(r.min, r.max, r.target_stall, cooldown)
-                    .map_err(CoordinatorError::BadScaling)?,
-            )
+            Some(Policy::new(r.min, r.max, r.target_stall, cooldown).map_err(CoordinatorError::BadScaling)?)
         };
         pool.autoscale(policy);
         Ok(Response::new(pb::AutoscaleResponse {}))
@@ -71,17 +62,10 @@ impl AdminService for AdminApi {
         &self,
         _request: Request<pb::ListSessionsRequest>,
     ) -> Result<Response<pb::ListSessionsResponse>, Status> {
-        Ok(Response::new(pb::ListSessionsResponse {
-            sessions: self.coordinator.list_sessions(),
-        }))
+        Ok(Response::new(pb::ListSessionsResponse { sessions: self.coordinator.list_sessions() }))
     }
 
-    async fn list_jobs(
-        &self,
-        _request: Request<pb::ListJobsRequest>,
-    ) -> Result<Response<pb::ListJobsResponse>, Status> {
-        Ok(Response::new(pb::ListJobsResponse {
-            jobs: self.coordinator.list_jobs(),
-        }))
+    async fn list_jobs(&self, _request: Request<pb::ListJobsRequest>) -> Result<Response<pb::ListJobsResponse>, Status> {
+        Ok(Response::new(pb::ListJobsResponse { jobs: self.coordinator.list_jobs() }))
     }
 }

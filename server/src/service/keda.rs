@@ -17,8 +17,8 @@ use std::sync::Mutex;
 
 use futures::Stream;
 use loader_proto::keda::{
-    self, GetMetricSpecResponse, GetMetricsRequest, GetMetricsResponse, IsActiveResponse,
-    MetricSpec, MetricValue, ScaledObjectRef, external_scaler_server::ExternalScaler,
+    self, GetMetricSpecResponse, GetMetricsRequest, GetMetricsResponse, IsActiveResponse, MetricSpec, MetricValue,
+    ScaledObjectRef, external_scaler_server::ExternalScaler,
 };
 use tonic::{Request, Response, Status};
 
@@ -41,20 +41,12 @@ pub(crate) struct KedaScaler {
 
 impl KedaScaler {
     pub(crate) fn new(coordinator: Coordinator) -> Self {
-        Self {
-            coordinator,
-            last: Mutex::new(None),
-        }
+        Self { coordinator, last: Mutex::new(None) }
     }
 
     /// Workers the stall asks for now (see the module docs).
     fn desired(&self, target: f64) -> f64 {
-        let workers = self
-            .coordinator
-            .list_workers()
-            .iter()
-            .filter(|w| !w.draining)
-            .count() as u32;
+        let workers = self.coordinator.list_workers().iter().filter(|w| !w.draining).count() as u32;
         let now = Load::read(&self.coordinator, workers);
         let previous = self
             .last
@@ -93,25 +85,17 @@ fn target_stall(r: &ScaledObjectRef) -> Result<f64, CoordinatorError> {
 }
 
 fn metric_name(r: &ScaledObjectRef) -> String {
-    r.scaler_metadata
-        .get("metricName")
-        .filter(|m| !m.is_empty())
-        .cloned()
-        .unwrap_or_else(|| METRIC.to_owned())
+    r.scaler_metadata.get("metricName").filter(|m| !m.is_empty()).cloned().unwrap_or_else(|| METRIC.to_owned())
 }
 
 #[tonic::async_trait]
 impl ExternalScaler for KedaScaler {
-    async fn is_active(
-        &self,
-        _request: Request<ScaledObjectRef>,
-    ) -> Result<Response<IsActiveResponse>, Status> {
+    async fn is_active(&self, _request: Request<ScaledObjectRef>) -> Result<Response<IsActiveResponse>, Status> {
         let result = !self.coordinator.list_sessions().is_empty();
         Ok(Response::new(IsActiveResponse { result }))
     }
 
-    type StreamIsActiveStream =
-        Pin<Box<dyn Stream<Item = Result<IsActiveResponse, Status>> + Send>>;
+    type StreamIsActiveStream = Pin<Box<dyn Stream<Item = Result<IsActiveResponse, Status>> + Send>>;
 
     async fn stream_is_active(
         &self,
@@ -122,49 +106,25 @@ impl ExternalScaler for KedaScaler {
         ))
     }
 
-    async fn get_metric_spec(
-        &self,
-        request: Request<ScaledObjectRef>,
-    ) -> Result<Response<GetMetricSpecResponse>, Status> {
+    async fn get_metric_spec(&self, request: Request<ScaledObjectRef>) -> Result<Response<GetMetricSpecResponse>, Status> {
         let r = request.into_inner();
         target_stall(&r)?;
-        let spec = MetricSpec {
-            metric_name: metric_name(&r),
-            target_size: 1,
-            target_size_float: 1.0,
-        };
-        Ok(Response::new(GetMetricSpecResponse {
-            metric_specs: vec![spec],
-        }))
+        let spec = MetricSpec { metric_name: metric_name(&r), target_size: 1, target_size_float: 1.0 };
+        Ok(Response::new(GetMetricSpecResponse { metric_specs: vec![spec] }))
     }
 
-    async fn get_metrics(
-        &self,
-        request: Request<GetMetricsRequest>,
-    ) -> Result<Response<GetMetricsResponse>, Status> {
+    async fn get_metrics(&self, request: Request<GetMetricsRequest>) -> Result<Response<GetMetricsResponse>, Status> {
         let r = request.into_inner();
         let object = r.scaled_object_ref.unwrap_or_default();
         let target = target_stall(&object)?;
         let desired = self.desired(target);
-        let name = if r.metric_name.is_empty() {
-            metric_name(&object)
-        } else {
-            r.metric_name
-        };
-        let value = MetricValue {
-            metric_name: name,
-            metric_value: desired as i64,
-            metric_value_float: desired,
-        };
-        Ok(Response::new(GetMetricsResponse {
-            metric_values: vec![value],
-        }))
+        let name = if r.metric_name.is_empty() { metric_name(&object) } else { r.metric_name };
+        let value = MetricValue { metric_name: name, metric_value: desired as i64, metric_value_float: desired };
+        Ok(Response::new(GetMetricsResponse { metric_values: vec![value] }))
     }
 }
 
 /// The service, ready to add to the coordinator's server.
-pub(crate) fn server(
-    coordinator: Coordinator,
-) -> keda::external_scaler_server::ExternalScalerServer<KedaScaler> {
+pub(crate) fn server(coordinator: Coordinator) -> keda::external_scaler_server::ExternalScalerServer<KedaScaler> {
     keda::external_scaler_server::ExternalScalerServer::new(KedaScaler::new(coordinator))
 }

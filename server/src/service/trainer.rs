@@ -21,10 +21,7 @@ impl TrainerService for TrainerApi {
         check_version(r.protocol_version)?;
         let spec = r.spec.ok_or(CoordinatorError::Missing("spec"))?;
         let (job, attached) = self.0.create_or_attach(spec)?;
-        Ok(Response::new(pb::CreateOrAttachJobResponse {
-            job: Some(job),
-            attached,
-        }))
+        Ok(Response::new(pb::CreateOrAttachJobResponse { job: Some(job), attached }))
     }
 
     async fn open_session(
@@ -33,13 +30,7 @@ impl TrainerService for TrainerApi {
     ) -> Result<Response<pb::OpenSessionResponse>, Status> {
         let r = request.into_inner();
         check_version(r.protocol_version)?;
-        let (session_id, job) = self.0.open_session(
-            r.job_id,
-            r.consumer,
-            r.node,
-            r.ring_socket,
-            r.resume.then_some(r.start_seq),
-        )?;
+        let (session_id, job) = self.0.open_session(r.job_id, r.consumer, r.node, r.ring_socket, r.resume.then_some(r.start_seq))?;
         Ok(Response::new(pb::OpenSessionResponse {
             session_id,
             session_key: self.0.session_key(session_id, r.job_id, r.consumer),
@@ -56,18 +47,9 @@ impl TrainerService for TrainerApi {
         let r = request.into_inner();
         check_version(r.protocol_version)?;
         self.0.check_session_key(r.session_id, &r.session_key)?;
-        let response = match self
-            .0
-            .session_heartbeat(r.session_id, r.consumed, r.stall_ms)
-        {
-            Some(job_error) => pb::SessionHeartbeatResponse {
-                reopen: false,
-                job_error,
-            },
-            None => pb::SessionHeartbeatResponse {
-                reopen: true,
-                job_error: String::new(),
-            },
+        let response = match self.0.session_heartbeat(r.session_id, r.consumed, r.stall_ms) {
+            Some(job_error) => pb::SessionHeartbeatResponse { reopen: false, job_error },
+            None => pb::SessionHeartbeatResponse { reopen: true, job_error: String::new() },
         };
         Ok(Response::new(response))
     }
@@ -83,29 +65,15 @@ impl TrainerService for TrainerApi {
         Ok(Response::new(pb::CloseSessionResponse {}))
     }
 
-    async fn put_blob(
-        &self,
-        request: Request<pb::PutBlobRequest>,
-    ) -> Result<Response<pb::PutBlobResponse>, Status> {
+    async fn put_blob(&self, request: Request<pb::PutBlobRequest>) -> Result<Response<pb::PutBlobResponse>, Status> {
         let r = request.into_inner();
         check_version(r.protocol_version)?;
-        let chunk = Chunk {
-            sha256: r.sha256,
-            size: r.size,
-            offset: r.offset,
-            data: r.data,
-        };
+        let chunk = Chunk { sha256: r.sha256, size: r.size, offset: r.offset, data: r.data };
         let at = self.0.put_blob(chunk)?;
-        Ok(Response::new(pb::PutBlobResponse {
-            held: at.held,
-            next_offset: at.next_offset,
-        }))
+        Ok(Response::new(pb::PutBlobResponse { held: at.held, next_offset: at.next_offset }))
     }
 
-    async fn routes(
-        &self,
-        request: Request<pb::RoutesRequest>,
-    ) -> Result<Response<pb::RoutesResponse>, Status> {
+    async fn routes(&self, request: Request<pb::RoutesRequest>) -> Result<Response<pb::RoutesResponse>, Status> {
         let r = request.into_inner();
         self.0.check_session_key(r.session_id, &r.session_key)?;
         let (routes, job_error) = self.0.routes(r.session_id)?;

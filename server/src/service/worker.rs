@@ -24,9 +24,7 @@ impl WorkerService for WorkerApi {
     ) -> Result<Response<pb::RegisterWorkerResponse>, Status> {
         let r = request.into_inner();
         check_version(r.protocol_version)?;
-        let worker_id =
-            self.0
-                .register_worker(r.address, r.node, r.max_outstanding, r.memory_budget);
+        let worker_id = self.0.register_worker(r.address, r.node, r.max_outstanding, r.memory_budget);
         self.0.note_pid(worker_id, r.pid);
         Ok(Response::new(pb::RegisterWorkerResponse {
             worker_id,
@@ -44,38 +42,20 @@ impl WorkerService for WorkerApi {
         let wait = Duration::from_millis(r.wait_ms)
             .min(MAX_WAIT)
             .min(self.0.config.heartbeat_interval);
-        let report = WorkerReport {
-            delivered: r.delivered,
-            failed: r.failed,
-            windows: r.windows,
-            busy: r.busy,
-        };
+        let report = WorkerReport { delivered: r.delivered, failed: r.failed, windows: r.windows, busy: r.busy };
         let response = match self.0.worker_heartbeat(r.worker_id, report, wait).await {
-            HeartbeatOutcome::Reregister => pb::WorkerHeartbeatResponse {
-                reregister: true,
-                ..Default::default()
-            },
-            HeartbeatOutcome::Tasks {
-                tasks,
-                drain,
-                ended,
-            } => pb::WorkerHeartbeatResponse {
+            HeartbeatOutcome::Reregister => pb::WorkerHeartbeatResponse { reregister: true, ..Default::default() },
+            HeartbeatOutcome::Tasks { tasks, drain, ended } => pb::WorkerHeartbeatResponse {
                 tasks,
                 reregister: false,
                 drain,
-                ended: ended
-                    .into_iter()
-                    .map(|(job_id, consumer)| pb::ConsumerId { job_id, consumer })
-                    .collect(),
+                ended: ended.into_iter().map(|(job_id, consumer)| pb::ConsumerId { job_id, consumer }).collect(),
             },
         };
         Ok(Response::new(response))
     }
 
-    async fn get_blob(
-        &self,
-        request: Request<pb::GetBlobRequest>,
-    ) -> Result<Response<pb::GetBlobResponse>, Status> {
+    async fn get_blob(&self, request: Request<pb::GetBlobRequest>) -> Result<Response<pb::GetBlobResponse>, Status> {
         let r = request.into_inner();
         check_version(r.protocol_version)?;
         let (data, size) = self.0.get_blob(&r.sha256, r.offset, r.max_bytes)?;

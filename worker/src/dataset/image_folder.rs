@@ -51,11 +51,7 @@ impl ImageFolder {
                 ),
             });
         }
-        Ok(Self {
-            root,
-            samples: listing.samples,
-            images,
-        })
+        Ok(Self { root, samples: listing.samples, images })
     }
 }
 
@@ -70,26 +66,15 @@ impl Dataset for ImageFolder {
 
     fn read_into(&self, key: SampleKey, rows: &mut [&mut [u8]]) -> Result<(), DatasetError> {
         self.images.check(key.index, rows)?;
-        let sample = usize::try_from(key.index)
-            .ok()
-            .and_then(|i| self.samples.get(i));
+        let sample = usize::try_from(key.index).ok().and_then(|i| self.samples.get(i));
         let Some(sample) = sample else {
-            return Err(DatasetError::IndexOutOfRange {
-                index: key.index,
-                len: self.len(),
-            });
+            return Err(DatasetError::IndexOutOfRange { index: key.index, len: self.len() });
         };
         let path = self.root.join(&sample.path);
         let encoded = std::fs::read(&path).map_err(|e| DatasetError::Corrupt {
             path: path.display().to_string(),
             reason: format!("cannot read: {e}"),
         })?;
-        self.images.write(
-            key,
-            &encoded,
-            sample.label,
-            || path.display().to_string(),
-            rows,
-        )
+        self.images.write(key, &encoded, sample.label, || path.display().to_string(), rows)
     }
 }

@@ -21,25 +21,13 @@ pub(super) struct ImageSamples {
 impl ImageSamples {
     /// Builds the pipeline of a `kind` dataset from the job's transforms.
     pub(super) fn new(kind: &'static str, transforms: &[Transform]) -> Result<Self, DatasetError> {
-        let pipeline = Pipeline::new(transforms)
-            .map_err(|e| DatasetError::Spec(format!("{kind} dataset: {e}")))?;
+        let pipeline =
+            Pipeline::new(transforms).map_err(|e| DatasetError::Spec(format!("{kind} dataset: {e}")))?;
         let (dtype, shape) = pipeline.output();
-        let image = SampleTensor {
-            name: "image".into(),
-            dtype,
-            shape: shape.to_vec(),
-        };
-        let label = SampleTensor {
-            name: "label".into(),
-            dtype: Dtype::I64,
-            shape: Vec::new(),
-        };
+        let image = SampleTensor { name: "image".into(), dtype, shape: shape.to_vec() };
+        let label = SampleTensor { name: "label".into(), dtype: Dtype::I64, shape: Vec::new() };
         let sizes = [pipeline.output_bytes(), 8];
-        Ok(Self {
-            pipeline,
-            tensors: vec![image, label],
-            sizes,
-        })
+        Ok(Self { pipeline, tensors: vec![image, label], sizes })
     }
 
     pub(super) fn tensors(&self) -> &[SampleTensor] {
@@ -67,12 +55,7 @@ impl ImageSamples {
         };
         match self.pipeline.run(encoded, key, image) {
             Ok(()) => {}
-            Err(ImageError::Corrupt(reason)) => {
-                return Err(DatasetError::Corrupt {
-                    path: path(),
-                    reason,
-                });
-            }
+            Err(ImageError::Corrupt(reason)) => return Err(DatasetError::Corrupt { path: path(), reason }),
             Err(other) => return Err(DatasetError::Spec(format!("{}: {other}", path()))),
         }
         label_row.copy_from_slice(&label.to_le_bytes());

@@ -26,10 +26,10 @@ mod webdataset;
 use loader_proto::pb::{CorruptPolicy, Dtype};
 
 pub use image_folder::ImageFolder;
-pub use made::{MadeBatch, MadeTensor};
 pub use mix::Mix;
 pub use npy::Npy;
 pub use registry::{Datasets, OpenCustom, open};
+pub use made::{MadeBatch, MadeTensor};
 pub use rows::{BatchRows, Skipped};
 pub use synthetic::Synthetic;
 pub use tokens::Tokens;
@@ -99,11 +99,7 @@ pub trait Dataset: Send + Sync + std::fmt::Debug {
     /// batch). The default calls [`read_into`](Dataset::read_into) once per
     /// sample; a dataset that pays a fixed cost per call (a Python
     /// dataset: the interpreter's call and the GIL) reads them in one go.
-    fn read_batch(
-        &self,
-        keys: &[SampleKey],
-        batch: &mut BatchRows<'_>,
-    ) -> Result<(), DatasetError> {
+    fn read_batch(&self, keys: &[SampleKey], batch: &mut BatchRows<'_>) -> Result<(), DatasetError> {
         for &key in keys {
             let read = self.read_into(key, &mut batch.next_rows());
             batch.settle(key.index, read)?;
@@ -122,15 +118,9 @@ pub trait Dataset: Send + Sync + std::fmt::Debug {
     /// `on_corrupt` to those that cannot be read, and builds the batch's
     /// tensors from the others. Only called when
     /// [`makes_whole_batches`](Dataset::makes_whole_batches) says so.
-    fn make_batch(
-        &self,
-        keys: &[SampleKey],
-        on_corrupt: CorruptPolicy,
-    ) -> Result<MadeBatch, DatasetError> {
+    fn make_batch(&self, keys: &[SampleKey], on_corrupt: CorruptPolicy) -> Result<MadeBatch, DatasetError> {
         let _ = (keys, on_corrupt);
-        Err(DatasetError::Spec(
-            "this dataset does not make whole batches".into(),
-        ))
+        Err(DatasetError::Spec("this dataset does not make whole batches".into()))
     }
 }
 
@@ -189,11 +179,7 @@ pub enum DatasetError {
 impl DatasetError {
     /// A listing failure of a `kind` dataset, naming the file.
     pub(crate) fn listing(kind: &'static str, e: loader_listing::ListingError) -> Self {
-        DatasetError::Mismatch {
-            kind,
-            path: e.path,
-            problem: e.problem,
-        }
+        DatasetError::Mismatch { kind, path: e.path, problem: e.problem }
     }
 }
 
@@ -204,11 +190,7 @@ pub(crate) fn sample_bytes(t: &SampleTensor) -> Option<usize> {
 
 /// Checks `rows` against the sample sizes a dataset declares, so a
 /// dataset never indexes past a row it was handed.
-pub(crate) fn check_rows(
-    index: u64,
-    rows: &[&mut [u8]],
-    sizes: &[usize],
-) -> Result<(), DatasetError> {
+pub(crate) fn check_rows(index: u64, rows: &[&mut [u8]], sizes: &[usize]) -> Result<(), DatasetError> {
     if rows.len() != sizes.len() || rows.iter().zip(sizes).any(|(r, &n)| r.len() != n) {
         return Err(DatasetError::RowMismatch { index });
     }

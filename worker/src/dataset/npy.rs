@@ -47,13 +47,8 @@ impl Npy {
         let mut tensors = Vec::with_capacity(spec.arrays.len());
         for array in &spec.arrays {
             let path = Path::new(&array.path);
-            let mismatch = |problem: String| DatasetError::Mismatch {
-                kind: KIND,
-                path: array.path.clone(),
-                problem,
-            };
-            let header = loader_listing::npy::read_header(path)
-                .map_err(|e| DatasetError::listing(KIND, e))?;
+            let mismatch = |problem: String| DatasetError::Mismatch { kind: KIND, path: array.path.clone(), problem };
+            let header = loader_listing::npy::read_header(path).map_err(|e| DatasetError::listing(KIND, e))?;
             if header.rows() != spec.num_samples {
                 return Err(mismatch(format!(
                     "holds {} rows, the job was planned for {}",
@@ -65,16 +60,9 @@ impl Npy {
                 header.row_bytes().and_then(|r| usize::try_from(r).ok()),
                 usize::try_from(header.data_offset),
             ) else {
-                return Err(mismatch(format!(
-                    "rows of shape {:?} are too large",
-                    header.row_shape()
-                )));
+                return Err(mismatch(format!("rows of shape {:?} are too large", header.row_shape())));
             };
-            let open_err = |source| DatasetError::Open {
-                kind: KIND,
-                path: array.path.clone(),
-                source,
-            };
+            let open_err = |source| DatasetError::Open { kind: KIND, path: array.path.clone(), source };
             let file = File::open(path).map_err(open_err)?;
             // SAFETY: the mapping is read-only and private to this process.
             // If another process truncates or rewrites the file while it is
@@ -86,19 +74,10 @@ impl Npy {
                 dtype: header.dtype,
                 shape: header.row_shape().to_vec(),
             });
-            columns.push(Column {
-                map,
-                data_offset,
-                row,
-            });
+            columns.push(Column { map, data_offset, row });
         }
         let row_bytes = columns.iter().map(|c| c.row).collect();
-        Ok(Self {
-            columns,
-            tensors,
-            row_bytes,
-            len: spec.num_samples,
-        })
+        Ok(Self { columns, tensors, row_bytes, len: spec.num_samples })
     }
 }
 
@@ -120,10 +99,7 @@ impl Dataset for Npy {
         let index = key.index;
         check_rows(index, rows, &self.row_bytes)?;
         if index >= self.len {
-            return Err(DatasetError::IndexOutOfRange {
-                index,
-                len: self.len,
-            });
+            return Err(DatasetError::IndexOutOfRange { index, len: self.len });
         }
         for (column, row) in self.columns.iter().zip(rows.iter_mut()) {
             // Checked at open: the file holds `len` rows after data_offset.
@@ -133,10 +109,7 @@ impl Dataset for Npy {
                 .and_then(|at| at.checked_add(column.data_offset))
                 .and_then(|start| column.map.get(start..start + column.row));
             let Some(bytes) = bytes else {
-                return Err(DatasetError::IndexOutOfRange {
-                    index,
-                    len: self.len,
-                });
+                return Err(DatasetError::IndexOutOfRange { index, len: self.len });
             };
             row.copy_from_slice(bytes);
         }

@@ -73,11 +73,7 @@ impl<'a> BatchRows<'a> {
     pub fn next_rows(&mut self) -> Vec<&mut [u8]> {
         let at = self.kept.len();
         if at >= self.capacity {
-            return self
-                .payloads
-                .iter_mut()
-                .map(|_| <&mut [u8]>::default())
-                .collect();
+            return self.payloads.iter_mut().map(|_| <&mut [u8]>::default()).collect();
         }
         self.payloads
             .iter_mut()
@@ -89,11 +85,7 @@ impl<'a> BatchRows<'a> {
     /// Records how reading sample `index` into [`next_rows`](Self::next_rows)
     /// went: kept; left out (a corrupt sample under `skip`: its rows go to
     /// the next sample); or the error that fails the batch.
-    pub fn settle(
-        &mut self,
-        index: u64,
-        read: Result<(), DatasetError>,
-    ) -> Result<(), DatasetError> {
+    pub fn settle(&mut self, index: u64, read: Result<(), DatasetError>) -> Result<(), DatasetError> {
         match read {
             Ok(()) => {
                 self.kept.push(index);
@@ -128,10 +120,7 @@ mod tests {
     use super::*;
 
     fn corrupt(i: u64) -> DatasetError {
-        DatasetError::Corrupt {
-            path: format!("index {i}"),
-            reason: "bad".into(),
-        }
+        DatasetError::Corrupt { path: format!("index {i}"), reason: "bad".into() }
     }
 
     #[test]
@@ -142,18 +131,11 @@ mod tests {
         for (index, fill) in [(10u64, 1u8), (11, 2), (12, 3), (13, 4)] {
             let mut r = rows.next_rows();
             r.iter_mut().for_each(|row| row.fill(fill));
-            let read = if index == 11 {
-                Err(corrupt(index))
-            } else {
-                Ok(())
-            };
+            let read = if index == 11 { Err(corrupt(index)) } else { Ok(()) };
             rows.settle(index, read).expect("skip");
         }
         let mut extra = rows.next_rows();
-        assert!(
-            extra.iter_mut().all(|r| r.is_empty()),
-            "no row past the batch"
-        );
+        assert!(extra.iter_mut().all(|r| r.is_empty()), "no row past the batch");
         let (kept, skipped) = rows.finish();
         assert_eq!(kept, vec![10, 12, 13]);
         assert_eq!(skipped.len(), 1);
@@ -169,9 +151,7 @@ mod tests {
         let e = rows.settle(5, Err(corrupt(5))).expect_err("fail policy");
         assert_eq!(e.to_string(), "corrupt sample index 5: bad");
         let mut rows = BatchRows::new(vec![], 2, CorruptPolicy::Skip, true);
-        let e = rows
-            .settle(9, Err(DatasetError::IndexOutOfRange { index: 9, len: 4 }))
-            .expect_err("not corrupt");
+        let e = rows.settle(9, Err(DatasetError::IndexOutOfRange { index: 9, len: 4 })).expect_err("not corrupt");
         assert!(e.to_string().contains("out of range"), "{e}");
     }
 }

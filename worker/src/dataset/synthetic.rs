@@ -41,16 +41,8 @@ impl Synthetic {
             }
             Ok(d) => d,
         };
-        let data = SampleTensor {
-            name: "data".into(),
-            dtype,
-            shape: spec.shape.clone(),
-        };
-        let label = SampleTensor {
-            name: "label".into(),
-            dtype: Dtype::I64,
-            shape: Vec::new(),
-        };
+        let data = SampleTensor { name: "data".into(), dtype, shape: spec.shape.clone() };
+        let label = SampleTensor { name: "label".into(), dtype: Dtype::I64, shape: Vec::new() };
         let Some(data_bytes) = sample_bytes(&data) else {
             return Err(DatasetError::Spec(format!(
                 "synthetic dataset: sample shape {:?} of {} is too large",
@@ -63,11 +55,7 @@ impl Synthetic {
             tensors: vec![data, label],
             row_bytes: [data_bytes, 8],
             cost: Duration::from_nanos(spec.cost_ns),
-            waits: spec
-                .wait_ns_by_epoch
-                .iter()
-                .map(|&ns| Duration::from_nanos(ns))
-                .collect(),
+            waits: spec.wait_ns_by_epoch.iter().map(|&ns| Duration::from_nanos(ns)).collect(),
         })
     }
 }
@@ -89,10 +77,7 @@ impl Dataset for Synthetic {
     fn read_into(&self, key: SampleKey, rows: &mut [&mut [u8]]) -> Result<(), DatasetError> {
         let index = key.index;
         if index >= self.len {
-            return Err(DatasetError::IndexOutOfRange {
-                index,
-                len: self.len,
-            });
+            return Err(DatasetError::IndexOutOfRange { index, len: self.len });
         }
         check_rows(index, rows, &self.row_bytes)?;
         let epoch = usize::try_from(key.epoch).unwrap_or(usize::MAX);

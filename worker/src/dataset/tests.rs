@@ -4,18 +4,13 @@
 use std::path::Path;
 
 use loader_proto::pb::{
-    Decode, Dtype, ImageFolderSpec, NpyArray, NpySpec, Resize, Transform, WebDatasetSpec,
-    transform::Op,
+    Decode, Dtype, ImageFolderSpec, NpyArray, NpySpec, Resize, Transform, WebDatasetSpec, transform::Op,
 };
 
 use super::*;
 
 fn key(index: u64) -> SampleKey {
-    SampleKey {
-        seed: 1,
-        epoch: 0,
-        index,
-    }
+    SampleKey { seed: 1, epoch: 0, index }
 }
 
 /// A version 1 `.npy` file.
@@ -33,14 +28,8 @@ fn write_npy(path: &Path, descr: &str, shape: &str, data: &[u8]) {
 }
 
 fn npy_spec(dir: &Path, rows: u64) -> NpySpec {
-    let arrays = ["a", "b"].map(|n| NpyArray {
-        name: n.into(),
-        path: dir.join(format!("{n}.npy")).display().to_string(),
-    });
-    NpySpec {
-        arrays: arrays.to_vec(),
-        num_samples: rows,
-    }
+    let arrays = ["a", "b"].map(|n| NpyArray { name: n.into(), path: dir.join(format!("{n}.npy")).display().to_string() });
+    NpySpec { arrays: arrays.to_vec(), num_samples: rows }
 }
 
 #[test]
@@ -48,47 +37,24 @@ fn npy_rows_are_copied_from_each_array() {
     let dir = tempfile::tempdir().expect("tempdir");
     let a: Vec<u8> = (0..10u16 * 2).flat_map(u16::to_le_bytes).collect();
     write_npy(&dir.path().join("a.npy"), "<u2", "(10, 2)", &a);
-    write_npy(
-        &dir.path().join("b.npy"),
-        "|u1",
-        "(10,)",
-        &(100..110).collect::<Vec<u8>>(),
-    );
+    write_npy(&dir.path().join("b.npy"), "|u1", "(10,)", &(100..110).collect::<Vec<u8>>());
     let ds = Npy::open(&npy_spec(dir.path(), 10)).expect("open");
-    let t: Vec<(&str, Dtype, &[u64])> = ds
-        .tensors()
-        .iter()
-        .map(|t| (t.name.as_str(), t.dtype, &t.shape[..]))
-        .collect();
-    assert_eq!(
-        t,
-        vec![("a", Dtype::U16, &[2u64][..]), ("b", Dtype::U8, &[][..])]
-    );
+    let t: Vec<(&str, Dtype, &[u64])> = ds.tensors().iter().map(|t| (t.name.as_str(), t.dtype, &t.shape[..])).collect();
+    assert_eq!(t, vec![("a", Dtype::U16, &[2u64][..]), ("b", Dtype::U8, &[][..])]);
     let (mut ra, mut rb) = ([0u8; 4], [0u8; 1]);
-    ds.read_into(key(7), &mut [&mut ra[..], &mut rb[..]])
-        .expect("row 7");
+    ds.read_into(key(7), &mut [&mut ra[..], &mut rb[..]]).expect("row 7");
     assert_eq!((ra, rb), ([14, 0, 15, 0], [107]));
-    assert!(matches!(
-        ds.read_into(key(10), &mut [&mut ra[..], &mut rb[..]]),
-        Err(DatasetError::IndexOutOfRange { .. })
-    ));
+    assert!(matches!(ds.read_into(key(10), &mut [&mut ra[..], &mut rb[..]]), Err(DatasetError::IndexOutOfRange { .. })));
 
     let e = Npy::open(&npy_spec(dir.path(), 12)).expect_err("planned for more rows");
     let a_path = dir.path().join("a.npy").display().to_string();
-    assert_eq!(
-        e.to_string(),
-        format!("npy dataset {a_path}: holds 10 rows, the job was planned for 12")
-    );
+    assert_eq!(e.to_string(), format!("npy dataset {a_path}: holds 10 rows, the job was planned for 12"));
 }
 
 fn pipeline() -> Vec<Transform> {
     vec![
-        Transform {
-            op: Some(Op::Decode(Decode {})),
-        },
-        Transform {
-            op: Some(Op::Resize(Resize { size: vec![4, 4] })),
-        },
+        Transform { op: Some(Op::Decode(Decode {})) },
+        Transform { op: Some(Op::Resize(Resize { size: vec![4, 4] })) },
     ]
 }
 
@@ -115,33 +81,16 @@ fn an_image_folder_that_changed_since_submission_is_refused() {
         fingerprint: listing.fingerprint(),
     };
     let ds = ImageFolder::open(&spec, &pipeline()).expect("open");
-    let (mut image, mut label) = (
-        vec![0u8; ds.tensors()[0].shape.iter().product::<u64>() as usize],
-        [0u8; 8],
-    );
-    ds.read_into(key(0), &mut [&mut image[..], &mut label[..]])
-        .expect("decodes");
+    let (mut image, mut label) = (vec![0u8; ds.tensors()[0].shape.iter().product::<u64>() as usize], [0u8; 8]);
+    ds.read_into(key(0), &mut [&mut image[..], &mut label[..]]).expect("decodes");
     assert_eq!(label, 0i64.to_le_bytes());
-    let e = ds
-        .read_into(key(1), &mut [&mut image[..], &mut label[..]])
-        .expect_err("corrupt");
+    let e = ds.read_into(key(1), &mut [&mut image[..], &mut label[..]]).expect_err("corrupt");
     let bad = dir.path().join("a/y.jpg").display().to_string();
-    assert!(
-        matches!(&e, DatasetError::Corrupt { path, .. } if *path == bad),
-        "{e}"
-    );
+    assert!(matches!(&e, DatasetError::Corrupt { path, .. } if *path == bad), "{e}");
 
     std::fs::write(dir.path().join("a/z.png"), b"new").expect("write");
-    let e = ImageFolder::open(&spec, &pipeline())
-        .expect_err("changed")
-        .to_string();
-    assert!(
-        e.starts_with(&format!(
-            "image_folder dataset {}: this worker lists 3 images",
-            spec.path
-        )),
-        "{e}"
-    );
+    let e = ImageFolder::open(&spec, &pipeline()).expect_err("changed").to_string();
+    assert!(e.starts_with(&format!("image_folder dataset {}: this worker lists 3 images", spec.path)), "{e}");
     assert!(!e.contains('\n'));
 }
 
@@ -162,49 +111,22 @@ fn webdataset_samples_without_an_image_or_label_are_corrupt_and_named_by_key() {
         h.set_size(data.len() as u64);
         h.set_mode(0o644);
         h.set_entry_type(tar::EntryType::Regular);
-        b.append_data(&mut h, name, data.as_slice())
-            .expect("append");
+        b.append_data(&mut h, name, data.as_slice()).expect("append");
     }
     std::fs::write(&path, b.into_inner().expect("tar")).expect("write");
     let shard = path.display().to_string();
-    let spec = WebDatasetSpec {
-        shards: vec![shard.clone()],
-        shard_samples: vec![3],
-    };
+    let spec = WebDatasetSpec { shards: vec![shard.clone()], shard_samples: vec![3] };
     let ds = WebDataset::open(&spec, &pipeline()).expect("open");
     assert_eq!(ds.len(), 3);
     let (mut image, mut label) = (vec![0u8; 3 * 4 * 4], [0u8; 8]);
-    ds.read_into(key(0), &mut [&mut image[..], &mut label[..]])
-        .expect("sample 0");
+    ds.read_into(key(0), &mut [&mut image[..], &mut label[..]]).expect("sample 0");
     assert_eq!(label, 4i64.to_le_bytes());
-    let mut corrupt = |i| {
-        ds.read_into(key(i), &mut [&mut image[..], &mut label[..]])
-            .expect_err("corrupt")
-            .to_string()
-    };
-    assert_eq!(
-        corrupt(1),
-        format!("corrupt sample {shard}:k1: no .jpg, .jpeg or .png member")
-    );
-    assert_eq!(
-        corrupt(2),
-        format!("corrupt sample {shard}:k2: label \"dog\" is not an integer")
-    );
+    let mut corrupt = |i| ds.read_into(key(i), &mut [&mut image[..], &mut label[..]]).expect_err("corrupt").to_string();
+    assert_eq!(corrupt(1), format!("corrupt sample {shard}:k1: no .jpg, .jpeg or .png member"));
+    assert_eq!(corrupt(2), format!("corrupt sample {shard}:k2: label \"dog\" is not an integer"));
 
-    let e = WebDataset::open(
-        &WebDatasetSpec {
-            shard_samples: vec![4],
-            ..spec
-        },
-        &pipeline(),
-    )
-    .expect_err("count");
-    assert_eq!(
-        e.to_string(),
-        format!(
-            "webdataset dataset {shard}: holds 3 samples, the job was submitted with 4; the shard changed since"
-        )
-    );
+    let e = WebDataset::open(&WebDatasetSpec { shard_samples: vec![4], ..spec }, &pipeline()).expect_err("count");
+    assert_eq!(e.to_string(), format!("webdataset dataset {shard}: holds 3 samples, the job was submitted with 4; the shard changed since"));
 }
 
 #[test]
@@ -212,27 +134,14 @@ fn a_custom_dataset_needs_a_worker_that_registered_it() {
     use loader_proto::pb::{CustomSpec, DatasetSpec, JobSpec, dataset_spec::Kind};
     let spec = JobSpec {
         dataset: Some(DatasetSpec {
-            kind: Some(Kind::Custom(CustomSpec {
-                name: "mine".into(),
-                num_samples: 5,
-                ..Default::default()
-            })),
+            kind: Some(Kind::Custom(CustomSpec { name: "mine".into(), num_samples: 5, ..Default::default() })),
         }),
         ..Default::default()
     };
     let e = open(&spec).expect_err("stock worker");
-    assert_eq!(
-        e.to_string(),
-        "dataset.custom.name: this worker has no dataset `mine`; run a worker binary that registers it"
-    );
+    assert_eq!(e.to_string(), "dataset.custom.name: this worker has no dataset `mine`; run a worker binary that registers it");
     let datasets = Datasets::new().register("mine", |c: &CustomSpec| {
-        let s = loader_proto::pb::SyntheticSpec {
-            num_samples: c.num_samples,
-            shape: vec![1],
-            dtype: Dtype::U8 as i32,
-            cost_ns: 0,
-            wait_ns_by_epoch: Vec::new(),
-        };
+        let s = loader_proto::pb::SyntheticSpec { num_samples: c.num_samples, shape: vec![1], dtype: Dtype::U8 as i32, cost_ns: 0, wait_ns_by_epoch: Vec::new() };
         Ok(std::sync::Arc::new(Synthetic::new(&s)?) as std::sync::Arc<dyn Dataset>)
     });
     assert_eq!(datasets.open(&spec).expect("registered").len(), 5);

@@ -34,19 +34,10 @@ impl Tokens {
     /// truncated or mislabelled file fails at open, naming the file.
     pub fn open(spec: &TokensSpec) -> Result<Self, DatasetError> {
         let path = spec.path.clone();
-        let mismatch = |problem: String| DatasetError::Mismatch {
-            kind: KIND,
-            path: path.clone(),
-            problem,
-        };
+        let mismatch = |problem: String| DatasetError::Mismatch { kind: KIND, path: path.clone(), problem };
         let dtype = match Dtype::try_from(spec.dtype) {
             Ok(d @ (Dtype::U16 | Dtype::U32)) => d,
-            _ => {
-                return Err(mismatch(format!(
-                    "dtype code {} is not uint16 or uint32",
-                    spec.dtype
-                )));
-            }
+            _ => return Err(mismatch(format!("dtype code {} is not uint16 or uint32", spec.dtype))),
         };
         let ctx = spec.context_length;
         if ctx == 0 || spec.num_tokens <= ctx {
@@ -56,11 +47,7 @@ impl Tokens {
             )));
         }
         let size = dtype.size() as u64;
-        let open_err = |source| DatasetError::Open {
-            kind: KIND,
-            path: path.clone(),
-            source,
-        };
+        let open_err = |source| DatasetError::Open { kind: KIND, path: path.clone(), source };
         let file = File::open(&spec.path).map_err(open_err)?;
         let actual = file.metadata().map_err(open_err)?.len();
         let expected = spec.num_tokens.checked_mul(size);
@@ -74,9 +61,7 @@ impl Tokens {
         }
         let (Ok(stride), Some(window)) = (
             usize::try_from(ctx * size),
-            (ctx + 1)
-                .checked_mul(size)
-                .and_then(|w| usize::try_from(w).ok()),
+            (ctx + 1).checked_mul(size).and_then(|w| usize::try_from(w).ok()),
         ) else {
             return Err(mismatch(format!("context length {ctx} is too large")));
         };
@@ -87,11 +72,7 @@ impl Tokens {
         let map = unsafe { Mmap::map(&file) }.map_err(open_err)?;
         Ok(Self {
             map,
-            tensors: vec![SampleTensor {
-                name: "tokens".into(),
-                dtype,
-                shape: vec![ctx + 1],
-            }],
+            tensors: vec![SampleTensor { name: "tokens".into(), dtype, shape: vec![ctx + 1] }],
             stride,
             window,
             len: (spec.num_tokens - 1) / ctx,
@@ -122,10 +103,7 @@ impl Dataset for Tokens {
             .and_then(|i| i.checked_mul(self.stride))
             .and_then(|start| self.map.get(start..start + self.window));
         let (Some(bytes), [row]) = (bytes, rows) else {
-            return Err(DatasetError::IndexOutOfRange {
-                index,
-                len: self.len,
-            });
+            return Err(DatasetError::IndexOutOfRange { index, len: self.len });
         };
         row.copy_from_slice(bytes);
         Ok(())

@@ -22,12 +22,7 @@ pub trait Transform: Send + Sync + std::fmt::Debug {
 
     /// Rewrites sample `key`'s rows in place: one row per tensor of
     /// `tensors`, each exactly that tensor's sample size in bytes.
-    fn apply(
-        &self,
-        key: SampleKey,
-        tensors: &[SampleTensor],
-        rows: &mut [&mut [u8]],
-    ) -> Result<(), DatasetError>;
+    fn apply(&self, key: SampleKey, tensors: &[SampleTensor], rows: &mut [&mut [u8]]) -> Result<(), DatasetError>;
 }
 
 /// A dataset whose samples go through `steps`, in order, after `inner`
@@ -45,10 +40,7 @@ pub struct Transformed {
 
 impl Transformed {
     /// Wraps `inner`, checking every step against its tensors.
-    pub fn new(
-        inner: Arc<dyn Dataset>,
-        steps: Vec<Arc<dyn Transform>>,
-    ) -> Result<Self, DatasetError> {
+    pub fn new(inner: Arc<dyn Dataset>, steps: Vec<Arc<dyn Transform>>) -> Result<Self, DatasetError> {
         for step in &steps {
             step.check(inner.tensors())?;
         }
@@ -56,19 +48,11 @@ impl Transformed {
             .tensors()
             .iter()
             .map(|t| {
-                super::sample_bytes(t).ok_or_else(|| {
-                    DatasetError::Spec(format!(
-                        "tensor {}: shape {:?} is too large",
-                        t.name, t.shape
-                    ))
-                })
+                super::sample_bytes(t)
+                    .ok_or_else(|| DatasetError::Spec(format!("tensor {}: shape {:?} is too large", t.name, t.shape)))
             })
             .collect::<Result<_, _>>()?;
-        Ok(Self {
-            inner,
-            steps,
-            row_bytes,
-        })
+        Ok(Self { inner, steps, row_bytes })
     }
 }
 
@@ -112,18 +96,11 @@ mod tests {
         fn check(&self, tensors: &[SampleTensor]) -> Result<(), DatasetError> {
             match tensors.first() {
                 Some(t) if t.name == "data" && t.dtype == Dtype::U8 => Ok(()),
-                _ => Err(DatasetError::Spec(
-                    "add_epoch: needs a uint8 tensor `data` first".into(),
-                )),
+                _ => Err(DatasetError::Spec("add_epoch: needs a uint8 tensor `data` first".into())),
             }
         }
 
-        fn apply(
-            &self,
-            key: SampleKey,
-            _: &[SampleTensor],
-            rows: &mut [&mut [u8]],
-        ) -> Result<(), DatasetError> {
+        fn apply(&self, key: SampleKey, _: &[SampleTensor], rows: &mut [&mut [u8]]) -> Result<(), DatasetError> {
             let add = u8::try_from(key.epoch % 256).unwrap_or(0).wrapping_add(1);
             for b in rows[0].iter_mut() {
                 *b = b.wrapping_add(add);
@@ -133,22 +110,13 @@ mod tests {
     }
 
     fn synthetic(dtype: Dtype) -> Arc<dyn Dataset> {
-        let spec = SyntheticSpec {
-            num_samples: 10,
-            shape: vec![8],
-            dtype: dtype as i32,
-            cost_ns: 0,
-            wait_ns_by_epoch: Vec::new(),
-        };
+        let spec = SyntheticSpec { num_samples: 10, shape: vec![8], dtype: dtype as i32, cost_ns: 0, wait_ns_by_epoch: Vec::new() };
         Arc::new(Synthetic::new(&spec).expect("synthetic"))
     }
 
     fn read(d: &dyn Dataset, key: SampleKey) -> Vec<Vec<u8>> {
-        let mut bufs: Vec<Vec<u8>> = d
-            .tensors()
-            .iter()
-            .map(|t| vec![0; crate::dataset::sample_bytes(t).expect("size")])
-            .collect();
+        let mut bufs: Vec<Vec<u8>> =
+            d.tensors().iter().map(|t| vec![0; crate::dataset::sample_bytes(t).expect("size")]).collect();
         let mut rows: Vec<&mut [u8]> = bufs.iter_mut().map(Vec::as_mut_slice).collect();
         d.read_into(key, &mut rows).expect("read");
         bufs
@@ -157,13 +125,8 @@ mod tests {
     #[test]
     fn steps_run_in_order_on_what_the_dataset_wrote() {
         let plain = synthetic(Dtype::U8);
-        let twice = Transformed::new(plain.clone(), vec![Arc::new(AddEpoch), Arc::new(AddEpoch)])
-            .expect("checked");
-        let key = SampleKey {
-            seed: 1,
-            epoch: 2,
-            index: 7,
-        };
+        let twice = Transformed::new(plain.clone(), vec![Arc::new(AddEpoch), Arc::new(AddEpoch)]).expect("checked");
+        let key = SampleKey { seed: 1, epoch: 2, index: 7 };
         let (before, after) = (read(&*plain, key), read(&twice, key));
         assert_eq!(before.len(), after.len());
         let expected: Vec<u8> = before[0].iter().map(|b| b.wrapping_add(6)).collect();
@@ -174,11 +137,7 @@ mod tests {
 
     #[test]
     fn a_step_that_does_not_fit_the_tensors_is_refused_when_opened() {
-        let e = Transformed::new(synthetic(Dtype::F32), vec![Arc::new(AddEpoch)])
-            .expect_err("f32 data");
-        assert_eq!(
-            e.to_string(),
-            "add_epoch: needs a uint8 tensor `data` first"
-        );
+        let e = Transformed::new(synthetic(Dtype::F32), vec![Arc::new(AddEpoch)]).expect_err("f32 data");
+        assert_eq!(e.to_string(), "add_epoch: needs a uint8 tensor `data` first");
     }
 }

@@ -63,9 +63,7 @@ impl WebDataset {
         let mut starts = Vec::with_capacity(spec.shards.len());
         let mut len = 0u64;
         for (path, &expected) in spec.shards.iter().zip(&spec.shard_samples) {
-            let samples = index(Path::new(path))
-                .map_err(|e| DatasetError::listing(KIND, e))?
-                .samples;
+            let samples = index(Path::new(path)).map_err(|e| DatasetError::listing(KIND, e))?.samples;
             if samples.len() as u64 != expected {
                 return Err(DatasetError::Mismatch {
                     kind: KIND,
@@ -76,11 +74,7 @@ impl WebDataset {
                     ),
                 });
             }
-            let open_err = |source| DatasetError::Open {
-                kind: KIND,
-                path: path.clone(),
-                source,
-            };
+            let open_err = |source| DatasetError::Open { kind: KIND, path: path.clone(), source };
             let file = File::open(path).map_err(open_err)?;
             // SAFETY: the mapping is read-only and private to this process.
             // If another process truncates or rewrites the shard while it is
@@ -89,28 +83,16 @@ impl WebDataset {
             let map = unsafe { Mmap::map(&file) }.map_err(open_err)?;
             starts.push(len);
             len += expected;
-            shards.push(Shard {
-                path: path.clone(),
-                map,
-                samples,
-            });
+            shards.push(Shard { path: path.clone(), map, samples });
         }
-        Ok(Self {
-            shards,
-            starts,
-            len,
-            images,
-        })
+        Ok(Self { shards, starts, len, images })
     }
 
     /// The shard and sample of dataset index `i`.
     fn locate(&self, i: u64) -> Option<(&Shard, &ShardSample)> {
         // The last shard starting at or before i; empty shards share their
         // start with the next one and are passed over.
-        let s = self
-            .starts
-            .partition_point(|&start| start <= i)
-            .checked_sub(1)?;
+        let s = self.starts.partition_point(|&start| start <= i).checked_sub(1)?;
         let shard = self.shards.get(s)?;
         let j = usize::try_from(i - self.starts.get(s)?).ok()?;
         Some((shard, shard.samples.get(j)?))
@@ -138,39 +120,18 @@ impl Dataset for WebDataset {
     fn read_into(&self, key: SampleKey, rows: &mut [&mut [u8]]) -> Result<(), DatasetError> {
         self.images.check(key.index, rows)?;
         let Some((shard, sample)) = self.locate(key.index) else {
-            return Err(DatasetError::IndexOutOfRange {
-                index: key.index,
-                len: self.len,
-            });
+            return Err(DatasetError::IndexOutOfRange { index: key.index, len: self.len });
         };
         let name = || format!("{}:{}", shard.path, sample.key);
-        let corrupt = |reason: &str| DatasetError::Corrupt {
-            path: name(),
-            reason: reason.to_owned(),
-        };
-        let image = sample
-            .image
-            .as_ref()
-            .ok_or_else(|| corrupt("no .jpg, .jpeg or .png member"))?;
-        let image = shard
-            .bytes(image)
-            .ok_or_else(|| corrupt("image member runs past the end of the shard"))?;
-        let label = sample
-            .label
-            .as_ref()
-            .ok_or_else(|| corrupt("no .cls member"))?;
-        let label = shard
-            .bytes(label)
-            .ok_or_else(|| corrupt("label member runs past the end of the shard"))?;
+        let corrupt = |reason: &str| DatasetError::Corrupt { path: name(), reason: reason.to_owned() };
+        let image = sample.image.as_ref().ok_or_else(|| corrupt("no .jpg, .jpeg or .png member"))?;
+        let image = shard.bytes(image).ok_or_else(|| corrupt("image member runs past the end of the shard"))?;
+        let label = sample.label.as_ref().ok_or_else(|| corrupt("no .cls member"))?;
+        let label = shard.bytes(label).ok_or_else(|| corrupt("label member runs past the end of the shard"))?;
         let label = std::str::from_utf8(label)
             .ok()
             .and_then(|l| l.trim().parse::<i64>().ok())
-            .ok_or_else(|| {
-                corrupt(&format!(
-                    "label {:?} is not an integer",
-                    String::from_utf8_lossy(label)
-                ))
-            })?;
+            .ok_or_else(|| corrupt(&format!("label {:?} is not an integer", String::from_utf8_lossy(label))))?;
         self.images.write(key, image, label, name, rows)
     }
 }

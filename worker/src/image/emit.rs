@@ -27,9 +27,7 @@ pub(crate) enum Values {
 impl Values {
     /// The table of the value steps among `steps`, ending in `dtype`.
     pub(crate) fn new(steps: &[Step], dtype: Dtype) -> Values {
-        let touches = steps
-            .iter()
-            .any(|s| matches!(s, Step::Normalize { .. } | Step::Cast(Dtype::F32)));
+        let touches = steps.iter().any(|s| matches!(s, Step::Normalize { .. } | Step::Cast(Dtype::F32)));
         if !touches {
             return Values::Identity;
         }
@@ -81,23 +79,12 @@ fn chain(steps: &[Step], c: usize, mut x: f32) -> f32 {
 }
 
 /// Writes the `w` x `h` RGBX `canvas` into `out` (exactly the output size).
-pub(crate) fn write(
-    canvas: &[u8],
-    w: usize,
-    h: usize,
-    flip: bool,
-    layout: Layout,
-    values: &Values,
-    out: &mut [u8],
-) {
+pub(crate) fn write(canvas: &[u8], w: usize, h: usize, flip: bool, layout: Layout, values: &Values, out: &mut [u8]) {
     let col = |x: usize| if flip { w - 1 - x } else { x };
     let plane = w * h;
     match (values, layout) {
         (Values::Identity, Layout::Hwc) => {
-            for (dst, src) in out
-                .chunks_exact_mut(w * 3)
-                .zip(canvas.chunks_exact(w * PIXEL))
-            {
+            for (dst, src) in out.chunks_exact_mut(w * 3).zip(canvas.chunks_exact(w * PIXEL)) {
                 if flip {
                     for (d, s) in dst.chunks_exact_mut(3).zip(src.chunks_exact(PIXEL).rev()) {
                         d.copy_from_slice(&s[..3]);
@@ -112,11 +99,7 @@ pub(crate) fn write(
         (Values::Identity, _) => {
             let (r, rest) = out.split_at_mut(plane);
             let (g, b) = rest.split_at_mut(plane);
-            let rows = canvas.chunks_exact(w * PIXEL).zip(
-                r.chunks_exact_mut(w)
-                    .zip(g.chunks_exact_mut(w))
-                    .zip(b.chunks_exact_mut(w)),
-            );
+            let rows = canvas.chunks_exact(w * PIXEL).zip(r.chunks_exact_mut(w).zip(g.chunks_exact_mut(w)).zip(b.chunks_exact_mut(w)));
             for (src, ((r, g), b)) in rows {
                 split(src, r, g, b, flip);
             }
@@ -155,10 +138,7 @@ fn split(src: &[u8], r: &mut [u8], g: &mut [u8], b: &mut [u8], flip: bool) {
     let n = r.len();
     let (src, g, b) = (&src[..n * PIXEL], &mut g[..n], &mut b[..n]);
     let blocks = n / BLOCK;
-    let planes = r
-        .chunks_exact_mut(BLOCK)
-        .zip(g.chunks_exact_mut(BLOCK))
-        .zip(b.chunks_exact_mut(BLOCK));
+    let planes = r.chunks_exact_mut(BLOCK).zip(g.chunks_exact_mut(BLOCK)).zip(b.chunks_exact_mut(BLOCK));
     if flip {
         for (s, ((r, g), b)) in src.rchunks_exact(BLOCK * PIXEL).zip(planes) {
             block(s, r, g, b, |i| BLOCK - 1 - i);
@@ -179,12 +159,7 @@ fn split(src: &[u8], r: &mut [u8], g: &mut [u8], b: &mut [u8], flip: bool) {
 /// One block of [`split`]: pixel `at(i)` of `s` goes to `r[i]`, `g[i]`, `b[i]`.
 #[cfg(not(target_arch = "x86_64"))]
 fn block(s: &[u8], r: &mut [u8], g: &mut [u8], b: &mut [u8], at: impl Fn(usize) -> usize) {
-    for i in 0..BLOCK
-        .min(r.len())
-        .min(g.len())
-        .min(b.len())
-        .min(s.len() / PIXEL)
-    {
+    for i in 0..BLOCK.min(r.len()).min(g.len()).min(b.len()).min(s.len() / PIXEL) {
         let p = at(i) * PIXEL;
         r[i] = s[p];
         g[i] = s[p + 1];
@@ -212,16 +187,8 @@ fn block(s: &[u8], r: &mut [u8], g: &mut [u8], b: &mut [u8], at: impl Fn(usize) 
 /// pixels and packed down to bytes; `flip` reverses the pixels.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "sse2")]
-fn block_sse2(
-    s: &[u8; BLOCK * PIXEL],
-    r: &mut [u8; BLOCK],
-    g: &mut [u8; BLOCK],
-    b: &mut [u8; BLOCK],
-    flip: bool,
-) {
-    use std::arch::x86_64::{
-        __m128i, _mm_and_si128, _mm_loadu_si128, _mm_packs_epi32, _mm_packus_epi16,
-    };
+fn block_sse2(s: &[u8; BLOCK * PIXEL], r: &mut [u8; BLOCK], g: &mut [u8; BLOCK], b: &mut [u8; BLOCK], flip: bool) {
+    use std::arch::x86_64::{__m128i, _mm_and_si128, _mm_loadu_si128, _mm_packs_epi32, _mm_packus_epi16};
     use std::arch::x86_64::{_mm_set1_epi32, _mm_shuffle_epi32, _mm_srli_epi32, _mm_storeu_si128};
     // SAFETY: each load reads 16 bytes at offset 0, 16, 32 or 48 of `s`,
     // which is 64 bytes long; loadu has no alignment requirement.

@@ -70,12 +70,7 @@ impl Pass {
         Pass {
             input: (w, h),
             view: full,
-            src: Area {
-                x: 0.0,
-                y: 0.0,
-                w: f64::from(w),
-                h: f64::from(h),
-            },
+            src: Area { x: 0.0, y: 0.0, w: f64::from(w), h: f64::from(h) },
             canvas: (w, h),
             dst: full,
         }
@@ -90,13 +85,7 @@ impl Pass {
     }
 
     fn padded(&self) -> bool {
-        self.dst
-            != Rect {
-                x: 0,
-                y: 0,
-                w: self.canvas.0,
-                h: self.canvas.1,
-            }
+        self.dst != Rect { x: 0, y: 0, w: self.canvas.0, h: self.canvas.1 }
     }
 }
 
@@ -114,18 +103,10 @@ impl Plan {
     /// `width` x `height`, drawing each random step's numbers from its own
     /// stream of `key`.
     pub(crate) fn new(steps: &[Step], width: u32, height: u32, key: SampleKey) -> Plan {
-        let mut plan = Plan {
-            passes: vec![Pass::identity(width, height)],
-            flip: false,
-        };
+        let mut plan = Plan { passes: vec![Pass::identity(width, height)], flip: false };
         for (i, step) in steps.iter().enumerate() {
             match *step {
-                Step::RandomResizedCrop {
-                    height,
-                    width,
-                    scale,
-                    ratio,
-                } => {
+                Step::RandomResizedCrop { height, width, scale, ratio } => {
                     let (w, h) = plan.size();
                     let (x, y, cw, ch) = random_crop(w, h, scale, ratio, &mut StepRng::new(key, i));
                     plan.window(i64::from(x), i64::from(y), cw, ch);
@@ -165,20 +146,11 @@ impl Plan {
     fn window(&mut self, x: i64, y: i64, w: u32, h: u32) {
         let flip = self.flip;
         let p = self.last();
-        let x = if flip {
-            i64::from(p.canvas.0) - x - i64::from(w)
-        } else {
-            x
-        };
+        let x = if flip { i64::from(p.canvas.0) - x - i64::from(w) } else { x };
         let (dx0, dx1) = overlap(p.dst.x, p.dst.w, x, w);
         let (dy0, dy1) = overlap(p.dst.y, p.dst.h, y, h);
         if dx1 <= dx0 || dy1 <= dy0 {
-            p.dst = Rect {
-                x: 0,
-                y: 0,
-                w: 0,
-                h: 0,
-            };
+            p.dst = Rect { x: 0, y: 0, w: 0, h: 0 };
         } else if p.resamples() {
             // Narrow the box: the filter keeps reading around it.
             let (sx, sy) = (p.src.w / f64::from(p.dst.w), p.src.h / f64::from(p.dst.h));
@@ -197,12 +169,7 @@ impl Plan {
                 dx1 - dx0,
                 dy1 - dy0,
             );
-            p.src = Area {
-                x: 0.0,
-                y: 0.0,
-                w: f64::from(p.view.w),
-                h: f64::from(p.view.h),
-            };
+            p.src = Area { x: 0.0, y: 0.0, w: f64::from(p.view.w), h: f64::from(p.view.h) };
             p.dst = rect(dx0 - x, dy0 - y, dx1 - dx0, dy1 - dy0);
         }
         p.canvas = (w, h);
@@ -233,12 +200,7 @@ fn overlap(a: u32, aw: u32, b: i64, bw: u32) -> (i64, i64) {
 /// A rectangle from values the caller has kept within u32.
 fn rect(x: i64, y: i64, w: i64, h: i64) -> Rect {
     let c = |v: i64| u32::try_from(v.max(0)).unwrap_or(u32::MAX);
-    Rect {
-        x: c(x),
-        y: c(y),
-        w: c(w),
-        h: c(h),
-    }
+    Rect { x: c(x), y: c(y), w: c(w), h: c(h) }
 }
 
 /// Offset of a centred crop of `crop` from `size`, torchvision's way:
@@ -258,13 +220,8 @@ pub(crate) fn resized((w, h): (u32, u32), to: ResizeTo) -> (u32, u32) {
     match to {
         ResizeTo::Exact { height, width } => (width, height),
         ResizeTo::ShorterSide(s) => {
-            let long =
-                |a: u32, b: u32| ((f64::from(s) * f64::from(a) / f64::from(b)) as u32).max(1);
-            if w <= h {
-                (s, long(h, w))
-            } else {
-                (long(w, h), s)
-            }
+            let long = |a: u32, b: u32| ((f64::from(s) * f64::from(a) / f64::from(b)) as u32).max(1);
+            if w <= h { (s, long(h, w)) } else { (long(w, h), s) }
         }
     }
 }
@@ -273,13 +230,7 @@ pub(crate) fn resized((w, h): (u32, u32), to: ResizeTo) -> (u32, u32) {
 /// uniform area fraction in `scale` and a log-uniform aspect ratio in
 /// `ratio`, then the centre crop with the ratio clamped. Returns
 /// (left, top, width, height).
-pub(crate) fn random_crop(
-    width: u32,
-    height: u32,
-    scale: [f32; 2],
-    ratio: [f32; 2],
-    rng: &mut StepRng,
-) -> (u32, u32, u32, u32) {
+pub(crate) fn random_crop(width: u32, height: u32, scale: [f32; 2], ratio: [f32; 2], rng: &mut StepRng) -> (u32, u32, u32, u32) {
     let area = f64::from(width) * f64::from(height);
     let (log_lo, log_hi) = (f64::from(ratio[0]).ln(), f64::from(ratio[1]).ln());
     for _ in 0..10 {
@@ -297,15 +248,9 @@ pub(crate) fn random_crop(
     let in_ratio = f64::from(width) / f64::from(height);
     let (lo, hi) = (f64::from(ratio[0]), f64::from(ratio[1]));
     let (w, h) = if in_ratio < lo {
-        (
-            width,
-            ((f64::from(width) / lo).round_ties_even() as u32).clamp(1, height),
-        )
+        (width, ((f64::from(width) / lo).round_ties_even() as u32).clamp(1, height))
     } else if in_ratio > hi {
-        (
-            ((f64::from(height) * hi).round_ties_even() as u32).clamp(1, width),
-            height,
-        )
+        (((f64::from(height) * hi).round_ties_even() as u32).clamp(1, width), height)
     } else {
         (width, height)
     };

@@ -58,11 +58,7 @@ fn message(code: c_int, msg: &[u8; MSG_LEN]) -> Result<(), ImageError> {
     }
     let end = msg.iter().position(|&b| b == 0).unwrap_or(msg.len());
     let text = String::from_utf8_lossy(&msg[..end]);
-    let text = if text.is_empty() {
-        "undecodable JPEG".into()
-    } else {
-        format!("JPEG: {text}")
-    };
+    let text = if text.is_empty() { "undecodable JPEG".into() } else { format!("JPEG: {text}") };
     Err(ImageError::Corrupt(text))
 }
 
@@ -72,25 +68,14 @@ pub(crate) fn header(data: &[u8]) -> Result<(u32, u32), ImageError> {
     let mut msg = [0u8; MSG_LEN];
     // SAFETY: `data` is valid for `data.len()` bytes and only read; `w`, `h`
     // and `msg` (MSG_LEN bytes) are live locals the function writes into.
-    let code = unsafe {
-        loader_jpeg_header(
-            data.as_ptr(),
-            data.len(),
-            &mut w,
-            &mut h,
-            msg.as_mut_ptr().cast(),
-            MSG_LEN,
-        )
-    };
+    let code = unsafe { loader_jpeg_header(data.as_ptr(), data.len(), &mut w, &mut h, msg.as_mut_ptr().cast(), MSG_LEN) };
     message(code, &msg)?;
     Ok((w, h))
 }
 
 /// Size of the image scaled by `scale_num / 8`, as libjpeg rounds it.
 pub(crate) fn scaled((w, h): (u32, u32), scale_num: u32) -> (u32, u32) {
-    let s = |v: u32| {
-        u32::try_from((u64::from(v) * u64::from(scale_num)).div_ceil(8)).unwrap_or(u32::MAX)
-    };
+    let s = |v: u32| u32::try_from((u64::from(v) * u64::from(scale_num)).div_ceil(8)).unwrap_or(u32::MAX);
     (s(w), s(h))
 }
 
@@ -138,12 +123,7 @@ pub(crate) fn decode(
     if (got_w, got_h) != (sw, sh) {
         // The header changed between two reads of the same bytes: impossible
         // unless the arithmetic above disagrees with libjpeg's.
-        return Err(ImageError::Corrupt(format!(
-            "JPEG: scaled size {got_w}x{got_h}, expected {sw}x{sh}"
-        )));
+        return Err(ImageError::Corrupt(format!("JPEG: scaled size {got_w}x{got_h}, expected {sw}x{sh}")));
     }
-    Ok(Decoded {
-        origin: (x0, region.y),
-        size: (w, region.h),
-    })
+    Ok(Decoded { origin: (x0, region.y), size: (w, region.h) })
 }

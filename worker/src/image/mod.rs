@@ -96,9 +96,7 @@ struct Scratch {
 
 impl std::fmt::Debug for Scratch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Scratch")
-            .field("decoded", &self.decoded.len())
-            .finish_non_exhaustive()
+        f.debug_struct("Scratch").field("decoded", &self.decoded.len()).finish_non_exhaustive()
     }
 }
 
@@ -118,10 +116,7 @@ fn format(encoded: &[u8]) -> Result<Format, ImageError> {
         Ok(Format::Png)
     } else {
         let head: Vec<String> = encoded.iter().take(4).map(|b| format!("{b:02x}")).collect();
-        Err(ImageError::Corrupt(format!(
-            "neither JPEG nor PNG (starts with {})",
-            head.join(" ")
-        )))
+        Err(ImageError::Corrupt(format!("neither JPEG nor PNG (starts with {})", head.join(" "))))
     }
 }
 
@@ -132,11 +127,7 @@ impl Pipeline {
         let spec = transforms::check(transforms)?;
         let shape = spec.shape();
         let values = Values::new(&spec.steps, spec.dtype);
-        Ok(Pipeline {
-            spec,
-            shape,
-            values,
-        })
+        Ok(Pipeline { spec, shape, values })
     }
 
     /// Element type and shape of one output, e.g. `(U8, [3, 224, 224])`.
@@ -154,10 +145,7 @@ impl Pipeline {
     /// into `out`. Random steps draw from `key` alone.
     pub fn run(&self, encoded: &[u8], key: SampleKey, out: &mut [u8]) -> Result<(), ImageError> {
         if out.len() != self.output_bytes() {
-            return Err(ImageError::OutputSize {
-                expected: self.output_bytes(),
-                got: out.len(),
-            });
+            return Err(ImageError::OutputSize { expected: self.output_bytes(), got: out.len() });
         }
         SCRATCH.with(|cell| match cell.try_borrow_mut() {
             Ok(mut scratch) => {
@@ -175,13 +163,7 @@ impl Pipeline {
         })
     }
 
-    fn run_with(
-        &self,
-        encoded: &[u8],
-        key: SampleKey,
-        out: &mut [u8],
-        s: &mut Scratch,
-    ) -> Result<(), ImageError> {
+    fn run_with(&self, encoded: &[u8], key: SampleKey, out: &mut [u8], s: &mut Scratch) -> Result<(), ImageError> {
         let format = format(encoded)?;
         let full = match format {
             Format::Jpeg => jpeg::header(encoded)?,
@@ -208,18 +190,11 @@ impl Pipeline {
             Format::Png => {
                 let size = png::decode(encoded, &mut s.raw, &mut s.decoded)?;
                 if size != full {
-                    return Err(ImageError::Corrupt(
-                        "PNG: size changed between header and data".into(),
-                    ));
+                    return Err(ImageError::Corrupt("PNG: size changed between header and data".into()));
                 }
             }
         }
-        let Scratch {
-            decoded,
-            canvases,
-            resizer,
-            ..
-        } = s;
+        let Scratch { decoded, canvases, resizer, .. } = s;
         let [a, b] = canvases;
         let (mut input, mut output): (&mut Vec<u8>, &mut Vec<u8>) = (decoded, a);
         let mut spare: &mut Vec<u8> = b;
@@ -242,15 +217,7 @@ impl Pipeline {
             )));
         }
         let canvas = &input[..w as usize * h as usize * PIXEL];
-        emit::write(
-            canvas,
-            w as usize,
-            h as usize,
-            plan.flip,
-            self.layout(),
-            &self.values,
-            out,
-        );
+        emit::write(canvas, w as usize, h as usize, plan.flip, self.layout(), &self.values, out);
         Ok(())
     }
 

@@ -14,26 +14,18 @@ fn corrupt(e: png::DecodingError) -> ImageError {
 
 /// Width and height from the header, without decoding pixels.
 pub(crate) fn header(data: &[u8]) -> Result<(u32, u32), ImageError> {
-    let reader = png::Decoder::new(Cursor::new(data))
-        .read_info()
-        .map_err(corrupt)?;
+    let reader = png::Decoder::new(Cursor::new(data)).read_info().map_err(corrupt)?;
     Ok(reader.info().size())
 }
 
 /// Decodes the whole image into `out` (RGBX, `4 * w * h` bytes, grown as
 /// needed), using `raw` for the decoder's own layout.
-pub(crate) fn decode(
-    data: &[u8],
-    raw: &mut Vec<u8>,
-    out: &mut Vec<u8>,
-) -> Result<(u32, u32), ImageError> {
+pub(crate) fn decode(data: &[u8], raw: &mut Vec<u8>, out: &mut Vec<u8>) -> Result<(u32, u32), ImageError> {
     let mut decoder = png::Decoder::new(Cursor::new(data));
     decoder.set_transformations(Transformations::EXPAND | Transformations::STRIP_16);
     let mut reader = decoder.read_info().map_err(corrupt)?;
     let (w, h) = reader.info().size();
-    let len = reader
-        .output_buffer_size()
-        .ok_or_else(|| ImageError::Corrupt(format!("PNG: {w}x{h} is too large")))?;
+    let len = reader.output_buffer_size().ok_or_else(|| ImageError::Corrupt(format!("PNG: {w}x{h} is too large")))?;
     if raw.len() < len {
         raw.resize(len, 0);
     }

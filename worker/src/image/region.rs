@@ -40,12 +40,7 @@ pub(crate) fn scale(pass: &mut Pass, full: (u32, u32), scale_num: u32, scaled: (
         w: pass.src.w * f,
         h: pass.src.h * f,
     };
-    pass.view = Rect {
-        x: x0,
-        y: y0,
-        w: x1.saturating_sub(x0).max(1),
-        h: y1.saturating_sub(y0).max(1),
-    };
+    pass.view = Rect { x: x0, y: y0, w: x1.saturating_sub(x0).max(1), h: y1.saturating_sub(y0).max(1) };
     pass.input = scaled;
     debug_assert!(full.0 >= scaled.0 && full.1 >= scaled.1);
 }
@@ -61,16 +56,9 @@ pub(crate) fn needed(pass: &Pass) -> Rect {
             return v;
         }
         let (x, y) = (pass.src.x as u32, pass.src.y as u32);
-        return Rect {
-            x: v.x + x,
-            y: v.y + y,
-            w: pass.dst.w,
-            h: pass.dst.h,
-        };
+        return Rect { x: v.x + x, y: v.y + y, w: pass.dst.w, h: pass.dst.h };
     }
-    let reach = |box_len: f64, out: u32| {
-        (BILINEAR_SUPPORT * (box_len / f64::from(out)).max(1.0)).ceil() + 1.0
-    };
+    let reach = |box_len: f64, out: u32| (BILINEAR_SUPPORT * (box_len / f64::from(out)).max(1.0)).ceil() + 1.0;
     let (rx, ry) = (reach(pass.src.w, pass.dst.w), reach(pass.src.h, pass.dst.h));
     let lo = |start: f64, r: f64| (start - r).floor().max(0.0) as u32;
     let hi = |end: f64, r: f64, len: u32| ((end + r).ceil().max(0.0) as u32).min(len);
@@ -78,12 +66,7 @@ pub(crate) fn needed(pass: &Pass) -> Rect {
     let y0 = lo(pass.src.y, ry).min(v.h - 1);
     let x1 = hi(pass.src.x + pass.src.w, rx, v.w).clamp(x0 + 1, v.w);
     let y1 = hi(pass.src.y + pass.src.h, ry, v.h).clamp(y0 + 1, v.h);
-    Rect {
-        x: v.x + x0,
-        y: v.y + y0,
-        w: x1 - x0,
-        h: y1 - y0,
-    }
+    Rect { x: v.x + x0, y: v.y + y0, w: x1 - x0, h: y1 - y0 }
 }
 
 /// Rewrites `pass` for a buffer that holds `size` pixels of its input
@@ -96,11 +79,6 @@ pub(crate) fn rebase(pass: &mut Pass, origin: (u32, u32), size: (u32, u32)) {
     let y1 = (v.y + v.h).min(origin.1 + size.1);
     pass.src.x -= f64::from(x0 - v.x);
     pass.src.y -= f64::from(y0 - v.y);
-    pass.view = Rect {
-        x: x0 - origin.0,
-        y: y0 - origin.1,
-        w: x1.saturating_sub(x0),
-        h: y1.saturating_sub(y0),
-    };
+    pass.view = Rect { x: x0 - origin.0, y: y0 - origin.1, w: x1.saturating_sub(x0), h: y1.saturating_sub(y0) };
     pass.input = size;
 }

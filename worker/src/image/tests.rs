@@ -12,21 +12,13 @@ fn decode() -> Transform {
     t(Op::Decode(pb::Decode {}))
 }
 fn rrc(size: u32, scale: [f32; 2], ratio: [f32; 2]) -> Transform {
-    t(Op::RandomResizedCrop(pb::RandomResizedCrop {
-        size: vec![size],
-        scale: scale.to_vec(),
-        ratio: ratio.to_vec(),
-    }))
+    t(Op::RandomResizedCrop(pb::RandomResizedCrop { size: vec![size], scale: scale.to_vec(), ratio: ratio.to_vec() }))
 }
 fn resize(size: &[u32]) -> Transform {
-    t(Op::Resize(pb::Resize {
-        size: size.to_vec(),
-    }))
+    t(Op::Resize(pb::Resize { size: size.to_vec() }))
 }
 fn center_crop(size: &[u32]) -> Transform {
-    t(Op::CenterCrop(pb::CenterCrop {
-        size: size.to_vec(),
-    }))
+    t(Op::CenterCrop(pb::CenterCrop { size: size.to_vec() }))
 }
 fn flip(p: f32) -> Transform {
     t(Op::HorizontalFlip(pb::HorizontalFlip { p: Some(p) }))
@@ -35,11 +27,7 @@ fn hwc() -> Transform {
     t(Op::Layout(Layout::Hwc as i32))
 }
 fn key(index: u64) -> SampleKey {
-    SampleKey {
-        seed: 7,
-        epoch: 0,
-        index,
-    }
+    SampleKey { seed: 7, epoch: 0, index }
 }
 
 /// An RGB test picture: gradients plus a texture, so crops and flips show.
@@ -48,11 +36,7 @@ fn picture(w: u32, h: u32) -> Vec<u8> {
     for y in 0..h {
         for x in 0..w {
             let tex = ((x * 7 + y * 13) % 32) as u8;
-            v.extend_from_slice(&[
-                (x * 255 / w) as u8,
-                (y * 255 / h) as u8,
-                tex.wrapping_mul(8),
-            ]);
+            v.extend_from_slice(&[(x * 255 / w) as u8, (y * 255 / h) as u8, tex.wrapping_mul(8)]);
         }
     }
     v
@@ -72,8 +56,7 @@ fn png_of(rgb: &[u8], w: u32, h: u32) -> Vec<u8> {
 fn jpeg_of(rgb: &[u8], w: u32, h: u32) -> Vec<u8> {
     let mut out = Vec::new();
     let e = jpeg_encoder::Encoder::new(&mut out, 90);
-    e.encode(rgb, w as u16, h as u16, jpeg_encoder::ColorType::Rgb)
-        .expect("jpeg encode");
+    e.encode(rgb, w as u16, h as u16, jpeg_encoder::ColorType::Rgb).expect("jpeg encode");
     out
 }
 
@@ -89,10 +72,7 @@ fn output_describes_the_tensor() {
     let p = Pipeline::new(&[decode(), rrc(224, [0.08, 1.0], [0.75, 4.0 / 3.0])]).expect("valid");
     assert_eq!(p.output(), (Dtype::U8, &[3u64, 224, 224][..]));
     assert_eq!(p.output_bytes(), 3 * 224 * 224);
-    let norm = t(Op::Normalize(pb::Normalize {
-        mean: vec![0.5; 3],
-        std: vec![0.5; 3],
-    }));
+    let norm = t(Op::Normalize(pb::Normalize { mean: vec![0.5; 3], std: vec![0.5; 3] }));
     let p = Pipeline::new(&[decode(), center_crop(&[4, 6]), norm, hwc()]).expect("valid");
     assert_eq!(p.output(), (Dtype::F32, &[4u64, 6, 3][..]));
     assert_eq!(p.output_bytes(), 4 * 6 * 3 * 4);
@@ -105,11 +85,7 @@ fn same_key_same_pixels_on_any_thread() {
     let steps = [decode(), rrc(64, [0.08, 1.0], [0.75, 4.0 / 3.0]), flip(0.5)];
     let here = run(&steps, &jpg, key(3));
     assert_eq!(here, run(&steps, &jpg, key(3)));
-    let there = std::thread::scope(|s| {
-        s.spawn(|| run(&steps, &jpg, key(3)))
-            .join()
-            .expect("thread")
-    });
+    let there = std::thread::scope(|s| s.spawn(|| run(&steps, &jpg, key(3))).join().expect("thread"));
     assert_eq!(here, there);
 }
 
@@ -118,11 +94,7 @@ fn different_keys_draw_different_crops() {
     let jpg = jpeg_of(&picture(320, 240), 320, 240);
     let steps = [decode(), rrc(32, [0.08, 1.0], [0.75, 4.0 / 3.0]), flip(0.5)];
     let base = run(&steps, &jpg, key(0));
-    for k in [
-        key(1),
-        SampleKey { epoch: 1, ..key(0) },
-        SampleKey { seed: 8, ..key(0) },
-    ] {
+    for k in [key(1), SampleKey { epoch: 1, ..key(0) }, SampleKey { seed: 8, ..key(0) }] {
         assert_ne!(base, run(&steps, &jpg, k), "{k:?}");
     }
 }
@@ -133,22 +105,8 @@ fn step_streams_are_independent_and_spread() {
     let mut b = StepRng::new(key(0), 2);
     assert_ne!(a.unit(), b.unit());
     // Swapping epoch and index gives another stream.
-    let mut c = StepRng::new(
-        SampleKey {
-            seed: 7,
-            epoch: 5,
-            index: 9,
-        },
-        1,
-    );
-    let mut d = StepRng::new(
-        SampleKey {
-            seed: 7,
-            epoch: 9,
-            index: 5,
-        },
-        1,
-    );
+    let mut c = StepRng::new(SampleKey { seed: 7, epoch: 5, index: 9 }, 1);
+    let mut d = StepRng::new(SampleKey { seed: 7, epoch: 9, index: 5 }, 1);
     assert_ne!(c.unit(), d.unit());
     let mut r = StepRng::new(key(0), 0);
     let mean = (0..10_000).map(|_| r.unit()).sum::<f64>() / 10_000.0;
@@ -161,17 +119,9 @@ fn flip_mirrors_and_p_zero_keeps() {
     let (w, h) = (9, 5);
     let rgb = picture(w, h);
     let png = png_of(&rgb, w, h);
-    let keep = run(
-        &[decode(), center_crop(&[h, w]), flip(0.0), hwc()],
-        &png,
-        key(0),
-    );
+    let keep = run(&[decode(), center_crop(&[h, w]), flip(0.0), hwc()], &png, key(0));
     assert_eq!(keep, rgb);
-    let mirrored = run(
-        &[decode(), center_crop(&[h, w]), flip(1.0), hwc()],
-        &png,
-        key(0),
-    );
+    let mirrored = run(&[decode(), center_crop(&[h, w]), flip(1.0), hwc()], &png, key(0));
     for y in 0..h as usize {
         for x in 0..w as usize {
             let a = &mirrored[(y * w as usize + x) * 3..][..3];
@@ -180,14 +130,7 @@ fn flip_mirrors_and_p_zero_keeps() {
         }
     }
     // Two flips cancel.
-    assert_eq!(
-        run(
-            &[decode(), flip(1.0), center_crop(&[h, w]), flip(1.0), hwc()],
-            &png,
-            key(0)
-        ),
-        rgb
-    );
+    assert_eq!(run(&[decode(), flip(1.0), center_crop(&[h, w]), flip(1.0), hwc()], &png, key(0)), rgb);
 }
 
 #[test]
@@ -199,10 +142,7 @@ fn center_crop_offsets_follow_torchvision() {
     let out = run(&[decode(), center_crop(&[2, 3]), hwc()], &png, key(0));
     for y in 0..2usize {
         for x in 0..3usize {
-            assert_eq!(
-                &out[(y * 3 + x) * 3..][..3],
-                &rgb[((y + 2) * 10 + x + 4) * 3..][..3]
-            );
+            assert_eq!(&out[(y * 3 + x) * 3..][..3], &rgb[((y + 2) * 10 + x + 4) * 3..][..3]);
         }
     }
 }
@@ -240,32 +180,16 @@ fn chw_is_the_transpose_of_hwc() {
 
 #[test]
 fn resize_keeps_flat_colour_and_sets_the_shorter_side() {
-    let rgb: Vec<u8> = std::iter::repeat_n([200u8, 100, 50], 120 * 80)
-        .flatten()
-        .collect();
+    let rgb: Vec<u8> = std::iter::repeat_n([200u8, 100, 50], 120 * 80).flatten().collect();
     let png = png_of(&rgb, 120, 80);
-    let p =
-        Pipeline::new(&[decode(), resize(&[40]), center_crop(&[40, 60]), hwc()]).expect("valid");
+    let p = Pipeline::new(&[decode(), resize(&[40]), center_crop(&[40, 60]), hwc()]).expect("valid");
     let mut out = vec![0; p.output_bytes()];
     p.run(&png, key(0), &mut out).expect("run");
     assert!(out.chunks_exact(3).all(|px| px == [200, 100, 50]));
     // A one-value resize truncates the longer side: 80 -> 33 makes 120 -> 49.
-    let plan = Plan::new(
-        Pipeline::new(&[decode(), resize(&[33]), center_crop(&[1])])
-            .expect("valid")
-            .steps(),
-        120,
-        80,
-        key(0),
-    );
+    let plan = Plan::new(Pipeline::new(&[decode(), resize(&[33]), center_crop(&[1])]).expect("valid").steps(), 120, 80, key(0));
     assert_eq!(plan.passes[0].canvas, (1, 1));
-    assert_eq!(
-        geometry::resized(
-            (120, 80),
-            loader_proto::transforms::ResizeTo::ShorterSide(33)
-        ),
-        (49, 33)
-    );
+    assert_eq!(geometry::resized((120, 80), loader_proto::transforms::ResizeTo::ShorterSide(33)), (49, 33));
 }
 
 #[test]
@@ -274,25 +198,17 @@ fn normalize_and_cast_give_torchvision_values() {
     let png = png_of(&rgb, 4, 4);
     let mean = [0.485f32, 0.456, 0.406];
     let std = [0.229f32, 0.224, 0.225];
-    let norm = t(Op::Normalize(pb::Normalize {
-        mean: mean.to_vec(),
-        std: std.to_vec(),
-    }));
+    let norm = t(Op::Normalize(pb::Normalize { mean: mean.to_vec(), std: std.to_vec() }));
     let out = run(&[decode(), center_crop(&[4]), norm, hwc()], &png, key(0));
     for (i, v) in out.chunks_exact(4).enumerate() {
         let got = f32::from_le_bytes([v[0], v[1], v[2], v[3]]);
         let c = i % 3;
         assert_eq!(got, (f32::from(rgb[i]) / 255.0 - mean[c]) / std[c]);
     }
-    let cast = t(Op::Cast(pb::Cast {
-        dtype: Dtype::F32 as i32,
-    }));
+    let cast = t(Op::Cast(pb::Cast { dtype: Dtype::F32 as i32 }));
     let out = run(&[decode(), center_crop(&[4]), cast, hwc()], &png, key(0));
     for (i, v) in out.chunks_exact(4).enumerate() {
-        assert_eq!(
-            f32::from_le_bytes([v[0], v[1], v[2], v[3]]),
-            f32::from(rgb[i])
-        );
+        assert_eq!(f32::from_le_bytes([v[0], v[1], v[2], v[3]]), f32::from(rgb[i]));
     }
 }
 
@@ -306,14 +222,8 @@ fn random_crop_follows_torchvision_bounds_and_fallback() {
         assert!((0.07..=1.0).contains(&area), "{area}");
     }
     // No box of ratio 4..5 at full area fits a square: centre crop, ratio clamped to 4.
-    assert_eq!(
-        random_crop(100, 100, [1.0, 1.0], [4.0, 5.0], &mut rng),
-        (0, 37, 100, 25)
-    );
-    assert_eq!(
-        random_crop(100, 100, [1.0, 1.0], [0.1, 0.2], &mut rng),
-        (40, 0, 20, 100)
-    );
+    assert_eq!(random_crop(100, 100, [1.0, 1.0], [4.0, 5.0], &mut rng), (0, 37, 100, 25));
+    assert_eq!(random_crop(100, 100, [1.0, 1.0], [0.1, 0.2], &mut rng), (40, 0, 20, 100));
 }
 
 #[test]
@@ -322,18 +232,11 @@ fn crop_then_flip_mirrors_the_box() {
     let (w, h) = (8, 3);
     let rgb = picture(w, h);
     let png = png_of(&rgb, w, h);
-    let out = run(
-        &[decode(), flip(1.0), center_crop(&[3, 3]), hwc()],
-        &png,
-        key(0),
-    );
+    let out = run(&[decode(), flip(1.0), center_crop(&[3, 3]), hwc()], &png, key(0));
     // Mirrored columns 2..5 (round(2.5) = 2) are original columns 5, 4, 3.
     for y in 0..3usize {
         for x in 0..3usize {
-            assert_eq!(
-                &out[(y * 3 + x) * 3..][..3],
-                &rgb[(y * 8 + 5 - x) * 3..][..3]
-            );
+            assert_eq!(&out[(y * 3 + x) * 3..][..3], &rgb[(y * 8 + 5 - x) * 3..][..3]);
         }
     }
 }
@@ -341,21 +244,13 @@ fn crop_then_flip_mirrors_the_box() {
 #[test]
 fn dct_scale_needs_a_twofold_shrink() {
     let steps = Pipeline::new(&[decode(), rrc(64, [1.0, 1.0], [1.0, 1.0])]).expect("valid");
-    let scale =
-        |side: u32| region::dct_scale(&Plan::new(steps.steps(), side, side, key(0)).passes[0]);
+    let scale = |side: u32| region::dct_scale(&Plan::new(steps.steps(), side, side, key(0)).passes[0]);
     assert_eq!(scale(100), 8);
     assert_eq!(scale(127), 8);
     assert_eq!(scale(128), 4);
     assert_eq!(scale(300), 2);
     assert_eq!(scale(512), 1);
-    let crop_only = Plan::new(
-        Pipeline::new(&[decode(), center_crop(&[16])])
-            .expect("valid")
-            .steps(),
-        512,
-        512,
-        key(0),
-    );
+    let crop_only = Plan::new(Pipeline::new(&[decode(), center_crop(&[16])]).expect("valid").steps(), 512, 512, key(0));
     assert_eq!(region::dct_scale(&crop_only.passes[0]), 8);
 }
 
@@ -364,20 +259,14 @@ fn reduced_dct_decode_stays_close_to_full_decode() {
     // A smooth picture decoded at 1/4 then resized must look like the full
     // decode resized: the DCT scaling is a resampler too.
     let (w, h) = (512u32, 384u32);
-    let smooth: Vec<u8> = (0..h)
-        .flat_map(|y| (0..w).flat_map(move |x| [(x / 2) as u8, (y / 2) as u8, ((x + y) / 4) as u8]))
-        .collect();
+    let smooth: Vec<u8> =
+        (0..h).flat_map(|y| (0..w).flat_map(move |x| [(x / 2) as u8, (y / 2) as u8, ((x + y) / 4) as u8])).collect();
     let jpg = jpeg_of(&smooth, w, h);
     let png = png_of(&smooth, w, h);
     let steps = [decode(), resize(&[64, 64]), hwc()];
     let a = run(&steps, &jpg, key(0));
     let b = run(&steps, &png, key(0));
-    let max = a
-        .iter()
-        .zip(&b)
-        .map(|(x, y)| x.abs_diff(*y))
-        .max()
-        .unwrap_or(0);
+    let max = a.iter().zip(&b).map(|(x, y)| x.abs_diff(*y)).max().unwrap_or(0);
     assert!(max <= 6, "max abs diff {max}");
 }
 
@@ -386,35 +275,12 @@ fn region_decode_matches_full_decode() {
     let (w, h) = (203u32, 157u32);
     let jpg = jpeg_of(&picture(w, h), w, h);
     let mut full = Vec::new();
-    let all = jpeg::decode(
-        &jpg,
-        (w, h),
-        8,
-        geometry::Rect { x: 0, y: 0, w, h },
-        &mut full,
-    )
-    .expect("full");
+    let all = jpeg::decode(&jpg, (w, h), 8, geometry::Rect { x: 0, y: 0, w, h }, &mut full).expect("full");
     assert_eq!(all.size, (w, h));
-    for r in [
-        geometry::Rect {
-            x: 37,
-            y: 21,
-            w: 100,
-            h: 90,
-        },
-        geometry::Rect {
-            x: 150,
-            y: 100,
-            w: 53,
-            h: 57,
-        },
-    ] {
+    for r in [geometry::Rect { x: 37, y: 21, w: 100, h: 90 }, geometry::Rect { x: 150, y: 100, w: 53, h: 57 }] {
         let mut part = Vec::new();
         let got = jpeg::decode(&jpg, (w, h), 8, r, &mut part).expect("region");
-        assert!(
-            got.origin.0 <= r.x && got.origin.0 + got.size.0 >= r.x + r.w,
-            "{got:?}"
-        );
+        assert!(got.origin.0 <= r.x && got.origin.0 + got.size.0 >= r.x + r.w, "{got:?}");
         for y in 0..r.h {
             for x in r.x..r.x + r.w {
                 let a = &part[((y * got.size.0 + x - got.origin.0) * 4) as usize..][..4];
@@ -429,26 +295,15 @@ fn region_decode_matches_full_decode() {
 fn grey_and_cmyk_jpegs_become_rgb() {
     let grey: Vec<u8> = (0..64u32 * 48).map(|i| (i % 251) as u8).collect();
     let mut jpg = Vec::new();
-    jpeg_encoder::Encoder::new(&mut jpg, 95)
-        .encode(&grey, 64, 48, jpeg_encoder::ColorType::Luma)
-        .expect("encode");
+    jpeg_encoder::Encoder::new(&mut jpg, 95).encode(&grey, 64, 48, jpeg_encoder::ColorType::Luma).expect("encode");
     let out = run(&[decode(), center_crop(&[48, 64]), hwc()], &jpg, key(0));
     assert!(out.chunks_exact(3).all(|p| p[0] == p[1] && p[1] == p[2]));
-    let cmyk: Vec<u8> = std::iter::repeat_n([0u8, 255, 255, 0], 16 * 16)
-        .flatten()
-        .collect();
+    let cmyk: Vec<u8> = std::iter::repeat_n([0u8, 255, 255, 0], 16 * 16).flatten().collect();
     let mut jpg = Vec::new();
-    jpeg_encoder::Encoder::new(&mut jpg, 95)
-        .encode(&cmyk, 16, 16, jpeg_encoder::ColorType::Cmyk)
-        .expect("encode");
+    jpeg_encoder::Encoder::new(&mut jpg, 95).encode(&cmyk, 16, 16, jpeg_encoder::ColorType::Cmyk).expect("encode");
     let out = run(&[decode(), center_crop(&[16]), hwc()], &jpg, key(0));
     // Cyan-free, full magenta and yellow, no black: red.
-    assert!(
-        out.chunks_exact(3)
-            .all(|p| p[0] > 200 && p[1] < 50 && p[2] < 50),
-        "{:?}",
-        &out[..3]
-    );
+    assert!(out.chunks_exact(3).all(|p| p[0] > 200 && p[1] < 50 && p[2] < 50), "{:?}", &out[..3]);
 }
 
 #[test]
@@ -458,23 +313,13 @@ fn corrupt_bytes_are_errors_not_panics() {
     let mut out = vec![0; p.output_bytes()];
     let jpg = jpeg_of(&picture(64, 64), 64, 64);
     let png = png_of(&picture(64, 64), 64, 64);
-    for bad in [
-        &b""[..],
-        b"hello",
-        &[0xFF, 0xD8, 0xFF],
-        &jpg[..jpg.len() / 2],
-        &png[..png.len() / 2],
-        &png[..20],
-    ] {
+    for bad in [&b""[..], b"hello", &[0xFF, 0xD8, 0xFF], &jpg[..jpg.len() / 2], &png[..png.len() / 2], &png[..20]] {
         match p.run(bad, key(0), &mut out) {
             Err(ImageError::Corrupt(reason)) => assert!(!reason.contains('\n'), "{reason}"),
             other => panic!("{other:?} for {} bytes", bad.len()),
         }
     }
-    assert!(matches!(
-        p.run(&jpg, key(0), &mut [0u8; 3]),
-        Err(ImageError::OutputSize { .. })
-    ));
+    assert!(matches!(p.run(&jpg, key(0), &mut [0u8; 3]), Err(ImageError::OutputSize { .. })));
 }
 
 #[test]

@@ -13,8 +13,7 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use loader_proto::pb::{
-    RingHello, RingToTrainer, RingToWorker, SlotFilled, SlotReturned, ring_to_trainer,
-    ring_to_worker,
+    RingHello, RingToTrainer, RingToWorker, SlotFilled, SlotReturned, ring_to_trainer, ring_to_worker,
 };
 use loader_proto::ring::{RingGeometry, decode, encode};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
@@ -22,29 +21,21 @@ use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 use super::bell::Bell;
 use super::slots::{Mapping, Outgoing, Slots};
 use super::socket::RingSocket;
-use super::{RingError, Rings, handshake};
+use super::{Rings, RingError, handshake};
 
 /// How long a trainer gets to answer the hello.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Joins the ring at `path` and serves it until it ends.
 pub(crate) async fn run(rings: Arc<Rings>, path: PathBuf, hello: RingHello) {
-    let mut registered = Deregister {
-        rings: Arc::clone(&rings),
-        path: path.clone(),
-        id: None,
-    };
+    let mut registered = Deregister { rings: Arc::clone(&rings), path: path.clone(), id: None };
     let socket = path.display().to_string();
-    let joined = match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake::join(&path, hello)).await
-    {
+    let joined = match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake::join(&path, hello)).await {
         Ok(r) => r,
         Err(_) => Err(RingError::HandshakeTimeout(HANDSHAKE_TIMEOUT)),
     };
     let attached = joined.and_then(|a| {
-        let geometry = RingGeometry {
-            slot_size: a.attach.slot_size,
-            slot_count: a.attach.slot_count,
-        };
+        let geometry = RingGeometry { slot_size: a.attach.slot_size, slot_count: a.attach.slot_count };
         let mapping = Mapping::new(&a.memfd, geometry, a.attach.doorbell)?;
         // The mapping keeps the memory; the descriptor is not needed.
         drop(a.memfd);
@@ -54,10 +45,7 @@ pub(crate) async fn run(rings: Arc<Rings>, path: PathBuf, hello: RingHello) {
     let (stream, attach, rest, mapping, bell) = match attached {
         Ok(parts) => parts,
         Err(e) => {
-            tracing::warn!(
-                socket,
-                "cannot use the trainer's shared-memory ring, delivering over gRPC: {e}"
-            );
+            tracing::warn!(socket, "cannot use the trainer's shared-memory ring, delivering over gRPC: {e}");
             return;
         }
     };
@@ -80,15 +68,9 @@ pub(crate) async fn run(rings: Arc<Rings>, path: PathBuf, hello: RingHello) {
     // Unmaps the ring (once the last lease is gone) before saying so.
     drop(registered);
     match outcome {
-        Ok(End::TrainerClosed) => tracing::info!(
-            socket,
-            "trainer closed its ring socket; dropping its tasks' batches"
-        ),
+        Ok(End::TrainerClosed) => tracing::info!(socket, "trainer closed its ring socket; dropping its tasks' batches"),
         Ok(End::Stopped) => tracing::debug!(socket, "ring connection closed: worker stopping"),
-        Err(e) => tracing::warn!(
-            socket,
-            "closing the ring connection and dropping its tasks' batches: {e}"
-        ),
+        Err(e) => tracing::warn!(socket, "closing the ring connection and dropping its tasks' batches: {e}"),
     }
 }
 
@@ -135,9 +117,7 @@ async fn serve(
                     let count = usize::try_from(r.count).unwrap_or(usize::MAX);
                     for (slot, generation) in rings.take_unused_upto(id, count) {
                         let msg = ring_to_trainer::Msg::Returned(SlotReturned { slot, generation });
-                        socket
-                            .write_all(&encode(&RingToTrainer { msg: Some(msg) }))
-                            .await?;
+                        socket.write_all(&encode(&RingToTrainer { msg: Some(msg) })).await?;
                     }
                 }
                 Some(ring_to_worker::Msg::Attach(_)) => {
@@ -171,25 +151,10 @@ async fn report(
     bell: Option<&Bell>,
 ) -> Result<(), RingError> {
     match out {
-        Outgoing::Filled {
-            slot,
-            generation,
-            len,
-            seq,
-            key,
-            traceparent,
-        } => {
+        Outgoing::Filled { slot, generation, len, seq, key, traceparent } => {
             rings.settle(id, slot, generation);
-            let msg = ring_to_trainer::Msg::Filled(SlotFilled {
-                slot,
-                generation,
-                len,
-                seq,
-                traceparent,
-            });
-            socket
-                .write_all(&encode(&RingToTrainer { msg: Some(msg) }))
-                .await?;
+            let msg = ring_to_trainer::Msg::Filled(SlotFilled { slot, generation, len, seq, traceparent });
+            socket.write_all(&encode(&RingToTrainer { msg: Some(msg) })).await?;
             if let Some(bell) = bell {
                 bell.reported();
             }
@@ -198,9 +163,7 @@ async fn report(
         Outgoing::Returned { slot, generation } => {
             rings.settle(id, slot, generation);
             let msg = ring_to_trainer::Msg::Returned(SlotReturned { slot, generation });
-            socket
-                .write_all(&encode(&RingToTrainer { msg: Some(msg) }))
-                .await?;
+            socket.write_all(&encode(&RingToTrainer { msg: Some(msg) })).await?;
         }
     }
     Ok(())
@@ -211,11 +174,7 @@ async fn report(
 async fn give_back(rings: &Rings, id: u64, socket: &RingSocket) {
     for (slot, generation) in rings.take_unused(id) {
         let msg = ring_to_trainer::Msg::Returned(SlotReturned { slot, generation });
-        if socket
-            .write_all(&encode(&RingToTrainer { msg: Some(msg) }))
-            .await
-            .is_err()
-        {
+        if socket.write_all(&encode(&RingToTrainer { msg: Some(msg) })).await.is_err() {
             return;
         }
     }

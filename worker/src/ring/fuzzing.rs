@@ -35,22 +35,13 @@ impl WorkerRing {
     /// Maps `memfd` (the target sizes it, at most [`MAX_MEMFD`]) with the
     /// geometry `attach` gives, as the worker does after the handshake.
     pub fn attach(attach: &RingAttach, memfd: File) -> Result<Self, String> {
-        let geometry = RingGeometry {
-            slot_size: attach.slot_size,
-            slot_count: attach.slot_count,
-        };
+        let geometry = RingGeometry { slot_size: attach.slot_size, slot_count: attach.slot_count };
         let mapping = Mapping::new(&memfd, geometry, attach.doorbell).map_err(|e| e.to_string())?;
         if let Some(bell) = mapping.doorbell() {
             let _ = bell.reported();
         }
         let (tx, rx) = unbounded_channel();
-        Ok(Self {
-            slots: Slots::new(mapping),
-            tx,
-            rx,
-            _memfd: memfd,
-            leases: 0,
-        })
+        Ok(Self { slots: Slots::new(mapping), tx, rx, _memfd: memfd, leases: 0 })
     }
 
     /// Handles one message from the trainer as the connection's loop does;
@@ -58,16 +49,10 @@ impl WorkerRing {
     /// 0 over the connection), how many bytes it writes (None: it gives the
     /// lease up). An error is the
     /// protocol error that ends the connection.
-    pub fn on_message(
-        &mut self,
-        msg: RingToWorker,
-        mut write: impl FnMut(u64) -> Option<u64>,
-    ) -> Result<(), String> {
+    pub fn on_message(&mut self, msg: RingToWorker, mut write: impl FnMut(u64) -> Option<u64>) -> Result<(), String> {
         match msg.msg {
             Some(ring_to_worker::Msg::Grant(g)) => {
-                self.slots
-                    .grant(g.slot, g.generation)
-                    .map_err(|e| e.to_string())?;
+                self.slots.grant(g.slot, g.generation).map_err(|e| e.to_string())?;
                 while let Some(lease) = self.slots.take(&self.tx) {
                     self.collate(lease, &mut write);
                 }
@@ -113,10 +98,7 @@ impl WorkerRing {
     fn settle(&mut self) {
         while let Ok(out) = self.rx.try_recv() {
             match out {
-                Outgoing::Filled {
-                    slot, generation, ..
-                }
-                | Outgoing::Returned { slot, generation } => {
+                Outgoing::Filled { slot, generation, .. } | Outgoing::Returned { slot, generation } => {
                     self.slots.settle(slot, generation);
                 }
             }

@@ -8,9 +8,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 
 use bytes::BytesMut;
-use loader_proto::pb::{
-    RingAttach, RingHello, RingToTrainer, RingToWorker, ring_to_trainer, ring_to_worker,
-};
+use loader_proto::pb::{RingAttach, RingHello, RingToTrainer, RingToWorker, ring_to_trainer, ring_to_worker};
 use loader_proto::ring::{decode, encode};
 use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
 use tokio::io::{AsyncWriteExt, Interest};
@@ -43,12 +41,8 @@ pub(crate) struct Attached {
 /// Connects to `path`, sends `hello` and waits for the attach message and
 /// its memfd. The caller bounds the time.
 pub(crate) async fn join(path: &Path, hello: RingHello) -> Result<Attached, RingError> {
-    let mut stream = UnixStream::connect(path)
-        .await
-        .map_err(RingError::Connect)?;
-    let hello = RingToTrainer {
-        msg: Some(ring_to_trainer::Msg::Hello(hello)),
-    };
+    let mut stream = UnixStream::connect(path).await.map_err(RingError::Connect)?;
+    let hello = RingToTrainer { msg: Some(ring_to_trainer::Msg::Hello(hello)) };
     stream.write_all(&encode(&hello)).await?;
 
     let mut buf = BytesMut::with_capacity(CHUNK);
@@ -64,20 +58,12 @@ pub(crate) async fn join(path: &Path, hello: RingHello) -> Result<Attached, Ring
     let attach = match first.msg {
         Some(ring_to_worker::Msg::Attach(attach)) => attach,
         Some(ring_to_worker::Msg::Grant(_)) => {
-            return Err(RingError::Protocol(
-                "a grant before the attach message".into(),
-            ));
+            return Err(RingError::Protocol("a grant before the attach message".into()));
         }
         Some(ring_to_worker::Msg::Reclaim(_)) => {
-            return Err(RingError::Protocol(
-                "a reclaim before the attach message".into(),
-            ));
+            return Err(RingError::Protocol("a reclaim before the attach message".into()));
         }
-        None => {
-            return Err(RingError::Protocol(
-                "an empty or unknown message instead of attach".into(),
-            ));
-        }
+        None => return Err(RingError::Protocol("an empty or unknown message instead of attach".into())),
     };
     let expected = if attach.doorbell { 2 } else { 1 };
     if fds.is_empty() {
@@ -89,19 +75,9 @@ pub(crate) async fn join(path: &Path, hello: RingHello) -> Result<Attached, Ring
             fds.len()
         )));
     }
-    let eventfd = if attach.doorbell {
-        fds.pop().map(checked_eventfd).transpose()?
-    } else {
-        None
-    };
+    let eventfd = if attach.doorbell { fds.pop().map(checked_eventfd).transpose()? } else { None };
     let memfd = fds.pop().map(File::from).ok_or(RingError::NoMemfd)?;
-    Ok(Attached {
-        stream,
-        attach,
-        memfd,
-        eventfd,
-        rest: buf,
-    })
+    Ok(Attached { stream, attach, memfd, eventfd, rest: buf })
 }
 
 /// The doorbell's descriptor, if it is an eventfd: the worker writes eight
@@ -111,20 +87,13 @@ fn checked_eventfd(fd: OwnedFd) -> Result<OwnedFd, RingError> {
     if link.as_os_str() == "anon_inode:[eventfd]" {
         Ok(fd)
     } else {
-        Err(RingError::Protocol(format!(
-            "the doorbell descriptor is {}, not an eventfd",
-            link.display()
-        )))
+        Err(RingError::Protocol(format!("the doorbell descriptor is {}, not an eventfd", link.display())))
     }
 }
 
 /// Reads what is available into `buf`, keeping any descriptors that came
 /// with it. Returns the bytes read; 0 at end of stream.
-async fn recv_with_fds(
-    stream: &UnixStream,
-    buf: &mut BytesMut,
-    fds: &mut Vec<OwnedFd>,
-) -> Result<usize, RingError> {
+async fn recv_with_fds(stream: &UnixStream, buf: &mut BytesMut, fds: &mut Vec<OwnedFd>) -> Result<usize, RingError> {
     let mut chunk = [0u8; CHUNK];
     let (n, received, truncated) = stream
         .async_io(Interest::READABLE, || {
@@ -144,18 +113,12 @@ async fn recv_with_fds(
             }
             // Owned at once, so every descriptor is closed on any error.
             let received = adopt_received_fds(raw);
-            Ok((
-                msg.bytes,
-                received,
-                msg.flags.contains(MsgFlags::MSG_CTRUNC),
-            ))
+            Ok((msg.bytes, received, msg.flags.contains(MsgFlags::MSG_CTRUNC)))
         })
         .await?;
     fds.extend(received);
     if truncated {
-        return Err(RingError::Protocol(
-            "the trainer sent more file descriptors than expected".into(),
-        ));
+        return Err(RingError::Protocol("the trainer sent more file descriptors than expected".into()));
     }
     buf.extend_from_slice(&chunk[..n]);
     Ok(n)

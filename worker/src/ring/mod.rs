@@ -38,8 +38,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use loader_proto::pb::{RingAttach, RingHello};
-use loader_proto::ring::FrameError;
 use loader_proto::{ConsumerKey, PROTOCOL_VERSION};
+use loader_proto::ring::FrameError;
 use tokio::runtime::Handle;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
@@ -184,9 +184,7 @@ impl Rings {
 
     fn lock(&self) -> MutexGuard<'_, State> {
         // Plain book-keeping; stays consistent across a panic elsewhere.
-        self.state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Sets the id the next hellos carry.
@@ -223,20 +221,14 @@ impl Rings {
                         worker_id: self.worker_id.load(Ordering::Relaxed),
                         address: self.address.clone(),
                     };
-                    self.runtime
-                        .spawn(conn::run(Arc::clone(self), path.to_owned(), hello));
+                    self.runtime.spawn(conn::run(Arc::clone(self), path.to_owned(), hello));
                 }
             }
             st = if blocked.running() {
                 // Wakes to count the blocked time as it goes.
-                self.changed
-                    .wait_timeout(st, BLOCKED_TICK)
-                    .unwrap_or_else(|poisoned| poisoned.into_inner())
-                    .0
+                self.changed.wait_timeout(st, BLOCKED_TICK).unwrap_or_else(|poisoned| poisoned.into_inner()).0
             } else {
-                self.changed
-                    .wait(st)
-                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                self.changed.wait(st).unwrap_or_else(|poisoned| poisoned.into_inner())
             };
         }
     }
@@ -335,8 +327,7 @@ impl Rings {
 
     fn failed(&self, path: &Path) {
         let mut st = self.lock();
-        st.conns
-            .insert(path.to_owned(), Entry::Failed(Instant::now()));
+        st.conns.insert(path.to_owned(), Entry::Failed(Instant::now()));
         self.changed.notify_all();
     }
 
@@ -361,8 +352,7 @@ impl Rings {
     }
 
     fn grant(&self, id: u64, slot: u32, generation: u64) -> Result<(), GrantError> {
-        self.with_conn(id, |c| c.slots.grant(slot, generation))
-            .unwrap_or(Ok(()))?;
+        self.with_conn(id, |c| c.slots.grant(slot, generation)).unwrap_or(Ok(()))?;
         self.changed.notify_all();
         Ok(())
     }
@@ -372,12 +362,10 @@ impl Rings {
     }
 
     fn take_unused_upto(&self, id: u64, count: usize) -> Vec<(u32, u64)> {
-        self.with_conn(id, |c| c.slots.take_unused_upto(count))
-            .unwrap_or_default()
+        self.with_conn(id, |c| c.slots.take_unused_upto(count)).unwrap_or_default()
     }
 
     fn take_unused(&self, id: u64) -> Vec<(u32, u64)> {
-        self.with_conn(id, |c| c.slots.take_unused())
-            .unwrap_or_default()
+        self.with_conn(id, |c| c.slots.take_unused()).unwrap_or_default()
     }
 }

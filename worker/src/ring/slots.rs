@@ -113,16 +113,8 @@ pub(crate) struct Mapping {
 impl Mapping {
     /// Maps `memfd` after checking that it holds the whole ring, and the
     /// doorbell page after the slots when `doorbell`.
-    pub(crate) fn new(
-        memfd: &File,
-        geometry: RingGeometry,
-        doorbell: bool,
-    ) -> Result<Arc<Self>, MapError> {
-        let bad = |why| MapError::Geometry {
-            count: geometry.slot_count,
-            size: geometry.slot_size,
-            why,
-        };
+    pub(crate) fn new(memfd: &File, geometry: RingGeometry, doorbell: bool) -> Result<Arc<Self>, MapError> {
+        let bad = |why| MapError::Geometry { count: geometry.slot_count, size: geometry.slot_size, why };
         if geometry.slot_size == 0 {
             return Err(bad("slots must not be empty"));
         }
@@ -134,10 +126,7 @@ impl Mapping {
         }
         // Payloads are 64-byte aligned within a batch; slots must keep them
         // aligned in memory too, or zero-copy views would be misaligned.
-        if !geometry
-            .slot_size
-            .is_multiple_of(loader_proto::batch::ALIGN as u64)
-        {
+        if !geometry.slot_size.is_multiple_of(loader_proto::batch::ALIGN as u64) {
             return Err(bad("slot size must be a multiple of 64 bytes"));
         }
         let total = match doorbell {
@@ -163,11 +152,7 @@ impl Mapping {
         if map.len() != len {
             return Err(bad("the kernel mapped a different length"));
         }
-        Ok(Arc::new(Self {
-            map,
-            geometry,
-            doorbell,
-        }))
+        Ok(Arc::new(Self { map, geometry, doorbell }))
     }
 
     /// The doorbell words after the slots, if the ring has them.
@@ -276,11 +261,7 @@ impl Slots {
         if let Some(last) = self.generations[i]
             && generation <= last
         {
-            return Err(GrantError::StaleGeneration {
-                slot,
-                generation,
-                last,
-            });
+            return Err(GrantError::StaleGeneration { slot, generation, last });
         }
         self.holders[i] = Holder::Granted;
         self.generations[i] = Some(generation);
@@ -381,14 +362,7 @@ impl SlotLease {
     pub(crate) fn fill(mut self, len: u64, seq: u64, key: ConsumerKey, traceparent: String) {
         self.done = true;
         let (slot, generation) = (self.slot, self.generation);
-        let _ = self.outgoing.send(Outgoing::Filled {
-            slot,
-            generation,
-            len,
-            seq,
-            key,
-            traceparent,
-        });
+        let _ = self.outgoing.send(Outgoing::Filled { slot, generation, len, seq, key, traceparent });
     }
 }
 
@@ -397,10 +371,7 @@ impl Drop for SlotLease {
         if !self.done {
             // A closed channel means the connection is gone, and the slot
             // with it.
-            let _ = self.outgoing.send(Outgoing::Returned {
-                slot: self.slot,
-                generation: self.generation,
-            });
+            let _ = self.outgoing.send(Outgoing::Returned { slot: self.slot, generation: self.generation });
         }
     }
 }
@@ -422,19 +393,8 @@ mod tests {
         file
     }
 
-    fn ring(
-        size: u64,
-        count: u32,
-    ) -> (
-        File,
-        Slots,
-        UnboundedSender<Outgoing>,
-        UnboundedReceiver<Outgoing>,
-    ) {
-        let g = RingGeometry {
-            slot_size: size,
-            slot_count: count,
-        };
+    fn ring(size: u64, count: u32) -> (File, Slots, UnboundedSender<Outgoing>, UnboundedReceiver<Outgoing>) {
+        let g = RingGeometry { slot_size: size, slot_count: count };
         let file = memfd(size * u64::from(count));
         let slots = Slots::new(Mapping::new(&file, g, false).expect("map"));
         let (tx, rx) = unbounded_channel();
@@ -444,55 +404,20 @@ mod tests {
     #[test]
     fn bad_geometry_and_short_memfds_are_refused() {
         let file = memfd(8192);
-        let map = |size, count| {
-            Mapping::new(
-                &file,
-                RingGeometry {
-                    slot_size: size,
-                    slot_count: count,
-                },
-                false,
-            )
-        };
+        let map = |size, count| Mapping::new(&file, RingGeometry { slot_size: size, slot_count: count }, false);
         assert!(map(4096, 2).is_ok());
-        for (size, count) in [
-            (0, 2),
-            (4096, 0),
-            (100, 2),
-            (64, MAX_SLOTS + 1),
-            (u64::MAX - 63, 2),
-        ] {
-            assert!(
-                matches!(map(size, count), Err(MapError::Geometry { .. })),
-                "{size} x {count}"
-            );
+        for (size, count) in [(0, 2), (4096, 0), (100, 2), (64, MAX_SLOTS + 1), (u64::MAX - 63, 2)] {
+            assert!(matches!(map(size, count), Err(MapError::Geometry { .. })), "{size} x {count}");
         }
         let e = map(4096, 3).expect_err("too small");
-        assert_eq!(
-            e.to_string(),
-            "the ring's memfd holds 8192 bytes, its 3 slots of 4096 bytes need 12288"
-        );
-        let g = RingGeometry {
-            slot_size: 4096,
-            slot_count: 1,
-        };
+        assert_eq!(e.to_string(), "the ring's memfd holds 8192 bytes, its 3 slots of 4096 bytes need 12288");
+        let g = RingGeometry { slot_size: 4096, slot_count: 1 };
         let with_bell = Mapping::new(&file, g, true).expect("one slot and the doorbell page");
         assert!(with_bell.doorbell().is_some());
-        assert!(
-            Mapping::new(&file, g, false)
-                .expect("no doorbell")
-                .doorbell()
-                .is_none()
-        );
-        let g = RingGeometry {
-            slot_size: 4096,
-            slot_count: 2,
-        };
+        assert!(Mapping::new(&file, g, false).expect("no doorbell").doorbell().is_none());
+        let g = RingGeometry { slot_size: 4096, slot_count: 2 };
         let e = Mapping::new(&file, g, true).expect_err("no room for the doorbell");
-        assert_eq!(
-            e.to_string(),
-            "the ring's memfd holds 8192 bytes, its 2 slots of 4096 bytes need 12288"
-        );
+        assert_eq!(e.to_string(), "the ring's memfd holds 8192 bytes, its 2 slots of 4096 bytes need 12288");
     }
 
     #[test]
@@ -514,77 +439,26 @@ mod tests {
         assert!(all[..4096].iter().all(|&x| x == 0), "slot 0 untouched");
         assert!(all[4096..8192].iter().all(|&x| x == 0xaa));
         assert!(all[8192..].iter().all(|&x| x == 0xbb));
-        assert_eq!(
-            rx.try_recv(),
-            Ok(Outgoing::Filled {
-                slot: 1,
-                generation: 0,
-                len: 10,
-                seq: 7,
-                key: (1, 0),
-                traceparent: String::new()
-            })
-        );
-        assert_eq!(
-            rx.try_recv(),
-            Ok(Outgoing::Returned {
-                slot: 2,
-                generation: 0
-            })
-        );
+        assert_eq!(rx.try_recv(), Ok(Outgoing::Filled { slot: 1, generation: 0, len: 10, seq: 7, key: (1, 0), traceparent: String::new() }));
+        assert_eq!(rx.try_recv(), Ok(Outgoing::Returned { slot: 2, generation: 0 }));
     }
 
     #[test]
     fn protocol_violations_are_refused() {
         let (_file, mut slots, tx, _rx) = ring(64, 2);
-        assert_eq!(
-            slots.grant(2, 0),
-            Err(GrantError::OutOfRange { slot: 2, count: 2 })
-        );
-        assert_eq!(
-            slots.grant(u32::MAX, 0),
-            Err(GrantError::OutOfRange {
-                slot: u32::MAX,
-                count: 2
-            })
-        );
+        assert_eq!(slots.grant(2, 0), Err(GrantError::OutOfRange { slot: 2, count: 2 }));
+        assert_eq!(slots.grant(u32::MAX, 0), Err(GrantError::OutOfRange { slot: u32::MAX, count: 2 }));
         slots.grant(0, 5).expect("grant");
-        assert_eq!(
-            slots.grant(0, 6),
-            Err(GrantError::AlreadyHeld { slot: 0 }),
-            "granted, not yet leased"
-        );
+        assert_eq!(slots.grant(0, 6), Err(GrantError::AlreadyHeld { slot: 0 }), "granted, not yet leased");
         let lease = slots.take(&tx).expect("lease");
-        assert_eq!(
-            slots.grant(0, 6),
-            Err(GrantError::AlreadyHeld { slot: 0 }),
-            "being written"
-        );
+        assert_eq!(slots.grant(0, 6), Err(GrantError::AlreadyHeld { slot: 0 }), "being written");
         lease.fill(1, 0, (1, 0), String::new());
         slots.settle(0, 5);
-        assert_eq!(
-            slots.grant(0, 5),
-            Err(GrantError::StaleGeneration {
-                slot: 0,
-                generation: 5,
-                last: 5
-            })
-        );
-        assert_eq!(
-            slots.grant(0, 4),
-            Err(GrantError::StaleGeneration {
-                slot: 0,
-                generation: 4,
-                last: 5
-            })
-        );
-        slots
-            .grant(0, 6)
-            .expect("a new generation after the slot came back");
+        assert_eq!(slots.grant(0, 5), Err(GrantError::StaleGeneration { slot: 0, generation: 5, last: 5 }));
+        assert_eq!(slots.grant(0, 4), Err(GrantError::StaleGeneration { slot: 0, generation: 4, last: 5 }));
+        slots.grant(0, 6).expect("a new generation after the slot came back");
         assert_eq!(slots.take_unused(), vec![(0, 6)]);
-        slots
-            .grant(0, 7)
-            .expect("returned slots can be granted again");
+        slots.grant(0, 7).expect("returned slots can be granted again");
     }
 
     /// One step a trainer (honest or not) or the producer can take.

@@ -14,9 +14,8 @@ use bytes::BytesMut;
 use loader_proto::PROTOCOL_VERSION;
 use loader_proto::batch::BatchView;
 use loader_proto::pb::{
-    DatasetSpec, Dtype, Job, JobSpec, RingAttach, RingHello, RingToTrainer, RingToWorker,
-    SlotFilled, SlotGrant, SlotReclaim, SyntheticSpec, Task, dataset_spec::Kind, ring_to_trainer,
-    ring_to_worker,
+    DatasetSpec, Dtype, Job, JobSpec, RingAttach, RingHello, RingToTrainer, RingToWorker, SlotFilled, SlotGrant, SlotReclaim,
+    SyntheticSpec, Task, dataset_spec::Kind, ring_to_trainer, ring_to_worker,
 };
 use loader_proto::ring::{decode, encode};
 use nix::sys::eventfd::{EfdFlags, EventFd};
@@ -40,11 +39,7 @@ const WORKER_ID: u64 = 7;
 const ADDRESS: &str = "http://worker.test:1";
 
 fn runtime() -> Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime")
 }
 
 /// A producer whose ring connections run on `rt`.
@@ -53,15 +48,7 @@ fn producer(rt: &Runtime, outboxes: &Arc<Outboxes>) -> Producer {
     let _ = tracing_subscriber::fmt().with_test_writer().try_init();
     let rings = Rings::new(Arc::clone(outboxes), ADDRESS.into(), rt.handle().clone());
     rings.set_worker_id(WORKER_ID);
-    Producer::spawn(
-        Arc::clone(outboxes),
-        rings,
-        crate::window::Windows::new(8),
-        1 << 30,
-        crate::dataset::Datasets::new(),
-        None,
-    )
-    .expect("spawn")
+    Producer::spawn(Arc::clone(outboxes), rings, crate::window::Windows::new(8), 1 << 30, crate::dataset::Datasets::new(), None).expect("spawn")
 }
 
 /// Job `job_id`: one consumer, 40 synthetic samples of `ROW` bytes, batches
@@ -89,14 +76,7 @@ fn job(job_id: u64) -> Job {
 }
 
 fn task(job_id: u64, seqs: std::ops::Range<u64>, socket: &str) -> Task {
-    Task {
-        job: Some(job(job_id)),
-        consumer: 0,
-        start_seq: seqs.start,
-        end_seq: seqs.end,
-        ring_socket: socket.into(),
-        ..Default::default()
-    }
+    Task { job: Some(job(job_id)), consumer: 0, start_seq: seqs.start, end_seq: seqs.end, ring_socket: socket.into(), ..Default::default() }
 }
 
 fn memfd(name: &str, len: u64) -> File {
@@ -106,9 +86,7 @@ fn memfd(name: &str, len: u64) -> File {
 }
 
 fn maps_name(name: &str) -> bool {
-    std::fs::read_to_string("/proc/self/maps")
-        .expect("maps")
-        .contains(name)
+    std::fs::read_to_string("/proc/self/maps").expect("maps").contains(name)
 }
 
 /// Waits (bounded) for `cond`.
@@ -133,11 +111,7 @@ impl Trainer {
         let path = dir.path().join("ring.sock");
         let listener = UnixListener::bind(&path).expect("bind");
         listener.set_nonblocking(true).expect("nonblocking");
-        Self {
-            listener,
-            path,
-            _dir: dir,
-        }
+        Self { listener, path, _dir: dir }
     }
 
     fn socket(&self) -> &str {
@@ -157,14 +131,9 @@ impl Trainer {
             }
         };
         stream.set_nonblocking(false).expect("blocking");
-        let mut peer = Peer {
-            stream,
-            buf: BytesMut::new(),
-        };
+        let mut peer = Peer { stream, buf: BytesMut::new() };
         let hello = match peer.recv(LIMIT) {
-            Got::Msg(RingToTrainer {
-                msg: Some(ring_to_trainer::Msg::Hello(h)),
-            }) => h,
+            Got::Msg(RingToTrainer { msg: Some(ring_to_trainer::Msg::Hello(h)) }) => h,
             other => panic!("expected a hello, got {other:?}"),
         };
         (peer, hello)
@@ -197,66 +166,31 @@ impl Peer {
 
     /// Attaches with a doorbell when `bell` (the descriptor sent as its
     /// eventfd) is given.
-    fn attach_with(
-        &mut self,
-        slot_size: u64,
-        slot_count: u32,
-        memfd: Option<&File>,
-        bell: Option<BorrowedFd<'_>>,
-    ) {
+    fn attach_with(&mut self, slot_size: u64, slot_count: u32, memfd: Option<&File>, bell: Option<BorrowedFd<'_>>) {
         let doorbell = bell.is_some();
-        let attach = RingAttach {
-            session_id: 9,
-            job_id: 1,
-            consumer: 0,
-            slot_size,
-            slot_count,
-            doorbell,
-        };
-        let bytes = encode(&RingToWorker {
-            msg: Some(ring_to_worker::Msg::Attach(attach)),
-        });
-        let fds: Vec<_> = memfd
-            .iter()
-            .map(|f| f.as_raw_fd())
-            .chain(bell.map(|b| b.as_raw_fd()))
-            .collect();
-        let cmsgs: Vec<_> = if fds.is_empty() {
-            vec![]
-        } else {
-            vec![ControlMessage::ScmRights(&fds)]
-        };
-        let sent = sendmsg::<()>(
-            self.stream.as_raw_fd(),
-            &[IoSlice::new(&bytes)],
-            &cmsgs,
-            MsgFlags::empty(),
-            None,
-        )
-        .expect("sendmsg");
+        let attach = RingAttach { session_id: 9, job_id: 1, consumer: 0, slot_size, slot_count, doorbell };
+        let bytes = encode(&RingToWorker { msg: Some(ring_to_worker::Msg::Attach(attach)) });
+        let fds: Vec<_> = memfd.iter().map(|f| f.as_raw_fd()).chain(bell.map(|b| b.as_raw_fd())).collect();
+        let cmsgs: Vec<_> = if fds.is_empty() { vec![] } else { vec![ControlMessage::ScmRights(&fds)] };
+        let sent = sendmsg::<()>(self.stream.as_raw_fd(), &[IoSlice::new(&bytes)], &cmsgs, MsgFlags::empty(), None)
+            .expect("sendmsg");
         assert_eq!(sent, bytes.len());
     }
 
     fn grant(&mut self, slot: u32, generation: u64) {
-        let msg = RingToWorker {
-            msg: Some(ring_to_worker::Msg::Grant(SlotGrant { slot, generation })),
-        };
+        let msg = RingToWorker { msg: Some(ring_to_worker::Msg::Grant(SlotGrant { slot, generation })) };
         self.send_raw(&encode(&msg));
     }
 
     fn reclaim(&mut self, count: u32) {
-        let msg = RingToWorker {
-            msg: Some(ring_to_worker::Msg::Reclaim(SlotReclaim { count })),
-        };
+        let msg = RingToWorker { msg: Some(ring_to_worker::Msg::Reclaim(SlotReclaim { count })) };
         self.send_raw(&encode(&msg));
     }
 
     /// The next message: a grant given back, as (slot, generation).
     fn returned(&mut self) -> (u32, u64) {
         match self.recv(LIMIT) {
-            Got::Msg(RingToTrainer {
-                msg: Some(ring_to_trainer::Msg::Returned(r)),
-            }) => (r.slot, r.generation),
+            Got::Msg(RingToTrainer { msg: Some(ring_to_trainer::Msg::Returned(r)) }) => (r.slot, r.generation),
             other => panic!("expected a returned grant, got {other:?}"),
         }
     }
@@ -269,9 +203,7 @@ impl Peer {
     fn recv(&mut self, wait: Duration) -> Got {
         let deadline = Instant::now() + wait;
         loop {
-            if let Some(msg) =
-                decode::<RingToTrainer>(&mut self.buf).expect("worker sent a bad frame")
-            {
+            if let Some(msg) = decode::<RingToTrainer>(&mut self.buf).expect("worker sent a bad frame") {
                 return Got::Msg(msg);
             }
             let left = deadline.saturating_duration_since(Instant::now());
@@ -283,9 +215,7 @@ impl Peer {
             match self.stream.read(&mut chunk) {
                 Ok(0) => return Got::Eof,
                 Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
-                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-                    return Got::Quiet;
-                }
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => return Got::Quiet,
                 Err(e) if e.kind() == ErrorKind::ConnectionReset => return Got::Eof,
                 Err(e) => panic!("read: {e}"),
             }
@@ -294,9 +224,7 @@ impl Peer {
 
     fn filled(&mut self) -> SlotFilled {
         match self.recv(LIMIT) {
-            Got::Msg(RingToTrainer {
-                msg: Some(ring_to_trainer::Msg::Filled(f)),
-            }) => f,
+            Got::Msg(RingToTrainer { msg: Some(ring_to_trainer::Msg::Filled(f)) }) => f,
             other => panic!("expected a filled slot, got {other:?}"),
         }
     }
@@ -308,18 +236,14 @@ impl Peer {
 
     fn expect_eof(&mut self) {
         let got = self.recv(LIMIT);
-        assert!(
-            matches!(got, Got::Eof),
-            "expected the worker to hang up, got {got:?}"
-        );
+        assert!(matches!(got, Got::Eof), "expected the worker to hang up, got {got:?}");
     }
 }
 
 /// Checks that slot `f.slot` of `ring` holds batch `f.seq` of job 1, intact.
 fn check_slot(ring: &File, slot_size: u64, f: &SlotFilled) {
     let mut slot = vec![0u8; slot_size as usize];
-    ring.read_exact_at(&mut slot, u64::from(f.slot) * slot_size)
-        .expect("read slot");
+    ring.read_exact_at(&mut slot, u64::from(f.slot) * slot_size).expect("read slot");
     let view = BatchView::parse(&slot).expect("a batch at the slot's front");
     let h = view.header();
     assert_eq!((h.meta.job_id, h.meta.consumer, h.meta.seq), (1, 0, f.seq));
@@ -328,10 +252,7 @@ fn check_slot(ring: &File, slot_size: u64, f: &SlotFilled) {
     assert_eq!(h.indices, plan.batch_indices(0, f.seq));
     let data = view.payload_by_name("data").expect("data");
     for (k, &i) in h.indices.iter().enumerate() {
-        assert_eq!(
-            &data[k * ROW as usize..(k + 1) * ROW as usize],
-            expected_data(i, ROW as usize).as_slice()
-        );
+        assert_eq!(&data[k * ROW as usize..(k + 1) * ROW as usize], expected_data(i, ROW as usize).as_slice());
     }
 }
 
@@ -354,9 +275,7 @@ fn from_outbox(rt: &Runtime, outboxes: &Arc<Outboxes>, job_id: u64, n: usize) ->
     rt.block_on(async {
         let mut got = Vec::new();
         for _ in 0..n {
-            let batch = tokio::time::timeout(LIMIT, attachment.next())
-                .await
-                .expect("a gRPC batch in time");
+            let batch = tokio::time::timeout(LIMIT, attachment.next()).await.expect("a gRPC batch in time");
             got.push(batch.expect("stream open").data);
         }
         got
@@ -389,14 +308,7 @@ fn batches_go_only_into_granted_slots() {
     p.submit(task(1, 0..3, trainer.socket()));
     p.submit(task(1, 3..5, trainer.socket()));
     let (mut peer, hello) = trainer.accept();
-    assert_eq!(
-        hello,
-        RingHello {
-            protocol_version: PROTOCOL_VERSION,
-            worker_id: WORKER_ID,
-            address: ADDRESS.into()
-        }
-    );
+    assert_eq!(hello, RingHello { protocol_version: PROTOCOL_VERSION, worker_id: WORKER_ID, address: ADDRESS.into() });
     peer.attach(4096, 4, Some(&ring));
 
     peer.grant(0, 0);
@@ -411,10 +323,7 @@ fn batches_go_only_into_granted_slots() {
     peer.grant(2, 0);
     peer.grant(0, 1);
     peer.grant(3, 0);
-    assert_eq!(
-        fill_grants(&mut peer, &ring, [2, 3, 4]),
-        [(0, 1), (2, 0), (3, 0)]
-    );
+    assert_eq!(fill_grants(&mut peer, &ring, [2, 3, 4]), [(0, 1), (2, 0), (3, 0)]);
     assert_eq!(delivered(&outboxes, 1, 3), vec![2, 3, 4]);
     settle(&p);
     assert!(outboxes.is_empty(), "nothing went over gRPC");
@@ -466,10 +375,7 @@ fn a_trainer_that_leaves_takes_its_mapping_and_batches_with_it() {
     drop(ring);
     eventually("the mapping to be dropped", || !maps_name(name));
     settle(&p);
-    assert!(
-        outboxes.is_empty(),
-        "the rest of the trainer's task is dropped, not sent over gRPC"
-    );
+    assert!(outboxes.is_empty(), "the rest of the trainer's task is dropped, not sent over gRPC");
     assert_eq!(delivered(&outboxes, 1, 1), vec![0]);
 
     // The worker goes on serving other jobs.
@@ -486,13 +392,9 @@ fn protocol_violations_close_the_connection() {
     let frame_too_large = u32::MAX.to_le_bytes().to_vec();
     let empty = encode(&RingToWorker { msg: None });
     let grant = |slot, generation| {
-        encode(&RingToWorker {
-            msg: Some(ring_to_worker::Msg::Grant(SlotGrant { slot, generation })),
-        })
+        encode(&RingToWorker { msg: Some(ring_to_worker::Msg::Grant(SlotGrant { slot, generation })) })
     };
-    let attach_again = encode(&RingToWorker {
-        msg: Some(ring_to_worker::Msg::Attach(RingAttach::default())),
-    });
+    let attach_again = encode(&RingToWorker { msg: Some(ring_to_worker::Msg::Attach(RingAttach::default())) });
     let cases: [(&str, Vec<u8>); 5] = [
         ("frame too large", frame_too_large),
         ("empty message", empty),
@@ -510,9 +412,7 @@ fn protocol_violations_close_the_connection() {
         match peer.recv(LIMIT) {
             Got::Eof => {}
             // A grant before the bad one may be used first.
-            Got::Msg(RingToTrainer {
-                msg: Some(ring_to_trainer::Msg::Filled(_)),
-            }) => peer.expect_eof(),
+            Got::Msg(RingToTrainer { msg: Some(ring_to_trainer::Msg::Filled(_)) }) => peer.expect_eof(),
             other => panic!("{what}: expected the worker to hang up, got {other:?}"),
         }
         // The connection task ended cleanly (a panic would leave the
@@ -520,11 +420,7 @@ fn protocol_violations_close_the_connection() {
         settle(&p);
     }
     p.submit(task(2, 0..1, ""));
-    assert_eq!(
-        from_outbox(&rt, &outboxes, 2, 1).len(),
-        1,
-        "the worker still produces"
-    );
+    assert_eq!(from_outbox(&rt, &outboxes, 2, 1).len(), 1, "the worker still produces");
     p.stop();
 }
 
@@ -537,30 +433,10 @@ fn an_unusable_ring_falls_back_to_grpc() {
     let (pipe_read, _pipe_write) = nix::unistd::pipe().expect("pipe");
     let cases: [(&str, Option<File>, u64, Option<BorrowedFd<'_>>); 5] = [
         ("no memfd", None, 4096, None),
-        (
-            "memfd too small",
-            Some(memfd("loader-ring-short", 4096)),
-            4096,
-            None,
-        ),
-        (
-            "slots not 64-byte multiples",
-            Some(memfd("loader-ring-odd", 2 * 4096)),
-            1000,
-            None,
-        ),
-        (
-            "no room for the doorbell",
-            Some(memfd("loader-ring-nobell", 2 * 4096)),
-            4096,
-            Some(eventfd.as_fd()),
-        ),
-        (
-            "a doorbell that is no eventfd",
-            Some(memfd("loader-ring-pipe", 3 * 4096)),
-            4096,
-            Some(pipe_read.as_fd()),
-        ),
+        ("memfd too small", Some(memfd("loader-ring-short", 4096)), 4096, None),
+        ("slots not 64-byte multiples", Some(memfd("loader-ring-odd", 2 * 4096)), 1000, None),
+        ("no room for the doorbell", Some(memfd("loader-ring-nobell", 2 * 4096)), 4096, Some(eventfd.as_fd())),
+        ("a doorbell that is no eventfd", Some(memfd("loader-ring-pipe", 3 * 4096)), 4096, Some(pipe_read.as_fd())),
     ];
     for (job_id, (what, ring, slot_size, bell)) in (10..).zip(cases) {
         let trainer = Trainer::listen();
@@ -571,11 +447,7 @@ fn an_unusable_ring_falls_back_to_grpc() {
             Got::Eof => {}
             other => panic!("{what}: expected the worker to hang up, got {other:?}"),
         }
-        assert_eq!(
-            from_outbox(&rt, &outboxes, job_id, 2).len(),
-            2,
-            "{what}: batches over gRPC"
-        );
+        assert_eq!(from_outbox(&rt, &outboxes, job_id, 2).len(), 2, "{what}: batches over gRPC");
         settle(&p);
     }
     p.stop();
@@ -585,8 +457,7 @@ fn an_unusable_ring_falls_back_to_grpc() {
 /// reports, and the count the trainer wants to be woken at.
 fn doorbell_words(ring: &File, slots: u64) -> (u64, u64) {
     let mut words = [0u8; 72];
-    ring.read_exact_at(&mut words, slots * 4096)
-        .expect("read doorbell");
+    ring.read_exact_at(&mut words, slots * 4096).expect("read doorbell");
     let word = |at: usize| u64::from_ne_bytes(words[at..at + 8].try_into().expect("8 bytes"));
     (word(0), word(64))
 }
@@ -600,17 +471,14 @@ fn the_doorbell_rings_once_at_the_count_the_trainer_asked_for() {
     let ring = memfd("loader-ring-bell", 4 * 4096 + 4096);
     let eventfd = EventFd::from_flags(EfdFlags::EFD_NONBLOCK).expect("eventfd");
     // The trainer sleeps until two reports are in.
-    ring.write_all_at(&2u64.to_ne_bytes(), 4 * 4096 + 64)
-        .expect("arm");
+    ring.write_all_at(&2u64.to_ne_bytes(), 4 * 4096 + 64).expect("arm");
     p.submit(task(1, 0..3, trainer.socket()));
     let (mut peer, _) = trainer.accept();
     peer.attach_with(4096, 4, Some(&ring), Some(eventfd.as_fd()));
     peer.grant(0, 0);
     let f = peer.filled();
     check_slot(&ring, 4096, &f);
-    eventually("the first report counted", || {
-        doorbell_words(&ring, 4).0 == 1
-    });
+    eventually("the first report counted", || doorbell_words(&ring, 4).0 == 1);
     assert!(eventfd.read().is_err(), "one report of two: no ring");
     peer.grant(1, 0);
     peer.grant(2, 0);
@@ -618,16 +486,8 @@ fn the_doorbell_rings_once_at_the_count_the_trainer_asked_for() {
         assert_eq!(peer.filled().seq, seq);
     }
     eventually("three reports counted", || doorbell_words(&ring, 4).0 == 3);
-    assert_eq!(
-        eventfd.read().expect("rung"),
-        1,
-        "rung once, at the second report"
-    );
-    assert_eq!(
-        doorbell_words(&ring, 4).1,
-        u64::MAX,
-        "the ringer disarmed it"
-    );
+    assert_eq!(eventfd.read().expect("rung"), 1, "rung once, at the second report");
+    assert_eq!(doorbell_words(&ring, 4).1, u64::MAX, "the ringer disarmed it");
     assert_eq!(delivered(&outboxes, 1, 3), vec![0, 1, 2]);
     p.stop();
 }

@@ -474,10 +474,7 @@ fn a_worker_attaching_after_idle_ones_took_every_slot_gets_their_excess_back() {
     assert_eq!(messages(&mut ra), vec![Err(3)]);
     assert_eq!(messages(&mut rb), vec![Err(3)]);
     b.flush(a);
-    assert!(
-        messages(&mut ra).is_empty(),
-        "asked once, not on every change"
-    );
+    assert!(messages(&mut ra).is_empty(), "asked once, not on every change");
     // The workers return their latest grants; the late worker gets them.
     for &(slot, generation) in held_a.iter().rev().take(3) {
         b.returned(a, slot, generation).expect("returned");
@@ -492,14 +489,7 @@ fn a_worker_attaching_after_idle_ones_took_every_slot_gets_their_excess_back() {
     assert_eq!(got.len(), 5, "up to its fair share: {got:?}");
     assert_eq!(
         b.census(),
-        Census {
-            free: 1,
-            granted: 15,
-            held: 0
-        }
+        Census { free: 1, granted: 15, held: 0 }
     );
-    assert!(
-        messages(&mut ra).is_empty() && messages(&mut rb).is_empty(),
-        "nothing more asked"
-    );
+    assert!(messages(&mut ra).is_empty() && messages(&mut rb).is_empty(), "nothing more asked");
 }
