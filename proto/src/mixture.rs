@@ -358,7 +358,6 @@ impl Mixture {
         }
         first.push(at);
         BlockState {
-            b,
             first,
             drawn,
             perm: self.block_permutation(b),
@@ -401,7 +400,6 @@ impl BlockOrder {
 /// One block's layout, computed once for all its positions.
 #[derive(Debug, Clone)]
 struct BlockState {
-    b: u64,
     /// Slot where each source's run starts, and the block's end.
     first: SmallVec<[u64; 8]>,
     /// Each source's draws before the block.
@@ -422,49 +420,53 @@ impl BlockState {
 
 /// Draws many positions of a [`MixPlan`], keeping the state of the last
 /// block and of each source's current pass: what a batch's reading uses
-/// (a position costs a permutation lookup or two, not a block's set-up).
+/// (a position costs a table lookup and its source's permutation, no
+/// division, not a block's set-up).
 #[derive(Debug)]
 pub struct Drawer<'a> {
     plan: &'a MixPlan,
-    /// The stage and block last drawn from.
-    block: Option<(usize, BlockState)>,
-    /// Per source, the pass last drawn and its permutation.
-    passes: SmallVec<[Option<(u64, Permutation)>; 4]>,
+    /// The block last drawn from: its first stream position and state (a
+    /// block never straddles two stages: they start on block boundaries).
+    block: Option<(u64, BlockState)>,
+    /// Per source, the pass last drawn, its first draw number and its
+    /// permutation.
+    passes: SmallVec<[Option<(u64, u64, Permutation)>; 4]>,
 }
 
 impl<'a> Drawer<'a> {
     /// A drawer over `plan` with nothing cached.
     pub fn new(plan: &'a MixPlan) -> Self {
-        Self {
-            plan,
-            block: None,
-            passes: smallvec::smallvec![None; plan.sources()],
-        }
+        Self { plan, block: None, passes: smallvec::smallvec![None; plan.sources()] }
     }
 
     /// What position `p` draws: [`MixPlan::at`], from the cached state
     /// where it holds.
     pub fn at(&mut self, p: u64) -> Draw {
-        let stage = self.plan.stage_of(p);
-        let mixture = &self.plan.stages[stage];
-        let rel = p.saturating_sub(mixture.origin.start);
-        let b = rel / mixture.block;
-        let block = match &mut self.block {
-            Some((s, state)) if *s == stage && state.b == b => state,
-            slot => &mut slot.insert((stage, mixture.block_state(b))).1,
+        // Every stage has the same sources (sizes, seeds) and block.
+        let first = &self.plan.stages[0];
+        let len = first.block;
+        let (within, block) = match &mut self.block {
+            Some((start, state)) if p >= *start && p - *start < len => (p - *start, state),
+            slot => {
+                let mixture = &self.plan.stages[self.plan.stage_of(p)];
+                let rel = p.saturating_sub(mixture.origin.start);
+                let b = rel / len;
+                let start = mixture.origin.start + b * len;
+                let (_, state) = slot.insert((start, mixture.block_state(b)));
+                (rel % len, state)
+            }
         };
-        let (k, draw) = block.draw(rel % mixture.block);
-        let n = mixture.sources[k].samples;
-        let pass = draw / n;
-        let perm = match &mut self.passes[k] {
-            Some((cached, perm)) if *cached == pass => perm,
-            slot => &mut slot.insert((pass, mixture.source_permutation(k, pass))).1,
+        let (k, draw) = block.draw(within);
+        let n = first.sources[k].samples;
+        let (pass, offset, perm) = match &mut self.passes[k] {
+            Some((pass, lo, perm)) if draw >= *lo && draw - *lo < n => (*pass, draw - *lo, &*perm),
+            slot => {
+                let pass = draw / n;
+                let (pass, lo, perm) = slot.insert((pass, pass * n, first.source_permutation(k, pass)));
+                (*pass, draw - *lo, &*perm)
+            }
         };
-        Draw {
-            source: k,
-            index: perm.at(draw % n),
-            pass,
-        }
+        Draw { source: k, index: perm.at(offset), pass }
     }
 }
 

@@ -222,8 +222,10 @@ impl Dataset for Mix {
         // A batch's positions share one block and each source's pass: set
         // them up once.
         let mut drawer = Drawer::new(&self.plan);
-        for &key in keys {
-            let draw = self.draw(&mut drawer, key);
+        // Drawn first, read after: the reads (copies, decodes) run back to
+        // back, as a plan's precomputed indices let a single dataset's.
+        let draws: SmallVec<[_; 64]> = keys.iter().map(|&key| self.draw(&mut drawer, key)).collect();
+        for (&key, draw) in keys.iter().zip(draws) {
             let (k, read) = self.read(key, draw, &mut batch.next_rows());
             if read.is_ok() {
                 drawn[k] += 1;
