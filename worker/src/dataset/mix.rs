@@ -62,7 +62,10 @@ impl Mix {
             sources.push(dataset);
         }
         let names: Vec<String> = m.sources.iter().map(|s| s.name.clone()).collect();
-        let mut tensors = sources[0].tensors().to_vec();
+        let Some(first) = sources.first() else {
+            return Err(DatasetError::Spec("dataset.mix.sources: must list at least one source".into()));
+        };
+        let mut tensors = first.tensors().to_vec();
         for (k, source) in sources.iter().enumerate().skip(1) {
             collates(&names[0], &tensors, &names[k], source.tensors())?;
         }
