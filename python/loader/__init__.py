@@ -102,6 +102,22 @@ def _python_job(job: Any) -> bool:
     return isinstance(dataset, Mapping) and "python" in dataset
 
 
+def _size_ring(options: dict, dataset: Any, batch_size: int, workers: int, collate_fn: Any) -> None:
+    """Sizes the ring (and the prefetch window) of a Python dataset's job
+    from its first sample, unless the options set them or use no shared
+    memory: the trainer cannot size it from the spec as for built-in
+    datasets."""
+    if "ring" in options or not options.get("shared_memory", True):
+        return
+    ring = _dataset.ring_for(
+        dataset, batch_size, options.get("prefetch", DEFAULT_PREFETCH), workers, collate_fn
+    )
+    if ring is not None:
+        window, slots, slot_bytes = ring
+        options["ring"] = (slots, slot_bytes)
+        options.setdefault("prefetch", window)
+
+
 def _worker_command(threads: int) -> list[str]:
     """This interpreter, running ``loader._worker`` from this very package
     under the thread policy ``threads`` (``multiprocessing_context="spawn"``).
@@ -316,55 +332,29 @@ class Loader:
             "drop_last": drop_last, "epochs": epochs, "on_corrupt": on_corrupt,
             "seed_rngs": seed_rngs,
         }
+        # A dataset's (or a Mix's) job settings, DataLoader's defaults.
+        settings = {
+            "batch_size": 1 if batch_size is None else int(batch_size),
+            "shuffle": bool(shuffle),
+            "seed": int(seed or 0),
+            "drop_last": bool(drop_last),
+            "epochs": 1 if epochs is None else int(epochs),
+            "on_corrupt": on_corrupt or "fail",
+            "seed_rngs": seed_rngs is not False,
+        }
         if _dataset.is_dataset(job):
             job_dataset = job
-            job = _dataset.job_spec(
-                job,
-                batch_size=1 if batch_size is None else int(batch_size),
-                shuffle=bool(shuffle),
-                seed=int(seed or 0),
-                drop_last=bool(drop_last),
-                epochs=1 if epochs is None else int(epochs),
-                on_corrupt=on_corrupt or "fail",
-                seed_rngs=seed_rngs is not False,
-                collate_fn=collate_fn,
-            )
-            if "ring" not in options and options.get("shared_memory", True):
-                ring = _dataset.ring_for(
-                    job_dataset,
-                    job["batch_size"],
-                    options.get("prefetch", DEFAULT_PREFETCH),
-                    workers,
-                    collate_fn,
-                )
-                if ring is not None:
-                    window, slots, slot_bytes = ring
-                    options["ring"] = (slots, slot_bytes)
-                    options.setdefault("prefetch", window)
+            job = _dataset.job_spec(job, **settings, collate_fn=collate_fn)
+            _size_ring(options, job_dataset, job["batch_size"], workers, collate_fn)
         elif isinstance(job, Mix):
             if collate_fn is not None:
                 raise TypeError("collate_fn: a Mix collates its sources' samples itself; give each source's samples one structure")
-            mix = job
-            job = mix.job_spec(
-                batch_size=1 if batch_size is None else int(batch_size),
-                shuffle=bool(shuffle),
-                seed=int(seed or 0),
-                drop_last=bool(drop_last),
-                epochs=1 if epochs is None else int(epochs),
-                on_corrupt=on_corrupt or "fail",
-                seed_rngs=seed_rngs is not False,
-            )
-            python = mix.python_sources()
-            if python and "ring" not in options and options.get("shared_memory", True):
+            python = job.python_sources()
+            job = job.job_spec(**settings)
+            if python:
                 # Every source's samples collate alike: size by the first
                 # Python one's (plus the source field, in the margin).
-                ring = _dataset.ring_for(
-                    python[0], job["batch_size"], options.get("prefetch", DEFAULT_PREFETCH), workers
-                )
-                if ring is not None:
-                    window, slots, slot_bytes = ring
-                    options["ring"] = (slots, slot_bytes)
-                    options.setdefault("prefetch", window)
+                _size_ring(options, python[0], job["batch_size"], workers, None)
         elif _dataset.is_iterable_dataset(job):
             raise TypeError(
                 "an IterableDataset is not supported yet: Loader.local takes a "

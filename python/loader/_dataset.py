@@ -255,8 +255,24 @@ def job_spec(
         except BaseException:
             release_pickle(python["pickle_file"])
             raise
+    return job_around(
+        {"python": python},
+        batch_size=batch_size,
+        shuffle=shuffle,
+        seed=seed,
+        drop_last=drop_last,
+        epochs=epochs,
+        on_corrupt=on_corrupt,
+    )
+
+
+def job_around(
+    dataset: dict, *, batch_size: int, shuffle: bool, seed: int, drop_last: bool, epochs: int, on_corrupt: str
+) -> dict:
+    """The job spec (spec-file schema) of a dataset entry with a
+    DataLoader-style loader's settings."""
     return {
-        "dataset": {"python": python},
+        "dataset": dataset,
         "batch_size": batch_size,
         "epochs": epochs,
         "sampler": {"shuffle": bool(shuffle), "seed": int(seed), "drop_last": bool(drop_last)},

@@ -88,34 +88,17 @@ class Mix:
         first source is a Python dataset."""
         return _dataset.is_dataset(self.sources[0][1])
 
-    def job_spec(
-        self,
-        *,
-        batch_size: int,
-        shuffle: bool,
-        seed: int,
-        drop_last: bool,
-        epochs: int,
-        on_corrupt: str,
-        seed_rngs: bool = True,
-    ) -> dict:
-        """The job (spec-file schema): Python sources pickled as
+    def job_spec(self, **settings: Any) -> dict:
+        """The job (spec-file schema) under ``settings`` (those of
+        ``loader._dataset.job_spec``: batch_size, shuffle, seed, drop_last,
+        epochs, on_corrupt, seed_rngs): Python sources pickled as
         ``Loader.local(dataset)`` pickles one (``written_pickles`` lists
         the files, for release when the loader closes)."""
         entries = []
         try:
             for (name, dataset), weight in zip(self.sources, self.weights):
                 if _dataset.is_dataset(dataset):
-                    entry = _dataset.job_spec(
-                        dataset,
-                        batch_size=batch_size,
-                        shuffle=shuffle,
-                        seed=seed,
-                        drop_last=drop_last,
-                        epochs=epochs,
-                        on_corrupt=on_corrupt,
-                        seed_rngs=seed_rngs,
-                    )["dataset"]
+                    entry = _dataset.job_spec(dataset, **settings)["dataset"]
                 else:
                     entry = dict(dataset)
                 entries.append({"name": name, "weight": weight, "dataset": entry})
@@ -130,10 +113,5 @@ class Mix:
             # A Python first source's tensors are named by their path in the
             # sample (JSON): the field is a top-level key.
             mix["source_field"] = json.dumps([self.source_field]) if self.yields_structure() else self.source_field
-        return {
-            "dataset": {"mix": mix},
-            "batch_size": batch_size,
-            "epochs": epochs,
-            "sampler": {"shuffle": bool(shuffle), "seed": int(seed), "drop_last": bool(drop_last)},
-            "on_corrupt": on_corrupt,
-        }
+        around = {k: v for k, v in settings.items() if k != "seed_rngs"}
+        return _dataset.job_around({"mix": mix}, **around)
