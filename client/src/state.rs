@@ -90,6 +90,12 @@ pub struct Resumption {
 }
 
 impl Resumption {
+    /// A re-planned job, which starts at its first batch.
+    fn replanned(spec: JobSpec) -> Result<Self, LoaderError> {
+        let next_seq = crate::spec::validate(&spec)?.first_seq();
+        Ok(Self { spec, next_seq, yielded_above: BTreeSet::new(), replanned: true })
+    }
+
     /// The state of rank `rank` of the resumed job before it yields
     /// anything: what a loader saves if asked right away, and what resumes
     /// it on its own world size from then on.
@@ -211,11 +217,7 @@ impl LoaderState {
         batch_size: Option<u32>,
     ) -> Result<Resumption, LoaderError> {
         let spec = self.spec()?;
-        if rank >= world_size {
-            return Err(LoaderError::InvalidArgument(format!(
-                "rank {rank} is outside world size {world_size}"
-            )));
-        }
+        check_rank(rank, world_size)?;
         let batch_size = batch_size.unwrap_or(spec.batch_size);
         if world_size == self.world_size && batch_size == spec.batch_size {
             let own = self.by_rank().into_iter().find(|(r, _)| *r == rank).map(|(_, p)| p);
@@ -225,11 +227,9 @@ impl LoaderState {
             };
             return Ok(Resumption { spec, next_seq, yielded_above, replanned: false });
         }
-        let plan = crate::spec::validate(&spec)?;
-        let spec = elastic::replan(&spec, &plan, &self.progress(), world_size, batch_size)
+        let spec = self.replanned(&spec, world_size, batch_size)?
             .map_err(|e| LoaderError::State(format!("cannot resume this state on {world_size} ranks of batch size {batch_size}: {e}")))?;
-        let next_seq = crate::spec::validate(&spec)?.first_seq();
-        Ok(Resumption { spec, next_seq, yielded_above: BTreeSet::new(), replanned: true })
+        Resumption::replanned(spec)
     }
 
     /// [`resume_as`](Self::resume_as) for a mixture under new `weights`
@@ -245,20 +245,25 @@ impl LoaderState {
         weights: &[f64],
     ) -> Result<Resumption, LoaderError> {
         let spec = self.spec()?;
-        if rank >= world_size {
-            return Err(LoaderError::InvalidArgument(format!(
-                "rank {rank} is outside world size {world_size}"
-            )));
-        }
+        check_rank(rank, world_size)?;
         let batch_size = batch_size.unwrap_or(spec.batch_size);
-        let plan = crate::spec::validate(&spec)?;
-        let cannot = |e: elastic::ResumeError| {
-            LoaderError::State(format!("cannot resume this state under new weights: {e}"))
-        };
-        let replanned = elastic::replan(&spec, &plan, &self.progress(), world_size, batch_size).map_err(cannot)?;
-        let spec = elastic::reweight(&replanned, weights).map_err(cannot)?;
-        let next_seq = crate::spec::validate(&spec)?.first_seq();
-        Ok(Resumption { spec, next_seq, yielded_above: BTreeSet::new(), replanned: true })
+        let spec = self
+            .replanned(&spec, world_size, batch_size)?
+            .and_then(|replanned| elastic::reweight(&replanned, weights))
+            .map_err(|e| LoaderError::State(format!("cannot resume this state under new weights: {e}")))?;
+        Resumption::replanned(spec)
+    }
+
+    /// What is left of `spec` after this state, planned for `world_size`
+    /// ranks of `batch_size` (the outer error: the spec itself is invalid).
+    fn replanned(
+        &self,
+        spec: &JobSpec,
+        world_size: u32,
+        batch_size: u32,
+    ) -> Result<Result<JobSpec, elastic::ResumeError>, LoaderError> {
+        let plan = crate::spec::validate(spec)?;
+        Ok(elastic::replan(spec, &plan, &self.progress(), world_size, batch_size))
     }
 
     /// The job spec, decoded.
@@ -433,6 +438,14 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
         .chunks(2)
         .map(|p| Some(digit(p[0])? << 4 | digit(p[1])?))
         .collect()
+}
+
+/// Refuses a rank outside its world size, in one line.
+fn check_rank(rank: u32, world_size: u32) -> Result<(), LoaderError> {
+    if rank >= world_size {
+        return Err(LoaderError::InvalidArgument(format!("rank {rank} is outside world size {world_size}")));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
