@@ -8,9 +8,16 @@ Per cell (batch 8, batch 64), repeats interleaved, medians:
 
 - `loaderctl run` (embedded, shared memory, shuffled) on the single token
   file, on the `mix` of two token files at 0.5/0.5 and at 0.7/0.3. The
-  mixture's `samples_per_epoch` is the single file's windows and the epochs
-  are the same, so every Loader run moves the same bytes; only the dataset
-  kind differs. The first mixture source is the single file itself.
+  single file holds the same tokens as the two sources together (their
+  windows, a's then b's), so the comparison is the one a user makes
+  ("mix my two files, or concatenate them into one?") and both sides read
+  the same bytes of memory: with one source as "the single file" the
+  mixture would touch twice the memory and measure the machine's caches
+  (a mixture of a file with itself runs as fast as that file; of two files,
+  0.8x on this machine). The mixture's `samples_per_epoch` is the single
+  file's windows and the epochs are the same, so every Loader run moves the
+  same bytes; only the dataset kind differs. For reference, one more row
+  reads source a alone (half the tokens, twice the epochs).
 - torch's DataLoader doing the mixture the usual hand-written way, the
   anchor: `ConcatDataset` of two map-style token-window datasets over
   `np.memmap` of the same files and a `WeightedRandomSampler` whose
@@ -18,7 +25,8 @@ Per cell (batch 8, batch 64), repeats interleaved, medians:
   (`RandomSampler`) for comparison. Both over a fixed number of samples.
 
 The data are two uint16 token files of TOKEN_WINDOWS windows of CONTEXT + 1
-ids (random ids < 50,000), made once under bench/data/ and reused. Rates
+ids (random ids < 50,000) and their concatenation, made once under
+bench/data/ and reused. Rates
 count samples from the first batch on (loaderctl's `samples_per_s`; the
 torch loop here does the same). The CPU column is the whole process tree's
 user + system time per batch, from getrusage (loaderctl with its workers,
@@ -57,11 +65,12 @@ TIMEOUT_S = 120  # one run; a hung run fails the benchmark instead of stalling i
 # ~0.7-2M samples/s here, so its runs take tens of epochs to last ~1 s;
 # torch's runs are a fixed number of samples that last >= 1 s.
 CELLS = [
-    ("tokens 2049 x uint16, batch 8", 8, 40, 12_000),
-    ("tokens 2049 x uint16, batch 64", 64, 80, 80_000),
+    ("tokens 2049 x uint16, batch 8", 8, 20, 12_000),
+    ("tokens 2049 x uint16, batch 64", 64, 40, 80_000),
 ]
 
 SINGLE = "Loader single file"
+HALF = "Loader source a alone (half the tokens)"
 MIX55 = "Loader mix 0.5/0.5"
 MIX73 = "Loader mix 0.7/0.3"
 TORCH_SINGLE = "torch DataLoader single file"
@@ -69,18 +78,24 @@ TORCH_MIX = "torch ConcatDataset + WeightedRandomSampler 0.5/0.5"
 
 
 def token_files():
-    """The two token files (a, b), made once in bench/data/ and reused."""
+    """The two token files (a, b) and the single file holding both (a's
+    windows, then b's), made once in bench/data/ and reused."""
     import numpy as np
 
     DATA.mkdir(parents=True, exist_ok=True)
+    n = TOKEN_WINDOWS * CONTEXT + 1
+    ids = {name: np.random.default_rng(seed).integers(0, VOCAB, n, dtype=np.uint16)
+           for seed, name in enumerate("ab")}
+    # Window i starts at token i * CONTEXT and reads CONTEXT + 1 ids: a's
+    # last id only closes its last window, so the single file drops it and
+    # b's first window follows on.
+    contents = {"a": ids["a"], "b": ids["b"], "ab": np.concatenate([ids["a"][:-1], ids["b"]])}
     out = []
-    for seed, name in enumerate("ab"):
+    for name in ("a", "b", "ab"):
         path = DATA / f"mix-{name}-{TOKEN_WINDOWS}x{CONTEXT}-u16.bin"
         if not path.exists():
-            n = TOKEN_WINDOWS * CONTEXT + 1
-            ids = np.random.default_rng(seed).integers(0, VOCAB, n, dtype=np.uint16)
             tmp = path.with_suffix(".tmp")
-            ids.tofile(tmp)
+            contents[name].tofile(tmp)
             tmp.rename(path)  # a killed run leaves no half file behind
         out.append(path)
     return out
@@ -102,20 +117,21 @@ def mix_yaml(a, b, wa, wb):
     return ("\n  mix:\n    sources:\n"
             f"      - {{name: a, weight: {wa}, dataset: {tokens_yaml(a)}}}\n"
             f"      - {{name: b, weight: {wb}, dataset: {tokens_yaml(b)}}}\n"
-            f"    samples_per_epoch: {TOKEN_WINDOWS}")
+            f"    samples_per_epoch: {2 * TOKEN_WINDOWS}")
 
 
-def commands(cell, a, b, workers):
+def commands(cell, a, b, ab, workers):
     """label -> command line of every system for one cell."""
     _, batch, epochs, torch_samples = cell
     ctl = [str(LOADERCTL), "run", "--json", "--workers", str(workers), "--spec"]
     torch = [PY, str(Path(__file__).resolve()), "--workers", str(workers), "--batch-size", str(batch),
              "--samples", str(torch_samples), "--tokens", str(a), str(b), "--torch"]
     return {
-        SINGLE: ctl + [str(spec_file("single", " " + tokens_yaml(a), batch, epochs))],
+        SINGLE: ctl + [str(spec_file("single", " " + tokens_yaml(ab), batch, epochs))],
+        HALF: ctl + [str(spec_file("half", " " + tokens_yaml(a), batch, 2 * epochs))],
         MIX55: ctl + [str(spec_file("mix55", mix_yaml(a, b, 0.5, 0.5), batch, epochs))],
         MIX73: ctl + [str(spec_file("mix73", mix_yaml(a, b, 0.7, 0.3), batch, epochs))],
-        TORCH_SINGLE: torch + ["single"],
+        TORCH_SINGLE: torch + ["single", "--single", str(ab)],
         TORCH_MIX: torch + ["mix"],
     }
 
@@ -143,10 +159,10 @@ def run_one(cmd):
 
 def run(repeats, workers, log=print):
     """Runs every cell; returns {cell: {label: [result, ...]}}."""
-    a, b = token_files()
+    a, b, ab = token_files()
     results = {}
     for cell in CELLS:
-        cmds = commands(cell, a, b, workers)
+        cmds = commands(cell, a, b, ab, workers)
         runs = {label: [] for label in cmds}
         for r in range(repeats):
             for label, cmd in cmds.items():
@@ -160,10 +176,14 @@ def run(repeats, workers, log=print):
 
 
 def same_volume(cell, runs):
-    """Every Loader run of a cell must have moved the same samples and bytes."""
-    seen = {(r["samples"], r["bytes"]) for label, rs in runs.items() if label.startswith("Loader") for r in rs}
-    if len(seen) > 1:
-        sys.exit(f"[{cell}] the Loader runs moved different volumes: {sorted(seen)}")
+    """Every Loader run of a cell must have moved the same samples, and all
+    but the half-the-tokens row the same bytes (that row cuts its epochs
+    differently: a few more batch headers)."""
+    loader = {label: rs for label, rs in runs.items() if label.startswith("Loader")}
+    samples = {r["samples"] for rs in loader.values() for r in rs}
+    volumes = {(r["samples"], r["bytes"]) for label, rs in loader.items() if label != HALF for r in rs}
+    if len(samples) > 1 or len(volumes) > 1:
+        sys.exit(f"[{cell}] the Loader runs moved different volumes: {sorted(volumes)}, samples {sorted(samples)}")
 
 
 def med(rs, key):
@@ -215,7 +235,7 @@ def cpu_s():
                                                  resource.getrusage(resource.RUSAGE_CHILDREN)))
 
 
-def torch_run(which, paths, batch, samples, workers):
+def torch_run(which, paths, single, batch, samples, workers):
     """One torch DataLoader run (this script re-run with --torch): the
     single file shuffled, or the hand-written 0.5/0.5 mixture. One JSON
     line out, loaderctl's field names."""
@@ -242,7 +262,7 @@ def torch_run(which, paths, batch, samples, workers):
             return torch.from_numpy(np.array(self.ids[i * CONTEXT:(i + 1) * CONTEXT + 1]))
 
     if which == "single":
-        data = Tokens(paths[0])
+        data = Tokens(single)
         sampler = RandomSampler(data, num_samples=samples)
     else:
         parts = [Tokens(p) for p in paths]
@@ -278,11 +298,12 @@ def main():
     p.add_argument("--workers", type=int, default=2, help="worker processes of every system")
     p.add_argument("--torch", choices=["single", "mix"], help=argparse.SUPPRESS)  # one torch run
     p.add_argument("--tokens", nargs=2, help=argparse.SUPPRESS)
+    p.add_argument("--single", help=argparse.SUPPRESS)
     p.add_argument("--batch-size", type=int, help=argparse.SUPPRESS)
     p.add_argument("--samples", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.torch:
-        torch_run(args.torch, args.tokens, args.batch_size, args.samples, args.workers)
+        torch_run(args.torch, args.tokens, args.single, args.batch_size, args.samples, args.workers)
         return
     if not LOADERCTL.exists():
         sys.exit(f"{LOADERCTL} is missing: build it first with\n"
@@ -293,7 +314,7 @@ def main():
     results = run(args.repeats, args.workers)
     print()
     print(f"{args.repeats} repeats interleaved, {args.workers} workers, shuffled; "
-          f"{TOKEN_WINDOWS:,} samples per Loader epoch; wall {time.perf_counter() - began:.0f} s")
+          f"{2 * TOKEN_WINDOWS:,} samples per Loader epoch; wall {time.perf_counter() - began:.0f} s")
     print()
     print("\n".join(render(results)))
     print()

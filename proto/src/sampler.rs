@@ -4,8 +4,9 @@
 //! every worker and the trainer agree without sending index lists:
 //!
 //! - [`Permutation`]: a seeded bijection of `[0, N)` per epoch, evaluated at
-//!   any position in O(1) memory (a balanced Feistel network on the smallest
-//!   even-bit power of two >= N, with cycle walking back into range).
+//!   any position in O(1) memory (a Feistel network on the smallest power
+//!   of two >= N, unbalanced by a bit where its width is odd, with cycle
+//!   walking back into range).
 //! - [`Plan`]: `DistributedSampler`'s split of one epoch between `W`
 //!   consumers (pad by wrapping around when `drop_last` is false, truncate
 //!   when true), cut into batches of `batch_size` like `DataLoader` does.
@@ -30,6 +31,9 @@ use std::ops::Range;
 use std::sync::Arc;
 
 const ROUNDS: usize = 8;
+// `Permutation::encrypt` relies on an even count: its halves swap widths
+// every round and must end as they started.
+const _: () = assert!(ROUNDS % 2 == 0);
 
 /// SplitMix64's finalizer: a fast bijective 64-bit mixer.
 fn mix64(mut z: u64) -> u64 {
@@ -49,7 +53,11 @@ pub fn mix_seed(seed: u64, salt: u64) -> u64 {
 pub struct Permutation {
     n: u64,
     shuffle: bool,
-    half_bits: u32,
+    /// Bits of the Feistel network's left half (its domain is
+    /// `2^(left_bits + right_bits)`, the smallest power of two >= n).
+    left_bits: u32,
+    /// Bits of its right half: `left_bits` or one fewer.
+    right_bits: u32,
     keys: [u64; ROUNDS],
 }
 
@@ -57,13 +65,18 @@ impl Permutation {
     /// The permutation for `(seed, epoch)`; the identity when `shuffle` is false.
     pub fn new(n: u64, seed: u64, epoch: u64, shuffle: bool) -> Self {
         let bits = if n <= 1 { 0 } else { 64 - (n - 1).leading_zeros() };
-        let half_bits = bits.div_ceil(2).max(1);
+        // At least one bit per half; an odd width splits one bit unevenly
+        // (an unbalanced network) rather than doubling the domain, so the
+        // cycle walk below takes fewer than 2 steps on average, not 4.
+        let bits = bits.max(2);
+        let right_bits = bits / 2;
+        let left_bits = bits - right_bits;
         let mut state = mix64(seed ^ 0x4c6f_6164_6572_2121) ^ mix64(epoch.wrapping_add(0x9e37_79b9_7f4a_7c15));
         let keys = std::array::from_fn(|_| {
             state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
             mix64(state)
         });
-        Self { n, shuffle, half_bits, keys }
+        Self { n, shuffle, left_bits, right_bits, keys }
     }
 
     /// Number of elements permuted.
@@ -76,14 +89,19 @@ impl Permutation {
         self.n == 0
     }
 
+    /// One pass of the network over `x < 2^(left_bits + right_bits)`.
+    /// Each round maps (left, right) to (right, left ^ F(right)), which is
+    /// invertible whatever the halves' widths; the widths swap every round
+    /// and, the rounds being even, end as they started.
     fn encrypt(&self, x: u64) -> u64 {
-        let mask = (1u64 << self.half_bits) - 1;
-        let (mut left, mut right) = (x >> self.half_bits, x & mask);
+        let (mut lb, mut rb) = (self.left_bits, self.right_bits);
+        let (mut left, mut right) = (x >> rb, x & ((1u64 << rb) - 1));
         for key in &self.keys {
-            let f = mix64(right ^ key) & mask;
+            let f = mix64(right ^ key) & ((1u64 << lb) - 1);
             (left, right) = (right, left ^ f);
+            (lb, rb) = (rb, lb);
         }
-        (left << self.half_bits) | right
+        (left << rb) | right
     }
 
     /// The element at position `i` (`i < len()`).
@@ -92,8 +110,8 @@ impl Permutation {
         if !self.shuffle || self.n <= 1 {
             return i;
         }
-        // Cycle walking: the Feistel domain is < 4n, so this ends after a few
-        // steps on average, and always ends because encrypt is a bijection
+        // Cycle walking: the Feistel domain is < 2n, so this ends after
+        // fewer than 2 steps on average, and always ends because encrypt is a bijection
         // whose cycle through i returns to i, which is < n.
         let mut x = self.encrypt(i);
         while x >= self.n {
@@ -524,6 +542,23 @@ mod tests {
                 prop_assert!(x < n);
                 prop_assert!(!seen[x as usize], "duplicate {}", x);
                 seen[x as usize] = true;
+            }
+        }
+
+        #[test]
+        fn the_network_permutes_a_domain_under_twice_n(n in 2u64..5000, seed: u64, epoch in 0u64..10) {
+            // Odd widths included: the unbalanced network must stay a
+            // bijection of its whole domain, and that domain under 2n keeps
+            // the cycle walk short.
+            let perm = Permutation::new(n, seed, epoch, true);
+            let domain = 1u64 << (perm.left_bits + perm.right_bits);
+            prop_assert!(domain < 2 * n || domain == 4, "domain {} for n {}", domain, n);
+            let mut seen = vec![false; domain as usize];
+            for x in 0..domain {
+                let y = perm.encrypt(x);
+                prop_assert!(y < domain);
+                prop_assert!(!seen[y as usize], "duplicate {}", y);
+                seen[y as usize] = true;
             }
         }
 

@@ -13,7 +13,7 @@
 
 use std::sync::Arc;
 
-use loader_proto::mixture::{Drawer, MixPlan};
+use loader_proto::mixture::{Draw, Drawer, MixPlan};
 use loader_proto::pb::{DatasetSpec, Dtype, JobSpec, MixSpec};
 use loader_proto::sampler::mix_seed;
 use metrics::Counter;
@@ -98,20 +98,15 @@ impl Mix {
         })
     }
 
-    /// The source, and the key it reads, of the mixture's sample `key`.
-    fn draw(
-        &self,
-        drawer: &mut Drawer<'_>,
-        key: SampleKey,
-    ) -> Result<(usize, SampleKey), DatasetError> {
+    /// The position of the mixture's sample `key` in its stream.
+    fn position(&self, key: SampleKey) -> Result<u64, DatasetError> {
         if key.index >= self.len {
             return Err(DatasetError::IndexOutOfRange {
                 index: key.index,
                 len: self.len,
             });
         }
-        let position = key
-            .epoch
+        key.epoch
             .checked_mul(self.len)
             .and_then(|p| p.checked_add(key.index))
             .ok_or_else(|| {
@@ -119,49 +114,42 @@ impl Mix {
                     "dataset.mix: epoch {} is past the stream's end",
                     key.epoch
                 ))
-            })?;
-        let d = drawer.at(position);
-        // Each source's random transforms are seeded apart from the others'.
-        Ok((
-            d.source,
-            SampleKey {
-                seed: mix_seed(key.seed, d.source as u64 + 1),
-                epoch: d.pass,
-                index: d.index,
-            },
-        ))
+            })
     }
 
-    /// Reads the mixture's sample `key`, drawn as `drawn`, into `rows`.
-    fn read(
-        &self,
-        key: SampleKey,
-        drawn: Result<(usize, SampleKey), DatasetError>,
-        rows: &mut [&mut [u8]],
-    ) -> (usize, Result<(), DatasetError>) {
-        let (k, own) = match drawn {
-            Ok(d) => d,
-            Err(e) => return (0, Err(e)),
-        };
+    /// Reads sample `own` of source `k` into `rows` (the mixture's sample
+    /// `index`): the source's tensors, then the source index when asked for.
+    fn read(&self, index: u64, k: usize, own: SampleKey, rows: &mut [&mut [u8]]) -> Result<(), DatasetError> {
         if rows.len() != self.tensors.len() {
-            return (k, Err(DatasetError::RowMismatch { index: key.index }));
+            return Err(DatasetError::RowMismatch { index });
         }
         let (theirs, field) = rows.split_at_mut(self.source_tensors);
         if let Some(row) = field.first_mut() {
             if row.len() != 8 {
-                return (k, Err(DatasetError::RowMismatch { index: key.index }));
+                return Err(DatasetError::RowMismatch { index });
             }
             row.copy_from_slice(&(k as i64).to_le_bytes());
         }
-        let read = self.sources[k].read_into(own, theirs).map_err(|e| match e {
+        self.sources[k].read_into(own, theirs).map_err(|e| match e {
             DatasetError::Corrupt { path, reason } => DatasetError::Corrupt {
                 path: format!("{} (source `{}`)", path, self.names[k]),
                 reason,
             },
             other => other,
-        });
-        (k, read)
+        })
     }
+}
+
+/// The seed source `k`'s samples are read with under the job seed `seed`:
+/// each source's random transforms are seeded apart from the others'.
+fn source_seed(seed: u64, k: usize) -> u64 {
+    mix_seed(seed, k as u64 + 1)
+}
+
+/// The key a source reads for the mixture's sample drawn as `d`, with the
+/// source's seed `seed`: its pass is the source's own epoch.
+fn own_key(d: &Draw, seed: u64) -> SampleKey {
+    SampleKey { seed, epoch: d.pass, index: d.index }
 }
 
 /// Checks that `b`'s samples collate with `a`'s: one line naming both
@@ -209,11 +197,11 @@ impl Dataset for Mix {
     }
 
     fn read_into(&self, key: SampleKey, rows: &mut [&mut [u8]]) -> Result<(), DatasetError> {
-        let (k, read) = self.read(key, self.draw(&mut Drawer::new(&self.plan), key), rows);
-        if read.is_ok() {
-            self.drawn[k].increment(1);
-        }
-        read
+        let d = Drawer::new(&self.plan).at(self.position(key)?);
+        let own = own_key(&d, source_seed(key.seed, d.source));
+        self.read(key.index, d.source, own, rows)?;
+        self.drawn[d.source].increment(1);
+        Ok(())
     }
 
     fn read_batch(
@@ -222,18 +210,46 @@ impl Dataset for Mix {
         batch: &mut BatchRows<'_>,
     ) -> Result<(), DatasetError> {
         let mut drawn: SmallVec<[u64; 8]> = smallvec::smallvec![0; self.sources.len()];
-        // A batch's positions share one block and each source's pass: set
-        // them up once.
+        // A batch's positions share one block and each source's pass, and
+        // its keys one job seed: set them up once.
         let mut drawer = Drawer::new(&self.plan);
+        let job_seed = keys.first().map_or(0, |key| key.seed);
+        let seeds: SmallVec<[u64; 8]> = (0..self.sources.len()).map(|k| source_seed(job_seed, k)).collect();
         // Drawn first, read after: the reads (copies, decodes) run back to
-        // back, as a plan's precomputed indices let a single dataset's.
-        let draws: SmallVec<[_; 64]> = keys.iter().map(|&key| self.draw(&mut drawer, key)).collect();
-        for (&key, draw) in keys.iter().zip(draws) {
-            let (k, read) = self.read(key, draw, &mut batch.next_rows());
+        // back, as a plan's precomputed indices let a single dataset's. A
+        // sample that cannot be drawn ends the draws; the samples before it
+        // are read, then it settles as the error it is.
+        let mut draws: SmallVec<[(usize, SampleKey); 64]> = SmallVec::with_capacity(keys.len());
+        let mut failed = None;
+        for key in keys {
+            let p = match self.position(*key) {
+                Ok(p) => p,
+                Err(e) => {
+                    failed = Some((key.index, e));
+                    break;
+                }
+            };
+            let d = drawer.at(p);
+            let seed = if key.seed == job_seed { seeds[d.source] } else { source_seed(key.seed, d.source) };
+            draws.push((d.source, own_key(&d, seed)));
+        }
+        for (i, (key, &(k, own))) in keys.iter().zip(&draws).enumerate() {
+            // The next sample's bytes load while this one's are copied: a
+            // mixture's reads alternate between sources (a virtual call
+            // and more bookkeeping between copies than a single dataset's
+            // loop), which left each copy waiting on memory (0.87x a single
+            // file before, docs/benchmarks.md).
+            if let Some(&(next, own)) = draws.get(i + 1) {
+                self.sources[next].prefetch(own);
+            }
+            let read = self.read(key.index, k, own, &mut batch.next_rows());
             if read.is_ok() {
                 drawn[k] += 1;
             }
             batch.settle(key.index, read)?;
+        }
+        if let Some((index, e)) = failed {
+            batch.settle(index, Err(e))?;
         }
         // The batch's `batch.produce` span (when traced) carries its mix.
         let span = tracing::Span::current();

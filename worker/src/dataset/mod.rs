@@ -16,6 +16,7 @@ mod images;
 mod made;
 mod mix;
 mod npy;
+mod prefetch;
 mod registry;
 mod rows;
 pub(crate) mod synthetic;
@@ -86,6 +87,14 @@ pub trait Dataset: Send + Sync + std::fmt::Debug {
     /// [`DatasetError::Corrupt`]: the job's policy then fails the job or
     /// leaves the sample out of its batch. Any other error fails the job.
     fn read_into(&self, key: SampleKey, rows: &mut [&mut [u8]]) -> Result<(), DatasetError>;
+
+    /// Hints that sample `key` is read soon: a dataset over memory it can
+    /// address (a mapped file) asks the CPU to start loading it, so the
+    /// next sample's memory latency overlaps this one's copy. The default
+    /// does nothing.
+    fn prefetch(&self, key: SampleKey) {
+        let _ = key;
+    }
 
     /// True when `read_into` writes every byte of every row. A reused
     /// buffer (a shared-memory slot) is then not zeroed first, which saves a

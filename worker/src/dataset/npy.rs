@@ -26,6 +26,17 @@ struct Column {
     row: usize,
 }
 
+impl Column {
+    /// The bytes of row `index`, if the file holds it.
+    fn row_bytes(&self, index: u64) -> Option<&[u8]> {
+        usize::try_from(index)
+            .ok()
+            .and_then(|i| i.checked_mul(self.row))
+            .and_then(|at| at.checked_add(self.data_offset))
+            .and_then(|start| self.map.get(start..start.checked_add(self.row)?))
+    }
+}
+
 /// Rows of mapped `.npy` arrays.
 #[derive(Debug)]
 pub struct Npy {
@@ -95,6 +106,16 @@ impl Dataset for Npy {
         true
     }
 
+    fn prefetch(&self, key: SampleKey) {
+        if key.index < self.len {
+            for column in &self.columns {
+                if let Some(bytes) = column.row_bytes(key.index) {
+                    super::prefetch::bytes(bytes);
+                }
+            }
+        }
+    }
+
     fn read_into(&self, key: SampleKey, rows: &mut [&mut [u8]]) -> Result<(), DatasetError> {
         let index = key.index;
         check_rows(index, rows, &self.row_bytes)?;
@@ -103,12 +124,7 @@ impl Dataset for Npy {
         }
         for (column, row) in self.columns.iter().zip(rows.iter_mut()) {
             // Checked at open: the file holds `len` rows after data_offset.
-            let bytes = usize::try_from(index)
-                .ok()
-                .and_then(|i| i.checked_mul(column.row))
-                .and_then(|at| at.checked_add(column.data_offset))
-                .and_then(|start| column.map.get(start..start + column.row));
-            let Some(bytes) = bytes else {
+            let Some(bytes) = column.row_bytes(index) else {
                 return Err(DatasetError::IndexOutOfRange { index, len: self.len });
             };
             row.copy_from_slice(bytes);

@@ -146,3 +146,100 @@ fn a_custom_dataset_needs_a_worker_that_registered_it() {
     });
     assert_eq!(datasets.open(&spec).expect("registered").len(), 5);
 }
+
+/// A token file of `windows` windows of 4 + 1 u16 ids counting up from `first`.
+fn write_tokens(path: &Path, first: u16, windows: u16) -> loader_proto::pb::TokensSpec {
+    let ids: Vec<u8> = (first..first + windows * 4 + 1).flat_map(u16::to_le_bytes).collect();
+    std::fs::write(path, ids).expect("write tokens");
+    loader_proto::pb::TokensSpec {
+        path: path.display().to_string(),
+        dtype: Dtype::U16 as i32,
+        context_length: 4,
+        num_tokens: u64::from(windows) * 4 + 1,
+    }
+}
+
+fn mix_job(dir: &Path) -> loader_proto::pb::JobSpec {
+    use loader_proto::pb::{DatasetSpec, JobSpec, MixSource, MixSpec, SamplerSpec, dataset_spec::Kind};
+    let source = |name: &str, weight, tokens| MixSource {
+        name: name.into(),
+        weight,
+        dataset: Some(DatasetSpec { kind: Some(Kind::Tokens(tokens)) }),
+    };
+    let mix = MixSpec {
+        sources: vec![
+            source("a", 0.6, write_tokens(&dir.join("a.bin"), 0, 6)),
+            source("b", 0.4, write_tokens(&dir.join("b.bin"), 1000, 9)),
+        ],
+        samples_per_epoch: 10,
+        block: 5,
+        source_field: "source".into(),
+        ..Default::default()
+    };
+    JobSpec {
+        dataset: Some(DatasetSpec { kind: Some(Kind::Mix(mix)) }),
+        sampler: Some(SamplerSpec { shuffle: true, seed: 3, drop_last: false }),
+        batch_size: 5,
+        epochs: 4,
+        ..Default::default()
+    }
+}
+
+/// One mixture sample read on its own: (first token, source field).
+fn mix_sample(ds: &dyn Dataset, key: SampleKey) -> (u16, i64) {
+    let (mut tokens, mut source) = ([0u8; 10], [0u8; 8]);
+    ds.read_into(key, &mut [&mut tokens[..], &mut source[..]]).expect("read a sample");
+    (u16::from_le_bytes([tokens[0], tokens[1]]), i64::from_le_bytes(source))
+}
+
+#[test]
+fn a_mixture_reads_a_batch_as_its_samples_one_by_one() {
+    // read_batch draws the whole batch first, prefetches and reads: the
+    // rows must be what read_into gives sample by sample, in key order.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ds = open(&mix_job(dir.path())).expect("open the mixture");
+    for epoch in 0..4 {
+        let keys: Vec<SampleKey> = (0..10).map(|index| SampleKey { seed: 3, epoch, index }).collect();
+        let (mut tokens, mut source) = (vec![0u8; 10 * 10], vec![0u8; 10 * 8]);
+        let mut rows = BatchRows::new(vec![&mut tokens[..], &mut source[..]], 10, CorruptPolicy::Fail, true);
+        ds.read_batch(&keys, &mut rows).expect("read the batch");
+        assert_eq!(rows.finish().0, (0..10).collect::<Vec<u64>>());
+        for (i, &key) in keys.iter().enumerate() {
+            let first = u16::from_le_bytes([tokens[i * 10], tokens[i * 10 + 1]]);
+            let field = i64::from_le_bytes(source[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+            assert_eq!((first, field), mix_sample(ds.as_ref(), key), "epoch {epoch}, sample {i}");
+            // Each window is its source's: a's ids count from 0, b's from 1000.
+            assert_eq!(field, i64::from(first >= 1000));
+        }
+    }
+}
+
+#[test]
+fn a_mixture_batch_with_a_sample_past_the_epoch_fails_after_reading_those_before() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ds = open(&mix_job(dir.path())).expect("open the mixture");
+    let keys: Vec<SampleKey> = [0, 1, 10, 2].map(|index| SampleKey { seed: 3, epoch: 0, index }).to_vec();
+    let (mut tokens, mut source) = (vec![0u8; 4 * 10], vec![0u8; 4 * 8]);
+    let mut rows = BatchRows::new(vec![&mut tokens[..], &mut source[..]], 4, CorruptPolicy::Skip, true);
+    let e = ds.read_batch(&keys, &mut rows).expect_err("index 10 is past an epoch of 10");
+    assert!(matches!(e, DatasetError::IndexOutOfRange { index: 10, len: 10 }), "{e}");
+    assert_eq!(rows.finish().0, vec![0, 1]);
+}
+
+#[test]
+fn a_prefetch_hint_past_a_file_does_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tokens = Tokens::open(&write_tokens(&dir.path().join("a.bin"), 0, 6)).expect("open tokens");
+    for index in [5, 6, u64::MAX / 4, u64::MAX] {
+        tokens.prefetch(key(index));
+    }
+    let mut a = [0u8; 4];
+    write_npy(&dir.path().join("a.npy"), "<u2", "(3, 2)", &[0; 12]);
+    write_npy(&dir.path().join("b.npy"), "|u1", "(3,)", &[0; 3]);
+    let npy = Npy::open(&npy_spec(dir.path(), 3)).expect("open npy");
+    for index in [2, 3, u64::MAX] {
+        npy.prefetch(key(index));
+    }
+    let mut b = [0u8; 1];
+    npy.read_into(key(2), &mut [&mut a[..], &mut b[..]]).expect("the last row still reads");
+}

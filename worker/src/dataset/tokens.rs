@@ -80,6 +80,17 @@ impl Tokens {
     }
 }
 
+impl Tokens {
+    /// The bytes of window `index`, if the file holds it.
+    fn window(&self, index: u64) -> Option<&[u8]> {
+        usize::try_from(index)
+            .ok()
+            .filter(|_| index < self.len)
+            .and_then(|i| i.checked_mul(self.stride))
+            .and_then(|start| self.map.get(start..start.checked_add(self.window)?))
+    }
+}
+
 impl Dataset for Tokens {
     fn tensors(&self) -> &[SampleTensor] {
         &self.tensors
@@ -94,14 +105,16 @@ impl Dataset for Tokens {
         true
     }
 
+    fn prefetch(&self, key: SampleKey) {
+        if let Some(bytes) = self.window(key.index) {
+            super::prefetch::bytes(bytes);
+        }
+    }
+
     fn read_into(&self, key: SampleKey, rows: &mut [&mut [u8]]) -> Result<(), DatasetError> {
         let index = key.index;
         check_rows(index, rows, &[self.window])?;
-        let bytes = usize::try_from(index)
-            .ok()
-            .filter(|_| index < self.len)
-            .and_then(|i| i.checked_mul(self.stride))
-            .and_then(|start| self.map.get(start..start + self.window));
+        let bytes = self.window(index);
         let (Some(bytes), [row]) = (bytes, rows) else {
             return Err(DatasetError::IndexOutOfRange { index, len: self.len });
         };
