@@ -33,7 +33,7 @@ use std::sync::Arc;
 const ROUNDS: usize = 8;
 // `Permutation::encrypt` relies on an even count: its halves swap widths
 // every round and must end as they started.
-const _: () = assert!(ROUNDS % 2 == 0);
+const _: () = assert!(ROUNDS.is_multiple_of(2));
 
 /// SplitMix64's finalizer: a fast bijective 64-bit mixer.
 fn mix64(mut z: u64) -> u64 {
