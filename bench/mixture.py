@@ -12,9 +12,7 @@ Per cell (batch 8, batch 64), repeats interleaved, medians:
   windows, a's then b's), so the comparison is the one a user makes
   ("mix my two files, or concatenate them into one?") and both sides read
   the same bytes of memory: with one source as "the single file" the
-  mixture would touch twice the memory and measure the machine's caches
-  (a mixture of a file with itself runs as fast as that file; of two files,
-  0.8x on this machine). The mixture's `samples_per_epoch` is the single
+  mixture would touch twice the memory of its baseline. The mixture's `samples_per_epoch` is the single
   file's windows and the epochs are the same, so every Loader run moves the
   same bytes; only the dataset kind differs. For reference, one more row
   reads source a alone (half the tokens, twice the epochs).
@@ -25,8 +23,9 @@ Per cell (batch 8, batch 64), repeats interleaved, medians:
   (`RandomSampler`) for comparison. Both over a fixed number of samples.
 
 The data are two uint16 token files of TOKEN_WINDOWS windows of CONTEXT + 1
-ids (random ids < 50,000) and their concatenation, made once under
-bench/data/ and reused. Rates
+ids (random ids < 50,000) and their concatenation, written afresh under
+bench/data/ at every run (see token_files: the page cache must hold all
+three alike). Rates
 count samples from the first batch on (loaderctl's `samples_per_s`; the
 torch loop here does the same). The CPU column is the whole process tree's
 user + system time per batch, from getrusage (loaderctl with its workers,
@@ -79,7 +78,15 @@ TORCH_MIX = "torch ConcatDataset + WeightedRandomSampler 0.5/0.5"
 
 def token_files():
     """The two token files (a, b) and the single file holding both (a's
-    windows, then b's), made once in bench/data/ and reused."""
+    windows, then b's), written afresh under bench/data/ at every run.
+
+    Afresh, all three the same way, because how a file came into the page
+    cache decides how it is mapped: a file just written whole sits in large
+    folios that a mapping takes as 2 MB pages, one read back from disk or
+    copied may sit in 4 KB pages, and random 4 KB reads over 4 KB pages pay
+    a TLB miss each. Left to chance, the single file read from 2 MB pages
+    and the two sources from 4 KB ones, which measured the page cache
+    (0.83x) instead of the mixture."""
     import numpy as np
 
     DATA.mkdir(parents=True, exist_ok=True)
@@ -93,10 +100,9 @@ def token_files():
     out = []
     for name in ("a", "b", "ab"):
         path = DATA / f"mix-{name}-{TOKEN_WINDOWS}x{CONTEXT}-u16.bin"
-        if not path.exists():
-            tmp = path.with_suffix(".tmp")
-            contents[name].tofile(tmp)
-            tmp.rename(path)  # a killed run leaves no half file behind
+        tmp = path.with_suffix(".tmp")
+        contents[name].tofile(tmp)
+        tmp.replace(path)  # a killed run leaves no half file behind
         out.append(path)
     return out
 

@@ -15,7 +15,10 @@ use crate::error::LoaderError;
 
 /// The `format` this SDK writes and reads. Bumped whenever a field changes
 /// meaning, so an old SDK refuses a newer state instead of misreading it.
-pub const STATE_FORMAT: u32 = 1;
+/// Format 2: shuffled orders of sizes of odd bit width changed (the
+/// sampler's permutation walks a smaller domain), so a format 1 state's
+/// positions name other samples here.
+pub const STATE_FORMAT: u32 = 2;
 
 /// Where a [`Loader`](crate::Loader) stands in its job: the job spec, the
 /// rank and world size, and the batches already yielded. Take it with
@@ -29,7 +32,7 @@ pub const STATE_FORMAT: u32 = 1;
 ///
 /// As JSON:
 /// ```json
-/// {"format":1,"spec":"0a05...","rank":0,"world_size":2,"next_seq":17}
+/// {"format":2,"spec":"0a05...","rank":0,"world_size":2,"next_seq":17}
 /// ```
 /// `spec` is the job's `loader.v1.JobSpec`, protobuf-encoded, in lowercase
 /// hex: exact, and readable by any protobuf tool. Out of order, batches
@@ -319,6 +322,12 @@ impl LoaderState {
             .map_err(|e| invalid(format!("not a loader state: {e}")))?
             .format
             .ok_or_else(|| invalid("not a loader state: it has no format"))?;
+        if format == 1 {
+            return Err(invalid(
+                "format 1 was written by an older Loader whose shuffled order differs from this one's; \
+                 resume it with the Loader that saved it",
+            ));
+        }
         if format != STATE_FORMAT {
             return Err(invalid(format!(
                 "format {format} is not supported (this SDK reads format {STATE_FORMAT})"
@@ -510,6 +519,7 @@ mod tests {
             ("{not json".to_owned(), "not a loader state"),
             ("{}".to_owned(), "has no format"),
             (with("format", 99.into()), "format 99 is not supported"),
+            (with("format", 1.into()), "resume it with the Loader that saved it"),
             (with("spec", "zz".into()), "not hex-encoded"),
             (with("spec", "ff".into()), "does not decode"),
             (with("rank", 2.into()), "outside its world size"),

@@ -234,11 +234,10 @@ impl Dataset for Mix {
             draws.push((d.source, own_key(&d, seed)));
         }
         for (i, (key, &(k, own))) in keys.iter().zip(&draws).enumerate() {
-            // The next sample's bytes load while this one's are copied: a
-            // mixture's reads alternate between sources (a virtual call
-            // and more bookkeeping between copies than a single dataset's
-            // loop), which left each copy waiting on memory (0.87x a single
-            // file before, docs/benchmarks.md).
+            // The next sample's bytes start loading while this one's are
+            // copied: a mixture's loop (a virtual call and more bookkeeping
+            // between copies than a single dataset's) otherwise leaves each
+            // copy waiting on memory.
             if let Some(&(next, own)) = draws.get(i + 1) {
                 self.sources[next].prefetch(own);
             }
