@@ -2,6 +2,9 @@
 //! identity and the first credits, validates every frame, and forwards the
 //! batches to the consumer with a credit to give back.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use loader_proto::batch::TableCache;
 use loader_proto::pb::FetchRequest;
 use loader_proto::pb::batch_service_client::BatchServiceClient;
@@ -27,6 +30,8 @@ pub(crate) struct FetchStream {
     pub(crate) extra_credits: u32,
     /// Ends with `Ok` when the worker closes the stream, `Err` when it fails.
     pub(crate) task: JoinHandle<Result<(), LoaderError>>,
+    /// Set once the worker answered the call: the path to it works.
+    pub(crate) opened: Arc<AtomicBool>,
     /// Stops the task when the stream is dropped.
     _stop: DropGuard,
 }
@@ -63,9 +68,11 @@ pub(crate) fn spawn(
     let line = credits.clone();
     let task_stop = stop.clone();
     let expected = params.expected;
+    let opened = Arc::new(AtomicBool::new(false));
+    let answered = Arc::clone(&opened);
     let task = tokio::spawn(async move {
         let result = tokio::select! {
-            r = run(&address, expected, rx, &line, &events) => r,
+            r = run(&address, expected, rx, &line, &events, &answered) => r,
             () = task_stop.cancelled() => Ok(()),
         };
         if let Err(e @ LoaderError::BadBatch { .. }) = result {
@@ -80,6 +87,7 @@ pub(crate) fn spawn(
         credits,
         extra_credits: 0,
         task,
+        opened,
         _stop: stop.drop_guard(),
     }
 }
@@ -90,6 +98,7 @@ async fn run(
     requests: mpsc::UnboundedReceiver<FetchRequest>,
     line: &CreditLine,
     events: &EventTx,
+    opened: &AtomicBool,
 ) -> Result<(), LoaderError> {
     let channel = connect::endpoint(address, Role::Trainer)?.connect_lazy();
     let mut client = BatchServiceClient::new(channel).max_decoding_message_size(usize::MAX);
@@ -98,6 +107,7 @@ async fn run(
         .await
         .map_err(|s| LoaderError::rpc(address, "Fetch", s))?
         .into_inner();
+    opened.store(true, Ordering::Relaxed);
     tracing::debug!(%address, "fetch stream open");
     let mut tables = TableCache::default();
     while let Some(frame) = frames

@@ -2,9 +2,16 @@
 //! this session: polls `Routes`, opens streams to new workers, drops streams
 //! to workers that left, and re-opens a stream that ended while its worker is
 //! still listed.
+//!
+//! A worker whose stream fails for want of a path (refused, reset, silent
+//! past the channel's keepalive) is *unreachable* from here, though its
+//! heartbeats may still reach the coordinator: the session's heartbeats list
+//! it, so the coordinator moves this trainer's batches to other workers,
+//! until a stream to it opens again.
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -12,6 +19,7 @@ use loader_proto::pb::{Route, RoutesRequest};
 use tokio::sync::Notify;
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
+use tonic::Code;
 
 use crate::batch::Expected;
 use crate::connect;
@@ -46,6 +54,10 @@ pub(crate) struct Routes {
     warned: HashMap<String, Instant>,
     /// The workers of the last successful poll, for the consumer.
     listed: Arc<Listed>,
+    /// Worker ids by address, as of the last poll.
+    ids: HashMap<String, u64>,
+    /// Workers this trainer cannot reach, by address, with their ids.
+    unreachable: HashMap<String, u64>,
 }
 
 impl Routes {
@@ -66,6 +78,8 @@ impl Routes {
             streams: HashMap::new(),
             warned: HashMap::new(),
             listed: Arc::default(),
+            ids: HashMap::new(),
+            unreachable: HashMap::new(),
         }
     }
 
@@ -131,11 +145,31 @@ impl Routes {
     }
 
     fn reconcile(&mut self, routes: &[Route], session_id: u64, session_key: &Arc<str>, stop: &CancellationToken) {
+        self.ids = routes.iter().map(|r| (r.address.clone(), r.worker_id)).collect();
         let warned = &mut self.warned;
+        let (ids, unreachable) = (&self.ids, &mut self.unreachable);
         self.streams.retain(|address, stream| {
             let listed = routes.iter().any(|r| &r.address == address);
+            if stream.opened.load(Ordering::Relaxed)
+                && let Some(worker_id) = unreachable.remove(address)
+            {
+                tracing::info!(%address, worker_id, "this trainer reaches the worker again");
+            }
             if stream.task.is_finished() {
                 match (&mut stream.task).now_or_never() {
+                    Some(Ok(Err(e))) if no_path(&e) && ids.contains_key(address) => {
+                        let worker_id = ids[address];
+                        if unreachable.insert(address.clone(), worker_id).is_none() {
+                            tracing::warn!(
+                                %address,
+                                worker_id,
+                                error = %e,
+                                "cannot reach the worker; the coordinator moves this trainer's batches to other workers while it stays unreachable"
+                            );
+                        } else {
+                            tracing::debug!(%address, error = %e, "worker still unreachable");
+                        }
+                    }
                     Some(Ok(Err(e))) => {
                         let now = Instant::now();
                         let quiet = warned.get(address).is_some_and(|t| now.duration_since(*t) < WARN_EVERY);
@@ -154,6 +188,10 @@ impl Routes {
             // Dropping a stream stops its task.
             listed && stream.session_id == session_id
         });
+        self.unreachable.retain(|address, _| self.ids.contains_key(address));
+        let mut cut: Vec<u64> = self.unreachable.values().copied().collect();
+        cut.sort_unstable();
+        self.session.progress().set_unreachable(cut);
         for route in routes {
             if !self.streams.contains_key(&route.address) {
                 let params = StreamParams {
@@ -187,4 +225,11 @@ impl Routes {
             }
         }
     }
+}
+
+/// True when a stream failed for want of a path to its worker (nothing
+/// answered, the connection was refused or reset, or it went silent past
+/// the channel's keepalive), not because the worker refused the call.
+fn no_path(e: &LoaderError) -> bool {
+    matches!(e.code(), Some(Code::Unavailable | Code::DeadlineExceeded | Code::Unknown | Code::Cancelled))
 }

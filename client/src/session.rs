@@ -40,14 +40,17 @@ const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(1);
 /// Used when the coordinator does not say how long leases last.
 const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(5);
 
-/// What the consumer reports through heartbeats; written by the consumer,
-/// read by the heartbeat task.
+/// What the trainer reports through heartbeats; written by the consumer
+/// (and, for the workers it cannot reach, the routes task), read by the
+/// heartbeat task.
 #[derive(Debug, Default)]
 pub(crate) struct Progress {
     /// Every `seq` below this was yielded.
     consumed: AtomicU64,
     /// Microseconds spent blocked waiting for a batch.
     stall_us: AtomicU64,
+    /// Workers whose Fetch streams fail while the coordinator lists them.
+    unreachable: std::sync::Mutex<Vec<u64>>,
 }
 
 impl Progress {
@@ -59,6 +62,16 @@ impl Progress {
     /// The consumed watermark.
     pub(crate) fn consumed(&self) -> u64 {
         self.consumed.load(Ordering::Relaxed)
+    }
+
+    /// Records the workers this trainer cannot reach, all of them.
+    pub(crate) fn set_unreachable(&self, workers: Vec<u64>) {
+        *self.unreachable.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = workers;
+    }
+
+    /// The workers this trainer cannot reach.
+    pub(crate) fn unreachable(&self) -> Vec<u64> {
+        self.unreachable.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
 
     /// Adds time spent blocked in `next()`.
@@ -316,6 +329,7 @@ impl Session {
             consumed: self.progress.consumed(),
             stall_ms: self.progress.stall_us.load(Ordering::Relaxed) / 1000,
             session_key: key.to_string(),
+            unreachable_workers: self.progress.unreachable(),
         };
         let mut client = self.client.clone();
         let reply = attempt(&self.address, "Heartbeat", client.heartbeat(request)).await;

@@ -301,6 +301,51 @@ impl Coordinator {
         Some(error)
     }
 
+    /// Records which workers the trainer of `session_id` cannot reach (the
+    /// full list, from its heartbeat): newly listed ones are cut off from
+    /// its consumer, their batches moved to other workers; ones no longer
+    /// listed get its batches again. One warning line per cut names the
+    /// worker and what moved.
+    pub(crate) fn unreachable(&self, session_id: u64, workers: &[u64]) {
+        let mut guard = self.lock();
+        let t = &mut *guard;
+        let Some(s) = t.sessions.sessions.get(&session_id) else { return };
+        let key = (s.job_id, s.consumer);
+        let mut moved = false;
+        for &worker_id in workers {
+            if let Some(requeued) = requeue::cut_off(t, worker_id, key) {
+                let address = t.workers.workers.get(&worker_id).map(|w| w.address.clone()).unwrap_or_default();
+                tracing::warn!(
+                    worker_id,
+                    %address,
+                    session_id,
+                    job_id = key.0,
+                    consumer = key.1,
+                    requeued,
+                    "a trainer cannot reach this worker; its batches for that trainer go to other workers"
+                );
+                moved = true;
+            }
+        }
+        let cut: Vec<u64> = t
+            .workers
+            .workers
+            .iter()
+            .filter(|(id, w)| w.cut_off.contains(&key) && !workers.contains(id))
+            .map(|(id, _)| *id)
+            .collect();
+        for worker_id in cut {
+            if requeue::reconnect(t, worker_id, key) {
+                tracing::info!(worker_id, session_id, "the trainer reaches this worker again");
+                moved = true;
+            }
+        }
+        drop(guard);
+        if moved {
+            self.work_available.notify_waiters();
+        }
+    }
+
     /// The key of a session this coordinator opened (empty when tokens are
     /// off): what the trainer presents for it from then on.
     pub(crate) fn session_key(&self, session_id: u64, job_id: u64, consumer: u32) -> String {
@@ -457,7 +502,7 @@ impl Coordinator {
                     // Only for a trainer that is there: its session says
                     // where batches go (its ring or gRPC), and nothing is
                     // produced for a consumer whose trainer died.
-                    if !t.sessions.has_consumer(job_id, c as u32) {
+                    if !t.sessions.has_consumer(job_id, c as u32) || w.cut_off.contains(&key) {
                         continue;
                     }
                     let held = w.outstanding_for(key);

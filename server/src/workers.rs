@@ -44,6 +44,9 @@ pub(crate) struct WorkerState {
     /// last session ended), to tell it in
     /// its next heartbeat response so it frees what it holds for them.
     pub(crate) ended: BTreeSet<ConsumerKey>,
+    /// Consumers whose trainer cannot reach this worker (it says so in its
+    /// heartbeats): none of their batches are assigned here meanwhile.
+    pub(crate) cut_off: BTreeSet<ConsumerKey>,
 }
 
 impl WorkerState {
@@ -102,6 +105,7 @@ impl WorkerTable {
             busy: 0.0,
             draining: false,
             ended: BTreeSet::new(),
+            cut_off: BTreeSet::new(),
         };
         self.workers.insert(self.next_id, state);
         self.next_id

@@ -21,6 +21,8 @@
 //! - [`wait`](wait_until): bounded polling.
 //! - [`netns`](RemoteNamespace): a network namespace on a veth pair, for a
 //!   remote worker whose link can be cut.
+//! - [`relay`](Relay): a loopback TCP relay a worker advertises, whose path
+//!   a test freezes (a port blackholed both ways) and thaws.
 //! - [`otlp`](OtlpReceiver): a real OTLP/gRPC trace receiver that keeps
 //!   what it is sent.
 //! - [`certs`](TestCa): a CA and the certificates it signs, as PEM files.
@@ -35,6 +37,7 @@ pub mod dataset_files;
 mod netns;
 mod otlp;
 mod proc;
+mod relay;
 mod scope;
 mod silent;
 mod trainer;
@@ -47,6 +50,7 @@ pub use cluster::{Cluster, ClusterBuilder};
 pub use netns::{HOST_ADDR, NS_ADDR, RemoteNamespace};
 pub use otlp::{OtlpReceiver, ReceivedSpan, string_attribute};
 pub use proc::{Proc, binary, loaderctl};
+pub use relay::Relay;
 pub use scope::{Scope, run};
 pub use silent::SilentTrainer;
 pub use trainer::{Received, Trainer, assert_exact, assert_received};

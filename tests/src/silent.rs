@@ -83,6 +83,7 @@ impl SilentTrainer {
                             consumed: 0,
                             stall_ms: 0,
                             session_key: String::new(),
+                            unreachable_workers: Vec::new(),
                         });
                         let _ = tokio::time::timeout(CALL, beat).await;
                         tokio::time::sleep(interval).await;

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use loader_client::{Dtype, JobSpec, Loader, Transport, spec};
 use loader_e2e::{
-    Cluster, HOST_ADDR, NS_ADDR, Proc, RemoteNamespace, Scope, Trainer, assert_received, binary, loaderctl, run,
-    wait_until,
+    Cluster, HOST_ADDR, NS_ADDR, Proc, Relay, RemoteNamespace, Scope, Trainer, assert_received, binary, loaderctl,
+    run, wait_until,
 };
 
 /// Lease TTL of the coordinator in most of these tests: short, so a death costs little.
@@ -334,5 +334,89 @@ fn partitioned_remote_worker_is_fenced_and_its_batches_reassigned() {
         assert!(grpc > 0 && shm > 0, "both paths carried batches: {grpc} gRPC, {shm} shared memory");
         drop(cluster);
         drop(ns);
+    });
+}
+
+/// Batches the worker at `address` delivered, as the coordinator counts them.
+fn delivered_by(cluster: &Cluster, address: &str) -> u64 {
+    cluster.admin().workers().expect("ListWorkers").iter().find(|w| w.address == address).map_or(0, |w| w.delivered)
+}
+
+/// A grey failure: the path between the trainer and one worker goes silent
+/// (its port blackholed both ways, through a relay the test freezes) while
+/// the worker's heartbeats to the coordinator still pass, so its lease
+/// never expires. The trainer's channel keepalive finds the dead path, its
+/// heartbeats tell the coordinator, and the coordinator moves the batches
+/// that worker held to the other one: the job finishes, exactly once and in
+/// order, well within 20 s of the cut plus the job's own time. Thawed, the
+/// path carries batches again within 5 s.
+#[test]
+fn a_worker_the_trainer_cannot_reach_loses_its_batches_to_others_until_the_path_heals() {
+    run(Duration::from_secs(150), |scope| {
+        let mut cluster = Cluster::builder().workers(1).ttl_ms(TTL_MS).start(&scope);
+        let relay = Relay::start();
+        let advertised = format!("http://{}", relay.addr());
+        // Another node: the trainer reaches it over gRPC, through the relay.
+        cluster.add_worker_with(&["--advertise", &advertised, "--node", "behind-the-relay"]);
+        relay.to(cluster.workers[1].addr());
+        cluster.wait_for_workers(2);
+        let admin = cluster.admin();
+
+        // 1. Cut while the job runs: it finishes on the other worker.
+        let job = slow_job(600, 1000);
+        let plan = loader_proto::spec::plan(&job).expect("plan");
+        let total = plan.total_batches();
+        let began = Instant::now();
+        let trainer = Trainer::spawn(Loader::builder(cluster.url()), job);
+        admin.wait_for("the relayed worker delivered batches", Duration::from_secs(30), |_| {
+            Ok((delivered_by(&cluster, &advertised) > 0).then_some(()))
+        });
+        trainer.wait_for(total / 5, Duration::from_secs(60));
+        // The job's own time, from its first fifth (start-up included).
+        let own = began.elapsed() * 5;
+        relay.freeze();
+        let cut = Instant::now();
+        let at_cut = trainer.yielded();
+        assert!(at_cut < total, "the job ended before the cut; make it slower");
+        let seen = trainer.join(Duration::from_secs(90));
+        let took = cut.elapsed();
+        eprintln!("the job finished {took:?} after the cut ({at_cut} of {total} batches before it; its own time ~{own:?})");
+        assert_received(&seen, &plan, 0, 0..total);
+        let bound = Duration::from_secs(20) + own;
+        assert!(took <= bound, "the job finished {took:?} after the cut; bound {bound:?}");
+        assert!(
+            admin.workers().expect("ListWorkers").iter().any(|w| w.address == advertised),
+            "the worker behind the cut still heartbeats: it stays registered"
+        );
+
+        // 2. A second job, cut until it moves on without the worker, then
+        // healed: the worker carries its batches again.
+        let job = slow_job(1500, 1000);
+        let plan = loader_proto::spec::plan(&job).expect("plan");
+        let total = plan.total_batches();
+        relay.thaw();
+        let trainer = Trainer::spawn(Loader::builder(cluster.url()), job);
+        let before = delivered_by(&cluster, &advertised);
+        admin.wait_for("the relayed worker delivered batches of the second job", Duration::from_secs(30), |_| {
+            Ok((delivered_by(&cluster, &advertised) > before).then_some(()))
+        });
+        relay.freeze();
+        let frozen_at = trainer.yielded();
+        // Moving on: more batches than the cut worker could have held.
+        trainer.wait_for(frozen_at + 200, Duration::from_secs(60));
+        assert!(trainer.yielded() < total, "the second job ended before the heal; make it slower");
+        let before = delivered_by(&cluster, &advertised);
+        relay.thaw();
+        let healed = Instant::now();
+        admin.wait_for("the healed path carries batches again", Duration::from_secs(30), |_| {
+            Ok((delivered_by(&cluster, &advertised) > before).then_some(()))
+        });
+        let back = healed.elapsed();
+        eprintln!("batches flowed through the healed path {back:?} after the heal");
+        assert!(back <= Duration::from_secs(5) + SLACK, "the healed path carried batches only {back:?} after the heal");
+        let seen = trainer.join(Duration::from_secs(120));
+        assert_received(&seen, &plan, 0, 0..total);
+        drop(cluster);
+        drop(relay);
     });
 }

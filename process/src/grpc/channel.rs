@@ -18,6 +18,15 @@ use crate::security::ClientSecurity;
 
 /// One connection attempt.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// HTTP/2 pings on every connection, idle or not: a path that went silent
+/// (a blackholed port, a half-dead link) fails its calls within
+/// `KEEPALIVE_INTERVAL + KEEPALIVE_TIMEOUT` instead of waiting on TCP's
+/// retransmission backoff for minutes. Servers ping the same way
+/// (`super::server`), so a worker frees a stream whose trainer is gone.
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(2);
+/// How long a ping may go unanswered: long enough for a peer on a busy
+/// machine (its runtime threads starved for a moment) to answer.
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
 /// HTTP/2 windows big enough that a whole batch flows without waiting for
 /// window updates.
 const STREAM_WINDOW: u32 = 16 << 20;
@@ -138,6 +147,9 @@ pub fn endpoint(address: &str, security: &ClientSecurity) -> Result<Target, Addr
     };
     let endpoint = endpoint
         .connect_timeout(CONNECT_TIMEOUT)
+        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+        .keep_alive_while_idle(true)
         .tcp_nodelay(true)
         .initial_stream_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)

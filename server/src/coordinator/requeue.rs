@@ -48,6 +48,29 @@ pub(super) fn retire(t: &mut Tables, worker_id: u64) -> Option<(String, usize)> 
     Some((w.address, requeued))
 }
 
+/// Cuts `key` off worker `worker_id`, whose trainer cannot reach it: what
+/// the worker holds for the consumer goes back to its queue for other
+/// workers (fenced as at a lease expiry: the worker is told to drop it,
+/// and a late report of it counts for nothing), and the worker gets none
+/// of the consumer's batches until [`reconnect`]. Returns the batches
+/// given back, or None when the worker is unknown or was already cut off.
+pub(super) fn cut_off(t: &mut Tables, worker_id: u64, key: ConsumerKey) -> Option<usize> {
+    let w = t.workers.workers.get_mut(&worker_id)?;
+    if !w.cut_off.insert(key) {
+        return None;
+    }
+    let held = w.outstanding.remove(&key).unwrap_or_default();
+    let unacked = w.unacked.remove(&key).unwrap_or_default();
+    w.ended.insert(key);
+    Some(give_back(&mut t.jobs, key, held, false) + give_back(&mut t.jobs, key, unacked, true))
+}
+
+/// Lets worker `worker_id` produce `key`'s batches again: its trainer
+/// reaches it. True when it had been cut off.
+pub(super) fn reconnect(t: &mut Tables, worker_id: u64, key: ConsumerKey) -> bool {
+    t.workers.workers.get_mut(&worker_id).is_some_and(|w| w.cut_off.remove(&key))
+}
+
 /// What [`end_consumer`] did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Ended {

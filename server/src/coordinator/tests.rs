@@ -697,3 +697,45 @@ async fn workers_list_delivered_samples_and_busy() {
     c.worker_heartbeat(w, report(Vec::new(), 7.0), Duration::ZERO).await;
     assert_eq!(listed(&c), (3, 10, 1.0));
 }
+
+/// A trainer that cannot reach a worker (its heartbeat lists it) gets the
+/// batches that worker held from another one; the worker, still alive for
+/// everybody else, gets none of that consumer's batches while listed, is
+/// told to drop what it held, and a late report of those batches counts
+/// for nothing. Once the trainer no longer lists it, it gets batches again.
+#[tokio::test]
+async fn an_unreachable_workers_batches_move_to_another_worker_until_the_trainer_reaches_it() {
+    let c = coordinator();
+    let (job, _) = c.create_or_attach(spec("", 640, 64, 1)).expect("job");
+    let (session, _) = c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("session");
+    let a = c.register_worker("http://a".into(), "n".into(), 4, 0);
+    assert_eq!(seqs(&tasks(&c, a, Vec::new()).await, 0), vec![0, 1, 2, 3]);
+    // a delivered 0 (not acknowledged); 1-3 are still with it.
+    tasks(&c, a, vec![pb::Delivered { job_id: job.job_id, consumer: 0, seqs: vec![0] }]).await;
+
+    c.unreachable(session, &[a]);
+    let dropped = match c.worker_heartbeat(a, WorkerReport::default(), Duration::ZERO).await {
+        HeartbeatOutcome::Tasks { tasks, ended, .. } => {
+            assert!(tasks.is_empty(), "no batches of the consumer for a worker its trainer cannot reach");
+            ended
+        }
+        HeartbeatOutcome::Reregister => panic!("a is still registered"),
+    };
+    assert_eq!(dropped, vec![(job.job_id, 0)], "a is told to drop what it held");
+    let b = c.register_worker("http://b".into(), "n".into(), 4, 0);
+    let to_b = seqs(&tasks(&c, b, Vec::new()).await, 0);
+    assert!(to_b.starts_with(&[0, 1, 2, 3]), "b makes a's batches first, 0 again too: {to_b:?}");
+
+    // A late report from a delivers nothing: b holds those batches now.
+    tasks(&c, a, vec![pb::Delivered { job_id: job.job_id, consumer: 0, seqs: vec![1, 2] }]).await;
+    let delivered = |id: u64| c.list_workers().into_iter().find(|w| w.worker_id == id).map(|w| w.delivered);
+    assert_eq!(delivered(a), Some(1), "only the report before the cut counted");
+
+    // Listed again (every heartbeat repeats the list): nothing changes.
+    c.unreachable(session, &[a]);
+    assert!(tasks(&c, a, Vec::new()).await.is_empty());
+    // Reached again: a takes the next batches.
+    c.unreachable(session, &[]);
+    let to_a = seqs(&tasks(&c, a, Vec::new()).await, 0);
+    assert!(!to_a.is_empty() && to_a.iter().all(|s| !to_b.contains(s)), "a takes new batches: {to_a:?}");
+}
