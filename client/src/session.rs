@@ -354,25 +354,45 @@ impl Session {
 
     /// Heartbeats until `stop`; a failed job or a fatal error goes to the
     /// consumer and ends the loop. An unavailable coordinator is waited out
-    /// for as long as it takes (it may be restarting): every heartbeat tick
-    /// tries again, each attempt bounded, with one warning per outage.
+    /// (it may be restarting): every heartbeat tick tries again, with one
+    /// warning per outage, until `lost_after` has passed since the last
+    /// answer: then the session is lost, on time, even while an attempt
+    /// hangs on a silent network.
     pub(crate) async fn run_heartbeats(self: Arc<Self>, events: EventTx, stop: CancellationToken) {
         let mut tick = tokio::time::interval(self.heartbeat_interval);
         tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
         tick.tick().await;
         // When the current outage began, if the coordinator is unreachable.
         let mut outage: Option<Instant> = None;
+        // When the coordinator last answered.
+        let mut answered = Instant::now();
+        let lost = |answered: Instant| {
+            let _ = events.send(Event::Fatal(LoaderError::CoordinatorLost {
+                address: self.address.clone(),
+                after: answered.elapsed(),
+            }));
+        };
         loop {
+            let deadline = answered + self.lost_after;
             tokio::select! {
                 () = stop.cancelled() => return,
                 _ = tick.tick() => {}
                 () = self.reopen_wanted.notified() => {}
+                () = tokio::time::sleep_until(deadline), if outage.is_some() => {
+                    lost(answered);
+                    return;
+                }
             }
             if self.closed.load(Ordering::SeqCst) {
                 return;
             }
-            match self.heartbeat().await {
+            let Ok(beat) = tokio::time::timeout_at(deadline, self.heartbeat()).await else {
+                lost(answered);
+                return;
+            };
+            match beat {
                 Ok(None) => {
+                    answered = Instant::now();
                     if let Some(since) = outage.take() {
                         tracing::info!(
                             address = %self.address,
@@ -387,13 +407,8 @@ impl Session {
                     return;
                 }
                 Err(e) if e.is_retryable() => {
-                    if let Some(since) = outage
-                        && since.elapsed() >= self.lost_after
-                    {
-                        let _ = events.send(Event::Fatal(LoaderError::CoordinatorLost {
-                            address: self.address.clone(),
-                            after: since.elapsed(),
-                        }));
+                    if answered.elapsed() >= self.lost_after {
+                        lost(answered);
                         return;
                     }
                     if outage.is_none() {

@@ -439,6 +439,8 @@ fn merge_states(args: &MergeStatesArgs) -> anyhow::Result<()> {
 /// `loaderctl: error: <message>`, with a non-zero exit code.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Only `run` starts workers of its own; the others stop only themselves.
+    let own_workers = matches!(cli.command, Command::Run(_));
     // Each arm holds the telemetry guard to its end: dropping it flushes
     // the spans not yet exported. The hidden worker sets up its own.
     let result = match cli.command {
@@ -477,7 +479,11 @@ pub fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if e.downcast_ref::<signals::Stopped>().is_some() => {
             let stopped = e.downcast_ref::<signals::Stopped>().copied().unwrap_or(signals::Stopped(15));
-            eprintln!("loaderctl: {stopped}; workers stopped");
+            if own_workers {
+                eprintln!("loaderctl: {stopped}; workers stopped");
+            } else {
+                eprintln!("loaderctl: {stopped}");
+            }
             ExitCode::from(stopped.exit_code())
         }
         Err(e) => {

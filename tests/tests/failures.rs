@@ -380,7 +380,17 @@ fn a_worker_the_trainer_cannot_reach_loses_its_batches_to_others_until_the_path_
         assert!(at_cut < total, "the job ended before the cut; make it slower");
         let seen = trainer.join(Duration::from_secs(90));
         let took = cut.elapsed();
-        eprintln!("the job finished {took:?} after the cut ({at_cut} of {total} batches before it; its own time ~{own:?})");
+        // The trainer's longest wait for a batch from the cut on.
+        let stall = seen
+            .iter()
+            .map(|r| r.at)
+            .filter(|&at| at >= cut)
+            .fold((cut, Duration::ZERO), |(last, longest), at| (at, longest.max(at - last)))
+            .1;
+        eprintln!(
+            "the job finished {took:?} after the cut ({at_cut} of {total} batches before it; its own time ~{own:?}); \
+             longest wait for a batch {stall:?}"
+        );
         assert_received(&seen, &plan, 0, 0..total);
         let bound = Duration::from_secs(20) + own;
         assert!(took <= bound, "the job finished {took:?} after the cut; bound {bound:?}");

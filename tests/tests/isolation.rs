@@ -7,7 +7,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use loader_client::{Dtype, Loader, spec};
-use loader_e2e::{Cluster, Proc, Trainer, assert_received, binary, run};
+use loader_e2e::{Cluster, Proc, Relay, Trainer, assert_received, binary, run};
 
 /// Runs `loaderctl args`, waits (bounded) for it to exit; returns its exit
 /// code, stderr and how long it ran.
@@ -147,6 +147,8 @@ fn a_signalled_loaderctl_run_stops_its_workers_and_leaves_nothing() {
             let sent = Instant::now();
             let status = proc.wait_exit(Duration::from_secs(2)).expect("loaderctl exits within 2 s");
             assert_eq!(status.code(), Some(code), "{signal}");
+            let said = proc.stderr().join("\n");
+            assert!(said.contains(&format!("stopped by {signal}; workers stopped")), "{said}");
             loader_e2e::wait_until("every worker is gone", Duration::from_secs(2).saturating_sub(sent.elapsed()), || {
                 workers.iter().all(|&w| !alive(w))
             });
@@ -154,6 +156,31 @@ fn a_signalled_loaderctl_run_stops_its_workers_and_leaves_nothing() {
             assert!(left.is_empty(), "{signal} left {left:?}");
         });
     }
+}
+
+/// SIGTERM to `loaderctl consume` ends it with the shell's code, and it
+/// says only that it stopped: the workers are the coordinator's, not its own.
+#[test]
+fn a_signalled_loaderctl_consume_stops_and_claims_no_workers() {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    run(Duration::from_secs(60), |scope| {
+        let cluster = Cluster::start(&scope, 1);
+        let mut command = Command::new(binary("loaderctl"));
+        command.args(["consume", "--coordinator", &cluster.url(), "--json"]).args([
+            "--samples", "100000", "--shape", "64", "--batch-size", "64", "--epochs", "100000",
+        ]);
+        let mut proc = Proc::spawn_capturing_stderr(&scope, "loaderctl", command, false);
+        cluster.admin().wait_for("the consumer's session opens", Duration::from_secs(20), |a| {
+            Ok((!a.sessions()?.is_empty()).then_some(()))
+        });
+        kill(Pid::from_raw(proc.pid() as i32), Signal::SIGTERM).expect("signal");
+        let status = proc.wait_exit(Duration::from_secs(5)).expect("loaderctl consume exits");
+        assert_eq!(status.code(), Some(143));
+        let said = proc.stderr().join("\n");
+        assert!(said.contains("loaderctl: stopped by SIGTERM"), "{said}");
+        assert!(!said.contains("workers stopped"), "consume started no workers: {said}");
+    });
 }
 
 /// Entries of /dev/shm (Loader puts nothing there: its ring is a memfd).
@@ -227,35 +254,43 @@ fn a_finished_trainers_session_leaves_status_within_one_heartbeat() {
     });
 }
 
-/// A coordinator gone for good: the trainer fails after its
-/// `coordinator_timeout` with the same one line on both transports, instead
+/// A coordinator gone for good: the trainer fails `coordinator_timeout`
+/// after its last answer with the same one line on both transports, instead
 /// of waiting forever (gRPC) or failing later with another message (shared
-/// memory, whose workers fence and leave the ring).
+/// memory, whose workers fence and leave the ring). Gone silently (the
+/// trainer's path to it blackholed, its calls hanging rather than refused)
+/// the bound is the same.
 #[test]
 fn a_trainer_whose_coordinator_is_gone_fails_in_one_bound_on_every_transport() {
-    for shared_memory in [false, true] {
+    for (shared_memory, silent) in [(false, false), (true, false), (false, true)] {
         run(Duration::from_secs(60), move |scope| {
             let mut cluster = Cluster::builder().workers(2).ttl_ms(1000).start(&scope);
+            let relay = Relay::start();
+            relay.to(cluster.url().trim_start_matches("http://"));
+            let url = if silent { format!("http://{}", relay.addr()) } else { cluster.url() };
             let job = spec::synthetic(100_000, &[64], Dtype::U8)
                 .batch_size(16)
                 .cost_ns(100_000)
                 .build()
                 .expect("spec");
             let timeout = Duration::from_secs(3);
-            let trainer = Trainer::spawn(
-                Loader::builder(cluster.url()).shared_memory(shared_memory).coordinator_timeout(timeout),
-                job,
-            );
+            let trainer =
+                Trainer::spawn(Loader::builder(url).shared_memory(shared_memory).coordinator_timeout(timeout), job);
             trainer.wait_for(10, Duration::from_secs(20));
-            cluster.server.kill();
-            let killed = Instant::now();
-            // The outage is noticed at the next heartbeat (every TTL/3).
+            if silent {
+                relay.freeze();
+            } else {
+                cluster.server.kill();
+            }
+            let gone = Instant::now();
             let error = trainer.finish(timeout + Duration::from_secs(5)).expect_err("the trainer fails");
-            let after = killed.elapsed();
-            eprintln!("shared_memory={shared_memory}: failed {after:?} after the coordinator's SIGKILL: {error}");
+            let after = gone.elapsed();
+            eprintln!("shared_memory={shared_memory} silent={silent}: failed {after:?} after the coordinator went: {error}");
             assert!(error.contains("lost the coordinator") && error.contains("no answer for"), "{error}");
             assert!(!error.contains('\n'));
-            assert!(after >= timeout, "not before the timeout: {after:?}");
+            // Its last answer came at most a heartbeat (TTL/3) before.
+            assert!(after >= timeout - Duration::from_millis(400), "not before the timeout: {after:?}");
+            assert!(after <= timeout + Duration::from_secs(1), "the timeout is {timeout:?}, failed after {after:?}");
         });
     }
 }
