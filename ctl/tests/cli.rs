@@ -404,7 +404,7 @@ fn consume_saves_its_state_and_resumes_exactly_after_it() {
     }
     let saved: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&state).expect("state file")).expect("json");
-    assert_eq!(saved["format"], 1, "{saved}");
+    assert_eq!(saved["format"], loader_client::STATE_FORMAT, "{saved}");
     assert_eq!(saved["next_seq"], 7, "{saved}");
 
     let second = loaderctl(
