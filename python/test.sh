@@ -29,7 +29,8 @@ venv=${LOADER_PY_VENV:-$here/.venv}
 if [ ! -x "$venv/bin/python" ]; then
   "$python" -m venv "$venv"
 fi
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check numpy pytest
+# grpcio-reflection: test_reflection.py asks reflection as most tools do.
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check numpy pytest grpcio grpcio-reflection
 # Always rebuilds from this tree (cargo's incremental build keeps it quick).
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps "$here"
 cd "$here/tests"

@@ -91,15 +91,18 @@ pub async fn serve(
     for name in names {
         health.set_service_status(name, ServingStatus::Serving).await;
     }
-    let reflection = descriptors
-        .into_iter()
-        .fold(tonic_reflection::server::Builder::configure(), |b, d| {
+    // Reflection as v1 and as v1alpha: grpcurl, evans and Python's
+    // grpcio-reflection in the versions most people have still ask v1alpha.
+    let reflection = || {
+        descriptors.iter().fold(tonic_reflection::server::Builder::configure(), |b, &d| {
             b.register_encoded_file_descriptor_set(d)
         })
-        .build_v1()?;
+    };
+    let (v1, v1alpha) = (reflection().build_v1()?, reflection().build_v1alpha()?);
     policy.insert("grpc.health.v1.Health", Access::Open);
     policy.insert("grpc.reflection.v1.ServerReflection", Access::Open);
-    routes.add_service(health_service).add_service(reflection);
+    policy.insert("grpc.reflection.v1alpha.ServerReflection", Access::Open);
+    routes.add_service(health_service).add_service(v1).add_service(v1alpha);
     let mut server = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(super::channel::KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(super::channel::KEEPALIVE_TIMEOUT))
