@@ -23,7 +23,8 @@ struct Args {
     #[arg(long, default_value = "127.0.0.1:7070")]
     listen: String,
     /// Lease length of workers and trainer sessions, in milliseconds.
-    #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(100..))]
+    #[arg(long, default_value_t = crate::config::DEFAULT_LEASE_TTL.as_millis() as u64,
+          value_parser = clap::value_parser!(u64).range(100..))]
     lease_ttl_ms: u64,
     /// Directory of the journal (jobs and delivery watermarks), so that a
     /// restarted coordinator resumes where it stopped. Without it, state is
@@ -120,7 +121,7 @@ fn run(args: Args) -> Result<(), String> {
     let config = ServerConfig {
         security,
         lease_ttl: ttl,
-        heartbeat_interval: ttl / 3,
+        heartbeat_interval: crate::config::heartbeat_interval(ttl),
         range_len: args.range_len,
         state_dir: args.state_dir,
         blob_budget: args.blob_budget,

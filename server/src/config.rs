@@ -4,13 +4,28 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// Lease length of workers and sessions unless told otherwise: long enough
+/// that a loaded machine's scheduling hiccup does not expire a live
+/// process, short enough that a dead one's batches come back in seconds.
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(5);
+
+/// Heartbeats per lease: a worker or trainer renews this many times per
+/// TTL, so that one or two lost or late heartbeats never expire it.
+pub const HEARTBEATS_PER_LEASE: u32 = 3;
+
+/// How often a process holding a lease of `ttl` is asked to heartbeat.
+pub fn heartbeat_interval(ttl: Duration) -> Duration {
+    ttl / HEARTBEATS_PER_LEASE
+}
+
 /// How the coordinator hands out work and how long leases last.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
     /// Lease length of workers and sessions: a process that does not renew
     /// within it is considered gone.
     pub lease_ttl: Duration,
-    /// How often workers and trainers are asked to heartbeat (about TTL/3).
+    /// How often workers and trainers are asked to heartbeat
+    /// ([`heartbeat_interval`] of the TTL).
     pub heartbeat_interval: Duration,
     /// Batches per task. Small ranges keep one slow worker from holding up
     /// the in-order stream for long.
@@ -32,8 +47,8 @@ pub struct ServerConfig {
 impl Default for ServerConfig {
     fn default() -> Self {
         Self {
-            lease_ttl: Duration::from_secs(5),
-            heartbeat_interval: Duration::from_millis(1666),
+            lease_ttl: DEFAULT_LEASE_TTL,
+            heartbeat_interval: heartbeat_interval(DEFAULT_LEASE_TTL),
             range_len: 2,
             state_dir: None,
             worker_pool: None,

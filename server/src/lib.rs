@@ -57,7 +57,7 @@ use loader_process::grpc::{Access, Services};
 use loader_process::security::Role;
 use tokio::net::TcpListener;
 
-pub use config::{LocalPoolConfig, ServerConfig, WorkerPoolConfig};
+pub use config::{DEFAULT_LEASE_TTL, HEARTBEATS_PER_LEASE, LocalPoolConfig, ServerConfig, WorkerPoolConfig, heartbeat_interval};
 
 use crate::coordinator::Coordinator;
 use crate::pool::WorkerPool;
