@@ -33,6 +33,7 @@ use tokio::time::Instant;
 use crate::batch::{Batch, Transport};
 use crate::error::LoaderError;
 use crate::event::{Credit, Event, EventRx};
+use crate::late::LateWatch;
 use crate::meters::TrainerMeters;
 use crate::reorder::Reorder;
 use crate::ring::{GapWatch, Inbox, Pace};
@@ -87,6 +88,8 @@ pub(crate) struct Consumer {
     pace: Pace,
     /// Batches yielded and time waited, for Prometheus.
     meters: TrainerMeters,
+    /// When the batch waited on (in order) is late: a backup task's trigger.
+    late: LateWatch,
 }
 
 /// The ring's part in a wait.
@@ -183,6 +186,7 @@ impl Consumer {
             async_wait: None,
             pace: Pace::default(),
             meters: TrainerMeters::default(),
+            late: LateWatch::default(),
         }
     }
 
@@ -361,7 +365,8 @@ impl Consumer {
             };
             let tick = self.gap.as_ref().map_or(STALL_GRACE, GapWatch::tick);
             let tick_at = *call.tick_at.get_or_insert(waiting + tick);
-            let deadline = [hold_at, check_at]
+            let late_at = self.watch_late(waiting);
+            let deadline = [hold_at, check_at, late_at]
                 .into_iter()
                 .flatten()
                 .fold(tick_at, Instant::min);
@@ -381,6 +386,9 @@ impl Consumer {
     fn after_wait(&mut self, woke: Woke, plan: &WaitPlan, call: &mut Call) -> Option<LoaderError> {
         self.disarm_ring();
         let now = Instant::now();
+        if let Some(seq) = self.late.due(now) {
+            self.session.report_late(seq);
+        }
         self.session.progress().add_stall(now - plan.waiting);
         self.meters.stalled(now - plan.waiting);
         let arrived = match woke {
@@ -408,6 +416,20 @@ impl Consumer {
         }
     }
 
+    /// Before a wait for the next batch in order: when it will be late (and
+    /// reports it if it is already).
+    fn watch_late(&mut self, now: Instant) -> Option<Instant> {
+        if !self.reorder.in_order() {
+            return None;
+        }
+        let late_at = self.late.waiting_on(self.reorder.watermark(), now)?;
+        if let Some(seq) = self.late.due(now) {
+            self.session.report_late(seq);
+        }
+        // Past it (reported): nothing more to wake for.
+        (late_at > now).then_some(late_at)
+    }
+
     /// Registers the wait set with the caller's runtime, the first time an
     /// async `next` waits on a ring.
     fn register_async_wait(&mut self) -> io::Result<()> {
@@ -419,7 +441,10 @@ impl Consumer {
 
     /// The next batch if it arrived, or the end: `None` means wait.
     fn take_ready(&mut self) -> Option<Option<Result<Batch, LoaderError>>> {
-        if let Some((_, (mut batch, credit))) = self.reorder.pop() {
+        if let Some((seq, (mut batch, credit))) = self.reorder.pop() {
+            if self.late.yielded(seq, Instant::now()) {
+                self.session.progress().set_late(None);
+            }
             batch.consumed();
             credit.give_back();
             self.yielded += 1;

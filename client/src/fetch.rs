@@ -100,7 +100,9 @@ async fn run(
     events: &EventTx,
     opened: &AtomicBool,
 ) -> Result<(), LoaderError> {
-    let channel = connect::endpoint(address, Role::Trainer)?.connect_lazy();
+    // Pinged while the stream is open: a silent path to the worker fails
+    // the stream in seconds, and the routes task reports the worker.
+    let channel = connect::endpoint(address, Role::Trainer)?.keepalive().connect_lazy();
     let mut client = BatchServiceClient::new(channel).max_decoding_message_size(usize::MAX);
     let mut frames = client
         .fetch(UnboundedReceiverStream::new(requests))

@@ -67,6 +67,7 @@ mod consumer;
 mod error;
 mod event;
 mod fetch;
+mod late;
 mod loader;
 mod meters;
 mod options;

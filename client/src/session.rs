@@ -51,6 +51,9 @@ pub(crate) struct Progress {
     stall_us: AtomicU64,
     /// Workers whose Fetch streams fail while the coordinator lists them.
     unreachable: std::sync::Mutex<Vec<u64>>,
+    /// The batch the in-order consumer waits on past its lateness
+    /// threshold, if any (`crate::late`).
+    late: std::sync::Mutex<Option<u64>>,
 }
 
 impl Progress {
@@ -72,6 +75,17 @@ impl Progress {
     /// The workers this trainer cannot reach.
     pub(crate) fn unreachable(&self) -> Vec<u64> {
         self.unreachable.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// Records the batch waited on past the lateness threshold (None: no
+    /// longer waited on).
+    pub(crate) fn set_late(&self, seq: Option<u64>) {
+        *self.late.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = seq;
+    }
+
+    /// The batch waited on past the lateness threshold.
+    pub(crate) fn late(&self) -> Option<u64> {
+        *self.late.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Adds time spent blocked in `next()`.
@@ -112,6 +126,8 @@ pub(crate) struct Session {
     /// Set by the routes task when the coordinator no longer knows the
     /// session, so the heartbeat task reopens it now rather than next tick.
     reopen_wanted: Notify,
+    /// Set by the consumer when a batch is late, for a heartbeat now.
+    beat_wanted: Notify,
     /// Set once the session is closed (the trainer finished): heartbeats
     /// stop and a forgotten session is not reopened.
     closed: AtomicBool,
@@ -160,6 +176,7 @@ impl Session {
             heartbeat_interval: DEFAULT_HEARTBEAT,
             progress: Arc::default(),
             reopen_wanted: Notify::new(),
+            beat_wanted: Notify::new(),
             closed: AtomicBool::new(false),
             lost_after: DEFAULT_COORDINATOR_TIMEOUT,
             blobs,
@@ -255,6 +272,13 @@ impl Session {
 
     /// Asks the heartbeat task to check the session now (the routes task
     /// heard it is unknown).
+    /// The consumer waits on batch `seq` past its lateness threshold: tell
+    /// the coordinator now, not at the next tick, so a backup starts.
+    pub(crate) fn report_late(&self, seq: u64) {
+        self.progress.set_late(Some(seq));
+        self.beat_wanted.notify_one();
+    }
+
     pub(crate) fn request_reopen(&self) {
         self.reopen_wanted.notify_one();
     }
@@ -330,6 +354,7 @@ impl Session {
             stall_ms: self.progress.stall_us.load(Ordering::Relaxed) / 1000,
             session_key: key.to_string(),
             unreachable_workers: self.progress.unreachable(),
+            late_seq: self.progress.late(),
         };
         let mut client = self.client.clone();
         let reply = attempt(&self.address, "Heartbeat", client.heartbeat(request)).await;
@@ -378,6 +403,7 @@ impl Session {
                 () = stop.cancelled() => return,
                 _ = tick.tick() => {}
                 () = self.reopen_wanted.notified() => {}
+                () = self.beat_wanted.notified() => {}
                 () = tokio::time::sleep_until(deadline), if outage.is_some() => {
                     lost(answered);
                     return;
@@ -453,6 +479,7 @@ impl Session {
             heartbeat_interval: DEFAULT_HEARTBEAT,
             progress: Arc::default(),
             reopen_wanted: Notify::new(),
+            beat_wanted: Notify::new(),
             closed: AtomicBool::new(false),
             lost_after: DEFAULT_COORDINATOR_TIMEOUT,
             blobs: JobSpec::default(),

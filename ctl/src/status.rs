@@ -449,6 +449,7 @@ mod tests {
                 consumed: 1,
                 total: 2,
                 resent: 1,
+                ..Default::default()
             }],
             error: String::new(),
         }];

@@ -391,6 +391,7 @@ mod tests {
                 resent,
                 total: 1000,
                 assigned: 0,
+                ..Default::default()
             }],
             error: String::new(),
         }

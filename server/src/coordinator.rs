@@ -21,6 +21,7 @@ use crate::sessions::SessionTable;
 use crate::traces::BatchTraces;
 use crate::workers::WorkerTable;
 
+mod backup;
 mod requeue;
 use requeue::{end_consumer, retire};
 
@@ -346,6 +347,19 @@ impl Coordinator {
         }
     }
 
+    /// The trainer of `session_id` has waited on batch `seq` past its
+    /// lateness threshold: a backup task may copy it (see `backup`).
+    pub(crate) fn late(&self, session_id: u64, seq: u64) {
+        let mut guard = self.lock();
+        let t = &mut *guard;
+        let Some(s) = t.sessions.sessions.get(&session_id) else { return };
+        let key = (s.job_id, s.consumer);
+        let Some((original, n)) = backup::launch(t, key, seq) else { return };
+        drop(guard);
+        tracing::info!(session_id, job_id = key.0, consumer = key.1, seq, worker_id = original, batches = n, "the trainer waits on a late batch; launching a backup task");
+        self.work_available.notify_waiters();
+    }
+
     /// The key of a session this coordinator opened (empty when tokens are
     /// off): what the trainer presents for it from then on.
     pub(crate) fn session_key(&self, session_id: u64, job_id: u64, consumer: u32) -> String {
@@ -436,6 +450,7 @@ impl Coordinator {
             w.busy = busy.clamp(0.0, 1.0);
         }
         w.set_windows(windows.into_iter().map(|jw| (jw.job_id, jw.batches)));
+        let mut credited = Vec::new();
         for d in delivered {
             let key = (d.job_id, d.consumer);
             let Some(held) = w.outstanding.get_mut(&key) else { continue };
@@ -443,6 +458,7 @@ impl Coordinator {
             // never deliver a batch twice.
             let moved: Vec<u64> = d.seqs.iter().copied().filter(|s| held.remove(s)).collect();
             t.traces.delivered(key, &moved);
+            credited.push((key, moved.clone()));
             let n = moved.len() as u64;
             w.delivered += n;
             crate::meters::delivered(d.job_id, n);
@@ -458,6 +474,12 @@ impl Coordinator {
                 w.unacked.entry(key).or_default().extend(moved.into_iter().filter(|&s| s >= consumed));
             }
         }
+        for (key, seqs) in credited {
+            backup::delivered(t, key, worker_id, &seqs);
+        }
+        let Some(w) = t.workers.workers.get_mut(&worker_id) else {
+            return true;
+        };
         for f in failed {
             if let Some(held) = w.outstanding.get_mut(&(f.job_id, f.consumer)) {
                 held.retain(|s| !(f.start_seq..f.end_seq).contains(s));
@@ -504,6 +526,25 @@ impl Coordinator {
                     // produced for a consumer whose trainer died.
                     if !t.sessions.has_consumer(job_id, c as u32) || w.cut_off.contains(&key) {
                         continue;
+                    }
+                    // A backup of batches the trainer waits on goes first.
+                    if let Some(runs) = backup::take(consumer, worker_id) {
+                        let n: u64 = runs.iter().map(|r| r.end - r.start).sum();
+                        tracing::info!(worker_id, job_id, consumer = c, batches = n, "backup task for late batches");
+                        let ring_socket = t.sessions.ring_for(job_id, c as u32, &w.node).unwrap_or_default().to_owned();
+                        for range in runs {
+                            w.outstanding.entry(key).or_default().extend(range.clone());
+                            let traceparents = t.traces.assign(key, range.clone(), worker_id);
+                            tasks.push(pb::Task {
+                                job: Some(job.job.clone()),
+                                consumer: c as u32,
+                                start_seq: range.start,
+                                end_seq: range.end,
+                                ring_socket: ring_socket.clone(),
+                                traceparents,
+                            });
+                        }
+                        progressed = true;
                     }
                     let held = w.outstanding_for(key);
                     let room = window.saturating_sub(held);
@@ -728,6 +769,9 @@ impl Coordinator {
                         resent: c.resent,
                         consumed: c.consumed,
                         total: j.plan.total_batches(),
+                        backup_launched: c.backups.launched,
+                        backup_won: c.backups.won,
+                        backup_wasted: c.backups.wasted,
                     })
                     .collect(),
                 error: j.error.clone().unwrap_or_default(),

@@ -22,6 +22,34 @@ pub(crate) struct ConsumerState {
     pub(crate) resent: u64,
     /// Watermark the trainer acknowledged: every seq below it was consumed.
     pub(crate) consumed: u64,
+    /// The backup task running for batches the trainer waits on, if any.
+    pub(crate) backup: Option<Backup>,
+    /// Backup batches launched, won (the copy came first) and wasted (the
+    /// original came first).
+    pub(crate) backups: BackupCounts,
+}
+
+/// A second copy of late batches (see `coordinator::backup`): at most one
+/// per consumer at a time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Backup {
+    /// The worker that held the late batches.
+    pub(crate) original: u64,
+    /// The worker making the copy, once one took it.
+    pub(crate) copy: Option<u64>,
+    /// The late batches neither has reported delivered yet.
+    pub(crate) seqs: std::collections::BTreeSet<u64>,
+    /// Of them, those the original had reported delivered (sent on a stream
+    /// the trainer does not receive): the copy re-sends them.
+    pub(crate) resend: std::collections::BTreeSet<u64>,
+}
+
+/// What backup tasks did for one consumer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct BackupCounts {
+    pub(crate) launched: u64,
+    pub(crate) won: u64,
+    pub(crate) wasted: u64,
 }
 
 /// A job and its progress.
@@ -167,6 +195,8 @@ impl JobTable {
                     delivered: consumed,
                     resent: 0,
                     consumed,
+                    backup: None,
+                    backups: BackupCounts::default(),
                 }
             })
             .collect();

@@ -17,6 +17,14 @@ pub(crate) fn requeued(n: usize) {
     }
 }
 
+/// Backup batches for stragglers: `launched`, `won` (the copy was reported
+/// delivered first) or `wasted` (the original was).
+pub(crate) fn backup(outcome: &'static str, n: u64) {
+    if n > 0 {
+        metrics::counter!("loader_coordinator_backup_batches_total", "outcome" => outcome).increment(n);
+    }
+}
+
 /// Batches workers reported delivered for the first time.
 pub(crate) fn delivered(job_id: u64, n: u64) {
     if n > 0 {

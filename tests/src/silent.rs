@@ -84,6 +84,7 @@ impl SilentTrainer {
                             stall_ms: 0,
                             session_key: String::new(),
                             unreachable_workers: Vec::new(),
+                            late_seq: None,
                         });
                         let _ = tokio::time::timeout(CALL, beat).await;
                         tokio::time::sleep(interval).await;

@@ -430,3 +430,66 @@ fn a_worker_the_trainer_cannot_reach_loses_its_batches_to_others_until_the_path_
         drop(relay);
     });
 }
+
+/// The trainer's longest wait between two batches that arrived in
+/// `from..=to`.
+fn longest_gap(seen: &[loader_e2e::Received], from: Instant, to: Instant) -> Duration {
+    let at: Vec<Instant> = seen.iter().map(|r| r.at).filter(|&at| at >= from && at <= to).collect();
+    at.windows(2).map(|w| w[1] - w[0]).max().unwrap_or_default().max(at.first().map_or(Duration::ZERO, |&a| a - from))
+}
+
+/// A straggler: a worker SIGSTOPped for 3 s (within its lease, so nothing
+/// expires) holds batches the in-order trainer waits on. Once the wait
+/// passes its lateness threshold (the 0.5 s floor here: batches come fast)
+/// the trainer says so, the coordinator gives that worker's batches for it
+/// to the other worker too, and the trainer goes on: no wait much longer
+/// than the threshold plus a batch, against the whole 3 s without backups.
+/// Every batch once, in order. Without a straggler, no backup at all.
+#[test]
+fn a_stopped_worker_stalls_the_trainer_no_longer_than_the_lateness_threshold() {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    run(Duration::from_secs(120), |scope| {
+        let cluster = Cluster::builder().workers(2).ttl_ms(5000).start(&scope);
+        let admin = cluster.admin();
+        let backups = |job_id: u64| {
+            let jobs = admin.jobs().expect("ListJobs");
+            let c = &jobs.iter().find(|j| j.job.as_ref().is_some_and(|job| job.job_id == job_id)).expect("job").consumers[0];
+            (c.backup_launched, c.backup_won, c.backup_wasted)
+        };
+
+        let quiet = slow_job(300, 200);
+        let plan = loader_proto::spec::plan(&quiet).expect("plan");
+        let loader = Loader::builder(cluster.url()).job(quiet.clone()).build().expect("loader");
+        let job_id = loader.job().job_id;
+        let seen: Vec<loader_e2e::Received> = loader
+            .map(|b| b.map(|b| loader_e2e::Received { seq: b.seq(), indices: b.indices().to_vec(), transport: b.transport(), at: Instant::now() }))
+            .collect::<Result<_, _>>()
+            .expect("the quiet job");
+        assert_received(&seen, &plan, 0, 0..plan.total_batches());
+        assert_eq!(backups(job_id), (0, 0, 0), "no straggler, no backup");
+
+        let job = slow_job(1500, 500);
+        let plan = loader_proto::spec::plan(&job).expect("plan");
+        let total = plan.total_batches();
+        let loader = Loader::builder(cluster.url());
+        let trainer = Trainer::spawn(loader, job);
+        trainer.wait_for(total / 5, Duration::from_secs(60));
+        let pid = Pid::from_raw(cluster.workers[0].pid() as i32);
+        kill(pid, Signal::SIGSTOP).expect("SIGSTOP");
+        let stopped = Instant::now();
+        // The scenario: a pause of 3 s, under the 5 s lease.
+        std::thread::sleep(Duration::from_secs(3));
+        kill(pid, Signal::SIGCONT).expect("SIGCONT");
+        let resumed = Instant::now();
+        assert!(trainer.yielded() < total, "the job ended during the pause; make it slower");
+        let seen = trainer.join(Duration::from_secs(90));
+        assert_received(&seen, &plan, 0, 0..total);
+        let gap = longest_gap(&seen, stopped, resumed);
+        let job_id = admin.jobs().expect("ListJobs").iter().filter_map(|j| j.job.as_ref()).map(|j| j.job_id).max().expect("job");
+        let (launched, won, wasted) = backups(job_id);
+        eprintln!("longest wait during a 3 s pause: {gap:?}; backups launched {launched}, won {won}, wasted {wasted}");
+        assert!(launched > 0 && won > 0, "a backup ran and won: {launched} launched, {won} won");
+        assert!(gap <= Duration::from_millis(500) + SLACK, "the trainer waited {gap:?} on the paused worker");
+    });
+}

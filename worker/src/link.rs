@@ -166,7 +166,7 @@ pub(crate) fn channel(addr: &str, security: &ClientSecurity) -> Result<(String, 
         .map_err(|e| WorkerError::CoordinatorAddress { addr: addr.to_owned(), reason: e.cause })?;
     // Longer than a trainer's: registration retries within its own
     // deadline, and a heartbeat may wait out a loaded coordinator.
-    let target = target.map_endpoint(|e| e.connect_timeout(CONNECT_TIMEOUT));
+    let target = target.map_endpoint(|e| e.connect_timeout(CONNECT_TIMEOUT)).keepalive();
     Ok((url, target.connect_lazy()))
 }
 

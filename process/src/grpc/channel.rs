@@ -18,11 +18,17 @@ use crate::security::ClientSecurity;
 
 /// One connection attempt.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
-/// HTTP/2 pings on every connection, idle or not: a path that went silent
-/// (a blackholed port, a half-dead link) fails its calls within
-/// `KEEPALIVE_INTERVAL + KEEPALIVE_TIMEOUT` instead of waiting on TCP's
-/// retransmission backoff for minutes. Servers ping the same way
-/// (`super::server`), so a worker frees a stream whose trainer is gone.
+/// HTTP/2 pings on a connection with a call in flight, for the channels
+/// that ask ([`Target::keepalive`]: a trainer's Fetch streams, a worker's
+/// link to its coordinator): a path that went silent (a blackholed port, a
+/// half-dead link) fails its calls within `KEEPALIVE_INTERVAL +
+/// KEEPALIVE_TIMEOUT` instead of waiting on TCP's retransmission backoff
+/// for minutes. Only channels whose runtime polls them all along: a client
+/// that polls its connection only while it calls (a blocking client on a
+/// current-thread runtime, as `loaderctl status`) finds its connection
+/// closed by a ping timer that ran out while it was not looking. Servers
+/// do not ping, for the same reason; a worker learns of a trainer that
+/// cannot reach it from the coordinator (told to drop its batches).
 pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(2);
 /// How long a ping may go unanswered: long enough for a peer on a busy
 /// machine (its runtime threads starved for a moment) to answer.
@@ -92,6 +98,14 @@ impl Target {
         self
     }
 
+    /// Pings the peer while calls are in flight (see [`KEEPALIVE_INTERVAL`]);
+    /// only for a channel its runtime polls all along.
+    pub fn keepalive(self) -> Self {
+        self.map_endpoint(|e| {
+            e.http2_keep_alive_interval(KEEPALIVE_INTERVAL).keep_alive_timeout(KEEPALIVE_TIMEOUT).keep_alive_while_idle(false)
+        })
+    }
+
     /// The address, as a URL without a trailing slash.
     pub fn address(&self) -> String {
         self.address.clone()
@@ -147,9 +161,6 @@ pub fn endpoint(address: &str, security: &ClientSecurity) -> Result<Target, Addr
     };
     let endpoint = endpoint
         .connect_timeout(CONNECT_TIMEOUT)
-        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
-        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
-        .keep_alive_while_idle(true)
         .tcp_nodelay(true)
         .initial_stream_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)

@@ -104,8 +104,6 @@ pub async fn serve(
     policy.insert("grpc.reflection.v1alpha.ServerReflection", Access::Open);
     routes.add_service(health_service).add_service(v1).add_service(v1alpha);
     let mut server = tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(super::channel::KEEPALIVE_INTERVAL))
-        .http2_keepalive_timeout(Some(super::channel::KEEPALIVE_TIMEOUT))
         .concurrency_limit_per_connection(CALLS_PER_CONNECTION)
         .max_concurrent_streams(u32::try_from(CALLS_PER_CONNECTION).ok())
         .layer(super::layers::stack(policy, security.tokens.clone()).into_inner());

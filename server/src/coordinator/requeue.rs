@@ -9,7 +9,7 @@
 
 use loader_proto::ConsumerKey;
 
-use super::Tables;
+use super::{Tables, backup};
 use crate::jobs::JobTable;
 
 /// Gives `seqs` of `key` back to its consumer's queue, except those below
@@ -42,7 +42,13 @@ fn give_back(jobs: &mut JobTable, key: ConsumerKey, seqs: impl IntoIterator<Item
 /// the number of batches given back, or None when it is unknown.
 pub(super) fn retire(t: &mut Tables, worker_id: u64) -> Option<(String, usize)> {
     let w = t.workers.workers.remove(&worker_id)?;
-    let undelivered: usize = w.outstanding.into_iter().map(|(key, seqs)| give_back(&mut t.jobs, key, seqs, false)).sum();
+    let mut undelivered = 0;
+    for (key, seqs) in w.outstanding {
+        // A backup's other holder still makes its copy of those.
+        let seqs = backup::held_only_by(t, key, worker_id, seqs);
+        backup::forget_worker(t, key, worker_id);
+        undelivered += give_back(&mut t.jobs, key, seqs, false);
+    }
     let unacked: usize = w.unacked.into_iter().map(|(key, seqs)| give_back(&mut t.jobs, key, seqs, true)).sum();
     let requeued = undelivered + unacked;
     Some((w.address, requeued))
@@ -62,6 +68,8 @@ pub(super) fn cut_off(t: &mut Tables, worker_id: u64, key: ConsumerKey) -> Optio
     let held = w.outstanding.remove(&key).unwrap_or_default();
     let unacked = w.unacked.remove(&key).unwrap_or_default();
     w.ended.insert(key);
+    let held = backup::held_only_by(t, key, worker_id, held);
+    backup::forget_worker(t, key, worker_id);
     Some(give_back(&mut t.jobs, key, held, false) + give_back(&mut t.jobs, key, unacked, true))
 }
 
@@ -89,6 +97,9 @@ pub(super) struct Ended {
 /// next heartbeat response, to drop them and their queued tasks.
 pub(super) fn end_consumer(t: &mut Tables, key: ConsumerKey) -> Ended {
     t.traces.forget(key.0, Some(key.1));
+    if let Some(c) = t.jobs.get_mut(key.0).and_then(|j| j.consumers.get_mut(key.1 as usize)) {
+        c.backup = None;
+    }
     let mut ended = Ended::default();
     for w in t.workers.workers.values_mut() {
         let held = w.outstanding.remove(&key).unwrap_or_default();

@@ -739,3 +739,59 @@ async fn an_unreachable_workers_batches_move_to_another_worker_until_the_trainer
     let to_a = seqs(&tasks(&c, a, Vec::new()).await, 0);
     assert!(!to_a.is_empty() && to_a.iter().all(|s| !to_b.contains(s)), "a takes new batches: {to_a:?}");
 }
+
+/// A trainer waiting on a late batch gets a backup: another worker copies
+/// that batch and the next few the slow one holds; each batch counts once,
+/// whichever copy is reported first (the other holder's report of it is
+/// ignored), and the outcome is counted. One backup at a time.
+#[tokio::test]
+async fn a_late_batch_gets_a_backup_task_and_each_batch_counts_once() {
+    let c = coordinator();
+    let (job, _) = c.create_or_attach(spec("", 640, 64, 1)).expect("job");
+    let (session, _) = c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("session");
+    let a = c.register_worker("http://a".into(), "n".into(), 4, 0);
+    let b = c.register_worker("http://b".into(), "n".into(), 4, 0);
+    assert_eq!(seqs(&tasks(&c, a, Vec::new()).await, 0), vec![0, 1, 2, 3]);
+    assert_eq!(seqs(&tasks(&c, b, Vec::new()).await, 0), vec![4, 5, 6, 7]);
+
+    c.late(session, 0);
+    c.late(session, 0); // one backup at a time
+    let to_b = tasks(&c, b, Vec::new()).await;
+    assert_eq!(seqs(&to_b, 0)[..4], [0, 1, 2, 3], "b copies a's late batches first");
+    assert!(tasks(&c, a, Vec::new()).await.iter().all(|t| t.start_seq >= 8), "a gets nothing of its own backup");
+
+    let delivered = |seqs: &[u64]| vec![pb::Delivered { job_id: job.job_id, consumer: 0, seqs: seqs.to_vec() }];
+    tasks(&c, b, delivered(&[0, 1])).await; // the copy wins 0 and 1
+    tasks(&c, a, delivered(&[0, 1, 2])).await; // a's 0 and 1 count for nothing; its 2 beats b's
+    tasks(&c, b, delivered(&[2, 3])).await; // b's 2 counts for nothing; 3 is b's
+    let progress = c.list_jobs().remove(0).consumers.remove(0);
+    assert_eq!((progress.backup_launched, progress.backup_won, progress.backup_wasted), (4, 3, 1));
+    assert_eq!((progress.delivered, progress.resent), (4, 0), "each batch counted once");
+
+    // The backup is over: the next late batch may have one.
+    c.late(session, 4);
+    let again = seqs(&tasks(&c, a, Vec::new()).await, 0);
+    assert!(again.starts_with(&[4, 5, 6, 7]), "a copies b's late batches: {again:?}");
+}
+
+/// A late batch its worker reported delivered, on a stream the trainer does
+/// not receive (a silent path), is copied too, as a re-send.
+#[tokio::test]
+async fn a_late_batch_sent_into_a_silent_stream_is_copied_as_a_resend() {
+    let c = coordinator();
+    let (job, _) = c.create_or_attach(spec("", 640, 64, 1)).expect("job");
+    let (session, _) = c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("session");
+    let a = c.register_worker("http://a".into(), "n".into(), 4, 0);
+    assert_eq!(seqs(&tasks(&c, a, Vec::new()).await, 0), vec![0, 1, 2, 3]);
+    let delivered = |seqs: &[u64]| vec![pb::Delivered { job_id: job.job_id, consumer: 0, seqs: seqs.to_vec() }];
+    tasks(&c, a, delivered(&[0, 1])).await; // sent, never received
+    let b = c.register_worker("http://b".into(), "n".into(), 4, 0);
+    c.late(session, 0);
+    assert_eq!(seqs(&tasks(&c, b, Vec::new()).await, 0)[..4], [0, 1, 2, 3]);
+    tasks(&c, b, delivered(&[0, 1, 2, 3])).await;
+    tasks(&c, a, delivered(&[2, 3])).await; // too late: counts for nothing
+    let progress = c.list_jobs().remove(0).consumers.remove(0);
+    // a had taken 4 and 5 too when it reported: the backup copies all six.
+    assert_eq!((progress.backup_launched, progress.backup_won, progress.backup_wasted), (6, 4, 0));
+    assert_eq!((progress.delivered, progress.resent), (6, 2), "4 distinct batches, 0 and 1 sent twice");
+}
