@@ -40,7 +40,13 @@ pub(super) fn launch(t: &mut Tables, key: ConsumerKey, seq: u64) -> Option<(u64,
     let holds = |w: &crate::workers::WorkerState, s: &u64| {
         w.outstanding.get(&key).is_some_and(|h| h.contains(s)) || w.unacked.get(&key).is_some_and(|h| h.contains(s))
     };
-    let original = *t.workers.workers.iter().find(|(_, w)| holds(w, &seq))?.0;
+    let (&original, slow) = t.workers.workers.iter().find(|(_, w)| holds(w, &seq))?;
+    // A worker that never delivered a batch is starting up (a Python
+    // worker importing torch), not straggling: a copy elsewhere would
+    // compete with the other workers' own start-up.
+    if slow.delivered == 0 {
+        return None;
+    }
     // Someone else must be able to make the copy.
     if !t.workers.workers.iter().any(|(id, w)| *id != original && !w.draining && !w.cut_off.contains(&key)) {
         return None;

@@ -753,20 +753,24 @@ async fn a_late_batch_gets_a_backup_task_and_each_batch_counts_once() {
     let b = c.register_worker("http://b".into(), "n".into(), 4, 0);
     assert_eq!(seqs(&tasks(&c, a, Vec::new()).await, 0), vec![0, 1, 2, 3]);
     assert_eq!(seqs(&tasks(&c, b, Vec::new()).await, 0), vec![4, 5, 6, 7]);
+    let delivered = |seqs: &[u64]| vec![pb::Delivered { job_id: job.job_id, consumer: 0, seqs: seqs.to_vec() }];
 
     c.late(session, 0);
-    c.late(session, 0); // one backup at a time
+    assert!(tasks(&c, b, Vec::new()).await.is_empty(), "a has delivered nothing yet: starting up, no backup");
+    tasks(&c, a, delivered(&[0])).await;
+    c.late(session, 1);
+    c.late(session, 1); // one backup at a time
     let to_b = tasks(&c, b, Vec::new()).await;
-    assert_eq!(seqs(&to_b, 0)[..4], [0, 1, 2, 3], "b copies a's late batches first");
+    assert_eq!(seqs(&to_b, 0)[..3], [1, 2, 3], "b copies a's late batches first");
     assert!(tasks(&c, a, Vec::new()).await.iter().all(|t| t.start_seq >= 8), "a gets nothing of its own backup");
 
-    let delivered = |seqs: &[u64]| vec![pb::Delivered { job_id: job.job_id, consumer: 0, seqs: seqs.to_vec() }];
-    tasks(&c, b, delivered(&[0, 1])).await; // the copy wins 0 and 1
-    tasks(&c, a, delivered(&[0, 1, 2])).await; // a's 0 and 1 count for nothing; its 2 beats b's
-    tasks(&c, b, delivered(&[2, 3])).await; // b's 2 counts for nothing; 3 is b's
+    tasks(&c, b, delivered(&[1])).await; // the copy wins 1
+    tasks(&c, a, delivered(&[1, 2])).await; // a's 1 counts for nothing; its 2 beats b's
+    tasks(&c, b, delivered(&[2, 3, 8])).await; // b's 2 counts for nothing; 3 and 8 are b's
     let progress = c.list_jobs().remove(0).consumers.remove(0);
+    // a had taken 8 when it reported 0: the backup copied 1, 2, 3 and 8.
     assert_eq!((progress.backup_launched, progress.backup_won, progress.backup_wasted), (4, 3, 1));
-    assert_eq!((progress.delivered, progress.resent), (4, 0), "each batch counted once");
+    assert_eq!((progress.delivered, progress.resent), (5, 0), "each batch counted once");
 
     // The backup is over: the next late batch may have one.
     c.late(session, 4);
