@@ -6,7 +6,8 @@ cell or in none):
 
 Per cell (tokens 2049 x uint16 at batch 1/8/64, synthetic 3x32x32 uint8 at
 batch 64/256, synthetic 3x224x224 uint8 at batch 64, npy rows 256 x float32
-at batch 1024), `loaderctl run` (embedded, shared memory, 2 workers) with
+at batch 1024), `loaderctl run` (embedded, 2 workers, shared memory or
+`--transport grpc`) with
 the same spec file for both builds, repeats interleaved (old, new, old,
 ...), medians. The Rust loop only: the Python loop would need a wheel per
 build. Data: the matrix's files under bench/data/ (bench/matrix.py makes
@@ -80,6 +81,7 @@ def main():
     p.add_argument("--repeats", type=int, default=5, help="runs of each build per cell, interleaved")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--only", default="", help="run only the cells whose name holds this text")
+    p.add_argument("--transport", choices=["shm", "grpc"], default="shm", help="how batches reach the trainer")
     args = p.parse_args()
     for b in (args.old, args.new):
         if not Path(b).exists():
@@ -97,14 +99,15 @@ def main():
         for r in range(args.repeats):
             for which in ("old", "new"):
                 binary = getattr(args, which)
-                res = run_one([binary, "run", "--json", "--workers", str(args.workers), "--spec", str(spec)])
+                res = run_one([binary, "run", "--json", "--workers", str(args.workers), "--transport", args.transport,
+                               "--spec", str(spec)])
                 rates[which].append(res["samples_per_s"])
                 print(f"[{name}] run {r + 1}: {which}: {res['samples_per_s']:,.0f} samples/s", flush=True)
         old, new = statistics.median(rates["old"]), statistics.median(rates["new"])
         paired = " ".join(f"{n / o:.2f}" for o, n in zip(rates["old"], rates["new"]))
         lines.append(f"| {name} | {old:,.0f} | {new:,.0f} | {new / old:.2f}x | {paired} |")
     print()
-    print(f"{args.repeats} repeats interleaved, {args.workers} workers, shared memory, shuffled; "
+    print(f"{args.repeats} repeats interleaved, {args.workers} workers, {args.transport}, shuffled; "
           f"wall {time.perf_counter() - began:.0f} s")
     print()
     print("\n".join(lines))
