@@ -102,6 +102,8 @@ pub(super) fn end_consumer(t: &mut Tables, key: ConsumerKey) -> Ended {
     }
     let mut ended = Ended::default();
     for w in t.workers.workers.values_mut() {
+        // Its trainers are gone: nobody lists the worker as unreachable any more.
+        w.cut_off.remove(&key);
         let held = w.outstanding.remove(&key).unwrap_or_default();
         let unacked = w.unacked.remove(&key).unwrap_or_default();
         if !held.is_empty() {
