@@ -132,13 +132,39 @@ pub(super) fn delivered(t: &mut Tables, key: ConsumerKey, worker_id: u64, seqs: 
 
 /// Ends `key`'s backup if worker `worker_id` is one of its holders (it
 /// died, or its trainer cannot reach it): the other keeps what it holds
-/// as an ordinary task.
-pub(super) fn forget_worker(t: &mut Tables, key: ConsumerKey, worker_id: u64) {
-    if let Some(c) = t.jobs.get_mut(key.0).and_then(|j| j.consumers.get_mut(key.1 as usize))
-        && c.backup.as_ref().is_some_and(|b| b.original == worker_id || b.copy == Some(worker_id))
-    {
-        c.backup = None;
+/// as an ordinary task. Returns the re-sends nobody makes any more (the
+/// backup's copy was not taken yet, and the original had sent them into a
+/// stream that never arrived), except those in `own` (what `worker_id`
+/// holds, which its caller gives back): they must go back to the queue.
+pub(super) fn forget_worker(t: &mut Tables, key: ConsumerKey, worker_id: u64, own: &BTreeSet<u64>) -> Vec<u64> {
+    let Some(c) = t.jobs.get_mut(key.0).and_then(|j| j.consumers.get_mut(key.1 as usize)) else { return Vec::new() };
+    if !c.backup.as_ref().is_some_and(|b| b.original == worker_id || b.copy == Some(worker_id)) {
+        return Vec::new();
     }
+    let Some(b) = c.backup.take() else { return Vec::new() };
+    b.resend
+        .into_iter()
+        .filter(|s| {
+            !own.contains(s)
+                && !t.workers.workers.iter().any(|(id, w)| *id != worker_id && w.outstanding.get(&key).is_some_and(|h| h.contains(s)))
+        })
+        .collect()
+}
+
+/// The consumers whose backup involves worker `worker_id`.
+pub(super) fn involving(t: &Tables, worker_id: u64) -> Vec<ConsumerKey> {
+    t.jobs
+        .iter()
+        .flat_map(|j| {
+            let job_id = j.job.job_id;
+            j.consumers.iter().enumerate().filter_map(move |(c, s)| {
+                s.backup
+                    .as_ref()
+                    .is_some_and(|b| b.original == worker_id || b.copy == Some(worker_id))
+                    .then_some((job_id, c as u32))
+            })
+        })
+        .collect()
 }
 
 /// Of `seqs` of `key`, those no worker but `worker_id` holds: what may go

@@ -9,6 +9,8 @@
 
 use loader_proto::ConsumerKey;
 
+use std::collections::BTreeSet;
+
 use super::{Tables, backup};
 use crate::jobs::JobTable;
 
@@ -43,11 +45,19 @@ fn give_back(jobs: &mut JobTable, key: ConsumerKey, seqs: impl IntoIterator<Item
 pub(super) fn retire(t: &mut Tables, worker_id: u64) -> Option<(String, usize)> {
     let w = t.workers.workers.remove(&worker_id)?;
     let mut undelivered = 0;
-    for (key, seqs) in w.outstanding {
+    // Backups it was part of for consumers it holds nothing of (all it had
+    // was sent): their re-sends may have nobody left to make them.
+    for key in backup::involving(t, worker_id) {
+        if !w.outstanding.contains_key(&key) {
+            let orphans = backup::forget_worker(t, key, worker_id, &BTreeSet::new());
+            undelivered += give_back(&mut t.jobs, key, orphans, true);
+        }
+    }
+    for (key, held) in w.outstanding {
         // A backup's other holder still makes its copy of those.
-        let seqs = backup::held_only_by(t, key, worker_id, seqs);
-        backup::forget_worker(t, key, worker_id);
-        undelivered += give_back(&mut t.jobs, key, seqs, false);
+        let orphans = backup::forget_worker(t, key, worker_id, &held);
+        let seqs = backup::held_only_by(t, key, worker_id, held);
+        undelivered += give_back(&mut t.jobs, key, seqs, false) + give_back(&mut t.jobs, key, orphans, true);
     }
     let unacked: usize = w.unacked.into_iter().map(|(key, seqs)| give_back(&mut t.jobs, key, seqs, true)).sum();
     let requeued = undelivered + unacked;
@@ -68,9 +78,9 @@ pub(super) fn cut_off(t: &mut Tables, worker_id: u64, key: ConsumerKey) -> Optio
     let held = w.outstanding.remove(&key).unwrap_or_default();
     let unacked = w.unacked.remove(&key).unwrap_or_default();
     w.ended.insert(key);
+    let orphans = backup::forget_worker(t, key, worker_id, &held);
     let held = backup::held_only_by(t, key, worker_id, held);
-    backup::forget_worker(t, key, worker_id);
-    Some(give_back(&mut t.jobs, key, held, false) + give_back(&mut t.jobs, key, unacked, true))
+    Some(give_back(&mut t.jobs, key, held, false) + give_back(&mut t.jobs, key, unacked, true) + give_back(&mut t.jobs, key, orphans, true))
 }
 
 /// Lets worker `worker_id` produce `key`'s batches again: its trainer

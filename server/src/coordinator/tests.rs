@@ -799,3 +799,22 @@ async fn a_late_batch_sent_into_a_silent_stream_is_copied_as_a_resend() {
     assert_eq!((progress.backup_launched, progress.backup_won, progress.backup_wasted), (6, 4, 0));
     assert_eq!((progress.delivered, progress.resent), (6, 2), "4 distinct batches, 0 and 1 sent twice");
 }
+
+/// A backup whose copy nobody took yet ends with its slow worker (cut off,
+/// or its lease expired): the batches that worker had sent into a stream
+/// that never arrived go back to the queue, not lost with the backup.
+#[tokio::test]
+async fn a_backups_resends_go_back_when_its_worker_goes_before_a_copy_is_taken() {
+    let c = coordinator();
+    let (job, _) = c.create_or_attach(spec("", 640, 64, 1)).expect("job");
+    let (session, _) = c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("session");
+    let a = c.register_worker("http://a".into(), "n".into(), 4, 0);
+    assert_eq!(seqs(&tasks(&c, a, Vec::new()).await, 0), vec![0, 1, 2, 3]);
+    let delivered = |seqs: &[u64]| vec![pb::Delivered { job_id: job.job_id, consumer: 0, seqs: seqs.to_vec() }];
+    tasks(&c, a, delivered(&[0, 1, 2, 3])).await; // all sent, none received
+    let b = c.register_worker("http://b".into(), "n".into(), 4, 0);
+    c.late(session, 0); // a backs up 0..3 as re-sends; b has not taken it
+    c.unreachable(session, &[a]);
+    let to_b = seqs(&tasks(&c, b, Vec::new()).await, 0);
+    assert!(to_b.starts_with(&[0, 1, 2, 3]), "the re-sends come back to b: {to_b:?}");
+}
