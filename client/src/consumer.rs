@@ -442,7 +442,7 @@ impl Consumer {
     /// The next batch if it arrived, or the end: `None` means wait.
     fn take_ready(&mut self) -> Option<Option<Result<Batch, LoaderError>>> {
         if let Some((seq, (mut batch, credit))) = self.reorder.pop() {
-            if self.late.yielded(seq, Instant::now()) {
+            if self.late.yielded(seq, Instant::now) {
                 self.session.progress().set_late(None);
             }
             batch.consumed();

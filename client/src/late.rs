@@ -58,11 +58,13 @@ impl LateWatch {
         Some(seq)
     }
 
-    /// Batch `seq` was yielded at `now`. True when it was the one reported
-    /// late (the report can be withdrawn).
-    pub(crate) fn yielded(&mut self, seq: u64, now: Instant) -> bool {
+    /// Batch `seq` was yielded, at `now()` (read only when the consumer
+    /// had waited for it: most batches are there before they are asked
+    /// for). True when it was the one reported late (the report can be
+    /// withdrawn).
+    pub(crate) fn yielded(&mut self, seq: u64, now: impl FnOnce() -> Instant) -> bool {
         let waited = match self.waiting.take() {
-            Some((s, since)) if s == seq => now - since,
+            Some((s, since)) if s == seq => now() - since,
             _ => Duration::ZERO,
         };
         if self.started {
@@ -91,24 +93,24 @@ mod tests {
         let mut w = LateWatch::default();
         assert_eq!(w.waiting_on(0, t0), None, "start-up is never late");
         assert_eq!(w.due(t0 + Duration::from_secs(10)), None);
-        assert!(!w.yielded(0, t0 + Duration::from_secs(10)));
+        assert!(!w.yielded(0, || t0 + Duration::from_secs(10)));
 
         let at = w.waiting_on(1, t0).expect("armed");
         assert_eq!(at, t0 + FLOOR);
         assert_eq!(w.due(t0 + FLOOR / 2), None);
         assert_eq!(w.due(t0 + FLOOR), Some(1));
         assert_eq!(w.due(t0 + FLOOR * 2), None, "once per batch");
-        assert!(w.yielded(1, t0 + FLOOR * 3), "the late one arrived");
+        assert!(w.yielded(1, || t0 + FLOOR * 3), "the late one arrived");
 
         // Slow batches alike raise the threshold: a 300 ms wait per batch
         // makes 1.2 s late, and the memory of it decays batch by batch.
         let mut w = LateWatch::default();
-        w.yielded(0, t0);
+        w.yielded(0, || t0);
         w.waiting_on(1, t0);
-        w.yielded(1, t0 + Duration::from_millis(300));
+        w.yielded(1, || t0 + Duration::from_millis(300));
         assert_eq!(w.waiting_on(2, t0), Some(t0 + Duration::from_millis(1200)));
         for seq in 2..300 {
-            w.yielded(seq, t0);
+            w.yielded(seq, || t0);
         }
         assert_eq!(w.waiting_on(300, t0), Some(t0 + FLOOR), "forgotten after ~300 quick batches");
     }

@@ -519,30 +519,30 @@ mod tests {
         assert!(orders[0] != orders[1] || orders[1] != orders[2], "shard order changes between epochs");
     }
 
+    /// Fails unless `f` maps `0..n` onto `0..n`, each value once.
+    fn bijection(n: u64, f: impl Fn(u64) -> u64) -> Result<(), TestCaseError> {
+        let mut seen = vec![false; n as usize];
+        for i in 0..n {
+            let x = f(i);
+            prop_assert!(x < n, "{} out of 0..{}", x, n);
+            prop_assert!(!seen[x as usize], "duplicate {}", x);
+            seen[x as usize] = true;
+        }
+        Ok(())
+    }
+
     proptest! {
         #[test]
         fn shard_order_is_a_bijection(sizes in proptest::collection::vec(0u64..20, 1..40), seed: u64, epoch in 0u64..5) {
             let n: u64 = sizes.iter().sum();
             let order = EpochOrder::shards(&sizes, seed, epoch, true);
-            let mut seen = vec![false; n as usize];
-            for i in 0..n {
-                let x = order.at(i);
-                prop_assert!(x < n);
-                prop_assert!(!seen[x as usize], "duplicate {}", x);
-                seen[x as usize] = true;
-            }
+            bijection(n, |i| order.at(i))?;
         }
 
         #[test]
         fn permutation_is_a_bijection(n in 0u64..3000, seed: u64, epoch in 0u64..10) {
             let perm = Permutation::new(n, seed, epoch, true);
-            let mut seen = vec![false; n as usize];
-            for i in 0..n {
-                let x = perm.at(i);
-                prop_assert!(x < n);
-                prop_assert!(!seen[x as usize], "duplicate {}", x);
-                seen[x as usize] = true;
-            }
+            bijection(n, |i| perm.at(i))?;
         }
 
         #[test]
@@ -553,13 +553,7 @@ mod tests {
             let perm = Permutation::new(n, seed, epoch, true);
             let domain = 1u64 << (perm.left_bits + perm.right_bits);
             prop_assert!(domain < 2 * n || domain == 4, "domain {} for n {}", domain, n);
-            let mut seen = vec![false; domain as usize];
-            for x in 0..domain {
-                let y = perm.encrypt(x);
-                prop_assert!(y < domain);
-                prop_assert!(!seen[y as usize], "duplicate {}", y);
-                seen[y as usize] = true;
-            }
+            bijection(domain, |x| perm.encrypt(x))?;
         }
 
         #[test]

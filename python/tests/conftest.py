@@ -7,6 +7,7 @@ bounds its own time."""
 from __future__ import annotations
 
 import os
+import pathlib
 import subprocess
 import sys
 import textwrap
@@ -14,6 +15,16 @@ import time
 from typing import Optional
 
 import pytest
+
+# The Rust coordinator and worker, for tests that run a deployment of them.
+DEBUG = pathlib.Path(__file__).resolve().parents[2] / "target" / "debug"
+SERVER = pathlib.Path(os.environ.get("LOADER_SERVER", DEBUG / "loader-server"))
+WORKER = pathlib.Path(os.environ.get("LOADER_WORKER", DEBUG / "loader-worker"))
+
+needs_binaries = pytest.mark.skipif(
+    not (SERVER.exists() and WORKER.exists()),
+    reason=f"no loader-server / loader-worker in {DEBUG} (cargo build --workspace builds them)",
+)
 
 
 def synthetic(

@@ -11,24 +11,13 @@ from __future__ import annotations
 
 import collections
 import json
-import os
-import pathlib
 import subprocess
 
 import pytest
 
 import loader
-from conftest import read_line, synthetic
+from conftest import SERVER, WORKER, needs_binaries, read_line, synthetic
 
-TESTS = pathlib.Path(__file__).resolve().parent
-DEBUG = TESTS.parents[1] / "target" / "debug"
-SERVER = pathlib.Path(os.environ.get("LOADER_SERVER", DEBUG / "loader-server"))
-WORKER = pathlib.Path(os.environ.get("LOADER_WORKER", DEBUG / "loader-worker"))
-
-needs_binaries = pytest.mark.skipif(
-    not (SERVER.exists() and WORKER.exists()),
-    reason=f"no loader-server / loader-worker in {DEBUG} (cargo build --workspace builds them)",
-)
 
 N = 150
 

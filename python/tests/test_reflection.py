@@ -5,25 +5,14 @@ grpcio-reflection client (like older grpcurl and evans) speaks
 
 from __future__ import annotations
 
-import os
-import pathlib
 import subprocess
 
 import grpc
 import pytest
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from conftest import read_line
+from conftest import SERVER, WORKER, needs_binaries, read_line
 
-TESTS = pathlib.Path(__file__).resolve().parent
-DEBUG = TESTS.parents[1] / "target" / "debug"
-SERVER = pathlib.Path(os.environ.get("LOADER_SERVER", DEBUG / "loader-server"))
-WORKER = pathlib.Path(os.environ.get("LOADER_WORKER", DEBUG / "loader-worker"))
-
-needs_binaries = pytest.mark.skipif(
-    not (SERVER.exists() and WORKER.exists()),
-    reason=f"no loader-server / loader-worker in {DEBUG} (cargo build --workspace builds them)",
-)
 
 
 def services(address: str) -> set[str]:

@@ -528,25 +528,12 @@ impl Coordinator {
                         continue;
                     }
                     // A backup of batches the trainer waits on goes first.
-                    if let Some(runs) = backup::take(consumer, worker_id) {
-                        let n: u64 = runs.iter().map(|r| r.end - r.start).sum();
-                        tracing::info!(worker_id, job_id, consumer = c, batches = n, "backup task for late batches");
-                        let ring_socket = t.sessions.ring_for(job_id, c as u32, &w.node).unwrap_or_default().to_owned();
-                        for range in runs {
-                            w.outstanding.entry(key).or_default().extend(range.clone());
-                            let traceparents = t.traces.assign(key, range.clone(), worker_id);
-                            tasks.push(pb::Task {
-                                job: Some(job.job.clone()),
-                                consumer: c as u32,
-                                start_seq: range.start,
-                                end_seq: range.end,
-                                ring_socket: ring_socket.clone(),
-                                traceparents,
-                            });
-                        }
-                        progressed = true;
+                    let mut ranges = backup::take(consumer, worker_id).unwrap_or_default();
+                    let backed_up: u64 = ranges.iter().map(|r| r.end - r.start).sum();
+                    if backed_up > 0 {
+                        tracing::info!(worker_id, job_id, consumer = c, batches = backed_up, "backup task for late batches");
                     }
-                    let held = w.outstanding_for(key);
+                    let held = w.outstanding_for(key) + backed_up;
                     let room = window.saturating_sub(held);
                     // Batches taken back from a dead worker are the ones the
                     // trainer waits for, while this worker's held batches
@@ -554,24 +541,28 @@ impl Coordinator {
                     // credits: they may exceed the limit, by at most the
                     // limit again, so memory stays bounded.
                     let extra = (2 * window).saturating_sub(held);
-                    let Some(range) = consumer
-                        .queue
-                        .take_returned(extra.min(range_len))
-                        .or_else(|| consumer.queue.take(room.min(range_len)))
-                    else {
+                    ranges.extend(
+                        consumer
+                            .queue
+                            .take_returned(extra.min(range_len))
+                            .or_else(|| consumer.queue.take(room.min(range_len))),
+                    );
+                    if ranges.is_empty() {
                         continue;
-                    };
-                    w.outstanding.entry(key).or_default().extend(range.clone());
+                    }
                     let ring_socket = t.sessions.ring_for(job_id, c as u32, &w.node).unwrap_or_default().to_owned();
-                    let traceparents = t.traces.assign(key, range.clone(), worker_id);
-                    tasks.push(pb::Task {
-                        job: Some(job.job.clone()),
-                        consumer: c as u32,
-                        start_seq: range.start,
-                        end_seq: range.end,
-                        ring_socket,
-                        traceparents,
-                    });
+                    for range in ranges {
+                        w.outstanding.entry(key).or_default().extend(range.clone());
+                        let traceparents = t.traces.assign(key, range.clone(), worker_id);
+                        tasks.push(pb::Task {
+                            job: Some(job.job.clone()),
+                            consumer: c as u32,
+                            start_seq: range.start,
+                            end_seq: range.end,
+                            ring_socket: ring_socket.clone(),
+                            traceparents,
+                        });
+                    }
                     progressed = true;
                 }
             }

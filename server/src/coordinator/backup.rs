@@ -107,22 +107,24 @@ pub(super) fn delivered(t: &mut Tables, key: ConsumerKey, worker_id: u64, seqs: 
             crate::meters::backup("won", 1);
             continue;
         }
-        let (other, outcome) = if worker_id == b.original {
-            (b.copy, "wasted")
+        // The other holder, and whether the copy came first.
+        let (other, won) = if worker_id == b.original {
+            (b.copy, false)
         } else if Some(worker_id) == b.copy {
-            (Some(b.original), "won")
+            (Some(b.original), true)
         } else {
-            (None, "")
+            (None, false)
         };
         if let Some(other) = other {
             if let Some(held) = t.workers.workers.get_mut(&other).and_then(|w| w.outstanding.get_mut(&key)) {
                 held.remove(s);
             }
-            match outcome {
-                "won" => c.backups.won += 1,
-                _ => c.backups.wasted += 1,
+            if won {
+                c.backups.won += 1;
+            } else {
+                c.backups.wasted += 1;
             }
-            crate::meters::backup(outcome, 1);
+            crate::meters::backup(if won { "won" } else { "wasted" }, 1);
         }
     }
     if b.seqs.is_empty() {

@@ -698,6 +698,21 @@ async fn workers_list_delivered_samples_and_busy() {
     assert_eq!(listed(&c), (3, 10, 1.0));
 }
 
+/// A coordinator with a job of 10 batches for one consumer, its session,
+/// and worker `a` (window 4), for the tests of unreachable and late workers.
+fn one_consumer_one_worker() -> (Coordinator, pb::Job, u64, u64) {
+    let c = coordinator();
+    let (job, _) = c.create_or_attach(spec("", 640, 64, 1)).expect("job");
+    let (session, _) = c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("session");
+    let a = c.register_worker("http://a".into(), "n".into(), 4, 0);
+    (c, job, session, a)
+}
+
+/// A report that consumer 0 of `job_id` got `seqs`.
+fn delivered(job_id: u64, seqs: &[u64]) -> Vec<pb::Delivered> {
+    vec![pb::Delivered { job_id, consumer: 0, seqs: seqs.to_vec() }]
+}
+
 /// A trainer that cannot reach a worker (its heartbeat lists it) gets the
 /// batches that worker held from another one; the worker, still alive for
 /// everybody else, gets none of that consumer's batches while listed, is
@@ -705,13 +720,10 @@ async fn workers_list_delivered_samples_and_busy() {
 /// for nothing. Once the trainer no longer lists it, it gets batches again.
 #[tokio::test]
 async fn an_unreachable_workers_batches_move_to_another_worker_until_the_trainer_reaches_it() {
-    let c = coordinator();
-    let (job, _) = c.create_or_attach(spec("", 640, 64, 1)).expect("job");
-    let (session, _) = c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("session");
-    let a = c.register_worker("http://a".into(), "n".into(), 4, 0);
+    let (c, job, session, a) = one_consumer_one_worker();
     assert_eq!(seqs(&tasks(&c, a, Vec::new()).await, 0), vec![0, 1, 2, 3]);
     // a delivered 0 (not acknowledged); 1-3 are still with it.
-    tasks(&c, a, vec![pb::Delivered { job_id: job.job_id, consumer: 0, seqs: vec![0] }]).await;
+    tasks(&c, a, delivered(job.job_id, &[0])).await;
 
     c.unreachable(session, &[a]);
     let dropped = match c.worker_heartbeat(a, WorkerReport::default(), Duration::ZERO).await {
@@ -727,7 +739,7 @@ async fn an_unreachable_workers_batches_move_to_another_worker_until_the_trainer
     assert!(to_b.starts_with(&[0, 1, 2, 3]), "b makes a's batches first, 0 again too: {to_b:?}");
 
     // A late report from a delivers nothing: b holds those batches now.
-    tasks(&c, a, vec![pb::Delivered { job_id: job.job_id, consumer: 0, seqs: vec![1, 2] }]).await;
+    tasks(&c, a, delivered(job.job_id, &[1, 2])).await;
     let delivered = |id: u64| c.list_workers().into_iter().find(|w| w.worker_id == id).map(|w| w.delivered);
     assert_eq!(delivered(a), Some(1), "only the report before the cut counted");
 
@@ -746,14 +758,11 @@ async fn an_unreachable_workers_batches_move_to_another_worker_until_the_trainer
 /// ignored), and the outcome is counted. One backup at a time.
 #[tokio::test]
 async fn a_late_batch_gets_a_backup_task_and_each_batch_counts_once() {
-    let c = coordinator();
-    let (job, _) = c.create_or_attach(spec("", 640, 64, 1)).expect("job");
-    let (session, _) = c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("session");
-    let a = c.register_worker("http://a".into(), "n".into(), 4, 0);
+    let (c, job, session, a) = one_consumer_one_worker();
     let b = c.register_worker("http://b".into(), "n".into(), 4, 0);
     assert_eq!(seqs(&tasks(&c, a, Vec::new()).await, 0), vec![0, 1, 2, 3]);
     assert_eq!(seqs(&tasks(&c, b, Vec::new()).await, 0), vec![4, 5, 6, 7]);
-    let delivered = |seqs: &[u64]| vec![pb::Delivered { job_id: job.job_id, consumer: 0, seqs: seqs.to_vec() }];
+    let delivered = |seqs: &[u64]| delivered(job.job_id, seqs);
 
     c.late(session, 0);
     assert!(tasks(&c, b, Vec::new()).await.is_empty(), "a has delivered nothing yet: starting up, no backup");
@@ -782,12 +791,9 @@ async fn a_late_batch_gets_a_backup_task_and_each_batch_counts_once() {
 /// not receive (a silent path), is copied too, as a re-send.
 #[tokio::test]
 async fn a_late_batch_sent_into_a_silent_stream_is_copied_as_a_resend() {
-    let c = coordinator();
-    let (job, _) = c.create_or_attach(spec("", 640, 64, 1)).expect("job");
-    let (session, _) = c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("session");
-    let a = c.register_worker("http://a".into(), "n".into(), 4, 0);
+    let (c, job, session, a) = one_consumer_one_worker();
     assert_eq!(seqs(&tasks(&c, a, Vec::new()).await, 0), vec![0, 1, 2, 3]);
-    let delivered = |seqs: &[u64]| vec![pb::Delivered { job_id: job.job_id, consumer: 0, seqs: seqs.to_vec() }];
+    let delivered = |seqs: &[u64]| delivered(job.job_id, seqs);
     tasks(&c, a, delivered(&[0, 1])).await; // sent, never received
     let b = c.register_worker("http://b".into(), "n".into(), 4, 0);
     c.late(session, 0);
@@ -805,12 +811,9 @@ async fn a_late_batch_sent_into_a_silent_stream_is_copied_as_a_resend() {
 /// that never arrived go back to the queue, not lost with the backup.
 #[tokio::test]
 async fn a_backups_resends_go_back_when_its_worker_goes_before_a_copy_is_taken() {
-    let c = coordinator();
-    let (job, _) = c.create_or_attach(spec("", 640, 64, 1)).expect("job");
-    let (session, _) = c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("session");
-    let a = c.register_worker("http://a".into(), "n".into(), 4, 0);
+    let (c, job, session, a) = one_consumer_one_worker();
     assert_eq!(seqs(&tasks(&c, a, Vec::new()).await, 0), vec![0, 1, 2, 3]);
-    let delivered = |seqs: &[u64]| vec![pb::Delivered { job_id: job.job_id, consumer: 0, seqs: seqs.to_vec() }];
+    let delivered = |seqs: &[u64]| delivered(job.job_id, seqs);
     tasks(&c, a, delivered(&[0, 1, 2, 3])).await; // all sent, none received
     let b = c.register_worker("http://b".into(), "n".into(), 4, 0);
     c.late(session, 0); // a backs up 0..3 as re-sends; b has not taken it
