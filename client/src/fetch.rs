@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use loader_proto::batch::TableCache;
-use loader_proto::pb::FetchRequest;
-use loader_proto::pb::batch_service_client::BatchServiceClient;
+use loader_process::grpc::streaming;
+use loader_proto::pb::{BatchFrame, FetchRequest};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::UnboundedReceiverStream;
@@ -18,6 +18,9 @@ use crate::connect;
 use loader_process::security::Role;
 use crate::error::LoaderError;
 use crate::event::{Credit, CreditLine, Event, EventTx};
+
+/// `BatchService.Fetch`, as tonic's generated client names it.
+const FETCH: &str = "/loader.v1.BatchService/Fetch";
 
 /// A running stream, owned by the routes task.
 #[derive(Debug)]
@@ -103,17 +106,16 @@ async fn run(
     // Pinged while the stream is open: a silent path to the worker fails
     // the stream in seconds, and the routes task reports the worker.
     let channel = connect::endpoint(address, Role::Trainer)?.keepalive().connect_lazy();
-    let mut client = BatchServiceClient::new(channel).max_decoding_message_size(usize::MAX);
-    let mut frames = client
-        .fetch(UnboundedReceiverStream::new(requests))
+    // Read without tonic's codec: a batch within one HTTP/2 frame stays
+    // where the socket read put it (see `loader_process::grpc::streaming`).
+    let mut frames = streaming::call(&channel, FETCH, UnboundedReceiverStream::new(requests))
         .await
-        .map_err(|s| LoaderError::rpc(address, "Fetch", s))?
-        .into_inner();
+        .map_err(|s| LoaderError::rpc(address, "Fetch", s))?;
     opened.store(true, Ordering::Relaxed);
     tracing::debug!(%address, "fetch stream open");
     let mut tables = TableCache::default();
     while let Some(frame) = frames
-        .message()
+        .message::<BatchFrame>()
         .await
         .map_err(|s| LoaderError::rpc(address, "Fetch", s))?
     {
@@ -126,4 +128,15 @@ async fn run(
     }
     tracing::debug!(%address, "worker closed the fetch stream");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fetch_path_is_the_generated_services() {
+        let service = loader_proto::pb::batch_service_server::SERVICE_NAME;
+        assert_eq!(FETCH, format!("/{service}/Fetch"));
+    }
 }

@@ -35,11 +35,11 @@ pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(2);
 pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
 /// HTTP/2 windows big enough that a whole batch flows without waiting for
 /// window updates.
-const STREAM_WINDOW: u32 = 16 << 20;
-const CONNECTION_WINDOW: u32 = 64 << 20;
+const STREAM_WINDOW: u32 = 64 << 20;
+const CONNECTION_WINDOW: u32 = 256 << 20;
 /// Largest HTTP/2 frame the peer may send: 1 MiB frames cut the per-frame
 /// work of a 10 MB batch 64-fold against the 16 KiB default.
-const MAX_FRAME: u32 = 1 << 20;
+const MAX_FRAME: u32 = (1 << 24) - 1;
 /// Pauses between connection attempts.
 const CONNECT_BACKOFF: Backoff = Backoff::new(Duration::from_millis(50), Duration::from_millis(800));
 

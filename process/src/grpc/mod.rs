@@ -11,6 +11,9 @@
 //!   `read_ahead` (one large `recv` for rustls's many small reads).
 //! - [`channel`]: addresses as people type them, endpoints with transport
 //!   settings sized for batches, and connecting within a deadline.
+//! - [`streaming`]: streaming calls whose responses are read from the
+//!   HTTP/2 chunks that carried them (a trainer's batches, without tonic's
+//!   copy of every byte).
 
 pub mod access;
 pub mod auth;
@@ -21,6 +24,7 @@ pub mod layers;
 pub mod limits;
 mod read_ahead;
 pub mod server;
+pub mod streaming;
 
 pub use access::Access;
 pub use channel::{AddressError, Channel, ConnectError, Target, connect, endpoint, normalize, root_cause};
