@@ -44,6 +44,14 @@ use crate::wake::{Ready, WaitFd, WaitSet};
 /// a worker is out of credits with the missing batch queued (see
 /// `Routes::unstick`).
 pub(crate) const STALL_GRACE: Duration = Duration::from_secs(1);
+/// While the consumer waits on a late batch (a backup task copies it), how
+/// often a wait that brings nothing gives each source a credit early: the
+/// copy comes from a worker whose credits the batches held here took, and
+/// it sends its lowest batch first, so one credit lets it through.
+const LATE_TICK: Duration = Duration::from_millis(100);
+/// Early credits per source while one batch is late: memory grows by at
+/// most this many batches per source for a copy that does not come.
+const LATE_SPREADS: u32 = 8;
 /// Bound on the best-effort final heartbeat after the last batch.
 const FINAL_HEARTBEAT: Duration = Duration::from_secs(1);
 
@@ -70,6 +78,8 @@ pub(crate) struct Consumer {
     gap: Option<GapWatch>,
     /// When the routes task was last told the consumer is stuck.
     last_stall_notice: Instant,
+    /// Early credits given per source while the batch waited on is late.
+    late_spreads: u32,
     /// The job's last batch while the final heartbeat is awaited: when that
     /// wait is cancelled (an interrupted caller), the next call yields it,
     /// so `next` loses nothing at any await point.
@@ -179,6 +189,7 @@ impl Consumer {
             finish_due: false,
             gap: None,
             last_stall_notice: Instant::now(),
+            late_spreads: 0,
             last: None,
             wait,
             inbox: None,
@@ -363,7 +374,10 @@ impl Consumer {
                     Err(e) => return Step::Yield(self.fail(e)),
                 },
             };
-            let tick = self.gap.as_ref().map_or(STALL_GRACE, GapWatch::tick);
+            let mut tick = self.gap.as_ref().map_or(STALL_GRACE, GapWatch::tick);
+            if self.spreading_late() {
+                tick = tick.min(LATE_TICK);
+            }
             let tick_at = *call.tick_at.get_or_insert(waiting + tick);
             let late_at = self.watch_late(waiting);
             let deadline = [hold_at, check_at, late_at]
@@ -387,7 +401,7 @@ impl Consumer {
         self.disarm_ring();
         let now = Instant::now();
         if let Some(seq) = self.late.due(now) {
-            self.session.report_late(seq);
+            self.report_late(seq);
         }
         self.session.progress().add_stall(now - plan.waiting);
         self.meters.stalled(now - plan.waiting);
@@ -424,10 +438,26 @@ impl Consumer {
         }
         let late_at = self.late.waiting_on(self.reorder.watermark(), now)?;
         if let Some(seq) = self.late.due(now) {
-            self.session.report_late(seq);
+            self.report_late(seq);
         }
         // Past it (reported): nothing more to wake for.
         (late_at > now).then_some(late_at)
+    }
+
+    /// Batch `seq` is late: the coordinator is told (it launches a backup),
+    /// and each source gets a credit at once for the copy to come through.
+    fn report_late(&mut self, seq: u64) {
+        self.session.report_late(seq);
+        self.late_spreads = 0;
+        if self.reorder.len() > 0 {
+            self.late_spreads = 1;
+            self.spread_credits();
+        }
+    }
+
+    /// Whether the batch waited on is late and may still get early credits.
+    fn spreading_late(&self) -> bool {
+        self.session.progress().late().is_some() && self.late_spreads < LATE_SPREADS
     }
 
     /// Registers the wait set with the caller's runtime, the first time an
@@ -444,6 +474,7 @@ impl Consumer {
         if let Some((seq, (mut batch, credit))) = self.reorder.pop() {
             if self.late.yielded(seq, Instant::now) {
                 self.session.progress().set_late(None);
+                self.late_spreads = 0;
             }
             batch.consumed();
             credit.give_back();
@@ -539,7 +570,10 @@ impl Consumer {
     /// gap, or ends with the error of a worker that left the ring.
     fn stuck(&mut self, called: Instant) -> Option<LoaderError> {
         if self.reorder.len() > 0 {
-            if self.last_stall_notice.elapsed() >= STALL_GRACE {
+            if self.spreading_late() {
+                self.late_spreads += 1;
+                self.spread_credits();
+            } else if self.last_stall_notice.elapsed() >= STALL_GRACE {
                 self.last_stall_notice = Instant::now();
                 self.stalled.notify_one();
                 self.spread_credits();

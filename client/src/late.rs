@@ -4,7 +4,8 @@
 //! a decaying maximum of the waits per batch (about their p99 over the last
 //! hundred batches), never under a floor, so a pipeline that is slow for
 //! every batch alike raises no alarm while one slow worker does. The wait
-//! for the first batch (start-up) never counts.
+//! for the first batch (start-up) never counts, nor the wait for a batch
+//! that was late (the straggler's).
 
 use std::time::Duration;
 
@@ -67,11 +68,17 @@ impl LateWatch {
             Some((s, since)) if s == seq => now() - since,
             _ => Duration::ZERO,
         };
+        let was_late = self.reported == Some(seq);
         if self.started {
-            self.typical = waited.max(self.typical.mul_f64(DECAY));
+            // A late batch's wait is the straggler's, not the pipeline's:
+            // counted, it would raise the threshold past the next late
+            // wait, and the one after (a worker slow for good would stall
+            // the trainer longer and longer). A pipeline slow for every
+            // batch alike is the coordinator's to spot (its backups lose).
+            let counted = if was_late { Duration::ZERO } else { waited };
+            self.typical = counted.max(self.typical.mul_f64(DECAY));
         }
         self.started = true;
-        let was_late = self.reported == Some(seq);
         if was_late {
             self.reported = None;
         }
@@ -113,5 +120,23 @@ mod tests {
             w.yielded(seq, || t0);
         }
         assert_eq!(w.waiting_on(300, t0), Some(t0 + FLOOR), "forgotten after ~300 quick batches");
+
+        // A worker slow for good: every other batch is late, and the
+        // threshold stays where it was instead of growing with each wait.
+        let mut w = LateWatch::default();
+        w.yielded(0, || t0);
+        let mut now = t0;
+        for seq in 1..200 {
+            let at = w.waiting_on(seq, now).expect("armed");
+            let waited = if seq % 2 == 0 {
+                assert_eq!(at, now + FLOOR, "batch {seq}: the threshold did not grow");
+                assert_eq!(w.due(at), Some(seq));
+                FLOOR + Duration::from_millis(50)
+            } else {
+                Duration::from_millis(10)
+            };
+            now += waited;
+            w.yielded(seq, || now);
+        }
     }
 }

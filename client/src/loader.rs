@@ -47,6 +47,13 @@ pub(crate) struct Seat {
     pub(crate) start: Option<(u64, BTreeSet<u64>)>,
 }
 
+/// One thread receives for a loader: its fetch streams, ring doorbells and
+/// heartbeats. Two threads handed the streams' wake-ups to each other and
+/// spent a fifth more CPU per GB received over gRPC on batches of 0.3-0.8
+/// MB (`bench/recv_cpu.py`); at ~0.2 CPU-s/GB one thread has room for
+/// ~5 GB/s, more than one trainer process (one GPU) takes in.
+const RUNTIME_THREADS: usize = 1;
+
 /// Opens `seat`'s session on the coordinator at `coordinator` on a small
 /// runtime of the loader's own; for synchronous training loops.
 pub(crate) fn open_blocking(
@@ -55,7 +62,7 @@ pub(crate) fn open_blocking(
     options: &LoaderOptions,
 ) -> Result<Loader, LoaderError> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(RUNTIME_THREADS)
         .thread_name("loader-client")
         .enable_all()
         .build()

@@ -493,3 +493,66 @@ fn a_stopped_worker_stalls_the_trainer_no_longer_than_the_lateness_threshold() {
         assert!(gap <= Duration::from_millis(500) + SLACK, "the trainer waited {gap:?} on the paused worker");
     });
 }
+
+/// A worker slow for good (a test knob: every batch takes 2 s longer, as on
+/// a slow disk or a noisy host), not stopped: once it is past start-up (it
+/// delivered a batch), each time the in-order trainer waits on it past the
+/// lateness threshold (the 0.5 s floor here) the batches it holds are copied
+/// by the other worker. The first copy starts at the other worker's next
+/// heartbeat and waits for its producer to finish the batch it is making
+/// (here into a ring the trainer has filled with that worker's batches while
+/// it waited), so that one wait may last up to a heartbeat interval longer;
+/// every later one lasts no longer than the threshold plus a batch, against
+/// 2 s per batch of the slow worker without backups: the threshold does not
+/// grow with the late waits. Every batch once, in order.
+#[test]
+fn a_slow_worker_stalls_the_trainer_no_longer_than_the_lateness_threshold() {
+    run(Duration::from_secs(120), |scope| {
+        let ttl = Duration::from_millis(5000);
+        let mut cluster = Cluster::builder().workers(1).ttl_ms(ttl.as_millis() as u64).start(&scope);
+        let slow = format!("http://{}", cluster.add_worker_with(&["--slow-batch-ms", "2000"]).addr());
+        cluster.wait_for_workers(2);
+        let admin = cluster.admin();
+
+        let job = slow_job(600, 500);
+        let plan = loader_proto::spec::plan(&job).expect("plan");
+        let total = plan.total_batches();
+        let trainer = Trainer::spawn(Loader::builder(cluster.url()), job);
+        admin.wait_for("the slow worker delivered its first batch", Duration::from_secs(30), |_| {
+            Ok((delivered_by(&cluster, &slow) > 0).then_some(()))
+        });
+        let started = Instant::now();
+        assert!(trainer.yielded() < total / 2, "the job is half done before the slow worker started; make it slower");
+        let seen = trainer.join(Duration::from_secs(90));
+        let ended = Instant::now();
+        assert_received(&seen, &plan, 0, 0..total);
+        // The waits past 300 ms, in order: the late ones.
+        let mut late = Vec::new();
+        let mut last = started;
+        for r in seen.iter().filter(|r| r.at >= started) {
+            if r.at - last > Duration::from_millis(300) {
+                late.push(r.at - last);
+            }
+            last = r.at;
+        }
+        let jobs = admin.jobs().expect("ListJobs");
+        let c = &jobs[0].consumers[0];
+        eprintln!(
+            "late waits with a worker 2 s slower per batch: {late:?} (longest {:?}); backups launched {}, won {}, \
+             wasted {}; the slow worker delivered {}",
+            longest_gap(&seen, started, ended),
+            c.backup_launched,
+            c.backup_won,
+            c.backup_wasted,
+            delivered_by(&cluster, &slow)
+        );
+        assert!(c.backup_launched > 0 && c.backup_won > 0, "backups ran and won");
+        let threshold = Duration::from_millis(500);
+        let heartbeat = ttl / 3;
+        assert!(late.len() >= 2, "the slow worker held the trainer up more than once: {late:?}");
+        assert!(late[0] <= threshold + heartbeat + SLACK, "the first late wait lasted {:?}", late[0]);
+        for (i, wait) in late.iter().enumerate().skip(1) {
+            assert!(*wait <= threshold + SLACK, "late wait {i} lasted {wait:?}: {late:?}");
+        }
+    });
+}

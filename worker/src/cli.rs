@@ -57,6 +57,10 @@ struct Args {
     /// TLS and tokens (docs/security.md).
     #[command(flatten)]
     security: loader_process::security::SecurityArgs,
+    /// Test knob: every batch takes this many milliseconds longer (a
+    /// straggler, as on a slow disk or a noisy host).
+    #[arg(long, hide = true, default_value_t = 0, value_name = "MS")]
+    slow_batch_ms: u64,
 }
 
 fn parse_metrics_listen(s: &str) -> Result<SocketAddr, String> {
@@ -135,6 +139,7 @@ async fn serve(args: Args, datasets: Datasets) -> Result<(), WorkerError> {
         connect_timeout: Duration::from_secs_f64(args.connect_timeout),
         blob_dir: Some(args.blob_dir.unwrap_or_else(loader_process::blobs::path_from_env)),
         security: args.security,
+        slow_batch: Duration::from_millis(args.slow_batch_ms),
     };
     crate::run_with_datasets(listener, config, datasets, loader_process::signals::stop_requested()).await
 }

@@ -33,6 +33,9 @@ pub struct WorkerConfig {
     /// coordinator (docs/security.md). Token values also come from the
     /// environment (`LOADER_WORKER_TOKEN`, `LOADER_TRAINER_TOKEN`).
     pub security: loader_process::security::SecurityArgs,
+    /// Extra time every batch takes: a test knob that makes this worker a
+    /// straggler (a slow disk, a noisy host). Zero in production.
+    pub slow_batch: Duration,
 }
 
 impl Default for WorkerConfig {
@@ -46,6 +49,7 @@ impl Default for WorkerConfig {
             connect_timeout: Duration::from_secs(5),
             blob_dir: None,
             security: loader_process::security::SecurityArgs::default(),
+            slow_batch: Duration::ZERO,
         }
     }
 }

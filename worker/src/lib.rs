@@ -169,6 +169,10 @@ pub async fn run_with_datasets(
     let blobs = BlobFetcher::new(channel.clone(), coordinator.clone(), tokio::runtime::Handle::current(), blob_dir);
     let producer = Producer::spawn(outboxes.clone(), rings.clone(), windows.clone(), budget, datasets, Some(blobs))
         .map_err(WorkerError::Thread)?;
+    if !config.slow_batch.is_zero() {
+        tracing::warn!(extra = ?config.slow_batch, "test knob: every batch is made slower");
+        producer.slow_down(config.slow_batch);
+    }
     let mut link = Link::new(
         coordinator,
         channel,

@@ -10,8 +10,10 @@
 //! the coordinator spent 80-90 µs of CPU per batch on them (HTTP/2, TCP,
 //! wake-ups), on the cores the batches are made on. Half the window still
 //! comes back while the other half is being produced, so the producer does
-//! not wait for tasks. It long polls (`wait_ms > 0`) only when it holds no
-//! work, so a new job starts without waiting for a tick. If no heartbeat
+//! not wait for tasks. It long polls (`wait_ms > 0`) only when it has
+//! nothing to make and either holds nothing or delivered nothing since the
+//! last heartbeat, so a new job, or a backup task for a trainer stuck on a
+//! straggler, starts without waiting for a tick. If no heartbeat
 //! succeeds for a whole lease, the coordinator has given this worker's
 //! batches to others: the worker fences itself and the loop returns
 //! [`WorkerError::LeaseLost`].
@@ -303,9 +305,14 @@ impl Link {
             if Instant::now() >= lease_end {
                 return Err(self.fence(reg.lease_ttl));
             }
-            let idle = self.producer.is_idle() && self.outboxes.is_empty();
-            let wait = if idle && drain.is_none() { LONG_POLL.min(reg.lease_ttl / 3) } else { Duration::ZERO };
             let delivered = self.outboxes.take_delivered();
+            // Idle: nothing to make, and nothing held or nobody taking what
+            // is held (its trainer waits on a gap elsewhere, or paused). It
+            // then waits at the coordinator, which answers as soon as there
+            // is work for it: a backup task for a trainer waiting on a
+            // straggler starts at once instead of at the next tick.
+            let idle = self.producer.is_idle() && (self.outboxes.is_empty() || delivered.is_empty());
+            let wait = if idle && drain.is_none() { LONG_POLL.min(reg.lease_ttl / 3) } else { Duration::ZERO };
             let failed = self.producer.take_failed();
             let request = WorkerHeartbeatRequest {
                 protocol_version: PROTOCOL_VERSION,

@@ -82,6 +82,10 @@ struct Shared {
     /// How much of the wall time this thread spends making batches, read by
     /// the link for each heartbeat.
     busy_meter: BusyMeter,
+    /// Extra time every batch takes, in nanoseconds: a test knob for a
+    /// worker on a slow disk or a noisy host (`--slow-batch-ms`); 0 in
+    /// production.
+    slow_batch_ns: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -125,12 +129,19 @@ impl Producer {
             blobs,
             skipped: AtomicU64::new(0),
             busy_meter: BusyMeter::new(Instant::now()),
+            slow_batch_ns: AtomicU64::new(0),
         });
         let thread = Arc::clone(&shared);
         std::thread::Builder::new()
             .name("loader-producer".into())
             .spawn(move || thread.run())?;
         Ok(Self { shared })
+    }
+
+    /// Makes every batch take `extra` longer (a test knob: a straggler).
+    pub(crate) fn slow_down(&self, extra: std::time::Duration) {
+        let ns = u64::try_from(extra.as_nanos()).unwrap_or(u64::MAX);
+        self.shared.slow_batch_ns.store(ns, Ordering::Relaxed);
     }
 
     /// The fraction of the time since the previous call that the thread
@@ -430,6 +441,10 @@ impl Shared {
         for seq in task.start_seq..task.end_seq {
             if abandoned() {
                 return Ok(());
+            }
+            let slow = self.slow_batch_ns.load(Ordering::Relaxed);
+            if slow > 0 {
+                std::thread::sleep(std::time::Duration::from_nanos(slow));
             }
             let (epoch, _) = plan.locate(seq);
             let meta = BatchMeta { job_id: job.job_id, epoch, consumer: task.consumer, seq };

@@ -10,7 +10,10 @@
 //! nothing, and the trainer keeps the first copy that arrives (its
 //! de-duplication of re-sent batches). One backup per consumer at a time,
 //! and at most a share of the consumer's work, so a slow pipeline does not
-//! make everything twice.
+//! make everything twice; and none while the consumer's backups mostly
+//! lost, which is what they do when every worker is slow alike (the
+//! trainer then waits on each batch past its threshold, and each original
+//! arrives before its copy).
 
 use std::collections::BTreeSet;
 use std::ops::Range;
@@ -26,6 +29,12 @@ const SHARE: u64 = 4;
 /// Backup batches every consumer may launch before its share counts.
 const ALLOWANCE: u64 = 64;
 
+/// Wasted backup batches a consumer may have before its record counts.
+const WASTED_GRACE: u64 = 16;
+/// No new backup while wasted backup batches outnumber won ones by this
+/// factor (past [`WASTED_GRACE`]).
+const WASTED_RATIO: u64 = 2;
+
 /// Launches a backup of `key`'s late batch `seq` (and the next few its
 /// worker holds), when none runs and the share allows. Returns the worker
 /// that held it and how many batches the backup copies, if launched.
@@ -33,6 +42,9 @@ pub(super) fn launch(t: &mut Tables, key: ConsumerKey, seq: u64) -> Option<(u64,
     let c = t.jobs.get_mut(key.0)?.consumers.get_mut(key.1 as usize)?;
     let allowance = ALLOWANCE + c.delivered / SHARE;
     if c.backup.is_some() || seq < c.consumed || c.backups.launched >= allowance {
+        return None;
+    }
+    if c.backups.wasted > WASTED_GRACE && c.backups.wasted > WASTED_RATIO * c.backups.won {
         return None;
     }
     // The late batch is with a worker that has not made it yet, or that
@@ -43,8 +55,11 @@ pub(super) fn launch(t: &mut Tables, key: ConsumerKey, seq: u64) -> Option<(u64,
     let (&original, slow) = t.workers.workers.iter().find(|(_, w)| holds(w, &seq))?;
     // A worker that never delivered a batch is starting up (a Python
     // worker importing torch), not straggling: a copy elsewhere would
-    // compete with the other workers' own start-up.
-    if slow.delivered == 0 {
+    // compete with the other workers' own start-up. It has delivered if
+    // the trainer consumed a batch it still holds here (its report of it
+    // comes with its next heartbeat).
+    let consumed_from = |h: Option<&BTreeSet<u64>>| h.is_some_and(|h| h.range(..c.consumed).next().is_some());
+    if slow.delivered == 0 && !consumed_from(slow.outstanding.get(&key)) && !consumed_from(slow.unacked.get(&key)) {
         return None;
     }
     // Someone else must be able to make the copy.

@@ -787,6 +787,61 @@ async fn a_late_batch_gets_a_backup_task_and_each_batch_counts_once() {
     assert!(again.starts_with(&[4, 5, 6, 7]), "a copies b's late batches: {again:?}");
 }
 
+/// A worker whose delivery report has not come yet is past start-up once
+/// the trainer consumed a batch it holds: its late batches get backups.
+#[tokio::test]
+async fn a_worker_the_trainer_consumed_from_is_past_start_up_before_it_reports() {
+    let (c, _job, session, a) = one_consumer_one_worker();
+    let b = c.register_worker("http://b".into(), "n".into(), 4, 0);
+    assert_eq!(seqs(&tasks(&c, a, Vec::new()).await, 0), vec![0, 1, 2, 3]);
+    tasks(&c, b, Vec::new()).await;
+    c.late(session, 1);
+    assert!(tasks(&c, b, Vec::new()).await.is_empty(), "nothing known delivered: starting up");
+    c.session_heartbeat(session, 1, 0); // the trainer consumed 0, which a holds
+    c.late(session, 1);
+    assert_eq!(seqs(&tasks(&c, b, Vec::new()).await, 0)[..3], [1, 2, 3], "b copies a's late batches");
+}
+
+/// Backups that keep losing (every worker slow alike: each original
+/// arrives before its copy) stop: past a grace, no new backup while wasted
+/// batches outnumber won ones two to one.
+#[tokio::test]
+async fn backups_stop_while_they_mostly_lose() {
+    let c = coordinator();
+    let (job, _) = c.create_or_attach(spec("", 64_000, 64, 1)).expect("job");
+    let (session, _) = c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("session");
+    let a = c.register_worker("http://a".into(), "n".into(), 4, 0);
+    let b = c.register_worker("http://b".into(), "n".into(), 4, 0);
+    let delivered = |seqs: &[u64]| delivered(job.job_id, seqs);
+    let mut a_held = seqs(&tasks(&c, a, Vec::new()).await, 0);
+    let mut b_held = seqs(&tasks(&c, b, Vec::new()).await, 0);
+    // a delivered once: it is past start-up, its late batches get backups.
+    let first = a_held.remove(0);
+    a_held.extend(seqs(&tasks(&c, a, delivered(&[first])).await, 0));
+    let mut rounds = 0;
+    loop {
+        c.late(session, a_held[0]);
+        let given = seqs(&tasks(&c, b, Vec::new()).await, 0);
+        let (copies, own): (Vec<u64>, Vec<u64>) = given.into_iter().partition(|s| a_held.contains(s));
+        b_held.extend(own);
+        if copies.is_empty() {
+            break;
+        }
+        // a's originals are reported first: every copy loses.
+        let sent = std::mem::take(&mut a_held);
+        a_held = seqs(&tasks(&c, a, delivered(&sent)).await, 0);
+        let mut from_b = copies;
+        from_b.append(&mut b_held);
+        b_held = seqs(&tasks(&c, b, delivered(&from_b)).await, 0);
+        rounds += 1;
+        assert!(rounds < 50, "backups never stopped");
+    }
+    let progress = c.list_jobs().remove(0).consumers.remove(0);
+    assert_eq!(progress.backup_won, 0);
+    assert!(progress.backup_wasted > 16, "the grace came first: {} wasted", progress.backup_wasted);
+    assert!(progress.backup_wasted <= 16 + 4, "stopped once past it: {} wasted", progress.backup_wasted);
+}
+
 /// A late batch its worker reported delivered, on a stream the trainer does
 /// not receive (a silent path), is copied too, as a re-send.
 #[tokio::test]

@@ -48,13 +48,15 @@ impl TrainerService for TrainerApi {
         check_version(r.protocol_version)?;
         self.0.check_session_key(r.session_id, &r.session_key)?;
         self.0.unreachable(r.session_id, &r.unreachable_workers);
-        if let Some(seq) = r.late_seq {
-            self.0.late(r.session_id, seq);
-        }
         let response = match self.0.session_heartbeat(r.session_id, r.consumed, r.stall_ms) {
             Some(job_error) => pb::SessionHeartbeatResponse { reopen: false, job_error },
             None => pb::SessionHeartbeatResponse { reopen: true, job_error: String::new() },
         };
+        // After the progress: a backup is judged against what the trainer
+        // has consumed, which tells which workers are past start-up.
+        if let Some(seq) = r.late_seq {
+            self.0.late(r.session_id, seq);
+        }
         Ok(Response::new(response))
     }
 
