@@ -78,8 +78,9 @@ pub(crate) struct Consumer {
     gap: Option<GapWatch>,
     /// When the routes task was last told the consumer is stuck.
     last_stall_notice: Instant,
-    /// Early credits given per source while the batch waited on is late.
-    late_spreads: u32,
+    /// Early credits given per source while the batch waited on is late;
+    /// None while it is not.
+    late_spreads: Option<u32>,
     /// The job's last batch while the final heartbeat is awaited: when that
     /// wait is cancelled (an interrupted caller), the next call yields it,
     /// so `next` loses nothing at any await point.
@@ -189,7 +190,7 @@ impl Consumer {
             finish_due: false,
             gap: None,
             last_stall_notice: Instant::now(),
-            late_spreads: 0,
+            late_spreads: None,
             last: None,
             wait,
             inbox: None,
@@ -448,16 +449,16 @@ impl Consumer {
     /// and each source gets a credit at once for the copy to come through.
     fn report_late(&mut self, seq: u64) {
         self.session.report_late(seq);
-        self.late_spreads = 0;
+        self.late_spreads = Some(0);
         if self.reorder.len() > 0 {
-            self.late_spreads = 1;
+            self.late_spreads = Some(1);
             self.spread_credits();
         }
     }
 
     /// Whether the batch waited on is late and may still get early credits.
     fn spreading_late(&self) -> bool {
-        self.session.progress().late().is_some() && self.late_spreads < LATE_SPREADS
+        self.late_spreads.is_some_and(|n| n < LATE_SPREADS)
     }
 
     /// Registers the wait set with the caller's runtime, the first time an
@@ -474,7 +475,7 @@ impl Consumer {
         if let Some((seq, (mut batch, credit))) = self.reorder.pop() {
             if self.late.yielded(seq, Instant::now) {
                 self.session.progress().set_late(None);
-                self.late_spreads = 0;
+                self.late_spreads = None;
             }
             batch.consumed();
             credit.give_back();
@@ -570,8 +571,8 @@ impl Consumer {
     /// gap, or ends with the error of a worker that left the ring.
     fn stuck(&mut self, called: Instant) -> Option<LoaderError> {
         if self.reorder.len() > 0 {
-            if self.spreading_late() {
-                self.late_spreads += 1;
+            if let Some(n) = self.late_spreads.as_mut().filter(|n| **n < LATE_SPREADS) {
+                *n += 1;
                 self.spread_credits();
             } else if self.last_stall_notice.elapsed() >= STALL_GRACE {
                 self.last_stall_notice = Instant::now();

@@ -47,12 +47,24 @@ pub(crate) struct Seat {
     pub(crate) start: Option<(u64, BTreeSet<u64>)>,
 }
 
-/// One thread receives for a loader: its fetch streams, ring doorbells and
-/// heartbeats. Two threads handed the streams' wake-ups to each other and
-/// spent a fifth more CPU per GB received over gRPC on batches of 0.3-0.8
-/// MB (`bench/recv_cpu.py`); at ~0.2 CPU-s/GB one thread has room for
-/// ~5 GB/s, more than one trainer process (one GPU) takes in.
-const RUNTIME_THREADS: usize = 1;
+/// Batches from this size on are received on one runtime thread, smaller
+/// ones on two. What the thread does per batch (HTTP/2 frames, checks, a
+/// wake-up) is paid per batch, its copy from the socket per byte: with
+/// batches of 0.26-9.6 MB two threads handed the streams' wake-ups to each
+/// other and spent a fifth more CPU per GB received over gRPC (`bench/
+/// recv_cpu.py`), while one thread at ~0.2 CPU-s/GB has room for ~5 GB/s;
+/// with 4 KB batches at 200,000 a second one thread is the bottleneck
+/// (0.94x the samples/s of two, `bench/ab.py --transport grpc`).
+const ONE_THREAD_FROM: u64 = 64 << 10;
+
+/// Runtime threads for a loader whose batches are `batch_bytes` long
+/// (unknown: two).
+fn runtime_threads(batch_bytes: Option<u64>) -> usize {
+    match batch_bytes {
+        Some(bytes) if bytes >= ONE_THREAD_FROM => 1,
+        _ => 2,
+    }
+}
 
 /// Opens `seat`'s session on the coordinator at `coordinator` on a small
 /// runtime of the loader's own; for synchronous training loops.
@@ -62,7 +74,7 @@ pub(crate) fn open_blocking(
     options: &LoaderOptions,
 ) -> Result<Loader, LoaderError> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(RUNTIME_THREADS)
+        .worker_threads(runtime_threads(crate::spec::batch_bytes(&seat.spec)))
         .thread_name("loader-client")
         .enable_all()
         .build()

@@ -14,15 +14,6 @@
 //! `loader-server`, `loader-worker`, `loaderctl` and the Python package's
 //! worker entry point; the Python SDK's trainer side is a library in the
 //! user's interpreter and leaves that process's malloc alone.
-//!
-//! One arena: glibc gives threads arenas of their own, made of 64 MiB
-//! heaps that it unmaps as soon as one is empty, whatever the trim
-//! threshold says. A trainer's receiving thread allocates every batch that
-//! arrives over gRPC (HTTP/2's read buffer) in such an arena, so the
-//! batches of a prefetch window kept mapping fresh heaps: 150,000 page
-//! faults and 10% of the trainer's CPU over 3 GB of 9.6 MB batches, 26,000
-//! with one arena (`bench/recv_cpu.py`). Small allocations do not contend
-//! for it: each thread's tcache serves them without the arena's lock.
 
 /// Largest request still served from malloc's arenas (glibc caps it at
 /// 32 MiB on 64-bit): batches up to this size are reused, not unmapped.
@@ -30,9 +21,6 @@ const MMAP_THRESHOLD: i32 = 32 << 20;
 /// Free memory at the top of an arena that is kept rather than trimmed: a
 /// prefetch window of batches and then some.
 const TRIM_THRESHOLD: i32 = 512 << 20;
-
-/// Arenas malloc may use: the main one only (see the module's docs).
-const ARENAS: i32 = 1;
 
 /// Sets malloc to keep batch-sized buffers (glibc only; elsewhere nothing).
 /// Best called before the process starts threads.
@@ -45,7 +33,6 @@ pub fn keep_batch_buffers() {
         unsafe {
             libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD);
             libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD);
-            libc::mallopt(libc::M_ARENA_MAX, ARENAS);
         }
     }
 }

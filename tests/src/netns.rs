@@ -18,6 +18,8 @@ const NS_IF: &str = "le2e-ns";
 pub const HOST_ADDR: &str = "10.213.7.1";
 /// The namespace side's address: the remote worker listens here.
 pub const NS_ADDR: &str = "10.213.7.2";
+/// The nftables table of [`RemoteNamespace::blackhole_port`].
+const TABLE: &str = "loader_e2e";
 /// Serializes the tests of every run on this host that use the /30.
 const LOCK_FILE: &str = "/tmp/loader-e2e-netns.lock";
 
@@ -73,6 +75,34 @@ impl RemoteNamespace {
         command
     }
 
+    /// Why a port cannot be blackholed inside the namespace, if it cannot:
+    /// no `nft` (Debian: nftables). The test then skips with this reason.
+    pub fn no_nftables() -> Option<String> {
+        match Command::new("nft").arg("--version").output() {
+            Ok(out) if out.status.success() => None,
+            Ok(out) => Some(format!("`nft --version` failed: {}", String::from_utf8_lossy(&out.stderr).trim())),
+            Err(e) => Some(format!("no `nft` command (install nftables): {e}")),
+        }
+    }
+
+    /// Blackholes TCP port `port` inside the namespace both ways (nftables:
+    /// packets to it and from it are dropped, nothing is answered), while
+    /// every other port passes: a grey partition of one service.
+    pub fn blackhole_port(&self, port: u16) {
+        let port = port.to_string();
+        let hook = |chain: &str| format!("{{ type filter hook {chain} priority 0; }}");
+        nft(&["add", "table", "inet", TABLE]);
+        nft(&["add", "chain", "inet", TABLE, "input", &hook("input")]);
+        nft(&["add", "chain", "inet", TABLE, "output", &hook("output")]);
+        nft(&["add", "rule", "inet", TABLE, "input", "tcp", "dport", &port, "drop"]);
+        nft(&["add", "rule", "inet", TABLE, "output", "tcp", "sport", &port, "drop"]);
+    }
+
+    /// Lifts [`RemoteNamespace::blackhole_port`].
+    pub fn heal(&self) {
+        nft(&["delete", "table", "inet", TABLE]);
+    }
+
     /// Cuts the link: the host end goes down, so nothing passes either way
     /// (no reset is sent; connections just stop, as in a real partition).
     pub fn cut(&self) {
@@ -91,6 +121,17 @@ impl Drop for RemoteNamespace {
 fn remove() {
     let _ = Command::new("ip").args(["link", "del", HOST_IF]).output();
     let _ = Command::new("ip").args(["netns", "del", NAMESPACE]).output();
+}
+
+/// Runs `nft args` inside the namespace, panicking with its stderr when it
+/// fails.
+fn nft(args: &[&str]) {
+    let out = Command::new("ip")
+        .args(["netns", "exec", NAMESPACE, "nft"])
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("nft {args:?}: {e}"));
+    assert!(out.status.success(), "nft {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
 }
 
 /// Runs `ip args`, panicking with its stderr when it fails.

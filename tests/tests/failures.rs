@@ -556,3 +556,89 @@ fn a_slow_worker_stalls_the_trainer_no_longer_than_the_lateness_threshold() {
         }
     });
 }
+
+/// The grey partition of the relay test above, made as an operator would:
+/// the remote worker runs in a network namespace and its serving port is
+/// blackholed both ways with nftables for 60 s, while its heartbeats to
+/// the coordinator (another port) pass and keep its lease. The running job
+/// finishes on the local worker within 20 s of the block plus its own
+/// time, every batch once and in order, and the worker stays registered; a
+/// second job started during the block runs on without it, and once the
+/// port is open again the worker carries its batches within 5 s.
+#[test]
+fn a_blackholed_serving_port_stalls_nothing_and_carries_batches_again_after_the_heal() {
+    if let Some(reason) = RemoteNamespace::unavailable().or_else(RemoteNamespace::no_nftables) {
+        eprintln!("skipped: {reason}");
+        return;
+    }
+    run(Duration::from_secs(200), |scope| {
+        let block = Duration::from_secs(60);
+        // Dropped last: the workers inside it die first.
+        let ns = RemoteNamespace::create();
+        let mut cluster = Cluster::builder().ttl_ms(TTL_MS).listen(format!("{HOST_ADDR}:0")).start(&scope);
+        cluster.add_worker();
+        let mut remote = ns.command(binary("loader-worker"));
+        remote.args(["--coordinator", &cluster.url(), "--listen", &format!("{NS_ADDR}:0"), "--node", "remote-test"]);
+        cluster.add_worker_command(remote);
+        cluster.wait_for_workers(2);
+        let listen = cluster.workers[1].addr().to_owned();
+        let port: u16 = listen.rsplit(':').next().and_then(|p| p.parse().ok()).expect("the remote worker's port");
+        let remote_url = format!("http://{listen}");
+        let admin = cluster.admin();
+
+        // 1. Blackholed while a job runs: it finishes on the local worker.
+        let job = slow_job(600, 1000);
+        let plan = loader_proto::spec::plan(&job).expect("plan");
+        let total = plan.total_batches();
+        let began = Instant::now();
+        let trainer = Trainer::spawn(Loader::builder(cluster.url()), job);
+        admin.wait_for("the remote worker delivered batches", Duration::from_secs(30), |_| {
+            Ok((delivered_by(&cluster, &remote_url) > 0).then_some(()))
+        });
+        trainer.wait_for(total / 5, Duration::from_secs(60));
+        let own = began.elapsed() * 5;
+        ns.blackhole_port(port);
+        let cut = Instant::now();
+        let at_cut = trainer.yielded();
+        assert!(at_cut < total, "the job ended before the block; make it slower");
+        let seen = trainer.join(Duration::from_secs(90));
+        let took = cut.elapsed();
+        let longest = longest_gap(&seen, cut, Instant::now());
+        eprintln!(
+            "the job finished {took:?} after the block ({at_cut} of {total} batches before it; its own time ~{own:?}); \
+             longest wait for a batch {longest:?}"
+        );
+        assert_received(&seen, &plan, 0, 0..total);
+        let bound = Duration::from_secs(20) + own;
+        assert!(took <= bound, "the job finished {took:?} after the block; bound {bound:?}");
+        assert!(
+            admin.workers().expect("ListWorkers").iter().any(|w| w.address == remote_url),
+            "the blackholed worker still heartbeats: it stays registered"
+        );
+
+        // 2. A job that outlasts the block (31 batches a second on the
+        // local worker alone), healed at 60 s: the remote worker carries
+        // its batches again.
+        let rest = block.saturating_sub(cut.elapsed());
+        let job = slow_job(((rest.as_secs_f64() + 20.0) * 31.0) as u64, 2000);
+        let plan = loader_proto::spec::plan(&job).expect("plan");
+        let total = plan.total_batches();
+        let trainer = Trainer::spawn(Loader::builder(cluster.url()), job);
+        let before = delivered_by(&cluster, &remote_url);
+        std::thread::sleep(block.saturating_sub(cut.elapsed()));
+        assert!(trainer.yielded() < total, "the second job ended before the heal; make it longer");
+        assert!(trainer.yielded() > 0, "the second job ran during the block");
+        ns.heal();
+        let healed = Instant::now();
+        admin.wait_for("the healed port carries batches again", Duration::from_secs(30), |_| {
+            Ok((delivered_by(&cluster, &remote_url) > before).then_some(()))
+        });
+        let back = healed.elapsed();
+        eprintln!("the worker carried batches again {back:?} after the heal");
+        assert!(back <= Duration::from_secs(5) + SLACK, "the healed port carried batches only {back:?} after the heal");
+        let seen = trainer.join(Duration::from_secs(120));
+        assert_received(&seen, &plan, 0, 0..total);
+        drop(cluster);
+        drop(ns);
+    });
+}

@@ -34,11 +34,18 @@ pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(2);
 /// machine (its runtime threads starved for a moment) to answer.
 pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
 /// HTTP/2 windows big enough that a whole batch flows without waiting for
-/// window updates.
+/// window updates, and never is cut at a window's edge: the peer may send
+/// only what the window has room for, so with 16 MiB windows a 9.6 MB
+/// batch arrived in two or three pieces that the trainer had to copy
+/// together (`super::streaming`). The receiver releases a window as it
+/// reads, not as batches are consumed, and credits bound what a worker
+/// sends ahead, so the windows reserve no memory.
 const STREAM_WINDOW: u32 = 64 << 20;
 const CONNECTION_WINDOW: u32 = 256 << 20;
-/// Largest HTTP/2 frame the peer may send: 1 MiB frames cut the per-frame
-/// work of a 10 MB batch 64-fold against the 16 KiB default.
+/// Largest HTTP/2 frame the peer may send: HTTP/2's largest (16 MiB - 1),
+/// so a batch up to that size is one DATA frame, which the trainer reads
+/// in place (`super::streaming`); 1 MiB frames cost a copy of every batch
+/// over 1 MiB, 16 KiB frames (the default) also 64x the per-frame work.
 const MAX_FRAME: u32 = (1 << 24) - 1;
 /// Pauses between connection attempts.
 const CONNECT_BACKOFF: Backoff = Backoff::new(Duration::from_millis(50), Duration::from_millis(800));
