@@ -47,11 +47,12 @@ pub(crate) const STALL_GRACE: Duration = Duration::from_secs(1);
 /// While the consumer waits on a late batch (a backup task copies it), how
 /// often a wait that brings nothing gives each source a credit early: the
 /// copy comes from a worker whose credits the batches held here took, and
-/// it sends its lowest batch first, so one credit lets it through.
-const LATE_TICK: Duration = Duration::from_millis(100);
-/// Early credits per source while one batch is late: memory grows by at
-/// most this many batches per source for a copy that does not come.
-const LATE_SPREADS: u32 = 8;
+/// which first finishes the batches it was making when it took the copy
+/// (each needing a credit), then sends its lowest batch first.
+const LATE_TICK: Duration = Duration::from_millis(25);
+/// Bytes of batches whose credits go back early while one batch is late:
+/// memory grows by at most this much for a copy that does not come.
+const LATE_SPREAD_BYTES: u64 = 64 << 20;
 /// Bound on the best-effort final heartbeat after the last batch.
 const FINAL_HEARTBEAT: Duration = Duration::from_secs(1);
 
@@ -78,9 +79,9 @@ pub(crate) struct Consumer {
     gap: Option<GapWatch>,
     /// When the routes task was last told the consumer is stuck.
     last_stall_notice: Instant,
-    /// Early credits given per source while the batch waited on is late;
-    /// None while it is not.
-    late_spreads: Option<u32>,
+    /// Bytes of the batches whose credits went back early while the batch
+    /// waited on is late; None while it is not.
+    late_spread: Option<u64>,
     /// The job's last batch while the final heartbeat is awaited: when that
     /// wait is cancelled (an interrupted caller), the next call yields it,
     /// so `next` loses nothing at any await point.
@@ -190,7 +191,7 @@ impl Consumer {
             finish_due: false,
             gap: None,
             last_stall_notice: Instant::now(),
-            late_spreads: None,
+            late_spread: None,
             last: None,
             wait,
             inbox: None,
@@ -449,16 +450,12 @@ impl Consumer {
     /// and each source gets a credit at once for the copy to come through.
     fn report_late(&mut self, seq: u64) {
         self.session.report_late(seq);
-        self.late_spreads = Some(0);
-        if self.reorder.len() > 0 {
-            self.late_spreads = Some(1);
-            self.spread_credits();
-        }
+        self.late_spread = Some(self.spread_credits());
     }
 
     /// Whether the batch waited on is late and may still get early credits.
     fn spreading_late(&self) -> bool {
-        self.late_spreads.is_some_and(|n| n < LATE_SPREADS)
+        self.late_spread.is_some_and(|bytes| bytes < LATE_SPREAD_BYTES)
     }
 
     /// Registers the wait set with the caller's runtime, the first time an
@@ -475,7 +472,7 @@ impl Consumer {
         if let Some((seq, (mut batch, credit))) = self.reorder.pop() {
             if self.late.yielded(seq, Instant::now) {
                 self.session.progress().set_late(None);
-                self.late_spreads = None;
+                self.late_spread = None;
             }
             batch.consumed();
             credit.give_back();
@@ -571,9 +568,9 @@ impl Consumer {
     /// gap, or ends with the error of a worker that left the ring.
     fn stuck(&mut self, called: Instant) -> Option<LoaderError> {
         if self.reorder.len() > 0 {
-            if let Some(n) = self.late_spreads.as_mut().filter(|n| **n < LATE_SPREADS) {
-                *n += 1;
-                self.spread_credits();
+            if self.spreading_late() {
+                let bytes = self.spread_credits();
+                self.late_spread = self.late_spread.map(|b| b + bytes);
             } else if self.last_stall_notice.elapsed() >= STALL_GRACE {
                 self.last_stall_notice = Instant::now();
                 self.stalled.notify_one();
@@ -592,8 +589,10 @@ impl Consumer {
     /// worker that took it over from a dead one: workers hand out their
     /// lowest sequence number first, so one credit lets it through. Memory
     /// grows by at most one batch per source per grace while the gap lasts.
-    fn spread_credits(&mut self) {
+    /// Returns the bytes of the batches whose credits went back.
+    fn spread_credits(&mut self) -> u64 {
         let mut seen = HashSet::new();
+        let mut bytes = 0;
         for (batch, credit) in self.reorder.pending_mut().rev() {
             let Some(source) = credit.source() else {
                 continue;
@@ -604,6 +603,7 @@ impl Consumer {
             if batch.transport() == Transport::SharedMemory {
                 batch.copy_out();
             }
+            bytes += batch.len() as u64;
             credit.give_back_early();
         }
         if !seen.is_empty() {
@@ -612,6 +612,7 @@ impl Consumer {
                 "stuck on a gap: gave each source one credit early"
             );
         }
+        bytes
     }
 
     /// Tells the coordinator at once that everything was consumed, so the job

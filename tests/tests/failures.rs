@@ -498,18 +498,15 @@ fn a_stopped_worker_stalls_the_trainer_no_longer_than_the_lateness_threshold() {
 /// a slow disk or a noisy host), not stopped: once it is past start-up (it
 /// delivered a batch), each time the in-order trainer waits on it past the
 /// lateness threshold (the 0.5 s floor here) the batches it holds are copied
-/// by the other worker. The first copy starts at the other worker's next
-/// heartbeat and waits for its producer to finish the batch it is making
-/// (here into a ring the trainer has filled with that worker's batches while
-/// it waited), so that one wait may last up to a heartbeat interval longer;
-/// every later one lasts no longer than the threshold plus a batch, against
-/// 2 s per batch of the slow worker without backups: the threshold does not
+/// by the other worker, and no wait lasts much longer than the threshold
+/// plus a batch (the first a little longer: the copying worker takes the
+/// copy from the coordinator, then finishes the batch it was making), against
+/// 2 s per batch of the slow worker without backups. The threshold does not
 /// grow with the late waits. Every batch once, in order.
 #[test]
 fn a_slow_worker_stalls_the_trainer_no_longer_than_the_lateness_threshold() {
     run(Duration::from_secs(120), |scope| {
-        let ttl = Duration::from_millis(5000);
-        let mut cluster = Cluster::builder().workers(1).ttl_ms(ttl.as_millis() as u64).start(&scope);
+        let mut cluster = Cluster::builder().workers(1).ttl_ms(5000).start(&scope);
         let slow = format!("http://{}", cluster.add_worker_with(&["--slow-batch-ms", "2000"]).addr());
         cluster.wait_for_workers(2);
         let admin = cluster.admin();
@@ -548,10 +545,8 @@ fn a_slow_worker_stalls_the_trainer_no_longer_than_the_lateness_threshold() {
         );
         assert!(c.backup_launched > 0 && c.backup_won > 0, "backups ran and won");
         let threshold = Duration::from_millis(500);
-        let heartbeat = ttl / 3;
         assert!(late.len() >= 2, "the slow worker held the trainer up more than once: {late:?}");
-        assert!(late[0] <= threshold + heartbeat + SLACK, "the first late wait lasted {:?}", late[0]);
-        for (i, wait) in late.iter().enumerate().skip(1) {
+        for (i, wait) in late.iter().enumerate() {
             assert!(*wait <= threshold + SLACK, "late wait {i} lasted {wait:?}: {late:?}");
         }
     });
