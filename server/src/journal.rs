@@ -10,14 +10,19 @@
 use std::path::Path;
 
 use loader_proto::pb;
+#[cfg(feature = "journal")]
 use prost::Message;
+#[cfg(feature = "journal")]
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
 /// job id -> encoded `pb::Job`.
+#[cfg(feature = "journal")]
 const JOBS: TableDefinition<u64, &[u8]> = TableDefinition::new("jobs");
 /// (job id, consumer) -> acknowledged watermark.
+#[cfg(feature = "journal")]
 const WATERMARKS: TableDefinition<(u64, u32), u64> = TableDefinition::new("watermarks");
 /// Counters: "boots", the number of times the coordinator started.
+#[cfg(feature = "journal")]
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
 /// Why the journal could not be read or written.
@@ -38,12 +43,14 @@ pub(crate) struct JournaledJob {
 }
 
 /// The open journal.
+#[cfg(feature = "journal")]
 #[derive(Debug)]
 pub(crate) struct Journal {
     db: Database,
     path: String,
 }
 
+#[cfg(feature = "journal")]
 impl Journal {
     /// Opens (or creates) the journal in `dir`.
     pub(crate) fn open(dir: &Path) -> Result<Self, JournalError> {
@@ -123,7 +130,41 @@ impl Journal {
     }
 }
 
-#[cfg(test)]
+/// No journal in this build (an embedded coordinator, built without the
+/// `journal` feature): there is none to open, so `--state-dir` is refused
+/// in one line, and no value of this type exists.
+#[cfg(not(feature = "journal"))]
+#[derive(Debug)]
+pub(crate) enum Journal {}
+
+#[cfg(not(feature = "journal"))]
+impl Journal {
+    /// Refuses: this build keeps no journal.
+    pub(crate) fn open(dir: &Path) -> Result<Self, JournalError> {
+        Err(JournalError {
+            path: dir.display().to_string(),
+            cause: "this build keeps no journal (built without the `journal` feature); the loader-server binary has it".into(),
+        })
+    }
+
+    pub(crate) fn next_boot(&self) -> Result<u64, JournalError> {
+        match *self {}
+    }
+
+    pub(crate) fn put_job(&self, _job: &pb::Job) -> Result<(), JournalError> {
+        match *self {}
+    }
+
+    pub(crate) fn put_watermark(&self, _job_id: u64, _consumer: u32, _consumed: u64) -> Result<(), JournalError> {
+        match *self {}
+    }
+
+    pub(crate) fn load(&self) -> Result<Vec<JournaledJob>, JournalError> {
+        match *self {}
+    }
+}
+
+#[cfg(all(test, feature = "journal"))]
 mod tests {
     use super::*;
 
