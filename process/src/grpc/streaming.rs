@@ -49,16 +49,14 @@ where
     let response = tower::ServiceExt::oneshot(channel.clone(), request)
         .await
         .map_err(|e| Status::from_error(Box::new(e)))?;
-    if let Some(status) = Status::from_header_map(response.headers()) {
-        // Trailers-only: the call ended before any message.
-        return Err(if status.code() == tonic::Code::Ok {
-            Status::unknown("the call ended before it began (trailers-only OK)")
-        } else {
-            status
-        });
-    }
+    // Trailers-only: the call ended before any message, with this status.
+    let ended = match Status::from_header_map(response.headers()) {
+        Some(status) if status.code() != tonic::Code::Ok => return Err(status),
+        Some(_) => true,
+        None => false,
+    };
     let http_status = response.status();
-    Ok(Messages { body: response.into_body(), http_status, splitter: Splitter::default(), ended: false })
+    Ok(Messages { body: response.into_body(), http_status, splitter: Splitter::default(), ended })
 }
 
 /// One request message, length-prefixed.
