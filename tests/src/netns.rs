@@ -86,16 +86,20 @@ impl RemoteNamespace {
     }
 
     /// Blackholes TCP port `port` inside the namespace both ways (nftables:
-    /// packets to it and from it are dropped, nothing is answered), while
-    /// every other port passes: a grey partition of one service.
+    /// every packet to or from that port, in or out, is dropped and nothing
+    /// is answered), while every other port passes: a grey partition of one
+    /// service, the namespace's own (a worker's serving port) or one it
+    /// reaches (the coordinator's).
     pub fn blackhole_port(&self, port: u16) {
         let port = port.to_string();
         let hook = |chain: &str| format!("{{ type filter hook {chain} priority 0; }}");
         nft(&["add", "table", "inet", TABLE]);
-        nft(&["add", "chain", "inet", TABLE, "input", &hook("input")]);
-        nft(&["add", "chain", "inet", TABLE, "output", &hook("output")]);
-        nft(&["add", "rule", "inet", TABLE, "input", "tcp", "dport", &port, "drop"]);
-        nft(&["add", "rule", "inet", TABLE, "output", "tcp", "sport", &port, "drop"]);
+        for chain in ["input", "output"] {
+            nft(&["add", "chain", "inet", TABLE, chain, &hook(chain)]);
+            for side in ["dport", "sport"] {
+                nft(&["add", "rule", "inet", TABLE, chain, "tcp", side, &port, "drop"]);
+            }
+        }
     }
 
     /// Lifts [`RemoteNamespace::blackhole_port`].

@@ -637,3 +637,41 @@ fn a_blackholed_serving_port_stalls_nothing_and_carries_batches_again_after_the_
         drop(ns);
     });
 }
+
+/// A worker (re)started while its coordinator's port is blackholed from its
+/// namespace (its connection attempts go unanswered, as in a partition)
+/// keeps retrying with short connection attempts (2 s: an attempt's SYN is
+/// sent again only 1 s and 3 s into it), and registers within seconds of
+/// the heal: at worst once its pending attempt runs out, plus a pause.
+#[test]
+fn a_worker_started_during_a_partition_registers_soon_after_the_heal() {
+    if let Some(reason) = RemoteNamespace::unavailable().or_else(RemoteNamespace::no_nftables) {
+        eprintln!("skipped: {reason}");
+        return;
+    }
+    run(Duration::from_secs(60), |scope| {
+        // Dropped last: the worker inside it dies first.
+        let ns = RemoteNamespace::create();
+        let mut cluster = Cluster::builder().listen(format!("{HOST_ADDR}:0")).start(&scope);
+        let url = cluster.url();
+        let port: u16 = url.rsplit(':').next().and_then(|p| p.parse().ok()).expect("the coordinator's port");
+        ns.blackhole_port(port);
+        let mut remote = ns.command(binary("loader-worker"));
+        remote.args(["--coordinator", &url, "--listen", &format!("{NS_ADDR}:0"), "--connect-timeout", "30"]);
+        cluster.add_worker_command(remote);
+        // Several attempts go unanswered (the heal lands between SYN
+        // retransmissions, which come 1 s and 3 s into an attempt).
+        std::thread::sleep(Duration::from_millis(3500));
+        assert!(cluster.admin().workers().expect("ListWorkers").is_empty(), "nothing got through the partition");
+        ns.heal();
+        let healed = Instant::now();
+        cluster.wait_for_workers(1);
+        let took = healed.elapsed();
+        eprintln!("the worker registered {took:?} after the heal");
+        // One pending attempt (2 s) and one pause between attempts (at most 1 s).
+        let bound = Duration::from_secs(3) + SLACK;
+        assert!(took <= bound, "registered {took:?} after the heal; bound {bound:?}");
+        drop(cluster);
+        drop(ns);
+    });
+}

@@ -46,8 +46,13 @@ use crate::window::Windows;
 const LONG_POLL: Duration = Duration::from_millis(500);
 /// Pauses between failed registration attempts.
 const REGISTER_BACKOFF: Backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
-/// One connection attempt to the coordinator.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// One connection attempt to the coordinator (TCP and TLS handshakes).
+/// Short, so that a worker started while its coordinator is unreachable
+/// (a partition: its connection attempts go unanswered) retries often and
+/// registers within seconds of the heal, not once its pending attempt runs
+/// out; long enough for a TLS handshake with a coordinator that many
+/// workers reconnect to at once.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Floor on the heartbeat interval, so a misconfigured coordinator cannot
 /// make the worker spin.
 const MIN_INTERVAL_MS: u64 = 10;
@@ -166,8 +171,8 @@ pub(crate) fn channel(addr: &str, security: &ClientSecurity) -> Result<(String, 
     let url = loader_process::grpc::normalize(addr, security.tls.is_some());
     let target = loader_process::grpc::endpoint(&url, security)
         .map_err(|e| WorkerError::CoordinatorAddress { addr: addr.to_owned(), reason: e.cause })?;
-    // Longer than a trainer's: registration retries within its own
-    // deadline, and a heartbeat may wait out a loaded coordinator.
+    // Longer than a trainer's (1 s): registration retries within its own
+    // deadline, and many workers may reconnect to one coordinator at once.
     let target = target.map_endpoint(|e| e.connect_timeout(CONNECT_TIMEOUT)).keepalive();
     Ok((url, target.connect_lazy()))
 }
