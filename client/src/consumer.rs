@@ -453,9 +453,10 @@ impl Consumer {
         self.late_spread = Some(self.spread_credits());
     }
 
-    /// Whether the batch waited on is late and may still get early credits.
+    /// Whether the batch waited on is late and batches held here may still
+    /// give their credits back early.
     fn spreading_late(&self) -> bool {
-        self.late_spread.is_some_and(|bytes| bytes < LATE_SPREAD_BYTES)
+        self.reorder.len() > 0 && self.late_spread.is_some_and(|bytes| bytes < LATE_SPREAD_BYTES)
     }
 
     /// Registers the wait set with the caller's runtime, the first time an

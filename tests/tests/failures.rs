@@ -287,12 +287,7 @@ fn partitioned_remote_worker_is_fenced_and_its_batches_reassigned() {
         let ttl = Duration::from_millis(TTL_MS);
         // Dropped last: the workers inside it die first.
         let ns = RemoteNamespace::create();
-        let mut cluster = Cluster::builder().ttl_ms(TTL_MS).listen(format!("{HOST_ADDR}:0")).start(&scope);
-        cluster.add_worker();
-        let mut remote = ns.command(binary("loader-worker"));
-        remote.args(["--coordinator", &cluster.url(), "--listen", &format!("{NS_ADDR}:0"), "--node", "remote-test"]);
-        cluster.add_worker_command(remote);
-        cluster.wait_for_workers(2);
+        let mut cluster = local_and_remote_workers(&scope, &ns);
         let admin = cluster.admin();
 
         let job = slow_job(400, 1000);
@@ -337,6 +332,57 @@ fn partitioned_remote_worker_is_fenced_and_its_batches_reassigned() {
     });
 }
 
+/// A coordinator on the host end of `ns`'s link, one worker on the host
+/// and one inside `ns` (`cluster.workers[1]`), both registered.
+fn local_and_remote_workers(scope: &Scope, ns: &RemoteNamespace) -> Cluster {
+    let mut cluster = Cluster::builder().ttl_ms(TTL_MS).listen(format!("{HOST_ADDR}:0")).start(scope);
+    cluster.add_worker();
+    let mut remote = ns.command(binary("loader-worker"));
+    remote.args(["--coordinator", &cluster.url(), "--listen", &format!("{NS_ADDR}:0"), "--node", "remote-test"]);
+    cluster.add_worker_command(remote);
+    cluster.wait_for_workers(2);
+    cluster
+}
+
+/// A grey partition's first act: a job runs until the worker at `address`
+/// delivered and a fifth of it is done, then `cut` silences the path to
+/// that worker (which still heartbeats). The job must finish without it,
+/// every batch once and in order, within 20 s of the cut plus the job's own
+/// time, and the worker must stay registered. Returns when the cut was.
+fn a_job_finishes_past_a_cut(cluster: &Cluster, address: &str, cut: impl FnOnce()) -> Instant {
+    let admin = cluster.admin();
+    let job = slow_job(600, 1000);
+    let plan = loader_proto::spec::plan(&job).expect("plan");
+    let total = plan.total_batches();
+    let began = Instant::now();
+    let trainer = Trainer::spawn(Loader::builder(cluster.url()), job);
+    admin.wait_for("the worker behind the cut delivered batches", Duration::from_secs(30), |_| {
+        Ok((delivered_by(cluster, address) > 0).then_some(()))
+    });
+    trainer.wait_for(total / 5, Duration::from_secs(60));
+    // The job's own time, from its first fifth (start-up included).
+    let own = began.elapsed() * 5;
+    cut();
+    let cut_at = Instant::now();
+    let at_cut = trainer.yielded();
+    assert!(at_cut < total, "the job ended before the cut; make it slower");
+    let seen = trainer.join(Duration::from_secs(90));
+    let took = cut_at.elapsed();
+    let longest = longest_gap(&seen, cut_at, Instant::now());
+    eprintln!(
+        "the job finished {took:?} after the cut ({at_cut} of {total} batches before it; its own time ~{own:?}); \
+         longest wait for a batch {longest:?}"
+    );
+    assert_received(&seen, &plan, 0, 0..total);
+    let bound = Duration::from_secs(20) + own;
+    assert!(took <= bound, "the job finished {took:?} after the cut; bound {bound:?}");
+    assert!(
+        admin.workers().expect("ListWorkers").iter().any(|w| w.address == address),
+        "the worker behind the cut still heartbeats: it stays registered"
+    );
+    cut_at
+}
+
 /// Batches the worker at `address` delivered, as the coordinator counts them.
 fn delivered_by(cluster: &Cluster, address: &str) -> u64 {
     cluster.admin().workers().expect("ListWorkers").iter().find(|w| w.address == address).map_or(0, |w| w.delivered)
@@ -363,41 +409,7 @@ fn a_worker_the_trainer_cannot_reach_loses_its_batches_to_others_until_the_path_
         let admin = cluster.admin();
 
         // 1. Cut while the job runs: it finishes on the other worker.
-        let job = slow_job(600, 1000);
-        let plan = loader_proto::spec::plan(&job).expect("plan");
-        let total = plan.total_batches();
-        let began = Instant::now();
-        let trainer = Trainer::spawn(Loader::builder(cluster.url()), job);
-        admin.wait_for("the relayed worker delivered batches", Duration::from_secs(30), |_| {
-            Ok((delivered_by(&cluster, &advertised) > 0).then_some(()))
-        });
-        trainer.wait_for(total / 5, Duration::from_secs(60));
-        // The job's own time, from its first fifth (start-up included).
-        let own = began.elapsed() * 5;
-        relay.freeze();
-        let cut = Instant::now();
-        let at_cut = trainer.yielded();
-        assert!(at_cut < total, "the job ended before the cut; make it slower");
-        let seen = trainer.join(Duration::from_secs(90));
-        let took = cut.elapsed();
-        // The trainer's longest wait for a batch from the cut on.
-        let stall = seen
-            .iter()
-            .map(|r| r.at)
-            .filter(|&at| at >= cut)
-            .fold((cut, Duration::ZERO), |(last, longest), at| (at, longest.max(at - last)))
-            .1;
-        eprintln!(
-            "the job finished {took:?} after the cut ({at_cut} of {total} batches before it; its own time ~{own:?}); \
-             longest wait for a batch {stall:?}"
-        );
-        assert_received(&seen, &plan, 0, 0..total);
-        let bound = Duration::from_secs(20) + own;
-        assert!(took <= bound, "the job finished {took:?} after the cut; bound {bound:?}");
-        assert!(
-            admin.workers().expect("ListWorkers").iter().any(|w| w.address == advertised),
-            "the worker behind the cut still heartbeats: it stays registered"
-        );
+        a_job_finishes_past_a_cut(&cluster, &advertised, || relay.freeze());
 
         // 2. A second job, cut until it moves on without the worker, then
         // healed: the worker carries its batches again.
@@ -570,46 +582,14 @@ fn a_blackholed_serving_port_stalls_nothing_and_carries_batches_again_after_the_
         let block = Duration::from_secs(60);
         // Dropped last: the workers inside it die first.
         let ns = RemoteNamespace::create();
-        let mut cluster = Cluster::builder().ttl_ms(TTL_MS).listen(format!("{HOST_ADDR}:0")).start(&scope);
-        cluster.add_worker();
-        let mut remote = ns.command(binary("loader-worker"));
-        remote.args(["--coordinator", &cluster.url(), "--listen", &format!("{NS_ADDR}:0"), "--node", "remote-test"]);
-        cluster.add_worker_command(remote);
-        cluster.wait_for_workers(2);
+        let cluster = local_and_remote_workers(&scope, &ns);
         let listen = cluster.workers[1].addr().to_owned();
         let port: u16 = listen.rsplit(':').next().and_then(|p| p.parse().ok()).expect("the remote worker's port");
         let remote_url = format!("http://{listen}");
         let admin = cluster.admin();
 
         // 1. Blackholed while a job runs: it finishes on the local worker.
-        let job = slow_job(600, 1000);
-        let plan = loader_proto::spec::plan(&job).expect("plan");
-        let total = plan.total_batches();
-        let began = Instant::now();
-        let trainer = Trainer::spawn(Loader::builder(cluster.url()), job);
-        admin.wait_for("the remote worker delivered batches", Duration::from_secs(30), |_| {
-            Ok((delivered_by(&cluster, &remote_url) > 0).then_some(()))
-        });
-        trainer.wait_for(total / 5, Duration::from_secs(60));
-        let own = began.elapsed() * 5;
-        ns.blackhole_port(port);
-        let cut = Instant::now();
-        let at_cut = trainer.yielded();
-        assert!(at_cut < total, "the job ended before the block; make it slower");
-        let seen = trainer.join(Duration::from_secs(90));
-        let took = cut.elapsed();
-        let longest = longest_gap(&seen, cut, Instant::now());
-        eprintln!(
-            "the job finished {took:?} after the block ({at_cut} of {total} batches before it; its own time ~{own:?}); \
-             longest wait for a batch {longest:?}"
-        );
-        assert_received(&seen, &plan, 0, 0..total);
-        let bound = Duration::from_secs(20) + own;
-        assert!(took <= bound, "the job finished {took:?} after the block; bound {bound:?}");
-        assert!(
-            admin.workers().expect("ListWorkers").iter().any(|w| w.address == remote_url),
-            "the blackholed worker still heartbeats: it stays registered"
-        );
+        let cut = a_job_finishes_past_a_cut(&cluster, &remote_url, || ns.blackhole_port(port));
 
         // 2. A job that outlasts the block (31 batches a second on the
         // local worker alone), healed at 60 s: the remote worker carries

@@ -246,6 +246,58 @@ mod tests {
         assert!(!s.mid_message());
     }
 
+    /// A message as a worker would send one: a `bytes` field.
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct Probe {
+        #[prost(bytes = "bytes", tag = "1")]
+        data: Bytes,
+    }
+
+    /// The responses of a call whose body brings `frames`.
+    fn messages(frames: Vec<Frame<Bytes>>) -> Messages {
+        let body = http_body_util::StreamBody::new(futures::stream::iter(frames.into_iter().map(Ok::<_, Status>)));
+        Messages { body: Body::new(body), http_status: http::StatusCode::OK, splitter: Splitter::default(), ended: false }
+    }
+
+    fn trailers(code: i32, message: &str) -> Frame<Bytes> {
+        let mut t = http::HeaderMap::new();
+        t.insert("grpc-status", code.to_string().parse().expect("header"));
+        t.insert("grpc-message", message.parse().expect("header"));
+        Frame::trailers(t)
+    }
+
+    #[tokio::test]
+    async fn messages_then_the_trailers_status_end_the_call() {
+        let probe = Probe { data: Bytes::from_static(b"batch") };
+        let one = Bytes::from(framed(&[prost::Message::encode_to_vec(&probe)]));
+        let mut m = messages(vec![Frame::data(one.clone()), trailers(0, "")]);
+        assert_eq!(m.message::<Probe>().await.expect("ok"), Some(probe.clone()));
+        assert_eq!(m.message::<Probe>().await.expect("ok"), None);
+
+        let mut m = messages(vec![Frame::data(one), trailers(16, "bad token")]);
+        assert!(m.message::<Probe>().await.expect("ok").is_some());
+        let e = m.message::<Probe>().await.expect_err("the status");
+        assert_eq!((e.code(), e.message()), (tonic::Code::Unauthenticated, "bad token"));
+    }
+
+    #[tokio::test]
+    async fn a_malformed_a_cut_or_an_unfinished_call_is_one_line_error() {
+        // Field 1 says 100 bytes follow; 2 do.
+        let garbage = Bytes::from(framed(&[vec![0x0a, 100, 1, 2]]));
+        let e = messages(vec![Frame::data(garbage), trailers(0, "")]).message::<Probe>().await.expect_err("malformed");
+        assert_eq!(e.code(), tonic::Code::Internal);
+        assert!(e.message().starts_with("malformed message") && !e.message().contains('\n'), "{e}");
+
+        let cut = Bytes::from(framed(&[vec![7; 10]])).slice(..8);
+        let e = messages(vec![Frame::data(cut), trailers(0, "")]).message::<Probe>().await.expect_err("cut");
+        assert_eq!(e.code(), tonic::Code::Internal);
+        assert!(e.message().contains("middle of a message"), "{e}");
+
+        let e = messages(Vec::new()).message::<Probe>().await.expect_err("no status");
+        assert_eq!(e.code(), tonic::Code::Unknown);
+        assert!(e.message().contains("without a grpc-status"), "{e}");
+    }
+
     #[test]
     fn a_compressed_message_is_refused_in_one_line() {
         let mut stream = framed(&[vec![1, 2, 3]]);
