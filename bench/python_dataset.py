@@ -11,6 +11,7 @@ time-to-first-batch table.
     bench/python_dataset.py --only images,small --repeats 5 --rows 100000
     bench/python_dataset.py --only images --epochs 3 --repeats 8      # issue 22's image target
     bench/python_dataset.py --only tv --epochs 3,1 --repeats 5        # issue 29: torchvision ImageFolder
+    bench/python_dataset.py --only tv-cache --epochs 3,1 --repeats 5  # the same with Loader's sample cache
     bench/python_dataset.py --only hf --repeats 5                     # issue 29: Hugging Face datasets
     bench/python_dataset.py --only first-batch --first-batch-repeats 7
 
@@ -26,6 +27,10 @@ Scenarios (``--only``, comma-separated; groups: ``tv``, ``hf``,
   same folder with the standard transforms: RandomResizedCrop(224),
   RandomHorizontalFlip(), then PILToTensor() (uint8) or ToTensor() +
   Normalize(ImageNet mean, std) (float32); batch 64;
+- tv-uint8-cache / tv-float-cache: the same two, with ``Loader.local(...,
+  cache=True)``: the decoded images (ImageFolder's ``loader(path)``) kept
+  across epochs in a cache the workers share, the transforms run every
+  epoch (DataLoader as in the rows above: it has no such option);
 - hf-tokens-numpy / hf-tokens-torch: a Hugging Face ``datasets.Dataset``
   built here (``Dataset.from_dict``, ``save_to_disk`` into bench/data/,
   reopened with ``load_from_disk``: Arrow memory-mapped, as users have it)
@@ -89,12 +94,13 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 # Scenario names, in the order they run, and the groups --only takes.
 SCENARIOS = [
     "images", "small",
-    "tv-uint8", "tv-float",
+    "tv-uint8", "tv-float", "tv-uint8-cache", "tv-float-cache",
     "hf-tokens-numpy", "hf-tokens-torch", "hf-tabular-numpy", "hf-tabular-torch",
     "first-batch",
 ]
 GROUPS = {
     "tv": ["tv-uint8", "tv-float"],
+    "tv-cache": ["tv-uint8-cache", "tv-float-cache"],
     "hf": ["hf-tokens-numpy", "hf-tokens-torch", "hf-tabular-numpy", "hf-tabular-torch"],
     "hf-tokens": ["hf-tokens-numpy", "hf-tokens-torch"],
     "hf-tabular": ["hf-tabular-numpy", "hf-tabular-torch"],
@@ -166,14 +172,13 @@ def run_torch(dataset, batch_size, workers, epochs, persistent=True) -> tuple[fl
         del dl  # its workers stop (persistent ones with the loader)
 
 
-def run_loader(dataset, batch_size, workers, epochs, seed_rngs=True) -> tuple[float, float, float]:
+def run_loader(dataset, batch_size, workers, epochs, **kwargs) -> tuple[float, float, float]:
     import loader
 
     cpu = tree_cpu()
     constructed = time.perf_counter()
     with loader.Loader.local(
-        dataset, workers=workers, batch_size=batch_size, shuffle=True, seed=0, epochs=epochs,
-        seed_rngs=seed_rngs,
+        dataset, workers=workers, batch_size=batch_size, shuffle=True, seed=0, epochs=epochs, **kwargs,
     ) as dl:
         return _time(dl, epochs, dl.set_epoch, constructed, cpu)
 
@@ -366,31 +371,37 @@ def selected(only: str | None) -> list[str]:
 
 
 def scenarios(names: list[str], args):
-    """(row name, dataset factory, batch size, seed_rngs) per row."""
+    """(row name, dataset factory, batch size, Loader.local's extra keywords)
+    per row."""
     for name in names:
         if name == "images":
             yield ("images: PIL + RandomResizedCrop(224) + flip + ToTensor, batch 64",
-                   lambda: ImageFiles(args.images), 64, True)
+                   lambda: ImageFiles(args.images), 64, {})
         elif name == "small":
             rows = lambda: Rows(rows_file(args.rows))  # noqa: E731
-            yield ("small samples: 1 KB float32 rows, batch 256", rows, 256, True)
-            yield ("small samples, Loader with seed_rngs=False", rows, 256, False)
+            yield ("small samples: 1 KB float32 rows, batch 256", rows, 256, {})
+            yield ("small samples, Loader with seed_rngs=False", rows, 256, {"seed_rngs": False})
         elif name == "tv-uint8":
             yield ("torchvision ImageFolder: RandomResizedCrop(224) + flip + PILToTensor (uint8), batch 64",
-                   lambda: image_folder(args.images, "uint8"), 64, True)
+                   lambda: image_folder(args.images, "uint8"), 64, {})
         elif name == "tv-float":
             yield ("torchvision ImageFolder: RandomResizedCrop(224) + flip + ToTensor + Normalize "
-                   "(float32), batch 64", lambda: image_folder(args.images, "float"), 64, True)
+                   "(float32), batch 64", lambda: image_folder(args.images, "float"), 64, {})
+        elif name in ("tv-uint8-cache", "tv-float-cache"):
+            variant = name.split("-")[1]
+            what = "PILToTensor (uint8)" if variant == "uint8" else "ToTensor + Normalize (float32)"
+            yield (f"the same ImageFolder, {what}, Loader with cache=True (decoded images kept across epochs)",
+                   lambda variant=variant: image_folder(args.images, variant), 64, {"cache": True})
         elif name.startswith("hf-tokens-"):
             fmt = name.rsplit("-", 1)[1]
             yield (f"HF datasets load_from_disk: {args.hf_rows} x 2048 int64 tokens + label, "
                    f'with_format("{fmt}"), batch 64',
-                   lambda fmt=fmt: hf_dataset("tokens", args.hf_rows, fmt), 64, True)
+                   lambda fmt=fmt: hf_dataset("tokens", args.hf_rows, fmt), 64, {})
         elif name.startswith("hf-tabular-"):
             fmt = name.rsplit("-", 1)[1]
             yield (f"HF datasets load_from_disk: {args.hf_tabular_rows} x 64 float32 features + label, "
                    f'with_format("{fmt}"), batch 256',
-                   lambda fmt=fmt: hf_dataset("tabular", args.hf_tabular_rows, fmt), 256, True)
+                   lambda fmt=fmt: hf_dataset("tabular", args.hf_tabular_rows, fmt), 256, {})
 
 
 def main() -> None:
@@ -442,7 +453,7 @@ def main() -> None:
               "| torch incl. start-up | Loader incl. start-up | Loader / torch incl. start-up "
               "| CPU ms/sample torch / Loader |")
         print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for name, make, batch, seed_rngs in rows:
+    for name, make, batch, loader_kwargs in rows:
         dataset = make()
         for epochs in epochs_list:
             label = name + (f", {epochs} epochs per run" if len(epochs_list) > 1 or epochs != 1 else "")
@@ -455,7 +466,7 @@ def main() -> None:
                         if system == "torch":
                             got = run_torch(dataset, batch, args.workers, epochs)
                         else:
-                            got = run_loader(dataset, batch, args.workers, epochs, seed_rngs)
+                            got = run_loader(dataset, batch, args.workers, epochs, **loader_kwargs)
                     except Exception as e:  # a failing row says why and the others go on
                         print(f"  {label}: {system} failed: {type(e).__name__}: {e}",
                               file=sys.stderr, flush=True)

@@ -43,7 +43,7 @@ import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Optional, Union
 
-from . import _dataset, _native, _template
+from . import _cache, _dataset, _native, _template
 from ._mix import Mix
 from ._native import Batch, LoaderError, TensorView
 
@@ -272,6 +272,8 @@ class Loader:
         seed_rngs: Optional[bool] = None,
         worker_threads: int = 1,
         multiprocessing_context: Any = None,
+        cache: Any = None,
+        cache_dir: Optional[str] = None,
         **options: Unpack[LoaderOptions],
     ) -> "Loader":
         """A loader over ``workers`` local worker processes and a coordinator
@@ -318,6 +320,19 @@ class Loader:
         were doing; if this process is killed outright, the template stops
         them at once (its socket to this process closes), and a spawned
         worker stops when its lease expires (a few seconds).
+
+        ``cache`` (a dataset only; default None, no cache): keep the
+        deterministic half of each sample across epochs, so later epochs
+        run only the random half, with the same results: ``True`` (up to a
+        quarter of this machine's memory), a size (``"8GiB"``, a number of
+        bytes). The dataset says which half is which with
+        ``loader_load(index)`` and ``loader_transform(loaded, index)``;
+        torchvision's ``ImageFolder``/``DatasetFolder`` need nothing (the
+        decoded image is cached). In memory, or in an unnamed file in
+        ``cache_dir``; shared by the workers, gone with the loader; it
+        turns itself off when reading a sample back costs more than half
+        of loading it. ``cache_stats()`` counts hits and misses
+        (``loader._cache``).
         """
         if workers < 1:
             raise ValueError("Loader.local needs at least one worker")
@@ -342,9 +357,28 @@ class Loader:
             "on_corrupt": on_corrupt or "fail",
             "seed_rngs": seed_rngs is not False,
         }
+        cache_bytes = _cache.budget(cache)
+        if cache_bytes is None and cache_dir is not None:
+            raise TypeError("cache_dir: give cache= too (the budget)")
+        if cache_bytes is not None and not _dataset.is_dataset(job):
+            raise TypeError("cache: only for a dataset (a job spec's built-in datasets have their own pipelines)")
+        sample_cache = None
         if _dataset.is_dataset(job):
             job_dataset = job
-            job = _dataset.job_spec(job, **settings, collate_fn=collate_fn)
+            cache_settings = None
+            if cache_bytes is not None:
+                _cache.check(job)
+                cache_settings = {
+                    "bytes": cache_bytes,
+                    "dir": None if cache_dir is None else os.fspath(cache_dir),
+                    "epochs": settings["epochs"],
+                }
+                if template is not None:
+                    # Created here, inherited by every worker the template
+                    # forks for this loader; it goes when they and this
+                    # loader have closed it.
+                    sample_cache = _native.SampleCache.create(len(job), cache_bytes, cache_settings["dir"])
+            job = _dataset.job_spec(job, **settings, collate_fn=collate_fn, cache=cache_settings)
             _size_ring(options, job_dataset, job["batch_size"], workers, collate_fn)
         elif isinstance(job, Mix):
             if collate_fn is not None:
@@ -372,7 +406,7 @@ class Loader:
         spec = _spec_bytes(job)
         checked = _options_json(options)
         local = (workers, _worker_command(threads), ready_timeout)
-        forks = None if template is None else (template, threads)
+        forks = None if template is None else (template, threads, sample_cache)
 
         def start(
             spec: bytes, resume: Optional[str], start_at: Optional[int]
@@ -387,6 +421,7 @@ class Loader:
         # The pickled dataset's files in the host's blob directory: removed
         # when the loader closes (a worker that needs one later fetches it).
         self._pickles = _dataset.written_pickles(job)
+        self._sample_cache = sample_cache
         return self
 
     def _init(self, spec: bytes, rank: Optional[int], world_size: Optional[int], start) -> None:
@@ -527,6 +562,8 @@ class Loader:
         pickles, self._pickles = getattr(self, "_pickles", []), []
         for path in pickles:
             _dataset.release_pickle(path)
+        # The cache's memory goes once the workers have exited too.
+        self._sample_cache = None
 
     def __enter__(self) -> "Loader":
         return self
@@ -541,6 +578,18 @@ class Loader:
             pass
 
     # -- Diagnostics --------------------------------------------------------
+
+    def cache_stats(self) -> Optional[dict]:
+        """The sample cache's counters over all workers (``Loader.local(...,
+        cache=)``): ``on`` (False once it turned itself off, and
+        ``off_reason``), ``hits``, ``misses``, ``stored``,
+        ``stored_bytes``, ``refused_full`` (samples left out when the
+        budget was full), ``capacity_bytes``, and the time loads and reads
+        back took (``load_ns`` over ``loads_timed``, ``hit_ns`` over
+        ``hits_timed``). None without a cache, after ``close()``, and with
+        spawned workers (each keeps its own)."""
+        cache = getattr(self, "_sample_cache", None)
+        return None if cache is None else dict(cache.stats())
 
     def worker_pids(self) -> list[int]:
         """Process ids of the workers ``Loader.local`` started (empty before

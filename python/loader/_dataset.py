@@ -227,11 +227,13 @@ def job_spec(
     on_corrupt: str,
     seed_rngs: bool = True,
     collate_fn: Any = None,
+    cache: Optional[dict] = None,
 ) -> dict:
     """The job spec (spec-file schema) of ``Loader.local(dataset, ...)``:
     the dataset (and ``collate_fn``) pickled into the host's blob directory
     (``write_pickle``); ``written_pickles(spec)`` lists the files, for
-    ``release_pickle`` when the loader closes."""
+    ``release_pickle`` when the loader closes. ``cache``: the sample
+    cache's settings (``loader._cache``), or None."""
     try:
         n = len(dataset)
     except Exception as e:
@@ -244,9 +246,13 @@ def job_spec(
     preload = [name for name in ("torch",) if name in sys.modules]
     if collate_fn is not None and not callable(collate_fn):
         raise TypeError(f"collate_fn must be callable, not {type(collate_fn).__name__}")
+    args: dict = {"seed_rngs": bool(seed_rngs), "preload": preload}
+    if cache is not None:
+        # {"bytes": N, "dir": path or None}: loader._cache.
+        args["cache"] = cache
     python = {
         "pickle_file": write_pickle(dataset),
-        "args": {"seed_rngs": bool(seed_rngs), "preload": preload},
+        "args": args,
         "num_samples": n,
     }
     if collate_fn is not None:

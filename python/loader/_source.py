@@ -22,6 +22,7 @@ import sys
 from collections.abc import Iterator, Mapping
 from typing import Any, Optional
 
+from ._cache import CachedReads
 from ._rngs import Rngs, seed_all
 
 #: First pickle of a ``pickle_file`` (``loader._dataset.write_pickle``):
@@ -84,6 +85,7 @@ class Source:
     def __init__(self, params: Mapping[str, str], num_samples: int) -> None:
         # For a pickled dataset, `args` are Loader's own settings.
         seed_rngs = True
+        settings: dict = {}
         if "pickle_file" in params or "pickle" in params:
             settings = json.loads(params.get("args") or "{}")
             seed_rngs = bool(settings.get("seed_rngs", True))
@@ -99,8 +101,14 @@ class Source:
         else:
             raise ValueError("dataset.python: give `factory` (package.module:function), `pickle_file` or `pickle`")
         self._rngs = Rngs(seed_rngs)
-        #: DataLoader's batched fetch, when the dataset has one.
-        self._getitems = getattr(self._dataset, "__getitems__", None)
+        #: ``dataset[index]`` through the sample cache
+        #: (``Loader.local(cache=)``), or None.
+        self._cached: Optional[CachedReads] = None
+        if settings.get("cache"):
+            self._cached = CachedReads(self._dataset, settings["cache"], num_samples)
+        #: DataLoader's batched fetch, when the dataset has one (not with a
+        #: cache, which reads sample by sample).
+        self._getitems = getattr(self._dataset, "__getitems__", None) if self._cached is None else None
         if self._getitems is not None:
             self._rngs.batched()
         #: The user's collate_fn (batches are then made whole by ``collate``).
@@ -148,6 +156,8 @@ class Source:
         self._torch_one_thread()
         if self._rngs.enabled:
             seed_all(sample_seed)
+        if self._cached is not None:
+            return self._cached(index)
         return self._dataset[index]
 
     def _torch_one_thread(self) -> None:
@@ -204,12 +214,12 @@ class Source:
         return list(samples)
 
     def _read_samples(self, indices: list, seeds: list, seed: Any) -> Iterator[Any]:
-        dataset = self._dataset
+        dataset, cached = self._dataset, self._cached
         for index, sample_seed in zip(indices, seeds):
             if seed is not None:
                 seed(sample_seed)
             try:
-                sample = dataset[index]
+                sample = dataset[index] if cached is None else cached(index)
             except Exception as e:
                 yield Raised(_last_line(e))
                 continue

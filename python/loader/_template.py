@@ -37,6 +37,8 @@ import threading
 import warnings
 from typing import Optional
 
+from . import _cache
+
 #: How long stopping workers get between SIGTERM and SIGKILL when the
 #: trainer goes away.
 _STOP_GRACE_S = 1.0
@@ -102,6 +104,9 @@ def _serve(sock: socket.socket) -> None:
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     live: set[int] = set()
+    # Descriptors that came with the trainer's lines (a loader's sample
+    # cache), taken in order by the spawn lines that say they carry one.
+    fds: list[int] = []
     buf = b""
     try:
         while True:
@@ -118,18 +123,21 @@ def _serve(sock: socket.socket) -> None:
             _reap(sock, live)
             if sock not in ready:
                 continue
-            data = sock.recv(1 << 16)
+            data, received, _, _ = socket.recv_fds(sock, 1 << 16, 4)
+            fds.extend(received)
             if not data:
                 return  # the trainer is gone
             buf += data
             while b"\n" in buf:
                 line, buf = buf.split(b"\n", 1)
-                _handle(sock, json.loads(line), live, (wake_r, wake_w))
+                _handle(sock, json.loads(line), live, (wake_r, wake_w), fds)
     finally:
+        for fd in fds:
+            os.close(fd)
         _stop(live)
 
 
-def _handle(sock: socket.socket, request: dict, live: set, wake: tuple) -> None:
+def _handle(sock: socket.socket, request: dict, live: set, wake: tuple, fds: list) -> None:
     if "signal" in request:
         pid, signo = request["signal"]
         if pid in live:
@@ -141,17 +149,33 @@ def _handle(sock: socket.socket, request: dict, live: set, wake: tuple) -> None:
     spawn = request.get("spawn")
     if spawn is None:
         return
-    threads = os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else ["1"]
-    if len(threads) != 1:
-        # Nothing in the template starts threads; if something did, a fork
-        # could inherit a lock held by one of them.
-        _send(sock, {"error": f"the template runs {len(threads)} threads; forking is not safe"})
-        return
-    pid = os.fork()
-    if pid == 0:
-        _child(sock, wake, spawn)
-    live.add(pid)
-    _send(sock, {"spawned": pid})
+    cache = spawn.get("cache")
+    cache_fd = None
+    if cache is not None:
+        if not fds:
+            _send(sock, {"error": "the sample cache's descriptor did not come with the request"})
+            return
+        cache_fd = fds.pop(0)
+    try:
+        threads = os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else ["1"]
+        if len(threads) != 1:
+            # Nothing in the template starts threads; if something did, a
+            # fork could inherit a lock held by one of them.
+            _send(sock, {"error": f"the template runs {len(threads)} threads; forking is not safe"})
+            return
+        pid = os.fork()
+        if pid == 0:
+            for fd in fds:  # other loaders' caches, not this worker's
+                os.close(fd)
+            if cache_fd is not None:
+                os.environ[_cache.CACHE_VARIABLE] = json.dumps({"fd": cache_fd, "entries": int(cache["entries"])})
+            _child(sock, wake, spawn)
+        live.add(pid)
+        _send(sock, {"spawned": pid})
+    finally:
+        # The worker has its own copy; the trainer holds the cache.
+        if cache_fd is not None:
+            os.close(cache_fd)
 
 
 def _child(sock: socket.socket, wake: tuple, spawn: dict) -> None:

@@ -28,6 +28,8 @@
 //! - `dataset`: `PythonDataset`, a user's Python dataset served by that
 //!   worker (`__getitem__` for a batch's indices in one call, each sample
 //!   copied into the batch buffer).
+//! - `sample_cache`: `SampleCache`, the sample cache of `Loader.local(cache=)`
+//!   (`loader_worker::sample_cache`) for the trainer and `loader._cache`.
 //! - `sample_plan`: `SamplePlan`, the shape of a dataset's samples, which
 //!   writes a plain sample (containers, arrays, numbers) into its rows
 //!   without a Python call per leaf.
@@ -38,6 +40,7 @@ mod dataset;
 mod dlpack;
 mod errors;
 mod options;
+mod sample_cache;
 mod sample_plan;
 mod session;
 mod spec;
@@ -56,6 +59,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<batch::Batch>()?;
     m.add_class::<tensor::TensorView>()?;
     m.add_class::<template::WorkerTemplate>()?;
+    m.add_class::<sample_cache::PySampleCache>()?;
+    m.add_class::<sample_cache::CacheEntry>()?;
     m.add("LoaderError", py.get_type::<errors::LoaderError>())?;
     m.add_function(wrap_pyfunction!(options::default_options, m)?)?;
     m.add_function(wrap_pyfunction!(options::check_options, m)?)?;
@@ -66,6 +71,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(spec::resume_state, m)?)?;
     m.add_function(wrap_pyfunction!(spec::merge_states, m)?)?;
     m.add_function(wrap_pyfunction!(worker::run_worker, m)?)?;
+    m.add_function(wrap_pyfunction!(worker::worker_log, m)?)?;
     m.add_function(wrap_pyfunction!(telemetry::flush_telemetry, m)?)?;
     m.add_function(wrap_pyfunction!(dataset::py_sample_seed, m)?)?;
     m.add_function(wrap_pyfunction!(dataset::window_batches, m)?)?;

@@ -20,6 +20,7 @@ use pyo3::prelude::*;
 use crate::batch::Batch;
 use crate::errors::{LoaderError, to_py};
 use crate::spec::decode;
+use crate::sample_cache::PySampleCache;
 use crate::template::WorkerTemplate;
 
 /// How often a blocked `next` checks for signals and for `close`.
@@ -95,8 +96,9 @@ impl NativeLoader {
     /// `coordinator`, or with `local = (workers, worker_command,
     /// ready_timeout)` by embedded mode's coordinator in this process and
     /// `workers` worker processes started with `worker_command`, or forked
-    /// by `template = (WorkerTemplate, threads)` (`loader._template`) under
-    /// the thread policy `threads` when given. See
+    /// by `template = (WorkerTemplate, threads, cache)` (`loader._template`)
+    /// under the thread policy `threads`, each inheriting the sample cache
+    /// `cache` when there is one. See
     /// `loader.Loader`. `resume` is a saved state (JSON), else `start_at`
     /// the first batch to yield (the first of the epoch that `set_epoch`
     /// chose before the first iteration).
@@ -113,7 +115,7 @@ impl NativeLoader {
         resume: Option<&str>,
         start_at: Option<u64>,
         local: Option<(usize, Vec<String>, f64)>,
-        template: Option<(PyRef<'_, WorkerTemplate>, u32)>,
+        template: Option<(PyRef<'_, WorkerTemplate>, u32, Option<Py<PySampleCache>>)>,
     ) -> PyResult<Self> {
         crate::telemetry::start();
         let spec = decode(spec)?;
@@ -125,7 +127,7 @@ impl NativeLoader {
                 })?;
                 let builder = Loader::local_builder(spec, workers).ready_timeout(ready);
                 match template {
-                    Some((template, threads)) => builder.worker_launcher(template.launcher(threads)),
+                    Some((template, threads, cache)) => builder.worker_launcher(template.launcher(threads, cache)),
                     None => builder.worker_command(Some(command.into_iter().map(OsString::from).collect())),
                 }
             }

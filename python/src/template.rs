@@ -13,7 +13,8 @@
 //!
 //! | from | line | meaning |
 //! | --- | --- | --- |
-//! | trainer | `{"spawn": {"argv": [..], "env_remove": [..]}}` | fork a worker running `loader-worker argv` |
+//! | trainer | `{"spawn": {"argv": [..], "env_remove": [..], "threads": N}}` | fork a worker running `loader-worker argv` |
+//! | trainer | the same with `"cache": {"entries": N}`, the cache's descriptor riding on the line (SCM_RIGHTS) | the worker inherits the loader's sample cache (`LOADER_SAMPLE_CACHE` names it) |
 //! | template | `{"spawned": PID}` or `{"error": "why"}` | the answer to a spawn, the next line that is not an exit |
 //! | trainer | `{"signal": [PID, SIGNO]}` | signal a worker the template has not yet reaped (no answer) |
 //! | template | `{"exited": PID, "status": "exit status: 0"}` | a worker exited; the template reaped it |
@@ -25,8 +26,8 @@
 //! exits.
 
 use std::collections::HashMap;
-use std::io::{ErrorKind, Read, Write};
-use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::io::{ErrorKind, IoSlice, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -34,10 +35,13 @@ use std::time::{Duration, Instant};
 use loader_client::LoaderError;
 use loader_client::embedded::{WorkerLauncher, WorkerProcess};
 use nix::sys::signal::{Signal, kill};
+use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
 use nix::unistd::Pid;
 use pyo3::exceptions::PyOSError;
 use pyo3::prelude::*;
 use serde_json::{Value, json};
+
+use crate::sample_cache::PySampleCache;
 
 /// How long the template gets to answer a spawn: a fork takes milliseconds;
 /// a template that does not answer in this time is stuck.
@@ -91,8 +95,9 @@ impl WorkerTemplate {
     /// The launcher for `LoaderBuilder::worker_launcher`: workers forked
     /// by this template under the thread policy `threads`
     /// (`loader._worker.apply_thread_policy`).
-    pub(crate) fn launcher(&self, threads: u32) -> Arc<dyn WorkerLauncher> {
-        Arc::new(TemplateLauncher { pid: self.pid, threads, conn: Arc::clone(&self.conn) })
+    /// `cache`: the loader's sample cache, which every worker inherits.
+    pub(crate) fn launcher(&self, threads: u32, cache: Option<Py<PySampleCache>>) -> Arc<dyn WorkerLauncher> {
+        Arc::new(TemplateLauncher { pid: self.pid, threads, cache, conn: Arc::clone(&self.conn) })
     }
 }
 
@@ -103,6 +108,8 @@ struct TemplateLauncher {
     pid: u32,
     /// The workers' thread policy.
     threads: u32,
+    /// The loader's sample cache, handed to each worker.
+    cache: Option<Py<PySampleCache>>,
     /// One conversation at a time: a spawn's answer is the next line that
     /// is not an exit. Shared with the workers, which read their exits
     /// from it.
@@ -186,10 +193,30 @@ impl Conn {
     }
 
     fn send(&mut self, value: &Value) -> std::io::Result<()> {
+        self.send_with(value, None)
+    }
+
+    /// Sends `value` as one line, with descriptor `fd` riding on its first
+    /// byte when given (the template takes the descriptors in the order
+    /// their lines come).
+    fn send_with(&mut self, value: &Value, fd: Option<RawFd>) -> std::io::Result<()> {
         let mut line = value.to_string().into_bytes();
         line.push(b'\n');
         self.stream.set_nonblocking(false)?;
-        self.stream.write_all(&line)
+        let mut sent = 0;
+        if let Some(fd) = fd {
+            let fds = [fd];
+            let iov = [IoSlice::new(&line)];
+            let control = [ControlMessage::ScmRights(&fds)];
+            sent = loop {
+                match sendmsg::<()>(self.stream.as_raw_fd(), &iov, &control, MsgFlags::MSG_NOSIGNAL, None) {
+                    Ok(n) => break n,
+                    Err(nix::errno::Errno::EINTR) => continue,
+                    Err(e) => return Err(e.into()),
+                }
+            };
+        }
+        self.stream.write_all(&line[sent..])
     }
 }
 
@@ -206,7 +233,12 @@ impl WorkerLauncher for TemplateLauncher {
         if conn.closed {
             return Err(failed("it has exited".into()));
         }
-        conn.send(&json!({"spawn": {"argv": argv, "env_remove": env_remove, "threads": self.threads}}))
+        let mut spawn = json!({"argv": argv, "env_remove": env_remove, "threads": self.threads});
+        let cache = self.cache.as_ref().map(|c| c.get());
+        if let Some(cache) = cache {
+            spawn["cache"] = json!({"entries": cache.entries()});
+        }
+        conn.send_with(&json!({ "spawn": spawn }), cache.map(PySampleCache::raw_fd))
             .map_err(|e| failed(e.to_string()))?;
         let answer = conn.pump(Some(Instant::now() + SPAWN_ANSWER));
         drop(conn);

@@ -27,3 +27,11 @@ pub(crate) fn run_worker(py: Python<'_>, argv: Vec<String>) -> i32 {
     let code = py.detach(move || loader_worker::main_with_datasets(argv, datasets));
     if code == ExitCode::SUCCESS { 0 } else { 1 }
 }
+
+/// Writes `message` to this worker's log (info level, target
+/// `loader_worker::sample_cache`; shown with `RUST_LOG=info`): what the
+/// Python half decided (`loader._cache`).
+#[pyfunction]
+pub(crate) fn worker_log(message: &str) {
+    tracing::info!(target: "loader_worker::sample_cache", "{message}");
+}

@@ -39,6 +39,9 @@
 //! - `ring`: the shared-memory transport to co-located trainers: one Unix
 //!   socket connection per trainer ring, its memfd mapped, batches collated
 //!   straight into granted slots.
+//! - [`sample_cache`]: samples kept across epochs in a file the
+//!   co-located workers of one loader share (a memfd or an unnamed file),
+//!   written once per index, read without locks.
 //! - `service`: the `BatchService` gRPC server (with health and reflection).
 //! - [`error`]: [`WorkerError`], and the one mapping of errors to gRPC
 //!   statuses.
@@ -61,6 +64,7 @@ mod meters;
 mod outbox;
 mod producer;
 mod ring;
+pub mod sample_cache;
 mod service;
 mod window;
 
