@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, as the README gives it and CI runs it:
 #   1. a Python virtualenv for the tests (numpy, pytest, Pillow, cloudpickle,
-#      torch) under target/test-venv, so the Pillow pixel-agreement test has
+#      torch, torchvision) under target/test-venv, so the Pillow pixel-agreement test has
 #      its reference and the Python-dataset tests run against torch's
 #      default_collate instead of skipping (torch from PyPI, a few GB, once:
 #      skipped when already importable);
@@ -36,7 +36,9 @@ fi
 if ! "$venv/bin/python" -c 'import torch' >/dev/null 2>&1; then
   # No pip cache: torch and its CUDA libraries are ~3 GB that would sit
   # in ~/.cache/pip a second time (CI once ran out of disk).
-  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-cache-dir torch
+  # torchvision with it (one resolve, so their versions match): the sample
+  # cache's ImageFolder test.
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-cache-dir torch torchvision
 fi
 
 deploy/check.sh

@@ -129,7 +129,7 @@ def check(dataset: Any) -> None:
         raise TypeError(
             f"cache: {type(dataset).__name__} does not say which part of a sample is the same every epoch; "
             "give it loader_load(index) (cached) and loader_transform(loaded, index) (run every time), "
-            "see docs/python-datasets.md"
+            "see docs/migrating-from-dataloader.md"
         )
 
 

@@ -255,3 +255,91 @@ class Windows:
 
     def __getitem__(self, i: int):
         return {"tokens": np.arange(self.base + i, self.base + i + self.width, dtype=np.uint32)}
+
+
+class CachedPhotos:
+    """A dataset split for the sample cache (``loader_load`` /
+    ``loader_transform``): a deterministic "decoded" PIL image per index
+    (slow to make: ``load_s`` seconds), then a random crop and flip drawn
+    from Python's and numpy's RNGs, and the label. Counts its loads in
+    ``loads_dir`` (one file per load) when given, so a test sees which
+    indexes were loaded rather than read from the cache."""
+
+    def __init__(self, n: int = 48, size: int = 40, load_s: float = 0.002, loads_dir=None) -> None:
+        self.n, self.size, self.load_s, self.loads_dir = n, size, load_s, loads_dir
+
+    def __len__(self) -> int:
+        return self.n
+
+    def loader_load(self, i: int):
+        from PIL import Image
+
+        time.sleep(self.load_s)
+        if self.loads_dir is not None:
+            import os
+
+            open(os.path.join(self.loads_dir, f"{i}-{os.getpid()}-{time.monotonic_ns()}"), "w").close()
+        pixels = (np.arange(self.size * self.size * 3, dtype=np.uint32).reshape(self.size, self.size, 3) * (i + 7)) % 251
+        image = Image.fromarray(pixels.astype(np.uint8), "RGB")
+        image.info["index"] = i  # kept with the pixels
+        return image
+
+    def loader_transform(self, image, i: int):
+        assert image.info["index"] == i
+        left, top = random.randrange(8), int(np.random.randint(8))
+        crop = image.crop((left, top, left + 24, top + 24))
+        if random.random() < 0.5:
+            from PIL import Image
+
+            crop = crop.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        return np.asarray(crop).copy(), i
+
+    def __getitem__(self, i: int):
+        return self.loader_transform(self.loader_load(i), i)
+
+
+class CachedArrays:
+    """A dataset split for the sample cache whose loaded half is a numpy
+    array (stored pickled, out of band) that the transform changes in
+    place: the copy read back must be writable and the cache's own bytes
+    must not change."""
+
+    def __init__(self, n: int = 40, load_s: float = 0.002) -> None:
+        self.n, self.load_s = n, load_s
+
+    def __len__(self) -> int:
+        return self.n
+
+    def loader_load(self, i: int):
+        time.sleep(self.load_s)
+        return {"x": np.full(16, i, dtype=np.float32), "tag": f"row-{i}"}
+
+    def loader_transform(self, loaded, i: int):
+        x = loaded["x"]
+        x += np.random.rand(16).astype(np.float32)  # in place
+        assert loaded["tag"] == f"row-{i}"
+        return x, i
+
+    def __getitem__(self, i: int):
+        return self.loader_transform(self.loader_load(i), i)
+
+
+class CheapCached:
+    """A split dataset whose load costs nothing (a row of a table in
+    memory): reading it back from the cache cannot pay."""
+
+    def __init__(self, n: int = 4000) -> None:
+        self.n = n
+        self.table = np.arange(n * 4, dtype=np.int64).reshape(n, 4)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def loader_load(self, i: int):
+        return self.table[i]
+
+    def loader_transform(self, row, i: int):
+        return row + 1, i
+
+    def __getitem__(self, i: int):
+        return self.loader_transform(self.loader_load(i), i)

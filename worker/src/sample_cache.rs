@@ -27,6 +27,10 @@
 //! only that index (its slot stays claimed: later readers load it
 //! themselves). Once the space runs out, indexes without an entry are
 //! marked never-cached and loaded every time.
+//!
+//! Each worker also counts its own hits, misses, stored bytes and refusals
+//! for Prometheus (`loader_worker_sample_cache_*_total`); the file's header
+//! holds the sums over every worker, which the trainer reads.
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -320,6 +324,7 @@ impl SampleCache {
             let Some(end) = end else {
                 slot.store(NEVER, Ordering::Release);
                 self.count(Word::Refused, 1);
+                metrics::counter!("loader_worker_sample_cache_refused_total").increment(1);
                 return Put::Full;
             };
             match next.compare_exchange_weak(offset, end, Ordering::Relaxed, Ordering::Relaxed) {
@@ -341,6 +346,7 @@ impl SampleCache {
         slot.store(READY | offset, Ordering::Release);
         self.count(Word::Stored, 1);
         self.count(Word::StoredBytes, len);
+        metrics::counter!("loader_worker_sample_cache_stored_bytes_total").increment(len);
         Put::Stored
     }
 
@@ -348,6 +354,7 @@ impl SampleCache {
     /// back cost).
     pub fn record_hit(&self, nanos: Option<u64>) {
         self.count(Word::Hits, 1);
+        metrics::counter!("loader_worker_sample_cache_hits_total").increment(1);
         self.time_hit(nanos);
     }
 
@@ -363,6 +370,7 @@ impl SampleCache {
     /// Counts a read that loaded its sample, and what loading it cost.
     pub fn record_miss(&self, nanos: u64) {
         self.count(Word::Misses, 1);
+        metrics::counter!("loader_worker_sample_cache_misses_total").increment(1);
         self.count(Word::LoadNanos, nanos);
         self.count(Word::Loads, 1);
     }

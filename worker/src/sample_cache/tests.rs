@@ -63,6 +63,25 @@ fn turned_off_it_finds_and_stores_nothing_and_says_why() {
 }
 
 #[test]
+fn the_counters_are_every_mappings_sums() {
+    let cache = SampleCache::create(4, 4096, None).expect("create");
+    let other = reopen(&cache);
+    cache.record_miss(300);
+    other.record_miss(500);
+    cache.time_store(40);
+    other.record_hit(Some(20));
+    other.record_hit(None);
+    cache.time_hit(Some(10));
+    let s = cache.stats();
+    assert_eq!((s.misses, s.loads, s.load_nanos), (2, 2, 800));
+    assert_eq!((s.stores_timed, s.store_nanos), (1, 40));
+    assert_eq!((s.hits, s.hits_timed, s.hit_nanos), (2, 2, 30));
+    assert_eq!((s.entries, s.capacity), (4, 4096));
+    other.turn_off(Off::OneEpoch);
+    assert_eq!(cache.stats().off, Some(Off::OneEpoch));
+}
+
+#[test]
 fn a_file_that_is_not_a_cache_of_that_size_is_refused() {
     let cache = SampleCache::create(100, 4096, None).expect("create");
     let fd = cache.fd().try_clone_to_owned().expect("dup");

@@ -1,0 +1,150 @@
+"""The sample cache (``Loader.local(dataset, cache=...)``, ``loader._cache``):
+batches are bit-identical with and without it over several epochs of
+random augmentation, each sample is loaded once, the workers share one
+cache, and a cache that does not pay (or a one-epoch job) turns itself off.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import numpy as np
+import pytest
+
+import loader
+from sample_datasets import CachedArrays, CachedPhotos, CheapCached, NumpyRows
+
+
+def _run(ds, epochs: int, batch_size: int = 8, **kwargs):
+    """Every batch of every epoch as (epoch, indexes, bytes of the first
+    leaf), in order, and the cache's counters before close."""
+    out = []
+    with loader.Loader.local(ds, workers=2, batch_size=batch_size, shuffle=True, seed=5, epochs=epochs, **kwargs) as dl:
+        for epoch in range(epochs):
+            dl.set_epoch(epoch)
+            for x, i in dl:
+                out.append((epoch, np.asarray(i).tolist(), np.asarray(x).tobytes()))
+        stats = dl.cache_stats()
+    return out, stats
+
+
+def _loads(directory: pathlib.Path) -> dict[int, int]:
+    """Loads per index the workers made (files CachedPhotos writes; the
+    trainer's own read of sample 0, to size the ring, left out)."""
+    counts: dict[int, int] = {}
+    for name in os.listdir(directory):
+        index, pid, _ = name.split("-")
+        if int(pid) != os.getpid():
+            counts[int(index)] = counts.get(int(index), 0) + 1
+    return counts
+
+
+def test_cached_batches_are_the_uncached_ones_and_each_sample_loads_once(tmp_path):
+    plain, none = _run(CachedPhotos(), epochs=3)
+    assert none is None
+    cached, stats = _run(CachedPhotos(loads_dir=str(tmp_path)), epochs=3, cache=True)
+    assert [(e, i) for e, i, _ in cached] == [(e, i) for e, i, _ in plain]
+    for (e, i, want), (_, _, got) in zip(plain, cached):
+        assert got == want, f"epoch {e}, batch of {i}: cached pixels differ"
+    assert stats["on"], stats
+    assert stats["stored"] == 48 and stats["refused_full"] == 0, stats
+    loads = _loads(tmp_path)
+    assert sorted(loads) == list(range(48))
+    assert sum(loads.values()) == stats["misses"], (loads, stats)
+    # Every read is a hit but the first of each index, unless two workers
+    # read one at the same moment: a worker prefetching the next epoch (or
+    # running a backup copy of a late batch) while the other is still
+    # loading the index for the first time, or both reading sample 0 for
+    # the schema. Never more than once per worker.
+    assert all(n <= 2 for n in loads.values()), loads
+    assert stats["hits"] + stats["misses"] == 3 * 48 + 2, stats
+    assert stats["hits"] >= 2 * 48 - 16, stats
+
+
+def test_a_loaded_array_changed_in_place_by_the_transform_reads_back_unchanged():
+    plain, _ = _run(CachedArrays(), epochs=3)
+    cached, stats = _run(CachedArrays(), epochs=3, cache="1MiB")
+    assert cached == plain
+    assert stats["on"] and stats["stored"] == 40, stats
+
+
+def test_over_budget_samples_are_loaded_every_time_with_the_same_results():
+    # Each 40x40 RGB image takes ~6.5 KB as RGBX: room for about ten.
+    budget = 10 * 6500
+    plain, _ = _run(CachedPhotos(), epochs=2)
+    cached, stats = _run(CachedPhotos(), epochs=2, cache=budget)
+    assert cached == plain
+    assert 0 < stats["stored"] < 48 and stats["refused_full"] > 0, stats
+    assert stats["stored_bytes"] <= budget
+
+
+def test_a_cache_that_does_not_pay_turns_itself_off():
+    plain, _ = _run(CheapCached(), epochs=2, batch_size=64)
+    cached, stats = _run(CheapCached(), epochs=2, batch_size=64, cache=True)
+    assert cached == plain
+    assert not stats["on"], stats
+    assert "cost about as much as loading" in stats["off_reason"]
+    assert stats["stored"] < 4000
+
+
+def test_a_one_epoch_job_never_caches():
+    _, stats = _run(CachedPhotos(), epochs=1, cache=True)
+    assert not stats["on"] and "one epoch" in stats["off_reason"], stats
+    assert stats["stored"] == 0, stats
+
+
+def test_a_cache_in_a_directory_leaves_no_file_there(tmp_path):
+    plain, _ = _run(CachedPhotos(n=24), epochs=2)
+    cached, stats = _run(CachedPhotos(n=24), epochs=2, cache="8MB", cache_dir=str(tmp_path))
+    assert cached == plain
+    assert stats["stored"] == 24, stats
+    assert os.listdir(tmp_path) == []
+
+
+def test_spawned_workers_keep_a_cache_each_with_the_same_results():
+    plain, _ = _run(CachedArrays(n=24), epochs=2)
+    cached, stats = _run(CachedArrays(n=24), epochs=2, cache=True, multiprocessing_context="spawn")
+    assert cached == plain
+    assert stats is None  # the trainer holds no cache: each worker has its own
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, words",
+    [
+        ({"cache": "lots"}, ValueError, "not a size"),
+        ({"cache": -5}, ValueError, "positive size"),
+        ({"cache_dir": "/tmp"}, TypeError, "give cache= too"),
+    ],
+)
+def test_bad_cache_settings_fail_in_one_line(kwargs, error, words):
+    with pytest.raises(error) as e:
+        loader.Loader.local(CachedPhotos(), workers=1, batch_size=4, epochs=2, **kwargs)
+    assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_dataset_that_does_not_split_is_refused_in_one_line():
+    with pytest.raises(TypeError) as e:
+        loader.Loader.local(NumpyRows(), workers=1, batch_size=4, epochs=2, cache=True)
+    assert "loader_load(index)" in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(TypeError, match="only for a dataset"):
+        loader.Loader.local({"dataset": {"synthetic": {"num_samples": 8, "shape": [2]}}}, workers=1, cache=True)
+
+
+def test_torchvision_image_folder_caches_its_decoded_images(tmp_path):
+    torchvision = pytest.importorskip("torchvision", reason="torchvision is not installed in this venv")
+    from PIL import Image
+    from torchvision import transforms as T
+
+    rng = np.random.default_rng(0)
+    for c in range(2):
+        (tmp_path / f"class{c}").mkdir()
+        for k in range(12):
+            pixels = rng.integers(0, 255, size=(160 + k, 200 + 2 * k, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(tmp_path / f"class{c}" / f"{k}.jpg", quality=90)
+    transform = T.Compose([T.RandomResizedCrop(32), T.RandomHorizontalFlip(), T.PILToTensor()])
+    folder = torchvision.datasets.ImageFolder(str(tmp_path), transform=transform)
+    plain, _ = _run(folder, epochs=3)
+    cached, stats = _run(folder, epochs=3, cache=True)
+    assert cached == plain
+    assert stats["stored"] == 24 and stats["hits"] >= 48, stats
