@@ -369,7 +369,8 @@ class Loader:
             if cache_bytes is not None:
                 _cache.check(job)
                 cache_settings = {
-                    "bytes": cache_bytes,
+                    # Spawned workers keep a cache each: the budget is split.
+                    "bytes": cache_bytes if template is not None else max(1, cache_bytes // workers),
                     "dir": None if cache_dir is None else os.fspath(cache_dir),
                     "epochs": settings["epochs"],
                 }

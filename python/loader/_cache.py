@@ -75,7 +75,7 @@ _KIND_PICKLE = 0x50  # "P"
 _IMAGE_MODES = frozenset({"1", "L", "LA", "I", "I;16", "F", "RGB", "RGBA", "RGBX", "CMYK", "YCbCr", "LAB", "HSV"})
 
 #: Bytes per chunk of pixels an image is encoded in.
-_PIXEL_CHUNK = 4 << 20
+_PIXEL_CHUNK = 1 << 20
 
 #: How pixels of a mode are stored, when not as the mode itself.
 _RAW_MODES = {"RGB": "RGBX"}
@@ -180,7 +180,7 @@ def encode(obj: Any) -> list:
 
 def _pixels(image: Any, obj: Any, raw: str) -> list:
     """The pixels of PIL image ``obj`` in raw mode ``raw``, as
-    ``obj.tobytes("raw", raw)`` makes them but in chunks of up to 4 MiB,
+    ``obj.tobytes("raw", raw)`` makes them but in chunks of up to 1 MiB,
     not joined: the cache writes the parts one after the other, so the
     copy ``tobytes`` makes to join its 64 KiB chunks is saved."""
     encoder = getattr(image, "_getencoder", None)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import signal
 
 import numpy as np
 import pytest
@@ -148,3 +149,24 @@ def test_torchvision_image_folder_caches_its_decoded_images(tmp_path):
     cached, stats = _run(folder, epochs=3, cache=True)
     assert cached == plain
     assert stats["stored"] == 24 and stats["hits"] >= 48, stats
+
+
+def test_a_worker_killed_mid_epoch_loses_nothing_and_the_cache_stays_whole():
+    plain, _ = _run(CachedPhotos(), epochs=3)
+    out = []
+    with loader.Loader.local(CachedPhotos(), workers=2, batch_size=8, shuffle=True, seed=5, epochs=3, cache=True) as dl:
+        killed = False
+        for epoch in range(3):
+            dl.set_epoch(epoch)
+            for x, i in dl:
+                out.append((epoch, np.asarray(i).tolist(), np.asarray(x).tobytes()))
+                if len(out) == 2 and not killed:
+                    # In the first epoch, while both are loading and
+                    # storing: it may die holding an index it claimed,
+                    # which later reads then load themselves.
+                    os.kill(dl.worker_pids()[0], signal.SIGKILL)
+                    killed = True
+        stats = dl.cache_stats()
+    assert killed
+    assert out == plain
+    assert 40 <= stats["stored"] <= 48, stats
