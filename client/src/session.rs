@@ -34,11 +34,11 @@ use crate::connect::{attempt, with_retries};
 use crate::error::LoaderError;
 use crate::event::{Event, EventTx};
 use crate::options::DEFAULT_COORDINATOR_TIMEOUT;
+// Until the coordinator says how long leases last and how often to
+// heartbeat: its own defaults.
+use loader_proto::lease::{DEFAULT_LEASE_TTL, heartbeat_interval};
 
-/// Used when the coordinator does not say how often to heartbeat.
-const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(1);
-/// Used when the coordinator does not say how long leases last.
-const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(5);
+
 
 /// What the trainer reports through heartbeats; written by the consumer
 /// (and, for the workers it cannot reach, the routes task), read by the
@@ -173,7 +173,7 @@ impl Session {
             lease_ttl: DEFAULT_LEASE_TTL,
             id: watch::Sender::new(0),
             key: std::sync::Mutex::new((0, "".into())),
-            heartbeat_interval: DEFAULT_HEARTBEAT,
+            heartbeat_interval: heartbeat_interval(DEFAULT_LEASE_TTL),
             progress: Arc::default(),
             reopen_wanted: Notify::new(),
             beat_wanted: Notify::new(),
@@ -476,7 +476,7 @@ impl Session {
             lease_ttl: DEFAULT_LEASE_TTL,
             id: watch::Sender::new(1),
             key: std::sync::Mutex::new((1, "".into())),
-            heartbeat_interval: DEFAULT_HEARTBEAT,
+            heartbeat_interval: heartbeat_interval(DEFAULT_LEASE_TTL),
             progress: Arc::default(),
             reopen_wanted: Notify::new(),
             beat_wanted: Notify::new(),

@@ -1,4 +1,4 @@
-//! Weighted mixtures (issue 31) against real worker processes: three token
+//! Weighted mixtures against real worker processes: three token
 //! files of 1,000 / 10,000 / 100,000 windows mixed 0.2 / 0.3 / 0.5 over
 //! several passes of the small one. Each window's first token says which
 //! file and which window it is, so every batch is checked against the

@@ -258,12 +258,12 @@ pub struct MeasureArgs {
     /// `cuda`), auto (a GPU if usable, else the host) or host (the device
     /// path with host memory as the device: checks it without a GPU).
     #[arg(long, value_name = "DEVICE", default_value = "cpu")]
-    pub device: String,
+    pub device: loader_client::Device,
     /// The shared-memory ring as `SLOTS,SLOT_BYTES` [default: slots the
     /// size of the batch, at most 16 MiB: a larger batch streams over gRPC
     /// unless its slots are given here].
-    #[arg(long, value_name = "SLOTS,SLOT_BYTES")]
-    pub ring: Option<String>,
+    #[arg(long, value_name = "SLOTS,SLOT_BYTES", value_parser = parse_ring)]
+    pub ring: Option<RingGeometry>,
     /// Host-to-device copies queued ahead of the batch being consumed.
     #[arg(long, value_name = "N", default_value_t = loader_client::DEFAULT_DEVICE_PREFETCH)]
     pub device_prefetch: u32,
@@ -305,6 +305,22 @@ pub struct ScaleArgs {
     /// TLS and tokens (docs/security.md).
     #[command(flatten)]
     pub security: SecurityArgs,
+}
+
+/// `--ring SLOTS,SLOT_BYTES`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RingGeometry {
+    /// Slots of the ring.
+    pub slots: u32,
+    /// Bytes per slot.
+    pub slot_bytes: u64,
+}
+
+fn parse_ring(s: &str) -> Result<RingGeometry, String> {
+    s.split_once(',')
+        .and_then(|(slots, bytes)| Some((slots.trim().parse::<u32>().ok()?, bytes.trim().parse::<u64>().ok()?)))
+        .map(|(slots, slot_bytes)| RingGeometry { slots, slot_bytes })
+        .ok_or_else(|| "expected SLOTS,SLOT_BYTES (e.g. 8,41943040)".to_owned())
 }
 
 fn parse_wait(s: &str) -> Result<f64, String> {
@@ -393,8 +409,8 @@ pub struct TopArgs {
     pub coordinator: String,
     /// Seconds between polls of the coordinator (and redraws), 0.1 to
     /// 3600; fractions allowed.
-    #[arg(long, value_name = "SECONDS", default_value = "1", allow_negative_numbers = true)]
-    pub interval: String,
+    #[arg(long, value_name = "SECONDS", default_value = "1", allow_negative_numbers = true, value_parser = top::parse_interval)]
+    pub interval: std::time::Duration,
     /// Print one frame (after two polls one interval apart, so rates are
     /// real) as plain text on stdout, and exit.
     #[arg(long)]
@@ -438,7 +454,18 @@ fn merge_states(args: &MergeStatesArgs) -> anyhow::Result<()> {
 /// The whole `loaderctl` command line. Errors are printed as one line,
 /// `loaderctl: error: <message>`, with a non-zero exit code.
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => {
+            // --help and --version.
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("loaderctl: error: {}", loader_process::args::one_line(&e));
+            return ExitCode::from(2);
+        }
+    };
     // Only `run` starts workers of its own; the others stop only themselves.
     let own_workers = matches!(cli.command, Command::Run(_));
     // Each arm holds the telemetry guard to its end: dropping it flushes

@@ -85,20 +85,13 @@ impl TransportArg {
 
 /// Applies the transport, prefetch and device flags to a loader's builder.
 pub(super) fn configure(builder: LoaderBuilder, args: &MeasureArgs) -> anyhow::Result<LoaderBuilder> {
-    let device: Device = args.device.parse().map_err(|e| anyhow::anyhow!("--device: {e}"))?;
     let mut builder = builder
         .prefetch(args.prefetch)
         .shared_memory(args.transport.shared_memory())
-        .device(device)
+        .device(args.device)
         .device_prefetch(args.device_prefetch);
-    if let Some(ring) = &args.ring {
-        let parsed = ring
-            .split_once(',')
-            .and_then(|(slots, bytes)| Some((slots.trim().parse::<u32>().ok()?, bytes.trim().parse::<u64>().ok()?)));
-        let Some((slots, bytes)) = parsed else {
-            anyhow::bail!("--ring {ring:?}: expected SLOTS,SLOT_BYTES (e.g. 8,41943040)");
-        };
-        builder = builder.ring(slots, bytes);
+    if let Some(ring) = args.ring {
+        builder = builder.ring(ring.slots, ring.slot_bytes);
     }
     Ok(match &args.metrics_listen {
         Some(addr) => builder.metrics_listen(addr.clone()),

@@ -582,7 +582,7 @@ fn top_and_status_json_errors_are_one_line() {
     let down = "http://127.0.0.1:1";
     for interval in ["0", "soon", "-1"] {
         let run = loaderctl(&["top", "--once", "--interval", interval, "--coordinator", down], limit);
-        assert_one_line_error(&run, &format!("--interval {interval:?}"));
+        assert_one_line_error(&run, &format!("invalid value '{interval}' for '--interval <SECONDS>'"));
     }
     assert_one_line_error(
         &loaderctl(&["top", "--once", "--coordinator", down], limit),
@@ -623,9 +623,9 @@ fn run_device_cuda_without_a_usable_gpu_is_one_line_and_auto_runs_on_the_host() 
     } else {
         assert_eq!(report["device"], "cuda:0", "{report}");
     }
-    assert_one_line_error(&run_small(&["--device", "tpu"]), "--device: invalid device \"tpu\"");
+    assert_one_line_error(&run_small(&["--device", "tpu"]), "invalid value 'tpu' for '--device <DEVICE>': invalid device \"tpu\"");
     assert_one_line_error(&run_small(&["--device-prefetch", "0"]), "device_prefetch must be > 0");
-    assert_one_line_error(&run_small(&["--ring", "4,x"]), "--ring \"4,x\": expected SLOTS,SLOT_BYTES");
+    assert_one_line_error(&run_small(&["--ring", "4,x"]), "invalid value '4,x' for '--ring <SLOTS,SLOT_BYTES>': expected SLOTS,SLOT_BYTES");
 }
 
 #[test]

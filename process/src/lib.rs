@@ -27,11 +27,13 @@
 //!   pickled dataset, once per host), and SHA-256 in the spelling blobs are
 //!   named by.
 //! - [`size`]: sizes as people write them on command lines (`8GiB`).
+//! - [`args`]: clap's usage errors as one line.
 //!
 //! Nothing here knows Loader's protocol: it sits below the crates that do
 //! (`loader-proto` defines the messages; server, worker and client map their
 //! own errors to gRPC codes).
 
+pub mod args;
 pub mod blobs;
 pub mod grpc;
 pub mod heap;

@@ -15,6 +15,13 @@ use std::time::Duration;
 use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder, Retryable};
 use tokio::time::Instant;
 
+/// The pause after a listener's `accept` fails (out of file descriptors and
+/// the like) before it accepts again: such errors last until some
+/// connection closes, and accepting again at once would only fill the log.
+/// Every listener of every Loader process (gRPC servers, a trainer's ring
+/// socket) pauses this long.
+pub const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
+
 /// Pauses between attempts: `first`, doubling up to `max`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Backoff {

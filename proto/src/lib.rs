@@ -18,6 +18,8 @@
 //! - [`footprint`]: the bytes of a job's batch, told from its spec.
 //! - [`window`]: how many batches of a job may be in flight per consumer,
 //!   sized by bytes so that small batches travel in large windows.
+//! - [`lease`]: lease length, heartbeat and reaping intervals, one rule for
+//!   the coordinator and the processes holding leases.
 //! - [`dtype`]: sizes and names of element types.
 //! - [`blob`]: files a job needs beside its spec (a pickled dataset), named
 //!   by their SHA-256: the chunk size and the checks of a spec's blob list.
@@ -28,6 +30,7 @@ pub mod doorbell;
 pub mod elastic;
 pub mod dtype;
 pub mod footprint;
+pub mod lease;
 pub mod mixture;
 pub mod ring;
 pub mod sampler;

@@ -1,5 +1,5 @@
 //! A weighted mixture of datasets as a pure function of the position in the
-//! mixture's stream (issue 31, the sampler's half): which source position
+//! mixture's stream (the sampler's half of weighted mixtures): which source position
 //! `p` draws from and which of that source's samples, in O(K + log D) time
 //! and O(K) memory (K sources, D the weights' denominator), so that the
 //! coordinator, every worker and the trainer agree without lists, on any
@@ -647,7 +647,7 @@ mod tests {
 
     #[test]
     fn three_sources_of_very_different_sizes() {
-        // Issue 31's case: 1,000 / 10,000 / 100,000 samples at 0.2 / 0.3 /
+        // The mixtures design's case: 1,000 / 10,000 / 100,000 samples at 0.2 / 0.3 /
         // 0.5, blocks of 64, over several passes of the small source.
         let mix = Mixture::new(
             &sources(&[1_000, 10_000, 100_000], &[2, 3, 5]),

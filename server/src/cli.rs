@@ -87,9 +87,14 @@ where
 {
     let args = match Args::try_parse_from(args) {
         Ok(a) => a,
-        Err(e) => {
+        Err(e) if !e.use_stderr() => {
+            // --help and --version.
             let _ = e.print();
-            return if e.use_stderr() { ExitCode::from(2) } else { ExitCode::SUCCESS };
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("loader-server: error: {}", loader_process::args::one_line(&e));
+            return ExitCode::from(2);
         }
     };
     let _telemetry = loader_process::telemetry::init("loader-server");

@@ -4,19 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// Lease length of workers and sessions unless told otherwise: long enough
-/// that a loaded machine's scheduling hiccup does not expire a live
-/// process, short enough that a dead one's batches come back in seconds.
-pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(5);
-
-/// Heartbeats per lease: a worker or trainer renews this many times per
-/// TTL, so that one or two lost or late heartbeats never expire it.
-pub const HEARTBEATS_PER_LEASE: u32 = 3;
-
-/// How often a process holding a lease of `ttl` is asked to heartbeat.
-pub fn heartbeat_interval(ttl: Duration) -> Duration {
-    ttl / HEARTBEATS_PER_LEASE
-}
+pub use loader_proto::lease::{DEFAULT_LEASE_TTL, HEARTBEATS_PER_LEASE, heartbeat_interval};
 
 /// How the coordinator hands out work and how long leases last.
 #[derive(Debug, Clone)]

@@ -689,9 +689,10 @@ impl Coordinator {
         Ok(())
     }
 
-    /// Expires leases every quarter TTL until `stop` is cancelled.
+    /// Expires leases every `reap_interval` (a quarter TTL) until `stop` is
+    /// cancelled.
     pub(crate) async fn reap_leases(self, stop: tokio_util::sync::CancellationToken) {
-        let mut tick = tokio::time::interval((self.config.lease_ttl / 4).max(Duration::from_millis(10)));
+        let mut tick = tokio::time::interval(loader_proto::lease::reap_interval(self.config.lease_ttl));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {

@@ -28,6 +28,8 @@
 //! - [`certs`](TestCa): a CA and the certificates it signs, as PEM files.
 //! - [`dataset_files`]: images, class folders, tar shards and npy arrays
 //!   written by tests.
+//! - [`skipped`]: a test that cannot run here says so (and fails in CI,
+//!   which installs what every test needs).
 
 mod admin;
 mod certs;
@@ -40,6 +42,7 @@ mod proc;
 mod relay;
 mod scope;
 mod silent;
+mod skip;
 mod trainer;
 mod wait;
 
@@ -53,5 +56,6 @@ pub use proc::{Proc, binary, loaderctl};
 pub use relay::Relay;
 pub use scope::{Scope, run};
 pub use silent::SilentTrainer;
+pub use skip::{NO_SKIP, skipped};
 pub use trainer::{Received, Trainer, assert_exact, assert_received};
 pub use wait::wait_until;

@@ -280,7 +280,7 @@ fn workers_fence_and_exit_nonzero_when_the_coordinator_is_gone() {
 #[test]
 fn partitioned_remote_worker_is_fenced_and_its_batches_reassigned() {
     if let Some(reason) = RemoteNamespace::unavailable() {
-        eprintln!("skipped: {reason}");
+        loader_e2e::skipped(&reason);
         return;
     }
     run(Duration::from_secs(120), |scope| {
@@ -575,7 +575,7 @@ fn a_slow_worker_stalls_the_trainer_no_longer_than_the_lateness_threshold() {
 #[test]
 fn a_blackholed_serving_port_stalls_nothing_and_carries_batches_again_after_the_heal() {
     if let Some(reason) = RemoteNamespace::unavailable().or_else(RemoteNamespace::no_nftables) {
-        eprintln!("skipped: {reason}");
+        loader_e2e::skipped(&reason);
         return;
     }
     run(Duration::from_secs(200), |scope| {
@@ -626,7 +626,7 @@ fn a_blackholed_serving_port_stalls_nothing_and_carries_batches_again_after_the_
 #[test]
 fn a_worker_started_during_a_partition_registers_soon_after_the_heal() {
     if let Some(reason) = RemoteNamespace::unavailable().or_else(RemoteNamespace::no_nftables) {
-        eprintln!("skipped: {reason}");
+        loader_e2e::skipped(&reason);
         return;
     }
     run(Duration::from_secs(60), |scope| {

@@ -1,4 +1,4 @@
-//! The datasets of issue 5 end to end, with real `loader-server` and
+//! The built-in file datasets end to end, with real `loader-server` and
 //! `loader-worker` processes: an image folder with a corrupt JPEG and a PNG
 //! (shapes, labels, both corrupt-sample policies, identical pixels across
 //! runs and worker counts), WebDataset shards (every sample once per epoch,

@@ -1,4 +1,4 @@
-//! One bad job must not hurt the others (issue 16): a job whose batches are
+//! One bad job must not hurt the others: a job whose batches are
 //! enormous but valid, or whose batch size is absurd, fails its own trainer
 //! with one line within seconds, while every worker keeps running and a
 //! healthy job on the same deployment finishes exactly once.
@@ -18,8 +18,7 @@ fn loaderctl(scope: &loader_e2e::Scope, args: &[&str], limit: Duration) -> (Opti
     let mut proc = Proc::spawn_capturing_stderr(scope, "loaderctl", command, false);
     let status = proc.wait_exit(limit).unwrap_or_else(|| panic!("loaderctl {args:?} did not exit within {limit:?}"));
     let took = started.elapsed();
-    // The reader thread drains the pipe once the process is gone.
-    std::thread::sleep(Duration::from_millis(100));
+    // wait_exit has collected everything it printed.
     (status.code(), proc.stderr(), took)
 }
 
@@ -113,6 +112,11 @@ fn children(parent: u32) -> Vec<i32> {
         .collect()
 }
 
+/// Whether process `pid` maps its trainer's shared-memory ring.
+fn maps_ring(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/maps")).is_ok_and(|maps| maps.contains("/memfd:loader-ring"))
+}
+
 fn alive(pid: i32) -> bool {
     // A zombie has exited; only its entry waits to be reaped.
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -141,8 +145,10 @@ fn a_signalled_loaderctl_run_stops_its_workers_and_leaves_nothing() {
                 workers = children(pid);
                 workers.len() >= 2
             });
-            // Consuming for a moment: workers map the ring, the file is read.
-            std::thread::sleep(Duration::from_millis(500));
+            // Consuming: the workers have mapped the ring.
+            loader_e2e::wait_until("the workers map the ring", Duration::from_secs(20), || {
+                workers.iter().all(|&w| maps_ring(w))
+            });
             kill(Pid::from_raw(pid as i32), signal).expect("signal");
             let sent = Instant::now();
             let status = proc.wait_exit(Duration::from_secs(2)).expect("loaderctl exits within 2 s");
@@ -210,7 +216,7 @@ fn a_sigkilled_loaderctl_run_leaves_nothing() {
             workers = children(proc.pid());
             !workers.is_empty()
         });
-        std::thread::sleep(Duration::from_millis(500));
+        loader_e2e::wait_until("the worker maps the ring", Duration::from_secs(20), || maps_ring(workers[0]));
         proc.kill();
         // Its coordinator died with it: the worker cannot renew its lease
         // (5 s), fences and exits.

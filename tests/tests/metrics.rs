@@ -218,7 +218,7 @@ fn every_process_serves_metrics_that_add_up() {
                     assert_eq!(answer["status"], "success", "dashboard query {expr}: {answer}");
                 }
             }
-            Err(reason) => eprintln!("skipped the Prometheus server part: {reason}"),
+            Err(reason) => loader_e2e::skipped(&format!("the Prometheus server part: {reason}")),
         }
 
         // A trainer that stops reading: its batches wait at the workers (for

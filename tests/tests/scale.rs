@@ -293,8 +293,10 @@ fn the_keda_external_scaler_asks_for_a_worker_more_while_the_trainer_stalls() {
         trainer.wait_for(5, Duration::from_secs(30));
         assert!(keda.active(), "a trainer session is open");
         keda.metric("5%").expect("first poll");
-        std::thread::sleep(Duration::from_millis(1500));
-        assert_eq!(keda.metric("5%").expect("second poll"), 2.0, "one worker, stalled: one more");
+        // A rate needs two polls with heartbeats between them.
+        loader_e2e::wait_until("KEDA asks for one more worker", Duration::from_secs(20), || {
+            keda.metric("5%").expect("poll") == 2.0
+        });
         // The job ends; its session closes.
         trainer.join(Duration::from_secs(60));
         let admin = cluster.admin();

@@ -99,7 +99,7 @@ where
             let _ = e.print();
             return ExitCode::SUCCESS;
         }
-        Err(e) => return fail(&clap_message(&e)),
+        Err(e) => return fail(&loader_process::args::one_line(&e)),
     };
     let _telemetry = loader_process::telemetry::init("loader-worker");
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
@@ -146,19 +146,6 @@ async fn serve(args: Args, datasets: Datasets) -> Result<(), WorkerError> {
 
 /// Clap's report up to its first blank line (the error, and for a missing
 /// argument the arguments it lists), on one line, plus a hint.
-fn clap_message(e: &clap::Error) -> String {
-    let rendered = e.render().to_string();
-    let report: Vec<&str> = rendered
-        .lines()
-        .skip_while(|l| l.trim().is_empty())
-        .take_while(|l| !l.trim().is_empty())
-        .map(str::trim)
-        .collect();
-    let text = report.join(" ");
-    let text = text.strip_prefix("error: ").unwrap_or(&text);
-    format!("{text} (see --help)")
-}
-
 fn fail(message: &str) -> ExitCode {
     let _ = writeln!(std::io::stderr().lock(), "loader-worker: error: {message}");
     ExitCode::FAILURE
@@ -175,7 +162,7 @@ mod tests {
         assert_eq!(ok.metrics_listen, Some(SocketAddr::from(([127, 0, 0, 1], 0))));
         assert_eq!(Args::try_parse_from(base).expect("off").metrics_listen, None);
         let e = Args::try_parse_from(base.iter().chain(&["--metrics-listen", "localhost:9464"])).expect_err("host name");
-        let message = clap_message(&e);
+        let message = loader_process::args::one_line(&e);
         assert!(message.contains("--metrics-listen"), "{message}");
         assert!(message.contains("invalid metrics address \"localhost:9464\": expected IP:PORT"), "{message}");
         assert!(!message.contains('\n'), "{message}");

@@ -44,7 +44,6 @@ mod peer;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use bytes::Bytes;
 use loader_proto::ring::{FrameError, RingGeometry};
@@ -399,7 +398,7 @@ impl Ring {
                     Err(e) => {
                         // Out of descriptors and the like: pause, then go on.
                         tracing::warn!("accepting a ring connection failed: {e}");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        tokio::time::sleep(loader_process::retry::ACCEPT_ERROR_PAUSE).await;
                     }
                 }
             }

@@ -61,7 +61,7 @@ pub(crate) fn tls(listener: TcpListener, tls: Arc<ReloadingTls>) -> ReceiverStre
                     // and go on accepting.
                     Err(e) => {
                         tracing::warn!("accepting a connection failed: {e}");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        tokio::time::sleep(crate::retry::ACCEPT_ERROR_PAUSE).await;
                     }
                 },
             }

@@ -26,6 +26,11 @@ use crate::error::CoordinatorError;
 
 /// How long stopped workers get to exit before they are killed.
 const STOP_GRACE: Duration = Duration::from_secs(5);
+/// How often the pool reaps its exited processes: an exited worker's lease
+/// tells the coordinator it is gone; this only collects the zombie and
+/// counts it out of `running`, which the next scaling decision (at most once
+/// a second) reads.
+const REAP_EVERY: Duration = Duration::from_millis(500);
 
 /// One process of the pool.
 #[derive(Debug)]
@@ -128,9 +133,9 @@ impl Processes {
         members.iter().filter(|m| !m.leaving).count() as u32
     }
 
-    /// Reaps the pool's exited processes every half second until `stop`.
+    /// Reaps the pool's exited processes every [`REAP_EVERY`] until `stop`.
     pub(crate) async fn reap(&self, stop: tokio_util::sync::CancellationToken) {
-        let mut tick = tokio::time::interval(Duration::from_millis(500));
+        let mut tick = tokio::time::interval(REAP_EVERY);
         loop {
             tokio::select! {
                 () = stop.cancelled() => return,

@@ -24,6 +24,10 @@ use crate::config::WorkerPoolConfig;
 use crate::coordinator::Coordinator;
 use crate::error::CoordinatorError;
 
+/// How often the autoscaler looks at the load: a few heartbeats' worth of
+/// stall reports between two looks, and a cooldown (seconds) that is a
+/// whole number of looks.
+const AUTOSCALE_EVERY: Duration = Duration::from_secs(1);
 
 /// Where the pool's workers run.
 #[derive(Debug)]
@@ -112,9 +116,9 @@ impl WorkerPool {
         }
     }
 
-    /// Applies the autoscaling policy once a second until `stop`.
+    /// Applies the autoscaling policy every [`AUTOSCALE_EVERY`] until `stop`.
     async fn run_autoscaler(self: Arc<Self>, coordinator: Coordinator, stop: tokio_util::sync::CancellationToken) {
-        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        let mut tick = tokio::time::interval(AUTOSCALE_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
