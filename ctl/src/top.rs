@@ -25,7 +25,7 @@ use super::TopArgs;
 use super::signals;
 use super::status::{self, Status};
 use super::table::render;
-use super::terminal::Screen;
+use super::terminal::{Input, Screen};
 
 /// Shortest interval: polls are three unary calls each.
 const MIN_INTERVAL_S: f64 = 0.1;
@@ -82,9 +82,8 @@ pub(crate) fn run(args: &TopArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `--interval`: seconds, a finite number within bounds; a one-line error
-/// otherwise.
-/// `--interval SECONDS`.
+/// `--interval SECONDS`: a finite number within bounds (clap makes the
+/// error one line, naming the flag).
 pub(crate) fn parse_interval(s: &str) -> Result<Duration, String> {
     match s.trim().parse::<f64>() {
         Ok(x) if x.is_finite() && (MIN_INTERVAL_S..=MAX_INTERVAL_S).contains(&x) => {
@@ -94,19 +93,23 @@ pub(crate) fn parse_interval(s: &str) -> Result<Duration, String> {
     }
 }
 
-/// Waits one interval; false as soon as q was typed or SIGINT/SIGTERM
-/// arrived.
+/// Waits one interval (redrawing the frame at once if the terminal is
+/// resized); false as soon as q was typed or SIGINT/SIGTERM arrived.
 fn wait(screen: &Screen, interval: Duration) -> bool {
     let deadline = Instant::now() + interval;
     loop {
-        if screen.quit_typed() || signals::check().is_err() {
+        if signals::check().is_err() {
             return false;
         }
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return true;
         }
-        std::thread::sleep(left.min(TICK));
+        match screen.input(left.min(TICK)) {
+            Some(Input::Quit) => return false,
+            Some(Input::Resized) => screen.redraw(),
+            None => {}
+        }
     }
 }
 
