@@ -520,6 +520,11 @@ impl Coordinator {
                 let window = w.window_for(job_id);
                 let range_len = loader_proto::window::range_len(window, self.config.range_len);
                 for (c, consumer) in job.consumers.iter_mut().enumerate() {
+                    // Most consumers of a large job have nothing to hand out
+                    // at any moment: skip them before any lookup.
+                    if consumer.queue.is_empty() && consumer.backup.is_none() {
+                        continue;
+                    }
                     let key = (job_id, c as u32);
                     // Only for a trainer that is there: its session says
                     // where batches go (its ring or gRPC), and nothing is
@@ -606,7 +611,7 @@ impl Coordinator {
         }
         let before = t.sessions.sessions.len();
         let mut orphans = Vec::new();
-        t.sessions.sessions.retain(|id, s| {
+        t.sessions.retain(|id, s| {
             let alive = now.saturating_duration_since(s.last_seen) <= ttl;
             if !alive {
                 tracing::warn!(session_id = id, job_id = s.job_id, consumer = s.consumer, "session lease expired");
@@ -653,7 +658,7 @@ impl Coordinator {
         }
         let mut guard = self.lock();
         let t = &mut *guard;
-        let Some(s) = t.sessions.sessions.remove(&session_id) else { return };
+        let Some(s) = t.sessions.remove(session_id) else { return };
         tracing::info!(session_id, job_id = s.job_id, consumer = s.consumer, "session closed");
         let mut told = 0;
         if !t.sessions.has_consumer(s.job_id, s.consumer) {

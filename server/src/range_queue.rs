@@ -23,6 +23,12 @@ impl RangeQueue {
         Self { next: next.min(end), end, returned: BTreeSet::new() }
     }
 
+    /// Nothing left to hand out: every number was handed out and none came
+    /// back.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.next >= self.end && self.returned.is_empty()
+    }
+
     /// Takes up to `max` consecutive sequence numbers, lowest first.
     pub(crate) fn take(&mut self, max: u64) -> Option<Range<u64>> {
         if max == 0 {
@@ -86,6 +92,11 @@ mod tests {
         assert_eq!(q.take_returned(5), None, "only given-back numbers");
         assert_eq!(q.take(5), Some(6..10));
         assert_eq!(q.take(5), None);
+        assert!(q.is_empty());
+        q.give_back([7]);
+        assert!(!q.is_empty(), "a number given back is to hand out again");
+        assert_eq!(q.take(5), Some(7..8));
+        assert!(q.is_empty());
     }
 }
 

@@ -9,10 +9,6 @@ use tonic::{Request, Response, Status};
 use crate::coordinator::{Coordinator, HeartbeatOutcome, WorkerReport};
 use crate::error::check_version;
 
-/// Longest a heartbeat may be held open: well inside a lease, so a waiting
-/// worker still renews in time.
-const MAX_WAIT: Duration = Duration::from_secs(1);
-
 #[derive(Debug)]
 pub(crate) struct WorkerApi(pub(crate) Coordinator);
 
@@ -39,9 +35,9 @@ impl WorkerService for WorkerApi {
     ) -> Result<Response<pb::WorkerHeartbeatResponse>, Status> {
         let r = request.into_inner();
         check_version(r.protocol_version)?;
-        let wait = Duration::from_millis(r.wait_ms)
-            .min(MAX_WAIT)
-            .min(self.0.config.heartbeat_interval);
+        // Held open at most one heartbeat interval (a third of the lease),
+        // so a waiting worker still renews well in time.
+        let wait = Duration::from_millis(r.wait_ms).min(self.0.config.heartbeat_interval);
         let report = WorkerReport { delivered: r.delivered, failed: r.failed, windows: r.windows, busy: r.busy };
         let response = match self.0.worker_heartbeat(r.worker_id, report, wait).await {
             HeartbeatOutcome::Reregister => pb::WorkerHeartbeatResponse { reregister: true, ..Default::default() },
