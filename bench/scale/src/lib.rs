@@ -617,7 +617,8 @@ pub mod table {
 
     /// One row for a run of `workers` workers and `trainers` ranks.
     pub fn row(workers: &u32, trainers: u32, r: &Report, cpu: Option<f64>, peak_mb: Option<f64>) -> String {
-        let ms = |d: std::time::Duration| format!("{:.1}", d.as_secs_f64() * 1000.0);
+        // No timed heartbeat (every call waited for work): no latency to show.
+        let ms = |d: std::time::Duration| if r.heartbeats == 0 { "-".to_owned() } else { format!("{:.1}", d.as_secs_f64() * 1000.0) };
         let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
         let per_beat = cpu.map(|c| format!("{:.0}", c * 1e6 / r.calls.max(1) as f64));
         let per_core = cpu.map(|c| format!("{:.0}", r.assigned as f64 / c.max(1e-9)));
