@@ -390,6 +390,13 @@ pub struct StatusArgs {
     /// added.
     #[arg(long)]
     pub json: bool,
+    /// List every worker, session and rank. Without it a table lists at
+    /// most 40 rows (draining workers and those holding the most batches
+    /// first, sessions that stalled longest first) and a job of more than 8
+    /// ranks is summed up in one line, so that status stays readable at
+    /// thousands of workers.
+    #[arg(long)]
+    pub all: bool,
     /// TLS and tokens (docs/security.md).
     #[command(flatten)]
     pub security: SecurityArgs,

@@ -7,7 +7,7 @@ use loader_proto::pb::admin_service_client::AdminServiceClient;
 use loader_proto::pb::dataset_spec::Kind;
 use loader_proto::pb::{
     DrainWorkerRequest, Dtype, JobInfo, ListJobsRequest, ListSessionsRequest, ListWorkersRequest,
-    SessionInfo, WorkerInfo,
+    ConsumerProgress, SessionInfo, WorkerInfo,
 };
 use serde_json::json;
 use tonic::Code;
@@ -39,7 +39,7 @@ pub(crate) fn run(args: &StatusArgs) -> anyhow::Result<()> {
     if args.json {
         println!("{}", status_json(&status));
     } else {
-        print!("{}", render_status(&status));
+        print!("{}", render_status(&status, if args.all { usize::MAX } else { SHOWN }));
     }
     Ok(())
 }
@@ -188,12 +188,36 @@ fn yes_no(b: bool) -> String {
     if b { "yes" } else { "no" }.into()
 }
 
-fn render_status(status: &Status) -> String {
+/// Rows of each table shown unless `--all`: a deployment of thousands of
+/// workers and ranks would print a screen per hundred of them. The rows
+/// shown are those an operator looks for first (see `render_status`); the
+/// counts are of all.
+const SHOWN: usize = 40;
+
+/// Ranks listed one by one in a job's row, unless `--all`; more are summed
+/// up.
+const RANKS_SHOWN: usize = 8;
+
+/// The tables, each with at most `shown` rows: workers holding the most
+/// undelivered batches first (draining ones before all), sessions that
+/// stalled longest first; a last line says how many were left out.
+fn render_status(status: &Status, shown: usize) -> String {
     let Status {
         workers,
         sessions,
         jobs,
     } = status;
+    let mut workers: Vec<&WorkerInfo> = workers.iter().collect();
+    let mut sessions: Vec<&SessionInfo> = sessions.iter().collect();
+    if workers.len() > shown {
+        workers.sort_by_key(|w| (std::cmp::Reverse(w.draining), std::cmp::Reverse(w.outstanding), w.worker_id));
+    }
+    if sessions.len() > shown {
+        sessions.sort_by_key(|s| (std::cmp::Reverse(s.stall_ms), s.session_id));
+    }
+    let (all_workers, all_sessions) = (workers.len(), sessions.len());
+    workers.truncate(shown);
+    sessions.truncate(shown);
     let worker_rows: Vec<Vec<String>> = workers
         .iter()
         .map(|w| {
@@ -227,17 +251,20 @@ fn render_status(status: &Status) -> String {
         .map(|info| {
             let job = info.job.clone().unwrap_or_default();
             let spec = job.spec.unwrap_or_default();
-            let consumers = info
-                .consumers
-                .iter()
-                .map(|c| {
-                    // Distinct batches delivered, and those delivered once
-                    // more, apart: a re-sent copy is dropped by the trainer.
-                    let distinct = c.delivered.saturating_sub(c.resent);
-                    format!("{}:{}/{}/{}/{}", c.consumer, distinct, c.resent, c.consumed, c.total)
-                })
-                .collect::<Vec<_>>()
-                .join(" ");
+            let consumers = if info.consumers.len() > RANKS_SHOWN && shown != usize::MAX {
+                ranks_summed(&info.consumers)
+            } else {
+                info.consumers
+                    .iter()
+                    .map(|c| {
+                        // Distinct batches delivered, and those delivered once
+                        // more, apart: a re-sent copy is dropped by the trainer.
+                        let distinct = c.delivered.saturating_sub(c.resent);
+                        format!("{}:{}/{}/{}/{}", c.consumer, distinct, c.resent, c.consumed, c.total)
+                    })
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            };
             vec![
                 job.job_id.to_string(),
                 if spec.name.is_empty() {
@@ -257,9 +284,13 @@ fn render_status(status: &Status) -> String {
             ]
         })
         .collect();
+    let left_out = match (all_workers - workers.len(), all_sessions - sessions.len()) {
+        (0, 0) => String::new(),
+        (w, s) => format!("\n({w} workers and {s} sessions not listed: --all lists every one, --json gives them to scripts)\n"),
+    };
     format!(
-        "WORKERS ({})\n{}\nSESSIONS ({})\n{}\nJOBS ({})\n{}",
-        workers.len(),
+        "WORKERS ({})\n{}\nSESSIONS ({})\n{}\nJOBS ({})\n{}{left_out}",
+        all_workers,
         render(
             &[
                 "ID",
@@ -272,7 +303,7 @@ fn render_status(status: &Status) -> String {
             ],
             &worker_rows
         ),
-        sessions.len(),
+        all_sessions,
         render(
             &[
                 "ID",
@@ -298,6 +329,24 @@ fn render_status(status: &Status) -> String {
             ],
             &job_rows
         ),
+    )
+}
+
+/// A job's ranks summed up: how many, distinct batches delivered, re-sent,
+/// consumed and in all, and the rank furthest behind.
+fn ranks_summed(consumers: &[ConsumerProgress]) -> String {
+    let sum = |f: fn(&ConsumerProgress) -> u64| consumers.iter().map(f).sum::<u64>();
+    let behind = consumers.iter().min_by_key(|c| (c.consumed, c.consumer));
+    format!(
+        "{} ranks: {}/{}/{}/{} (slowest rank {}: {}/{})",
+        consumers.len(),
+        sum(|c| c.delivered.saturating_sub(c.resent)),
+        sum(|c| c.resent),
+        sum(|c| c.consumed),
+        sum(|c| c.total),
+        behind.map_or(0, |c| c.consumer),
+        behind.map_or(0, |c| c.consumed),
+        behind.map_or(0, |c| c.total),
     )
 }
 
@@ -453,11 +502,14 @@ mod tests {
             }],
             error: String::new(),
         }];
-        let out = render_status(&Status {
-            workers,
-            sessions,
-            jobs,
-        });
+        let out = render_status(
+            &Status {
+                workers,
+                sessions,
+                jobs,
+            },
+            SHOWN,
+        );
         assert!(out.contains("http://127.0.0.1:7070"), "{out}");
         assert!(
             out.contains("0.2s ago") || out.contains("0.3s ago"),
@@ -491,5 +543,34 @@ mod tests {
             ],
             "{out}"
         );
+    }
+
+    #[test]
+    fn large_deployments_are_summed_up_unless_all_is_asked() {
+        let workers: Vec<WorkerInfo> = (0..100u64)
+            .map(|i| WorkerInfo { worker_id: i, outstanding: i % 7, draining: i == 3, ..Default::default() })
+            .collect();
+        let sessions: Vec<SessionInfo> =
+            (0..50u64).map(|i| SessionInfo { session_id: i, stall_ms: i * 10, ..Default::default() }).collect();
+        let jobs = vec![JobInfo {
+            job: Some(Job { job_id: 1, ..Default::default() }),
+            consumers: (0..20u32)
+                .map(|c| ConsumerProgress { consumer: c, delivered: 10, consumed: 10 - u64::from(c % 3), total: 10, ..Default::default() })
+                .collect(),
+            error: String::new(),
+        }];
+        let status = Status { workers, sessions, jobs };
+        let out = render_status(&status, SHOWN);
+        assert!(out.starts_with("WORKERS (100)\n"), "{out}");
+        assert!(out.contains("SESSIONS (50)"), "{out}");
+        assert!(out.contains("(60 workers and 10 sessions not listed: --all lists every one"), "{out}");
+        assert!(out.contains("20 ranks: 200/0/181/200 (slowest rank 2: 8/10)"), "{out}");
+        let lines: Vec<&str> = out.lines().collect();
+        // The draining worker first, then those holding the most.
+        assert!(lines[2].starts_with('3'), "{out}");
+        assert!(lines[3].split_whitespace().nth(1) == Some("6"), "{out}");
+        let all = render_status(&status, usize::MAX);
+        assert!(!all.contains("not listed") && all.contains("19:10/0/9/10"), "{all}");
+        assert_eq!(all.lines().filter(|l| l.starts_with(char::is_numeric)).count(), 100 + 50 + 1);
     }
 }
