@@ -41,7 +41,7 @@ def _loads(directory: pathlib.Path) -> dict[int, int]:
     return counts
 
 
-def test_cached_batches_are_the_uncached_ones_and_each_sample_loads_once(tmp_path):
+def test_cached_batches_are_the_uncached_ones_and_samples_load_once_per_worker_at_most(tmp_path):
     plain, none = _run(CachedPhotos(), epochs=3)
     assert none is None
     cached, stats = _run(CachedPhotos(loads_dir=str(tmp_path)), epochs=3, cache=True)
