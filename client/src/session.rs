@@ -38,7 +38,8 @@ use crate::options::DEFAULT_COORDINATOR_TIMEOUT;
 // heartbeat: its own defaults.
 use loader_proto::lease::{DEFAULT_LEASE_TTL, heartbeat_interval};
 
-
+/// Floor on the heartbeat period, however short the coordinator timeout.
+const MIN_TICK: Duration = Duration::from_millis(10);
 
 /// What the trainer reports through heartbeats; written by the consumer
 /// (and, for the workers it cannot reach, the routes task), read by the
@@ -384,7 +385,12 @@ impl Session {
     /// answer: then the session is lost, on time, even while an attempt
     /// hangs on a silent network.
     pub(crate) async fn run_heartbeats(self: Arc<Self>, events: EventTx, stop: CancellationToken) {
-        let mut tick = tokio::time::interval(self.heartbeat_interval);
+        // Asked at least twice within `lost_after`: a coordinator that has
+        // not been asked cannot have failed to answer (a timeout shorter
+        // than the lease's interval would otherwise expire between two
+        // heartbeats of a healthy coordinator).
+        let every = self.heartbeat_interval.min(self.lost_after / 2).max(MIN_TICK);
+        let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
         tick.tick().await;
         // When the current outage began, if the coordinator is unreachable.
@@ -442,7 +448,7 @@ impl Session {
                         tracing::warn!(
                             error = %e,
                             "coordinator unreachable; retrying every {:.1}s until it is back",
-                            self.heartbeat_interval.as_secs_f64()
+                            every.as_secs_f64()
                         );
                     } else {
                         tracing::debug!(error = %e, "session heartbeat failed; retrying");

@@ -89,6 +89,15 @@ def test_a_default_ring_socket_is_an_abstract_name():
         assert dl.ring_socket().startswith("\0")
 
 
+def test_a_coordinator_timeout_shorter_than_a_heartbeat_keeps_a_healthy_coordinator():
+    # Heartbeats go every lease/3 (1.7 s by default): a timeout under that
+    # must not expire between two of them while the coordinator answers.
+    spec = synthetic(num_samples=300, batch_size=4, cost_ns=10_000_000)
+    with loader.Loader.local(spec, workers=1, coordinator_timeout=0.5) as dl:
+        seen = sorted(i for b in dl for i in b.indices)
+    assert seen == list(range(300))
+
+
 def test_coordinator_timeout_bounds_the_wait_for_a_lost_coordinator(child):
     # A coordinator in another process (embedded mode's, with one spawned
     # worker, whose command line names the coordinator), which this test

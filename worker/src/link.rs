@@ -54,6 +54,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Floor on the heartbeat interval, so a misconfigured coordinator cannot
 /// make the worker spin.
 const MIN_INTERVAL_MS: u64 = 10;
+/// Least time from one long poll's start to the next: bounds the call rate
+/// should a coordinator answer a long poll at once with nothing to say.
+const POLL_GAP: Duration = Duration::from_millis(50);
 
 /// What registration granted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -395,7 +398,13 @@ impl Link {
                         );
                         self.producer.submit(task);
                     }
-                    let pace = if wait.is_zero() { reg.heartbeat_interval } else { reg.heartbeat_interval.min(wait) };
+                    // A long poll is its own pace: the coordinator answers
+                    // early only with something to say (tasks, a drain
+                    // order, ended consumers), and the next poll must be
+                    // waiting again at once, or work that comes up between
+                    // two polls (a new job's first tasks) waits out a whole
+                    // interval unheard.
+                    let pace = if wait.is_zero() { reg.heartbeat_interval } else { POLL_GAP };
                     next = started + pace;
                 }
                 Ok(Err(status)) if is_fatal(&status) => return Err(self.refused(&status)),
