@@ -82,6 +82,39 @@ def alive(pid: int) -> bool:
         return False
 
 
+#: x86_64 and aarch64 numbers of the system calls a thread waits in
+#: (futex, epoll_wait, epoll_pwait, poll, ppoll, select, pselect6).
+WAITING_SYSCALLS = {
+    "x86_64": {202, 232, 281, 7, 271, 23, 270},
+    "aarch64": {98, 22, 73, 72},
+}
+
+
+def wait_blocked(pid: int, tid: Optional[int] = None, timeout: float = 10.0) -> None:
+    """Waits until thread ``tid`` of ``pid`` (its main thread by default)
+    sits in a waiting system call, seen twice in a row 20 ms apart: it is
+    blocked, not between two steps. Fails the test after ``timeout``."""
+    import platform
+
+    waiting = WAITING_SYSCALLS.get(platform.machine())
+    if waiting is None:
+        pytest.skip(f"no list of waiting system calls for {platform.machine()}")
+    path = f"/proc/{pid}/task/{tid or pid}/syscall"
+    deadline = time.monotonic() + timeout
+    seen = 0
+    while time.monotonic() < deadline:
+        try:
+            with open(path) as f:
+                first = f.read().split(maxsplit=1)[0]
+        except (FileNotFoundError, IndexError):
+            first = ""
+        seen = seen + 1 if first.isdigit() and int(first) in waiting else 0
+        if seen == 2:
+            return
+        time.sleep(0.02)
+    pytest.fail(f"thread {tid or pid} of process {pid} did not block within {timeout}s")
+
+
 def wait_gone(pids, timeout: float) -> list[int]:
     """Waits until none of ``pids`` is alive; returns those still alive."""
     deadline = time.monotonic() + timeout

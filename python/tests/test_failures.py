@@ -7,12 +7,26 @@ import signal
 import time
 
 import loader
-from conftest import synthetic, wait_gone
+from conftest import WAITING_SYSCALLS, synthetic, wait_blocked, wait_gone
 
 PRELUDE = """
 import os, sys, time, threading
 import loader
 spec = {spec!r}
+"""
+
+#: In a child: waits (bounded) until thread ``tid`` of this process sits in
+#: a waiting system call twice in a row (see ``conftest.wait_blocked``).
+WAIT_BLOCKED = """
+def wait_blocked(tid, waiting={waiting!r}):
+    seen = 0
+    for _ in range(500):
+        first = open(f"/proc/self/task/{{tid}}/syscall").read().split(maxsplit=1)[0]
+        seen = seen + 1 if first.isdigit() and int(first) in waiting else 0
+        if seen == 2:
+            return
+        time.sleep(0.02)
+    raise SystemExit(f"thread {{tid}} did not block")
 """
 
 
@@ -57,7 +71,7 @@ except KeyboardInterrupt:
 """
     c = child(script)
     pids = [int(p) for p in c.expect("pids").split()]
-    time.sleep(0.5)  # let it block in next()
+    wait_blocked(c.proc.pid)  # in next(), which cannot return
     sent = time.monotonic()
     os.kill(c.proc.pid, signal.SIGINT)
     interrupted = float(c.expect("interrupted", timeout=5))
@@ -77,7 +91,7 @@ next(it)
 """
     c = child(script)
     pids = [int(p) for p in c.expect("pids").split()]
-    time.sleep(0.5)
+    wait_blocked(c.proc.pid)
     sent = time.monotonic()
     os.kill(c.proc.pid, signal.SIGINT)
     code = c.wait(5)
@@ -111,7 +125,8 @@ for batch in dl:
 def test_interpreter_exit_while_a_thread_is_blocked_iterating(child):
     # A daemon thread is blocked waiting for a batch that cannot come; the
     # main thread returns. DataLoader's pin-memory thread hangs exit here.
-    script = PRELUDE.format(spec=synthetic(num_samples=64, batch_size=4)) + """
+    waiting = set().union(*WAITING_SYSCALLS.values())
+    script = PRELUDE.format(spec=synthetic(num_samples=64, batch_size=4)) + WAIT_BLOCKED.format(waiting=waiting) + """
 dl = loader.Loader.local(spec, workers=2, prefetch=1, ring=(2, 64 * 1024))
 it = iter(dl)
 held = [next(it)["data"], next(it)["data"]]
@@ -123,7 +138,7 @@ def consume():
         errors.append(e)
 t = threading.Thread(target=consume, daemon=True)
 t.start()
-time.sleep(0.3)
+wait_blocked(t.native_id)
 print("pids", *dl.worker_pids(), flush=True)
 print("exiting", time.monotonic(), flush=True)
 """
@@ -159,12 +174,13 @@ dl = loader.Loader.local(spec, workers=2)
 it = iter(dl)
 next(it)
 print("pids", *dl.worker_pids(), flush=True)
-for batch in it:
-    pass
+for i, batch in enumerate(it):
+    if i == 20:
+        print("iterating", flush=True)
 """
         c = child(script)
         pids = [int(p) for p in c.expect("pids").split()]
-        time.sleep(0.3)
+        c.expect("iterating")
         sent = time.monotonic()
         os.kill(c.proc.pid, sig)
         got = c.wait(5)

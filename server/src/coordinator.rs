@@ -286,11 +286,7 @@ impl Coordinator {
         }
         let error = job.error.clone().unwrap_or_default();
         // Acknowledged batches need no copy anywhere any more.
-        for w in t.workers.workers.values_mut() {
-            if let Some(unacked) = w.unacked.get_mut(&(job_id, consumer)) {
-                *unacked = unacked.split_off(&watermark);
-            }
-        }
+        t.workers.acknowledge((job_id, consumer), watermark);
         drop(t);
         if advanced && let Some(journal) = &self.journal {
             // A lost write costs only re-production of a few batches after a
@@ -328,13 +324,7 @@ impl Coordinator {
                 moved = true;
             }
         }
-        let cut: Vec<u64> = t
-            .workers
-            .workers
-            .iter()
-            .filter(|(id, w)| w.cut_off.contains(&key) && !workers.contains(id))
-            .map(|(id, _)| *id)
-            .collect();
+        let cut: Vec<u64> = t.workers.cut_from(key).filter(|id| !workers.contains(id)).collect();
         for worker_id in cut {
             if requeue::reconnect(t, worker_id, key) {
                 tracing::info!(worker_id, session_id, "the trainer reaches this worker again");
@@ -471,7 +461,11 @@ impl Coordinator {
             if let Some(c) = t.jobs.get_mut(d.job_id).and_then(|j| j.consumers.get_mut(d.consumer as usize)) {
                 c.delivered += n;
                 let consumed = c.consumed;
-                w.unacked.entry(key).or_default().extend(moved.into_iter().filter(|&s| s >= consumed));
+                let unacked: Vec<u64> = moved.into_iter().filter(|&s| s >= consumed).collect();
+                if !unacked.is_empty() {
+                    w.unacked.entry(key).or_default().extend(unacked);
+                    t.workers.unacked_by.entry(key).or_default().insert(worker_id);
+                }
             }
         }
         for (key, seqs) in credited {

@@ -5,6 +5,11 @@
 //! says little) and peak memory over the run are measured too.
 //!
 //!     scale-harness --coordinator http://127.0.0.1:7070 --workers 1000 --trainers 100 --server-pid PID
+//!
+//! With `--fill-journal JOBS`, it instead leaves JOBS jobs of `--trainers`
+//! ranks each in the coordinator's journal, every rank halfway through its
+//! epoch, and prints how many watermarks it wrote (for timing a restart);
+//! with `--wait-jobs N` it waits until the coordinator serves N jobs.
 
 use std::time::Duration;
 
@@ -50,6 +55,16 @@ struct Args {
     /// Print the table's header first.
     #[arg(long)]
     header: bool,
+    /// Only fill the journal with this many jobs (see the module docs).
+    #[arg(long)]
+    fill_journal: Option<u32>,
+    /// Only wait until the coordinator serves this many jobs (a restart's
+    /// replay done), at most `--limit` seconds.
+    #[arg(long)]
+    wait_jobs: Option<usize>,
+    /// Samples per job of `--fill-journal` (batch 64).
+    #[arg(long, default_value_t = 1_281_167)]
+    fill_samples: u64,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -66,6 +81,17 @@ fn main() -> anyhow::Result<()> {
         limit: Duration::try_from_secs_f64(args.limit)?,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    if let Some(jobs) = args.fill_journal {
+        let written = runtime.block_on(loader_scale::fill_journal(&args.coordinator, jobs, args.trainers, args.fill_samples))?;
+        println!("filled {jobs} jobs, {written} watermarks");
+        return Ok(());
+    }
+    if let Some(jobs) = args.wait_jobs {
+        let limit = Duration::try_from_secs_f64(args.limit)?;
+        let served = runtime.block_on(loader_scale::wait_for_jobs(&args.coordinator, jobs, limit))?;
+        println!("serving {served} jobs");
+        return Ok(());
+    }
     let cpu_before = args.server_pid.map(loader_scale::proc::cpu_seconds).transpose()?;
     let report = runtime.block_on(loader_scale::run(&args.coordinator, config))?;
     let cpu = match (args.server_pid, cpu_before) {

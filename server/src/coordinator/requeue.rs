@@ -43,7 +43,7 @@ fn give_back(jobs: &mut JobTable, key: ConsumerKey, seqs: impl IntoIterator<Item
 /// unacknowledged back to their consumers' queues. Returns its address and
 /// the number of batches given back, or None when it is unknown.
 pub(super) fn retire(t: &mut Tables, worker_id: u64) -> Option<(String, usize)> {
-    let w = t.workers.workers.remove(&worker_id)?;
+    let w = t.workers.remove(worker_id)?;
     let mut undelivered = 0;
     // Backups it was part of for consumers it holds nothing of (all it had
     // was sent): their re-sends may have nobody left to make them.
@@ -71,10 +71,10 @@ pub(super) fn retire(t: &mut Tables, worker_id: u64) -> Option<(String, usize)> 
 /// of the consumer's batches until [`reconnect`]. Returns the batches
 /// given back, or None when the worker is unknown or was already cut off.
 pub(super) fn cut_off(t: &mut Tables, worker_id: u64, key: ConsumerKey) -> Option<usize> {
-    let w = t.workers.workers.get_mut(&worker_id)?;
-    if !w.cut_off.insert(key) {
+    if !t.workers.cut(worker_id, key) {
         return None;
     }
+    let w = t.workers.workers.get_mut(&worker_id)?;
     let held = w.outstanding.remove(&key).unwrap_or_default();
     let unacked = w.unacked.remove(&key).unwrap_or_default();
     w.ended.insert(key);
@@ -86,7 +86,7 @@ pub(super) fn cut_off(t: &mut Tables, worker_id: u64, key: ConsumerKey) -> Optio
 /// Lets worker `worker_id` produce `key`'s batches again: its trainer
 /// reaches it. True when it had been cut off.
 pub(super) fn reconnect(t: &mut Tables, worker_id: u64, key: ConsumerKey) -> bool {
-    t.workers.workers.get_mut(&worker_id).is_some_and(|w| w.cut_off.remove(&key))
+    t.workers.uncut(worker_id, key)
 }
 
 /// What [`end_consumer`] did.
@@ -111,9 +111,10 @@ pub(super) fn end_consumer(t: &mut Tables, key: ConsumerKey) -> Ended {
         c.backup = None;
     }
     let mut ended = Ended::default();
+    // Its trainers are gone: nobody lists a worker as unreachable any more.
+    t.workers.uncut_all(key);
+    t.workers.unacked_by.remove(&key);
     for w in t.workers.workers.values_mut() {
-        // Its trainers are gone: nobody lists the worker as unreachable any more.
-        w.cut_off.remove(&key);
         let held = w.outstanding.remove(&key).unwrap_or_default();
         let unacked = w.unacked.remove(&key).unwrap_or_default();
         if !held.is_empty() {
