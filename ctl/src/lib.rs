@@ -461,17 +461,9 @@ fn merge_states(args: &MergeStatesArgs) -> anyhow::Result<()> {
 /// The whole `loaderctl` command line. Errors are printed as one line,
 /// `loaderctl: error: <message>`, with a non-zero exit code.
 pub fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let cli: Cli = match loader_process::args::parse("loaderctl", std::env::args_os()) {
         Ok(cli) => cli,
-        Err(e) if !e.use_stderr() => {
-            // --help and --version.
-            let _ = e.print();
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => {
-            eprintln!("loaderctl: error: {}", loader_process::args::one_line(&e));
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
     // Only `run` starts workers of its own; the others stop only themselves.
     let own_workers = matches!(cli.command, Command::Run(_));

@@ -3,6 +3,33 @@
 //! a usage line and a tip; a flag's own parser's message sits inside the
 //! first paragraph.
 
+use std::ffi::OsString;
+use std::process::ExitCode;
+
+/// Parses `args` (program name first) into `P`, or says why not in the way
+/// every Loader binary does: `--help` and `--version` print and end with
+/// success; a usage error prints `PROGRAM: error: <one line>` on stderr and
+/// ends with exit status 2, clap's and most Unix tools' code for bad usage
+/// (1 stays for errors met while running).
+pub fn parse<P, I, T>(program: &str, args: I) -> Result<P, ExitCode>
+where
+    P: clap::Parser,
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    match P::try_parse_from(args) {
+        Ok(parsed) => Ok(parsed),
+        Err(e) if !e.use_stderr() => {
+            let _ = e.print();
+            Err(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            eprintln!("{program}: error: {}", one_line(&e));
+            Err(ExitCode::from(2))
+        }
+    }
+}
+
 /// The first paragraph of `e` joined into one line, without clap's
 /// `error: ` prefix, with a pointer to `--help`.
 pub fn one_line(e: &clap::Error) -> String {
@@ -39,5 +66,12 @@ mod tests {
         assert!(!line.starts_with("error:"), "{line}");
         let e = Flags::try_parse_from(["prog", "--colour"]).expect_err("unknown");
         assert!(!one_line(&e).contains('\n'));
+    }
+
+    #[test]
+    fn parse_ends_help_with_success_and_bad_usage_with_2() {
+        assert!(parse::<Flags, _, _>("prog", ["prog", "--count", "3"]).is_ok_and(|f| f.count == 3));
+        assert_eq!(parse::<Flags, _, _>("prog", ["prog", "--help"]).err(), Some(ExitCode::SUCCESS));
+        assert_eq!(parse::<Flags, _, _>("prog", ["prog", "--count", "0"]).err(), Some(ExitCode::from(2)));
     }
 }

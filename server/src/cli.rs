@@ -85,17 +85,9 @@ where
     I: IntoIterator<Item = T>,
     T: Into<OsString> + Clone,
 {
-    let args = match Args::try_parse_from(args) {
+    let args: Args = match loader_process::args::parse("loader-server", args) {
         Ok(a) => a,
-        Err(e) if !e.use_stderr() => {
-            // --help and --version.
-            let _ = e.print();
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => {
-            eprintln!("loader-server: error: {}", loader_process::args::one_line(&e));
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
     let _telemetry = loader_process::telemetry::init("loader-server");
     match run(args) {

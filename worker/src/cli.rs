@@ -92,14 +92,9 @@ where
     I: IntoIterator<Item = T>,
     T: Into<OsString> + Clone,
 {
-    let args = match Args::try_parse_from(args) {
+    let args: Args = match loader_process::args::parse("loader-worker", args) {
         Ok(args) => args,
-        Err(e) if !e.use_stderr() => {
-            // --help and --version.
-            let _ = e.print();
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => return fail(&loader_process::args::one_line(&e)),
+        Err(code) => return code,
     };
     let _telemetry = loader_process::telemetry::init("loader-worker");
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
