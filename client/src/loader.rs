@@ -50,11 +50,11 @@ pub(crate) struct Seat {
 /// Batches from this size on are received on one runtime thread, smaller
 /// ones on two. What the thread does per batch (HTTP/2 frames, checks, a
 /// wake-up) is paid per batch, its copy from the socket per byte: with
-/// batches of 0.26-9.6 MB two threads handed the streams' wake-ups to each
-/// other and spent a fifth more CPU per GB received over gRPC (`bench/
-/// recv_cpu.py`), while one thread at ~0.2 CPU-s/GB has room for ~5 GB/s;
-/// with 4 KB batches at 200,000 a second one thread is the bottleneck
-/// (0.94x the samples/s of two, `bench/ab.py --transport grpc`).
+/// large batches two threads hand the streams' wake-ups to each other and
+/// spend more CPU per GB received, while one thread has room for several
+/// GB/s; with small batches at hundreds of thousands a second one thread is
+/// the bottleneck (both measured in docs/benchmarks.md, "Receiving over
+/// gRPC": `bench/recv_cpu.py`, `bench/ab.py --transport grpc`).
 const ONE_THREAD_FROM: u64 = 64 << 10;
 
 /// Runtime threads for a loader whose batches are `batch_bytes` long

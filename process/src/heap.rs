@@ -8,9 +8,9 @@
 //! back to the kernel as soon as the top is free: either way each batch
 //! faults in and zeroes 2,400 fresh pages. Which of those happens depends
 //! on which thread freed what first, so two builds of the same code
-//! differed by 10-15% in gRPC samples/s; with the buffers kept, the
-//! trainer's CPU per batch fell from 4.4-5.1 to 3.7-3.9 ms (`loaderctl run
-//! --transport grpc`, interleaved runs). Called first thing by
+//! differed in gRPC samples/s by more than the changes between them; with
+//! the buffers kept, the trainer's CPU per batch fell (docs/benchmarks.md).
+//! Called first thing by
 //! `loader-server`, `loader-worker`, `loaderctl` and the Python package's
 //! worker entry point; the Python SDK's trainer side is a library in the
 //! user's interpreter and leaves that process's malloc alone.

@@ -167,7 +167,7 @@ def encode(obj: Any) -> list:
     image = sys.modules.get("PIL.Image")
     if image is not None and isinstance(obj, image.Image) and obj.mode in _IMAGE_MODES and obj.palette is None:
         # PIL keeps RGB pixels in 4 bytes; as RGBX they are copied a row at a
-        # time each way (packing to 3 bytes costs 4x more than the copy).
+        # time each way (packing to 3 bytes costs several times the copy).
         raw = _RAW_MODES.get(obj.mode, obj.mode)
         head = pickle.dumps((obj.mode, raw, obj.size, dict(obj.info), obj.format), protocol=pickle.HIGHEST_PROTOCOL)
         return [struct.pack("<BI", _KIND_IMAGE, len(head)), head, *_pixels(image, obj, raw)]

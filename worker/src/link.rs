@@ -6,8 +6,8 @@
 //! runs out of tasks; and after deliveries once one consumer's add up to
 //! half the batches it may hold for that consumer (its job's window, sized
 //! by batch bytes: see `crate::window`, which every heartbeat announces). Why not after each
-//! delivery: at a thousand batches a second that is a thousand calls, and
-//! the coordinator spent 80-90 µs of CPU per batch on them (HTTP/2, TCP,
+//! delivery: at a thousand batches a second that is a thousand calls, each
+//! costing the coordinator tens of microseconds of CPU (HTTP/2, TCP,
 //! wake-ups), on the cores the batches are made on. Half the window still
 //! comes back while the other half is being produced, so the producer does
 //! not wait for tasks. It long polls (`wait_ms > 0`) only when it has
@@ -321,8 +321,8 @@ impl Link {
             // As long as a heartbeat interval: the coordinator answers at once
             // when work, a drain order or an ended consumer comes up, so a
             // longer wait costs no latency, and an idle fleet calls once per
-            // interval (10,000 idle workers polling every 0.5 s were 20,000
-            // calls a second: bench/scale).
+            // interval, not several times (docs/benchmarks.md, "The
+            // coordinator at scale").
             let wait = if idle && drain.is_none() { reg.heartbeat_interval } else { Duration::ZERO };
             let failed = self.producer.take_failed();
             let request = WorkerHeartbeatRequest {

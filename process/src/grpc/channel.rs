@@ -45,7 +45,7 @@ const CONNECTION_WINDOW: u32 = 256 << 20;
 /// Largest HTTP/2 frame the peer may send: HTTP/2's largest (16 MiB - 1),
 /// so a batch up to that size is one DATA frame, which the trainer reads
 /// in place (`super::streaming`); 1 MiB frames cost a copy of every batch
-/// over 1 MiB, 16 KiB frames (the default) also 64x the per-frame work.
+/// over 1 MiB, and 16 KiB frames (the default) multiply the per-frame work.
 const MAX_FRAME: u32 = (1 << 24) - 1;
 /// Pauses between connection attempts.
 const CONNECT_BACKOFF: Backoff = Backoff::new(Duration::from_millis(50), Duration::from_millis(800));

@@ -25,8 +25,8 @@ const TLS_HANDSHAKE_RECORD: u8 = 0x16;
 /// Encrypted bytes rustls may hold for the socket before a write waits.
 /// Its default, 64 KiB, cut each 1 MiB HTTP/2 frame of a batch into 16
 /// `writev` calls and as many bursts of small TCP segments; at 1 MiB a
-/// frame is one call, and a trainer reading 10 MB batches from a worker
-/// used 10% less CPU (`bench/ab/tls_overhead.sh`, docs/benchmarks.md).
+/// frame is one call, and a trainer reading large batches from a worker
+/// uses less CPU (`bench/ab/tls_overhead.sh`, docs/benchmarks.md).
 const SEND_BUFFER: usize = 1 << 20;
 /// Handshaken connections waiting for the server to take them.
 const QUEUE: usize = 64;

@@ -21,10 +21,9 @@ use tonic::transport::server::{Connected, TcpConnectInfo};
 /// Bytes one `recv` may bring in on a channel's connection, which is where
 /// batches arrive (a trainer reading from workers). About what the kernel
 /// has waiting while a batch streams: a plaintext connection, read straight
-/// into hyper's buffer, takes ~300 KB a call. Against 64 KiB, a trainer
-/// used 14-21% less CPU per batch over TLS (3x224x224 b64 and 3x32x32 b256,
-/// CPU of every process over interleaved runs); a process holds one per
-/// channel.
+/// into hyper's buffer, takes a few hundred KB a call. Against 64 KiB, a
+/// trainer uses less CPU per batch over TLS (docs/benchmarks.md, TLS
+/// section); a process holds one per channel.
 pub(crate) const CLIENT_READ_AHEAD: usize = 1 << 20;
 /// The same on a server's accepted connections, which carry requests,
 /// credits and window updates: small, and a coordinator has one per worker

@@ -4,7 +4,8 @@
 //! tonic's `Streaming` appends every DATA chunk to a buffer of its own
 //! before decoding (and copies again whenever that buffer grows): every
 //! byte of a batch was copied once more in user space than the socket read
-//! copied it, which was ~40% of a gRPC trainer's CPU on 0.8 MB batches.
+//! copied it (the measured share of a trainer's CPU: docs/benchmarks.md,
+//! "Receiving over gRPC").
 //! Here a message that lies within one chunk is a slice of it, and one that
 //! spans chunks is copied once, into a buffer of its exact size; a prost
 //! `bytes::Bytes` field of it is then a slice too. Requests are small and

@@ -166,9 +166,9 @@ impl ClientTls {
 ///
 /// Its suites are offered AES-128-GCM first (the default puts AES-256
 /// first, and the server takes the client's order): 14 AES rounds instead
-/// of 10 made sealing 13% slower here (20.5 vs 23.6 GB/s per core, 16 KiB
-/// records). AES-128-GCM is TLS 1.3's mandatory suite; the others are
-/// still offered and accepted.
+/// of 10 make sealing measurably slower (docs/benchmarks.md, TLS section).
+/// AES-128-GCM is TLS 1.3's mandatory suite; the others are still offered
+/// and accepted.
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     let mut provider = rustls::crypto::aws_lc_rs::default_provider();
     provider
