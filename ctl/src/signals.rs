@@ -36,22 +36,17 @@ fn name(signal: i32) -> &'static str {
     }
 }
 
-/// Starts watching for SIGTERM and SIGINT on a thread of its own; from then
+/// Starts watching for SIGTERM and SIGINT on the background runtime; from then
 /// on they no longer end the process by themselves.
 pub(crate) fn watch() -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_io()
-        .build()
-        .map_err(|e| anyhow::anyhow!("cannot watch for signals: {e}"))?;
+    let runtime = loader_process::runtime::background().map_err(|e| anyhow::anyhow!("cannot watch for signals: {e}"))?;
     // Registered here, before any worker starts: no window in which a
     // signal still kills the process outright.
     let mut signals = runtime.block_on(async { StopSignals::install() })?;
-    std::thread::Builder::new()
-        .name("loaderctl-signals".into())
-        .spawn(move || {
-            let got = runtime.block_on(signals.recv());
-            RECEIVED.store(got.number(), Ordering::SeqCst);
-        })?;
+    runtime.spawn(async move {
+        let got = signals.recv().await;
+        RECEIVED.store(got.number(), Ordering::SeqCst);
+    });
     Ok(())
 }
 

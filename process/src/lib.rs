@@ -27,7 +27,10 @@
 //!   pickled dataset, once per host), and SHA-256 in the spelling blobs are
 //!   named by.
 //! - [`size`]: sizes as people write them on command lines (`8GiB`).
-//! - [`args`]: clap's usage errors as one line.
+//! - [`args`]: command lines, parsed the same way by every binary, usage
+//!   errors as one line.
+//! - [`runtime`]: the runtime policy: the data path on runtimes sized by
+//!   their owners, everything beside it on one background runtime.
 //!
 //! Nothing here knows Loader's protocol: it sits below the crates that do
 //! (`loader-proto` defines the messages; server, worker and client map their
@@ -39,6 +42,7 @@ pub mod grpc;
 pub mod heap;
 pub mod node;
 pub mod retry;
+pub mod runtime;
 pub mod security;
 pub mod signals;
 pub mod size;

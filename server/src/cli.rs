@@ -37,8 +37,8 @@ struct Args {
     /// Serve Prometheus metrics on this address, at /metrics (e.g.
     /// 0.0.0.0:9464; port 0 picks a free one, printed as `metrics <addr>`).
     /// Off by default.
-    #[arg(long, value_name = "ADDR")]
-    metrics_listen: Option<String>,
+    #[arg(long, value_name = "ADDR", value_parser = loader_process::telemetry::metrics::parse_listen)]
+    metrics_listen: Option<SocketAddr>,
     /// Size the workers here, as `loaderctl scale` / `autoscale` ask:
     /// `local` starts `loader-worker` processes on this host;
     /// `kubernetes` (builds with the `kubernetes` feature) sets the
@@ -104,11 +104,7 @@ fn run(args: Args) -> Result<(), String> {
         .listen
         .parse()
         .map_err(|e| format!("invalid --listen address {:?}: {e} (expected HOST:PORT, e.g. 127.0.0.1:7070)", args.listen))?;
-    let metrics = args
-        .metrics_listen
-        .as_deref()
-        .map(|given| loader_process::telemetry::metrics::parse_listen(given).map_err(|e| format!("--metrics-listen: {e}")))
-        .transpose()?;
+    let metrics = args.metrics_listen;
     let ttl = Duration::from_millis(args.lease_ttl_ms);
     let security = args.security.server(&Role::ALL).map_err(|e| e.to_string())?;
     if let Some(tls) = &security.tls {

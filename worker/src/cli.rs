@@ -47,7 +47,7 @@ struct Args {
     /// Serve Prometheus metrics on this address, at /metrics (e.g.
     /// 0.0.0.0:9464; port 0 picks a free one, printed as `metrics <addr>`).
     /// Off by default.
-    #[arg(long, env = "LOADER_METRICS_LISTEN", value_name = "ADDR", value_parser = parse_metrics_listen)]
+    #[arg(long, env = "LOADER_METRICS_LISTEN", value_name = "ADDR", value_parser = loader_process::telemetry::metrics::parse_listen)]
     metrics_listen: Option<SocketAddr>,
     /// The host's blob directory, where the blobs of jobs (pickled Python
     /// datasets) are fetched once per host [default:
@@ -61,10 +61,6 @@ struct Args {
     /// straggler, as on a slow disk or a noisy host).
     #[arg(long, hide = true, default_value_t = 0, value_name = "MS")]
     slow_batch_ms: u64,
-}
-
-fn parse_metrics_listen(s: &str) -> Result<SocketAddr, String> {
-    loader_process::telemetry::metrics::parse_listen(s).map_err(|e| e.to_string())
 }
 
 fn parse_secs(s: &str) -> Result<f64, String> {

@@ -7,8 +7,8 @@
 //! histograms, their label sets built once per job or consumer, not per
 //! batch). Until [`serve`] installs the recorder (`metrics-exporter-prometheus`)
 //! those handles are no-ops, so metrics that are off cost a call that does
-//! nothing. The endpoint is a small handler of our own on a thread of its
-//! own: the exporter's listener binds inside and cannot tell which port
+//! nothing. The endpoint is a small handler of our own on the process's
+//! background runtime ([`crate::runtime::background`]): the exporter's listener binds inside and cannot tell which port
 //! `:0` picked, and the address must be printed (`metrics <addr>`) for
 //! scripts and tests to find it. One endpoint per process: a second
 //! [`serve`] for the same address is answered with the first one's, for
@@ -60,7 +60,7 @@ pub enum MetricsError {
     /// program that embeds Loader).
     #[error("cannot install the Prometheus recorder: {0}")]
     Install(String),
-    /// The endpoint's thread or runtime could not start.
+    /// The background runtime could not start.
     #[error("cannot start the metrics endpoint: {0}")]
     Start(io::Error),
 }
@@ -89,7 +89,7 @@ pub fn serving() -> Option<SocketAddr> {
 }
 
 /// Installs the Prometheus recorder and serves `GET /metrics` on `addr`
-/// from a thread of its own, for the rest of the process's life. Returns
+/// from the background runtime, for the rest of the process's life. Returns
 /// the bound address. A second call for the same `addr` returns the first
 /// one's address; for another address it fails.
 pub fn serve(addr: SocketAddr) -> Result<SocketAddr, MetricsError> {
@@ -106,17 +106,14 @@ pub fn serve(addr: SocketAddr) -> Result<SocketAddr, MetricsError> {
     let listener = std::net::TcpListener::bind(addr).map_err(|source| MetricsError::Bind { addr, source })?;
     let bound = listener.local_addr().map_err(|source| MetricsError::Bind { addr, source })?;
     listener.set_nonblocking(true).map_err(|source| MetricsError::Bind { addr, source })?;
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(MetricsError::Start)?;
+    let runtime = crate::runtime::background().map_err(MetricsError::Start)?;
     let recorder = PrometheusBuilder::new()
         .set_buckets(BUCKETS_SECONDS)
         .map_err(|e| MetricsError::Install(e.to_string()))?
         .build_recorder();
     let handle = recorder.handle();
     metrics::set_global_recorder(recorder).map_err(|e| MetricsError::Install(e.to_string()))?;
-    std::thread::Builder::new()
-        .name("loader-metrics".into())
-        .spawn(move || runtime.block_on(accept(listener, handle)))
-        .map_err(MetricsError::Start)?;
+    runtime.spawn(accept(listener, handle));
     *endpoint = Some(Endpoint { asked: addr, bound });
     tracing::info!(%bound, "serving metrics");
     Ok(bound)

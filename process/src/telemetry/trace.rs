@@ -8,8 +8,9 @@
 //! ([`exporting`] is checked first) and nothing is carried in messages.
 //! The service name is `OTEL_SERVICE_NAME` (the binary's name by default).
 //! Batches of spans leave on the SDK's batch processor (`OTEL_BSP_*`),
-//! whose exports run on a one-thread runtime of their own, so a process
-//! without tokio (Python) exports too.
+//! whose exports run on the process's background runtime
+//! ([`crate::runtime::background`]), so a process without tokio (Python)
+//! exports too.
 //!
 //! Sampling is decided once per batch, by the coordinator, before any span
 //! exists ([`sample_batch`]): at the ratio the standard variables give
@@ -103,13 +104,11 @@ pub fn child_of(traceparent: &str, make: impl FnOnce() -> Span) -> Span {
     span
 }
 
-/// What keeps export running: the provider (flushed and shut down on drop)
-/// and the runtime the exporter's gRPC channel lives on.
+/// What keeps export running: the provider (flushed and shut down on
+/// drop). The exporter's gRPC channel lives on the background runtime.
 pub(super) struct Export {
     /// Flushed on drop, so a process that ends normally loses no span.
     provider: SdkTracerProvider,
-    /// Drives the exporter's connection; dropped after the provider.
-    runtime: Option<tokio::runtime::Runtime>,
 }
 
 impl std::fmt::Debug for Export {
@@ -132,9 +131,6 @@ impl Drop for Export {
         if let Err(e) = self.provider.shutdown() {
             tracing::debug!("trace export shutdown: {e}");
         }
-        if let Some(runtime) = self.runtime.take() {
-            runtime.shutdown_background();
-        }
     }
 }
 
@@ -149,12 +145,7 @@ pub fn wanted() -> bool {
 /// Builds the exporter, provider and tracer for `service` (the default
 /// service name). Err is one line saying why export cannot start.
 pub(super) fn start(service: &str) -> Result<(SdkTracer, Export), String> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .thread_name("otlp-export")
-        .enable_all()
-        .build()
-        .map_err(|e| format!("cannot start the trace export runtime: {e}"))?;
+    let runtime = crate::runtime::background().map_err(|e| format!("cannot start the trace export runtime: {e}"))?;
     // The tonic channel is made (lazily connected) inside the runtime, which
     // then drives it for the batch processor's thread.
     let exporter = {
@@ -175,7 +166,7 @@ pub(super) fn start(service: &str) -> Result<(SdkTracer, Export), String> {
         .with_sampler(sampler)
         .build();
     let tracer = provider.tracer("loader");
-    Ok((tracer, Export { provider, runtime: Some(runtime) }))
+    Ok((tracer, Export { provider }))
 }
 
 /// The fraction of batches traced (an `f64`'s bits), set by [`start`].
