@@ -40,7 +40,7 @@ use std::path::Path;
 
 use loader_proto::pb::{
     BlobRef, CorruptPolicy, CustomSpec, DatasetSpec, ImageFolderSpec, JobSpec, MixSource, MixSpec,
-    NpyArray, NpySpec, SamplerSpec, SyntheticSpec, TokensSpec, WebDatasetSpec, dataset_spec::Kind,
+    NpyArray, NpySpec, ParquetSpec, SamplerSpec, SyntheticSpec, TokensSpec, WebDatasetSpec, dataset_spec::Kind,
 };
 use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
@@ -157,6 +157,7 @@ enum DatasetFile {
     ImageFolder(ImageFolderFile),
     Webdataset(WebDatasetFile),
     Npy(NpyFile),
+    Parquet(ParquetFile),
     Tokens(TokensFile),
     Synthetic(SyntheticFile),
     Custom(CustomFile),
@@ -165,7 +166,7 @@ enum DatasetFile {
 }
 
 /// Names of the dataset kinds, for messages.
-const DATASETS: &str = "image_folder, webdataset, npy, tokens, synthetic, custom, python, mix";
+const DATASETS: &str = "image_folder, webdataset, npy, parquet, tokens, synthetic, custom, python, mix";
 
 /// The `custom` dataset name a `python` entry becomes: the Python SDK's
 /// worker (`loader._worker`) serves it by running a Python dataset.
@@ -192,6 +193,7 @@ impl<'de> Deserialize<'de> for DatasetFile {
                     "image_folder" | "imagefolder" => DatasetFile::ImageFolder(map.next_value()?),
                     "webdataset" => DatasetFile::Webdataset(map.next_value()?),
                     "npy" => DatasetFile::Npy(map.next_value()?),
+                    "parquet" => DatasetFile::Parquet(map.next_value()?),
                     "tokens" => DatasetFile::Tokens(map.next_value()?),
                     "synthetic" => DatasetFile::Synthetic(map.next_value()?),
                     "custom" => DatasetFile::Custom(map.next_value()?),
@@ -254,6 +256,17 @@ struct WebDatasetFile {
 #[serde(deny_unknown_fields)]
 struct NpyFile {
     arrays: NamedPaths,
+}
+
+/// Parquet files: a list, a `{000..009}` range or a glob (`*.parquet`,
+/// expanded when the job is submitted), and the columns to read (all when
+/// left out).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ParquetFile {
+    files: Shards,
+    #[serde(default)]
+    columns: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -385,6 +398,8 @@ struct SamplerFile {
     seed: u64,
     #[serde(default)]
     drop_last: bool,
+    #[serde(default)]
+    block_shuffle: bool,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -406,6 +421,7 @@ impl SpecFile {
                 shuffle: self.sampler.shuffle,
                 seed: self.sampler.seed,
                 drop_last: self.sampler.drop_last,
+                block_shuffle: self.sampler.block_shuffle,
             }),
             batch_size: self.batch_size.0,
             epochs: self.epochs.0,
@@ -471,6 +487,11 @@ impl DatasetFile {
                     })
                     .collect(),
                 num_samples: 0,
+            }),
+            DatasetFile::Parquet(p) => Kind::Parquet(ParquetSpec {
+                files: p.files.0.iter().map(|f| path(f)).collect(),
+                columns: p.columns,
+                ..Default::default()
             }),
             DatasetFile::Tokens(t) => Kind::Tokens(TokensSpec {
                 path: path(&t.path),

@@ -340,6 +340,7 @@ pub(super) fn dataset_kind(spec: &JobSpec) -> String {
         Some(Kind::ImageFolder(_)) => "image_folder".into(),
         Some(Kind::Webdataset(_)) => "webdataset".into(),
         Some(Kind::Npy(_)) => "npy".into(),
+        Some(Kind::Parquet(_)) => "parquet".into(),
         Some(Kind::Custom(c)) => format!("custom {}", c.name),
         Some(Kind::Mix(m)) => format!("mix of {}", m.sources.len()),
         None => "-".into(),

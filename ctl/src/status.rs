@@ -374,6 +374,12 @@ fn dataset(kind: &Option<Kind>) -> String {
             let names: Vec<&str> = n.arrays.iter().map(|a| a.name.as_str()).collect();
             format!("npy {} ({} rows)", names.join(","), n.num_samples)
         }
+        Some(Kind::Parquet(p)) => format!(
+            "parquet {} ({} files, {} rows)",
+            p.columns.join(","),
+            p.files.len(),
+            p.num_samples
+        ),
         Some(Kind::Custom(c)) => format!("custom {} ({} samples)", c.name, c.num_samples),
         Some(Kind::Mix(m)) => {
             let total: f64 = m.sources.iter().map(|s| s.weight).sum();

@@ -15,9 +15,12 @@
 //!   samples by key, with the byte range of each member.
 //! - [`npy`]: the header of a `.npy` file (versions 1-3): dtype, shape and
 //!   where the data starts.
+//! - [`parquet`]: the footer of a Parquet file: rows per row group, and the
+//!   tensor a row of each column is.
 
 pub mod image_folder;
 pub mod npy;
+pub mod parquet;
 pub mod shard;
 
 /// Why a dataset's files cannot be listed: one line naming the file.

@@ -309,6 +309,7 @@ mod tests {
             drop_last,
             epochs,
             shards: None,
+            shuffle_within_shards: false,
             resume: None,
         }
     }

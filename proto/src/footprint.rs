@@ -60,6 +60,10 @@ fn sample_bytes(
             }
             Some((total, n.arrays.len() as u64))
         }
+        Kind::Parquet(p) => {
+            let total = p.row_bytes.iter().try_fold(0u64, |acc, &b| acc.checked_add(b))?;
+            Some((total, p.row_bytes.len() as u64))
+        }
         Kind::Custom(_) => None,
         // Every source's samples collate together: the largest bounds
         // them all, plus the int64 source index when asked for.

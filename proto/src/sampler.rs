@@ -126,7 +126,8 @@ impl Permutation {
 pub enum EpochOrder {
     /// Every sample permuted on its own.
     Samples(Permutation),
-    /// Shards permuted, samples in file order within each shard.
+    /// Shards permuted, samples in file order within each shard, or
+    /// (a block shuffle) in an order of their own within each shard.
     Shards {
         /// Order of the shards.
         perm: Permutation,
@@ -135,12 +136,16 @@ pub enum EpochOrder {
         starts: Vec<u64>,
         /// `first[s]`: dataset index of the first sample of shard `s`.
         first: Vec<u64>,
+        /// Seed and epoch of each shard's own permutation, for a block
+        /// shuffle; None keeps file order within a shard.
+        within: Option<(u64, u64)>,
     },
 }
 
 impl EpochOrder {
-    /// The shard-aware order of one epoch for shards of `sizes` samples.
-    pub fn shards(sizes: &[u64], seed: u64, epoch: u64, shuffle: bool) -> Self {
+    /// The shard-aware order of one epoch for shards of `sizes` samples;
+    /// `within`: shuffle the samples of each shard too (a block shuffle).
+    pub fn shards(sizes: &[u64], seed: u64, epoch: u64, shuffle: bool, within: bool) -> Self {
         let perm = Permutation::new(sizes.len() as u64, seed, epoch, shuffle);
         let mut first = Vec::with_capacity(sizes.len());
         let mut total = 0u64;
@@ -156,19 +161,24 @@ impl EpochOrder {
             at = at.saturating_add(sizes.get(shard).copied().unwrap_or(0));
         }
         starts.push(at);
-        Self::Shards { perm, starts, first }
+        Self::Shards { perm, starts, first, within: (shuffle && within).then_some((seed, epoch)) }
     }
 
     /// The sample at position `i` of the epoch (`i` < number of samples).
     pub fn at(&self, i: u64) -> u64 {
         match self {
             Self::Samples(perm) => perm.at(i),
-            Self::Shards { perm, starts, first } => {
+            Self::Shards { perm, starts, first, within } => {
                 // The last shard slot whose start is <= i; empty shards have
                 // the same start as the next one and are skipped over.
                 let j = starts.partition_point(|&s| s <= i).saturating_sub(1);
                 let shard = perm.at(j as u64) as usize;
-                let offset = i - starts.get(j).copied().unwrap_or(0);
+                let start = starts.get(j).copied().unwrap_or(0);
+                let mut offset = i - start;
+                if let Some((seed, epoch)) = within {
+                    let size = starts.get(j + 1).copied().unwrap_or(start) - start;
+                    offset = Permutation::new(size, mix_seed(*seed, shard as u64), *epoch, true).at(offset);
+                }
                 first.get(shard).copied().unwrap_or(0) + offset
             }
         }
@@ -251,6 +261,9 @@ pub struct Plan {
     /// Samples per shard, in dataset order, for a sharded dataset: the
     /// epoch order then shuffles shards, not samples (see [`EpochOrder`]).
     pub shards: Option<Arc<[u64]>>,
+    /// With `shards` and `shuffle`: the samples of each shard are shuffled
+    /// too, each shard on its own (a block shuffle: Parquet row groups).
+    pub shuffle_within_shards: bool,
     /// A resumed job's partly delivered first epoch (None: the job starts
     /// at epoch 0).
     pub resume: Option<Arc<Resumed>>,
@@ -337,7 +350,9 @@ impl Plan {
     /// The dataset order of one epoch.
     pub fn order(&self, epoch: u32) -> EpochOrder {
         match &self.shards {
-            Some(sizes) => EpochOrder::shards(sizes, self.seed, u64::from(epoch), self.shuffle),
+            Some(sizes) => {
+                EpochOrder::shards(sizes, self.seed, u64::from(epoch), self.shuffle, self.shuffle_within_shards)
+            }
             None => EpochOrder::Samples(Permutation::new(self.num_samples, self.seed, u64::from(epoch), self.shuffle)),
         }
     }
@@ -404,7 +419,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn plan(n: u64, b: u64, w: u32, drop_last: bool, shuffle: bool) -> Plan {
-        Plan { num_samples: n, batch_size: b, consumers: w, shuffle, seed: 17, drop_last, epochs: 2, shards: None, resume: None }
+        Plan { num_samples: n, batch_size: b, consumers: w, shuffle, seed: 17, drop_last, epochs: 2, shards: None, shuffle_within_shards: false, resume: None }
     }
 
     /// torch's DistributedSampler + DataLoader, written out literally from
@@ -482,6 +497,33 @@ mod tests {
     }
 
     #[test]
+    fn a_block_shuffle_visits_each_block_once_in_an_order_of_its_own() {
+        let sizes = [5u64, 0, 3, 7, 1, 4, 9];
+        let p = Plan { shuffle_within_shards: true, ..sharded(&sizes, 4, 1, true) };
+        let owner: Vec<usize> = sizes.iter().enumerate().flat_map(|(s, &n)| std::iter::repeat_n(s, n as usize)).collect();
+        let mut epochs = Vec::new();
+        for epoch in 0..2u64 {
+            let seqs = epoch * p.batches_per_epoch()..(epoch + 1) * p.batches_per_epoch();
+            let all: Vec<u64> = seqs.flat_map(|s| p.batch_indices(0, s)).collect();
+            let mut sorted = all.clone();
+            sorted.sort_unstable();
+            assert_eq!(sorted, (0..29).collect::<Vec<_>>(), "every sample once in epoch {epoch}");
+            // Each block's samples take consecutive positions...
+            let mut blocks: Vec<usize> = all.iter().map(|&i| owner[i as usize]).collect();
+            blocks.dedup();
+            assert_eq!(blocks.len(), 6, "each non-empty block once, in one run: {all:?}");
+            // ...in an order that is not the file's.
+            assert!(all.windows(2).any(|w| owner[w[0] as usize] == owner[w[1] as usize] && w[1] != w[0] + 1), "{all:?}");
+            epochs.push(all);
+        }
+        assert_ne!(epochs[0], epochs[1], "a new order each epoch");
+        // Without shuffle, dataset order: the flag only shuffles.
+        let unshuffled = Plan { shuffle_within_shards: true, ..sharded(&sizes, 4, 1, false) };
+        let all: Vec<u64> = (0..unshuffled.batches_per_epoch()).flat_map(|s| unshuffled.batch_indices(0, s)).collect();
+        assert_eq!(all, (0..29).collect::<Vec<_>>());
+    }
+
+    #[test]
     fn unshuffled_shards_keep_dataset_order() {
         let p = sharded(&[5, 0, 3, 7], 4, 1, false);
         let all: Vec<u64> = (0..p.batches_per_epoch()).flat_map(|s| p.batch_indices(0, s)).collect();
@@ -535,7 +577,7 @@ mod tests {
         #[test]
         fn shard_order_is_a_bijection(sizes in proptest::collection::vec(0u64..20, 1..40), seed: u64, epoch in 0u64..5) {
             let n: u64 = sizes.iter().sum();
-            let order = EpochOrder::shards(&sizes, seed, epoch, true);
+            let order = EpochOrder::shards(&sizes, seed, epoch, true, false);
             bijection(n, |i| order.at(i))?;
         }
 

@@ -16,7 +16,7 @@ use crate::spec_error::err;
 pub const MAX_CONSUMERS: u32 = 1 << 16;
 
 /// The dataset kinds a spec may name, for messages.
-const KINDS: &str = "synthetic, tokens, image_folder, webdataset, npy, custom, mix";
+const KINDS: &str = "synthetic, tokens, image_folder, webdataset, npy, parquet, custom, mix";
 
 /// Most sources one mixture lists.
 pub const MAX_MIX_SOURCES: usize = 256;
@@ -109,6 +109,53 @@ pub fn check(spec: &JobSpec) -> Result<(), SpecError> {
     Ok(())
 }
 
+/// Checks a Parquet dataset's files and columns.
+fn parquet_fields(p: &crate::pb::ParquetSpec) -> Result<(), SpecError> {
+    if p.files.is_empty() {
+        return err("dataset.parquet.files", "must list at least one Parquet file");
+    }
+    if let Some(i) = p.files.iter().position(String::is_empty) {
+        return err(format!("dataset.parquet.files[{i}]"), "empty path");
+    }
+    for (i, c) in p.columns.iter().enumerate() {
+        if c.is_empty() || c.len() > MAX_NAME_LEN {
+            return err(format!("dataset.parquet.columns[{i}]"), format!("must be 1 to {MAX_NAME_LEN} bytes"));
+        }
+        if p.columns[..i].contains(c) {
+            return err(format!("dataset.parquet.columns[{i}]"), format!("`{c}` is named twice"));
+        }
+    }
+    Ok(())
+}
+
+/// The rows of a Parquet dataset, checked against its row groups.
+fn parquet_rows(p: &crate::pb::ParquetSpec) -> Result<u64, SpecError> {
+    let filled = "the submitter fills it in by reading the files' footers (the SDK's spec builders do)";
+    if p.file_rows.len() != p.files.len() {
+        return err(
+            "dataset.parquet.file_rows",
+            format!("has {} entries for {} files; {filled}", p.file_rows.len(), p.files.len()),
+        );
+    }
+    if p.columns.is_empty() || p.row_bytes.len() != p.columns.len() {
+        return err("dataset.parquet.row_bytes", format!("needs one size per column read; {filled}"));
+    }
+    let total = p.file_rows.iter().flat_map(|f| &f.row_groups).try_fold(0u64, |acc, &n| acc.checked_add(n));
+    match total {
+        Some(0) => err("dataset.parquet.file_rows", "the files hold no row"),
+        Some(n) if n == p.num_samples => Ok(n),
+        Some(n) => err(
+            "dataset.parquet.num_samples",
+            format!("is {}, the row groups hold {n} rows; {filled}", p.num_samples),
+        ),
+        None => err("dataset.parquet.file_rows", "row counts overflow"),
+    }
+}
+
+fn kind_name_of(dataset: &DatasetSpec) -> &'static str {
+    dataset.kind.as_ref().map_or("no dataset", kind_name)
+}
+
 fn kind_name(kind: &Kind) -> &'static str {
     match kind {
         Kind::Synthetic(_) => "synthetic",
@@ -116,6 +163,7 @@ fn kind_name(kind: &Kind) -> &'static str {
         Kind::ImageFolder(_) => "image_folder",
         Kind::Webdataset(_) => "webdataset",
         Kind::Npy(_) => "npy",
+        Kind::Parquet(_) => "parquet",
         Kind::Custom(_) => "custom",
         Kind::Mix(_) => "mix",
     }
@@ -187,6 +235,7 @@ fn dataset_fields(kind: &Kind) -> Result<(), SpecError> {
                 }
             }
         }
+        Kind::Parquet(p) => parquet_fields(p)?,
         Kind::Custom(c) => {
             if c.name.is_empty() {
                 return err(
@@ -463,6 +512,7 @@ pub fn num_samples(dataset: &DatasetSpec) -> Result<u64, SpecError> {
             }
             Ok(n.num_samples)
         }
+        Kind::Parquet(p) => parquet_rows(p),
         Kind::Custom(c) => {
             if c.num_samples == 0 {
                 return err("dataset.custom.num_samples", "must be > 0");
@@ -540,6 +590,15 @@ pub fn plan(spec: &JobSpec) -> Result<Plan, SpecError> {
     let sampler = spec.sampler.unwrap_or_default();
     let shards = match &dataset.kind {
         Some(Kind::Webdataset(w)) => Some(w.shard_samples.as_slice().into()),
+        Some(Kind::Parquet(p)) if sampler.block_shuffle => {
+            Some(p.file_rows.iter().flat_map(|f| f.row_groups.iter().copied()).collect())
+        }
+        _ if sampler.block_shuffle => {
+            return err(
+                "sampler.block_shuffle",
+                format!("only a Parquet dataset is read in blocks (row groups), not {}", kind_name_of(dataset)),
+            );
+        }
         _ => None,
     };
     let resume = resumed_epoch(spec, num_samples)?;
@@ -555,6 +614,7 @@ pub fn plan(spec: &JobSpec) -> Result<Plan, SpecError> {
         drop_last: sampler.drop_last,
         epochs: spec.epochs,
         shards,
+        shuffle_within_shards: sampler.block_shuffle,
         resume: resume.map(std::sync::Arc::new),
     };
     if plan.batches_per_epoch() == 0 {
@@ -779,6 +839,37 @@ mod tests {
     }
 
     #[test]
+    fn a_parquet_job_plans_from_its_filled_counts_and_block_shuffles_by_row_group() {
+        use crate::pb::{ParquetFileRows, ParquetSpec, SamplerSpec};
+        let filled = ParquetSpec {
+            files: vec!["a.parquet".into(), "b.parquet".into()],
+            columns: vec!["x".into()],
+            file_rows: vec![ParquetFileRows { row_groups: vec![4, 3] }, ParquetFileRows { row_groups: vec![5] }],
+            num_samples: 12,
+            row_bytes: vec![12],
+        };
+        let mut spec = with(Kind::Parquet(filled.clone()), vec![]);
+        assert_eq!(plan(&spec).expect("parquet").num_samples, 12);
+        assert_eq!(plan(&spec).expect("parquet").shards, None, "a plain shuffle permutes every row");
+        spec.sampler = Some(SamplerSpec { shuffle: true, seed: 1, block_shuffle: true, ..Default::default() });
+        let p = plan(&spec).expect("block shuffle");
+        assert_eq!((p.shards.as_deref(), p.shuffle_within_shards), (Some(&[4u64, 3, 5][..]), true));
+        let e = plan(&JobSpec { sampler: spec.sampler, ..synthetic() }).expect_err("not in blocks");
+        assert_eq!(e.to_string(), "invalid job spec: sampler.block_shuffle: only a Parquet dataset is read in blocks (row groups), not synthetic");
+        for (broken, field) in [
+            (ParquetSpec { file_rows: vec![], ..filled.clone() }, "dataset.parquet.file_rows"),
+            (ParquetSpec { row_bytes: vec![], ..filled.clone() }, "dataset.parquet.row_bytes"),
+            (ParquetSpec { num_samples: 13, ..filled.clone() }, "dataset.parquet.num_samples"),
+            (ParquetSpec { files: vec![], file_rows: vec![], ..filled.clone() }, "dataset.parquet.files"),
+            (ParquetSpec { columns: vec!["x".into(), "x".into()], ..filled.clone() }, "dataset.parquet.columns[1]"),
+        ] {
+            let e = plan(&with(Kind::Parquet(broken), vec![])).expect_err(field);
+            let e = e.to_string();
+            assert!(e.starts_with(&format!("invalid job spec: {field}: ")) && !e.contains('\n'), "{e}");
+        }
+    }
+
+    #[test]
     fn bad_dataset_and_pipeline_fields_are_named() {
         let wds = |shards: Vec<&str>, counts: Vec<u64>| {
             Kind::Webdataset(WebDatasetSpec {
@@ -930,7 +1021,7 @@ mod tests {
             sampler: Some(SamplerSpec {
                 shuffle: true,
                 seed: 3,
-                drop_last: false,
+                ..Default::default()
             }),
             ..mixed(two(0.25, 0.75))
         };

@@ -46,6 +46,7 @@ pub(super) fn fill(kind: &mut Kind) -> Result<(), LoaderError> {
             }
             n.num_samples = rows.map_or(0, |(r, _)| r);
         }
+        Kind::Parquet(p) => fill_parquet(p)?,
         Kind::Mix(m) => {
             for source in &mut m.sources {
                 if let Some(kind) = source.dataset.as_mut().and_then(|d| d.kind.as_mut()) {
@@ -58,6 +59,76 @@ pub(super) fn fill(kind: &mut Kind) -> Result<(), LoaderError> {
         }
     }
     Ok(())
+}
+
+/// Fills in a Parquet dataset's row groups, rows, columns (every column of
+/// the first file when none are named) and their row sizes; every file must
+/// hold the same columns with the same tensors.
+fn fill_parquet(p: &mut loader_proto::pb::ParquetSpec) -> Result<(), LoaderError> {
+    p.files = expand_patterns(&p.files)?;
+    let mut chosen: Option<Vec<(String, loader_listing::parquet::ColumnTensor)>> = None;
+    let mut file_rows = Vec::with_capacity(p.files.len());
+    for file in &p.files {
+        let path = Path::new(file);
+        let footer = loader_listing::parquet::read_footer(path)?;
+        let names: Vec<String> = match &chosen {
+            Some(columns) => columns.iter().map(|(n, _)| n.clone()).collect(),
+            None => p.columns.clone(),
+        };
+        let columns = footer.select(path, &names)?;
+        if let Some(first) = &chosen
+            && let Some(((name, want), (_, got))) = first.iter().zip(&columns).find(|(a, b)| a.1 != b.1)
+        {
+            return Err(ListingError {
+                path: file.clone(),
+                problem: format!(
+                    "column `{name}` is {:?} {:?} here, {:?} {:?} in {}; every file needs the same columns",
+                    got.dtype, got.shape, want.dtype, want.shape, p.files[0]
+                ),
+            }
+            .into());
+        }
+        chosen.get_or_insert(columns);
+        file_rows.push(loader_proto::pb::ParquetFileRows { row_groups: footer.row_groups });
+    }
+    let columns = chosen.unwrap_or_default();
+    p.row_bytes = columns
+        .iter()
+        .map(|(name, t)| {
+            t.row_bytes().ok_or_else(|| ListingError {
+                path: p.files[0].clone(),
+                problem: format!("column `{name}`: rows of shape {:?} are too large", t.shape),
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    p.columns = columns.into_iter().map(|(n, _)| n).collect();
+    p.num_samples = file_rows.iter().flat_map(|f| &f.row_groups).sum();
+    p.file_rows = file_rows;
+    Ok(())
+}
+
+/// `files` with every glob pattern (`*`, `?`, `[...]`) replaced by the
+/// files it matches, in sorted order; a pattern that matches nothing is an
+/// error naming it.
+fn expand_patterns(files: &[String]) -> Result<Vec<String>, LoaderError> {
+    let mut out = Vec::with_capacity(files.len());
+    for file in files {
+        if !file.contains(['*', '?', '[']) {
+            out.push(file.clone());
+            continue;
+        }
+        let bad = |problem: String| ListingError { path: file.clone(), problem };
+        let mut matched: Vec<String> = glob::glob(file)
+            .map_err(|e| bad(format!("not a file pattern: {e}")))?
+            .map(|entry| entry.map(|p| p.display().to_string()).map_err(|e| bad(e.to_string())))
+            .collect::<Result<_, _>>()?;
+        if matched.is_empty() {
+            return Err(bad("matches no file".into()).into());
+        }
+        matched.sort();
+        out.extend(matched);
+    }
+    Ok(out)
 }
 
 /// Records the global batch a mixture's blocks are cut by, when the spec

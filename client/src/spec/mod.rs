@@ -22,7 +22,7 @@ use std::path::Path;
 
 use loader_proto::pb::{
     BlobRef, CorruptPolicy, CustomSpec, DatasetSpec, Dtype, ImageFolderSpec, JobSpec, MixSource,
-    MixSpec, NpyArray, NpySpec, SamplerSpec, SyntheticSpec, TokensSpec, Transform, WebDatasetSpec,
+    MixSpec, NpyArray, NpySpec, ParquetSpec, SamplerSpec, SyntheticSpec, TokensSpec, Transform, WebDatasetSpec,
     dataset_spec::Kind,
 };
 use loader_proto::sampler::Plan;
@@ -118,6 +118,21 @@ pub fn npy<N: Into<String>, P: AsRef<Path>>(
             })
             .collect(),
         num_samples: 0,
+    }))
+}
+
+/// Rows of Parquet `files`, taken one after another; each of `columns` (every
+/// column of the first file when empty) is a tensor of that name. Footers
+/// are read in [`JobSpecBuilder::build`]. Shuffle within a few row groups at
+/// a time ([`JobSpecBuilder::block_shuffle`]) to read each row group once.
+pub fn parquet<P: AsRef<Path>, C: Into<String>>(
+    files: impl IntoIterator<Item = P>,
+    columns: impl IntoIterator<Item = C>,
+) -> JobSpecBuilder {
+    JobSpecBuilder::new(Kind::Parquet(ParquetSpec {
+        files: files.into_iter().map(|p| absolute(p.as_ref())).collect(),
+        columns: columns.into_iter().map(Into::into).collect(),
+        ..Default::default()
     }))
 }
 
@@ -237,6 +252,15 @@ impl JobSpecBuilder {
         let sampler = self.spec.sampler.get_or_insert_default();
         sampler.shuffle = true;
         sampler.seed = seed;
+        self
+    }
+
+    /// Shuffles with `seed` in blocks: a Parquet dataset's row groups in a
+    /// new order each epoch, the rows of each row group among themselves,
+    /// so a batch reads one or two row groups instead of `batch_size`.
+    pub fn block_shuffle(mut self, seed: u64) -> Self {
+        self = self.shuffle(seed);
+        self.spec.sampler.get_or_insert_default().block_shuffle = true;
         self
     }
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use loader_proto::pb::{CustomSpec, JobSpec, dataset_spec::Kind};
 
-use super::{Dataset, DatasetError, ImageFolder, Mix, Npy, Synthetic, Tokens, WebDataset};
+use super::{Dataset, DatasetError, ImageFolder, Mix, Npy, Parquet, Synthetic, Tokens, WebDataset};
 
 /// Opens a custom dataset from its spec (its `params` say what to read).
 pub type OpenCustom = dyn Fn(&CustomSpec) -> Result<Arc<dyn Dataset>, DatasetError> + Send + Sync;
@@ -54,6 +54,7 @@ impl Datasets {
             Some(Kind::Synthetic(s)) => Arc::new(Synthetic::new(s)?),
             Some(Kind::Tokens(t)) => Arc::new(Tokens::open(t)?),
             Some(Kind::Npy(n)) => Arc::new(Npy::open(n)?),
+            Some(Kind::Parquet(p)) => Arc::new(Parquet::open(p)?),
             Some(Kind::ImageFolder(f)) => Arc::new(ImageFolder::open(f, &spec.transforms)?),
             Some(Kind::Webdataset(w)) => Arc::new(WebDataset::open(w, &spec.transforms)?),
             Some(Kind::Custom(c)) => {

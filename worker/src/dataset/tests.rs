@@ -178,7 +178,7 @@ fn mix_job(dir: &Path) -> loader_proto::pb::JobSpec {
     };
     JobSpec {
         dataset: Some(DatasetSpec { kind: Some(Kind::Mix(mix)) }),
-        sampler: Some(SamplerSpec { shuffle: true, seed: 3, drop_last: false }),
+        sampler: Some(SamplerSpec { shuffle: true, seed: 3, ..Default::default() }),
         batch_size: 5,
         epochs: 4,
         ..Default::default()

@@ -1,0 +1,446 @@
+//! `parquet`: sample `i` is row `i` of Parquet files taken one after
+//! another; each column read is a tensor of that name.
+//!
+//! Parquet is read a row group at a time (its pages are compressed and
+//! encoded per column chunk), so a worker decodes a whole row group's
+//! columns at once, into row-major bytes, and keeps the latest row groups
+//! it decoded: a batch whose rows share row groups (the sampler's block
+//! shuffle, or no shuffle) decodes each once, and a row is then one copy.
+//! Footers are read with `loader_listing::parquet`, the code the submitter
+//! counted the rows with, and checked against the job's counts at open.
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::path::Path;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use arrow_array::cast::AsArray;
+use arrow_array::{Array, ArrayRef};
+use arrow_schema::DataType;
+use loader_proto::pb::{Dtype, ParquetSpec};
+use parquet::arrow::ProjectionMask;
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder};
+
+use super::{Dataset, DatasetError, SampleKey, SampleTensor, check_rows, sample_bytes};
+
+const KIND: &str = "parquet";
+
+/// Decoded row groups kept per job, in bytes: a few row groups of any
+/// usual size (pyarrow writes up to 1 Mi rows a group; a 128 MB group is
+/// common for wide tables).
+const CACHE_BYTES: usize = 512 << 20;
+/// Row groups kept however large they are, so that a batch spanning two
+/// row groups does not decode one of them twice.
+const CACHE_MIN_GROUPS: usize = 2;
+
+/// One file: its path and its footer, parsed once.
+#[derive(Debug)]
+struct ParquetFile {
+    path: String,
+    metadata: ArrowReaderMetadata,
+    /// Root column index in the file's schema of each column read, in the
+    /// job's column order.
+    roots: Vec<usize>,
+}
+
+/// Where a row group of the dataset lives.
+#[derive(Debug, Clone, Copy)]
+struct Group {
+    /// Index into `files`.
+    file: usize,
+    /// Row group index within the file.
+    in_file: usize,
+    /// Dataset index of its first row.
+    first: u64,
+    /// Rows it holds.
+    rows: u64,
+}
+
+/// One row group's columns, decoded.
+#[derive(Debug)]
+struct Decoded {
+    /// Per column read, its rows one after another (`rows x row_bytes`).
+    columns: Vec<Vec<u8>>,
+    /// Rows holding a null in some column, with that column's index: such a
+    /// row is no tensor (a corrupt sample).
+    nulls: Vec<(u64, usize)>,
+}
+
+impl Decoded {
+    fn bytes(&self) -> usize {
+        self.columns.iter().map(Vec::len).sum()
+    }
+}
+
+/// Rows of Parquet files.
+#[derive(Debug)]
+pub struct Parquet {
+    files: Vec<ParquetFile>,
+    groups: Vec<Group>,
+    tensors: Vec<SampleTensor>,
+    /// Bytes of each tensor's row.
+    row_bytes: Vec<usize>,
+    len: u64,
+    /// The latest row groups decoded, oldest first.
+    cache: Mutex<VecDeque<(usize, Arc<Decoded>)>>,
+}
+
+impl Parquet {
+    /// Reads every file's footer and checks it against the job: the same
+    /// row groups, and each column the tensor the submitter saw.
+    pub fn open(spec: &ParquetSpec) -> Result<Self, DatasetError> {
+        if spec.file_rows.len() != spec.files.len() || spec.row_bytes.len() != spec.columns.len() {
+            return Err(DatasetError::Spec("dataset.parquet: row groups and columns are not filled in".into()));
+        }
+        let mut files = Vec::with_capacity(spec.files.len());
+        let mut groups = Vec::new();
+        let mut tensors: Vec<SampleTensor> = Vec::new();
+        let mut first = 0u64;
+        for (path, planned) in spec.files.iter().zip(&spec.file_rows) {
+            let mismatch = |problem: String| DatasetError::Mismatch { kind: KIND, path: path.clone(), problem };
+            let footer = loader_listing::parquet::read_footer(Path::new(path)).map_err(|e| DatasetError::listing(KIND, e))?;
+            if footer.row_groups != planned.row_groups {
+                return Err(mismatch(format!(
+                    "holds row groups of {:?} rows, the job was planned for {:?}",
+                    footer.row_groups, planned.row_groups
+                )));
+            }
+            let columns = footer.select(Path::new(path), &spec.columns).map_err(|e| DatasetError::listing(KIND, e))?;
+            let these: Vec<SampleTensor> = columns
+                .into_iter()
+                .map(|(name, t)| SampleTensor { name, dtype: t.dtype, shape: t.shape })
+                .collect();
+            if tensors.is_empty() {
+                tensors = these;
+            } else if these != tensors {
+                return Err(mismatch(format!("its columns are {these:?}, the first file's {tensors:?}")));
+            }
+            let file = File::open(path).map_err(|source| DatasetError::Open { kind: KIND, path: path.clone(), source })?;
+            let metadata = ArrowReaderMetadata::load(&file, ArrowReaderOptions::new())
+                .map_err(|e| mismatch(format!("unreadable footer: {e}")))?;
+            let schema = metadata.metadata().file_metadata().schema_descr();
+            let roots = spec
+                .columns
+                .iter()
+                .map(|name| {
+                    (0..schema.num_columns())
+                        .map(|leaf| schema.get_column_root_idx(leaf))
+                        .find(|&root| schema.root_schema().get_fields().get(root).is_some_and(|f| f.name() == name))
+                        .ok_or_else(|| mismatch(format!("has no column `{name}`")))
+                })
+                .collect::<Result<_, _>>()?;
+            for (in_file, &rows) in planned.row_groups.iter().enumerate() {
+                groups.push(Group { file: files.len(), in_file, first, rows });
+                first = first.checked_add(rows).ok_or_else(|| DatasetError::Spec("dataset.parquet: row counts overflow".into()))?;
+            }
+            files.push(ParquetFile { path: path.clone(), metadata, roots });
+        }
+        if first != spec.num_samples {
+            return Err(DatasetError::Spec(format!(
+                "dataset.parquet: the row groups hold {first} rows, the job was planned for {}",
+                spec.num_samples
+            )));
+        }
+        let row_bytes = tensors
+            .iter()
+            .map(|t| sample_bytes(t).ok_or_else(|| DatasetError::Spec(format!("column `{}`: rows too large", t.name))))
+            .collect::<Result<Vec<_>, _>>()?;
+        if row_bytes.iter().zip(&spec.row_bytes).any(|(&a, &b)| a as u64 != b) {
+            return Err(DatasetError::Spec(format!(
+                "dataset.parquet.row_bytes: {:?}, the files' columns make {row_bytes:?}",
+                spec.row_bytes
+            )));
+        }
+        // Nested fixed-size lists come out of the reader as such; their
+        // element type is checked again when a row group is decoded.
+        Ok(Self { files, groups, tensors, row_bytes, len: first, cache: Mutex::new(VecDeque::new()) })
+    }
+
+    /// The row group holding dataset index `index` (< len).
+    fn group_of(&self, index: u64) -> usize {
+        self.groups.partition_point(|g| g.first <= index).saturating_sub(1)
+    }
+
+    /// Row group `g`, decoded now or earlier.
+    fn decoded(&self, g: usize) -> Result<Arc<Decoded>, DatasetError> {
+        {
+            let cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some((_, d)) = cache.iter().find(|(at, _)| *at == g) {
+                return Ok(Arc::clone(d));
+            }
+        }
+        // Decoded outside the lock: other threads read other row groups
+        // meanwhile (two threads may decode the same one; both copies are
+        // equal and one is kept).
+        let decoded = Arc::new(self.decode(g)?);
+        let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
+        if !cache.iter().any(|(at, _)| *at == g) {
+            cache.push_back((g, Arc::clone(&decoded)));
+            let mut total: usize = cache.iter().map(|(_, d)| d.bytes()).sum();
+            while cache.len() > CACHE_MIN_GROUPS && total > CACHE_BYTES {
+                if let Some((_, old)) = cache.pop_front() {
+                    total -= old.bytes();
+                }
+            }
+        }
+        Ok(decoded)
+    }
+
+    /// Decodes the columns read of row group `g`.
+    fn decode(&self, g: usize) -> Result<Decoded, DatasetError> {
+        let group = self.groups[g];
+        let file = &self.files[group.file];
+        let corrupt = |reason: String| DatasetError::Corrupt {
+            path: format!("{} (row group {})", file.path, group.in_file),
+            reason,
+        };
+        let handle = File::open(&file.path).map_err(|source| DatasetError::Open { kind: KIND, path: file.path.clone(), source })?;
+        let schema = file.metadata.metadata().file_metadata().schema_descr_ptr();
+        let rows = usize::try_from(group.rows).map_err(|_| corrupt("too many rows".into()))?;
+        let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(handle, file.metadata.clone())
+            .with_row_groups(vec![group.in_file])
+            .with_projection(ProjectionMask::roots(&schema, file.roots.iter().copied()))
+            .with_batch_size(rows.max(1))
+            .build()
+            .map_err(|e| corrupt(e.to_string()))?;
+        let mut columns: Vec<Vec<u8>> = self.row_bytes.iter().map(|&n| Vec::with_capacity(n * rows)).collect();
+        let mut nulls = Vec::new();
+        let mut row = 0u64;
+        for batch in reader {
+            let batch = batch.map_err(|e| corrupt(e.to_string()))?;
+            for (c, tensor) in self.tensors.iter().enumerate() {
+                let array = batch
+                    .column_by_name(&tensor.name)
+                    .ok_or_else(|| corrupt(format!("no column `{}` decoded", tensor.name)))?;
+                let per_row = tensor.shape.iter().product::<u64>().max(1);
+                let mut null_rows = Vec::new();
+                flatten(array, tensor.dtype, per_row, &mut columns[c], &mut null_rows)
+                    .map_err(|e| corrupt(format!("column `{}`: {e}", tensor.name)))?;
+                nulls.extend(null_rows.into_iter().map(|r| (row + r, c)));
+            }
+            row += batch.num_rows() as u64;
+        }
+        if row != group.rows {
+            return Err(corrupt(format!("decoded {row} rows, the footer says {}", group.rows)));
+        }
+        for (c, column) in columns.iter().enumerate() {
+            if column.len() != self.row_bytes[c] * rows {
+                return Err(corrupt(format!("column `{}` decoded to {} bytes, not {}", self.tensors[c].name, column.len(), self.row_bytes[c] * rows)));
+            }
+        }
+        nulls.sort_unstable();
+        Ok(Decoded { columns, nulls })
+    }
+}
+
+/// Appends the values of `array` (a column of `dtype` elements, or nested
+/// fixed-size lists of them, `per_row` elements a row) to `out`, row-major;
+/// rows holding a null anywhere go to `null_rows` (their bytes are zeros).
+fn flatten(array: &ArrayRef, dtype: Dtype, per_row: u64, out: &mut Vec<u8>, null_rows: &mut Vec<u64>) -> Result<(), String> {
+    // Descend through the lists to the leaf values, as one flat array;
+    // `group` is how many elements of the current level make one row, so
+    // a null at element i of any level nulls row i / group.
+    let mut leaf: ArrayRef = Arc::clone(array);
+    let mut row_nulls: Vec<u64> = Vec::new();
+    let mut group = 1u64;
+    while let DataType::FixedSizeList(_, size) = leaf.data_type() {
+        let size = u64::try_from(*size).map_err(|_| "a negative list size".to_owned())?;
+        let list = leaf.as_fixed_size_list();
+        if list.null_count() > 0 {
+            row_nulls.extend((0..list.len()).filter(|&i| list.is_null(i)).map(|i| i as u64 / group));
+        }
+        let start = usize::try_from(list.value_offset(0)).map_err(|_| "a negative list offset".to_owned())?;
+        let values = list.values().slice(start, list.len() * size as usize);
+        group *= size;
+        leaf = values;
+    }
+    if group != per_row {
+        return Err(format!("rows of {group} elements, the job expects {per_row}"));
+    }
+    if loader_listing::parquet::element(leaf.data_type()) != Some(dtype) {
+        return Err(format!("values of {}, the job expects {dtype:?}", leaf.data_type()));
+    }
+    if leaf.null_count() > 0 {
+        row_nulls.extend((0..leaf.len()).filter(|&i| leaf.is_null(i)).map(|i| i as u64 / per_row));
+    }
+    match leaf.data_type() {
+        DataType::Boolean => {
+            let values = leaf.as_boolean();
+            out.extend((0..values.len()).map(|i| u8::from(values.value(i))));
+        }
+        _ => {
+            let data = leaf.to_data();
+            let size = data.data_type().primitive_width().ok_or_else(|| format!("values of {}", data.data_type()))?;
+            let buffer = data.buffers().first().ok_or_else(|| "no value buffer".to_owned())?;
+            let bytes = buffer
+                .as_slice()
+                .get(data.offset() * size..(data.offset() + data.len()) * size)
+                .ok_or_else(|| "a value buffer shorter than its values".to_owned())?;
+            out.extend_from_slice(bytes);
+        }
+    }
+    row_nulls.sort_unstable();
+    row_nulls.dedup();
+    null_rows.extend(row_nulls);
+    Ok(())
+}
+
+impl Dataset for Parquet {
+    fn tensors(&self) -> &[SampleTensor] {
+        &self.tensors
+    }
+
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn writes_whole_rows(&self) -> bool {
+        // Each row is copied whole.
+        true
+    }
+
+    fn read_into(&self, key: SampleKey, rows: &mut [&mut [u8]]) -> Result<(), DatasetError> {
+        let index = key.index;
+        check_rows(index, rows, &self.row_bytes)?;
+        if index >= self.len {
+            return Err(DatasetError::IndexOutOfRange { index, len: self.len });
+        }
+        let g = self.group_of(index);
+        let group = self.groups[g];
+        let decoded = self.decoded(g)?;
+        let at = index - group.first;
+        if let Ok(i) = decoded.nulls.binary_search_by(|&(r, _)| r.cmp(&at)) {
+            let column = &self.tensors[decoded.nulls[i].1].name;
+            return Err(DatasetError::Corrupt {
+                path: format!("{} (row group {}, row {at})", self.files[group.file].path, group.in_file),
+                reason: format!("column `{column}` is null"),
+            });
+        }
+        for ((column, row), &n) in decoded.columns.iter().zip(rows.iter_mut()).zip(&self.row_bytes) {
+            let start = at as usize * n;
+            let Some(bytes) = column.get(start..start + n) else {
+                return Err(DatasetError::IndexOutOfRange { index, len: self.len });
+            };
+            row.copy_from_slice(bytes);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use arrow_array::builder::{FixedSizeListBuilder, Float32Builder};
+    use arrow_array::{BooleanArray, Int64Array, RecordBatch, StringArray};
+    use loader_proto::pb::ParquetFileRows;
+    use parquet::arrow::ArrowWriter;
+    use parquet::file::properties::WriterProperties;
+
+    use super::*;
+
+    /// Writes `rows` rows (x: 3 x f32 = row*10 + k, y: i64 = -row, flag:
+    /// row % 3 == 0, name: text) in row groups of `group` rows; row `null`
+    /// has a null y.
+    fn write(path: &Path, rows: usize, group: usize, null: Option<usize>) {
+        let mut x = FixedSizeListBuilder::new(Float32Builder::new(), 3);
+        for r in 0..rows {
+            for k in 0..3 {
+                x.values().append_value((r * 10 + k) as f32);
+            }
+            x.append(true);
+        }
+        let y: Int64Array = (0..rows).map(|r| (Some(r) != null).then_some(-(r as i64))).collect();
+        let flag: BooleanArray = (0..rows).map(|r| Some(r % 3 == 0)).collect();
+        let name: StringArray = (0..rows).map(|r| Some(format!("row {r}"))).collect();
+        let batch = RecordBatch::try_from_iter([
+            ("x", Arc::new(x.finish()) as ArrayRef),
+            ("y", Arc::new(y) as ArrayRef),
+            ("flag", Arc::new(flag) as ArrayRef),
+            ("name", Arc::new(name) as ArrayRef),
+        ])
+        .expect("batch");
+        let props = WriterProperties::builder().set_max_row_group_size(group).build();
+        let mut writer = ArrowWriter::try_new(File::create(path).expect("create"), batch.schema(), Some(props)).expect("writer");
+        writer.write(&batch).expect("write");
+        writer.close().expect("close");
+    }
+
+    fn spec(files: &[PathBuf], columns: &[&str]) -> ParquetSpec {
+        let mut spec = ParquetSpec {
+            files: files.iter().map(|p| p.display().to_string()).collect(),
+            columns: columns.iter().map(|c| (*c).to_owned()).collect(),
+            ..Default::default()
+        };
+        for f in &spec.files {
+            let footer = loader_listing::parquet::read_footer(Path::new(f)).expect("footer");
+            spec.file_rows.push(ParquetFileRows { row_groups: footer.row_groups.clone() });
+            spec.num_samples += footer.rows();
+            if spec.row_bytes.is_empty() {
+                let cols = footer.select(Path::new(f), &spec.columns).expect("columns");
+                spec.row_bytes = cols.iter().map(|(_, t)| t.row_bytes().expect("size")).collect();
+            }
+        }
+        spec
+    }
+
+    fn read(d: &Parquet, index: u64) -> Result<Vec<Vec<u8>>, DatasetError> {
+        let mut rows: Vec<Vec<u8>> = d.row_bytes.iter().map(|&n| vec![0; n]).collect();
+        let mut refs: Vec<&mut [u8]> = rows.iter_mut().map(Vec::as_mut_slice).collect();
+        d.read_into(SampleKey { seed: 0, epoch: 0, index }, &mut refs)?;
+        Ok(rows)
+    }
+
+    #[test]
+    fn rows_of_every_file_and_row_group_arrive_byte_for_byte() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (a, b) = (dir.path().join("a.parquet"), dir.path().join("b.parquet"));
+        write(&a, 17, 5, None);
+        write(&b, 4, 3, None);
+        let d = Parquet::open(&spec(&[a, b], &["flag", "x", "y"])).expect("open");
+        let names: Vec<(&str, Dtype, &[u64])> = d.tensors().iter().map(|t| (t.name.as_str(), t.dtype, t.shape.as_slice())).collect();
+        assert_eq!(names, vec![("flag", Dtype::Bool, &[][..]), ("x", Dtype::F32, &[3][..]), ("y", Dtype::I64, &[][..])]);
+        assert_eq!(d.len(), 21);
+        // Backwards, so that row groups are decoded out of order.
+        for index in (0..21u64).rev() {
+            let r = if index < 17 { index } else { index - 17 };
+            let rows = read(&d, index).expect("row");
+            assert_eq!(rows[0], vec![u8::from(r % 3 == 0)], "flag of {index}");
+            let x: Vec<u8> = (0..3).flat_map(|k| ((r * 10 + k) as f32).to_le_bytes()).collect();
+            assert_eq!(rows[1], x, "x of {index}");
+            assert_eq!(rows[2], (-(r as i64)).to_le_bytes().to_vec(), "y of {index}");
+        }
+        assert!(matches!(read(&d, 21), Err(DatasetError::IndexOutOfRange { index: 21, len: 21 })));
+    }
+
+    #[test]
+    fn a_null_is_a_corrupt_sample_naming_the_row_and_column() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let a = dir.path().join("a.parquet");
+        write(&a, 9, 4, Some(6));
+        let d = Parquet::open(&spec(&[a], &["y"])).expect("open");
+        let e = read(&d, 6).expect_err("null");
+        assert!(
+            matches!(&e, DatasetError::Corrupt { path, reason } if path.ends_with("(row group 1, row 2)") && reason.contains("`y`")),
+            "{e}"
+        );
+        // Only that row: the rest of its row group reads.
+        assert_eq!(read(&d, 5).expect("row 5")[0], (-5i64).to_le_bytes().to_vec());
+        assert_eq!(read(&d, 7).expect("row 7")[0], (-7i64).to_le_bytes().to_vec());
+    }
+
+    #[test]
+    fn changed_files_and_columns_that_are_not_tensors_are_refused_in_one_line() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let a = dir.path().join("a.parquet");
+        write(&a, 10, 5, None);
+        let planned = spec(std::slice::from_ref(&a), &["x"]);
+        write(&a, 10, 4, None);
+        let e = Parquet::open(&planned).expect_err("rewritten");
+        assert!(e.to_string().contains("row groups of [4, 4, 2] rows, the job was planned for [5, 5]"), "{e}");
+        let e = loader_listing::parquet::read_footer(&a).expect("footer").select(&a, &["name".into()]).expect_err("text");
+        assert!(e.to_string().contains("column `name`") && !e.to_string().contains('\n'), "{e}");
+        let e = loader_listing::parquet::read_footer(&a).expect("footer").select(&a, &["z".into()]).expect_err("missing");
+        assert!(e.to_string().contains("has no column `z`; its columns: x, y, flag, name"), "{e}");
+    }
+}
