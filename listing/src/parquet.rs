@@ -9,7 +9,9 @@
 //! fixed-size list of them, nested lists giving more dimensions (a
 //! `FixedSizeList<FixedSizeList<u8, 3>, 32>` row is a `[32, 3]` tensor).
 //! Strings, variable-length lists, structs and maps are not, and a job
-//! that asks for one is refused with the column and its type named.
+//! that asks for one is refused with the column and its type named. So is
+//! a file compressed with a codec this build leaves out (gzip, brotli,
+//! LZO): pyarrow, polars and Spark write snappy or zstd by default.
 
 use std::fs::File;
 use std::path::Path;
@@ -17,6 +19,7 @@ use std::path::Path;
 use arrow_schema::{DataType, Field};
 use loader_proto::pb::Dtype;
 use parquet::arrow::parquet_to_arrow_schema;
+use parquet::basic::Compression;
 use parquet::file::reader::{FileReader, SerializedFileReader};
 
 use crate::ListingError;
@@ -103,6 +106,23 @@ pub fn read_footer(path: &Path) -> Result<Footer, ListingError> {
         .iter()
         .map(|g| u64::try_from(g.num_rows()).map_err(|_| ListingError::new(path, "a row group has a negative row count")))
         .collect::<Result<_, _>>()?;
+    for group in meta.row_groups() {
+        for column in group.columns() {
+            let codec = column.compression();
+            if !matches!(
+                codec,
+                Compression::UNCOMPRESSED | Compression::SNAPPY | Compression::ZSTD(_) | Compression::LZ4 | Compression::LZ4_RAW
+            ) {
+                return Err(ListingError::new(
+                    path,
+                    format!(
+                        "column `{}` is compressed with {codec}, which Loader does not read (it reads snappy, zstd, lz4 and uncompressed files: rewrite it with one of those)",
+                        column.column_path()
+                    ),
+                ));
+            }
+        }
+    }
     let file_meta = meta.file_metadata();
     let schema = parquet_to_arrow_schema(file_meta.schema_descr(), file_meta.key_value_metadata())
         .map_err(|e| ListingError::new(path, format!("its schema has no Arrow equivalent: {e}")))?;

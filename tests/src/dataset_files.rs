@@ -1,6 +1,7 @@
 //! Dataset files written by tests: JPEG and PNG images, class folders with
-//! a corrupt file among them, WebDataset tar shards and `.npy` arrays. All
-//! made here, small, and a pure function of their arguments.
+//! a corrupt file among them, WebDataset tar shards, `.npy` arrays and
+//! Parquet files. All made here, small, and a pure function of their
+//! arguments.
 
 use std::path::{Path, PathBuf};
 
@@ -143,4 +144,36 @@ pub fn write_npy(path: &Path, descr: &str, shape: &[u64], data: &[u8]) {
     out.extend_from_slice(dict.as_bytes());
     out.extend_from_slice(data);
     std::fs::write(path, out).expect("write npy");
+}
+
+/// Writes a Parquet file of `rows` rows in row groups of `group` rows, row
+/// `r` of the dataset being `first + r`: `x` a fixed-size list of 3 float32
+/// (`10 * i + k`), `y` int64 (`-i`), and `name` text (a column that is no
+/// tensor).
+pub fn write_parquet(path: &Path, first: u64, rows: u64, group: usize) {
+    use std::sync::Arc;
+
+    use arrow_array::builder::{FixedSizeListBuilder, Float32Builder};
+    use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray};
+
+    let mut x = FixedSizeListBuilder::new(Float32Builder::new(), 3);
+    for i in first..first + rows {
+        for k in 0..3 {
+            x.values().append_value((10 * i + k) as f32);
+        }
+        x.append(true);
+    }
+    let y: Int64Array = (first..first + rows).map(|i| Some(-(i as i64))).collect();
+    let name: StringArray = (first..first + rows).map(|i| Some(format!("row {i}"))).collect();
+    let batch = RecordBatch::try_from_iter([
+        ("x", Arc::new(x.finish()) as ArrayRef),
+        ("y", Arc::new(y) as ArrayRef),
+        ("name", Arc::new(name) as ArrayRef),
+    ])
+    .expect("record batch");
+    let props = parquet::file::properties::WriterProperties::builder().set_max_row_group_size(group).build();
+    let file = std::fs::File::create(path).expect("create parquet file");
+    let mut writer = parquet::arrow::ArrowWriter::try_new(file, batch.schema(), Some(props)).expect("parquet writer");
+    writer.write(&batch).expect("write parquet");
+    writer.close().expect("close parquet");
 }

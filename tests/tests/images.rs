@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use loader_client::spec::{self, transforms};
 use loader_client::{CorruptPolicy, Dtype, JobSpec, Loader};
-use loader_e2e::dataset_files::{ImageFolder, write_npy, write_shard};
+use loader_e2e::dataset_files::{ImageFolder, write_npy, write_parquet, write_shard};
 use loader_e2e::{Cluster, Proc, run};
 
 /// One sample as the trainer saw it.
@@ -244,6 +244,70 @@ fn npy_rows_arrive_byte_for_byte() {
         let i = i as usize;
         assert_eq!(rx, x[i * 12..(i + 1) * 12], "x row {i}");
         assert_eq!(ry, y[i * 8..(i + 1) * 8], "y row {i}");
+    }
+}
+
+/// Three Parquet files of uneven row groups (4+4+2, 7, 3+3+3+1: 27 rows,
+/// 8 row groups) read through a cluster with a block shuffle: every row
+/// once per epoch with its bytes, each row group's rows in one run of the
+/// epoch's order (which changes between epochs), the text column left out.
+#[test]
+fn parquet_rows_arrive_byte_for_byte_one_row_group_at_a_time() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut groups = Vec::new();
+    let mut first = 0;
+    for (name, rows, group) in [("a", 10u64, 4usize), ("b", 7, 7), ("c", 10, 3)] {
+        write_parquet(&dir.path().join(format!("{name}.parquet")), first, rows, group);
+        for start in (0..rows).step_by(group) {
+            groups.push(first + start..first + (start + group as u64).min(rows));
+        }
+        first += rows;
+    }
+    let group_of = |i: u64| groups.iter().position(|g| g.contains(&i)).expect("a row group");
+    let job = spec::parquet([dir.path().join("*.parquet")], ["y", "x"])
+        .batch_size(4)
+        .epochs(2)
+        .block_shuffle(9)
+        .build()
+        .expect("parquet spec");
+    let batches = run(Duration::from_secs(120), move |scope| {
+        let cluster = Cluster::start(&scope, 2);
+        let loader = Loader::builder(cluster.url()).job(job).build().expect("loader");
+        let mut batches = Vec::new();
+        for batch in loader {
+            let batch = batch.expect("batch");
+            let (bx, by) = (batch.tensor("x").expect("x"), batch.tensor("y").expect("y"));
+            assert!(batch.tensor("name").is_none(), "only the columns asked for");
+            assert_eq!((bx.dtype, bx.shape.to_vec()), (Dtype::F32, vec![batch.len() as u64, 3]));
+            assert_eq!((by.dtype, by.shape.to_vec()), (Dtype::I64, vec![batch.len() as u64]));
+            let rows: Vec<(u64, Vec<u8>, Vec<u8>)> = batch
+                .indices()
+                .iter()
+                .enumerate()
+                .map(|(k, &i)| (i, bx.bytes[k * 12..(k + 1) * 12].to_vec(), by.bytes[k * 8..(k + 1) * 8].to_vec()))
+                .collect();
+            batches.push((batch.seq(), rows));
+        }
+        batches
+    });
+    let mut orders = Vec::new();
+    for epoch in 0..2 {
+        let order: Vec<u64> = batches.iter().skip(epoch * 7).take(7).flat_map(|(_, rows)| rows.iter().map(|r| r.0)).collect();
+        let mut sorted = order.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..27).collect::<Vec<_>>(), "every row once in epoch {epoch}");
+        let mut runs: Vec<usize> = order.iter().map(|&i| group_of(i)).collect();
+        runs.dedup();
+        assert_eq!(runs.len(), groups.len(), "each row group in one run, epoch {epoch}: {order:?}");
+        orders.push(order);
+    }
+    assert_ne!(orders[0], orders[1], "a new order each epoch");
+    for (_, rows) in &batches {
+        for (i, x, y) in rows {
+            let want: Vec<u8> = (0..3).flat_map(|k| ((10 * i + k) as f32).to_le_bytes()).collect();
+            assert_eq!(x, &want, "x of row {i}");
+            assert_eq!(y, &(-(*i as i64)).to_le_bytes().to_vec(), "y of row {i}");
+        }
     }
 }
 

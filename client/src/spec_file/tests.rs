@@ -81,6 +81,24 @@ fn json_says_the_same_as_yaml() {
 }
 
 #[test]
+fn a_parquet_dataset_takes_files_patterns_columns_and_a_block_shuffle() {
+    let spec = spec_of(
+        "dataset: {parquet: {files: ['part-{0..1}.parquet', '/abs/*.parquet'], columns: [x, y]}}\nsampler: {shuffle: true, block_shuffle: true}\nbatch_size: 8\n",
+    );
+    match spec.dataset.and_then(|d| d.kind) {
+        Some(Kind::Parquet(p)) => {
+            // Globs stay patterns until the submitter expands them.
+            assert_eq!(p.files, vec!["/data/specs/part-0.parquet", "/data/specs/part-1.parquet", "/abs/*.parquet"]);
+            assert_eq!(p.columns, vec!["x", "y"]);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(spec.sampler.map(|s| (s.shuffle, s.block_shuffle)), Some((true, true)));
+    let e = error_of("dataset: {parquet: {files: a.parquet, colums: [x]}}\nbatch_size: 4\n");
+    assert!(e.contains("unknown field `colums`") && !e.contains('\n'), "{e}");
+}
+
+#[test]
 fn other_datasets_parse_with_their_fields() {
     let spec = spec_of("dataset: {npy: {arrays: {x: x.npy, y: /abs/y.npy}}}\nbatch_size: 8\n");
     match spec.dataset.and_then(|d| d.kind) {
@@ -196,7 +214,7 @@ fn bad_specs_fail_on_one_line_naming_the_field() {
         ("dataset: {image_folder: {path: x}}\ntransforms: [decode]\n".into(), "spec: missing field `batch_size`"),
         ("dataset: {image_folder: {}}\ntransforms: [decode]\nbatch_size: 4\n".into(), "spec: dataset.image_folder: missing field `path`"),
         ("dataset: {imagefolder: {path: x}}\ntransforms: [decode]\nbach_size: 4\n".into(), "spec: unknown field `bach_size`, expected one of"),
-        ("dataset: {csv: {path: x}}\nbatch_size: 4\n".into(), "spec: dataset: unknown dataset `csv`; expected one of: image_folder, webdataset, npy, tokens, synthetic, custom"),
+        ("dataset: {csv: {path: x}}\nbatch_size: 4\n".into(), "spec: dataset: unknown dataset `csv`; expected one of: image_folder, webdataset, npy, parquet, tokens, synthetic, custom"),
         ("dataset: {npy: {arrays: {x: a.npy}}}\ntransforms: [decode]\nbatch_size: 4\n".into(), "spec: transforms: only image datasets (image_folder, webdataset) take transforms, not npy"),
         ("dataset: {npy: {arrays: {x: a.npy}}}\nbatch_size: 0\n".into(), "spec: batch_size: must be > 0"),
         ("dataset: {npy: {arrays: {x: a.npy}}}\nbatch_size: -3\n".into(), "spec: batch_size: must be > 0, got -3"),

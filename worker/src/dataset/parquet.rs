@@ -28,7 +28,7 @@ const KIND: &str = "parquet";
 /// Decoded row groups kept per job, in bytes: a few row groups of any
 /// usual size (pyarrow writes up to 1 Mi rows a group; a 128 MB group is
 /// common for wide tables).
-const CACHE_BYTES: usize = 512 << 20;
+const CACHE_BYTES: usize = 256 << 20;
 /// Row groups kept however large they are, so that a batch spanning two
 /// row groups does not decode one of them twice.
 const CACHE_MIN_GROUPS: usize = 2;
