@@ -208,7 +208,7 @@ mod tests {
         let key = (1, 0);
         for (&id, seqs) in ids.iter().zip([vec![1, 2], vec![3, 7], vec![]]) {
             if !seqs.is_empty() {
-                t.workers.get_mut(&id).unwrap().unacked.insert(key, seqs.into_iter().collect());
+                t.workers.get_mut(&id).expect("registered").unacked.insert(key, seqs.into_iter().collect());
                 t.unacked_by.entry(key).or_default().insert(id);
             }
         }
