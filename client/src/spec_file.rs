@@ -259,14 +259,17 @@ struct NpyFile {
 }
 
 /// Parquet files: a list, a `{000..009}` range or a glob (`*.parquet`,
-/// expanded when the job is submitted), and the columns to read (all when
-/// left out).
+/// expanded when the job is submitted), the columns to read (all when left
+/// out), and optionally a binary column of encoded images for the job's
+/// transforms.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ParquetFile {
     files: Shards,
     #[serde(default)]
     columns: Vec<String>,
+    #[serde(default)]
+    image_column: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -491,6 +494,7 @@ impl DatasetFile {
             DatasetFile::Parquet(p) => Kind::Parquet(ParquetSpec {
                 files: p.files.0.iter().map(|f| path(f)).collect(),
                 columns: p.columns,
+                image_column: p.image_column,
                 ..Default::default()
             }),
             DatasetFile::Tokens(t) => Kind::Tokens(TokensSpec {

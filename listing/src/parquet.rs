@@ -47,6 +47,8 @@ pub struct Column {
     pub name: String,
     /// Its tensor, or why a row of it is not one.
     pub tensor: Result<ColumnTensor, String>,
+    /// A binary column: its rows may be encoded images.
+    pub binary: bool,
 }
 
 /// What a Parquet file's footer says.
@@ -64,11 +66,12 @@ impl Footer {
         self.row_groups.iter().sum()
     }
 
-    /// The tensors of the columns `names` (every column when empty), in
-    /// that order; an error names the file, the column and why.
-    pub fn select(&self, path: &Path, names: &[String]) -> Result<Vec<(String, ColumnTensor)>, ListingError> {
+    /// The tensors of the columns `names` (when empty, every column but
+    /// `image_column`), in that order; an error names the file, the column
+    /// and why.
+    pub fn select(&self, path: &Path, names: &[String], image_column: &str) -> Result<Vec<(String, ColumnTensor)>, ListingError> {
         let wanted: Vec<&Column> = if names.is_empty() {
-            self.columns.iter().collect()
+            self.columns.iter().filter(|c| c.name != image_column).collect()
         } else {
             names
                 .iter()
@@ -80,7 +83,7 @@ impl Footer {
                 })
                 .collect::<Result<_, _>>()?
         };
-        if wanted.is_empty() {
+        if wanted.is_empty() && image_column.is_empty() {
             return Err(ListingError::new(path, "has no columns"));
         }
         wanted
@@ -93,6 +96,17 @@ impl Footer {
                 )),
             })
             .collect()
+    }
+}
+
+impl Footer {
+    /// Checks that `name` is a binary column (of encoded images).
+    pub fn check_image(&self, path: &Path, name: &str) -> Result<(), ListingError> {
+        match self.columns.iter().find(|c| c.name == name) {
+            Some(c) if c.binary => Ok(()),
+            Some(_) => Err(ListingError::new(path, format!("image column `{name}` is not a binary column (of encoded JPEG or PNG images)"))),
+            None => Err(ListingError::new(path, format!("has no image column `{name}`"))),
+        }
     }
 }
 
@@ -129,7 +143,11 @@ pub fn read_footer(path: &Path) -> Result<Footer, ListingError> {
     let columns = schema
         .fields()
         .iter()
-        .map(|f| Column { name: f.name().clone(), tensor: tensor_of(f) })
+        .map(|f| Column {
+            name: f.name().clone(),
+            tensor: tensor_of(f),
+            binary: matches!(f.data_type(), DataType::Binary | DataType::LargeBinary | DataType::BinaryView),
+        })
         .collect();
     Ok(Footer { row_groups, columns })
 }

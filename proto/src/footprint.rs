@@ -61,8 +61,14 @@ fn sample_bytes(
             Some((total, n.arrays.len() as u64))
         }
         Kind::Parquet(p) => {
-            let total = p.row_bytes.iter().try_fold(0u64, |acc, &b| acc.checked_add(b))?;
-            Some((total, p.row_bytes.len() as u64))
+            let mut total = p.row_bytes.iter().try_fold(0u64, |acc, &b| acc.checked_add(b))?;
+            let mut tensors = p.row_bytes.len() as u64;
+            if !p.image_column.is_empty() {
+                let (dtype, shape) = crate::transforms::output(transforms).ok()?;
+                total = total.checked_add(tensor_bytes(dtype, &shape)?)?;
+                tensors += 1;
+            }
+            Some((total, tensors))
         }
         Kind::Custom(_) => None,
         // Every source's samples collate together: the largest bounds

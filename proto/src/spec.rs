@@ -34,6 +34,7 @@ pub fn corrupt_policy(spec: &JobSpec) -> CorruptPolicy {
 pub fn is_image_dataset(kind: &Kind) -> bool {
     match kind {
         Kind::ImageFolder(_) | Kind::Webdataset(_) => true,
+        Kind::Parquet(p) => !p.image_column.is_empty(),
         Kind::Mix(m) => m
             .sources
             .iter()
@@ -101,7 +102,7 @@ pub fn check(spec: &JobSpec) -> Result<(), SpecError> {
         return err(
             "transforms",
             format!(
-                "only image datasets (image_folder, webdataset) take transforms, not {}",
+                "only image datasets (image_folder, webdataset, parquet with an image_column) take transforms, not {}",
                 kind_name(kind)
             ),
         );
@@ -121,9 +122,12 @@ fn parquet_fields(p: &crate::pb::ParquetSpec) -> Result<(), SpecError> {
         if c.is_empty() || c.len() > MAX_NAME_LEN {
             return err(format!("dataset.parquet.columns[{i}]"), format!("must be 1 to {MAX_NAME_LEN} bytes"));
         }
-        if p.columns[..i].contains(c) {
+        if p.columns[..i].contains(c) || *c == p.image_column {
             return err(format!("dataset.parquet.columns[{i}]"), format!("`{c}` is named twice"));
         }
+    }
+    if p.image_column.len() > MAX_NAME_LEN {
+        return err("dataset.parquet.image_column", format!("must be at most {MAX_NAME_LEN} bytes"));
     }
     Ok(())
 }
@@ -137,7 +141,7 @@ fn parquet_rows(p: &crate::pb::ParquetSpec) -> Result<u64, SpecError> {
             format!("has {} entries for {} files; {filled}", p.file_rows.len(), p.files.len()),
         );
     }
-    if p.columns.is_empty() || p.row_bytes.len() != p.columns.len() {
+    if (p.columns.is_empty() && p.image_column.is_empty()) || p.row_bytes.len() != p.columns.len() {
         return err("dataset.parquet.row_bytes", format!("needs one size per column read; {filled}"));
     }
     let total = p.file_rows.iter().flat_map(|f| &f.row_groups).try_fold(0u64, |acc, &n| acc.checked_add(n));
@@ -902,12 +906,12 @@ mod tests {
             ),
             (
                 "transforms",
-                "only image datasets (image_folder, webdataset) take transforms, not npy",
+                "only image datasets (image_folder, webdataset, parquet with an image_column) take transforms, not npy",
                 with(npy(&["x"]), train()),
             ),
             (
                 "transforms",
-                "only image datasets (image_folder, webdataset) take transforms, not synthetic",
+                "only image datasets (image_folder, webdataset, parquet with an image_column) take transforms, not synthetic",
                 JobSpec {
                     transforms: train(),
                     ..synthetic()

@@ -1,7 +1,7 @@
 """Parquet datasets as users have them: files written by pyarrow (its
 default snappy compression, several row groups, a fixed-size list column,
-a text column not read), named by a glob, read through `Loader.local` with
-and without the sampler's block shuffle."""
+a text column not read, a binary column of PNG images), named by a glob,
+read through `Loader.local` with and without the sampler's block shuffle."""
 
 import numpy as np
 import pytest
@@ -76,6 +76,38 @@ def test_rows_of_pyarrow_files_arrive_once_per_epoch(tmp_path, block_shuffle):
     assert orders[0] != orders[1]
     for b in batches:
         check_rows(b)
+
+
+def test_an_image_column_of_pngs_goes_through_the_jobs_transforms(tmp_path):
+    PIL = pytest.importorskip("PIL.Image")
+    import io
+
+    def png(i):
+        buf = io.BytesIO()
+        PIL.new("RGB", (8, 6), ((i * 9) % 256, 100, 200)).save(buf, format="PNG")
+        return buf.getvalue()
+
+    for n, (first, rows) in enumerate([(0, 10), (10, 7)]):
+        i = np.arange(first, first + rows)
+        table = pa.table({"label": pa.array(i, pa.int64()), "png": pa.array([png(k) for k in i], pa.binary()), "name": pa.array([str(k) for k in i])})
+        pq.write_table(table, tmp_path / f"part-{n}.parquet", row_group_size=4)
+    job = {
+        "dataset": {"parquet": {"files": str(tmp_path / "*.parquet"), "columns": ["label"], "image_column": "png"}},
+        "transforms": ["decode", {"resize": {"size": [4, 4]}}],
+        "batch_size": 5,
+        "sampler": {"shuffle": True, "block_shuffle": True, "seed": 1},
+    }
+    with loader.Loader.local(job, workers=2) as dl:
+        batches = list(dl)
+    seen = []
+    for b in batches:
+        label, image = np.asarray(b["label"]), np.asarray(b["png"])
+        assert image.dtype == np.uint8 and image.shape == (len(label), 3, 4, 4)
+        for k, i in enumerate(label):
+            assert (image[k, 0] == (i * 9) % 256).all() and (image[k, 1] == 100).all() and (image[k, 2] == 200).all()
+        np.testing.assert_array_equal(label, b.indices)
+        seen.extend(b.indices)
+    assert sorted(seen) == list(range(17))
 
 
 def test_a_text_column_a_missing_file_or_an_unread_codec_is_one_line(tmp_path):

@@ -75,7 +75,10 @@ fn fill_parquet(p: &mut loader_proto::pb::ParquetSpec) -> Result<(), LoaderError
             Some(columns) => columns.iter().map(|(n, _)| n.clone()).collect(),
             None => p.columns.clone(),
         };
-        let columns = footer.select(path, &names)?;
+        if !p.image_column.is_empty() {
+            footer.check_image(path, &p.image_column)?;
+        }
+        let columns = footer.select(path, &names, &p.image_column)?;
         if let Some(first) = &chosen
             && let Some(((name, want), (_, got))) = first.iter().zip(&columns).find(|(a, b)| a.1 != b.1)
         {

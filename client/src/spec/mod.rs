@@ -136,6 +136,21 @@ pub fn parquet<P: AsRef<Path>, C: Into<String>>(
     }))
 }
 
+/// Like [`parquet`], with the binary column `image_column` of encoded
+/// images (JPEG or PNG) decoded and augmented by the job's transforms into
+/// a tensor of that name, after the tensors of `columns`.
+pub fn parquet_images<P: AsRef<Path>, C: Into<String>>(
+    files: impl IntoIterator<Item = P>,
+    columns: impl IntoIterator<Item = C>,
+    image_column: impl Into<String>,
+) -> JobSpecBuilder {
+    let mut builder = parquet(files, columns);
+    if let Some(Kind::Parquet(p)) = builder.spec.dataset.as_mut().and_then(|d| d.kind.as_mut()) {
+        p.image_column = image_column.into();
+    }
+    builder
+}
+
 /// A dataset that only a custom worker binary serves (registered there
 /// under `name`), with `num_samples` samples and free-form `params`.
 pub fn custom<K: Into<String>, V: Into<String>>(

@@ -215,7 +215,7 @@ fn bad_specs_fail_on_one_line_naming_the_field() {
         ("dataset: {image_folder: {}}\ntransforms: [decode]\nbatch_size: 4\n".into(), "spec: dataset.image_folder: missing field `path`"),
         ("dataset: {imagefolder: {path: x}}\ntransforms: [decode]\nbach_size: 4\n".into(), "spec: unknown field `bach_size`, expected one of"),
         ("dataset: {csv: {path: x}}\nbatch_size: 4\n".into(), "spec: dataset: unknown dataset `csv`; expected one of: image_folder, webdataset, npy, parquet, tokens, synthetic, custom"),
-        ("dataset: {npy: {arrays: {x: a.npy}}}\ntransforms: [decode]\nbatch_size: 4\n".into(), "spec: transforms: only image datasets (image_folder, webdataset) take transforms, not npy"),
+        ("dataset: {npy: {arrays: {x: a.npy}}}\ntransforms: [decode]\nbatch_size: 4\n".into(), "spec: transforms: only image datasets (image_folder, webdataset, parquet with an image_column) take transforms, not npy"),
         ("dataset: {npy: {arrays: {x: a.npy}}}\nbatch_size: 0\n".into(), "spec: batch_size: must be > 0"),
         ("dataset: {npy: {arrays: {x: a.npy}}}\nbatch_size: -3\n".into(), "spec: batch_size: must be > 0, got -3"),
         ("dataset: {npy: {arrays: {x: a.npy}}}\nbatch_size: 4\non_corrupt: ignore\n".into(), "spec: on_corrupt: unknown variant `ignore`, expected `fail` or `skip`"),

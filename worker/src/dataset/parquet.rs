@@ -17,11 +17,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 use arrow_array::cast::AsArray;
 use arrow_array::{Array, ArrayRef};
 use arrow_schema::DataType;
-use loader_proto::pb::{Dtype, ParquetSpec};
+use loader_proto::pb::{Dtype, ParquetSpec, Transform};
 use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder};
 
 use super::{Dataset, DatasetError, SampleKey, SampleTensor, check_rows, sample_bytes};
+use crate::image::{ImageError, Pipeline};
 
 const KIND: &str = "parquet";
 
@@ -38,9 +39,16 @@ const CACHE_MIN_GROUPS: usize = 2;
 struct ParquetFile {
     path: String,
     metadata: ArrowReaderMetadata,
-    /// Root column index in the file's schema of each column read, in the
-    /// job's column order.
+    /// Root column index in the file's schema of each column read (the
+    /// image column's last, if any).
     roots: Vec<usize>,
+}
+
+/// A binary column of encoded images and the job's pipeline for them.
+#[derive(Debug)]
+struct ImageColumn {
+    name: String,
+    pipeline: Pipeline,
 }
 
 /// Where a row group of the dataset lives.
@@ -61,14 +69,19 @@ struct Group {
 struct Decoded {
     /// Per column read, its rows one after another (`rows x row_bytes`).
     columns: Vec<Vec<u8>>,
-    /// Rows holding a null in some column, with that column's index: such a
-    /// row is no tensor (a corrupt sample).
+    /// The image column's encoded images: row r is
+    /// `encoded[offsets[r]..offsets[r + 1]]`.
+    encoded: Vec<u8>,
+    offsets: Vec<usize>,
+    /// Rows holding a null in some column, with that column's index (the
+    /// image column's is the number of `columns`): such a row is no tensor
+    /// (a corrupt sample).
     nulls: Vec<(u64, usize)>,
 }
 
 impl Decoded {
     fn bytes(&self) -> usize {
-        self.columns.iter().map(Vec::len).sum()
+        self.columns.iter().map(Vec::len).sum::<usize>() + self.encoded.len() + self.offsets.len() * 8
     }
 }
 
@@ -77,9 +90,11 @@ impl Decoded {
 pub struct Parquet {
     files: Vec<ParquetFile>,
     groups: Vec<Group>,
+    /// The columns' tensors, then the image column's.
     tensors: Vec<SampleTensor>,
     /// Bytes of each tensor's row.
     row_bytes: Vec<usize>,
+    image: Option<ImageColumn>,
     len: u64,
     /// The latest row groups decoded, oldest first.
     cache: Mutex<VecDeque<(usize, Arc<Decoded>)>>,
@@ -88,7 +103,7 @@ pub struct Parquet {
 impl Parquet {
     /// Reads every file's footer and checks it against the job: the same
     /// row groups, and each column the tensor the submitter saw.
-    pub fn open(spec: &ParquetSpec) -> Result<Self, DatasetError> {
+    pub fn open(spec: &ParquetSpec, transforms: &[Transform]) -> Result<Self, DatasetError> {
         if spec.file_rows.len() != spec.files.len() || spec.row_bytes.len() != spec.columns.len() {
             return Err(DatasetError::Spec("dataset.parquet: row groups and columns are not filled in".into()));
         }
@@ -105,7 +120,12 @@ impl Parquet {
                     footer.row_groups, planned.row_groups
                 )));
             }
-            let columns = footer.select(Path::new(path), &spec.columns).map_err(|e| DatasetError::listing(KIND, e))?;
+            if !spec.image_column.is_empty() {
+                footer.check_image(Path::new(path), &spec.image_column).map_err(|e| DatasetError::listing(KIND, e))?;
+            }
+            let columns = footer
+                .select(Path::new(path), &spec.columns, &spec.image_column)
+                .map_err(|e| DatasetError::listing(KIND, e))?;
             let these: Vec<SampleTensor> = columns
                 .into_iter()
                 .map(|(name, t)| SampleTensor { name, dtype: t.dtype, shape: t.shape })
@@ -122,6 +142,7 @@ impl Parquet {
             let roots = spec
                 .columns
                 .iter()
+                .chain(Some(&spec.image_column).filter(|c| !c.is_empty()))
                 .map(|name| {
                     (0..schema.num_columns())
                         .map(|leaf| schema.get_column_root_idx(leaf))
@@ -141,19 +162,28 @@ impl Parquet {
                 spec.num_samples
             )));
         }
-        let row_bytes = tensors
+        let mut row_bytes = tensors
             .iter()
             .map(|t| sample_bytes(t).ok_or_else(|| DatasetError::Spec(format!("column `{}`: rows too large", t.name))))
             .collect::<Result<Vec<_>, _>>()?;
-        if row_bytes.iter().zip(&spec.row_bytes).any(|(&a, &b)| a as u64 != b) {
+        if row_bytes.len() != spec.row_bytes.len() || row_bytes.iter().zip(&spec.row_bytes).any(|(&a, &b)| a as u64 != b) {
             return Err(DatasetError::Spec(format!(
                 "dataset.parquet.row_bytes: {:?}, the files' columns make {row_bytes:?}",
                 spec.row_bytes
             )));
         }
+        let image = if spec.image_column.is_empty() {
+            None
+        } else {
+            let pipeline = Pipeline::new(transforms).map_err(|e| DatasetError::Spec(format!("{KIND} dataset: {e}")))?;
+            let (dtype, shape) = pipeline.output();
+            tensors.push(SampleTensor { name: spec.image_column.clone(), dtype, shape: shape.to_vec() });
+            row_bytes.push(pipeline.output_bytes());
+            Some(ImageColumn { name: spec.image_column.clone(), pipeline })
+        };
         // Nested fixed-size lists come out of the reader as such; their
         // element type is checked again when a row group is decoded.
-        Ok(Self { files, groups, tensors, row_bytes, len: first, cache: Mutex::new(VecDeque::new()) })
+        Ok(Self { files, groups, tensors, row_bytes, image, len: first, cache: Mutex::new(VecDeque::new()) })
     }
 
     /// The row group holding dataset index `index` (< len).
@@ -203,12 +233,23 @@ impl Parquet {
             .with_batch_size(rows.max(1))
             .build()
             .map_err(|e| corrupt(e.to_string()))?;
-        let mut columns: Vec<Vec<u8>> = self.row_bytes.iter().map(|&n| Vec::with_capacity(n * rows)).collect();
+        // The numeric columns: every tensor but the image's.
+        let numeric = self.tensors.len() - usize::from(self.image.is_some());
+        let mut columns: Vec<Vec<u8>> = self.row_bytes[..numeric].iter().map(|&n| Vec::with_capacity(n * rows)).collect();
+        let (mut encoded, mut offsets) = (Vec::new(), vec![0usize]);
         let mut nulls = Vec::new();
         let mut row = 0u64;
         for batch in reader {
             let batch = batch.map_err(|e| corrupt(e.to_string()))?;
-            for (c, tensor) in self.tensors.iter().enumerate() {
+            if let Some(image) = &self.image {
+                let array = batch
+                    .column_by_name(&image.name)
+                    .ok_or_else(|| corrupt(format!("no column `{}` decoded", image.name)))?;
+                let null_rows = append_binary(array, &mut encoded, &mut offsets)
+                    .map_err(|e| corrupt(format!("column `{}`: {e}", image.name)))?;
+                nulls.extend(null_rows.into_iter().map(|r| (row + r, numeric)));
+            }
+            for (c, tensor) in self.tensors[..numeric].iter().enumerate() {
                 let array = batch
                     .column_by_name(&tensor.name)
                     .ok_or_else(|| corrupt(format!("no column `{}` decoded", tensor.name)))?;
@@ -223,14 +264,47 @@ impl Parquet {
         if row != group.rows {
             return Err(corrupt(format!("decoded {row} rows, the footer says {}", group.rows)));
         }
+        if self.image.is_some() && offsets.len() != rows + 1 {
+            return Err(corrupt(format!("decoded {} images, the footer says {rows} rows", offsets.len() - 1)));
+        }
         for (c, column) in columns.iter().enumerate() {
             if column.len() != self.row_bytes[c] * rows {
                 return Err(corrupt(format!("column `{}` decoded to {} bytes, not {}", self.tensors[c].name, column.len(), self.row_bytes[c] * rows)));
             }
         }
         nulls.sort_unstable();
-        Ok(Decoded { columns, nulls })
+        Ok(Decoded { columns, encoded, offsets, nulls })
     }
+}
+
+/// Appends the rows of a binary column to `encoded`, each row's end to
+/// `offsets`; returns the rows that are null (empty).
+fn append_binary(array: &ArrayRef, encoded: &mut Vec<u8>, offsets: &mut Vec<usize>) -> Result<Vec<u64>, String> {
+    let mut nulls = Vec::new();
+    let mut push = |i: usize, value: &[u8], null: bool| {
+        if null {
+            nulls.push(i as u64);
+        } else {
+            encoded.extend_from_slice(value);
+        }
+        offsets.push(encoded.len());
+    };
+    match array.data_type() {
+        DataType::Binary => {
+            let a = array.as_binary::<i32>();
+            (0..a.len()).for_each(|i| push(i, a.value(i), a.is_null(i)));
+        }
+        DataType::LargeBinary => {
+            let a = array.as_binary::<i64>();
+            (0..a.len()).for_each(|i| push(i, a.value(i), a.is_null(i)));
+        }
+        DataType::BinaryView => {
+            let a = array.as_binary_view();
+            (0..a.len()).for_each(|i| push(i, a.value(i), a.is_null(i)));
+        }
+        other => return Err(format!("{other} is not a binary column")),
+    }
+    Ok(nulls)
 }
 
 /// Appends the values of `array` (a column of `dtype` elements, or nested
@@ -295,8 +369,9 @@ impl Dataset for Parquet {
     }
 
     fn writes_whole_rows(&self) -> bool {
-        // Each row is copied whole.
-        true
+        // Each numeric row is copied whole; the image pipeline's rows are
+        // left to its own contract, so they are zeroed first.
+        self.image.is_none()
     }
 
     fn read_into(&self, key: SampleKey, rows: &mut [&mut [u8]]) -> Result<(), DatasetError> {
@@ -322,6 +397,18 @@ impl Dataset for Parquet {
                 return Err(DatasetError::IndexOutOfRange { index, len: self.len });
             };
             row.copy_from_slice(bytes);
+        }
+        if let (Some(image), Some(row)) = (&self.image, rows.last_mut()) {
+            let at = at as usize;
+            let Some(bytes) = decoded.offsets.get(at..at + 2).and_then(|o| decoded.encoded.get(o[0]..o[1])) else {
+                return Err(DatasetError::IndexOutOfRange { index, len: self.len });
+            };
+            let path = || format!("{} (row group {}, row {at})", self.files[group.file].path, group.in_file);
+            match image.pipeline.run(bytes, key, row) {
+                Ok(()) => {}
+                Err(ImageError::Corrupt(reason)) => return Err(DatasetError::Corrupt { path: path(), reason }),
+                Err(other) => return Err(DatasetError::Spec(format!("{}: {other}", path()))),
+            }
         }
         Ok(())
     }
@@ -377,7 +464,7 @@ mod tests {
             spec.file_rows.push(ParquetFileRows { row_groups: footer.row_groups.clone() });
             spec.num_samples += footer.rows();
             if spec.row_bytes.is_empty() {
-                let cols = footer.select(Path::new(f), &spec.columns).expect("columns");
+                let cols = footer.select(Path::new(f), &spec.columns, &spec.image_column).expect("columns");
                 spec.row_bytes = cols.iter().map(|(_, t)| t.row_bytes().expect("size")).collect();
             }
         }
@@ -397,7 +484,7 @@ mod tests {
         let (a, b) = (dir.path().join("a.parquet"), dir.path().join("b.parquet"));
         write(&a, 17, 5, None);
         write(&b, 4, 3, None);
-        let d = Parquet::open(&spec(&[a, b], &["flag", "x", "y"])).expect("open");
+        let d = Parquet::open(&spec(&[a, b], &["flag", "x", "y"]), &[]).expect("open");
         let names: Vec<(&str, Dtype, &[u64])> = d.tensors().iter().map(|t| (t.name.as_str(), t.dtype, t.shape.as_slice())).collect();
         assert_eq!(names, vec![("flag", Dtype::Bool, &[][..]), ("x", Dtype::F32, &[3][..]), ("y", Dtype::I64, &[][..])]);
         assert_eq!(d.len(), 21);
@@ -418,7 +505,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let a = dir.path().join("a.parquet");
         write(&a, 9, 4, Some(6));
-        let d = Parquet::open(&spec(&[a], &["y"])).expect("open");
+        let d = Parquet::open(&spec(&[a], &["y"]), &[]).expect("open");
         let e = read(&d, 6).expect_err("null");
         assert!(
             matches!(&e, DatasetError::Corrupt { path, reason } if path.ends_with("(row group 1, row 2)") && reason.contains("`y`")),
@@ -429,6 +516,65 @@ mod tests {
         assert_eq!(read(&d, 7).expect("row 7")[0], (-7i64).to_le_bytes().to_vec());
     }
 
+    /// A solid 8 x 6 PNG of `rgb`.
+    fn png(rgb: [u8; 3]) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut e = ::png::Encoder::new(&mut out, 8, 6);
+        e.set_color(::png::ColorType::Rgb);
+        let mut w = e.write_header().expect("header");
+        w.write_image_data(&rgb.repeat(48)).expect("pixels");
+        w.finish().expect("finish");
+        out
+    }
+
+    #[test]
+    fn an_image_column_goes_through_the_jobs_pipeline_and_a_bad_image_is_corrupt() {
+        use arrow_array::BinaryArray;
+        use loader_proto::pb::transform::Op;
+        use loader_proto::pb::{Decode, Resize};
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("images.parquet");
+        let images: Vec<Option<Vec<u8>>> = (0..6u8)
+            .map(|r| match r {
+                3 => Some(b"not an image".to_vec()),
+                4 => None,
+                _ => Some(png([r * 20, 100, 200])),
+            })
+            .collect();
+        let jpg = BinaryArray::from_iter(images.iter().map(Option::as_deref));
+        let label: Int64Array = (0..6).map(|r| Some(r as i64)).collect();
+        let batch = RecordBatch::try_from_iter([("label", Arc::new(label) as ArrayRef), ("jpg", Arc::new(jpg) as ArrayRef)]).expect("batch");
+        let props = WriterProperties::builder().set_max_row_group_size(4).build();
+        let mut writer = ArrowWriter::try_new(File::create(&path).expect("create"), batch.schema(), Some(props)).expect("writer");
+        writer.write(&batch).expect("write");
+        writer.close().expect("close");
+
+        let transforms = vec![
+            Transform { op: Some(Op::Decode(Decode {})) },
+            Transform { op: Some(Op::Resize(Resize { size: vec![4, 4] })) },
+        ];
+        // The columns named, then the image.
+        let planned = ParquetSpec { image_column: "jpg".into(), ..spec(std::slice::from_ref(&path), &["label"]) };
+        let d = Parquet::open(&planned, &transforms).expect("open");
+        let names: Vec<(&str, Dtype, &[u64])> = d.tensors().iter().map(|t| (t.name.as_str(), t.dtype, t.shape.as_slice())).collect();
+        assert_eq!(names, vec![("label", Dtype::I64, &[][..]), ("jpg", Dtype::U8, &[3, 4, 4][..])]);
+        for r in [0u8, 1, 2, 5] {
+            let rows = read(&d, u64::from(r)).expect("row");
+            assert_eq!(rows[0], i64::from(r).to_le_bytes().to_vec());
+            let want: Vec<u8> = [r * 20, 100, 200].iter().flat_map(|&c| [c; 16]).collect();
+            assert_eq!(rows[1], want, "the pixels of row {r}, channel by channel");
+        }
+        let e = read(&d, 3).expect_err("garbage");
+        assert!(matches!(&e, DatasetError::Corrupt { path, .. } if path.ends_with("(row group 0, row 3)")), "{e}");
+        let e = read(&d, 4).expect_err("null");
+        assert!(matches!(&e, DatasetError::Corrupt { reason, .. } if reason.contains("`jpg` is null")), "{e}");
+        // A numeric column named as the image column is refused.
+        let wrong = ParquetSpec { image_column: "label".into(), columns: vec![], row_bytes: vec![], ..planned.clone() };
+        let e = Parquet::open(&wrong, &transforms).expect_err("not binary");
+        assert!(e.to_string().contains("image column `label` is not a binary column"), "{e}");
+    }
+
     #[test]
     fn changed_files_and_columns_that_are_not_tensors_are_refused_in_one_line() {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -436,11 +582,11 @@ mod tests {
         write(&a, 10, 5, None);
         let planned = spec(std::slice::from_ref(&a), &["x"]);
         write(&a, 10, 4, None);
-        let e = Parquet::open(&planned).expect_err("rewritten");
+        let e = Parquet::open(&planned, &[]).expect_err("rewritten");
         assert!(e.to_string().contains("row groups of [4, 4, 2] rows, the job was planned for [5, 5]"), "{e}");
-        let e = loader_listing::parquet::read_footer(&a).expect("footer").select(&a, &["name".into()]).expect_err("text");
+        let e = loader_listing::parquet::read_footer(&a).expect("footer").select(&a, &["name".into()], "").expect_err("text");
         assert!(e.to_string().contains("column `name`") && !e.to_string().contains('\n'), "{e}");
-        let e = loader_listing::parquet::read_footer(&a).expect("footer").select(&a, &["z".into()]).expect_err("missing");
+        let e = loader_listing::parquet::read_footer(&a).expect("footer").select(&a, &["z".into()], "").expect_err("missing");
         assert!(e.to_string().contains("has no column `z`; its columns: x, y, flag, name"), "{e}");
     }
 }

@@ -54,7 +54,7 @@ impl Datasets {
             Some(Kind::Synthetic(s)) => Arc::new(Synthetic::new(s)?),
             Some(Kind::Tokens(t)) => Arc::new(Tokens::open(t)?),
             Some(Kind::Npy(n)) => Arc::new(Npy::open(n)?),
-            Some(Kind::Parquet(p)) => Arc::new(Parquet::open(p)?),
+            Some(Kind::Parquet(p)) => Arc::new(Parquet::open(p, &spec.transforms)?),
             Some(Kind::ImageFolder(f)) => Arc::new(ImageFolder::open(f, &spec.transforms)?),
             Some(Kind::Webdataset(w)) => Arc::new(WebDataset::open(w, &spec.transforms)?),
             Some(Kind::Custom(c)) => {
