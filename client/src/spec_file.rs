@@ -309,7 +309,9 @@ struct CustomFile {
 /// or `pickle` (pickled and base64-encoded inline, for small hand-written
 /// specs); optionally a `collate_fn` the workers make each batch with:
 /// `collate` (`package.module:function`), `collate_pickle_file` or
-/// `collate_pickle` (the same two ways as the dataset).
+/// `collate_pickle` (the same two ways as the dataset); optionally a
+/// `worker_init_fn` each worker calls with its id before its first sample
+/// (`worker_init_pickle_file`).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PythonFile {
@@ -327,6 +329,8 @@ struct PythonFile {
     collate_pickle: Option<String>,
     #[serde(default)]
     collate_pickle_file: Option<String>,
+    #[serde(default)]
+    worker_init_pickle_file: Option<String>,
     num_samples: u64,
 }
 
@@ -335,6 +339,8 @@ struct PythonFile {
 pub const PICKLE_FILE: &str = "pickle_file";
 /// The blob of `collate_pickle_file`.
 pub const COLLATE_PICKLE_FILE: &str = "collate_pickle_file";
+/// The blob of `worker_init_pickle_file`: a pickled `worker_init_fn`.
+pub const WORKER_INIT_PICKLE_FILE: &str = "worker_init_pickle_file";
 
 impl PythonFile {
     /// The blobs of its `*_file` fields, files resolved against `base`;
@@ -343,6 +349,7 @@ impl PythonFile {
         [
             (PICKLE_FILE, &self.pickle_file),
             (COLLATE_PICKLE_FILE, &self.collate_pickle_file),
+            (WORKER_INIT_PICKLE_FILE, &self.worker_init_pickle_file),
         ]
         .into_iter()
         .filter_map(|(name, file)| {

@@ -269,6 +269,7 @@ class Loader:
         epochs: Optional[int] = None,
         on_corrupt: Optional[str] = None,
         collate_fn: Any = None,
+        worker_init_fn: Any = None,
         seed_rngs: Optional[bool] = None,
         worker_threads: int = 1,
         multiprocessing_context: Any = None,
@@ -301,7 +302,14 @@ class Loader:
         ``loader._rngs``); ``collate_fn``: runs in the workers on each
         batch's list of samples and returns arrays/tensors (in dicts,
         tuples, lists) of any shapes, e.g. padded to the batch's longest
-        sample; it travels pickled like the dataset.
+        sample; it travels pickled like the dataset. In each local worker,
+        ``torch.utils.data.get_worker_info()`` answers as in a DataLoader
+        worker (``id`` 0..workers-1, ``num_workers``, ``seed`` the job's
+        seed plus the id, ``dataset`` the worker's copy), and
+        ``worker_init_fn(worker_id)`` (pickled like ``collate_fn``) runs
+        once before the worker's first sample; a remote worker
+        (``python -m loader._worker``) has no worker info and calls
+        ``worker_init_fn(0)``.
 
         Workers are forked from this process's worker template
         (``loader._template``): at the first ``Loader.local`` this process
@@ -379,11 +387,15 @@ class Loader:
                     # forks for this loader; it goes when they and this
                     # loader have closed it.
                     sample_cache = _native.SampleCache.create(len(job), cache_bytes, cache_settings["dir"])
-            job = _dataset.job_spec(job, **settings, collate_fn=collate_fn, cache=cache_settings)
+            job = _dataset.job_spec(
+                job, **settings, collate_fn=collate_fn, worker_init_fn=worker_init_fn, num_workers=workers, cache=cache_settings
+            )
             _size_ring(options, job_dataset, job["batch_size"], workers, collate_fn)
         elif isinstance(job, Mix):
             if collate_fn is not None:
                 raise TypeError("collate_fn: a Mix collates its sources' samples itself; give each source's samples one structure")
+            if worker_init_fn is not None:
+                raise TypeError("worker_init_fn: only for a dataset")
             python = job.python_sources()
             job = job.job_spec(**settings)
             if python:
@@ -399,6 +411,8 @@ class Loader:
             given = [k for k, v in dataset_args.items() if v is not None]
             if collate_fn is not None:
                 given.append("collate_fn")
+            if worker_init_fn is not None:
+                given.append("worker_init_fn")
             if given:
                 raise TypeError(
                     f"{', '.join(given)}: only for a dataset; a job spec sets them itself"

@@ -227,6 +227,8 @@ def job_spec(
     on_corrupt: str,
     seed_rngs: bool = True,
     collate_fn: Any = None,
+    worker_init_fn: Any = None,
+    num_workers: Optional[int] = None,
     cache: Optional[dict] = None,
 ) -> dict:
     """The job spec (spec-file schema) of ``Loader.local(dataset, ...)``:
@@ -246,7 +248,12 @@ def job_spec(
     preload = [name for name in ("torch",) if name in sys.modules]
     if collate_fn is not None and not callable(collate_fn):
         raise TypeError(f"collate_fn must be callable, not {type(collate_fn).__name__}")
-    args: dict = {"seed_rngs": bool(seed_rngs), "preload": preload}
+    if worker_init_fn is not None and not callable(worker_init_fn):
+        raise TypeError(f"worker_init_fn must be callable, not {type(worker_init_fn).__name__}")
+    args: dict = {"seed_rngs": bool(seed_rngs), "preload": preload, "seed": int(seed)}
+    if num_workers is not None:
+        # For get_worker_info() in each worker (loader._source).
+        args["num_workers"] = int(num_workers)
     if cache is not None:
         # {"bytes": N, "dir": path or None}: loader._cache.
         args["cache"] = cache
@@ -255,11 +262,15 @@ def job_spec(
         "args": args,
         "num_samples": n,
     }
-    if collate_fn is not None:
+    for name, fn, what in (("collate_pickle_file", collate_fn, "collate_fn"), ("worker_init_pickle_file", worker_init_fn, "worker_init_fn")):
+        if fn is None:
+            continue
         try:
-            python["collate_pickle_file"] = write_pickle(collate_fn, what="collate_fn")
+            python[name] = write_pickle(fn, what=what)
         except BaseException:
-            release_pickle(python["pickle_file"])
+            for written in (python.get("pickle_file"), python.get("collate_pickle_file")):
+                if written:
+                    release_pickle(written)
             raise
     return job_around(
         {"python": python},
@@ -297,7 +308,7 @@ def written_pickles(spec: Any) -> list[str]:
     for entry in entries:
         python = entry.get("python") if isinstance(entry, Mapping) else None
         if isinstance(python, Mapping):
-            files += [python.get("pickle_file"), python.get("collate_pickle_file")]
+            files += [python.get("pickle_file"), python.get("collate_pickle_file"), python.get("worker_init_pickle_file")]
     with _written_lock:
         return [f for f in files if isinstance(f, str) and f in _written]
 

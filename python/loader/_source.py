@@ -100,6 +100,10 @@ class Source:
             self._dataset = make_from_factory(params["factory"], args)
         else:
             raise ValueError("dataset.python: give `factory` (package.module:function), `pickle_file` or `pickle`")
+        _set_worker_info(self._dataset, settings)
+        if "worker_init_pickle_file" in params:
+            worker_init_fn = _unpickle(params, "worker_init_pickle")
+            worker_init_fn(worker_id())
         self._rngs = Rngs(seed_rngs)
         #: ``dataset[index]`` through the sample cache
         #: (``Loader.local(cache=)``), or None.
@@ -283,6 +287,41 @@ class Source:
         out: list[tuple[list, Any, str]] = []
         _flatten(sample, [], out, self._np)
         return out
+
+
+#: The index a local worker was started with (0 .. workers - 1), set by
+#: the loader that started it (embedded mode's launchers).
+WORKER_ID_VARIABLE = "LOADER_WORKER_ID"
+
+
+def worker_id() -> int:
+    """This worker's index among its loader's local workers; 0 for a
+    worker nobody numbered (a remote ``python -m loader._worker``)."""
+    try:
+        return int(os.environ.get(WORKER_ID_VARIABLE, "0"))
+    except ValueError:
+        return 0
+
+
+def _set_worker_info(dataset: Any, settings: Mapping) -> None:
+    """Makes ``torch.utils.data.get_worker_info()`` answer in this worker
+    as in a DataLoader worker: ``id``, ``num_workers``, ``seed`` (the job's
+    seed plus the id, as DataLoader's base seed plus the id) and
+    ``dataset``, for datasets that open per-worker handles or split work
+    by it. Only for a local worker of a loader that said how many it
+    started, and only when torch is loaded (a dataset that asks has
+    imported it; the workers preload it when the trainer had it)."""
+    torch = sys.modules.get("torch")
+    if torch is None or WORKER_ID_VARIABLE not in os.environ or "num_workers" not in settings:
+        return
+    try:
+        from torch.utils.data._utils import worker as torch_worker
+    except ImportError:  # a torch without DataLoader's internals: nothing to answer
+        return
+    wid = worker_id()
+    torch_worker._worker_info = torch_worker.WorkerInfo(
+        id=wid, num_workers=int(settings["num_workers"]), seed=int(settings.get("seed", 0)) + wid, dataset=dataset
+    )
 
 
 def _unpickle(params: Mapping[str, str], key: str) -> Any:

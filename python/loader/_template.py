@@ -169,6 +169,8 @@ def _handle(sock: socket.socket, request: dict, live: set, wake: tuple, fds: lis
                 os.close(fd)
             if cache_fd is not None:
                 os.environ[_cache.CACHE_VARIABLE] = json.dumps({"fd": cache_fd, "entries": int(cache["entries"])})
+            for name, value in spawn.get("env", {}).items():
+                os.environ[str(name)] = str(value)
             _child(sock, wake, spawn)
         live.add(pid)
         _send(sock, {"spawned": pid})

@@ -13,7 +13,7 @@
 //!
 //! | from | line | meaning |
 //! | --- | --- | --- |
-//! | trainer | `{"spawn": {"argv": [..], "env_remove": [..], "threads": N}}` | fork a worker running `loader-worker argv` |
+//! | trainer | `{"spawn": {"argv": [..], "env_remove": [..], "env": {..}, "threads": N}}` | fork a worker running `loader-worker argv` with `env` set |
 //! | trainer | the same with `"cache": {"entries": N}`, the cache's descriptor riding on the line (SCM_RIGHTS) | the worker inherits the loader's sample cache (`LOADER_SAMPLE_CACHE` names it) |
 //! | template | `{"spawned": PID}` or `{"error": "why"}` | the answer to a spawn, the next line that is not an exit |
 //! | trainer | `{"signal": [PID, SIGNO]}` | signal a worker the template has not yet reaped (no answer) |
@@ -233,7 +233,9 @@ impl WorkerLauncher for TemplateLauncher {
         if conn.closed {
             return Err(failed("it has exited".into()));
         }
-        let mut spawn = json!({"argv": argv, "env_remove": env_remove, "threads": self.threads});
+        let index = loader_client::embedded::worker_index(worker);
+        let env = json!({ loader_client::embedded::WORKER_ID_VARIABLE: index.to_string() });
+        let mut spawn = json!({"argv": argv, "env_remove": env_remove, "env": env, "threads": self.threads});
         let cache = self.cache.as_ref().map(|c| c.get());
         if let Some(cache) = cache {
             spawn["cache"] = json!({"entries": cache.entries()});

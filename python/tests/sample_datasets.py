@@ -343,3 +343,33 @@ class CheapCached:
 
     def __getitem__(self, i: int):
         return self.loader_transform(self.loader_load(i), i)
+
+
+class WorkerInfoRows:
+    """Samples saying what ``torch.utils.data.get_worker_info()`` answered
+    in the worker that made them, as a dataset that opens a handle per
+    worker or splits work by worker asks: (index, id, num_workers, seed,
+    whether ``dataset`` is this object, the worker_init_fn's mark)."""
+
+    #: Set by ``mark_worker`` (a worker_init_fn) in the worker.
+    marked = -1
+
+    def __init__(self, n: int = 64) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        import torch
+
+        info = torch.utils.data.get_worker_info()
+        if info is None:
+            return np.array([i, -1, -1, -1, -1, WorkerInfoRows.marked], dtype=np.int64)
+        same = int(info.dataset is self)
+        return np.array([i, info.id, info.num_workers, info.seed, same, WorkerInfoRows.marked], dtype=np.int64)
+
+
+def mark_worker(worker_id: int) -> None:
+    """A worker_init_fn: records its argument where the samples show it."""
+    WorkerInfoRows.marked = 100 + worker_id

@@ -268,3 +268,27 @@ def test_a_number_of_another_type_is_a_mismatch_not_a_reinterpretation():
         with pytest.raises(loader.LoaderError) as e:
             collect(dl)
     assert '["y"] of sample 5 has shape [] float64, sample 0 has [] int64' in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("context", [None, "spawn"], ids=["forked", "spawned"])
+def test_get_worker_info_and_worker_init_fn_answer_as_in_dataloader_workers(context):
+    from sample_datasets import WorkerInfoRows, mark_worker
+
+    with loader.Loader.local(
+        WorkerInfoRows(64), workers=2, batch_size=4, seed=7, worker_init_fn=mark_worker, multiprocessing_context=context
+    ) as dl:
+        rows = np.concatenate([np.asarray(b) for b in dl])
+    assert sorted(rows[:, 0]) == list(range(64))
+    ids = set(rows[:, 1].tolist())
+    assert ids <= {0, 1} and ids, ids
+    assert (rows[:, 2] == 2).all(), "num_workers"
+    assert (rows[:, 3] == 7 + rows[:, 1]).all(), "seed: the job's seed plus the id"
+    assert (rows[:, 4] == 1).all(), "dataset: the worker's own copy, the one asked"
+    assert (rows[:, 5] == 100 + rows[:, 1]).all(), "worker_init_fn(worker_id) ran in each worker before its samples"
+
+
+def test_a_worker_init_fn_that_is_not_callable_is_refused_at_once():
+    from sample_datasets import WorkerInfoRows
+
+    with pytest.raises(TypeError, match="worker_init_fn must be callable"):
+        loader.Loader.local(WorkerInfoRows(8), workers=1, worker_init_fn=3)

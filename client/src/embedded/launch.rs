@@ -20,6 +20,17 @@ use nix::unistd::Pid;
 
 use crate::error::LoaderError;
 
+/// The environment variable a launched worker finds its index in (0 ..
+/// workers - 1, [`worker_index`]): what a Python dataset's
+/// `get_worker_info().id` says.
+pub const WORKER_ID_VARIABLE: &str = "LOADER_WORKER_ID";
+
+/// The 0-based index of worker number `worker` (1-based, as
+/// [`WorkerLauncher::launch`] numbers them).
+pub fn worker_index(worker: usize) -> usize {
+    worker.saturating_sub(1)
+}
+
 /// Starts worker processes for an embedded cluster.
 pub trait WorkerLauncher: Send + Sync + Debug {
     /// Starts worker number `worker` (1-based, for messages) with `args`
@@ -78,6 +89,7 @@ impl WorkerLauncher for CommandLauncher {
         for var in env_remove {
             command.env_remove(var);
         }
+        command.env(WORKER_ID_VARIABLE, worker_index(worker).to_string());
         let mut child = command
             .args(leading)
             .args(args)
