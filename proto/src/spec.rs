@@ -851,6 +851,7 @@ mod tests {
             file_rows: vec![ParquetFileRows { row_groups: vec![4, 3] }, ParquetFileRows { row_groups: vec![5] }],
             num_samples: 12,
             row_bytes: vec![12],
+            image_column: String::new(),
         };
         let mut spec = with(Kind::Parquet(filled.clone()), vec![]);
         assert_eq!(plan(&spec).expect("parquet").num_samples, 12);
@@ -866,6 +867,7 @@ mod tests {
             (ParquetSpec { num_samples: 13, ..filled.clone() }, "dataset.parquet.num_samples"),
             (ParquetSpec { files: vec![], file_rows: vec![], ..filled.clone() }, "dataset.parquet.files"),
             (ParquetSpec { columns: vec!["x".into(), "x".into()], ..filled.clone() }, "dataset.parquet.columns[1]"),
+            (ParquetSpec { image_column: "x".into(), ..filled.clone() }, "dataset.parquet.columns[0]"),
         ] {
             let e = plan(&with(Kind::Parquet(broken), vec![])).expect_err(field);
             let e = e.to_string();

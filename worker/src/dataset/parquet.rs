@@ -324,7 +324,11 @@ fn flatten(array: &ArrayRef, dtype: Dtype, per_row: u64, out: &mut Vec<u8>, null
             row_nulls.extend((0..list.len()).filter(|&i| list.is_null(i)).map(|i| i as u64 / group));
         }
         let start = usize::try_from(list.value_offset(0)).map_err(|_| "a negative list offset".to_owned())?;
-        let values = list.values().slice(start, list.len() * size as usize);
+        let count = usize::try_from(size).ok().and_then(|n| n.checked_mul(list.len())).ok_or("a list too long")?;
+        if start.checked_add(count).is_none_or(|end| end > list.values().len()) {
+            return Err("lists reaching past their values".to_owned());
+        }
+        let values = list.values().slice(start, count);
         group *= size;
         leaf = values;
     }
