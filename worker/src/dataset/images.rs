@@ -53,12 +53,26 @@ impl ImageSamples {
         let [image, label_row] = rows else {
             return Err(DatasetError::RowMismatch { index: key.index });
         };
-        match self.pipeline.run(encoded, key, image) {
-            Ok(()) => {}
-            Err(ImageError::Corrupt(reason)) => return Err(DatasetError::Corrupt { path: path(), reason }),
-            Err(other) => return Err(DatasetError::Spec(format!("{}: {other}", path()))),
-        }
+        run_pipeline(&self.pipeline, encoded, key, image, path)?;
         label_row.copy_from_slice(&label.to_le_bytes());
         Ok(())
+    }
+}
+
+/// Runs `pipeline` on `encoded` into `row`. An undecodable image is
+/// [`DatasetError::Corrupt`] naming `path` (built only on failure), for the
+/// job's corrupt-sample policy; any other failure of the pipeline fails the
+/// job.
+pub(super) fn run_pipeline(
+    pipeline: &Pipeline,
+    encoded: &[u8],
+    key: SampleKey,
+    row: &mut [u8],
+    path: impl FnOnce() -> String,
+) -> Result<(), DatasetError> {
+    match pipeline.run(encoded, key, row) {
+        Ok(()) => Ok(()),
+        Err(ImageError::Corrupt(reason)) => Err(DatasetError::Corrupt { path: path(), reason }),
+        Err(other) => Err(DatasetError::Spec(format!("{}: {other}", path()))),
     }
 }

@@ -21,8 +21,9 @@ use loader_proto::pb::{Dtype, ParquetSpec, Transform};
 use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder};
 
-use super::{Dataset, DatasetError, SampleKey, SampleTensor, check_rows, sample_bytes};
-use crate::image::{ImageError, Pipeline};
+use super::images::run_pipeline;
+use super::{BatchRows, Dataset, DatasetError, SampleKey, SampleTensor, check_rows, sample_bytes};
+use crate::image::Pipeline;
 
 const KIND: &str = "parquet";
 
@@ -379,21 +380,53 @@ impl Dataset for Parquet {
     }
 
     fn read_into(&self, key: SampleKey, rows: &mut [&mut [u8]]) -> Result<(), DatasetError> {
-        let index = key.index;
+        let g = self.checked_group(key.index, rows)?;
+        let decoded = self.decoded(g)?;
+        self.read_row(key, g, &decoded, rows)
+    }
+
+    /// Looks up each row group once per run of the batch's rows in it (one
+    /// cache lookup and lock per row group, not per row).
+    fn read_batch(&self, keys: &[SampleKey], batch: &mut BatchRows<'_>) -> Result<(), DatasetError> {
+        let mut current: Option<(usize, Arc<Decoded>)> = None;
+        for &key in keys {
+            let mut rows = batch.next_rows();
+            let read = self.checked_group(key.index, &rows).and_then(|g| {
+                let decoded = match current.take() {
+                    Some((at, d)) if at == g => d,
+                    _ => self.decoded(g)?,
+                };
+                let read = self.read_row(key, g, &decoded, &mut rows);
+                current = Some((g, decoded));
+                read
+            });
+            batch.settle(key.index, read)?;
+        }
+        Ok(())
+    }
+}
+
+impl Parquet {
+    /// The row group of `index`, once the rows handed in are checked
+    /// against the tensors and the index against the dataset.
+    fn checked_group(&self, index: u64, rows: &[&mut [u8]]) -> Result<usize, DatasetError> {
         check_rows(index, rows, &self.row_bytes)?;
         if index >= self.len {
             return Err(DatasetError::IndexOutOfRange { index, len: self.len });
         }
-        let g = self.group_of(index);
+        Ok(self.group_of(index))
+    }
+
+    /// Writes sample `key` of row group `g`, decoded as `decoded`, into
+    /// `rows` (checked by `checked_group`).
+    fn read_row(&self, key: SampleKey, g: usize, decoded: &Decoded, rows: &mut [&mut [u8]]) -> Result<(), DatasetError> {
+        let index = key.index;
         let group = self.groups[g];
-        let decoded = self.decoded(g)?;
         let at = index - group.first;
+        let path = || format!("{} (row group {}, row {at})", self.files[group.file].path, group.in_file);
         if let Ok(i) = decoded.nulls.binary_search_by(|&(r, _)| r.cmp(&at)) {
             let column = &self.tensors[decoded.nulls[i].1].name;
-            return Err(DatasetError::Corrupt {
-                path: format!("{} (row group {}, row {at})", self.files[group.file].path, group.in_file),
-                reason: format!("column `{column}` is null"),
-            });
+            return Err(DatasetError::Corrupt { path: path(), reason: format!("column `{column}` is null") });
         }
         for ((column, row), &n) in decoded.columns.iter().zip(rows.iter_mut()).zip(&self.row_bytes) {
             let start = at as usize * n;
@@ -403,16 +436,11 @@ impl Dataset for Parquet {
             row.copy_from_slice(bytes);
         }
         if let (Some(image), Some(row)) = (&self.image, rows.last_mut()) {
-            let at = at as usize;
-            let Some(bytes) = decoded.offsets.get(at..at + 2).and_then(|o| decoded.encoded.get(o[0]..o[1])) else {
+            let r = at as usize;
+            let Some(bytes) = decoded.offsets.get(r..r + 2).and_then(|o| decoded.encoded.get(o[0]..o[1])) else {
                 return Err(DatasetError::IndexOutOfRange { index, len: self.len });
             };
-            let path = || format!("{} (row group {}, row {at})", self.files[group.file].path, group.in_file);
-            match image.pipeline.run(bytes, key, row) {
-                Ok(()) => {}
-                Err(ImageError::Corrupt(reason)) => return Err(DatasetError::Corrupt { path: path(), reason }),
-                Err(other) => return Err(DatasetError::Spec(format!("{}: {other}", path()))),
-            }
+            run_pipeline(&image.pipeline, bytes, key, row, path)?;
         }
         Ok(())
     }
@@ -502,6 +530,30 @@ mod tests {
             assert_eq!(rows[2], (-(r as i64)).to_le_bytes().to_vec(), "y of {index}");
         }
         assert!(matches!(read(&d, 21), Err(DatasetError::IndexOutOfRange { index: 21, len: 21 })));
+    }
+
+    #[test]
+    fn a_batch_across_row_groups_reads_as_its_rows_do_one_by_one() {
+        use loader_proto::pb::CorruptPolicy;
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        let a = dir.path().join("a.parquet");
+        write(&a, 12, 4, Some(5));
+        let d = Parquet::open(&spec(std::slice::from_ref(&a), &["x", "y"]), &[]).expect("open");
+        // Rows from three row groups, back and forth, and the null row 5.
+        let indices = [9u64, 1, 2, 5, 6, 10, 3];
+        let keys: Vec<SampleKey> = indices.iter().map(|&index| SampleKey { seed: 0, epoch: 0, index }).collect();
+        let (mut x, mut y) = (vec![0u8; 12 * keys.len()], vec![0u8; 8 * keys.len()]);
+        let mut batch = BatchRows::new(vec![&mut x[..], &mut y[..]], keys.len(), CorruptPolicy::Skip, true);
+        d.read_batch(&keys, &mut batch).expect("batch");
+        let (kept, skipped) = batch.finish();
+        assert_eq!(kept, vec![9, 1, 2, 6, 10, 3], "row 5 left out under skip");
+        assert_eq!(skipped.iter().map(|s| s.index).collect::<Vec<_>>(), vec![5]);
+        for (k, &index) in kept.iter().enumerate() {
+            let one = read(&d, index).expect("row");
+            assert_eq!(x[k * 12..(k + 1) * 12], one[0][..], "x of {index}");
+            assert_eq!(y[k * 8..(k + 1) * 8], one[1][..], "y of {index}");
+        }
     }
 
     #[test]
