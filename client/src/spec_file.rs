@@ -299,6 +299,8 @@ struct CustomFile {
     num_samples: u64,
     #[serde(default)]
     params: HashMap<String, Scalar>,
+    #[serde(default)]
+    shard_samples: Vec<u64>,
 }
 
 /// A Python map-style dataset run inside the workers: `factory`
@@ -332,6 +334,10 @@ struct PythonFile {
     #[serde(default)]
     worker_init_pickle_file: Option<String>,
     num_samples: u64,
+    /// For an IterableDataset read through `loader._stream`: samples per
+    /// shard (see `CustomSpec.shard_samples`).
+    #[serde(default)]
+    shard_samples: Vec<u64>,
 }
 
 /// The blob a `python` entry's `pickle_file` becomes; the worker hands the
@@ -410,6 +416,10 @@ struct SamplerFile {
     drop_last: bool,
     #[serde(default)]
     block_shuffle: bool,
+    #[serde(default)]
+    lanes: u32,
+    #[serde(default)]
+    shuffle_buffer: u32,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -432,6 +442,8 @@ impl SpecFile {
                 seed: self.sampler.seed,
                 drop_last: self.sampler.drop_last,
                 block_shuffle: self.sampler.block_shuffle,
+                lanes: self.sampler.lanes,
+                shuffle_buffer: self.sampler.shuffle_buffer,
             }),
             batch_size: self.batch_size.0,
             epochs: self.epochs.0,
@@ -521,16 +533,19 @@ impl DatasetFile {
                 name: c.name,
                 num_samples: c.num_samples,
                 params: c.params.into_iter().map(|(k, v)| (k, v.0)).collect(),
+                shard_samples: c.shard_samples,
             }),
-            DatasetFile::Python(p) => {
+            DatasetFile::Python(mut p) => {
                 blobs.extend(p.blobs(base).into_iter().map(|b| BlobRef {
                     name: format!("{prefix}{}", b.name),
                     ..b
                 }));
+                let shard_samples = std::mem::take(&mut p.shard_samples);
                 Kind::Custom(CustomSpec {
                     name: PYTHON_DATASET.to_owned(),
                     num_samples: p.num_samples,
                     params: p.params(),
+                    shard_samples,
                 })
             }
             DatasetFile::Mix(m) => Kind::Mix(MixSpec {

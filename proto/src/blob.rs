@@ -86,6 +86,7 @@ mod tests {
                     name: "python".into(),
                     num_samples: 4,
                     params: params.iter().map(|p| ((*p).to_owned(), String::new())).collect(),
+                    ..Default::default()
                 })),
             }),
             blobs,

@@ -310,6 +310,8 @@ mod tests {
             epochs,
             shards: None,
             shuffle_within_shards: false,
+            shuffle_window: 0,
+            lanes: 0,
             resume: None,
         }
     }

@@ -136,22 +136,163 @@ pub enum EpochOrder {
         starts: Vec<u64>,
         /// `first[s]`: dataset index of the first sample of shard `s`.
         first: Vec<u64>,
-        /// Seed and epoch of each shard's own permutation, for a block
-        /// shuffle; None keeps file order within a shard.
-        within: Option<(u64, u64)>,
+        /// The order within each shard.
+        within: Within,
     },
+    /// Shards dealt to sequential streams (lanes) that take turns in
+    /// chunks: see [`Lanes`].
+    Lanes(Lanes),
+}
+
+/// The order of the samples within one shard: file order, or shuffled
+/// (seed and epoch) as a whole or in consecutive windows of `window`
+/// samples (a stream's shuffle buffer: a sample moves less than `window`
+/// positions, so a reader holding `window` samples reads the shard
+/// front to back).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Within {
+    /// Seed and epoch of the shuffle; None keeps file order.
+    pub shuffle: Option<(u64, u64)>,
+    /// Samples per window; 0: the whole shard is one.
+    pub window: u64,
+}
+
+impl Within {
+    /// File order.
+    pub const FILE_ORDER: Self = Self { shuffle: None, window: 0 };
+
+    /// The offset in the shard of its `offset`-th sample in this order.
+    fn at(&self, shard: u64, size: u64, offset: u64) -> u64 {
+        let Some((seed, epoch)) = self.shuffle else {
+            return offset;
+        };
+        let shard_seed = mix_seed(seed, shard);
+        if self.window == 0 || self.window >= size {
+            return Permutation::new(size, shard_seed, epoch, true).at(offset);
+        }
+        let window = offset / self.window;
+        let base = window * self.window;
+        let len = self.window.min(size - base);
+        base + Permutation::new(len, mix_seed(shard_seed, window), epoch, true).at(offset - base)
+    }
+}
+
+/// A sharded epoch read as `L` sequential streams (lanes): the shards, in
+/// the epoch's shard order, are dealt to the lane holding the fewest
+/// samples so far, and the epoch takes `chunk` positions from each lane in
+/// turn (a lane that has run out is passed over). One worker can then
+/// read a lane front to back while others read the other lanes, and an
+/// in-order trainer still has every lane's next chunk coming: DataLoader's
+/// round robin over its workers' streams, with the split fixed by the
+/// job rather than by the number of workers.
+#[derive(Debug, Clone)]
+pub struct Lanes {
+    /// Each lane's shards, in reading order.
+    shards: Vec<Vec<u64>>,
+    /// `starts[l][k]`: offset in lane `l` of its `k`-th shard; one more
+    /// entry, the lane's length.
+    starts: Vec<Vec<u64>>,
+    /// Samples per lane.
+    sizes: Vec<u64>,
+    /// Positions per turn.
+    chunk: u64,
+    /// Samples per shard.
+    shard_sizes: Arc<[u64]>,
+    /// `first[s]`: dataset index of the first sample of shard `s`.
+    first: Vec<u64>,
+    /// The order within each shard.
+    within: Within,
+}
+
+impl Lanes {
+    fn new(perm: &Permutation, shard_sizes: Arc<[u64]>, first: Vec<u64>, lanes: u32, chunk: u64, within: Within) -> Self {
+        let lanes = lanes.max(1) as usize;
+        let mut shards = vec![Vec::new(); lanes];
+        let mut starts = vec![vec![0u64]; lanes];
+        let mut sizes = vec![0u64; lanes];
+        for j in 0..perm.len() {
+            let shard = perm.at(j);
+            let size = shard_sizes.get(shard as usize).copied().unwrap_or(0);
+            // The lane with the fewest samples, the lowest of equals.
+            let (l, _) = sizes.iter().enumerate().min_by_key(|&(l, &n)| (n, l)).unwrap_or((0, &0));
+            shards[l].push(shard);
+            sizes[l] = sizes[l].saturating_add(size);
+            starts[l].push(sizes[l]);
+        }
+        Self { shards, starts, sizes, chunk: chunk.max(1), shard_sizes, first, within }
+    }
+
+    /// Positions before turn `r`: every lane's first `r` chunks.
+    fn before_turn(&self, r: u64) -> u64 {
+        let upto = r.saturating_mul(self.chunk);
+        self.sizes.iter().map(|&n| n.min(upto)).sum()
+    }
+
+    /// Lane and offset in it of epoch position `i`.
+    pub fn locate(&self, i: u64) -> (usize, u64) {
+        let longest = self.sizes.iter().copied().max().unwrap_or(0);
+        // The last turn that starts at or before i.
+        let (mut lo, mut hi) = (0u64, longest.div_ceil(self.chunk));
+        while lo + 1 < hi {
+            let mid = lo + (hi - lo) / 2;
+            if self.before_turn(mid) <= i {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        let mut rest = i - self.before_turn(lo).min(i);
+        let taken = lo * self.chunk;
+        for (l, &n) in self.sizes.iter().enumerate() {
+            let turn = self.chunk.min(n.saturating_sub(taken));
+            if rest < turn {
+                return (l, taken + rest);
+            }
+            rest -= turn;
+        }
+        (0, 0)
+    }
+
+    /// The lane position `i` reads.
+    pub fn lane(&self, i: u64) -> u32 {
+        self.locate(i).0 as u32
+    }
+
+    fn at(&self, i: u64) -> u64 {
+        let (l, offset) = self.locate(i);
+        let starts = &self.starts[l];
+        let k = starts.partition_point(|&s| s <= offset).saturating_sub(1);
+        let Some(&shard) = self.shards[l].get(k) else {
+            return 0;
+        };
+        let size = self.shard_sizes.get(shard as usize).copied().unwrap_or(0);
+        let offset = self.within.at(shard, size, offset - starts[k]);
+        self.first.get(shard as usize).copied().unwrap_or(0) + offset
+    }
 }
 
 impl EpochOrder {
     /// The shard-aware order of one epoch for shards of `sizes` samples;
     /// `within`: shuffle the samples of each shard too (a block shuffle).
     pub fn shards(sizes: &[u64], seed: u64, epoch: u64, shuffle: bool, within: bool) -> Self {
+        let within = Within { shuffle: (shuffle && within).then_some((seed, epoch)), window: 0 };
+        Self::sharded(sizes.into(), seed, epoch, shuffle, within, None)
+    }
+
+    /// The shard-aware order of one epoch: shards of `sizes` samples, in
+    /// an order of `seed` and `epoch` when `shuffle`, each read in the
+    /// order `within`, and with `lanes`, `(lanes, chunk)`, read as that
+    /// many lanes taking `chunk` positions in turn.
+    pub fn sharded(sizes: Arc<[u64]>, seed: u64, epoch: u64, shuffle: bool, within: Within, lanes: Option<(u32, u64)>) -> Self {
         let perm = Permutation::new(sizes.len() as u64, seed, epoch, shuffle);
         let mut first = Vec::with_capacity(sizes.len());
         let mut total = 0u64;
-        for &n in sizes {
+        for &n in sizes.iter() {
             first.push(total);
             total = total.saturating_add(n);
+        }
+        if let Some((lanes, chunk)) = lanes {
+            return Self::Lanes(Lanes::new(&perm, sizes, first, lanes, chunk, within));
         }
         let mut starts = Vec::with_capacity(sizes.len() + 1);
         let mut at = 0u64;
@@ -161,7 +302,7 @@ impl EpochOrder {
             at = at.saturating_add(sizes.get(shard).copied().unwrap_or(0));
         }
         starts.push(at);
-        Self::Shards { perm, starts, first, within: (shuffle && within).then_some((seed, epoch)) }
+        Self::Shards { perm, starts, first, within }
     }
 
     /// The sample at position `i` of the epoch (`i` < number of samples).
@@ -172,18 +313,20 @@ impl EpochOrder {
                 // The last shard slot whose start is <= i; empty shards have
                 // the same start as the next one and are skipped over.
                 let j = starts.partition_point(|&s| s <= i).saturating_sub(1);
-                let shard = perm.at(j as u64) as usize;
+                let shard = perm.at(j as u64);
                 let start = starts.get(j).copied().unwrap_or(0);
-                let mut offset = i - start;
-                if let Some((seed, epoch)) = within {
-                    let size = starts.get(j + 1).copied().unwrap_or(start) - start;
-                    offset = Permutation::new(size, mix_seed(*seed, shard as u64), *epoch, true).at(offset);
-                }
-                first.get(shard).copied().unwrap_or(0) + offset
+                let size = starts.get(j + 1).copied().unwrap_or(start) - start;
+                first.get(shard as usize).copied().unwrap_or(0) + within.at(shard, size, i - start)
             }
+            Self::Lanes(lanes) => lanes.at(i),
         }
     }
 }
+
+/// Batches of each consumer per lane's turn: a worker keeping to a lane
+/// gets tasks of up to this many batches, and an in-order trainer with a
+/// window of `lanes * LANE_TURN` batches keeps every lane's worker busy.
+pub const LANE_TURN: u64 = 4;
 
 /// Most positions a [`Resumed`] epoch lists as delivered beyond its
 /// offset: the ranks of a synchronous job are at most a step apart, so
@@ -264,6 +407,12 @@ pub struct Plan {
     /// With `shards` and `shuffle`: the samples of each shard are shuffled
     /// too, each shard on its own (a block shuffle: Parquet row groups).
     pub shuffle_within_shards: bool,
+    /// With `shuffle_within_shards`: shuffle in windows of this many
+    /// samples (a stream's shuffle buffer), 0 for the whole shard.
+    pub shuffle_window: u64,
+    /// With `shards`: read the epoch as this many lanes (0: no lanes), see
+    /// [`Lanes`].
+    pub lanes: u32,
     /// A resumed job's partly delivered first epoch (None: the job starts
     /// at epoch 0).
     pub resume: Option<Arc<Resumed>>,
@@ -351,10 +500,41 @@ impl Plan {
     pub fn order(&self, epoch: u32) -> EpochOrder {
         match &self.shards {
             Some(sizes) => {
-                EpochOrder::shards(sizes, self.seed, u64::from(epoch), self.shuffle, self.shuffle_within_shards)
+                let epoch = u64::from(epoch);
+                let within = Within {
+                    shuffle: (self.shuffle && self.shuffle_within_shards).then_some((self.seed, epoch)),
+                    window: self.shuffle_window,
+                };
+                let lanes = (self.lanes > 0).then(|| (self.lanes, self.lane_chunk()));
+                EpochOrder::sharded(sizes.clone(), self.seed, epoch, self.shuffle, within, lanes)
             }
             None => EpochOrder::Samples(Permutation::new(self.num_samples, self.seed, u64::from(epoch), self.shuffle)),
         }
+    }
+
+    /// Positions of a lane's turn: [`LANE_TURN`] batches of every consumer
+    /// (a consumer's batch `b` takes positions `b * B * W ..`, every
+    /// consumer's `b`-th batch the same run, DistributedSampler's split),
+    /// so a worker making a turn's batches reads one lane.
+    pub fn lane_chunk(&self) -> u64 {
+        LANE_TURN * self.batch_size.max(1) * u64::from(self.consumers.max(1))
+    }
+
+    /// The lane the batch with sequence number `seq` reads (its first
+    /// sample's; a batch at the end of a lane's turn may read the next
+    /// lane's too), or None without lanes. `order` is [`Plan::order`] of
+    /// the batch's epoch (the caller keeps it: it is built per epoch).
+    pub fn lane_of(&self, order: &EpochOrder, seq: u64) -> Option<u32> {
+        let EpochOrder::Lanes(lanes) = order else {
+            return None;
+        };
+        let (epoch, batch) = self.locate(seq);
+        let positions = self.batch_positions(epoch, batch);
+        if positions.is_empty() {
+            return None;
+        }
+        let (position, _) = self.epoch_position(epoch, 0, positions.start);
+        Some(lanes.lane(position))
     }
 
     /// Consumer-local sample positions of batch `batch` of `epoch` (its
@@ -419,7 +599,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn plan(n: u64, b: u64, w: u32, drop_last: bool, shuffle: bool) -> Plan {
-        Plan { num_samples: n, batch_size: b, consumers: w, shuffle, seed: 17, drop_last, epochs: 2, shards: None, shuffle_within_shards: false, resume: None }
+        Plan { num_samples: n, batch_size: b, consumers: w, shuffle, seed: 17, drop_last, epochs: 2, shards: None, shuffle_within_shards: false, shuffle_window: 0, lanes: 0, resume: None }
     }
 
     /// torch's DistributedSampler + DataLoader, written out literally from
@@ -561,6 +741,102 @@ mod tests {
         assert!(orders[0] != orders[1] || orders[1] != orders[2], "shard order changes between epochs");
     }
 
+    fn laned(sizes: &[u64], b: u64, w: u32, lanes: u32, window: u64) -> Plan {
+        Plan { lanes, shuffle_within_shards: window > 0, shuffle_window: window, ..sharded(sizes, b, w, true) }
+    }
+
+    /// Dataset index -> (shard, offset in it).
+    fn owners(sizes: &[u64]) -> Vec<(usize, u64)> {
+        sizes.iter().enumerate().flat_map(|(s, &n)| (0..n).map(move |o| (s, o))).collect()
+    }
+
+    #[test]
+    fn lanes_read_their_shards_front_to_back_and_take_turns() {
+        // 7 uneven shards, 3 lanes, 2 consumers of batches of 2: a turn is
+        // LANE_TURN batches of each consumer.
+        let sizes = [40u64, 3, 17, 0, 25, 9, 31];
+        let p = laned(&sizes, 2, 2, 3, 0);
+        let owner = owners(&sizes);
+        let EpochOrder::Lanes(lanes) = p.order(0) else { panic!("a laned order") };
+        let n: u64 = sizes.iter().sum();
+        let mut lane_seen: Vec<Vec<u64>> = vec![Vec::new(); 3];
+        let mut turns = Vec::new();
+        for i in 0..n {
+            let (l, offset) = lanes.locate(i);
+            lane_seen[l].push(offset);
+            if turns.last() != Some(&l) {
+                turns.push(l);
+            }
+        }
+        for (l, offsets) in lane_seen.iter().enumerate() {
+            assert_eq!(*offsets, (0..offsets.len() as u64).collect::<Vec<_>>(), "lane {l} in order");
+        }
+        // Balanced lanes, every one of them used, turns of one chunk each
+        // while every lane has samples left.
+        let mut lens: Vec<usize> = lane_seen.iter().map(Vec::len).collect();
+        lens.sort_unstable();
+        assert!(lens[0] > 0 && lens[2] - lens[0] <= 40, "{lens:?}");
+        assert_eq!(&turns[..3], &[0, 1, 2], "{turns:?}");
+        // Within a lane, a shard's samples come in file order, one shard
+        // after another.
+        let order = p.order(0);
+        for l in 0..3 {
+            let idx: Vec<u64> = (0..n).filter(|&i| lanes.locate(i).0 == l).map(|i| order.at(i)).collect();
+            for w in idx.windows(2) {
+                let (a, b) = (owner[w[0] as usize], owner[w[1] as usize]);
+                assert!(a.0 != b.0 || b.1 == a.1 + 1, "lane {l}: {idx:?}");
+            }
+        }
+        // The batches of one consumer's turn read one lane.
+        let turn_lanes: Vec<Option<u32>> = (0..LANE_TURN).map(|s| p.lane_of(&order, s)).collect();
+        assert!(turn_lanes.iter().all(|&l| l == turn_lanes[0]), "{turn_lanes:?}");
+        assert_ne!(p.lane_of(&order, 0), p.lane_of(&order, LANE_TURN));
+    }
+
+    #[test]
+    fn a_shuffle_buffer_moves_samples_within_their_window_only() {
+        let sizes = [50u64, 7, 33];
+        let p = laned(&sizes, 4, 1, 2, 8);
+        let owner = owners(&sizes);
+        let order = p.order(1);
+        let EpochOrder::Lanes(lanes) = &order else { panic!("a laned order") };
+        let n: u64 = sizes.iter().sum();
+        let mut moved = false;
+        for i in 0..n {
+            let (shard, offset) = owner[order.at(i) as usize];
+            let (l, lane_offset) = lanes.locate(i);
+            // The offset within the shard is in the same window of 8 as
+            // the position the lane reads it at.
+            let start = lanes.starts[l].iter().rev().find(|&&s| s <= lane_offset).copied().unwrap_or(0);
+            let read_at = lane_offset - start;
+            assert_eq!(read_at / 8, offset / 8, "shard {shard} offset {offset} read at {read_at}");
+            moved |= read_at != offset;
+        }
+        assert!(moved, "a shuffle buffer shuffles");
+    }
+
+    #[test]
+    fn lanes_give_every_rank_the_same_batches_and_every_sample_once() {
+        let sizes = [40u64, 3, 17, 0, 25, 9, 31];
+        for (b, w, lanes, drop_last) in [(4u64, 2u32, 3u32, false), (5, 3, 1, true), (3, 2, 7, false), (8, 1, 2, false)] {
+            let p = Plan { drop_last, ..laned(&sizes, b, w, lanes, 4) };
+            let mut all = Vec::new();
+            for r in 0..w {
+                let got: Vec<u64> = (0..p.batches_per_epoch()).flat_map(|s| p.batch_indices(r, s)).collect();
+                assert_eq!(got.len() as u64, p.samples_per_consumer() / b * b + if drop_last { 0 } else { p.samples_per_consumer() % b });
+                all.extend(got);
+            }
+            all.sort_unstable();
+            all.dedup();
+            let n: u64 = sizes.iter().sum();
+            if drop_last {
+                assert!(all.len() as u64 >= n - u64::from(w) * b, "{b} {w} {lanes}");
+            } else {
+                assert_eq!(all, (0..n).collect::<Vec<_>>(), "{b} {w} {lanes}");
+            }
+        }
+    }
+
     /// Fails unless `f` maps `0..n` onto `0..n`, each value once.
     fn bijection(n: u64, f: impl Fn(u64) -> u64) -> Result<(), TestCaseError> {
         let mut seen = vec![false; n as usize];
@@ -578,6 +854,20 @@ mod tests {
         fn shard_order_is_a_bijection(sizes in proptest::collection::vec(0u64..20, 1..40), seed: u64, epoch in 0u64..5) {
             let n: u64 = sizes.iter().sum();
             let order = EpochOrder::shards(&sizes, seed, epoch, true, false);
+            bijection(n, |i| order.at(i))?;
+        }
+
+        #[test]
+        fn a_laned_order_is_a_bijection(
+            sizes in proptest::collection::vec(0u64..30, 1..20),
+            lanes in 1u32..6,
+            chunk in 1u64..9,
+            window in 0u64..6,
+            seed: u64,
+        ) {
+            let n: u64 = sizes.iter().sum();
+            let within = Within { shuffle: (window > 0).then_some((seed, 1)), window };
+            let order = EpochOrder::sharded(sizes.into(), seed, 1, true, within, Some((lanes, chunk)));
             bijection(n, |i| order.at(i))?;
         }
 

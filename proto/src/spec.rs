@@ -521,6 +521,15 @@ pub fn num_samples(dataset: &DatasetSpec) -> Result<u64, SpecError> {
             if c.num_samples == 0 {
                 return err("dataset.custom.num_samples", "must be > 0");
             }
+            if !c.shard_samples.is_empty() {
+                let sum = c.shard_samples.iter().try_fold(0u64, |a, &n| a.checked_add(n));
+                if sum != Some(c.num_samples) {
+                    return err(
+                        "dataset.custom.shard_samples",
+                        format!("add up to {}, not num_samples {}", sum.map_or("more than 2^64".into(), |s| s.to_string()), c.num_samples),
+                    );
+                }
+            }
             Ok(c.num_samples)
         }
         Kind::Mix(m) => {
@@ -583,6 +592,11 @@ fn resumed_epoch(spec: &JobSpec, num_samples: u64) -> Result<Option<Resumed>, Sp
     }))
 }
 
+/// Most lanes a job reads: one per worker that may serve it.
+pub const MAX_LANES: u32 = 4096;
+/// Largest shuffle buffer: a reader holds up to this many samples per lane.
+pub const MAX_SHUFFLE_BUFFER: u32 = 1 << 20;
+
 /// Validates a job spec and returns its plan.
 pub fn plan(spec: &JobSpec) -> Result<Plan, SpecError> {
     check(spec)?;
@@ -594,6 +608,7 @@ pub fn plan(spec: &JobSpec) -> Result<Plan, SpecError> {
     let sampler = spec.sampler.unwrap_or_default();
     let shards = match &dataset.kind {
         Some(Kind::Webdataset(w)) => Some(w.shard_samples.as_slice().into()),
+        Some(Kind::Custom(c)) if !c.shard_samples.is_empty() => Some(c.shard_samples.as_slice().into()),
         Some(Kind::Parquet(p)) if sampler.block_shuffle => {
             Some(p.file_rows.iter().flat_map(|f| f.row_groups.iter().copied()).collect())
         }
@@ -605,6 +620,23 @@ pub fn plan(spec: &JobSpec) -> Result<Plan, SpecError> {
         }
         _ => None,
     };
+    for (field, set) in [("sampler.lanes", sampler.lanes > 0), ("sampler.shuffle_buffer", sampler.shuffle_buffer > 0)] {
+        if set && shards.is_none() {
+            return err(
+                field,
+                format!(
+                    "only for a sharded dataset (webdataset, a dataset with shard_samples, Parquet with block_shuffle), not {}",
+                    kind_name_of(dataset)
+                ),
+            );
+        }
+    }
+    if sampler.lanes > MAX_LANES {
+        return err("sampler.lanes", format!("{} is more than {MAX_LANES}", sampler.lanes));
+    }
+    if sampler.shuffle_buffer > MAX_SHUFFLE_BUFFER {
+        return err("sampler.shuffle_buffer", format!("{} samples is more than {MAX_SHUFFLE_BUFFER}", sampler.shuffle_buffer));
+    }
     let resume = resumed_epoch(spec, num_samples)?;
     // A mixture shuffles itself (per block, per source): the plan keeps
     // the stream's order, so index = position in the epoch.
@@ -618,7 +650,9 @@ pub fn plan(spec: &JobSpec) -> Result<Plan, SpecError> {
         drop_last: sampler.drop_last,
         epochs: spec.epochs,
         shards,
-        shuffle_within_shards: sampler.block_shuffle,
+        shuffle_within_shards: sampler.block_shuffle || sampler.shuffle_buffer > 0,
+        shuffle_window: u64::from(sampler.shuffle_buffer),
+        lanes: sampler.lanes,
         resume: resume.map(std::sync::Arc::new),
     };
     if plan.batches_per_epoch() == 0 {

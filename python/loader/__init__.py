@@ -43,7 +43,7 @@ import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Optional, Union
 
-from . import _cache, _dataset, _native, _template
+from . import _cache, _dataset, _native, _stream, _template
 from ._mix import Mix
 from ._native import Batch, LoaderError, TensorView
 
@@ -116,6 +116,47 @@ def _size_ring(options: dict, dataset: Any, batch_size: int, workers: int, colla
         window, slots, slot_bytes = ring
         options["ring"] = (slots, slot_bytes)
         options.setdefault("prefetch", window)
+
+
+def _stream_view(
+    dataset: Any, workers: int, settings: dict, shuffle_buffer: Optional[int], context: Any, threads: int, ready_timeout: float
+) -> "_stream.StreamView":
+    """An iterable dataset as ``Loader.local`` reads it: its shards, counted
+    by a loader of this process's own (``batch_size=1`` over the shard
+    counter, one sample per shard) unless the dataset gives their lengths."""
+    if shuffle_buffer is None:
+        window = _stream.DEFAULT_SHUFFLE_BUFFER if settings["shuffle"] else 0
+    else:
+        window = int(shuffle_buffer)
+        if window < 0:
+            raise ValueError(f"shuffle_buffer must be 0 or more samples, not {window}")
+        if window and not settings["shuffle"]:
+            raise TypeError("shuffle_buffer: give shuffle=True too (a buffer only shuffles)")
+    try:
+        shards = _stream.Shards(dataset, workers)
+
+        def count(counter: "_stream.ShardCounter", n: int) -> list:
+            # A ring sized here: sizing it from sample 0 would count a
+            # shard in this process.
+            with Loader.local(
+                counter, workers=max(1, min(workers, n)), batch_size=1, seed_rngs=False,
+                multiprocessing_context=context, worker_threads=threads, ready_timeout=ready_timeout,
+                ring=(32, 4096),
+            ) as counting:
+                return [int(x) for batch in counting for x in _numpy().asarray(batch).reshape(-1)]
+
+        lengths = _stream.count_lengths(shards, count)
+    except _stream.StreamError as e:
+        raise ValueError(f"the iterable dataset cannot be read as shards: {e}") from None
+    except LoaderError as e:
+        raise LoaderError(f"counting the iterable dataset's shards: {e}") from None
+    return _stream.StreamView(shards, lengths, window, settings["seed"], settings["seed_rngs"])
+
+
+def _numpy() -> Any:
+    import numpy
+
+    return numpy
 
 
 def _worker_command(threads: int) -> list[str]:
@@ -275,6 +316,7 @@ class Loader:
         multiprocessing_context: Any = None,
         cache: Any = None,
         cache_dir: Optional[str] = None,
+        shuffle_buffer: Optional[int] = None,
         **options: Unpack[LoaderOptions],
     ) -> "Loader":
         """A loader over ``workers`` local worker processes and a coordinator
@@ -329,6 +371,19 @@ class Loader:
         them at once (its socket to this process closes), and a spawned
         worker stops when its lease expires (a few seconds).
 
+        An iterable-style dataset (``torch.utils.data.IterableDataset``, a
+        Hugging Face ``IterableDataset``, anything with ``__iter__`` and no
+        ``__getitem__``) is read as shards (``loader._stream``): its own
+        (``__loader_shards__``/``__loader_shard__``), its files (Hugging
+        Face), or, for a dataset written for DataLoader, what ``iter()``
+        yields in each of ``workers`` workers under
+        ``get_worker_info()``. Loader counts each shard once at the start
+        (in the workers; ``__loader_shard_lengths__`` spares it) and then
+        delivers every sample once per epoch, exactly once across worker
+        deaths and resumes. ``shuffle`` shuffles the shards' order each
+        epoch and the samples within windows of ``shuffle_buffer`` samples
+        (default 1000 with ``shuffle``; 0 keeps each shard's order).
+
         ``cache`` (a dataset only; default None, no cache): keep the
         deterministic half of each sample across epochs, so later epochs
         run only the random half, with the same results: ``True`` (up to a
@@ -368,6 +423,8 @@ class Loader:
         cache_bytes = _cache.budget(cache)
         if cache_bytes is None and cache_dir is not None:
             raise TypeError("cache_dir: give cache= too (the budget)")
+        if shuffle_buffer is not None and not _dataset.is_iterable_dataset(job):
+            raise TypeError("shuffle_buffer: only for an iterable dataset (a map-style one shuffles whole)")
         if cache_bytes is not None and not _dataset.is_dataset(job):
             raise TypeError("cache: only for a dataset (a job spec's built-in datasets have their own pipelines)")
         sample_cache = None
@@ -403,10 +460,12 @@ class Loader:
                 # Python one's (plus the source field, in the margin).
                 _size_ring(options, python[0], job["batch_size"], workers, None)
         elif _dataset.is_iterable_dataset(job):
-            raise TypeError(
-                "an IterableDataset is not supported yet: Loader.local takes a "
-                "map-style dataset (__len__ and __getitem__)"
-            )
+            view = _stream_view(job, workers, settings, shuffle_buffer, multiprocessing_context, threads, ready_timeout)
+            job = _dataset.job_spec(view, **settings, collate_fn=collate_fn, worker_init_fn=worker_init_fn, num_workers=workers)
+            job["dataset"]["python"]["shard_samples"] = view.lengths
+            job["sampler"]["lanes"] = int(workers)
+            job["sampler"]["shuffle_buffer"] = view.window
+            _size_ring(options, view, job["batch_size"], workers, collate_fn)
         else:
             given = [k for k, v in dataset_args.items() if v is not None]
             if collate_fn is not None:

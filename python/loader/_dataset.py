@@ -39,17 +39,24 @@ DATASET_NAME = "python"
 
 def is_dataset(obj: Any) -> bool:
     """True for a map-style dataset (``__len__`` and ``__getitem__``), as
-    opposed to a job spec (a dict, a path, spec text)."""
+    opposed to a job spec (a dict, a path, spec text) or an iterable one."""
     if isinstance(obj, (Mapping, str, bytes)) or hasattr(obj, "__fspath__"):
         return False
-    return hasattr(obj, "__getitem__") and hasattr(obj, "__len__")
+    return hasattr(obj, "__getitem__") and hasattr(obj, "__len__") and not is_iterable_dataset(obj)
 
 
 def is_iterable_dataset(obj: Any) -> bool:
-    """True for an iterable-style dataset (``__iter__``, no
-    ``__getitem__``), which Loader does not run yet."""
+    """True for an iterable-style dataset: a torch ``IterableDataset``
+    (which inherits a ``__getitem__`` that raises), a Hugging Face
+    ``IterableDataset``, or anything with ``__iter__`` and no
+    ``__getitem__``; ``loader._stream`` reads it as shards."""
     if isinstance(obj, (Mapping, str, bytes)) or hasattr(obj, "__fspath__"):
         return False
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.utils.data.IterableDataset):
+        return True
+    if any(c.__module__.startswith("datasets.") and c.__name__ == "IterableDataset" for c in type(obj).__mro__):
+        return True
     return hasattr(obj, "__iter__") and not hasattr(obj, "__getitem__")
 
 
@@ -392,7 +399,48 @@ def fill_num_samples(job: Any) -> Any:
         return job
     dataset = make_from_factory(python["factory"], python.get("args") or {})
     job = dict(job)
+    if is_iterable_dataset(dataset):
+        return _stream_spec(job, python, dataset)
     job["dataset"] = {"python": {**python, "num_samples": len(dataset)}}
+    return job
+
+
+def _stream_spec(job: dict, python: Mapping, dataset: Any) -> dict:
+    """A deployment's spec whose factory makes an iterable dataset: the
+    shards counted here, and the workers' factory ``loader._stream``'s,
+    which opens the same dataset as a view over them. The sampler reads
+    ``sampler.lanes`` lanes (default: up to 8, one per shard); a dataset
+    split by ``get_worker_info()`` is split that many ways."""
+    from . import _stream
+
+    sampler = dict(job.get("sampler") or {})
+    shards = _stream.Shards(dataset, int(sampler.get("lanes") or 1))
+    sampler.setdefault("lanes", min(shards.count, 8))
+    shuffle = bool(sampler.get("shuffle"))
+    window = int(sampler.get("shuffle_buffer", _stream.DEFAULT_SHUFFLE_BUFFER if shuffle else 0))
+    sampler["shuffle_buffer"] = window if shuffle else 0
+    try:
+        lengths = _stream.counted_in_process(shards)
+    except _stream.StreamError as e:
+        raise ValueError(f"dataset.python: the iterable dataset cannot be read as shards: {e}") from None
+    args = {
+        "factory": python["factory"],
+        "args": dict(python.get("args") or {}),
+        "lengths": lengths,
+        "num_workers": shards.num_workers,
+        "shuffle_buffer": sampler["shuffle_buffer"],
+        "seed": int(sampler.get("seed", 0)),
+    }
+    job["sampler"] = sampler
+    job["dataset"] = {
+        "python": {
+            **{k: v for k, v in python.items() if k not in ("factory", "args")},
+            "factory": "loader._stream:from_factory",
+            "args": args,
+            "num_samples": sum(lengths),
+            "shard_samples": lengths,
+        }
+    }
     return job
 
 

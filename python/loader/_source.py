@@ -101,6 +101,11 @@ class Source:
         else:
             raise ValueError("dataset.python: give `factory` (package.module:function), `pickle_file` or `pickle`")
         _set_worker_info(self._dataset, settings)
+        #: A stream's view (``loader._stream``): read a batch at a time,
+        #: its iterators seeded per shard rather than per sample.
+        self._stream = bool(getattr(self._dataset, "__loader_stream__", False))
+        if self._stream:
+            seed_rngs = False
         if "worker_init_pickle_file" in params:
             worker_init_fn = _unpickle(params, "worker_init_pickle")
             worker_init_fn(worker_id())
@@ -138,6 +143,18 @@ class Source:
     def tensors(self) -> list[tuple[str, str, list[int]]]:
         """``(name, dtype, shape)`` of each leaf, from the first sample that
         reads without an exception (of the first few; read with seed 0)."""
+        schema = getattr(self._dataset, "__loader_schema_sample__", None)
+        if schema is not None:
+            # Loader's own datasets (a stream's shard counter), whose
+            # samples cost a pass over a shard each.
+            sample = schema()
+            leaves = self._leaves(sample)
+            self._first = 0
+            self._schema_sample = sample
+            self._paths = [path for path, _, _ in leaves]
+            self._names = [json.dumps(path) for path in self._paths]
+            self._schema = [(path, dtype, a.shape) for path, a, dtype in leaves]
+            return [(name, dtype, list(a.shape)) for name, (_, a, dtype) in zip(self._names, leaves)]
         leaves = None
         for first in range(min(len(self._dataset), _SCHEMA_TRIES)):
             try:
@@ -174,7 +191,7 @@ class Source:
                 sys.modules["torch"].set_num_threads(threads)
             self._torch_threads = True
 
-    def read_batch(self, indices: list, seeds: list) -> Iterator[Any]:
+    def read_batch(self, indices: list, seeds: list, epoch: int = 0) -> Iterator[Any]:
         """The samples ``indices`` of one batch, one at a time as
         ``__getitem__`` returns them (so the worker writes each into the
         batch before the next is made, and large samples do not pile up),
@@ -185,6 +202,9 @@ class Source:
         ``loader._rngs`` says: when the batch must be read again seeded,
         ``RESTART`` comes first and then every sample again."""
         self._torch_one_thread()
+        if self._stream:
+            yield from self._dataset.read_batch(indices, epoch)
+            return
         seed = self._rngs.begin(len(indices))
         many = self._fetch_many(indices) if seed is None else None
         if many is not None:
@@ -253,11 +273,16 @@ class Source:
         """The sample ``tensors()`` took the schema from."""
         return self._schema_sample
 
-    def read(self, index: int, sample_seed: int) -> list:
+    def read(self, index: int, sample_seed: int, epoch: int = 0) -> list:
         """The leaves of sample ``index`` as C-contiguous byte memoryviews,
         in the order of ``tensors()``. An exception of ``__getitem__``
         propagates (the worker applies the job's corrupt policy); a sample
         that does not match sample 0 raises ``SampleError``."""
+        if self._stream:
+            sample = next(iter(self._dataset.read_batch([index], epoch)))
+            if isinstance(sample, Raised):
+                raise ValueError(sample.reason)
+            return self.convert(index, sample)
         return self.convert(index, self._get(index, sample_seed))
 
     def convert(self, index: int, sample: Any) -> list:

@@ -92,7 +92,7 @@ impl PythonDataset {
 
     /// Reads sample `key.index` into `rows`, with the GIL held.
     fn read_in(&self, py: Python<'_>, key: SampleKey, rows: &mut [&mut [u8]]) -> Result<(), DatasetError> {
-        let leaves = match self.source.bind(py).call_method1("read", (key.index, sample_seed(key))) {
+        let leaves = match self.source.bind(py).call_method1("read", (key.index, sample_seed(key), key.epoch)) {
             Ok(leaves) => leaves,
             Err(e) => return Err(self.failed(py, &e, key.index)),
         };
@@ -198,10 +198,11 @@ impl PythonDataset {
         let first = keys.first().map_or(0, |k| k.index);
         let indices: Vec<u64> = keys.iter().map(|k| k.index).collect();
         let seeds: Vec<u64> = keys.iter().map(|&k| sample_seed(k)).collect();
+        let epoch = keys.first().map_or(0, |k| k.epoch);
         let samples = self
             .source
             .bind(py)
-            .call_method1("read_batch", (indices, seeds))
+            .call_method1("read_batch", (indices, seeds, epoch))
             .and_then(|r| r.try_iter())
             .map_err(|e| self.failed(py, &e, first))?;
         let mut pos = 0;

@@ -238,6 +238,7 @@ mod tests {
                     name: "python".into(),
                     num_samples: 1,
                     params: HashMap::from([("args".to_owned(), "{}".to_owned())]),
+                    ..Default::default()
                 })),
             }),
             ..Default::default()

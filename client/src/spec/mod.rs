@@ -165,6 +165,7 @@ pub fn custom<K: Into<String>, V: Into<String>>(
             .into_iter()
             .map(|(k, v)| (k.into(), v.into()))
             .collect(),
+        ..Default::default()
     }))
 }
 

@@ -132,7 +132,7 @@ mod tests {
 
     #[test]
     fn jitter_is_a_function_of_the_key() {
-        let spec = CustomSpec { name: "noisy_squares".into(), num_samples: 10, params: Default::default() };
+        let spec = CustomSpec { name: "noisy_squares".into(), num_samples: 10, ..Default::default() };
         let squares: Arc<dyn Dataset> = Arc::new(Squares::open(&spec).expect("open"));
         let noisy = Transformed::new(squares, vec![Arc::new(Jitter)]).expect("checked");
         let read = |key: SampleKey| {
