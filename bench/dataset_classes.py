@@ -93,3 +93,89 @@ class ImageNetPaths:
     def __getitem__(self, i: int):
         path, target = self.samples[i]
         return np.full(16, len(path) + target, dtype=np.float32), target
+
+
+def _torch_iterable():
+    from torch.utils.data import IterableDataset
+
+    return IterableDataset
+
+
+def _worker_split(items: list) -> list:
+    """The items of this DataLoader worker (every one outside a worker)."""
+    from torch.utils.data import get_worker_info
+
+    info = get_worker_info()
+    return items if info is None else items[info.id :: info.num_workers]
+
+
+class TokenStream(_torch_iterable()):
+    """A token stream as LM training scripts write it: .npy files of token
+    ids, each worker reads its files (``get_worker_info()``) and yields
+    windows of ``seq + 1`` ids. ``shards=True`` adds Loader's shard
+    protocol (one file a shard: two methods, the lengths left to Loader
+    to count)."""
+
+    def __init__(self, files: list, seq: int = 2048) -> None:
+        self.files = list(files)
+        self.seq = seq
+
+    def _read(self, path: str):
+        tokens = np.load(path, mmap_mode="r")
+        for start in range(0, len(tokens) - self.seq, self.seq):
+            yield np.array(tokens[start : start + self.seq + 1], dtype=np.int64)
+
+    def __iter__(self):
+        for path in _worker_split(self.files):
+            yield from self._read(path)
+
+
+class ShardedTokenStream(TokenStream):
+    """TokenStream with Loader's shard protocol: one file a shard."""
+
+    def __loader_shards__(self) -> int:
+        return len(self.files)
+
+    def __loader_shard__(self, i: int):
+        return self._read(self.files[i])
+
+
+class ImageStream(_torch_iterable()):
+    """A webdataset-style image stream: shards (lists of JPEG files) split
+    by worker, each image decoded and augmented in the iterator
+    (RandomResizedCrop(224), RandomHorizontalFlip, ToTensor), with its
+    label. It gives Loader its shards and their lengths (a shard's file
+    list is its length): nothing to count."""
+
+    def __init__(self, root: str, shards: int = 16) -> None:
+        files = ImageFiles(root).files
+        self.shards = [files[i::shards] for i in range(shards)]
+        self._transform = None
+
+    def __getstate__(self):
+        return {"shards": self.shards, "_transform": None}
+
+    def _read(self, shard: list):
+        from PIL import Image
+
+        if self._transform is None:
+            from torchvision import transforms as T
+
+            self._transform = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor()])
+        for path, label in shard:
+            with Image.open(path) as im:
+                image = im.convert("RGB")
+            yield self._transform(image), label
+
+    def __iter__(self):
+        for shard in _worker_split(self.shards):
+            yield from self._read(shard)
+
+    def __loader_shards__(self) -> int:
+        return len(self.shards)
+
+    def __loader_shard__(self, i: int):
+        return self._read(self.shards[i])
+
+    def __loader_shard_lengths__(self) -> list:
+        return [len(s) for s in self.shards]

@@ -86,7 +86,7 @@ import torch  # noqa: E402
 # worker process: noise in the table (inherited by the forked workers).
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 
-from dataset_classes import ImageFiles, Rows  # noqa: E402
+from dataset_classes import ImageFiles, ImageStream, Rows, ShardedTokenStream, TokenStream  # noqa: E402
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -96,6 +96,7 @@ SCENARIOS = [
     "images", "small",
     "tv-uint8", "tv-float", "tv-uint8-cache", "tv-float-cache",
     "hf-tokens-numpy", "hf-tokens-torch", "hf-tabular-numpy", "hf-tabular-torch",
+    "stream-tokens", "stream-tokens-sharded", "stream-images",
     "first-batch",
 ]
 GROUPS = {
@@ -104,6 +105,7 @@ GROUPS = {
     "hf": ["hf-tokens-numpy", "hf-tokens-torch", "hf-tabular-numpy", "hf-tabular-torch"],
     "hf-tokens": ["hf-tokens-numpy", "hf-tokens-torch"],
     "hf-tabular": ["hf-tabular-numpy", "hf-tabular-torch"],
+    "stream": ["stream-tokens", "stream-tokens-sharded", "stream-images"],
 }
 
 
@@ -162,8 +164,11 @@ def tree_cpu() -> dict[int, float]:
 def run_torch(dataset, batch_size, workers, epochs, persistent=True) -> tuple[float, float, float]:
     cpu = tree_cpu()
     constructed = time.perf_counter()
+    # An IterableDataset takes no shuffle (DataLoader refuses it): its
+    # order is its own.
+    iterable = isinstance(dataset, torch.utils.data.IterableDataset)
     dl = torch.utils.data.DataLoader(
-        dataset, batch_size=batch_size, shuffle=True, num_workers=workers,
+        dataset, batch_size=batch_size, shuffle=None if iterable else True, num_workers=workers,
         persistent_workers=persistent, drop_last=False,
     )
     try:
@@ -205,6 +210,21 @@ def _time(dl, epochs, set_epoch, constructed, cpu) -> tuple[float, float, float]
 
 
 # -- the datasets -------------------------------------------------------------
+
+
+def token_files(count: int, tokens: int) -> list:
+    """``count`` .npy files of ``tokens`` random int32 ids each, in
+    bench/data/ (made on first use)."""
+    out = []
+    directory = HERE / "data" / f"token-files-{count}x{tokens}"
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for i in range(count):
+        path = directory / f"tokens-{i:03}.npy"
+        if not path.exists():
+            np.save(path, rng.integers(0, 50_000, tokens, dtype=np.int32))
+        out.append(str(path))
+    return out
 
 
 def rows_file(n: int) -> str:
@@ -397,6 +417,18 @@ def scenarios(names: list[str], args):
             yield (f"HF datasets load_from_disk: {args.hf_rows} x 2048 int64 tokens + label, "
                    f'with_format("{fmt}"), batch 64',
                    lambda fmt=fmt: hf_dataset("tokens", args.hf_rows, fmt), 64, {})
+        elif name in ("stream-tokens", "stream-tokens-sharded"):
+            files = lambda: token_files(args.token_files, args.file_tokens)  # noqa: E731
+            if name == "stream-tokens":
+                yield (f"IterableDataset: {args.token_files} .npy token files split by get_worker_info(), "
+                       f"windows of 2049 int64, batch 64", lambda: TokenStream(files()), 64, {"shuffle_buffer": 0})
+            else:
+                yield ("the same with Loader's shard protocol (a file a shard, lengths counted by Loader)",
+                       lambda: ShardedTokenStream(files()), 64, {"shuffle_buffer": 0})
+        elif name == "stream-images":
+            yield ("IterableDataset: 16 shards of JPEGs, PIL + RandomResizedCrop(224) + flip + ToTensor "
+                   "in the iterator, shards and lengths given, batch 64",
+                   lambda: ImageStream(args.images), 64, {"shuffle_buffer": 0})
         elif name.startswith("hf-tabular-"):
             fmt = name.rsplit("-", 1)[1]
             yield (f"HF datasets load_from_disk: {args.hf_tabular_rows} x 64 float32 features + label, "
@@ -410,6 +442,8 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=200_000, help="samples of the small-sample dataset")
     p.add_argument("--hf-rows", type=int, default=20_000, help="rows of the HF token dataset")
     p.add_argument("--hf-tabular-rows", type=int, default=100_000, help="rows of the HF tabular dataset")
+    p.add_argument("--token-files", type=int, default=16, help="files of the token streams")
+    p.add_argument("--file-tokens", type=int, default=1_000_000, help="tokens per file of the token streams")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--first-batch-repeats", type=int, default=5)
@@ -434,7 +468,7 @@ def main() -> None:
     # 0.29 after a full search of sys.path: a per-row cost a text-training
     # script does not have (run `--only hf` on its own).
     versions = [f"torch={torch.__version__}"]
-    if any(n in ("images", "first-batch") or n.startswith("tv-") for n in names):
+    if any(n in ("images", "first-batch", "stream-images") or n.startswith("tv-") for n in names):
         import torchvision
 
         versions.append(f"torchvision={torchvision.__version__}")

@@ -262,7 +262,7 @@ class Loader:
         world_size: Optional[int] = None,
         **options: Unpack[LoaderOptions],
     ) -> None:
-        job = _dataset.fill_num_samples(job)
+        job = _dataset.fill_num_samples(job, world_size)
         spec = _spec_bytes(job)
         checked = _options_json(options)
 

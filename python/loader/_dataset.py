@@ -389,7 +389,7 @@ def _numpy() -> Any:
     return numpy
 
 
-def fill_num_samples(job: Any) -> Any:
+def fill_num_samples(job: Any, consumers: Optional[int] = None) -> Any:
     """A dict spec with a ``python`` factory dataset and no
     ``num_samples``: the factory's dataset, built here once, says how many."""
     if not isinstance(job, Mapping):
@@ -400,18 +400,18 @@ def fill_num_samples(job: Any) -> Any:
     dataset = make_from_factory(python["factory"], python.get("args") or {})
     job = dict(job)
     if is_iterable_dataset(dataset):
-        return _stream_spec(job, python, dataset)
+        return _stream_spec(job, python, dataset, consumers or int(job.get("consumers") or 1))
     job["dataset"] = {"python": {**python, "num_samples": len(dataset)}}
     return job
 
 
-def _stream_spec(job: dict, python: Mapping, dataset: Any) -> dict:
+def _stream_spec(job: dict, python: Mapping, dataset: Any, consumers: int) -> dict:
     """A deployment's spec whose factory makes an iterable dataset: the
     shards counted here, and the workers' factory ``loader._stream``'s,
     which opens the same dataset as a view over them. The sampler reads
     ``sampler.lanes`` lanes (default: up to 8, one per shard); a dataset
     split by ``get_worker_info()`` is split that many ways."""
-    from . import _stream
+    from . import _native, _stream
 
     sampler = dict(job.get("sampler") or {})
     shards = _stream.Shards(dataset, int(sampler.get("lanes") or 1))
@@ -430,6 +430,8 @@ def _stream_spec(job: dict, python: Mapping, dataset: Any) -> dict:
         "num_workers": shards.num_workers,
         "shuffle_buffer": sampler["shuffle_buffer"],
         "seed": int(sampler.get("seed", 0)),
+        # The ranks' samples of a lane's turn, which one worker reads.
+        "keep_ahead": _native.LANE_TURN * int(job.get("batch_size") or 1) * consumers if consumers > 1 else 0,
     }
     job["sampler"] = sampler
     job["dataset"] = {

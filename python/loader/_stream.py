@@ -210,7 +210,9 @@ class StreamView:
     #: ``loader._source`` reads a stream view through ``read_batch``.
     __loader_stream__ = True
 
-    def __init__(self, shards: Shards, lengths: Sequence[int], shuffle_buffer: int, seed: int, seed_rngs: bool) -> None:
+    def __init__(
+        self, shards: Shards, lengths: Sequence[int], shuffle_buffer: int, seed: int, seed_rngs: bool, keep_ahead: int = 0
+    ) -> None:
         self.shards = shards
         self.lengths = [int(n) for n in lengths]
         self.first = []
@@ -222,6 +224,11 @@ class StreamView:
         self.window = int(shuffle_buffer)
         self.seed = int(seed)
         self.seed_rngs = bool(seed_rngs)
+        #: Samples a cursor keeps when it reads past them: a shuffle
+        #: window's, and, for a job of several ranks, the other ranks'
+        #: samples of a lane's turn (a rank's batch takes every W-th
+        #: sample of it), which the same worker reads next.
+        self.keep = max(self.window, int(keep_ahead))
         self._cursors: OrderedDict[int, _Cursor] = OrderedDict()
         self._current: Optional[int] = None
 
@@ -271,19 +278,16 @@ class StreamView:
         if cursor.broken is not None:
             return Raised(cursor.broken)
         self._switch(shard, cursor)
-        window = self.window
-        if window:
-            # Samples of earlier windows are never asked for again here.
-            low = offset - offset % window
-            for k in [k for k in cursor.ahead if k < low]:
-                del cursor.ahead[k]
         self.shards.enter(shard)
-        it = cursor.it
+        it, ahead, keep = cursor.it, cursor.ahead, self.keep
         try:
             while cursor.next < offset:
                 sample = next(it)
-                if window and cursor.next // window == offset // window:
-                    cursor.ahead[cursor.next] = sample
+                if keep:
+                    # Offsets come in ascending: the first is the oldest.
+                    ahead[cursor.next] = sample
+                    if len(ahead) > keep:
+                        del ahead[next(iter(ahead))]
                 cursor.next += 1
             sample = next(it)
             cursor.next += 1
@@ -426,12 +430,14 @@ def count_lengths(shards: Shards, run: Callable[[ShardCounter, int], list[int]])
     return lengths
 
 
-def from_factory(factory: str, args: dict, lengths: list, num_workers: int, shuffle_buffer: int, seed: int, seed_rngs: bool = True) -> StreamView:
+def from_factory(
+    factory: str, args: dict, lengths: list, num_workers: int, shuffle_buffer: int, seed: int, seed_rngs: bool = True, keep_ahead: int = 0
+) -> StreamView:
     """A deployment's stream (``python: {factory: ...}`` making an
     iterable dataset), as the SDK rewrote its spec: the factory's dataset
     with the lengths the trainer counted."""
     shards = Shards(make_from_factory(factory, args), num_workers)
-    return StreamView(shards, lengths, shuffle_buffer, seed, seed_rngs)
+    return StreamView(shards, lengths, shuffle_buffer, seed, seed_rngs, keep_ahead)
 
 
 def counted_in_process(shards: Shards) -> list[int]:

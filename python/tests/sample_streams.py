@@ -65,6 +65,25 @@ class CountedShardy(Shardy):
         return list(self.sizes)
 
 
+class LoggedShardy(Shardy):
+    """CountedShardy that logs every sample its iterators yield to a file
+    (each worker appends), and cannot seek: what Loader reads to skip
+    shows."""
+
+    def __init__(self, log: str, **kw) -> None:
+        super().__init__(**kw)
+        self.log = log
+
+    def __loader_shard__(self, i: int):
+        for sample in super().__loader_shard__(i):
+            with open(self.log, "a") as f:
+                f.write(f"{int(sample['id'])}\n")
+            yield sample
+
+    def __loader_shard_lengths__(self):
+        return list(self.sizes)
+
+
 class SeekingShardy(Shardy):
     """Shardy that starts a shard where Loader asks (`start`), and counts
     in a file how many samples it yielded in all (to show no skip reads)."""

@@ -540,12 +540,11 @@ impl Coordinator {
                     // credits: they may exceed the limit, by at most the
                     // limit again, so memory stays bounded.
                     let extra = (2 * window).saturating_sub(held);
-                    ranges.extend(
-                        consumer
-                            .queue
-                            .take_returned(extra.min(range_len))
-                            .or_else(|| consumer.queue.take(room.min(range_len))),
-                    );
+                    let queue = &mut consumer.queue;
+                    ranges.extend(queue.take_returned(extra.min(range_len)).or_else(|| match job.lanes.as_mut() {
+                        Some(lanes) => lanes.take(&job.plan, queue, worker_id, room.min(range_len)),
+                        None => queue.take(room.min(range_len)),
+                    }));
                     if ranges.is_empty() {
                         continue;
                     }

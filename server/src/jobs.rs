@@ -7,6 +7,7 @@ use loader_proto::sampler::Plan;
 
 use crate::error::CoordinatorError;
 use crate::journal::{JournalError, JournaledJob};
+use crate::lanes::LaneHolders;
 use crate::range_queue::RangeQueue;
 
 /// What the coordinator tracks for one consumer (data-parallel rank).
@@ -71,6 +72,8 @@ pub(crate) struct JobState {
     pub(crate) deaths_before_delivery: u32,
     /// A resumed plan of the same name replaced it: no session opens on it.
     pub(crate) replaced: bool,
+    /// Which worker reads which lane, for a job read as lanes.
+    pub(crate) lanes: Option<LaneHolders>,
     /// The `job` span: from creation (or restore) until every consumer
     /// consumed its last batch or the job failed. Disabled (free) unless
     /// spans are exported.
@@ -210,6 +213,7 @@ impl JobTable {
         self.jobs.insert(job.job_id, JobState {
                 life,
                 job,
+                lanes: LaneHolders::new(&plan),
                 plan,
                 consumers,
                 error: None,

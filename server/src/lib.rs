@@ -40,6 +40,7 @@ mod jobs;
 mod journal;
 mod meters;
 mod pool;
+mod lanes;
 mod range_queue;
 mod service;
 mod sessions;

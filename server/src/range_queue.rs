@@ -6,21 +6,27 @@ use std::ops::Range;
 /// Sequence numbers `0..end` of one consumer, handed out lowest first in
 /// small ranges, so the batches the trainer needs next are produced first.
 /// Numbers given back (their worker's lease expired) go out again before
-/// anything new: the in-order stream is waiting for them.
+/// anything new: the in-order stream is waiting for them. A job read as
+/// lanes also hands out runs ahead of the lowest ([`take_run`]), so that a
+/// worker keeps to its lane.
+///
+/// [`take_run`]: RangeQueue::take_run
 #[derive(Debug, Clone)]
 pub(crate) struct RangeQueue {
-    /// First sequence number never handed out.
+    /// First sequence number never handed out, but for those in `ahead`.
     next: u64,
     /// One past the last sequence number of the consumer.
     end: u64,
     /// Sequence numbers given back, to hand out again first.
     returned: BTreeSet<u64>,
+    /// Sequence numbers above `next` handed out already.
+    ahead: BTreeSet<u64>,
 }
 
 impl RangeQueue {
     /// A queue whose numbers below `next` were consumed before a restart.
     pub(crate) fn starting_at(next: u64, end: u64) -> Self {
-        Self { next: next.min(end), end, returned: BTreeSet::new() }
+        Self { next: next.min(end), end, returned: BTreeSet::new(), ahead: BTreeSet::new() }
     }
 
     /// Nothing left to hand out: every number was handed out and none came
@@ -45,8 +51,9 @@ impl RangeQueue {
             return None;
         }
         let start = self.next;
-        self.next = (start + max).min(self.end);
-        Some(start..self.next)
+        // Up to the next run handed out ahead.
+        let stop = self.ahead.first().copied().unwrap_or(self.end);
+        self.take_run(start, max.min(stop - start))
     }
 
     /// Takes up to `max` consecutive given-back sequence numbers, if any.
@@ -54,15 +61,49 @@ impl RangeQueue {
         if self.returned.is_empty() { None } else { self.take(max) }
     }
 
+    /// Sequence numbers never handed out, lowest first, up to `limit` of
+    /// them (given-back ones are not among them: they go out first, to
+    /// anyone, through [`take`](Self::take)).
+    pub(crate) fn fresh(&self, limit: usize) -> impl Iterator<Item = u64> + '_ {
+        (self.next..self.end).filter(|s| !self.ahead.contains(s)).take(limit)
+    }
+
+    /// Takes `start..start + len` (each never handed out: from
+    /// [`fresh`](Self::fresh)), less what was handed out above `start`.
+    pub(crate) fn take_run(&mut self, start: u64, len: u64) -> Option<Range<u64>> {
+        if start < self.next || start >= self.end || len == 0 || self.ahead.contains(&start) {
+            return None;
+        }
+        let mut stop = start;
+        while stop - start < len && stop < self.end && !self.ahead.contains(&stop) {
+            stop += 1;
+        }
+        if start == self.next {
+            self.next = stop;
+            while self.ahead.remove(&self.next) {
+                self.next += 1;
+            }
+        } else {
+            self.ahead.extend(start..stop);
+        }
+        Some(start..stop)
+    }
+
     /// Gives handed-out sequence numbers back, to be handed out again.
     pub(crate) fn give_back(&mut self, seqs: impl IntoIterator<Item = u64>) {
-        let next = self.next;
-        self.returned.extend(seqs.into_iter().filter(|&s| s < next));
+        for s in seqs {
+            if s < self.next {
+                self.returned.insert(s);
+            } else {
+                // Handed out ahead: fresh again.
+                self.ahead.remove(&s);
+            }
+        }
     }
 
     /// Number of sequence numbers handed out and not given back.
     pub(crate) fn handed_out(&self) -> u64 {
-        self.next - self.returned.len() as u64
+        self.next - self.returned.len() as u64 + self.ahead.len() as u64
     }
 }
 
@@ -96,6 +137,32 @@ mod tests {
         q.give_back([7]);
         assert!(!q.is_empty(), "a number given back is to hand out again");
         assert_eq!(q.take(5), Some(7..8));
+        assert!(q.is_empty());
+    }
+}
+
+#[cfg(test)]
+mod ahead_tests {
+    use super::*;
+
+    #[test]
+    fn runs_taken_ahead_are_skipped_and_come_back_fresh() {
+        let mut q = RangeQueue::starting_at(0, 12);
+        assert_eq!(q.take_run(4, 4), Some(4..8));
+        assert_eq!(q.take_run(5, 1), None, "taken");
+        assert_eq!(q.fresh(6).collect::<Vec<_>>(), vec![0, 1, 2, 3, 8, 9]);
+        assert_eq!(q.take(10), Some(0..4), "the lowest run stops at the one taken ahead");
+        assert_eq!(q.handed_out(), 8);
+        assert_eq!(q.take(10), Some(8..12), "past it");
+        assert!(q.is_empty());
+        let mut q = RangeQueue::starting_at(0, 12);
+        assert_eq!(q.take_run(4, 4), Some(4..8));
+        q.give_back([5, 6]);
+        assert_eq!(q.handed_out(), 2);
+        assert_eq!(q.take(3), Some(0..3));
+        assert_eq!(q.take(9), Some(3..4));
+        assert_eq!(q.take(9), Some(5..7), "given back ahead: fresh again");
+        assert_eq!(q.take(9), Some(8..12));
         assert!(q.is_empty());
     }
 }

@@ -44,6 +44,11 @@ fn give_back(jobs: &mut JobTable, key: ConsumerKey, seqs: impl IntoIterator<Item
 /// the number of batches given back, or None when it is unknown.
 pub(super) fn retire(t: &mut Tables, worker_id: u64) -> Option<(String, usize)> {
     let w = t.workers.remove(worker_id)?;
+    for job in t.jobs.iter_mut() {
+        if let Some(lanes) = job.lanes.as_mut() {
+            lanes.forget(worker_id);
+        }
+    }
     let mut undelivered = 0;
     // Backups it was part of for consumers it holds nothing of (all it had
     // was sent): their re-sends may have nobody left to make them.
