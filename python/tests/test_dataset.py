@@ -254,15 +254,6 @@ def test_seed_rngs_false_serves_the_same_deterministic_samples():
     assert got == [list(range(s, s + 8)) for s in range(0, 40, 8)]
 
 
-def test_an_iterable_dataset_is_refused_in_one_line():
-    class Stream:
-        def __iter__(self):
-            return iter(range(3))
-
-    with pytest.raises(TypeError, match="IterableDataset is not supported yet"):
-        loader.Loader.local(Stream())
-
-
 def test_a_number_of_another_type_is_a_mismatch_not_a_reinterpretation():
     with loader.Loader.local(MixedNumbers(24, odd=5), workers=1, batch_size=4) as dl:
         with pytest.raises(loader.LoaderError) as e:
