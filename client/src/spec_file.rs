@@ -11,6 +11,8 @@
 //! batch_size: 64
 //! epochs: 1                                  # default 1
 //! sampler: {shuffle: true, seed: 0, drop_last: false}
+//!                                            # sharded datasets: lanes: 4 (read as 4 sequential
+//!                                            # streams), shuffle_buffer: 1000 (shuffle in windows)
 //! on_corrupt: skip                           # or fail (the default)
 //! ```
 //!

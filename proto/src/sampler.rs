@@ -27,6 +27,8 @@
 //! has fewer batches: they take the last sequence numbers of the epoch, so
 //! the job starts at [`Plan::first_seq`], like a job resumed mid-epoch.
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -210,14 +212,16 @@ impl Lanes {
         let mut shards = vec![Vec::new(); lanes];
         let mut starts = vec![vec![0u64]; lanes];
         let mut sizes = vec![0u64; lanes];
+        // The lane with the fewest samples, the lowest of equals, on top.
+        let mut fewest: BinaryHeap<Reverse<(u64, usize)>> = (0..lanes).map(|l| Reverse((0, l))).collect();
         for j in 0..perm.len() {
             let shard = perm.at(j);
             let size = shard_sizes.get(shard as usize).copied().unwrap_or(0);
-            // The lane with the fewest samples, the lowest of equals.
-            let (l, _) = sizes.iter().enumerate().min_by_key(|&(l, &n)| (n, l)).unwrap_or((0, &0));
+            let Some(Reverse((_, l))) = fewest.pop() else { break };
             shards[l].push(shard);
             sizes[l] = sizes[l].saturating_add(size);
             starts[l].push(sizes[l]);
+            fewest.push(Reverse((sizes[l], l)));
         }
         Self { shards, starts, sizes, chunk: chunk.max(1), shard_sizes, first, within }
     }

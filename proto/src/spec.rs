@@ -877,6 +877,32 @@ mod tests {
     }
 
     #[test]
+    fn a_custom_stream_plans_from_its_shard_counts_and_reads_lanes() {
+        use crate::pb::SamplerSpec;
+        let stream = |shard_samples: Vec<u64>, num_samples: u64| {
+            Kind::Custom(CustomSpec { name: "python".into(), num_samples, shard_samples, ..Default::default() })
+        };
+        let mut spec = with(stream(vec![5, 0, 7], 12), vec![]);
+        spec.sampler = Some(SamplerSpec { shuffle: true, lanes: 2, shuffle_buffer: 3, ..Default::default() });
+        let p = plan(&spec).expect("a stream");
+        assert_eq!((p.shards.as_deref(), p.lanes, p.shuffle_window, p.shuffle_within_shards), (Some(&[5u64, 0, 7][..]), 2, 3, true));
+        let e = plan(&JobSpec { dataset: with(stream(vec![5, 0, 6], 12), vec![]).dataset, ..spec.clone() }).expect_err("counts");
+        assert_eq!(e.to_string(), "invalid job spec: dataset.custom.shard_samples: add up to 11, not num_samples 12");
+        for (sampler, field) in [
+            (SamplerSpec { lanes: 2, ..Default::default() }, "sampler.lanes"),
+            (SamplerSpec { shuffle: true, shuffle_buffer: 8, ..Default::default() }, "sampler.shuffle_buffer"),
+        ] {
+            let e = plan(&JobSpec { sampler: Some(sampler), ..synthetic() }).expect_err(field);
+            assert_eq!(
+                e.to_string(),
+                format!("invalid job spec: {field}: only for a sharded dataset (webdataset, a dataset with shard_samples, Parquet with block_shuffle), not synthetic")
+            );
+        }
+        let e = plan(&JobSpec { sampler: Some(SamplerSpec { lanes: MAX_LANES + 1, ..Default::default() }), ..spec.clone() }).expect_err("lanes");
+        assert_eq!(e.to_string(), format!("invalid job spec: sampler.lanes: {} is more than {MAX_LANES}", MAX_LANES + 1));
+    }
+
+    #[test]
     fn a_parquet_job_plans_from_its_filled_counts_and_block_shuffles_by_row_group() {
         use crate::pb::{ParquetFileRows, ParquetSpec, SamplerSpec};
         let filled = ParquetSpec {

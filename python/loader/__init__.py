@@ -138,12 +138,17 @@ def _stream_view(
         def count(counter: "_stream.ShardCounter", n: int) -> list:
             # A ring sized here: sizing it from sample 0 would count a
             # shard in this process.
-            with Loader.local(
+            counting = Loader.local(
                 counter, workers=max(1, min(workers, n)), batch_size=1, seed_rngs=False,
                 multiprocessing_context=context, worker_threads=threads, ready_timeout=ready_timeout,
                 ring=(32, 4096),
-            ) as counting:
+            )
+            try:
                 return [int(x) for batch in counting for x in _numpy().asarray(batch).reshape(-1)]
+            finally:
+                # Its workers take ~0.1 s to stop: the job's loader starts
+                # meanwhile (closing is idempotent; exit closes it anyway).
+                threading.Thread(target=counting.close, name="loader-count-close", daemon=True).start()
 
         lengths = _stream.count_lengths(shards, count)
     except _stream.StreamError as e:

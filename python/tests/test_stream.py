@@ -1,5 +1,5 @@
 """Iterable datasets through Loader (``loader._stream``): a stream in 7
-uneven shards on 1 and 3 workers and on 2 ranks of a deployment, every
+uneven shards on 1 and 3 workers and on 3 ranks of a deployment, every
 sample once per epoch and equal batch counts per rank; a worker SIGKILLed
 mid-shard; a resume mid-epoch on another number of workers; a dataset
 written for DataLoader that splits itself by ``get_worker_info()``; a
@@ -186,7 +186,7 @@ def test_a_hugging_face_iterable_dataset_over_parquet_files(tmp_path):
 
 
 @pytest.mark.skipif(not SERVER.exists(), reason=f"no loader-server at {SERVER} (cargo build --workspace builds it)")
-def test_two_ranks_of_a_deployment_get_equal_batches_and_every_sample_once():
+def test_three_ranks_of_a_deployment_get_equal_batches_and_every_sample_once():
     server = subprocess.Popen(
         [str(SERVER), "--listen", "127.0.0.1:0", "--lease-ttl-ms", "3000"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
@@ -210,16 +210,16 @@ def test_two_ranks_of_a_deployment_get_equal_batches_and_every_sample_once():
             "sampler": {"shuffle": True, "seed": 3, "lanes": 3},
         }
         per_rank = []
-        for rank in range(2):
-            with loader.Loader(url, spec, rank=rank, world_size=2, shared_memory=False, coordinator_timeout=60.0) as dl:
+        for rank in range(3):
+            with loader.Loader(url, spec, rank=rank, world_size=3, shared_memory=False, coordinator_timeout=60.0) as dl:
                 per_rank.append(epochs_of(dl, 2))
         for epoch in range(2):
             counts = [len(r[epoch]) for r in per_rank]
-            assert counts[0] == counts[1] == math.ceil(math.ceil(N / 2) / 4), counts
+            assert counts == [math.ceil(math.ceil(N / 3) / 4)] * 3, counts
             seen = collections.Counter(i for r in per_rank for b in r[epoch] for i in b)
             assert sorted(seen) == list(range(N)), f"epoch {epoch}"
-            # DistributedSampler's padding: one repeat when N is odd.
-            assert sum(seen.values()) == 2 * math.ceil(N / 2)
+            # DistributedSampler's padding: 83 samples on 3 ranks, one repeat.
+            assert sum(seen.values()) == 3 * math.ceil(N / 3)
     finally:
         for p in workers + [server]:
             p.kill()

@@ -447,3 +447,15 @@ fn an_empty_path_is_named_not_taken_for_the_spec_files_folder() {
         "spec: dataset.mix.sources[0].dataset.tokens.path: must name the token file"
     );
 }
+
+#[test]
+fn a_python_stream_carries_its_shard_counts_and_the_sampler_its_lanes() {
+    let spec = spec_of(
+        "dataset: {python: {factory: 'loader._stream:from_factory', num_samples: 9, shard_samples: [4, 0, 5]}}\nsampler: {shuffle: true, lanes: 3, shuffle_buffer: 100}\nbatch_size: 2\n",
+    );
+    match spec.dataset.and_then(|d| d.kind) {
+        Some(Kind::Custom(c)) => assert_eq!((c.num_samples, c.shard_samples), (9, vec![4, 0, 5])),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(spec.sampler.map(|s| (s.lanes, s.shuffle_buffer)), Some((3, 100)));
+}
