@@ -102,9 +102,6 @@ class Shards:
         else:
             self.count = self.num_workers
 
-    def __getstate__(self) -> dict:
-        return self.__dict__
-
     def lengths(self) -> Optional[list[int]]:
         """The lengths the dataset gives (``__loader_shard_lengths__``), or
         None: they are counted."""
