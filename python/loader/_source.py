@@ -147,25 +147,18 @@ class Source:
         if schema is not None:
             # Loader's own datasets (a stream's shard counter), whose
             # samples cost a pass over a shard each.
-            sample = schema()
-            leaves = self._leaves(sample)
-            self._first = 0
-            self._schema_sample = sample
-            self._paths = [path for path, _, _ in leaves]
-            self._names = [json.dumps(path) for path in self._paths]
-            self._schema = [(path, dtype, a.shape) for path, a, dtype in leaves]
-            return [(name, dtype, list(a.shape)) for name, (_, a, dtype) in zip(self._names, leaves)]
-        leaves = None
-        for first in range(min(len(self._dataset), _SCHEMA_TRIES)):
-            try:
-                sample = self._get(first, 0)
-            except Exception:
-                # That sample's own batch applies the corrupt policy to it.
-                if first + 1 == min(len(self._dataset), _SCHEMA_TRIES):
-                    raise
-                continue
-            leaves = self._leaves(sample)
-            break
+            sample, first = schema(), 0
+        else:
+            for first in range(min(len(self._dataset), _SCHEMA_TRIES)):
+                try:
+                    sample = self._get(first, 0)
+                except Exception:
+                    # That sample's own batch applies the corrupt policy to it.
+                    if first + 1 == min(len(self._dataset), _SCHEMA_TRIES):
+                        raise
+                    continue
+                break
+        leaves = self._leaves(sample)
         self._first = first
         self._schema_sample = sample
         self._paths = [path for path, _, _ in leaves]
