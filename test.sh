@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, as the README gives it and CI runs it:
 #   1. a Python virtualenv for the tests (numpy, pytest, Pillow, cloudpickle,
-#      pyarrow for the Parquet files, torch, torchvision) under
+#      pyarrow for the Parquet files, Hugging Face datasets for the
+#      streaming test, torch, torchvision) under
 #      target/test-venv, so the Pillow pixel-agreement test has
 #      its reference and the Python-dataset tests run against torch's
 #      default_collate instead of skipping (torch from PyPI, a few GB, once:
@@ -33,7 +34,7 @@ if [ ! -x "$venv/bin/python" ]; then
   mkdir -p "$root/target"
   python3 -m venv "$venv"
 fi
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check numpy pytest pillow cloudpickle pyarrow
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check numpy pytest pillow cloudpickle pyarrow datasets
 if ! "$venv/bin/python" -c 'import torch' >/dev/null 2>&1; then
   # No pip cache: torch and its CUDA libraries are ~3 GB that would sit
   # in ~/.cache/pip a second time (CI once ran out of disk).
