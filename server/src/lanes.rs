@@ -162,7 +162,7 @@ mod tests {
         assert_eq!(third, 8..9);
         holders.forget(1);
         assert!(holders.take(&p, &mut q, 3, 4).is_some());
-        assert_eq!(holders.holders.get(&3).copied(), Some(p.lane_of(&p.order(0), 0).unwrap()), "lane 0's next turn");
+        assert_eq!(holders.holders.get(&3).copied(), p.lane_of(&p.order(0), 0), "lane 0's next turn");
         assert!(LaneHolders::new(&plan(0)).is_none());
     }
 }

@@ -35,10 +35,11 @@ use tokio::sync::Notify;
 use crate::batch_spans::{BatchSpans, Transport};
 use crate::busy::BusyMeter;
 use crate::collate::{
-    BatchRules, CollateError, Skipped, collate_bytes, collate_into, layout, made_bytes, make, write_made,
+    BatchRules, CollateError, Collated, Skipped, collate_bytes, collate_into, layout, made_bytes, make, write_made,
 };
 use crate::blobs::{BlobError, BlobFetcher};
 use crate::dataset::{Dataset, DatasetError, Datasets};
+use crate::meters::ConsumerMeters;
 use crate::outbox::Outboxes;
 use crate::ring::{Rings, Route};
 use crate::window::Windows;
@@ -481,12 +482,8 @@ impl Shared {
                                 .in_scope(|| collate_into(&*dataset, &layout, &meta, &indices, rules, lease.bytes_mut())),
                         }
                         .map_err(|e| failed(seq, e))?;
-                        spans.made(indices.len(), &collated);
                         let took = started.elapsed() + making;
-                        timing.made(took, &self.windows, job.job_id);
-                        meters.made(took, collated.read);
-                        self.log_skipped(job.job_id, seq, &collated.skipped);
-                        meters.skipped(collated.skipped.len());
+                        self.made_batch(&spans, &mut timing, &meters, &meta, indices.len(), took, &collated);
                         let q = self.lock();
                         if q.generation != generation {
                             return Ok(());
@@ -519,12 +516,8 @@ impl Shared {
                 None => spans.produce().in_scope(|| collate_bytes(&*dataset, &layout, &meta, &indices, rules)),
             }
             .map_err(|e| failed(seq, e))?;
-            spans.made(indices.len(), &collated);
             let took = started.elapsed() + making;
-            timing.made(took, &self.windows, job.job_id);
-            meters.made(took, collated.read);
-            self.log_skipped(job.job_id, seq, &collated.skipped);
-            meters.skipped(collated.skipped.len());
+            self.made_batch(&spans, &mut timing, &meters, &meta, indices.len(), took, &collated);
             let q = self.lock();
             if q.generation != generation {
                 return Ok(());
@@ -536,6 +529,29 @@ impl Shared {
 }
 
 impl Shared {
+    /// What every batch made goes through, whichever way it is then
+    /// delivered (a ring slot or the gRPC outbox): its span, the task's
+    /// timing (the job's window learns from it), the consumer's meters and
+    /// the log of the samples it left out. `took`: making it, without any
+    /// wait for a ring slot.
+    #[allow(clippy::too_many_arguments)]
+    fn made_batch(
+        &self,
+        spans: &BatchSpans,
+        timing: &mut BatchTiming,
+        meters: &ConsumerMeters,
+        meta: &BatchMeta,
+        samples: usize,
+        took: Duration,
+        collated: &Collated,
+    ) {
+        spans.made(samples, collated);
+        timing.made(took, &self.windows, meta.job_id);
+        meters.made(took, collated.read);
+        self.log_skipped(meta.job_id, meta.seq, &collated.skipped);
+        meters.skipped(collated.skipped.len());
+    }
+
     /// Logs each skipped sample with its path, and counts it.
     fn log_skipped(&self, job_id: u64, seq: u64, skipped: &[Skipped]) {
         for s in skipped {
