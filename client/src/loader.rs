@@ -102,39 +102,10 @@ pub(crate) async fn open(
         ),
         None => None,
     };
-    // Batches in flight are counted in bytes (`loader_proto::window`):
-    // small batches get a long window, a ring of many small slots and
-    // as many stream credits, so hand-offs are paid per window.
-    let batch_bytes = crate::spec::batch_bytes(&spec);
-    let window = batch_bytes.map_or(options.prefetch, |b| loader_proto::window::batches(b, options.prefetch));
-    let mut ring = if options.shared_memory {
-        let config = RingConfig::from(options).sized_for(batch_bytes);
-        let geometry = config.geometry(window)?;
-        match Ring::bind(&config, geometry, window) {
-            Ok(ring) => Some(ring),
-            Err(e) => {
-                tracing::warn!("no shared-memory ring, every batch streams over gRPC: {e}");
-                None
-            }
-        }
-    } else {
-        None
-    };
+    let (mut ring, window) = bind_ring(&spec, options)?;
     // Before anything connects: a device that cannot be used is an error
     // (or, for `auto`, the host) before any batch is asked for.
-    let (stage, device_fallback) = match Backend::open(options.device, ring.as_ref().map(Ring::shared))? {
-        Opening::Staged(opened) => (
-            Some(PinStage::new(
-                opened.backend,
-                opened.device,
-                options.device_prefetch,
-                options.coordinator_timeout,
-            )?),
-            None,
-        ),
-        Opening::Host => (None, None),
-        Opening::FellBack(why) => (None, Some(why)),
-    };
+    let (stage, device_fallback) = open_stage(options, ring.as_ref())?;
     let socket = ring
         .as_ref()
         .and_then(|r| r.socket().to_str())
@@ -222,6 +193,42 @@ pub(crate) async fn open(
         cluster: None,
         #[cfg(feature = "embedded")]
         events: events_tx,
+    })
+}
+
+/// The shared-memory ring for `spec`'s batches and the window (batches in
+/// flight) they travel in; no ring with shared memory off, or when one
+/// cannot be made (every batch then streams over gRPC). Batches in flight
+/// are counted in bytes (`loader_proto::window`): small batches get a long
+/// window, a ring of many small slots and as many stream credits, so
+/// hand-offs are paid per window.
+fn bind_ring(spec: &JobSpec, options: &LoaderOptions) -> Result<(Option<Ring>, u32), LoaderError> {
+    let batch_bytes = crate::spec::batch_bytes(spec);
+    let window = batch_bytes.map_or(options.prefetch, |b| loader_proto::window::batches(b, options.prefetch));
+    if !options.shared_memory {
+        return Ok((None, window));
+    }
+    let config = RingConfig::from(options).sized_for(batch_bytes);
+    let geometry = config.geometry(window)?;
+    match Ring::bind(&config, geometry, window) {
+        Ok(ring) => Ok((Some(ring), window)),
+        Err(e) => {
+            tracing::warn!("no shared-memory ring, every batch streams over gRPC: {e}");
+            Ok((None, window))
+        }
+    }
+}
+
+/// The pin stage for `options.device` over `ring`'s memory, and why the
+/// device fell back to the host, if it did (`auto` without a usable GPU).
+fn open_stage(options: &LoaderOptions, ring: Option<&Ring>) -> Result<(Option<PinStage>, Option<String>), LoaderError> {
+    Ok(match Backend::open(options.device, ring.map(Ring::shared))? {
+        Opening::Staged(opened) => (
+            Some(PinStage::new(opened.backend, opened.device, options.device_prefetch, options.coordinator_timeout)?),
+            None,
+        ),
+        Opening::Host => (None, None),
+        Opening::FellBack(why) => (None, Some(why)),
     })
 }
 

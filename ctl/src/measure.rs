@@ -124,14 +124,7 @@ pub(super) fn consume_and_report(
     let mut dump = args.dump.as_deref().map(Dump::create).transpose()?;
     let mut checksum = args.checksum.as_deref().map(Dump::create).transpose()?;
     let device = loader.device();
-    if let Device::Cuda(_) = device {
-        let how = if loader.ring_registered() {
-            "the ring is registered with the driver: batches are DMA'd from their slots"
-        } else {
-            "batches are copied through pinned staging buffers"
-        };
-        eprintln!("device {device}: {how}");
-    }
+    announce_device(&loader);
     // A resumed loader starts part-way; the bar shows the whole job.
     let bar = progress_bar(loader.total_batches(), args.json);
     bar.set_position(loader.yielded());
@@ -227,33 +220,49 @@ pub(super) fn consume_and_report(
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
-        let from = report
-            .workers
-            .map(|w| format!(" from {w} workers"))
-            .unwrap_or_default();
-        // Only `run` hosts a coordinator whose share is worth naming.
-        let trainer = report
-            .trainer_cpu_us_per_batch
-            .filter(|_| report.workers.is_some())
-            .map(|t| format!(" ({t:.0} us without the embedded coordinator)"))
-            .unwrap_or_default();
-        let on = if device.is_staged() { format!(", landing on {device}") } else { String::new() };
-        println!(
-            "{} samples in {} batches ({:.1} MB){from} in {:.2} s over {} ({} through shared memory{on})\n\
-             {:.0} samples/s, {:.1} MB/s, first batch after {:.1} ms, {:.0} us of CPU per batch{trainer}",
-            report.samples,
-            report.batches,
-            report.bytes as f64 / 1e6,
-            report.seconds,
-            report.transport,
-            report.shm_batches,
-            report.samples_per_s,
-            report.mb_per_s,
-            report.first_batch_s * 1e3,
-            report.client_cpu_us_per_batch,
-        );
+        print_report(&report, device);
     }
     Ok(())
+}
+
+/// On a GPU, says how batches get there: DMA'd from their ring slots (the
+/// ring is registered with the driver) or through pinned staging buffers.
+fn announce_device(loader: &Loader) {
+    let device = loader.device();
+    if let Device::Cuda(_) = device {
+        let how = if loader.ring_registered() {
+            "the ring is registered with the driver: batches are DMA'd from their slots"
+        } else {
+            "batches are copied through pinned staging buffers"
+        };
+        eprintln!("device {device}: {how}");
+    }
+}
+
+/// The report as two lines for a terminal (`--json` prints it whole).
+fn print_report(report: &Report, device: Device) {
+    let from = report.workers.map(|w| format!(" from {w} workers")).unwrap_or_default();
+    // Only `run` hosts a coordinator whose share is worth naming.
+    let trainer = report
+        .trainer_cpu_us_per_batch
+        .filter(|_| report.workers.is_some())
+        .map(|t| format!(" ({t:.0} us without the embedded coordinator)"))
+        .unwrap_or_default();
+    let on = if device.is_staged() { format!(", landing on {device}") } else { String::new() };
+    println!(
+        "{} samples in {} batches ({:.1} MB){from} in {:.2} s over {} ({} through shared memory{on})\n\
+         {:.0} samples/s, {:.1} MB/s, first batch after {:.1} ms, {:.0} us of CPU per batch{trainer}",
+        report.samples,
+        report.batches,
+        report.bytes as f64 / 1e6,
+        report.seconds,
+        report.transport,
+        report.shm_batches,
+        report.samples_per_s,
+        report.mb_per_s,
+        report.first_batch_s * 1e3,
+        report.client_cpu_us_per_batch,
+    );
 }
 
 /// `--dump`: one line per batch, flushed as it is written so the file is
