@@ -233,21 +233,29 @@ fn job_batches(info: &JobInfo) -> (u64, u64, u64) {
 impl View {
     /// One frame of the poll `now`: the three tables, with rates.
     fn frame(&mut self, address: &str, now: &Poll) -> String {
-        let Status {
-            workers,
-            sessions,
-            jobs,
-        } = &now.status;
+        let Status { workers, sessions, jobs } = &now.status;
+        let worker_rows = self.worker_rows(now);
+        let session_rows = self.session_rows(now);
+        let job_rows = self.job_rows(now);
+        format!(
+            "{}\n\nWORKERS ({})\n{}\nSESSIONS ({})\n{}\nJOBS ({})\n{}",
+            title(address),
+            workers.len(),
+            render(&["ID", "ADDRESS", "SAMPLES/S", "BATCHES/S", "BUSY", "QUEUE", "DRAINING"], &worker_rows),
+            sessions.len(),
+            render(&["ID", "JOB", "RANK", "NODE", "STALL", "WATERMARK"], &session_rows),
+            jobs.len(),
+            render(&["ID", "NAME", "PROGRESS", "BATCHES/S", "SAMPLES/S", "ETA"], &job_rows),
+        )
+    }
 
-        let worker_rows: Vec<Vec<String>> = workers
+    /// The workers' table: delivery rates since the last poll.
+    fn worker_rows(&mut self, now: &Poll) -> Vec<Vec<String>> {
+        let workers = &now.status.workers;
+        let rows = workers
             .iter()
             .map(|w| {
-                let rates = self.workers.rates(
-                    w.worker_id,
-                    now.at,
-                    w.last_seen_ms,
-                    [w.delivered_samples, w.delivered],
-                );
+                let rates = self.workers.rates(w.worker_id, now.at, w.last_seen_ms, [w.delivered_samples, w.delivered]);
                 vec![
                     w.worker_id.to_string(),
                     w.address.clone(),
@@ -259,56 +267,59 @@ impl View {
                 ]
             })
             .collect();
-        self.workers
-            .keep(&workers.iter().map(|w| w.worker_id).collect::<Vec<_>>());
+        self.workers.keep(&workers.iter().map(|w| w.worker_id).collect::<Vec<_>>());
+        rows
+    }
 
+    /// The sessions' table: stall as a share of the time since the last
+    /// poll, and their consumer's watermark.
+    fn session_rows(&mut self, now: &Poll) -> Vec<Vec<String>> {
+        let Status { sessions, jobs, .. } = &now.status;
         let watermarks: HashMap<(u64, u32), (u64, u64)> = jobs
             .iter()
             .flat_map(|j| {
                 let job_id = j.job.as_ref().map_or(0, |job| job.job_id);
-                j.consumers
-                    .iter()
-                    .map(move |c| ((job_id, c.consumer), (c.consumed, c.total)))
+                j.consumers.iter().map(move |c| ((job_id, c.consumer), (c.consumed, c.total)))
             })
             .collect();
-        let session_rows: Vec<Vec<String>> = sessions
+        let rows = sessions
             .iter()
             .map(|s| {
                 // Stall milliseconds per second, as a share of the second.
-                let stall =
-                    self.sessions
-                        .rates(s.session_id, now.at, s.last_seen_ms, [s.stall_ms, 0]);
+                let stall = self.sessions.rates(s.session_id, now.at, s.last_seen_ms, [s.stall_ms, 0]);
                 vec![
                     s.session_id.to_string(),
                     s.job_id.to_string(),
                     s.consumer.to_string(),
                     s.node.clone(),
                     stall.map_or_else(|| "-".into(), |r| percent(r[0] / 1000.0)),
-                    watermarks.get(&(s.job_id, s.consumer)).map_or_else(
-                        || "-".into(),
-                        |(consumed, total)| format!("{consumed}/{total}"),
-                    ),
+                    watermarks
+                        .get(&(s.job_id, s.consumer))
+                        .map_or_else(|| "-".into(), |(consumed, total)| format!("{consumed}/{total}")),
                 ]
             })
             .collect();
-        self.sessions
-            .keep(&sessions.iter().map(|s| s.session_id).collect::<Vec<_>>());
+        self.sessions.keep(&sessions.iter().map(|s| s.session_id).collect::<Vec<_>>());
+        rows
+    }
 
+    /// The jobs' table: progress, rates since the last poll and the time
+    /// left at that rate.
+    fn job_rows(&mut self, now: &Poll) -> Vec<Vec<String>> {
         let mut delivered_now = HashMap::new();
-        let job_rows: Vec<Vec<String>> = jobs
+        let rows = now
+            .status
+            .jobs
             .iter()
             .map(|info| {
                 let job = info.job.clone().unwrap_or_default();
                 let spec = job.spec.unwrap_or_default();
                 let (delivered, consumed, total) = job_batches(info);
                 delivered_now.insert(job.job_id, (now.at, delivered));
-                let batches = self.jobs.get(&job.job_id).and_then(|&(at, before)| {
-                    rate(
-                        before,
-                        delivered,
-                        now.at.saturating_duration_since(at).as_secs_f64(),
-                    )
-                });
+                let batches = self
+                    .jobs
+                    .get(&job.job_id)
+                    .and_then(|&(at, before)| rate(before, delivered, now.at.saturating_duration_since(at).as_secs_f64()));
                 let eta = if !info.error.is_empty() {
                     "failed".into()
                 } else if consumed >= total {
@@ -321,15 +332,8 @@ impl View {
                 };
                 vec![
                     job.job_id.to_string(),
-                    if spec.name.is_empty() {
-                        "-".into()
-                    } else {
-                        spec.name
-                    },
-                    format!(
-                        "{consumed}/{total} ({:.1}%)",
-                        100.0 * consumed as f64 / total.max(1) as f64
-                    ),
+                    if spec.name.is_empty() { "-".into() } else { spec.name },
+                    format!("{consumed}/{total} ({:.1}%)", 100.0 * consumed as f64 / total.max(1) as f64),
                     per_second(batches),
                     per_second(batches.map(|r| r * f64::from(spec.batch_size))),
                     eta,
@@ -337,34 +341,7 @@ impl View {
             })
             .collect();
         self.jobs = delivered_now;
-
-        format!(
-            "{}\n\nWORKERS ({})\n{}\nSESSIONS ({})\n{}\nJOBS ({})\n{}",
-            title(address),
-            workers.len(),
-            render(
-                &[
-                    "ID",
-                    "ADDRESS",
-                    "SAMPLES/S",
-                    "BATCHES/S",
-                    "BUSY",
-                    "QUEUE",
-                    "DRAINING"
-                ],
-                &worker_rows
-            ),
-            sessions.len(),
-            render(
-                &["ID", "JOB", "RANK", "NODE", "STALL", "WATERMARK"],
-                &session_rows
-            ),
-            jobs.len(),
-            render(
-                &["ID", "NAME", "PROGRESS", "BATCHES/S", "SAMPLES/S", "ETA"],
-                &job_rows
-            ),
-        )
+        rows
     }
 }
 
