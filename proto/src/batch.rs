@@ -420,25 +420,7 @@ impl<'a> BatchView<'a> {
     }
 
     fn parse_inner(buf: &'a [u8], cache: Option<&mut TableCache>) -> Result<Self, BatchError> {
-        let r = Reader { buf };
-        let magic: [u8; 4] = r.bytes(0, 4, "magic")?.try_into().expect("4 bytes");
-        if magic != MAGIC {
-            return Err(BatchError::BadMagic(magic));
-        }
-        r.bytes(0, FIXED_HEADER_LEN, "fixed header")?;
-        let version = r.u16(4, "version")?;
-        if version != VERSION {
-            return Err(BatchError::UnsupportedVersion(version));
-        }
-        let flags = r.u16(6, "flags")?;
-        if flags != 0 {
-            return invalid(format!("unknown flags {flags:#x}"));
-        }
-        let total_len = r.u64(8, "total_len")?;
-        if total_len > buf.len() as u64 {
-            return Err(BatchError::Truncated { what: "batch", need: total_len, have: buf.len() as u64 });
-        }
-        let total_len = total_len as usize;
+        let total_len = checked_total_len(buf)?;
         // From here on only the batch's own bytes count.
         let r = Reader { buf: &buf[..total_len] };
         let meta = BatchMeta {
@@ -472,72 +454,13 @@ impl<'a> BatchView<'a> {
                 return Ok(Self { buf: &buf[..total_len], header: BatchHeader { meta, indices, tensors, total_len } });
             }
         }
-        let mut at = table_start;
-        let mut tensors = Vec::with_capacity(tensor_count);
-        for i in 0..tensor_count {
-            let offset = r.u64(at, "tensor entry")?;
-            let len = r.u64(at + 8, "tensor entry")?;
-            let fixed = r.bytes(at + 16, 8, "tensor entry")?;
-            let (code, ndim) = (fixed[0], fixed[1] as usize);
-            let name_len = r.u16(at + 18, "tensor entry")? as usize;
-            let Some(dtype) = Dtype::from_code(code) else {
-                return invalid(format!("tensor {i}: unknown dtype code {code}"));
-            };
-            if ndim > MAX_NDIM {
-                return invalid(format!("tensor {i}: {ndim} dims exceeds {MAX_NDIM}"));
-            }
-            if name_len == 0 {
-                return invalid(format!("tensor {i}: empty name"));
-            }
-            let shape = (0..ndim)
-                .map(|d| r.u64(at + 24 + 8 * d, "tensor shape"))
-                .collect::<Result<Vec<_>, _>>()?;
-            let name_bytes = r.bytes(at + 24 + 8 * ndim, name_len, "tensor name")?;
-            let Ok(name) = std::str::from_utf8(name_bytes) else {
-                return invalid(format!("tensor {i}: name is not UTF-8"));
-            };
-            let name = name.to_owned();
-            at += entry_len(ndim, name_len);
-            match tensor_bytes(dtype, &shape) {
-                Some(l) if l == len => {}
-                _ => {
-                    return invalid(format!(
-                        "tensor {name:?}: length {len} does not match {} {:?}",
-                        dtype.short_name(),
-                        shape
-                    ));
-                }
-            }
-            tensors.push((name, dtype, shape, offset, len));
+        let (entries, table_end) = read_table(&r, table_start, tensor_count)?;
+        if table_end > total_len {
+            return Err(BatchError::Truncated { what: "tensor table", need: table_end as u64, have: total_len as u64 });
         }
-        let table_end = at as u64;
-        if table_end > total_len as u64 {
-            return Err(BatchError::Truncated { what: "tensor table", need: table_end, have: total_len as u64 });
-        }
-        let mut infos: Vec<TensorInfo> = Vec::with_capacity(tensors.len());
-        for (name, dtype, shape, offset, len) in tensors {
-            if offset % ALIGN as u64 != 0 {
-                return invalid(format!("tensor {name:?}: offset {offset} is not {ALIGN}-byte aligned"));
-            }
-            let end = offset.checked_add(len);
-            if offset < table_end || end.is_none_or(|e| e > total_len as u64) {
-                return invalid(format!(
-                    "tensor {name:?}: payload {offset}+{len} lies outside {table_end}..{total_len}"
-                ));
-            }
-            if infos.iter().any(|t| t.name == name) {
-                return invalid(format!("tensor {name:?} appears twice"));
-            }
-            infos.push(TensorInfo { name, dtype, shape, offset: offset as usize, len: len as usize });
-        }
-        let mut spans: Vec<(usize, usize)> = infos.iter().map(|t| (t.offset, t.offset + t.len)).collect();
-        spans.sort_unstable();
-        if spans.windows(2).any(|w| w[0].1 > w[1].0) {
-            return invalid("tensor payloads overlap".into());
-        }
-        let tensors: Arc<[TensorInfo]> = infos.into();
+        let tensors: Arc<[TensorInfo]> = place_payloads(entries, table_end, total_len)?.into();
         if let Some(cache) = cache {
-            cache.store(&buf[table_start..table_end as usize], table_start, tensor_count, total_len, &tensors);
+            cache.store(&buf[table_start..table_end], table_start, tensor_count, total_len, &tensors);
         }
         Ok(Self { buf: &buf[..total_len], header: BatchHeader { meta, indices, tensors, total_len } })
     }
@@ -564,6 +487,105 @@ impl<'a> BatchView<'a> {
         let i = self.header.tensors.iter().position(|t| t.name == name)?;
         self.payload(i)
     }
+}
+
+
+/// The magic, version, flags and `total_len` of a batch's fixed header:
+/// the length of the batch, which `buf` holds whole.
+fn checked_total_len(buf: &[u8]) -> Result<usize, BatchError> {
+    let r = Reader { buf };
+    let magic: [u8; 4] = r.bytes(0, 4, "magic")?.try_into().expect("4 bytes");
+    if magic != MAGIC {
+        return Err(BatchError::BadMagic(magic));
+    }
+    r.bytes(0, FIXED_HEADER_LEN, "fixed header")?;
+    let version = r.u16(4, "version")?;
+    if version != VERSION {
+        return Err(BatchError::UnsupportedVersion(version));
+    }
+    let flags = r.u16(6, "flags")?;
+    if flags != 0 {
+        return invalid(format!("unknown flags {flags:#x}"));
+    }
+    let total_len = r.u64(8, "total_len")?;
+    if total_len > buf.len() as u64 {
+        return Err(BatchError::Truncated { what: "batch", need: total_len, have: buf.len() as u64 });
+    }
+    Ok(total_len as usize)
+}
+
+/// One tensor's entry as the table states it: name, dtype, shape, payload
+/// offset and length (checked against each other, not yet against the
+/// batch).
+type TableEntry = (String, Dtype, Vec<u64>, u64, u64);
+
+/// The `tensor_count` entries of the tensor table at `at`, and where the
+/// table ends.
+fn read_table(r: &Reader<'_>, mut at: usize, tensor_count: usize) -> Result<(Vec<TableEntry>, usize), BatchError> {
+    let mut tensors = Vec::with_capacity(tensor_count);
+    for i in 0..tensor_count {
+        let offset = r.u64(at, "tensor entry")?;
+        let len = r.u64(at + 8, "tensor entry")?;
+        let fixed = r.bytes(at + 16, 8, "tensor entry")?;
+        let (code, ndim) = (fixed[0], fixed[1] as usize);
+        let name_len = r.u16(at + 18, "tensor entry")? as usize;
+        let Some(dtype) = Dtype::from_code(code) else {
+            return invalid(format!("tensor {i}: unknown dtype code {code}"));
+        };
+        if ndim > MAX_NDIM {
+            return invalid(format!("tensor {i}: {ndim} dims exceeds {MAX_NDIM}"));
+        }
+        if name_len == 0 {
+            return invalid(format!("tensor {i}: empty name"));
+        }
+        let shape = (0..ndim)
+            .map(|d| r.u64(at + 24 + 8 * d, "tensor shape"))
+            .collect::<Result<Vec<_>, _>>()?;
+        let name_bytes = r.bytes(at + 24 + 8 * ndim, name_len, "tensor name")?;
+        let Ok(name) = std::str::from_utf8(name_bytes) else {
+            return invalid(format!("tensor {i}: name is not UTF-8"));
+        };
+        let name = name.to_owned();
+        at += entry_len(ndim, name_len);
+        match tensor_bytes(dtype, &shape) {
+            Some(l) if l == len => {}
+            _ => {
+                return invalid(format!(
+                    "tensor {name:?}: length {len} does not match {} {:?}",
+                    dtype.short_name(),
+                    shape
+                ));
+            }
+        }
+        tensors.push((name, dtype, shape, offset, len));
+    }
+    Ok((tensors, at))
+}
+
+/// The table's entries placed in the batch: each payload aligned, between
+/// the table's end and the batch's, named once, none overlapping another.
+fn place_payloads(entries: Vec<TableEntry>, table_end: usize, total_len: usize) -> Result<Vec<TensorInfo>, BatchError> {
+    let (table_end, total) = (table_end as u64, total_len as u64);
+    let mut infos: Vec<TensorInfo> = Vec::with_capacity(entries.len());
+    for (name, dtype, shape, offset, len) in entries {
+        if offset % ALIGN as u64 != 0 {
+            return invalid(format!("tensor {name:?}: offset {offset} is not {ALIGN}-byte aligned"));
+        }
+        let end = offset.checked_add(len);
+        if offset < table_end || end.is_none_or(|e| e > total) {
+            return invalid(format!("tensor {name:?}: payload {offset}+{len} lies outside {table_end}..{total_len}"));
+        }
+        if infos.iter().any(|t| t.name == name) {
+            return invalid(format!("tensor {name:?} appears twice"));
+        }
+        infos.push(TensorInfo { name, dtype, shape, offset: offset as usize, len: len as usize });
+    }
+    let mut spans: Vec<(usize, usize)> = infos.iter().map(|t| (t.offset, t.offset + t.len)).collect();
+    spans.sort_unstable();
+    if spans.windows(2).any(|w| w[0].1 > w[1].0) {
+        return invalid("tensor payloads overlap".into());
+    }
+    Ok(infos)
 }
 
 #[cfg(test)]
