@@ -266,7 +266,8 @@ class StreamView:
         cursor = self._cursors.get(shard)
         if cursor is not None:
             self._cursors.move_to_end(shard)
-            if offset in cursor.ahead:
+            # Another epoch's iterator (its draws differ) is of no use.
+            if cursor.epoch == epoch and offset in cursor.ahead:
                 return cursor.ahead.pop(offset)
             if cursor.next > offset or cursor.epoch != epoch:
                 cursor = None
