@@ -4,7 +4,6 @@ factories from PYTHONPATH)."""
 
 from __future__ import annotations
 
-import os
 import random
 import time
 
@@ -121,35 +120,3 @@ class WorkerSplit(IterableDataset):
 def shardy(**kw) -> Shardy:
     """Factory of a deployment's spec."""
     return Shardy(**kw)
-
-
-def token_stream(files: list, seq: int = 128):
-    """A DataLoader-style token stream over .npy files, split by worker:
-    each worker reads its files and yields windows of `seq` tokens."""
-    return TokenFiles(files, seq)
-
-
-class TokenFiles(IterableDataset):
-    """Windows of tokens from .npy files, each file a shard (the protocol)
-    and split by worker under DataLoader (the common pattern)."""
-
-    def __init__(self, files: list, seq: int) -> None:
-        self.files = [os.fspath(f) for f in files]
-        self.seq = seq
-
-    def _read(self, path: str):
-        tokens = np.load(path, mmap_mode="r")
-        for start in range(0, len(tokens) - self.seq, self.seq):
-            yield np.array(tokens[start : start + self.seq + 1], dtype=np.int64)
-
-    def __iter__(self):
-        info = get_worker_info()
-        files = self.files if info is None else self.files[info.id :: info.num_workers]
-        for f in files:
-            yield from self._read(f)
-
-    def __loader_shards__(self) -> int:
-        return len(self.files)
-
-    def __loader_shard__(self, i: int):
-        return self._read(self.files[i])
