@@ -31,6 +31,7 @@ from typing import Any, Callable, Optional
 
 from ._rngs import seed_all
 from ._source import SYS_PATH_HEADER, _flatten, _last_line, make_from_factory
+from ._stream import is_hf_iterable
 
 #: The ``custom`` dataset name a Python dataset job carries (the spec-file
 #: entry ``python: {...}`` becomes it).
@@ -55,7 +56,7 @@ def is_iterable_dataset(obj: Any) -> bool:
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(obj, torch.utils.data.IterableDataset):
         return True
-    if any(c.__module__.startswith("datasets.") and c.__name__ == "IterableDataset" for c in type(obj).__mro__):
+    if is_hf_iterable(obj):
         return True
     return hasattr(obj, "__iter__") and not hasattr(obj, "__getitem__")
 
