@@ -7,6 +7,7 @@ use bytes::Bytes;
 use loader_process::telemetry::trace;
 use loader_proto::batch::{BatchHeader, BatchView, TableCache};
 use loader_proto::pb::Dtype;
+use loader_ring::trainer::Filled;
 use tracing::Span;
 
 use crate::error::LoaderError;
@@ -90,6 +91,22 @@ impl Batch {
         tables: &mut TableCache,
     ) -> Result<Self, LoaderError> {
         Self::validate(bytes, Transport::SharedMemory, expected, address, tables)
+    }
+
+    /// Validates a batch a worker wrote into a ring slot and reported
+    /// filled: the same checks as a gRPC frame, and the sequence number the
+    /// report named must be the header's. The consumer's `parse` for the
+    /// ring's inbox.
+    pub(crate) fn from_filled(filled: Filled<'_>, expected: &Expected) -> Result<Self, LoaderError> {
+        let Filled { view, slot, seq, traceparent, worker, tables } = filled;
+        let batch = Self::from_slot(view, expected, &worker.address, tables)?.traced(traceparent);
+        if batch.seq() != seq {
+            return Err(LoaderError::BadBatch {
+                address: worker.address.clone(),
+                problem: format!("reported batch {seq} in slot {slot}, but its header says {}", batch.seq()),
+            });
+        }
+        Ok(batch)
     }
 
     fn validate(

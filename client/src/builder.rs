@@ -21,8 +21,6 @@ use crate::error::LoaderError;
 use crate::loader::{self, Loader, Seat};
 use crate::options::{LoaderOptions, RingSize};
 use crate::pin::Device;
-#[cfg(feature = "embedded")]
-use crate::ring::RingConfig;
 use crate::state::LoaderState;
 
 /// Settings of a [`Loader`]; start with [`Loader::builder`] (a coordinator
@@ -459,7 +457,7 @@ impl LoaderBuilder {
         self.world_size = Some(1);
         self.options.validate()?;
         if self.options.shared_memory {
-            RingConfig::from(&self.options).geometry(self.options.prefetch)?;
+            self.options.ring_config().geometry(self.options.prefetch)?;
         }
         let seat = self.seat()?;
         let mut cluster = LocalCluster::start(cluster)?;

@@ -25,20 +25,21 @@ use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
+use loader_ring::trainer::{Inbox, Pace};
+use loader_ring::wake::{Ready, WaitFd, WaitSet};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::Notify;
 use tokio::sync::mpsc::error::TryRecvError;
 use tokio::time::Instant;
 
-use crate::batch::{Batch, Transport};
+use crate::batch::{Batch, Expected, Transport};
 use crate::error::LoaderError;
 use crate::event::{Credit, Event, EventRx};
+use crate::gap::GapWatch;
 use crate::late::LateWatch;
 use crate::meters::TrainerMeters;
 use crate::reorder::Reorder;
-use crate::ring::{GapWatch, Inbox, Pace};
 use crate::session::Session;
-use crate::wake::{Ready, WaitFd, WaitSet};
 
 /// How long the consumer waits on a gap, holding batches, before it suspects
 /// a worker is out of credits with the missing batch queued (see
@@ -91,6 +92,8 @@ pub(crate) struct Consumer {
     wait: Arc<WaitSet>,
     /// The ring's attached workers, whose reports are read here.
     inbox: Option<Arc<Inbox>>,
+    /// What every batch read from the ring must say about itself.
+    expected: Option<Expected>,
     /// What the last wait saw; kept so that waiting allocates nothing.
     ready: Ready,
     /// `wait` registered with the caller's runtime, made by the first async
@@ -195,6 +198,7 @@ impl Consumer {
             last: None,
             wait,
             inbox: None,
+            expected: None,
             ready: Ready::default(),
             async_wait: None,
             pace: Pace::default(),
@@ -233,8 +237,9 @@ impl Consumer {
 
     /// Batches also arrive through a ring: read from `inbox`, gaps watched
     /// by `gap`.
-    pub(crate) fn with_ring(mut self, inbox: Arc<Inbox>, gap: GapWatch) -> Self {
+    pub(crate) fn with_ring(mut self, inbox: Arc<Inbox>, expected: Expected, gap: GapWatch) -> Self {
         self.inbox = Some(inbox);
+        self.expected = Some(expected);
         self.gap = Some(gap);
         self
     }
@@ -560,7 +565,10 @@ impl Consumer {
             self.ready.writable.clear();
         }
         let reorder = &mut self.reorder;
-        let filled = inbox.read_all(|batch, credit| accept(reorder, batch, credit))?;
+        let Some(expected) = self.expected.as_ref() else {
+            return Ok(0);
+        };
+        let filled = inbox.read_all(|filled| Batch::from_filled(filled, expected), |batch, credit| accept(reorder, batch, credit))?;
         self.pace.read(Instant::now(), filled);
         Ok(filled)
     }

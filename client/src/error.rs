@@ -215,6 +215,21 @@ impl LoaderError {
     }
 }
 
+impl From<loader_ring::trainer::BadReport> for LoaderError {
+    /// A worker that broke the ring's protocol is reported like one that
+    /// sent a bad gRPC frame.
+    fn from(e: loader_ring::trainer::BadReport) -> Self {
+        LoaderError::BadBatch { address: e.address, problem: e.problem }
+    }
+}
+
+impl From<loader_ring::trainer::GeometryError> for LoaderError {
+    /// Ring settings that cannot work are a bad argument, like any option.
+    fn from(e: loader_ring::trainer::GeometryError) -> Self {
+        LoaderError::InvalidArgument(e.0)
+    }
+}
+
 /// Keeps messages to one line whatever the peer sent.
 fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")

@@ -5,12 +5,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use loader_proto::pb::FetchRequest;
+use loader_ring::trainer::SlotCredit;
+use loader_ring::wake::WaitSet;
 use tokio::sync::mpsc;
 
 use crate::batch::Batch;
 use crate::error::LoaderError;
-use crate::ring::SlotCredit;
-use crate::wake::WaitSet;
 
 /// One message to the consumer.
 #[derive(Debug)]
@@ -110,7 +110,7 @@ pub(crate) enum Source {
     /// A `Fetch` stream, by the address of its shared credit counter.
     Stream(usize),
     /// A ring connection.
-    Ring(crate::ring::ConnId),
+    Ring(loader_ring::trainer::ConnId),
 }
 
 /// One credit owed to the stream or ring connection a batch came from.

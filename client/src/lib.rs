@@ -33,11 +33,14 @@
 //!   the session when a restarted coordinator forgot it.
 //! - `routes`: polls `Routes` and keeps one fetch stream per listed worker.
 //! - `fetch`: one `BatchService.Fetch` stream: credits out, validated batches in.
-//! - `ring`: the shared-memory ring co-located workers write batches into:
-//!   memfd, socket, peer credentials, slot grants, zero-copy views.
+//! - the shared-memory ring co-located workers write batches into (memfd,
+//!   socket, peer credentials, slot grants, zero-copy views) and the wait
+//!   set a blocked consumer sleeps in are the `loader-ring` crate's; the
+//!   SDK lends it a [`RingConfig`](loader_ring::trainer::RingConfig) built
+//!   from its options and parses each filled slot as it parses a frame.
+//! - `gap`: what the consumer does when the in-order stream is stuck on a
+//!   gap while ring slots are in use, or after a worker left the ring.
 //! - `event`: what background tasks tell the consumer, and the per-batch credit.
-//! - `wake`: where a blocked consumer sleeps: one epoll set over the ring's
-//!   worker sockets and a doorbell for the background tasks' events.
 //! - `consumer`: `next()`: reorder, de-duplicate, return credits, end of job.
 //! - `meters`: batches consumed and stall time for Prometheus, when
 //!   `LoaderOptions::metrics_listen` serves them.
@@ -67,17 +70,16 @@ mod consumer;
 mod error;
 mod event;
 mod fetch;
+mod gap;
 mod late;
 mod loader;
 mod meters;
 mod options;
 pub mod pin;
 mod reorder;
-mod ring;
 mod routes;
 mod session;
 mod state;
-mod wake;
 
 pub mod connect;
 #[cfg(feature = "embedded")]
@@ -93,8 +95,7 @@ pub use loader::{BatchStream, Loader, RingSlots};
 pub use options::{DEFAULT_COORDINATOR_TIMEOUT, DEFAULT_PREFETCH, LoaderOptions, RingSize};
 pub use loader_proto::pb::{CorruptPolicy, Dtype, Job, JobSpec, Transform};
 pub use spec_file::parse;
-pub use ring::DEFAULT_SLOT_SIZE;
+pub use loader_ring::trainer::DEFAULT_SLOT_SIZE;
 pub use state::{LoaderState, Resumption, STATE_FORMAT};
-/// Entry points for the fuzz targets (`fuzz/`), not an API.
 #[doc(hidden)]
-pub use ring::fuzzing;
+pub mod fuzzing;

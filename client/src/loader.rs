@@ -14,6 +14,8 @@ use std::time::Duration;
 
 use futures::Stream;
 use loader_proto::pb::{Job, JobSpec};
+use loader_ring::trainer::{ConnContext, Inbox, Ring, SlotRing};
+use loader_ring::wake::WaitSet;
 use tokio::runtime::{Handle, Runtime};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -25,14 +27,13 @@ use crate::consumer::{Consumer, STALL_GRACE};
 use crate::embedded::LocalCluster;
 use crate::error::LoaderError;
 use crate::event;
+use crate::gap::GapWatch;
 use crate::meters::TrainerMeters;
 use crate::options::LoaderOptions;
 use crate::pin::{Backend, Device, Opening, PinStage, Pull};
-use crate::ring::{ConnContext, GapWatch, Inbox, Ring, RingConfig, SlotRing};
 use crate::routes::Routes;
 use crate::session::Session;
 use crate::state::LoaderState;
-use crate::wake::WaitSet;
 
 /// The session a loader opens, checked by the builder: which job, as which
 /// rank, from which batch.
@@ -144,10 +145,10 @@ pub(crate) async fn open(
             .run_heartbeats(events_tx.clone(), stop.child_token()),
     );
     let inbox = ring.as_mut().map(|ring| {
-        let inbox = Arc::new(Inbox::new(ring.shared(), Arc::clone(&wait), expected));
+        let inbox = Arc::new(Inbox::new(ring.shared(), Arc::clone(&wait)));
         let ctx = ConnContext {
             session_id: session.id_watch(),
-            expected,
+            owner: (expected.job_id, expected.consumer),
             inbox: Arc::clone(&inbox),
         };
         ring.serve(ctx, stop.child_token());
@@ -170,7 +171,7 @@ pub(crate) async fn open(
         consumer = consumer.with_meters(TrainerMeters::new(job.job_id, rank));
     }
     if let (Some(inbox), Some(gap)) = (inbox, gap) {
-        consumer = consumer.with_ring(inbox, gap);
+        consumer = consumer.with_ring(inbox, expected, gap);
     }
     if let Some((next_seq, above)) = resume {
         consumer = consumer.resuming(next_seq, above);
@@ -208,7 +209,7 @@ fn bind_ring(spec: &JobSpec, options: &LoaderOptions) -> Result<(Option<Ring>, u
     if !options.shared_memory {
         return Ok((None, window));
     }
-    let config = RingConfig::from(options).sized_for(batch_bytes);
+    let config = options.ring_config().sized_for(batch_bytes);
     let geometry = config.geometry(window)?;
     match Ring::bind(&config, geometry, window) {
         Ok(ring) => Ok((Some(ring), window)),

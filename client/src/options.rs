@@ -18,6 +18,7 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use loader_ring::trainer::{DEFAULT_SLOT_SIZE, RingConfig};
 use serde::{Deserialize, Serialize};
 
 use crate::error::LoaderError;
@@ -130,6 +131,17 @@ impl LoaderOptions {
         }
         self.metrics_addr()?;
         Ok(())
+    }
+
+    /// The ring these options ask for: slots sized from the batch unless
+    /// `ring` gives a geometry.
+    pub(crate) fn ring_config(&self) -> RingConfig {
+        RingConfig {
+            slot_count: self.ring.map(|r| r.slots),
+            slot_size: self.ring.map_or(DEFAULT_SLOT_SIZE, |r| r.slot_bytes),
+            dir: self.ring_dir.clone(),
+            allowed_uids: self.allow_ring_peer_uids.clone(),
+        }
     }
 
     /// The parsed [`metrics_listen`](Self::metrics_listen), if set.

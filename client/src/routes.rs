@@ -26,7 +26,7 @@ use crate::connect;
 use crate::error::LoaderError;
 use crate::event::{Event, EventTx};
 use crate::fetch::{self, FetchStream, StreamParams};
-use crate::ring::Listed;
+use crate::gap::Listed;
 use crate::session::Session;
 
 /// How often the routes are polled: new workers are picked up this fast.

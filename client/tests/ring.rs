@@ -21,12 +21,12 @@ use bytes::BytesMut;
 use loader_client::{Dtype, Loader, RingSlots, Transport, spec};
 use loader_proto::PROTOCOL_VERSION;
 use loader_proto::batch::{BatchLayout, BatchMeta, TensorDesc};
-use loader_proto::doorbell::DOORBELL_LEN;
+use loader_ring::doorbell::DOORBELL_LEN;
 use loader_proto::pb::{
     RingAttach, RingHello, RingToTrainer, RingToWorker, SlotFilled, SlotGrant, ring_to_trainer,
     ring_to_worker,
 };
-use loader_proto::ring::{decode, encode};
+use loader_ring::frame::{decode, encode};
 use loader_server::ServerConfig;
 use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
 

@@ -8,11 +8,12 @@
 use std::fs::File;
 
 use bytes::BytesMut;
-use loader_client::fuzzing::{Session, TrainerRing};
+use loader_client::Batch;
+use loader_client::fuzzing::{Session, parse_slot};
 use loader_proto::batch::{BatchLayout, BatchMeta, TensorDesc};
 use loader_proto::pb::{Dtype, RingAttach, RingToTrainer, RingToWorker, ring_to_worker};
-use loader_proto::ring::{RingGeometry, decode, encode};
-use loader_worker::fuzzing::{MAX_MEMFD, WorkerRing};
+use loader_ring::frame::{RingGeometry, decode, encode};
+use loader_ring::fuzzing::{MAX_MEMFD, TrainerRing, WorkerRing};
 use nix::sys::memfd::{MFdFlags, memfd_create};
 use prost::Message;
 
@@ -106,12 +107,12 @@ pub fn run(data: &[u8]) {
 
     // The trainer's inbox, reading the stream as a worker's reports.
     let slots = u32::from(*slots % 8) + 1;
-    if let Ok(ring) = TrainerRing::new(slots, u32::from(*prefetch % 4) + 1, &SESSION) {
+    if let Ok(ring) = TrainerRing::<Batch>::new(slots, u32::from(*prefetch % 4) + 1) {
         for slot in 0..slots {
             ring.write_slot(slot, &slot_batch(slot));
         }
         let hold = *flags & 0x10 != 0;
-        let _ = ring.feed(stream, |seq| hold && seq % 2 == 0);
+        let _ = ring.feed(stream, |filled| parse_slot(filled, &SESSION), |batch| hold && batch.seq() % 2 == 0);
         let (free, granted, held) = ring.census();
         assert_eq!((free + granted + held) as u32, slots);
         ring.release_all();

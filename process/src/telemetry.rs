@@ -5,6 +5,7 @@
 //! [`trace`] exports spans over OTLP when `OTEL_EXPORTER_OTLP_ENDPOINT` is
 //! set, [`metrics`] serves Prometheus metrics on `--metrics-listen`.
 
+pub mod blocked;
 pub mod metrics;
 pub mod trace;
 

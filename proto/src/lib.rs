@@ -7,9 +7,10 @@
 //!   that validates every offset before anything is read.
 //! - [`sampler`]: the seeded per-epoch permutation and the `DistributedSampler`
 //!   split of batches between data-parallel consumers.
-//! - [`ring`]: framing of the shared-memory ring messages and the slot geometry.
-//! - [`doorbell`]: the two shared words that let a trainer sleep until
-//!   several ring reports are waiting, instead of waking for each one.
+//!
+//! The shared-memory ring's messages are in `pb` (`loader/v1/ring.proto`);
+//! their framing, the slot geometry and both halves of the ring live in the
+//! `loader-ring` crate.
 //! - [`spec`]: validation of job specs, one error message per bad field.
 //! - [`spec_error`]: [`SpecError`](spec_error::SpecError), the error of
 //!   every spec check, below both `spec` and `transforms`.
@@ -26,13 +27,11 @@
 
 pub mod batch;
 pub mod blob;
-pub mod doorbell;
 pub mod elastic;
 pub mod dtype;
 pub mod footprint;
 pub mod lease;
 pub mod mixture;
-pub mod ring;
 pub mod sampler;
 pub mod spec;
 pub mod spec_error;

@@ -1,6 +1,6 @@
 //! Entry points for the fuzz targets (`fuzz/`), not an API: the worker's
-//! `BatchService` over in-memory outboxes, and its side of the ring after
-//! the handshake, reachable without a socket.
+//! `BatchService` over in-memory outboxes (its side of the ring is fuzzed
+//! through `loader_ring::fuzzing`).
 
 use std::sync::Arc;
 
@@ -8,7 +8,6 @@ use bytes::Bytes;
 use loader_proto::pb::batch_service_server::BatchService;
 use tokio_util::sync::CancellationToken;
 
-pub use crate::ring::fuzzing::{MAX_MEMFD, WorkerRing};
 use crate::outbox::Outboxes;
 use crate::service::FetchService;
 

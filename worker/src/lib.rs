@@ -28,6 +28,8 @@
 //!   marked around each batch and read by the link for each heartbeat.
 //! - [`collate`]: one batch written in place into one buffer in the wire
 //!   format of `loader_proto::batch`.
+//! - `delivery`: where one batch goes (a ring slot or the gRPC outbox),
+//!   written there and handed over, one path for both transports.
 //! - `window`: how many batches this worker holds per consumer of each
 //!   job, sized by the job's batch bytes, announced to the coordinator.
 //! - [`budget`]: the memory the batches a worker holds may take, and the
@@ -36,9 +38,10 @@
 //!   consumer's handles built once (served with `--metrics-listen`).
 //! - `outbox`: per-consumer queues of produced batches, handed out one per
 //!   credit to the consumer's current `Fetch` stream.
-//! - `ring`: the shared-memory transport to co-located trainers: one Unix
-//!   socket connection per trainer ring, its memfd mapped, batches collated
-//!   straight into granted slots.
+//! - the shared-memory transport to co-located trainers (one Unix socket
+//!   connection per trainer ring, its memfd mapped, batches collated
+//!   straight into granted slots) is `loader_ring::worker`; the outboxes
+//!   are its [`DeliveryLog`](loader_ring::worker::DeliveryLog).
 //! - [`sample_cache`]: samples kept across epochs in a file the
 //!   co-located workers of one loader share (a memfd or an unnamed file),
 //!   written once per index, read without locks.
@@ -54,6 +57,7 @@ pub mod cli;
 pub mod collate;
 pub mod config;
 pub mod dataset;
+mod delivery;
 mod drain;
 pub mod error;
 #[doc(hidden)]
@@ -63,7 +67,8 @@ mod link;
 mod meters;
 mod outbox;
 mod producer;
-mod ring;
+#[cfg(test)]
+mod ring_tests;
 pub mod sample_cache;
 mod service;
 mod window;
@@ -84,11 +89,11 @@ use crate::blobs::BlobFetcher;
 use crate::link::Link;
 use crate::outbox::Outboxes;
 use crate::producer::Producer;
-use crate::ring::Rings;
 use crate::window::Windows;
 use loader_process::blobs::BlobDir;
 use loader_process::security::{ClientSecurity, Role, SecurityArgs, ServerSecurity};
 use loader_proto::pb::RegisterWorkerRequest;
+use loader_ring::worker::Rings;
 
 /// How long open connections get to close after the worker stops (their
 /// streams have already ended).

@@ -30,6 +30,7 @@ use loader_process::retry::{self, Backoff};
 use loader_proto::PROTOCOL_VERSION;
 use loader_proto::pb::worker_service_client::WorkerServiceClient;
 use loader_proto::pb::{ConsumerId, DeregisterRequest, RegisterWorkerRequest, WorkerHeartbeatRequest};
+use loader_ring::worker::Rings;
 use tokio::time::{Instant, sleep_until, timeout_at};
 use loader_process::grpc::Channel;
 use loader_process::security::ClientSecurity;
@@ -39,7 +40,6 @@ use crate::drain::{Drain, DrainStep};
 use crate::error::WorkerError;
 use crate::outbox::Outboxes;
 use crate::producer::Producer;
-use crate::ring::Rings;
 use crate::window::Windows;
 
 /// Pauses between failed registration attempts.

@@ -16,12 +16,20 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use bytes::Bytes;
+use loader_process::telemetry::blocked::{BLOCKED_TICK, BlockedClock};
 use loader_proto::ConsumerKey;
 use loader_proto::pb::{BatchFrame, Delivered};
 use tokio::sync::Notify;
 use tracing::Span;
 
-use crate::meters::{BLOCKED_TICK, BlockedClock, ConsumerMeters, Meters};
+use crate::meters::{ConsumerMeters, Meters};
+
+/// A batch the trainer took from a ring slot is recorded like one streamed.
+impl loader_ring::worker::DeliveryLog for Outboxes {
+    fn delivered(&self, key: ConsumerKey, seq: u64) {
+        self.record_delivered(key, seq);
+    }
+}
 
 /// Deliveries not yet reported to the coordinator.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

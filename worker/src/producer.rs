@@ -12,7 +12,7 @@
 //! at `warn` and counts it (the worker's total is in the same log line).
 //!
 //! A batch goes into the trainer's shared-memory ring when its task names
-//! one and the ring takes it (see [`crate::ring`]): the layout is computed
+//! one and the ring takes it (see [`loader_ring::worker`]): the layout is computed
 //! first, the thread waits for a granted slot and collates straight into it.
 //! Otherwise it is collated into its own buffer and queued in the consumer's
 //! gRPC outbox.
@@ -24,24 +24,22 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use loader_process::telemetry::trace;
 use loader_proto::ConsumerKey;
 use loader_proto::batch::{BatchError, BatchMeta};
 use loader_proto::pb::{Failed, JobSpec, Task};
 use loader_proto::sampler::Plan;
 use loader_proto::spec::SpecError;
+use loader_ring::worker::{Rings, Route};
 use tokio::sync::Notify;
 
-use crate::batch_spans::{BatchSpans, Transport};
+use crate::batch_spans::BatchSpans;
 use crate::busy::BusyMeter;
-use crate::collate::{
-    BatchRules, CollateError, Collated, Skipped, collate_bytes, collate_into, layout, made_bytes, make, write_made,
-};
+use crate::collate::{BatchRules, CollateError, Collated, Skipped, layout, make};
+use crate::delivery::{Sources, Target};
 use crate::blobs::{BlobError, BlobFetcher};
 use crate::dataset::{Dataset, DatasetError, Datasets};
 use crate::meters::ConsumerMeters;
 use crate::outbox::Outboxes;
-use crate::ring::{Rings, Route};
 use crate::window::Windows;
 
 /// Jobs whose datasets stay open; older ones are closed first.
@@ -467,64 +465,49 @@ impl Shared {
             } else {
                 layout(&*dataset, indices.len()).map_err(|e| failed(seq, e.into()))?
             };
-            if let Some(path) = ring {
-                let asked = Instant::now();
-                match self.rings.acquire(path, key, submitted, layout.total_len(), &abandoned, &meters.blocked_shm) {
-                    Route::Slot(mut lease) => {
-                        // A failure drops the lease, which gives the slot back.
-                        let started = Instant::now();
-                        let _busy = self.busy_meter.spell(started);
-                        spans.waited_for_slot(started.saturating_duration_since(asked));
-                        let collated = match made.take() {
-                            Some((batch, read)) => write_made(batch, &layout, &meta, read, lease.bytes_mut()),
-                            None => spans
-                                .produce()
-                                .in_scope(|| collate_into(&*dataset, &layout, &meta, &indices, rules, lease.bytes_mut())),
-                        }
-                        .map_err(|e| failed(seq, e))?;
-                        let took = started.elapsed() + making;
-                        self.made_batch(&spans, &mut timing, &meters, &meta, indices.len(), took, &collated);
-                        let q = self.lock();
-                        if q.generation != generation {
-                            return Ok(());
-                        }
-                        let deliver = spans.deliver(Transport::Ring);
-                        lease.fill(collated.len as u64, seq, key, trace::carry(&deliver));
-                        drop(q);
-                        // The slot was waited for before the batch was made.
-                        meters.delivered_after(started.saturating_duration_since(asked));
-                        meters.shm.record(held(&indices, &collated.skipped), collated.len as u64);
-                        continue;
-                    }
-                    Route::Grpc => {}
-                    Route::Abandoned => return Ok(()),
-                    Route::Drop => {
-                        tracing::debug!(
-                            job = job.job_id,
-                            consumer = task.consumer,
-                            "dropping batches {seq}..{}: their trainer left",
-                            task.end_seq
-                        );
-                        return Ok(());
-                    }
-                }
-            }
+            let Some(target) = self.target(ring, key, submitted, layout.total_len(), &abandoned, &meters) else {
+                return Ok(());
+            };
             let started = Instant::now();
             let _busy = self.busy_meter.spell(started);
-            let (batch, collated) = match made {
-                Some((batch, read)) => made_bytes(batch, &layout, &meta, read),
-                None => spans.produce().in_scope(|| collate_bytes(&*dataset, &layout, &meta, &indices, rules)),
-            }
-            .map_err(|e| failed(seq, e))?;
+            let sources = Sources { dataset: &*dataset, layout: &layout, meta: &meta, indices: &indices, rules, made };
+            let (written, collated) = target.write(sources, &spans, started).map_err(|e| failed(seq, e))?;
             let took = started.elapsed() + making;
             self.made_batch(&spans, &mut timing, &meters, &meta, indices.len(), took, &collated);
             let q = self.lock();
             if q.generation != generation {
                 return Ok(());
             }
-            self.outboxes.push(key, seq, batch, held(&indices, &collated.skipped), spans.deliver(Transport::Grpc));
+            written.hand_over(key, seq, held(&indices, &collated.skipped), &spans, &meters, &self.outboxes);
         }
         Ok(())
+    }
+
+    /// Where the next batch of `key` (`len` bytes, from a task submitted
+    /// at `submitted`) goes: a slot of the ring at `ring`, when the task
+    /// names one and it takes the batch, else the gRPC outbox. `None`: the
+    /// batch goes nowhere (the task was abandoned, or its trainer left the
+    /// ring after the task came, and its batches have no taker).
+    fn target(
+        &self,
+        ring: Option<&Path>,
+        key: ConsumerKey,
+        submitted: Instant,
+        len: usize,
+        abandoned: &dyn Fn() -> bool,
+        meters: &ConsumerMeters,
+    ) -> Option<Target> {
+        let Some(path) = ring else { return Some(Target::Grpc) };
+        let asked = Instant::now();
+        match self.rings.acquire(path, key, submitted, len, abandoned, &meters.blocked_shm) {
+            Route::Slot(lease) => Some(Target::Slot { lease, asked }),
+            Route::Grpc => Some(Target::Grpc),
+            Route::Abandoned => None,
+            Route::Drop => {
+                tracing::debug!(job = key.0, consumer = key.1, "dropping the rest of a task: its trainer left");
+                None
+            }
+        }
     }
 }
 
@@ -683,7 +666,7 @@ pub(crate) mod tests {
 
     /// A producer whose ring connections run on the test's runtime.
     pub(crate) fn spawn(outboxes: &Arc<Outboxes>) -> Producer {
-        let rings = Rings::new(Arc::clone(outboxes), "http://worker.test:1".into(), tokio::runtime::Handle::current());
+        let rings = Rings::new(outboxes.clone(), "http://worker.test:1".into(), tokio::runtime::Handle::current());
         Producer::spawn(Arc::clone(outboxes), rings, Windows::new(8), 1 << 30, Datasets::new(), None).expect("spawn")
     }
 

@@ -5,13 +5,13 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
+use loader_ring::trainer::SlotRing;
 
 #[cfg(feature = "cuda")]
 use super::cuda::{CudaBackend, CudaEvent, CudaMemory};
 use super::device::Device;
 use super::host::{HostBackend, HostEvent, HostMemory};
 use crate::error::LoaderError;
-use crate::ring::SlotRing;
 
 /// A device the stage copies batches to.
 #[derive(Debug)]

@@ -18,9 +18,9 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use cudarc::driver::result;
 use cudarc::driver::sys;
+use loader_ring::trainer::SlotRing;
 
 use crate::error::LoaderError;
-use crate::ring::SlotRing;
 
 /// The device's primary context and the stream every copy goes on.
 pub(crate) struct Context {

@@ -14,7 +14,7 @@ use std::path::Path;
 use loader_fuzz::rpc::{Rpc, call};
 use loader_proto::batch::{BatchLayout, BatchMeta, TensorDesc};
 use loader_proto::pb::{self, Dtype, RingAttach, RingToTrainer, RingToWorker, ring_to_trainer, ring_to_worker};
-use loader_proto::ring::encode;
+use loader_ring::frame::encode;
 
 fn put(dir: &Path, name: &str, bytes: &[u8]) {
     std::fs::create_dir_all(dir).expect("corpus dir");

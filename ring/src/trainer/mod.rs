@@ -6,7 +6,8 @@
 //! `ring_dir`; announced as `ring_socket` in OpenSession), checks
 //! each peer's credentials, answers its hello with the attach message and the
 //! memfd (SCM_RIGHTS), and grants it slots. A filled slot becomes a
-//! [`Batch`](crate::Batch) whose bytes are a view of the slot
+//! batch (the SDK's type, made by the parse it passes to
+//! [`Inbox::read_all`]) whose bytes are a view of the slot
 //! (`Bytes::from_owner`), delivered to the consumer like a gRPC frame; the
 //! slot is granted again when the last view of the batch is dropped.
 //!
@@ -26,15 +27,15 @@
 //!   workers ring its doorbell.
 //! - `grant`: grants out, written straight to a worker's socket by the
 //!   thread that frees or credits a slot.
-//! - `gap`: what the consumer does when the in-order stream is stuck on a
-//!   gap while ring slots are in use, or after a worker left the ring.
+//!
+//! What the consumer does when the in-order stream is stuck on a gap while
+//! ring slots are in use is the SDK's policy (its `gap` module), over
+//! [`SlotRing::holds`] and [`SlotRing::last_disconnect`].
 
 mod book;
 mod conn;
 mod conn_id;
-#[doc(hidden)]
-pub mod fuzzing;
-mod gap;
+pub(crate) mod fuzz;
 mod grant;
 mod inbox;
 mod memory;
@@ -46,23 +47,19 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use loader_proto::ring::{FrameError, RingGeometry};
+use crate::frame::{FrameError, RingGeometry};
 use tokio::net::UnixListener;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::error::LoaderError;
-use crate::options::LoaderOptions;
-
 use self::book::Book;
-pub(crate) use self::book::{Census, SlotCredit};
-pub(crate) use self::conn::ConnContext;
-pub(crate) use self::conn_id::ConnId;
-pub(crate) use self::gap::{GapWatch, Listed};
-pub(crate) use self::inbox::Inbox;
+pub use self::book::{Census, SlotCredit};
+pub use self::conn::ConnContext;
+pub use self::conn_id::ConnId;
+pub use self::inbox::{BadReport, Filled, Inbox, Worker};
 use self::memory::RingMemory;
-pub(crate) use self::memory::SlotView;
-pub(crate) use self::pace::Pace;
+use self::memory::SlotView;
+pub use self::pace::{Pace, Plan};
 use self::peer::PeerPolicy;
 
 /// Bytes per slot unless told otherwise: a 64 x 3x224x224 uint8 batch fits.
@@ -70,11 +67,11 @@ pub const DEFAULT_SLOT_SIZE: u64 = 16 << 20;
 /// Fewest slots of a ring sized by default.
 const MIN_DEFAULT_SLOTS: u32 = 4;
 /// Most slots a ring may have (the workers' limit too).
-const MAX_SLOTS: u32 = 1 << 16;
+pub const MAX_SLOTS: u32 = 1 << 16;
 
 /// Why the ring could not be set up, or a connection had to end.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum RingError {
+pub enum RingError {
     /// The settings describe an impossible ring.
     #[error("invalid shared-memory ring: {0}")]
     Config(String),
@@ -103,6 +100,11 @@ pub(crate) enum RingError {
     Protocol(String),
 }
 
+/// Ring settings that cannot work, in one line naming the setting.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct GeometryError(pub String);
+
 /// A fresh name in the abstract socket namespace, as tokio takes it (a
 /// leading NUL byte): unique among this host's live rings, since a name
 /// lives only as long as the socket bound to it.
@@ -115,18 +117,18 @@ fn abstract_name() -> PathBuf {
     PathBuf::from(format!("\0loader-ring-{}-{n}-{nanos:08x}", std::process::id()))
 }
 
-/// Settings of the ring, from the loader's options.
+/// Settings of the ring: the SDK builds them from its options.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct RingConfig {
+pub struct RingConfig {
     /// Slots; default `2 x prefetch`, at least 4.
-    pub(crate) slot_count: Option<u32>,
+    pub slot_count: Option<u32>,
     /// Bytes per slot: a multiple of 64 and of the page size.
-    pub(crate) slot_size: u64,
+    pub slot_size: u64,
     /// Where the private socket directory is created (default: the system
     /// temporary directory). A sidecar worker needs a directory it shares.
-    pub(crate) dir: Option<PathBuf>,
+    pub dir: Option<PathBuf>,
     /// Users other than this process's own that may attach.
-    pub(crate) allowed_uids: BTreeSet<u32>,
+    pub allowed_uids: BTreeSet<u32>,
 }
 
 impl Default for RingConfig {
@@ -140,25 +142,12 @@ impl Default for RingConfig {
     }
 }
 
-impl From<&LoaderOptions> for RingConfig {
-    /// The ring the options ask for: slots sized from the batch unless
-    /// `ring` gives a geometry.
-    fn from(options: &LoaderOptions) -> Self {
-        Self {
-            slot_count: options.ring.map(|r| r.slots),
-            slot_size: options.ring.map_or(DEFAULT_SLOT_SIZE, |r| r.slot_bytes),
-            dir: options.ring_dir.clone(),
-            allowed_uids: options.allow_ring_peer_uids.clone(),
-        }
-    }
-}
-
 impl RingConfig {
     /// These settings for batches of about `batch_bytes`: slots the size of
     /// the batch (rounded up to the page) unless the slot size was set.
     /// Small batches then take small slots, and a ring of many of them
     /// costs little memory.
-    pub(crate) fn sized_for(&self, batch_bytes: Option<u64>) -> Self {
+    pub fn sized_for(&self, batch_bytes: Option<u64>) -> Self {
         let mut out = self.clone();
         if let Some(bytes) = batch_bytes
             && self.slot_size == DEFAULT_SLOT_SIZE
@@ -173,8 +162,8 @@ impl RingConfig {
 
     /// The ring's geometry for `prefetch` grants per worker, or a one-line
     /// reason why these settings cannot work.
-    pub(crate) fn geometry(&self, prefetch: u32) -> Result<RingGeometry, LoaderError> {
-        let bad = |m: String| Err(LoaderError::InvalidArgument(m));
+    pub fn geometry(&self, prefetch: u32) -> Result<RingGeometry, GeometryError> {
+        let bad = |m: String| Err(GeometryError(m));
         let page = page_size();
         let size = self.slot_size;
         if size == 0
@@ -220,19 +209,19 @@ fn page_size() -> u64 {
 /// A worker whose ring connection closed: if the stream stalls afterwards,
 /// its batches are the likely gap.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Disconnect {
+pub struct Disconnect {
     /// The worker's gRPC address, from its hello.
-    pub(crate) address: String,
+    pub address: String,
     /// Its process id, from SO_PEERCRED.
-    pub(crate) pid: i32,
+    pub pid: i32,
     /// When the socket closed.
-    pub(crate) at: Instant,
+    pub at: Instant,
 }
 
 /// The ring's memory and book, shared by the connections, the views and the
 /// consumer; outlives the loader while batches are held.
 #[derive(Debug)]
-pub(crate) struct SlotRing {
+pub struct SlotRing {
     /// The mapping the views read.
     memory: Arc<RingMemory>,
     /// Who holds which slot.
@@ -243,17 +232,17 @@ pub(crate) struct SlotRing {
 
 impl SlotRing {
     /// Slot counts by state.
-    pub(crate) fn census(&self) -> Census {
+    pub fn census(&self) -> Census {
         self.book.census()
     }
 
     /// Workers that cannot deliver until the user gives a slot back.
-    pub(crate) fn starved(&self) -> usize {
+    pub fn starved(&self) -> usize {
         self.book.starved()
     }
 
     /// True when `bytes` are a view into this ring.
-    pub(crate) fn holds(&self, bytes: &Bytes) -> bool {
+    pub fn holds(&self, bytes: &Bytes) -> bool {
         self.memory
             .address_range()
             .contains(&(bytes.as_ptr() as usize))
@@ -261,13 +250,12 @@ impl SlotRing {
 
     /// Address range of the whole mapping (slots and doorbell), for the
     /// pin stage to register with a GPU driver; `self` keeps it mapped.
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    pub(crate) fn address_range(&self) -> std::ops::Range<usize> {
+    pub fn address_range(&self) -> std::ops::Range<usize> {
         self.memory.address_range()
     }
 
     /// The latest worker that left the ring.
-    pub(crate) fn last_disconnect(&self) -> Option<Disconnect> {
+    pub fn last_disconnect(&self) -> Option<Disconnect> {
         self.disconnected.lock().ok().and_then(|d| d.clone())
     }
 
@@ -280,7 +268,7 @@ impl SlotRing {
 
 /// The ring and its socket, owned by the loader.
 #[derive(Debug)]
-pub(crate) struct Ring {
+pub struct Ring {
     /// Shared with views and connections.
     shared: Arc<SlotRing>,
     /// The socket workers connect to.
@@ -299,7 +287,7 @@ pub(crate) struct Ring {
 impl Ring {
     /// Creates the memfd for `geometry` and binds the socket. Call on a
     /// tokio runtime. Connections wait in the backlog until [`Ring::serve`].
-    pub(crate) fn bind(
+    pub fn bind(
         config: &RingConfig,
         geometry: RingGeometry,
         prefetch: u32,
@@ -367,19 +355,19 @@ impl Ring {
     }
 
     /// The socket path, as OpenSession carries it.
-    pub(crate) fn socket(&self) -> &Path {
+    pub fn socket(&self) -> &Path {
         &self.path
     }
 
     /// The memory and book, for the consumer.
-    pub(crate) fn shared(&self) -> Arc<SlotRing> {
+    pub fn shared(&self) -> Arc<SlotRing> {
         Arc::clone(&self.shared)
     }
 
     /// Accepts workers until `stop`, each on a task of its own until it
     /// attaches; then its socket goes to `ctx.inbox`, which the consumer
     /// reads.
-    pub(crate) fn serve(&mut self, ctx: ConnContext, stop: CancellationToken) {
+    pub fn serve(&mut self, ctx: ConnContext, stop: CancellationToken) {
         let Some(listener) = self.listener.take() else {
             return;
         };
@@ -469,8 +457,8 @@ mod tests {
                 slot_size: size,
                 ..Default::default()
             };
-            let e = c.geometry(8).expect_err("invalid").to_string();
-            assert!(e.starts_with("ring slot"), "{e}");
+            let e = c.geometry(8).expect_err("invalid");
+            assert!(e.0.starts_with("ring slot"), "{e}");
         }
         let c = RingConfig {
             slot_count: Some(MAX_SLOTS),

@@ -1,5 +1,5 @@
-//! The shared-memory transport: batches collated straight into the slots of
-//! a co-located trainer's ring.
+//! The worker's half of the shared-memory ring: batches collated straight
+//! into the slots of a co-located trainer's ring.
 //!
 //! A task whose consumer's trainer runs on this node names the trainer's
 //! Unix socket (`Task.ring_socket`). [`Rings`] keeps one connection per
@@ -21,15 +21,17 @@
 //! - `socket`: the connection's socket, watched by the runtime for reads
 //!   only (registering it is the module's one `unsafe` line).
 //! - `slots`: the mapping, the book of slots, and leases: the other `unsafe`.
+//!
+//! The worker lends it a [`DeliveryLog`]: where a batch the trainer took is
+//! recorded for the coordinator (the worker's outboxes keep one log for
+//! both transports).
 
 mod bell;
 mod conn;
-pub(crate) mod fuzzing;
+pub(crate) mod fuzz;
 mod handshake;
 mod slots;
 mod socket;
-#[cfg(test)]
-mod tests;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -39,14 +41,14 @@ use std::time::{Duration, Instant};
 
 use loader_proto::pb::{RingAttach, RingHello};
 use loader_proto::{ConsumerKey, PROTOCOL_VERSION};
-use loader_proto::ring::FrameError;
+use crate::frame::FrameError;
 use tokio::runtime::Handle;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
-use crate::meters::{BLOCKED_TICK, BlockedClock};
-use crate::outbox::Outboxes;
-pub(crate) use slots::SlotLease;
+use loader_process::telemetry::blocked::{BLOCKED_TICK, BlockedClock};
+
+pub use slots::{MAX_SLOTS, SlotLease};
 use slots::{GrantError, MapError, Outgoing, Slots};
 
 /// How long after a failed join batches go over gRPC before the socket is
@@ -85,9 +87,17 @@ pub(crate) enum RingError {
     Protocol(String),
 }
 
+/// Where the worker records that a trainer took a batch (it wrote the
+/// slot and reported it filled): the coordinator learns of deliveries from
+/// this log, whichever transport carried them.
+pub trait DeliveryLog: Send + Sync + std::fmt::Debug {
+    /// Batch `seq` of consumer `key` was delivered.
+    fn delivered(&self, key: ConsumerKey, seq: u64);
+}
+
 /// Where one batch goes.
 #[derive(Debug)]
-pub(crate) enum Route {
+pub enum Route {
     /// Into this slot of the ring.
     Slot(SlotLease),
     /// Over the gRPC outbox.
@@ -100,7 +110,7 @@ pub(crate) enum Route {
 
 /// Every ring connection of this worker.
 #[derive(Debug)]
-pub(crate) struct Rings {
+pub struct Rings {
     /// Connections by socket path, under one lock: the producer and the
     /// connection tasks each hold it for a few book-keeping steps.
     state: Mutex<State>,
@@ -110,7 +120,7 @@ pub(crate) struct Rings {
     /// Where connection tasks run: the producer is a plain thread.
     runtime: Handle,
     /// Where deliveries are recorded for the coordinator.
-    outboxes: Arc<Outboxes>,
+    deliveries: Arc<dyn DeliveryLog>,
     /// This worker's gRPC URL, for the trainer's messages.
     address: String,
     /// This worker's id at the coordinator (changes when it registers again).
@@ -170,12 +180,12 @@ enum Next {
 
 impl Rings {
     /// No connection yet; connection tasks will run on `runtime`.
-    pub(crate) fn new(outboxes: Arc<Outboxes>, address: String, runtime: Handle) -> Arc<Self> {
+    pub fn new(deliveries: Arc<dyn DeliveryLog>, address: String, runtime: Handle) -> Arc<Self> {
         Arc::new(Self {
             state: Mutex::new(State::default()),
             changed: Condvar::new(),
             runtime,
-            outboxes,
+            deliveries,
             address,
             worker_id: AtomicU64::new(0),
             stop: CancellationToken::new(),
@@ -188,7 +198,7 @@ impl Rings {
     }
 
     /// Sets the id the next hellos carry.
-    pub(crate) fn set_worker_id(&self, id: u64) {
+    pub fn set_worker_id(&self, id: u64) {
         self.worker_id.store(id, Ordering::Relaxed);
     }
 
@@ -197,7 +207,7 @@ impl Rings {
     /// (producer) thread while the ring is joining or has no free grant;
     /// returns as soon as `abandoned()` holds after [`interrupt`](Self::interrupt).
     /// The wait for a free grant is added to `blocked` as it goes.
-    pub(crate) fn acquire(
+    pub fn acquire(
         self: &Arc<Self>,
         path: &Path,
         key: ConsumerKey,
@@ -285,14 +295,14 @@ impl Rings {
     }
 
     /// Wakes every waiting `acquire`, so that it sees its task abandoned.
-    pub(crate) fn interrupt(&self) {
+    pub fn interrupt(&self) {
         // Taken so a waiter between its check and its wait is not missed.
         let _st = self.lock();
         self.changed.notify_all();
     }
 
     /// Ends every connection and refuses new ones: the worker is stopping.
-    pub(crate) fn close(&self) {
+    pub fn close(&self) {
         let mut st = self.lock();
         st.stopped = true;
         self.stop.cancel();

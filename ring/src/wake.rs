@@ -10,13 +10,13 @@
 //! several microseconds of scheduler work and VM exits, which made up most
 //! of the client's CPU per batch. Here the consumer thread itself reads and
 //! checks the workers' reports; the grant is written by the thread that
-//! frees the slot (see `ring::grant`).
+//! frees the slot (see `trainer::grant`).
 //!
 //! The eventfd is rung by the background tasks after they send the consumer
 //! an event, only while the consumer is parked (a task that sends while the
 //! consumer is busy pays no system call), and by the ring's workers when the
 //! count of reports the consumer asked for is reached (see
-//! [`loader_proto::doorbell`]): the consumer sleeps through several reports
+//! [`crate::doorbell`]): the consumer sleeps through several reports
 //! instead of waking for each, which is why the sockets' data does not wake
 //! it.
 
@@ -38,14 +38,14 @@ const BELL: u64 = u64::MAX;
 
 /// What one wait saw.
 #[derive(Debug, Default)]
-pub(crate) struct Ready {
+pub struct Ready {
     /// Ring connections whose socket hung up (or failed).
-    pub(crate) hung_up: Vec<u64>,
+    pub hung_up: Vec<u64>,
     /// Ring connections whose socket can take grants that did not fit
     /// before (see `Book::flush`).
-    pub(crate) writable: Vec<u64>,
+    pub writable: Vec<u64>,
     /// Nothing at all happened before the timeout.
-    pub(crate) timed_out: bool,
+    pub timed_out: bool,
 }
 
 impl Ready {
@@ -59,7 +59,7 @@ impl Ready {
 /// The consumer's epoll set: the doorbell and the ring's worker sockets.
 /// Every wake-up reads the ring's sockets (see `Inbox::read_all`).
 #[derive(Debug)]
-pub(crate) struct WaitSet {
+pub struct WaitSet {
     /// Level-triggered, so a socket left with unread bytes is reported again.
     epoll: Epoll,
     /// Rung by background tasks after they send the consumer an event, and
@@ -71,7 +71,7 @@ pub(crate) struct WaitSet {
 
 impl WaitSet {
     /// An epoll set holding only the doorbell.
-    pub(crate) fn new() -> io::Result<Self> {
+    pub fn new() -> io::Result<Self> {
         let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)?;
         let bell = EventFd::from_flags(EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)?;
         epoll.add(&bell, EpollEvent::new(EpollFlags::EPOLLIN, BELL))?;
@@ -84,7 +84,7 @@ impl WaitSet {
 
     /// Called by a background task after it sent the consumer an event:
     /// wakes the consumer if it sleeps in [`WaitSet::wait`].
-    pub(crate) fn ring(&self) {
+    pub fn ring(&self) {
         // Pairs with the fence in `wait`: either the consumer sees the event
         // in the channel after parking, or this sees it parked.
         fence(Ordering::SeqCst);
@@ -96,14 +96,14 @@ impl WaitSet {
     }
 
     /// The doorbell's descriptor, lent to ring workers over SCM_RIGHTS.
-    pub(crate) fn bell_fd(&self) -> BorrowedFd<'_> {
+    pub fn bell_fd(&self) -> BorrowedFd<'_> {
         self.bell.as_fd()
     }
 
     /// Reports `socket` under `token` from now on: when it hangs up, and
     /// when writable too with `writable`. Data arriving does not wake the
     /// set: the ring's doorbell does.
-    pub(crate) fn watch(
+    pub fn watch(
         &self,
         socket: BorrowedFd<'_>,
         token: u64,
@@ -115,7 +115,7 @@ impl WaitSet {
     }
 
     /// Changes whether `socket` is also reported when writable.
-    pub(crate) fn rewatch(
+    pub fn rewatch(
         &self,
         socket: BorrowedFd<'_>,
         token: u64,
@@ -127,7 +127,7 @@ impl WaitSet {
     }
 
     /// Stops reporting `socket` (closing it would too; this is explicit).
-    pub(crate) fn forget(&self, socket: BorrowedFd<'_>) {
+    pub fn forget(&self, socket: BorrowedFd<'_>) {
         let _ = self.epoll.delete(socket);
     }
 
@@ -135,7 +135,7 @@ impl WaitSet {
     /// `timeout` passes; `Duration::ZERO` only looks. With `park`, senders
     /// ring the doorbell meanwhile; `pending` is asked after parking whether
     /// an event already waits, so none can be missed.
-    pub(crate) fn wait(
+    pub fn wait(
         &self,
         timeout: Duration,
         park: bool,
@@ -202,12 +202,12 @@ fn interest(writable: bool) -> EpollFlags {
 
 /// A shared wait set as a descriptor an async runtime can watch.
 #[derive(Debug)]
-pub(crate) struct WaitFd(Arc<WaitSet>);
+pub struct WaitFd(Arc<WaitSet>);
 
 impl WaitFd {
     /// Registers `wait` with the current tokio runtime: readable while
     /// something in the set is ready. Call on a runtime.
-    pub(crate) fn register(wait: Arc<WaitSet>) -> io::Result<AsyncFd<Self>> {
+    pub fn register(wait: Arc<WaitSet>) -> io::Result<AsyncFd<Self>> {
         // SAFETY: the descriptor is the epoll fd that `WaitSet` owns and
         // never replaces; the `Arc` inside the `AsyncFd` keeps that `WaitSet`
         // (and so the descriptor) open for the whole life of the `AsyncFd`,

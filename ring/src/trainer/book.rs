@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use loader_proto::pb::SlotGrant;
-use loader_proto::ring::RingGeometry;
+use crate::frame::RingGeometry;
 
 use super::conn_id::ConnId;
 use super::grant::GrantLine;
@@ -123,13 +123,13 @@ struct State {
 
 /// Counts of slots by state, for tests and logs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(crate) struct Census {
+pub struct Census {
     /// Slots on the free list.
-    pub(crate) free: usize,
+    pub free: usize,
     /// Slots granted to workers.
-    pub(crate) granted: usize,
+    pub granted: usize,
     /// Slots held by the user's batches.
-    pub(crate) held: usize,
+    pub held: usize,
 }
 
 /// The shared book; every change happens under its lock.
@@ -475,7 +475,7 @@ fn hold_back(account: &Account, low_water: u32) -> bool {
 /// The credit a batch from the ring owes its connection until the consumer
 /// yields it (or drops it as a copy).
 #[derive(Debug)]
-pub(crate) struct SlotCredit {
+pub struct SlotCredit {
     book: Arc<Book>,
     conn: ConnId,
 }
@@ -487,12 +487,12 @@ impl SlotCredit {
     }
 
     /// The batch was yielded: the connection may be granted another slot.
-    pub(crate) fn give_back(self) {
+    pub fn give_back(self) {
         self.book.yielded(self.conn);
     }
 
     /// The ring connection the credit belongs to.
-    pub(crate) fn conn(&self) -> ConnId {
+    pub fn conn(&self) -> ConnId {
         self.conn
     }
 }

@@ -1,4 +1,4 @@
-//! Entry points for the fuzz targets (`fuzz/`), not an API: the worker's
+//! Entry points for the fuzz target (`fuzz/`), not an API: the worker's
 //! checks of what a trainer sends on its ring socket after the handshake
 //! (the attach message's geometry against the memfd, then grants and
 //! reclaims), over a real memfd mapping, without a socket.
@@ -6,7 +6,7 @@
 use std::fs::File;
 
 use loader_proto::pb::{RingAttach, RingToWorker, ring_to_worker};
-use loader_proto::ring::RingGeometry;
+use crate::frame::RingGeometry;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
 use super::slots::{Mapping, Outgoing, SlotLease, Slots};

@@ -4,7 +4,7 @@ use std::os::unix::net::UnixStream;
 
 use bytes::BytesMut;
 use loader_proto::pb::{RingToWorker, ring_to_worker};
-use loader_proto::ring::decode;
+use crate::frame::decode;
 use proptest::prelude::*;
 
 use super::*;

@@ -17,14 +17,14 @@ use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 
 use loader_proto::ConsumerKey;
-use loader_proto::doorbell::{DOORBELL_LEN, Doorbell};
-use loader_proto::ring::RingGeometry;
+use crate::doorbell::{DOORBELL_LEN, Doorbell};
+use crate::frame::RingGeometry;
 use memmap2::{MmapOptions, MmapRaw};
 use tokio::sync::mpsc::UnboundedSender;
 
 /// Most slots a ring may have: the book keeps a few bytes per slot, and no
 /// sensible trainer prefetches more batches than this.
-pub(crate) const MAX_SLOTS: u32 = 1 << 16;
+pub const MAX_SLOTS: u32 = 1 << 16;
 
 /// Why a ring cannot be mapped.
 #[derive(Debug, thiserror::Error)]
@@ -321,7 +321,7 @@ impl Slots {
 /// The producer's right to write one granted slot. Dropping it unused gives
 /// the slot back to the trainer; [`fill`](Self::fill) reports a batch in it.
 #[derive(Debug)]
-pub(crate) struct SlotLease {
+pub struct SlotLease {
     /// Keeps the ring mapped while the producer writes, even if the
     /// connection ends meanwhile.
     mapping: Arc<Mapping>,
@@ -340,7 +340,7 @@ pub(crate) struct SlotLease {
 impl SlotLease {
     /// The whole slot, to collate a batch into. Holds whatever the slot held
     /// before.
-    pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
         let base = self.mapping.map.as_mut_ptr();
         // SAFETY: `range` comes from the geometry the mapping was created and
         // checked with (`Mapping::new`: mapped length >= geometry.total_len()),
@@ -359,7 +359,7 @@ impl SlotLease {
     /// Reports a batch of `len` bytes, sequence number `seq` of `key`, at the
     /// front of the slot, with the `traceparent` of its delivery span (empty
     /// when it is not traced).
-    pub(crate) fn fill(mut self, len: u64, seq: u64, key: ConsumerKey, traceparent: String) {
+    pub fn fill(mut self, len: u64, seq: u64, key: ConsumerKey, traceparent: String) {
         self.done = true;
         let (slot, generation) = (self.slot, self.generation);
         let _ = self.outgoing.send(Outgoing::Filled { slot, generation, len, seq, key, traceparent });

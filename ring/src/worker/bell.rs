@@ -1,4 +1,4 @@
-//! The worker's half of the ring's doorbell ([`loader_proto::doorbell`]):
+//! The worker's half of the ring's doorbell ([`crate::doorbell`]):
 //! after each filled report on the socket, count it in the shared page and
 //! write the trainer's eventfd when the trainer asked to be woken at that
 //! count. Rings whose trainer offered no doorbell skip all of it: their

@@ -16,7 +16,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 
 use loader_proto::pb::{RingToWorker, SlotGrant, SlotReclaim, ring_to_worker};
-use loader_proto::ring::encode_into;
+use crate::frame::encode_into;
 use nix::errno::Errno;
 use nix::sys::socket::{MsgFlags, send};
 

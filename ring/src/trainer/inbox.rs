@@ -5,14 +5,15 @@
 //! the book (see `grant`).
 //!
 //! The consumer does not wake for every report: before it sleeps it asks,
-//! through the ring's doorbell ([`loader_proto::doorbell`]), to be woken when
+//! through the ring's doorbell ([`crate::doorbell`]), to be woken when
 //! a number of reports are in ([`Inbox::arm`]), and every wake-up reads
 //! every socket to its end ([`Inbox::read_all`]). The sockets themselves
 //! wake it only when they hang up.
 //!
 //! Every report is checked by the book before it becomes a view; every view
-//! is parsed and checked like a gRPC frame (`Batch::from_slot`, one path)
-//! before it reaches the consumer. A worker that breaks the protocol ends
+//! is parsed and checked by the SDK like a gRPC frame (the `parse` it passes
+//! to [`Inbox::read_all`], one path for both transports) before it reaches
+//! the consumer. A worker that breaks the protocol ends
 //! the session with an error naming it: a lying worker is a bug, not a
 //! hiccup. A worker whose socket closes (stopping, or dead) gives back the
 //! slots granted to it; the consumer remembers it for the gap watch.
@@ -26,15 +27,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use bytes::{Bytes, BytesMut};
 use loader_proto::batch::TableCache;
 use loader_proto::pb::{RingToTrainer, ring_to_trainer};
-use loader_proto::ring::decode;
+use crate::frame::decode;
 use tokio::time::Instant;
 
 use super::book::SlotCredit;
 use super::conn_id::ConnId;
 use super::grant::GrantLine;
 use super::{Disconnect, RingError, SlotRing, SlotView};
-use crate::batch::{Batch, Expected};
-use crate::error::LoaderError;
 use crate::wake::WaitSet;
 
 /// Bytes read from a socket at a time: reports are about twenty bytes, so
@@ -44,11 +43,42 @@ const READ_CHUNK: usize = 1024;
 
 /// A worker that attached: what errors and logs call it.
 #[derive(Debug, Clone)]
-pub(crate) struct Worker {
+pub struct Worker {
     /// Its gRPC address, from the hello.
-    pub(crate) address: String,
+    pub address: String,
     /// Its pid, from SO_PEERCRED.
-    pub(crate) pid: i32,
+    pub pid: i32,
+}
+
+/// A worker broke the ring's protocol: a report the book refuses, a frame
+/// that does not decode, a message out of place. The SDK words it like a
+/// bad gRPC frame from that worker.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("worker {address}: {problem}")]
+pub struct BadReport {
+    /// The worker's gRPC address.
+    pub address: String,
+    /// What it did wrong.
+    pub problem: String,
+}
+
+/// A slot a worker reported filled, checked by the book (slot, generation,
+/// length) and not yet parsed: what the SDK's `parse` is given.
+#[derive(Debug)]
+pub struct Filled<'a> {
+    /// The slot's first `len` bytes; dropping the last view frees the slot.
+    pub view: Bytes,
+    /// The slot.
+    pub slot: u32,
+    /// The sequence number the report names (the header must agree).
+    pub seq: u64,
+    /// The batch's trace context, when it was sampled for tracing.
+    pub traceparent: &'a str,
+    /// Who wrote it.
+    pub worker: &'a Worker,
+    /// The last tensor table this worker wrote, parsed: a table like it is
+    /// not parsed again.
+    pub tables: &'a mut TableCache,
 }
 
 /// One attached worker's socket, read side.
@@ -88,13 +118,11 @@ struct Counts {
 /// The ring's attached connections, shared by the accept loop (which adds
 /// them) and the consumer (which reads them).
 #[derive(Debug)]
-pub(crate) struct Inbox {
+pub struct Inbox {
     /// The book and memory the reports are checked against.
     ring: Arc<SlotRing>,
     /// The consumer's epoll set, which holds every open link.
     wait: Arc<WaitSet>,
-    /// Identity checks for every batch, as on gRPC.
-    expected: Expected,
     /// Open links by connection id; `None` once the loader stopped.
     links: Mutex<Option<BTreeMap<ConnId, Link>>>,
     /// Reports read, against the doorbell's count; changed only by
@@ -104,11 +132,10 @@ pub(crate) struct Inbox {
 
 impl Inbox {
     /// An inbox with no link yet.
-    pub(crate) fn new(ring: Arc<SlotRing>, wait: Arc<WaitSet>, expected: Expected) -> Self {
+    pub fn new(ring: Arc<SlotRing>, wait: Arc<WaitSet>) -> Self {
         Self {
             ring,
             wait,
-            expected,
             links: Mutex::new(Some(BTreeMap::new())),
             counts: Mutex::new(Counts::default()),
         }
@@ -122,31 +149,31 @@ impl Inbox {
     }
 
     /// The eventfd workers ring, to lend them at attach.
-    pub(crate) fn bell_fd(&self) -> BorrowedFd<'_> {
+    pub fn bell_fd(&self) -> BorrowedFd<'_> {
         self.wait.bell_fd()
     }
 
     /// Whether workers counted reports that have not been read yet.
-    pub(crate) fn unread(&self) -> bool {
+    pub fn unread(&self) -> bool {
         self.ring.memory.doorbell().reported() > self.counts().base
     }
 
     /// Asks the workers to ring the consumer's eventfd once `reports` more
     /// filled reports are in (at least one). False when they already are:
     /// read instead of sleeping. [`Inbox::disarm`] after waking.
-    pub(crate) fn arm(&self, reports: u64) -> bool {
+    pub fn arm(&self, reports: u64) -> bool {
         let target = self.counts().base.saturating_add(reports.max(1));
         self.ring.memory.doorbell().arm(target)
     }
 
     /// The consumer is awake: no worker needs to ring.
-    pub(crate) fn disarm(&self) {
+    pub fn disarm(&self) {
         self.ring.memory.doorbell().disarm();
     }
 
     /// Slots the ring's workers know they may fill: the reports that can
     /// still come without the consumer giving a slot back.
-    pub(crate) fn in_flight(&self) -> u32 {
+    pub fn in_flight(&self) -> u32 {
         self.ring.book.known_grants()
     }
 
@@ -160,7 +187,7 @@ impl Inbox {
     /// Takes over an attached worker's socket (non-blocking, off any
     /// runtime) with the bytes read after its hello: opens its account, which
     /// grants it slots, and has the consumer watch it.
-    pub(crate) fn adopt(
+    pub fn adopt(
         &self,
         socket: UnixStream,
         buf: BytesMut,
@@ -197,15 +224,21 @@ impl Inbox {
     }
 
     /// Reads every link's socket to its end, turning each filled slot into
-    /// a batch handed to `deliver` with the credit it owes its connection,
-    /// in whatever type the consumer keeps credits as (one made from a
-    /// [`SlotCredit`]: the ring knows nothing of gRPC streams' credits);
-    /// returns how many. A worker that broke the protocol is disconnected
-    /// and its error returned; a closed socket ends its link.
-    pub(crate) fn read_all<C: From<SlotCredit>>(
+    /// a batch by `parse` (the SDK's batch type and checks; an error is the
+    /// worker's) handed to `deliver` with the credit it owes its
+    /// connection, in whatever type the consumer keeps credits as (one made
+    /// from a [`SlotCredit`]: the ring knows nothing of gRPC streams'
+    /// credits); returns how many. A worker that broke the protocol is
+    /// disconnected and its error returned; a closed socket ends its link.
+    pub fn read_all<B, C, E>(
         &self,
-        mut deliver: impl FnMut(Batch, C),
-    ) -> Result<u64, LoaderError> {
+        mut parse: impl FnMut(Filled<'_>) -> Result<B, E>,
+        mut deliver: impl FnMut(B, C),
+    ) -> Result<u64, E>
+    where
+        C: From<SlotCredit>,
+        E: From<BadReport> + std::fmt::Display,
+    {
         let mut links = self.lock();
         let Some(open) = links.as_mut() else {
             return Ok(0);
@@ -216,7 +249,7 @@ impl Inbox {
         let mut ended = Vec::new();
         let mut failed = None;
         for (&id, link) in open.iter_mut() {
-            match self.read_link(id, link, &mut filled, &mut deliver) {
+            match self.read_link(id, link, &mut filled, &mut parse, &mut deliver) {
                 Ok(Outcome::Drained | Outcome::More) => {}
                 Ok(Outcome::Closed) => ended.push(id),
                 Err(e) => {
@@ -245,7 +278,7 @@ impl Inbox {
     }
 
     /// Sends grants that waited for these connections' sockets to drain.
-    pub(crate) fn flush(&self, writable: &[ConnId]) {
+    pub fn flush(&self, writable: &[ConnId]) {
         for &id in writable {
             self.ring.book.flush(id);
         }
@@ -254,7 +287,7 @@ impl Inbox {
     /// Closes every link: the loader stopped. Their workers see the sockets
     /// close; slots granted to them are free again (held ones stay with
     /// their views).
-    pub(crate) fn close(&self) {
+    pub fn close(&self) {
         let Some(open) = self.lock().take() else {
             return;
         };
@@ -265,15 +298,16 @@ impl Inbox {
 
     /// Reads `link`'s socket until it has nothing more, handling every
     /// complete report; counts filled ones in `filled`.
-    fn read_link<C: From<SlotCredit>>(
+    fn read_link<B, C: From<SlotCredit>, E: From<BadReport>>(
         &self,
         id: ConnId,
         link: &mut Link,
         filled: &mut u64,
-        deliver: &mut impl FnMut(Batch, C),
-    ) -> Result<Outcome, LoaderError> {
+        parse: &mut impl FnMut(Filled<'_>) -> Result<B, E>,
+        deliver: &mut impl FnMut(B, C),
+    ) -> Result<Outcome, E> {
         loop {
-            let outcome = self.read_once(id, link, filled, deliver)?;
+            let outcome = self.read_once(id, link, filled, parse, deliver)?;
             if !matches!(outcome, Outcome::More) {
                 return Ok(outcome);
             }
@@ -281,13 +315,14 @@ impl Inbox {
     }
 
     /// One read of `link`'s socket, and every complete report in it.
-    fn read_once<C: From<SlotCredit>>(
+    fn read_once<B, C: From<SlotCredit>, E: From<BadReport>>(
         &self,
         id: ConnId,
         link: &mut Link,
         filled: &mut u64,
-        deliver: &mut impl FnMut(Batch, C),
-    ) -> Result<Outcome, LoaderError> {
+        parse: &mut impl FnMut(Filled<'_>) -> Result<B, E>,
+        deliver: &mut impl FnMut(B, C),
+    ) -> Result<Outcome, E> {
         let mut chunk = [0u8; READ_CHUNK];
         let outcome = match (&*link.socket).read(&mut chunk) {
             Ok(0) => Outcome::Closed,
@@ -313,35 +348,27 @@ impl Inbox {
             if matches!(msg.msg, Some(ring_to_trainer::Msg::Filled(_))) {
                 *filled += 1;
             }
-            self.on_report(id, &link.worker, &mut link.tables, msg, deliver)?;
+            self.on_report(id, &link.worker, &mut link.tables, msg, parse, deliver)?;
         }
         Ok(outcome)
     }
 
     /// Handles one report.
-    fn on_report<C: From<SlotCredit>>(
+    fn on_report<B, C: From<SlotCredit>, E: From<BadReport>>(
         &self,
         id: ConnId,
         worker: &Worker,
         tables: &mut TableCache,
         msg: RingToTrainer,
-        deliver: &mut impl FnMut(Batch, C),
-    ) -> Result<(), LoaderError> {
+        parse: &mut impl FnMut(Filled<'_>) -> Result<B, E>,
+        deliver: &mut impl FnMut(B, C),
+    ) -> Result<(), E> {
         match msg.msg {
             Some(ring_to_trainer::Msg::Filled(f)) => {
                 tracing::trace!(worker = %worker.address, slot = f.slot, generation = f.generation, seq = f.seq, "filled");
-                let batch = self.slot_batch(id, worker, tables, f.slot, f.generation, f.len)?.traced(&f.traceparent);
-                if batch.seq() != f.seq {
-                    return Err(bad(
-                        worker,
-                        format!(
-                            "reported batch {} in slot {}, but its header says {}",
-                            f.seq,
-                            f.slot,
-                            batch.seq()
-                        ),
-                    ));
-                }
+                // On error the view is dropped, which frees the slot.
+                let view = self.slot_view(id, worker, f.slot, f.generation, f.len)?;
+                let batch = parse(Filled { view, slot: f.slot, seq: f.seq, traceparent: &f.traceparent, worker, tables })?;
                 let credit = SlotCredit::new(Arc::clone(&self.ring.book), id);
                 deliver(batch, C::from(credit));
                 Ok(())
@@ -350,26 +377,24 @@ impl Inbox {
                 .ring
                 .book
                 .returned(id, r.slot, r.generation)
-                .map_err(|e| bad(worker, e.to_string())),
+                .map_err(|e| bad(worker, e.to_string()).into()),
             Some(ring_to_trainer::Msg::Hello(_)) => {
-                Err(bad(worker, "said hello twice on the ring".into()))
+                Err(bad(worker, "said hello twice on the ring".into()).into())
             }
-            None => Err(bad(worker, "sent an empty or unknown ring message".into())),
+            None => Err(bad(worker, "sent an empty or unknown ring message".into()).into()),
         }
     }
 
-    /// The batch in a filled slot, checked by the book (slot, generation,
-    /// length) and then like any frame. On error the view is dropped, which
-    /// frees the slot.
-    fn slot_batch(
+    /// The bytes of a filled slot, checked by the book (slot, generation,
+    /// length): a view that frees the slot when its last clone drops.
+    fn slot_view(
         &self,
         id: ConnId,
         worker: &Worker,
-        tables: &mut TableCache,
         slot: u32,
         generation: u64,
         len: u64,
-    ) -> Result<Batch, LoaderError> {
+    ) -> Result<Bytes, BadReport> {
         let release = self
             .ring
             .book
@@ -377,12 +402,7 @@ impl Inbox {
             .map_err(|e| bad(worker, e.to_string()))?;
         let view = SlotView::new(Arc::clone(&self.ring.memory), release, len)
             .map_err(|e| bad(worker, e.to_string()))?;
-        Batch::from_slot(
-            Bytes::from_owner(view),
-            &self.expected,
-            &worker.address,
-            tables,
-        )
+        Ok(Bytes::from_owner(view))
     }
 
     /// A worker left: its grants are free again, and the gap watch learns
@@ -417,8 +437,8 @@ impl Drop for Inbox {
     }
 }
 
-fn bad(worker: &Worker, problem: String) -> LoaderError {
-    LoaderError::BadBatch {
+fn bad(worker: &Worker, problem: String) -> BadReport {
+    BadReport {
         address: worker.address.clone(),
         problem,
     }

@@ -3,4 +3,4 @@
 //! none of them needs a handle on another to name a connection.
 
 /// Identifies one ring connection for the life of the ring.
-pub(crate) type ConnId = u64;
+pub type ConnId = u64;

@@ -19,9 +19,9 @@ use std::collections::HashSet;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use loader_ring::trainer::SlotRing;
 use tokio::time::Instant;
 
-use super::SlotRing;
 use crate::batch::{Batch, Transport};
 use crate::error::LoaderError;
 

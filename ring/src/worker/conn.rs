@@ -15,7 +15,7 @@ use bytes::BytesMut;
 use loader_proto::pb::{
     RingHello, RingToTrainer, RingToWorker, SlotFilled, SlotReturned, ring_to_trainer, ring_to_worker,
 };
-use loader_proto::ring::{RingGeometry, decode, encode};
+use crate::frame::{RingGeometry, decode, encode};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 use super::bell::Bell;
@@ -158,7 +158,7 @@ async fn report(
             if let Some(bell) = bell {
                 bell.reported();
             }
-            rings.outboxes.record_delivered(key, seq);
+            rings.deliveries.delivered(key, seq);
         }
         Outgoing::Returned { slot, generation } => {
             rings.settle(id, slot, generation);

@@ -2,7 +2,7 @@
 //! the shared-memory transport.
 //!
 //! One sealed memfd holds every slot, then the doorbell page
-//! ([`loader_proto::doorbell`]); the trainer maps it shared and keeps the
+//! ([`crate::doorbell`]); the trainer maps it shared and keeps the
 //! descriptor only to pass it to workers. The mapping is writable because
 //! a held slot is the trainer's own memory: the Python SDK hands it to torch
 //! through DLPack, and torch has no read-only tensors, so over a read-only
@@ -17,8 +17,8 @@ use std::ops::Range;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
 
-use loader_proto::doorbell::Doorbell;
-use loader_proto::ring::RingGeometry;
+use crate::doorbell::Doorbell;
+use crate::frame::RingGeometry;
 use memmap2::{MmapOptions, MmapRaw};
 use nix::fcntl::{FcntlArg, SealFlag, fcntl};
 use nix::sys::memfd::{MFdFlags, memfd_create};

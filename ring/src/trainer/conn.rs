@@ -13,7 +13,7 @@ use loader_proto::PROTOCOL_VERSION;
 use loader_proto::pb::{
     RingAttach, RingHello, RingToTrainer, RingToWorker, ring_to_trainer, ring_to_worker,
 };
-use loader_proto::ring::{decode, encode};
+use crate::frame::{decode, encode};
 use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
 use tokio::io::{AsyncReadExt, Interest};
 use tokio::net::UnixStream;
@@ -22,22 +22,22 @@ use tokio::sync::watch;
 use super::inbox::{Inbox, Worker};
 use super::peer::{PeerCreds, PeerPolicy, authorize};
 use super::{RingError, SlotRing};
-use crate::batch::Expected;
+use loader_proto::ConsumerKey;
 
 /// How long a peer gets to say hello after connecting.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What the connections need from the loader.
 #[derive(Debug)]
-pub(crate) struct ConnContext {
+pub struct ConnContext {
     /// The current session id, which the attach message carries; it
     /// changes when the session is reopened. An id, not the session: the
     /// ring sits below the session and needs nothing else of it.
-    pub(crate) session_id: watch::Receiver<u64>,
+    pub session_id: watch::Receiver<u64>,
     /// The job and consumer the attach message names.
-    pub(crate) expected: Expected,
+    pub owner: ConsumerKey,
     /// Where attached workers' sockets go.
-    pub(crate) inbox: Arc<Inbox>,
+    pub inbox: Arc<Inbox>,
 }
 
 impl ConnContext {
@@ -52,7 +52,7 @@ impl ConnContext {
 
 /// Everything a connection task shares with the others.
 #[derive(Debug)]
-pub(crate) struct Served {
+pub(super) struct Served {
     ctx: ConnContext,
     ring: Arc<SlotRing>,
     policy: PeerPolicy,
@@ -60,7 +60,7 @@ pub(crate) struct Served {
 
 /// Serves one connection until it attached (or failed to); never panics on
 /// peer input.
-pub(crate) async fn serve(served: Arc<Served>, mut stream: UnixStream) {
+pub(super) async fn serve(served: Arc<Served>, mut stream: UnixStream) {
     let creds = match PeerCreds::of(&stream).and_then(|c| authorize(c, &served.policy).map(|()| c))
     {
         Ok(c) => c,
@@ -144,8 +144,8 @@ async fn attach(served: &Served, stream: &UnixStream) -> Result<(), RingError> {
     let g = served.ring.memory.geometry();
     let attach = RingAttach {
         session_id: *served.ctx.session_id.borrow(),
-        job_id: served.ctx.expected.job_id,
-        consumer: served.ctx.expected.consumer,
+        job_id: served.ctx.owner.0,
+        consumer: served.ctx.owner.1,
         slot_size: g.slot_size,
         slot_count: g.slot_count,
         doorbell: true,

@@ -3,7 +3,7 @@
 //!
 //! A consumer faster than its workers waits for every batch; waking it costs
 //! more CPU than everything else it does for the batch (see
-//! [`loader_proto::doorbell`]). So when it must wait, it asks to be woken
+//! [`crate::doorbell`]). So when it must wait, it asks to be woken
 //! after several reports, like a network card that raises one interrupt per
 //! few frames. That costs no throughput as long as the workers never run
 //! out of slots meanwhile: it sleeps through at most three quarters of the
@@ -38,16 +38,16 @@ const HOLD_MAX: Duration = Duration::from_millis(200);
 
 /// What one wait asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Plan {
+pub struct Plan {
     /// Filled reports to wake for.
-    pub(crate) reports: u64,
+    pub reports: u64,
     /// Read what is there by then, whatever came; `None` for one report.
-    pub(crate) hold: Option<Duration>,
+    pub hold: Option<Duration>,
 }
 
 /// The consumer's estimate of how fast reports come.
 #[derive(Debug, Default)]
-pub(crate) struct Pace {
+pub struct Pace {
     /// Smoothed time between two filled reports while the consumer waited.
     per_report: Option<Duration>,
     /// When the consumer started waiting, if it is.
@@ -57,7 +57,7 @@ pub(crate) struct Pace {
 impl Pace {
     /// The plan for a wait, with `in_flight` grants the workers know of and
     /// `owed` batches the job has yet to deliver to this consumer.
-    pub(crate) fn plan(&self, in_flight: u32, owed: u64) -> Plan {
+    pub fn plan(&self, in_flight: u32, owed: u64) -> Plan {
         let (num, den) = SLEEP_THROUGH;
         let reports =
             u64::from((in_flight.saturating_mul(num) / den).min(MAX_REPORTS_PER_WAKE)).min(owed);
@@ -74,13 +74,13 @@ impl Pace {
     }
 
     /// The consumer starts waiting for reports at `now`.
-    pub(crate) fn waiting(&mut self, now: Instant) {
+    pub fn waiting(&mut self, now: Instant) {
         self.waiting_since.get_or_insert(now);
     }
 
     /// A read at `now` found `filled` reports. Only the time spent waiting
     /// counts: a consumer busy elsewhere says nothing about its workers.
-    pub(crate) fn read(&mut self, now: Instant, filled: u64) {
+    pub fn read(&mut self, now: Instant, filled: u64) {
         if filled == 0 {
             return;
         }

@@ -17,13 +17,13 @@ use loader_proto::pb::{
     DatasetSpec, Dtype, Job, JobSpec, RingAttach, RingHello, RingToTrainer, RingToWorker, SlotFilled, SlotGrant, SlotReclaim,
     SyntheticSpec, Task, dataset_spec::Kind, ring_to_trainer, ring_to_worker,
 };
-use loader_proto::ring::{decode, encode};
+use loader_ring::frame::{decode, encode};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use nix::sys::memfd::{MFdFlags, memfd_create};
 use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
 use tokio::runtime::Runtime;
 
-use super::Rings;
+use loader_ring::worker::Rings;
 use crate::dataset::synthetic::expected_data;
 use crate::outbox::Outboxes;
 use crate::producer::Producer;
@@ -46,7 +46,7 @@ fn runtime() -> Runtime {
 fn producer(rt: &Runtime, outboxes: &Arc<Outboxes>) -> Producer {
     // Logs show with --nocapture.
     let _ = tracing_subscriber::fmt().with_test_writer().try_init();
-    let rings = Rings::new(Arc::clone(outboxes), ADDRESS.into(), rt.handle().clone());
+    let rings = Rings::new(outboxes.clone(), ADDRESS.into(), rt.handle().clone());
     rings.set_worker_id(WORKER_ID);
     Producer::spawn(Arc::clone(outboxes), rings, crate::window::Windows::new(8), 1 << 30, crate::dataset::Datasets::new(), None).expect("spawn")
 }

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use bytes::BytesMut;
 use loader_proto::pb::{RingAttach, RingHello, RingToTrainer, RingToWorker, ring_to_trainer, ring_to_worker};
-use loader_proto::ring::{decode, encode};
+use crate::frame::{decode, encode};
 use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
 use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::UnixStream;

@@ -90,7 +90,7 @@ impl RingGeometry {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pb::{RingToWorker, SlotGrant, ring_to_worker::Msg};
+    use loader_proto::pb::{RingToWorker, SlotGrant, ring_to_worker::Msg};
 
     #[test]
     fn frames_round_trip_and_split_anywhere() {

@@ -1,7 +1,8 @@
-//! Entry points for the fuzz targets (`fuzz/`), not an API: the trainer's
-//! checks of what a worker sends — a batch frame, and ring reports read by
-//! the real inbox from a real socket into a real sealed memfd — reachable
-//! without a coordinator or a listening socket.
+//! Entry points for the fuzz target (`fuzz/`), not an API: the trainer's
+//! checks of what a worker sends on the ring — reports read by the real
+//! inbox from a real socket into a real sealed memfd — reachable without a
+//! coordinator or a listening socket. What a filled slot becomes is the
+//! target's `parse` (the SDK's batch check, as the consumer passes it).
 
 use std::fs::File;
 use std::io::{ErrorKind, Read, Write};
@@ -9,68 +10,22 @@ use std::os::unix::fs::FileExt;
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex};
 
-use bytes::{Bytes, BytesMut};
-use loader_proto::batch::TableCache;
-use loader_proto::ring::RingGeometry;
+use bytes::BytesMut;
 
 use super::book::{Book, SlotCredit};
-use super::inbox::{Inbox, Worker};
+use super::inbox::{BadReport, Filled, Inbox, Worker};
 use super::memory::RingMemory;
 use super::SlotRing;
-use crate::batch::{Batch, Expected};
+use crate::frame::RingGeometry;
 use crate::wake::WaitSet;
 
 /// Bytes per slot of a [`TrainerRing`]: one page.
 pub const SLOT_SIZE: u64 = 4096;
 
-/// What a session expects of its batches: its job, its consumer, and the
-/// sequence numbers `0..total` in epochs of `batches_per_epoch`.
-#[derive(Debug, Clone, Copy)]
-pub struct Session {
-    /// The session's job.
-    pub job_id: u64,
-    /// The session's consumer.
-    pub consumer: u32,
-    /// Batches per epoch.
-    pub batches_per_epoch: u64,
-    /// Batches of the consumer over all epochs.
-    pub total: u64,
-}
-
-impl Session {
-    fn expected(&self) -> Expected {
-        Expected {
-            job_id: self.job_id,
-            consumer: self.consumer,
-            batches_per_epoch: self.batches_per_epoch,
-            total: self.total,
-        }
-    }
-}
-
-/// Checks `bytes` as a `Fetch` stream checks a frame from a worker, then
-/// reads every tensor as a user would; returns the payload bytes read.
-pub fn check_frame(bytes: Bytes, session: &Session, tables: &mut TableCache) -> Result<usize, String> {
-    let batch = Batch::from_frame(bytes, &session.expected(), "fuzz", tables).map_err(|e| e.to_string())?;
-    Ok(read_batch(&batch))
-}
-
-fn read_batch(batch: &Batch) -> usize {
-    let _ = (batch.epoch(), batch.seq(), batch.index_in_epoch(), batch.indices().len());
-    let mut n = 0;
-    for t in batch.tensors() {
-        n += t.bytes.len();
-        let _ = t.numel();
-        let _ = t.as_slice::<u32>();
-        let _ = batch.tensor(t.name).map(|t| t.bytes.first().copied());
-    }
-    n
-}
-
 /// A trainer's ring of `slot_count` one-page slots with one attached worker,
 /// whose end of the socket the target writes to.
 #[derive(Debug)]
-pub struct TrainerRing {
+pub struct TrainerRing<B> {
     /// The consumer thread's side: reads and checks reports.
     inbox: Inbox,
     /// Memory and book, to read the census.
@@ -81,13 +36,13 @@ pub struct TrainerRing {
     worker: UnixStream,
     /// Batches delivered and still held, with their credits: they hold
     /// their slots, as a user's would.
-    held: Mutex<Vec<(Batch, SlotCredit)>>,
+    held: Mutex<Vec<(B, SlotCredit)>>,
 }
 
-impl TrainerRing {
+impl<B> TrainerRing<B> {
     /// A ring with `prefetch` credits per connection and one attached
     /// worker; the book has granted it its first slots already.
-    pub fn new(slot_count: u32, prefetch: u32, session: &Session) -> Result<Self, String> {
+    pub fn new(slot_count: u32, prefetch: u32) -> Result<Self, String> {
         let geometry = RingGeometry { slot_size: SLOT_SIZE, slot_count };
         let memory = RingMemory::create(geometry).map_err(|e| e.to_string())?;
         let memfd = File::from(memory.fd().try_clone_to_owned().map_err(|e| e.to_string())?);
@@ -97,7 +52,7 @@ impl TrainerRing {
             disconnected: Mutex::new(None),
         });
         let wait = Arc::new(WaitSet::new().map_err(|e| e.to_string())?);
-        let inbox = Inbox::new(Arc::clone(&ring), wait, session.expected());
+        let inbox = Inbox::new(Arc::clone(&ring), wait);
         let (ours, worker) = UnixStream::pair().map_err(|e| e.to_string())?;
         worker.set_nonblocking(true).map_err(|e| e.to_string())?;
         let who = Worker { address: "fuzz-worker".into(), pid: 0 };
@@ -113,11 +68,17 @@ impl TrainerRing {
         let _ = self.memfd.write_at(&bytes[..n], range.start as u64);
     }
 
-    /// Sends `bytes` from the worker and has the inbox read them; batches
-    /// delivered are read, then held while `hold` says so (else dropped,
-    /// which frees their slots). Returns the batches delivered, or the
-    /// error that closed the worker's connection.
-    pub fn feed(&self, bytes: &[u8], mut hold: impl FnMut(u64) -> bool) -> Result<u64, String> {
+    /// Sends `bytes` from the worker and has the inbox read them; each
+    /// filled slot goes through `parse`, and the batches delivered are held
+    /// while `hold` says so (else dropped, which frees their slots).
+    /// Returns the batches delivered, or the error that closed the worker's
+    /// connection.
+    pub fn feed(
+        &self,
+        bytes: &[u8],
+        mut parse: impl FnMut(Filled<'_>) -> Result<B, BadReport>,
+        mut hold: impl FnMut(&B) -> bool,
+    ) -> Result<u64, String> {
         let mut delivered = 0;
         let mut rest = bytes;
         // Each round moves at least what the socket buffer takes, unless the
@@ -130,9 +91,8 @@ impl TrainerRing {
             };
             rest = &rest[wrote..];
             self.drain_grants();
-            let got = self.inbox.read_all(|batch: Batch, credit: SlotCredit| {
-                read_batch(&batch);
-                if hold(batch.seq()) {
+            let got = self.inbox.read_all(&mut parse, |batch: B, credit: SlotCredit| {
+                if hold(&batch) {
                     self.held.lock().unwrap_or_else(|p| p.into_inner()).push((batch, credit));
                 } else {
                     credit.give_back();
