@@ -637,6 +637,10 @@ pub fn plan(spec: &JobSpec) -> Result<Plan, SpecError> {
     if sampler.shuffle_buffer > MAX_SHUFFLE_BUFFER {
         return err("sampler.shuffle_buffer", format!("{} samples is more than {MAX_SHUFFLE_BUFFER}", sampler.shuffle_buffer));
     }
+    if sampler.shuffle_buffer > 0 && !sampler.shuffle {
+        // Left alone, the windows would shuffle a job that asked for order.
+        return err("sampler.shuffle_buffer", String::from("shuffles only with sampler.shuffle: true (set it, or drop the buffer)"));
+    }
     let resume = resumed_epoch(spec, num_samples)?;
     // A mixture shuffles itself (per block, per source): the plan keeps
     // the stream's order, so index = position in the epoch.
@@ -900,6 +904,12 @@ mod tests {
         }
         let e = plan(&JobSpec { sampler: Some(SamplerSpec { lanes: MAX_LANES + 1, ..Default::default() }), ..spec.clone() }).expect_err("lanes");
         assert_eq!(e.to_string(), format!("invalid job spec: sampler.lanes: {} is more than {MAX_LANES}", MAX_LANES + 1));
+        let unshuffled = SamplerSpec { shuffle_buffer: 3, ..Default::default() };
+        let e = plan(&JobSpec { sampler: Some(unshuffled), ..spec.clone() }).expect_err("a buffer without shuffle");
+        assert_eq!(
+            e.to_string(),
+            "invalid job spec: sampler.shuffle_buffer: shuffles only with sampler.shuffle: true (set it, or drop the buffer)"
+        );
     }
 
     #[test]

@@ -419,7 +419,11 @@ def _stream_spec(job: dict, python: Mapping, dataset: Any, consumers: int) -> di
     sampler.setdefault("lanes", min(shards.count, 8))
     shuffle = bool(sampler.get("shuffle"))
     window = int(sampler.get("shuffle_buffer", _stream.DEFAULT_SHUFFLE_BUFFER if shuffle else 0))
-    sampler["shuffle_buffer"] = window if shuffle else 0
+    if window and not shuffle:
+        # As Loader.local(shuffle_buffer=) without shuffle=True: a buffer only
+        # shuffles, and dropping it quietly would read the stream in order.
+        raise ValueError("sampler.shuffle_buffer: give sampler.shuffle: true too (a buffer only shuffles)")
+    sampler["shuffle_buffer"] = window
     try:
         lengths = _stream.counted_in_process(shards)
     except _stream.StreamError as e:

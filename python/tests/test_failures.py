@@ -174,9 +174,15 @@ dl = loader.Loader.local(spec, workers=2)
 it = iter(dl)
 next(it)
 print("pids", *dl.worker_pids(), flush=True)
-for i, batch in enumerate(it):
-    if i == 20:
-        print("iterating", flush=True)
+# Every epoch, not one: an epoch takes well under a second, and a child
+# that finished its loop before the signal came would exit 0.
+i = 0
+while True:
+    for batch in it:
+        i += 1
+        if i == 20:
+            print("iterating", flush=True)
+    it = iter(dl)
 """
         c = child(script)
         pids = [int(p) for p in c.expect("pids").split()]

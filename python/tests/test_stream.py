@@ -252,3 +252,7 @@ def test_streams_that_cannot_be_sharded_are_refused_in_one_line():
         loader.Loader.local(list(range(4)), workers=1, shuffle_buffer=3)
     with pytest.raises(TypeError, match="shuffle_buffer: give shuffle=True too"):
         loader.Loader.local(Shardy(), workers=1, shuffle_buffer=3)
+    # A deployment's spec says the same, before any call to the coordinator.
+    spec = {"dataset": {"python": {"factory": "sample_streams:shardy", "args": {}}}, "batch_size": 4, "sampler": {"shuffle_buffer": 3}}
+    with pytest.raises(ValueError, match=r"^sampler.shuffle_buffer: give sampler.shuffle: true too"):
+        loader.Loader("http://127.0.0.1:1", spec, rank=0, world_size=1)
