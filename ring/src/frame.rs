@@ -54,6 +54,11 @@ pub fn decode<M: Message + Default>(buf: &mut BytesMut) -> Result<Option<M>, Fra
     Ok(Some(M::decode(frame.freeze())?))
 }
 
+/// Most slots a ring may have, on both sides: the worker's book keeps a few
+/// bytes per slot, and no sensible trainer prefetches more batches than
+/// this.
+pub const MAX_SLOTS: u32 = 1 << 16;
+
 /// Where the slots of a ring lie in its shared-memory file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RingGeometry {

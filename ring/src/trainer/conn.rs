@@ -9,11 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use loader_proto::PROTOCOL_VERSION;
+use loader_proto::{ConsumerKey, PROTOCOL_VERSION};
 use loader_proto::pb::{
     RingAttach, RingHello, RingToTrainer, RingToWorker, ring_to_trainer, ring_to_worker,
 };
-use crate::frame::{decode, encode};
 use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
 use tokio::io::{AsyncReadExt, Interest};
 use tokio::net::UnixStream;
@@ -22,7 +21,7 @@ use tokio::sync::watch;
 use super::inbox::{Inbox, Worker};
 use super::peer::{PeerCreds, PeerPolicy, authorize};
 use super::{RingError, SlotRing};
-use loader_proto::ConsumerKey;
+use crate::frame::{decode, encode};
 
 /// How long a peer gets to say hello after connecting.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);

@@ -16,11 +16,11 @@ use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 
 use loader_proto::pb::{RingToWorker, SlotGrant, SlotReclaim, ring_to_worker};
-use crate::frame::encode_into;
 use nix::errno::Errno;
 use nix::sys::socket::{MsgFlags, send};
 
 use super::conn_id::ConnId;
+use crate::frame::encode_into;
 use crate::wake::WaitSet;
 
 /// Grants on their way to one worker.

@@ -27,13 +27,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use bytes::{Bytes, BytesMut};
 use loader_proto::batch::TableCache;
 use loader_proto::pb::{RingToTrainer, ring_to_trainer};
-use crate::frame::decode;
 use tokio::time::Instant;
 
 use super::book::SlotCredit;
 use super::conn_id::ConnId;
 use super::grant::GrantLine;
 use super::{Disconnect, RingError, SlotRing, SlotView};
+use crate::frame::decode;
 use crate::wake::WaitSet;
 
 /// Bytes read from a socket at a time: reports are about twenty bytes, so

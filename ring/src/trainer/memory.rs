@@ -17,14 +17,14 @@ use std::ops::Range;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
 
-use crate::doorbell::Doorbell;
-use crate::frame::RingGeometry;
 use memmap2::{MmapOptions, MmapRaw};
 use nix::fcntl::{FcntlArg, SealFlag, fcntl};
 use nix::sys::memfd::{MFdFlags, memfd_create};
 
 use super::RingError;
 use super::book::SlotRelease;
+use crate::doorbell::Doorbell;
+use crate::frame::RingGeometry;
 
 /// Name of the memfd, as `/proc/<pid>/fd` and `/proc/<pid>/maps` show it
 /// (`/memfd:loader-ring (deleted)`). Never a path: nothing to clean up.

@@ -47,10 +47,11 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use crate::frame::{FrameError, RingGeometry};
 use tokio::net::UnixListener;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+
+use crate::frame::{FrameError, MAX_SLOTS, RingGeometry};
 
 use self::book::Book;
 pub use self::book::{Census, SlotCredit};
@@ -66,8 +67,6 @@ use self::peer::PeerPolicy;
 pub const DEFAULT_SLOT_SIZE: u64 = 16 << 20;
 /// Fewest slots of a ring sized by default.
 const MIN_DEFAULT_SLOTS: u32 = 4;
-/// Most slots a ring may have (the workers' limit too).
-pub const MAX_SLOTS: u32 = 1 << 16;
 
 /// Why the ring could not be set up, or a connection had to end.
 #[derive(Debug, thiserror::Error)]

@@ -15,13 +15,13 @@ use bytes::BytesMut;
 use loader_proto::pb::{
     RingHello, RingToTrainer, RingToWorker, SlotFilled, SlotReturned, ring_to_trainer, ring_to_worker,
 };
-use crate::frame::{RingGeometry, decode, encode};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 use super::bell::Bell;
 use super::slots::{Mapping, Outgoing, Slots};
 use super::socket::RingSocket;
 use super::{Rings, RingError, handshake};
+use crate::frame::{RingGeometry, decode, encode};
 
 /// How long a trainer gets to answer the hello.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);

@@ -6,10 +6,10 @@
 use std::fs::File;
 
 use loader_proto::pb::{RingAttach, RingToWorker, ring_to_worker};
-use crate::frame::RingGeometry;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
 use super::slots::{Mapping, Outgoing, SlotLease, Slots};
+use crate::frame::RingGeometry;
 
 /// Largest memfd a target makes: a geometry asking for more finds the memfd
 /// short, which `Mapping::new` must refuse.

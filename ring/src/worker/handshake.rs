@@ -9,13 +9,13 @@ use std::path::Path;
 
 use bytes::BytesMut;
 use loader_proto::pb::{RingAttach, RingHello, RingToTrainer, RingToWorker, ring_to_trainer, ring_to_worker};
-use crate::frame::{decode, encode};
 use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
 use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::UnixStream;
 
 use super::RingError;
 use super::slots::adopt_received_fds;
+use crate::frame::{decode, encode};
 
 /// Bytes read per `recvmsg` during the handshake.
 const CHUNK: usize = 4096;

@@ -39,16 +39,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use loader_process::telemetry::blocked::{BLOCKED_TICK, BlockedClock};
 use loader_proto::pb::{RingAttach, RingHello};
 use loader_proto::{ConsumerKey, PROTOCOL_VERSION};
-use crate::frame::FrameError;
 use tokio::runtime::Handle;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
-use loader_process::telemetry::blocked::{BLOCKED_TICK, BlockedClock};
+use crate::frame::FrameError;
 
-pub use slots::{MAX_SLOTS, SlotLease};
+pub use slots::SlotLease;
 use slots::{GrantError, MapError, Outgoing, Slots};
 
 /// How long after a failed join batches go over gRPC before the socket is

@@ -17,14 +17,12 @@ use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 
 use loader_proto::ConsumerKey;
-use crate::doorbell::{DOORBELL_LEN, Doorbell};
-use crate::frame::RingGeometry;
 use memmap2::{MmapOptions, MmapRaw};
 use tokio::sync::mpsc::UnboundedSender;
 
-/// Most slots a ring may have: the book keeps a few bytes per slot, and no
-/// sensible trainer prefetches more batches than this.
-pub const MAX_SLOTS: u32 = 1 << 16;
+use crate::doorbell::{DOORBELL_LEN, Doorbell};
+use crate::frame::{MAX_SLOTS, RingGeometry};
+
 
 /// Why a ring cannot be mapped.
 #[derive(Debug, thiserror::Error)]
