@@ -84,6 +84,7 @@ impl WaitSet {
 
     /// Called by a background task after it sent the consumer an event:
     /// wakes the consumer if it sleeps in [`WaitSet::wait`].
+    #[inline]
     pub fn ring(&self) {
         // Pairs with the fence in `wait`: either the consumer sees the event
         // in the channel after parking, or this sees it parked.

@@ -23,12 +23,14 @@ pub struct BlockedClock<'a> {
 
 impl<'a> BlockedClock<'a> {
     /// A clock that runs only while `tick` says the batch is blocked.
+    #[inline]
     pub fn new(gauge: &'a Gauge) -> Self {
         Self { gauge, since: None }
     }
 
     /// Adds the wait since the last tick, and keeps counting while
     /// `blocked`.
+    #[inline]
     pub fn tick(&mut self, blocked: bool) {
         let now = Instant::now();
         if let Some(since) = self.since.take() {
@@ -41,6 +43,7 @@ impl<'a> BlockedClock<'a> {
 
     /// Whether the batch is blocked now (so the wait should wake within
     /// [`BLOCKED_TICK`]).
+    #[inline]
     pub fn running(&self) -> bool {
         self.since.is_some()
     }

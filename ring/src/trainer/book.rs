@@ -482,16 +482,19 @@ pub struct SlotCredit {
 
 impl SlotCredit {
     /// The credit of a batch `conn` just filled.
+    #[inline]
     pub(crate) fn new(book: Arc<Book>, conn: ConnId) -> Self {
         Self { book, conn }
     }
 
     /// The batch was yielded: the connection may be granted another slot.
+    #[inline]
     pub fn give_back(self) {
         self.book.yielded(self.conn);
     }
 
     /// The ring connection the credit belongs to.
+    #[inline]
     pub fn conn(&self) -> ConnId {
         self.conn
     }

@@ -154,6 +154,7 @@ impl Inbox {
     }
 
     /// Whether workers counted reports that have not been read yet.
+    #[inline]
     pub fn unread(&self) -> bool {
         self.ring.memory.doorbell().reported() > self.counts().base
     }
@@ -161,18 +162,21 @@ impl Inbox {
     /// Asks the workers to ring the consumer's eventfd once `reports` more
     /// filled reports are in (at least one). False when they already are:
     /// read instead of sleeping. [`Inbox::disarm`] after waking.
+    #[inline]
     pub fn arm(&self, reports: u64) -> bool {
         let target = self.counts().base.saturating_add(reports.max(1));
         self.ring.memory.doorbell().arm(target)
     }
 
     /// The consumer is awake: no worker needs to ring.
+    #[inline]
     pub fn disarm(&self) {
         self.ring.memory.doorbell().disarm();
     }
 
     /// Slots the ring's workers know they may fill: the reports that can
     /// still come without the consumer giving a slot back.
+    #[inline]
     pub fn in_flight(&self) -> u32 {
         self.ring.book.known_grants()
     }
@@ -278,6 +282,7 @@ impl Inbox {
     }
 
     /// Sends grants that waited for these connections' sockets to drain.
+    #[inline]
     pub fn flush(&self, writable: &[ConnId]) {
         for &id in writable {
             self.ring.book.flush(id);

@@ -57,6 +57,7 @@ pub struct Pace {
 impl Pace {
     /// The plan for a wait, with `in_flight` grants the workers know of and
     /// `owed` batches the job has yet to deliver to this consumer.
+    #[inline]
     pub fn plan(&self, in_flight: u32, owed: u64) -> Plan {
         let (num, den) = SLEEP_THROUGH;
         let reports =
@@ -74,12 +75,14 @@ impl Pace {
     }
 
     /// The consumer starts waiting for reports at `now`.
+    #[inline]
     pub fn waiting(&mut self, now: Instant) {
         self.waiting_since.get_or_insert(now);
     }
 
     /// A read at `now` found `filled` reports. Only the time spent waiting
     /// counts: a consumer busy elsewhere says nothing about its workers.
+    #[inline]
     pub fn read(&mut self, now: Instant, filled: u64) {
         if filled == 0 {
             return;
