@@ -1,5 +1,5 @@
 //! Job specs as a user writes them: [`JobSpec`]s built in code, one builder
-//! per dataset kind, or read from a spec file (YAML or JSON, [`file`]),
+//! per dataset kind, or read from a spec file (YAML or JSON, [`file`](mod@file)),
 //! validated locally with [`loader_proto::spec::plan`] so a bad spec fails
 //! before any network call, with the same one-line message the coordinator
 //! would give.
@@ -17,7 +17,7 @@
 //! A crate of its own because three programs author specs and only one of
 //! them loads batches: `loaderctl run --spec`, the Python SDK (which parses
 //! the dict a user wrote) and the trainer SDK (`loader_client`, which
-//! re-exports this crate as `loader_client::spec` and this crate's [`file`]
+//! re-exports this crate as `loader_client::spec` and this crate's [`file`](mod@file)
 //! as `loader_client::spec_file`). Nothing here opens a connection: the
 //! trainer SDK sizes its ring by a spec, uploads its blobs and submits it.
 //!
@@ -26,7 +26,7 @@
 //!   job shares.
 //! - [`transforms`]: constructors of the image pipeline's steps, and the
 //!   standard training pipeline.
-//! - [`file`]: a spec file becomes a builder ([`file::parse`]). Named `file`,
+//! - [`file`](mod@file): a spec file becomes a builder ([`file::parse`]). Named `file`,
 //!   not `spec_file` as in the trainer SDK, because the crate already says
 //!   `spec`: `loader_spec::file::parse`.
 //! - `counts`: what [`JobSpecBuilder::build`] reads from the dataset's files
