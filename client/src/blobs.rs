@@ -2,7 +2,7 @@
 //! a spec's `python: {pickle_file: PATH}`; see `loader_proto::blob`), from
 //! the file on the trainer's host to the coordinator.
 //!
-//! - When the spec is built ([`hash_sources`]), each blob's file is hashed
+//! - When the spec is built (`loader_spec`), each blob's file is hashed
 //!   (SHA-256) and measured: the spec names the bytes, not the path.
 //! - When the job is submitted ([`upload`]), each blob the coordinator does
 //!   not hold yet goes up in chunks of `loader_proto::blob::MAX_CHUNK`
@@ -15,7 +15,6 @@
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
-use std::path::Path;
 
 use loader_process::grpc::Channel;
 use loader_proto::PROTOCOL_VERSION;
@@ -25,18 +24,6 @@ use loader_proto::pb::{BlobRef, JobSpec, PutBlobRequest};
 
 use crate::connect::{attempt, with_retries};
 use crate::error::LoaderError;
-
-/// Fills in the hash and size of every blob of `spec` that names a file
-/// and has no hash yet.
-pub(crate) fn hash_sources(spec: &mut JobSpec) -> Result<(), LoaderError> {
-    for blob in spec.blobs.iter_mut().filter(|b| !b.source.is_empty() && b.sha256.is_empty()) {
-        let (sha256, size) = loader_process::blobs::hash_file(Path::new(&blob.source))
-            .map_err(|e| file_error(blob, e.to_string()))?;
-        blob.sha256 = sha256;
-        blob.size = size;
-    }
-    Ok(())
-}
 
 /// `spec` as it leaves the trainer: no blob names a path of this host.
 pub(crate) fn without_sources(mut spec: JobSpec) -> JobSpec {
@@ -132,19 +119,11 @@ mod tests {
     }
 
     #[test]
-    fn files_are_hashed_once_and_never_leave_the_trainer() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("data.pkl");
-        std::fs::write(&path, b"abc").expect("write");
-        let mut spec = JobSpec { blobs: vec![blob("pickle_file", "", &path.to_string_lossy())], ..Default::default() };
-        hash_sources(&mut spec).expect("hashed");
-        assert_eq!(spec.blobs[0].sha256, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
-        assert_eq!(spec.blobs[0].size, 3);
-        assert!(without_sources(spec).blobs.iter().all(|b| b.source.is_empty()));
-
-        let mut missing = JobSpec { blobs: vec![blob("pickle_file", "", "/nonexistent/data.pkl")], ..Default::default() };
-        let e = hash_sources(&mut missing).expect_err("no file").to_string();
-        assert!(e.starts_with("blob `pickle_file` /nonexistent/data.pkl: No such file"), "{e}");
+    fn blob_files_never_leave_the_trainer() {
+        let spec = JobSpec { blobs: vec![blob("pickle_file", "aa", "/data.pkl")], ..Default::default() };
+        let sent = without_sources(spec);
+        assert!(sent.blobs.iter().all(|b| b.source.is_empty()));
+        assert_eq!(sent.blobs[0].sha256, "aa", "the bytes stay named");
     }
 
     #[test]

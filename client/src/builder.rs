@@ -381,7 +381,7 @@ impl LoaderBuilder {
         }
         // A fresh job's mixture is cut into its own global batches; a
         // resumed one's spec already holds the first job's.
-        crate::spec::fix_mix_block(&mut spec);
+        fix_mix_block(&mut spec);
         if rank >= spec.consumers {
             return Err(LoaderError::InvalidArgument(format!(
                 "rank {} is outside world size {}",
@@ -439,7 +439,7 @@ impl LoaderBuilder {
             })?,
         };
         spec.consumers = 1;
-        crate::spec::fix_mix_block(&mut spec);
+        fix_mix_block(&mut spec);
         // Fail on a bad spec, start, option or ring before starting any
         // process.
         let plan = crate::spec::validate(&spec)?;
@@ -572,4 +572,16 @@ fn new_weights(given: Option<&JobSpec>, saved: &JobSpec) -> Option<Vec<f64>> {
     };
     let new = weights(given?)?;
     (Some(&new) != weights(saved).as_ref()).then_some(new)
+}
+
+/// Records the global batch a mixture's blocks are cut by, when the spec
+/// leaves it to the job (0): what the job opens with, which a resume on
+/// another world size must keep. The trainer's, not the spec author's: it
+/// depends on the world size the loader opens the job with.
+fn fix_mix_block(spec: &mut JobSpec) {
+    if let Some(loader_proto::pb::dataset_spec::Kind::Mix(m)) = spec.dataset.as_mut().and_then(|d| d.kind.as_mut())
+        && m.block == 0
+    {
+        m.block = u64::from(spec.batch_size) * u64::from(spec.consumers.max(1));
+    }
 }

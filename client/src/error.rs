@@ -163,6 +163,21 @@ pub enum LoaderError {
     Runtime(String),
 }
 
+/// The one place a spec authoring error ([`loader_spec::Error`]) becomes a
+/// [`LoaderError`]: variant for variant, with the same message, so `?` on a
+/// spec builder or parser keeps the SDK's error type and its words.
+impl From<loader_spec::Error> for LoaderError {
+    fn from(e: loader_spec::Error) -> Self {
+        match e {
+            loader_spec::Error::Spec(e) => LoaderError::Spec(e),
+            loader_spec::Error::Listing(e) => LoaderError::Listing(e),
+            loader_spec::Error::TokenFile { path, cause } => LoaderError::TokenFile { path, cause },
+            loader_spec::Error::BlobFile { name, path, cause } => LoaderError::BlobFile { name, path, cause },
+            loader_spec::Error::SpecFile { origin, message } => LoaderError::SpecFile { origin, message },
+        }
+    }
+}
+
 impl LoaderError {
     /// Maps a gRPC status from `call` on `address`. This is the only place a
     /// [`Status`] turns into a [`LoaderError`].

@@ -25,9 +25,9 @@
 //!   checks them all, then opens the loader.
 //! - [`loader`](Loader): the public [`Loader`]; opens a session on a
 //!   coordinator's address, owns the runtime and the background tasks.
-//! - `blobs`: the files a job needs beside its spec (a pickled dataset):
-//!   hashed when the spec is built, uploaded to the coordinator before the
-//!   job is submitted.
+//! - `blobs`: the files a job needs beside its spec (a pickled dataset),
+//!   hashed when the spec is built (`loader_spec`), uploaded here to the
+//!   coordinator before the job is submitted.
 //! - `session`: CreateOrAttachJob, OpenSession and the heartbeat that renews
 //!   the session's lease with the consumed watermark and stall time; reopens
 //!   the session when a restarted coordinator forgot it.
@@ -52,9 +52,11 @@
 //! - `reorder`: the reorder buffer keyed by sequence number.
 //! - [`batch`](Batch): [`Batch`], [`Tensor`] and [`Transport`]: views over a
 //!   validated frame or ring slot.
-//! - [`spec`]: [`JobSpec`] builders, validated locally; the image pipeline's
-//!   steps.
-//! - [`spec_file`]: a job written as YAML or JSON ([`spec_file::parse`]).
+//! - [`spec`] and [`spec_file`]: the `loader_spec` crate and its `file`
+//!   module, re-exported: [`JobSpec`] builders validated locally, the image
+//!   pipeline's steps, a job written as YAML or JSON ([`spec_file::parse`]).
+//! - `footprint`: the bytes of a job's batch, told from its spec, by which
+//!   the trainer sizes its ring and prefetch window.
 //! - [`connect`]: calls to the coordinator in `LoaderError` terms: bounded
 //!   connects, per-call timeouts, retries (channels and the backoff come
 //!   from `loader_process`).
@@ -70,6 +72,7 @@ mod consumer;
 mod error;
 mod event;
 mod fetch;
+mod footprint;
 mod gap;
 mod late;
 mod loader;
@@ -84,8 +87,15 @@ mod state;
 pub mod connect;
 #[cfg(feature = "embedded")]
 pub mod embedded;
-pub mod spec;
-pub mod spec_file;
+/// Spec authoring lives in its own crate, `loader_spec`, so `loaderctl`
+/// and the Python SDK write specs without the trainer SDK; re-exported
+/// here so a trainer needs one dependency and code written against
+/// `loader_client::spec` keeps working. Its errors become [`LoaderError`]s
+/// with `?`.
+pub use loader_spec as spec;
+/// Spec files (YAML or JSON): `loader_spec::file`, under the name it had
+/// when it lived in this crate.
+pub use loader_spec::file as spec_file;
 
 pub use batch::{Batch, Tensor, Transport};
 pub use pin::{DEFAULT_DEVICE_PREFETCH, Device, DeviceCopy, DeviceTensor};

@@ -75,7 +75,7 @@ pub(crate) fn open_blocking(
     options: &LoaderOptions,
 ) -> Result<Loader, LoaderError> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(runtime_threads(crate::spec::batch_bytes(&seat.spec)))
+        .worker_threads(runtime_threads(crate::footprint::batch_bytes(&seat.spec)))
         .thread_name("loader-client")
         .enable_all()
         .build()
@@ -204,7 +204,7 @@ pub(crate) async fn open(
 /// window, a ring of many small slots and as many stream credits, so
 /// hand-offs are paid per window.
 fn bind_ring(spec: &JobSpec, options: &LoaderOptions) -> Result<(Option<Ring>, u32), LoaderError> {
-    let batch_bytes = crate::spec::batch_bytes(spec);
+    let batch_bytes = crate::footprint::batch_bytes(spec);
     let window = batch_bytes.map_or(options.prefetch, |b| loader_proto::window::batches(b, options.prefetch));
     if !options.shared_memory {
         return Ok((None, window));

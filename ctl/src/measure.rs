@@ -14,7 +14,7 @@ use serde::Serialize;
 use tempfile::NamedTempFile;
 
 use super::{DatasetArgs, MeasureArgs, OnCorruptArg, TransportArg, cpu, signals};
-use loader_client::{Batch, Device, Loader, LoaderBuilder, Transport, spec};
+use loader_client::{Batch, Device, Loader, LoaderBuilder, Transport};
 
 /// Windows per epoch in a generated token file (with the chosen batch size).
 const GENERATED_TOKEN_BATCHES: u64 = 64;
@@ -363,7 +363,7 @@ pub(super) fn job_spec(
     name: Option<&str>,
 ) -> anyhow::Result<(JobSpec, Option<NamedTempFile>)> {
     if let Some(path) = &args.spec {
-        let mut builder = loader_client::spec_file::parse_file(path)?;
+        let mut builder = loader_spec::file::parse_file(path)?;
         if let Some(name) = name {
             builder = builder.name(name);
         }
@@ -381,7 +381,7 @@ pub(super) fn job_spec(
     };
     let (builder, file) = match args.dataset.as_str() {
         "synthetic" => (
-            spec::synthetic(args.samples, &parse_shape(&args.shape)?, dtype(Dtype::U8)?),
+            loader_spec::synthetic(args.samples, &parse_shape(&args.shape)?, dtype(Dtype::U8)?),
             None,
         ),
         "tokens" => {
@@ -393,13 +393,13 @@ pub(super) fn job_spec(
                     (file.path().to_path_buf(), Some(file))
                 }
             };
-            (spec::tokens(path, dtype, args.context_length), file)
+            (loader_spec::tokens(path, dtype, args.context_length), file)
         }
         "imagefolder" | "image_folder" => {
             let Some(root) = &args.path else {
                 anyhow::bail!("--dataset imagefolder needs --path DIR (a folder of class folders of .jpg/.png images)");
             };
-            let builder = spec::image_folder(root).transforms(spec::transforms::standard_train(STANDARD_IMAGE_SIZE));
+            let builder = loader_spec::image_folder(root).transforms(loader_spec::transforms::standard_train(STANDARD_IMAGE_SIZE));
             (builder, None)
         }
         other => anyhow::bail!(

@@ -207,18 +207,40 @@ fn render_status(status: &Status, shown: usize) -> String {
         sessions,
         jobs,
     } = status;
-    let mut workers: Vec<&WorkerInfo> = workers.iter().collect();
-    let mut sessions: Vec<&SessionInfo> = sessions.iter().collect();
-    if workers.len() > shown {
-        workers.sort_by_key(|w| (std::cmp::Reverse(w.draining), std::cmp::Reverse(w.outstanding), w.worker_id));
+    let listed_workers = first_by(workers, shown, |w| {
+        (std::cmp::Reverse(w.draining), std::cmp::Reverse(w.outstanding), w.worker_id)
+    });
+    let listed_sessions = first_by(sessions, shown, |s| (std::cmp::Reverse(s.stall_ms), s.session_id));
+    let left_out = match (workers.len() - listed_workers.len(), sessions.len() - listed_sessions.len()) {
+        (0, 0) => String::new(),
+        (w, s) => format!("\n({w} workers and {s} sessions not listed: --all lists every one, --json gives them to scripts)\n"),
+    };
+    format!(
+        "WORKERS ({})\n{}\nSESSIONS ({})\n{}\nJOBS ({})\n{}{left_out}",
+        workers.len(),
+        worker_table(&listed_workers),
+        sessions.len(),
+        session_table(&listed_sessions),
+        jobs.len(),
+        job_table(jobs, shown),
+    )
+}
+
+/// The `shown` items a table lists: all of them, in the coordinator's
+/// order, when they fit; else the first `shown` by `key`, the ones an
+/// operator looks for first.
+fn first_by<T, K: Ord>(items: &[T], shown: usize, key: impl FnMut(&&T) -> K) -> Vec<&T> {
+    let mut listed: Vec<&T> = items.iter().collect();
+    if listed.len() > shown {
+        listed.sort_by_key(key);
+        listed.truncate(shown);
     }
-    if sessions.len() > shown {
-        sessions.sort_by_key(|s| (std::cmp::Reverse(s.stall_ms), s.session_id));
-    }
-    let (all_workers, all_sessions) = (workers.len(), sessions.len());
-    workers.truncate(shown);
-    sessions.truncate(shown);
-    let worker_rows: Vec<Vec<String>> = workers
+    listed
+}
+
+/// The WORKERS table.
+fn worker_table(workers: &[&WorkerInfo]) -> String {
+    let rows: Vec<Vec<String>> = workers
         .iter()
         .map(|w| {
             vec![
@@ -232,7 +254,12 @@ fn render_status(status: &Status, shown: usize) -> String {
             ]
         })
         .collect();
-    let session_rows: Vec<Vec<String>> = sessions
+    render(&["ID", "ADDRESS", "NODE", "OUTSTANDING", "DELIVERED", "LAST SEEN", "DRAINING"], &rows)
+}
+
+/// The SESSIONS table.
+fn session_table(sessions: &[&SessionInfo]) -> String {
+    let rows: Vec<Vec<String>> = sessions
         .iter()
         .map(|s| {
             vec![
@@ -246,7 +273,13 @@ fn render_status(status: &Status, shown: usize) -> String {
             ]
         })
         .collect();
-    let job_rows: Vec<Vec<String>> = jobs
+    render(&["ID", "JOB", "CONSUMER", "NODE", "RING", "LAST SEEN", "STALL"], &rows)
+}
+
+/// The JOBS table: every job, its ranks listed one by one up to
+/// `RANKS_SHOWN` (all when `shown` is unbounded), else summed up.
+fn job_table(jobs: &[JobInfo], shown: usize) -> String {
+    let rows: Vec<Vec<String>> = jobs
         .iter()
         .map(|info| {
             let job = info.job.clone().unwrap_or_default();
@@ -254,82 +287,41 @@ fn render_status(status: &Status, shown: usize) -> String {
             let consumers = if info.consumers.len() > RANKS_SHOWN && shown != usize::MAX {
                 ranks_summed(&info.consumers)
             } else {
-                info.consumers
-                    .iter()
-                    .map(|c| {
-                        // Distinct batches delivered, and those delivered once
-                        // more, apart: a re-sent copy is dropped by the trainer.
-                        let distinct = c.delivered.saturating_sub(c.resent);
-                        format!("{}:{}/{}/{}/{}", c.consumer, distinct, c.resent, c.consumed, c.total)
-                    })
-                    .collect::<Vec<_>>()
-                    .join(" ")
+                ranks_listed(&info.consumers)
             };
             vec![
                 job.job_id.to_string(),
-                if spec.name.is_empty() {
-                    "-".into()
-                } else {
-                    spec.name.clone()
-                },
+                or_dash(&spec.name),
                 dataset(&spec.dataset.and_then(|d| d.kind)),
                 job.num_samples.to_string(),
                 job.batches_per_epoch.to_string(),
                 consumers,
-                if info.error.is_empty() {
-                    "-".into()
-                } else {
-                    info.error.clone()
-                },
+                or_dash(&info.error),
             ]
         })
         .collect();
-    let left_out = match (all_workers - workers.len(), all_sessions - sessions.len()) {
-        (0, 0) => String::new(),
-        (w, s) => format!("\n({w} workers and {s} sessions not listed: --all lists every one, --json gives them to scripts)\n"),
-    };
-    format!(
-        "WORKERS ({})\n{}\nSESSIONS ({})\n{}\nJOBS ({})\n{}{left_out}",
-        all_workers,
-        render(
-            &[
-                "ID",
-                "ADDRESS",
-                "NODE",
-                "OUTSTANDING",
-                "DELIVERED",
-                "LAST SEEN",
-                "DRAINING"
-            ],
-            &worker_rows
-        ),
-        all_sessions,
-        render(
-            &[
-                "ID",
-                "JOB",
-                "CONSUMER",
-                "NODE",
-                "RING",
-                "LAST SEEN",
-                "STALL"
-            ],
-            &session_rows
-        ),
-        jobs.len(),
-        render(
-            &[
-                "ID",
-                "NAME",
-                "DATASET",
-                "N",
-                "BATCHES/EPOCH",
-                "RANK:DELIVERED/RESENT/CONSUMED/TOTAL",
-                "ERROR"
-            ],
-            &job_rows
-        ),
-    )
+    let headers =
+        ["ID", "NAME", "DATASET", "N", "BATCHES/EPOCH", "RANK:DELIVERED/RESENT/CONSUMED/TOTAL", "ERROR"];
+    render(&headers, &rows)
+}
+
+/// A job's ranks one by one: `rank:distinct/resent/consumed/total`.
+fn ranks_listed(consumers: &[ConsumerProgress]) -> String {
+    consumers
+        .iter()
+        .map(|c| {
+            // Distinct batches delivered, and those delivered once
+            // more, apart: a re-sent copy is dropped by the trainer.
+            let distinct = c.delivered.saturating_sub(c.resent);
+            format!("{}:{}/{}/{}/{}", c.consumer, distinct, c.resent, c.consumed, c.total)
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// `text`, or `-` for an empty cell.
+fn or_dash(text: &str) -> String {
+    if text.is_empty() { "-".into() } else { text.to_owned() }
 }
 
 /// A job's ranks summed up: how many, distinct batches delivered, re-sent,

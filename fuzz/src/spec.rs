@@ -50,9 +50,9 @@ fn fill_counts(kind: &mut Kind) {
 /// parses, plans and submits it.
 pub fn run(text: &str, json: bool) {
     let parsed = if json {
-        loader_client::spec_file::parse_json(text, base_dir())
+        loader_spec::file::parse_json(text, base_dir())
     } else {
-        loader_client::spec_file::parse(text, base_dir())
+        loader_spec::file::parse(text, base_dir())
     };
     let Ok(builder) = parsed else { return };
     let mut spec = builder.spec().clone();
@@ -63,7 +63,7 @@ pub fn run(text: &str, json: bool) {
     if let Some(pb::DatasetSpec { kind: Some(kind) }) = &mut spec.dataset {
         fill_counts(kind);
     }
-    let Ok(plan) = loader_client::spec::validate(&spec) else { return };
+    let Ok(plan) = loader_spec::validate(&spec) else { return };
     let _ = loader_proto::footprint::batch_bytes(&spec);
     let _ = loader_proto::transforms::check(&spec.transforms);
     // The first and last batch of the first and last consumer: the sampler's

@@ -15,8 +15,11 @@ create_exception!(
     "Loading failed: a worker or the coordinator could not deliver, or the job failed."
 );
 
-/// The Python exception for `e`.
-pub(crate) fn to_py(e: ClientError) -> PyErr {
+/// The Python exception for `e`: a [`ClientError`], or an error that
+/// becomes one (a `loader_spec::Error`, through the SDK's one mapping), so
+/// spec errors are classified here like every other.
+pub(crate) fn to_py(e: impl Into<ClientError>) -> PyErr {
+    let e = e.into();
     match e {
         ClientError::InvalidArgument(_)
         | ClientError::InvalidAddress { .. }

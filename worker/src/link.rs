@@ -23,13 +23,17 @@
 //! before it queues the response's tasks. A drain order is carried out as
 //! [`crate::drain`] describes.
 
+use std::ops::ControlFlow;
 use std::sync::Mutex;
 use std::time::Duration;
 
 use loader_process::retry::{self, Backoff};
 use loader_proto::PROTOCOL_VERSION;
 use loader_proto::pb::worker_service_client::WorkerServiceClient;
-use loader_proto::pb::{ConsumerId, DeregisterRequest, RegisterWorkerRequest, WorkerHeartbeatRequest};
+use loader_proto::pb::{
+    ConsumerId, Delivered, DeregisterRequest, Failed, RegisterWorkerRequest, WorkerHeartbeatRequest,
+    WorkerHeartbeatResponse,
+};
 use loader_ring::worker::Rings;
 use tokio::time::{Instant, sleep_until, timeout_at};
 use loader_process::grpc::Channel;
@@ -112,6 +116,44 @@ impl Waiting {
     fn worth_a_call(self) -> bool {
         self.failures || self.half_window || (self.unreported > 0 && self.starving)
     }
+}
+
+/// Where the heartbeat loop stands between calls.
+#[derive(Debug)]
+struct Beat {
+    /// What the last registration granted.
+    reg: Registration,
+    /// When the lease was last renewed, at the latest: when the last
+    /// successful call was sent.
+    renewed: Instant,
+    /// When the next heartbeat is due, if no report is due before.
+    next: Instant,
+    /// The last heartbeat failed: the next one waits for `next` whatever
+    /// is delivered meanwhile.
+    retrying: bool,
+    /// The drain under way, once the coordinator ordered one.
+    drain: Option<Drain>,
+}
+
+impl Beat {
+    /// When the lease runs out without another successful heartbeat.
+    fn lease_end(&self) -> Instant {
+        self.renewed + self.reg.lease_ttl
+    }
+}
+
+/// What one heartbeat reported, kept until its answer tells whether the
+/// coordinator got it (else it is reported again).
+#[derive(Debug)]
+struct Sent {
+    /// The deliveries it reported.
+    delivered: Vec<Delivered>,
+    /// The failed tasks it reported.
+    failed: Vec<Failed>,
+    /// How long it asked the coordinator to wait for work.
+    wait: Duration,
+    /// When it was sent.
+    started: Instant,
 }
 
 /// How one registration attempt failed.
@@ -291,138 +333,199 @@ impl Link {
     /// worker (an error), or until a drain order has been carried out: every
     /// held task produced and delivered, the last deliveries reported, and
     /// the worker deregistered (Ok).
-    pub(crate) async fn run(mut self, mut reg: Registration) -> Result<(), WorkerError> {
-        let mut renewed = reg.granted;
-        let mut next = Instant::now();
-        let mut retrying = false;
-        let mut drain: Option<Drain> = None;
+    pub(crate) async fn run(mut self, reg: Registration) -> Result<(), WorkerError> {
+        let mut beat = Beat { renewed: reg.granted, next: Instant::now(), retrying: false, drain: None, reg };
         loop {
-            let lease_end = renewed + reg.lease_ttl;
-            let due = next.min(lease_end);
-            if retrying {
-                // Deliveries must not hammer a coordinator that is down.
-                sleep_until(due).await;
-            } else {
-                tokio::select! {
-                    () = sleep_until(due) => {}
-                    () = self.report_due() => {}
-                }
-            }
+            let lease_end = beat.lease_end();
+            self.until_due(beat.next.min(lease_end), beat.retrying).await;
             if Instant::now() >= lease_end {
-                return Err(self.fence(reg.lease_ttl));
+                return Err(self.fence(beat.reg.lease_ttl));
             }
             let delivered = self.outboxes.take_delivered();
-            // Idle: nothing to make, and nothing held or nobody taking what
-            // is held (its trainer waits on a gap elsewhere, or paused). It
-            // then waits at the coordinator, which answers as soon as there
-            // is work for it: a backup task for a trainer waiting on a
-            // straggler starts at once instead of at the next tick.
-            let idle = self.producer.is_idle() && (self.outboxes.is_empty() || delivered.is_empty());
-            // As long as a heartbeat interval: the coordinator answers at once
-            // when work, a drain order or an ended consumer comes up, so a
-            // longer wait costs no latency, and an idle fleet calls once per
-            // interval, not several times (docs/benchmarks.md, "The
-            // coordinator at scale").
-            let wait = if idle && drain.is_none() { reg.heartbeat_interval } else { Duration::ZERO };
+            let wait = self.poll_wait(&beat, &delivered);
             let failed = self.producer.take_failed();
-            let request = WorkerHeartbeatRequest {
-                protocol_version: PROTOCOL_VERSION,
-                worker_id: reg.worker_id,
-                delivered: delivered.clone(),
-                failed: failed.clone(),
-                wait_ms: wait.as_millis() as u64,
-                windows: self.windows.announce(),
-                busy: self.producer.take_busy(std::time::Instant::now()),
-            };
-            crate::meters::busy(request.busy);
-            self.outboxes.sample_meters();
-            let started = Instant::now();
+            let request = self.heartbeat_request(beat.reg.worker_id, &delivered, &failed, wait);
+            let sent = Sent { delivered, failed, wait, started: Instant::now() };
             match timeout_at(lease_end, self.client.heartbeat(request)).await {
                 Ok(Ok(resp)) => {
-                    // The coordinator renewed the lease when the call
-                    // arrived, which was after `started`.
-                    renewed = started;
-                    retrying = false;
-                    let resp = resp.into_inner();
-                    if resp.reregister {
-                        tracing::warn!(worker_id = reg.worker_id, "coordinator asked this worker to register again");
-                        // The coordinator no longer counts our tasks as ours,
-                        // and ignored the reports: send them again under the
-                        // new id.
-                        self.producer.clear();
-                        self.outboxes.restore_delivered(delivered);
-                        self.producer.restore_failed(failed);
-                        reg = self.register(renewed + reg.lease_ttl, reg.lease_ttl).await.map_err(|e| match e {
-                            WorkerError::Unreachable { .. } => self.fence(reg.lease_ttl),
-                            other => other,
-                        })?;
-                        renewed = reg.granted;
-                        next = Instant::now();
-                        continue;
+                    if self.answered(&mut beat, resp.into_inner(), sent).await?.is_break() {
+                        return Ok(());
                     }
-                    // Before the tasks: a task in this response may be for a
-                    // consumer that came back after it ended.
-                    for ended in resp.ended {
-                        self.drop_ended(ended);
-                    }
-                    if resp.drain && drain.is_none() {
-                        tracing::info!(worker_id = reg.worker_id, "draining: finishing held tasks, taking no new ones");
-                        drain = Some(Drain::new(reg.lease_ttl, self.outboxes.progress(), Instant::now()));
-                    }
-                    // Decided once a heartbeat had nothing left to report.
-                    if let Some(d) = &mut drain
-                        && delivered.is_empty()
-                        && failed.is_empty()
-                    {
-                        let held_nothing = self.producer.is_idle() && self.outboxes.is_empty();
-                        match d.step(held_nothing, self.outboxes.progress(), Instant::now()) {
-                            DrainStep::Continue => {}
-                            DrainStep::Done => return self.deregister(reg.worker_id).await,
-                            DrainStep::HandBack => {
-                                tracing::info!(
-                                    worker_id = reg.worker_id,
-                                    held = self.outboxes.len(),
-                                    "draining: nothing produced or fetched for {:?}; handing the batches still held back to the coordinator",
-                                    d.patience()
-                                );
-                                return self.deregister(reg.worker_id).await;
-                            }
-                        }
-                    }
-                    for task in resp.tasks {
-                        tracing::debug!(
-                            job = task.job.as_ref().map_or(0, |j| j.job_id),
-                            consumer = task.consumer,
-                            seqs = ?(task.start_seq..task.end_seq),
-                            "task"
-                        );
-                        self.producer.submit(task);
-                    }
-                    // A long poll is its own pace: the coordinator answers
-                    // early only with something to say (tasks, a drain
-                    // order, ended consumers), and the next poll must be
-                    // waiting again at once, or work that comes up between
-                    // two polls (a new job's first tasks) waits out a whole
-                    // interval unheard.
-                    let pace = if wait.is_zero() { reg.heartbeat_interval } else { POLL_GAP };
-                    next = started + pace;
                 }
                 Ok(Err(status)) if is_fatal(&status) => return Err(self.refused(&status)),
-                Ok(Err(status)) => {
-                    // One warning per outage, not one per retry.
-                    if retrying {
-                        tracing::debug!(coordinator = %self.addr, "heartbeat failed: {}", describe(&status));
-                    } else {
-                        tracing::warn!(coordinator = %self.addr, "heartbeat failed, retrying: {}", describe(&status));
-                    }
-                    self.outboxes.restore_delivered(delivered);
-                    self.producer.restore_failed(failed);
-                    retrying = true;
-                    next = Instant::now() + (reg.heartbeat_interval / 2).min(Duration::from_millis(200));
-                }
-                Err(_) => return Err(self.fence(reg.lease_ttl)),
+                Ok(Err(status)) => self.heartbeat_failed(&mut beat, &status, sent),
+                Err(_) => return Err(self.fence(beat.reg.lease_ttl)),
             }
         }
+    }
+
+    /// Waits until `due`, or until a report is due before it (see
+    /// [`Self::report_due`]) unless the last heartbeat failed: deliveries
+    /// must not hammer a coordinator that is down.
+    async fn until_due(&self, due: Instant, retrying: bool) {
+        if retrying {
+            sleep_until(due).await;
+        } else {
+            tokio::select! {
+                () = sleep_until(due) => {}
+                () = self.report_due() => {}
+            }
+        }
+    }
+
+    /// How long the next heartbeat may wait at the coordinator for work.
+    fn poll_wait(&self, beat: &Beat, delivered: &[Delivered]) -> Duration {
+        // Idle: nothing to make, and nothing held or nobody taking what
+        // is held (its trainer waits on a gap elsewhere, or paused). It
+        // then waits at the coordinator, which answers as soon as there
+        // is work for it: a backup task for a trainer waiting on a
+        // straggler starts at once instead of at the next tick.
+        let idle = self.producer.is_idle() && (self.outboxes.is_empty() || delivered.is_empty());
+        // As long as a heartbeat interval: the coordinator answers at once
+        // when work, a drain order or an ended consumer comes up, so a
+        // longer wait costs no latency, and an idle fleet calls once per
+        // interval, not several times (docs/benchmarks.md, "The
+        // coordinator at scale").
+        if idle && beat.drain.is_none() { beat.reg.heartbeat_interval } else { Duration::ZERO }
+    }
+
+    /// The heartbeat reporting `delivered` and `failed`, and the meters
+    /// sampled as it leaves.
+    fn heartbeat_request(
+        &self,
+        worker_id: u64,
+        delivered: &[Delivered],
+        failed: &[Failed],
+        wait: Duration,
+    ) -> WorkerHeartbeatRequest {
+        let request = WorkerHeartbeatRequest {
+            protocol_version: PROTOCOL_VERSION,
+            worker_id,
+            delivered: delivered.to_vec(),
+            failed: failed.to_vec(),
+            wait_ms: wait.as_millis() as u64,
+            windows: self.windows.announce(),
+            busy: self.producer.take_busy(std::time::Instant::now()),
+        };
+        crate::meters::busy(request.busy);
+        self.outboxes.sample_meters();
+        request
+    }
+
+    /// Acts on a heartbeat's answer: registers again when asked to, drops
+    /// ended consumers, takes a drain's next step, queues the tasks and
+    /// sets the next heartbeat. Break once a drain has been carried out.
+    async fn answered(
+        &mut self,
+        beat: &mut Beat,
+        resp: WorkerHeartbeatResponse,
+        sent: Sent,
+    ) -> Result<ControlFlow<()>, WorkerError> {
+        // The coordinator renewed the lease when the call arrived, which
+        // was after `started`.
+        beat.renewed = sent.started;
+        beat.retrying = false;
+        if resp.reregister {
+            self.register_again(beat, sent).await?;
+            return Ok(ControlFlow::Continue(()));
+        }
+        // Before the tasks: a task in this response may be for a
+        // consumer that came back after it ended.
+        for ended in resp.ended {
+            self.drop_ended(ended);
+        }
+        let reported_nothing = sent.delivered.is_empty() && sent.failed.is_empty();
+        if self.drain_step(beat, resp.drain, reported_nothing).await?.is_break() {
+            return Ok(ControlFlow::Break(()));
+        }
+        for task in resp.tasks {
+            tracing::debug!(
+                job = task.job.as_ref().map_or(0, |j| j.job_id),
+                consumer = task.consumer,
+                seqs = ?(task.start_seq..task.end_seq),
+                "task"
+            );
+            self.producer.submit(task);
+        }
+        // A long poll is its own pace: the coordinator answers
+        // early only with something to say (tasks, a drain
+        // order, ended consumers), and the next poll must be
+        // waiting again at once, or work that comes up between
+        // two polls (a new job's first tasks) waits out a whole
+        // interval unheard.
+        let pace = if sent.wait.is_zero() { beat.reg.heartbeat_interval } else { POLL_GAP };
+        beat.next = sent.started + pace;
+        Ok(ControlFlow::Continue(()))
+    }
+
+    /// Registers again, as the coordinator asked, within what is left of
+    /// the lease; a coordinator that cannot be reached then fences this
+    /// worker.
+    async fn register_again(&mut self, beat: &mut Beat, sent: Sent) -> Result<(), WorkerError> {
+        let ttl = beat.reg.lease_ttl;
+        tracing::warn!(worker_id = beat.reg.worker_id, "coordinator asked this worker to register again");
+        // The coordinator no longer counts our tasks as ours, and ignored
+        // the reports: send them again under the new id.
+        self.producer.clear();
+        self.outboxes.restore_delivered(sent.delivered);
+        self.producer.restore_failed(sent.failed);
+        beat.reg = self.register(beat.renewed + ttl, ttl).await.map_err(|e| match e {
+            WorkerError::Unreachable { .. } => self.fence(ttl),
+            other => other,
+        })?;
+        beat.renewed = beat.reg.granted;
+        beat.next = Instant::now();
+        Ok(())
+    }
+
+    /// Starts draining when the coordinator `ordered` it, and takes the
+    /// drain's next step once a heartbeat had nothing left to report
+    /// (`reported_nothing`). Break once this worker has deregistered.
+    async fn drain_step(
+        &mut self,
+        beat: &mut Beat,
+        ordered: bool,
+        reported_nothing: bool,
+    ) -> Result<ControlFlow<()>, WorkerError> {
+        let worker_id = beat.reg.worker_id;
+        if ordered && beat.drain.is_none() {
+            tracing::info!(worker_id, "draining: finishing held tasks, taking no new ones");
+            beat.drain = Some(Drain::new(beat.reg.lease_ttl, self.outboxes.progress(), Instant::now()));
+        }
+        let Some(d) = &mut beat.drain else { return Ok(ControlFlow::Continue(())) };
+        if !reported_nothing {
+            return Ok(ControlFlow::Continue(()));
+        }
+        let held_nothing = self.producer.is_idle() && self.outboxes.is_empty();
+        match d.step(held_nothing, self.outboxes.progress(), Instant::now()) {
+            DrainStep::Continue => return Ok(ControlFlow::Continue(())),
+            DrainStep::Done => {}
+            DrainStep::HandBack => {
+                tracing::info!(
+                    worker_id,
+                    held = self.outboxes.len(),
+                    "draining: nothing produced or fetched for {:?}; handing the batches still held back to the coordinator",
+                    d.patience()
+                );
+            }
+        }
+        self.deregister(worker_id).await?;
+        Ok(ControlFlow::Break(()))
+    }
+
+    /// A heartbeat that failed but may be retried: its reports are kept for
+    /// the next one, which comes soon but not at once.
+    fn heartbeat_failed(&self, beat: &mut Beat, status: &Status, sent: Sent) {
+        // One warning per outage, not one per retry.
+        if beat.retrying {
+            tracing::debug!(coordinator = %self.addr, "heartbeat failed: {}", describe(status));
+        } else {
+            tracing::warn!(coordinator = %self.addr, "heartbeat failed, retrying: {}", describe(status));
+        }
+        self.outboxes.restore_delivered(sent.delivered);
+        self.producer.restore_failed(sent.failed);
+        beat.retrying = true;
+        beat.next = Instant::now() + (beat.reg.heartbeat_interval / 2).min(Duration::from_millis(200));
     }
 
     /// Drops what this worker holds for a consumer the coordinator ended

@@ -1,21 +1,44 @@
-//! Convenient construction of [`JobSpec`]s, validated locally with
-//! [`loader_proto::spec::plan`] so a bad spec fails before any network call,
-//! with the same one-line message the coordinator would give.
+//! Job specs as a user writes them: [`JobSpec`]s built in code, one builder
+//! per dataset kind, or read from a spec file (YAML or JSON, [`file`](mod@file)),
+//! validated locally with [`loader_proto::spec::plan`] so a bad spec fails
+//! before any network call, with the same one-line message the coordinator
+//! would give.
 //!
+//! ```
+//! use loader_proto::pb::Dtype;
+//!
+//! # fn main() -> Result<(), loader_spec::Error> {
+//! let job = loader_spec::synthetic(10_000, &[3, 224, 224], Dtype::U8).batch_size(64).shuffle(0).build()?;
+//! assert_eq!(loader_spec::validate(&job)?.batches_per_epoch(), 157);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! A crate of its own because three programs author specs and only one of
+//! them loads batches: `loaderctl run --spec`, the Python SDK (which parses
+//! the dict a user wrote) and the trainer SDK (`loader_client`, which
+//! re-exports this crate as `loader_client::spec` and this crate's [`file`](mod@file)
+//! as `loader_client::spec_file`). Nothing here opens a connection: the
+//! trainer SDK sizes its ring by a spec, uploads its blobs and submits it.
+//!
+//! # Layout
 //! - this module: the builders, one per dataset kind, and the settings every
 //!   job shares.
 //! - [`transforms`]: constructors of the image pipeline's steps, and the
 //!   standard training pipeline.
-//! - `size`: the bytes of a job's batch, told from its spec, by which the
-//!   trainer sizes its ring and prefetch window.
+//! - [`file`](mod@file): a spec file becomes a builder ([`file::parse`]). Named `file`,
+//!   not `spec_file` as in the trainer SDK, because the crate already says
+//!   `spec`: `loader_spec::file::parse`.
 //! - `counts`: what [`JobSpecBuilder::build`] reads from the dataset's files
 //!   (token count, image listing and fingerprint, shard sizes, npy rows).
-//!
-//! A spec file (YAML or JSON) becomes a builder through
-//! [`crate::spec_file::parse`].
+//! - `blobs`: the files a job needs beside its spec, hashed by
+//!   [`JobSpecBuilder::build`] so the spec names their bytes.
+//! - [`error`](Error): [`Error`], one line per failure.
 
+mod blobs;
 mod counts;
-mod size;
+mod error;
+pub mod file;
 pub mod transforms;
 
 use std::path::Path;
@@ -27,13 +50,10 @@ use loader_proto::pb::{
 };
 use loader_proto::sampler::Plan;
 
-use crate::error::LoaderError;
-
-pub(crate) use counts::fix_mix_block;
-pub(crate) use size::batch_bytes;
+pub use error::Error;
 
 /// Validates `spec` exactly as the coordinator will.
-pub fn validate(spec: &JobSpec) -> Result<Plan, LoaderError> {
+pub fn validate(spec: &JobSpec) -> Result<Plan, Error> {
     Ok(loader_proto::spec::plan(spec)?)
 }
 
@@ -256,8 +276,8 @@ impl JobSpecBuilder {
         self
     }
 
-    /// Data-parallel ranks (default 1); [`crate::LoaderBuilder::world_size`]
-    /// overrides it.
+    /// Data-parallel ranks (default 1); a trainer's world size
+    /// (`loader_client::LoaderBuilder::world_size`) overrides it.
     pub fn consumers(mut self, consumers: u32) -> Self {
         self.spec.consumers = consumers;
         self
@@ -378,12 +398,12 @@ impl JobSpecBuilder {
     /// (token count; image listing and its fingerprint; samples per shard;
     /// npy rows), hashes the files of its blobs, and validates the whole
     /// spec.
-    pub fn build(mut self) -> Result<JobSpec, LoaderError> {
+    pub fn build(mut self) -> Result<JobSpec, Error> {
         loader_proto::spec::check(&self.spec)?;
         if let Some(DatasetSpec { kind: Some(kind) }) = &mut self.spec.dataset {
             counts::fill(kind)?;
         }
-        crate::blobs::hash_sources(&mut self.spec)?;
+        blobs::hash_sources(&mut self.spec)?;
         validate(&self.spec)?;
         Ok(self.spec)
     }

@@ -6,12 +6,12 @@
 use std::path::Path;
 
 use loader_listing::ListingError;
-use loader_proto::pb::{Dtype, JobSpec, dataset_spec::Kind};
+use loader_proto::pb::{Dtype, dataset_spec::Kind};
 
-use crate::error::LoaderError;
+use crate::Error;
 
 /// Fills in the counts of `kind` from its files.
-pub(super) fn fill(kind: &mut Kind) -> Result<(), LoaderError> {
+pub(super) fn fill(kind: &mut Kind) -> Result<(), Error> {
     match kind {
         Kind::Synthetic(_) | Kind::Custom(_) => {}
         Kind::Tokens(t) => t.num_tokens = count_tokens(Path::new(&t.path), t.dtype)?,
@@ -64,7 +64,7 @@ pub(super) fn fill(kind: &mut Kind) -> Result<(), LoaderError> {
 /// Fills in a Parquet dataset's row groups, rows, columns (every column of
 /// the first file when none are named) and their row sizes; every file must
 /// hold the same columns with the same tensors.
-fn fill_parquet(p: &mut loader_proto::pb::ParquetSpec) -> Result<(), LoaderError> {
+fn fill_parquet(p: &mut loader_proto::pb::ParquetSpec) -> Result<(), Error> {
     p.files = expand_patterns(&p.files)?;
     let mut chosen: Option<Vec<(String, loader_listing::parquet::ColumnTensor)>> = None;
     let mut file_rows = Vec::with_capacity(p.files.len());
@@ -113,7 +113,7 @@ fn fill_parquet(p: &mut loader_proto::pb::ParquetSpec) -> Result<(), LoaderError
 /// `files` with every glob pattern (`*`, `?`, `[...]`) replaced by the
 /// files it matches, in sorted order; a pattern that matches nothing is an
 /// error naming it.
-fn expand_patterns(files: &[String]) -> Result<Vec<String>, LoaderError> {
+fn expand_patterns(files: &[String]) -> Result<Vec<String>, Error> {
     let mut out = Vec::with_capacity(files.len());
     for file in files {
         if !file.contains(['*', '?', '[']) {
@@ -134,20 +134,9 @@ fn expand_patterns(files: &[String]) -> Result<Vec<String>, LoaderError> {
     Ok(out)
 }
 
-/// Records the global batch a mixture's blocks are cut by, when the spec
-/// leaves it to the job (0): what the job opens with, which a resume on
-/// another world size must keep.
-pub(crate) fn fix_mix_block(spec: &mut JobSpec) {
-    if let Some(Kind::Mix(m)) = spec.dataset.as_mut().and_then(|d| d.kind.as_mut())
-        && m.block == 0
-    {
-        m.block = u64::from(spec.batch_size) * u64::from(spec.consumers.max(1));
-    }
-}
-
 /// Tokens in the file at `path`, from its size.
-fn count_tokens(path: &Path, dtype: i32) -> Result<u64, LoaderError> {
-    let bad = |cause: String| LoaderError::TokenFile { path: path.to_path_buf(), cause };
+fn count_tokens(path: &Path, dtype: i32) -> Result<u64, Error> {
+    let bad = |cause: String| Error::TokenFile { path: path.to_path_buf(), cause };
     let meta = std::fs::metadata(path).map_err(|e| bad(e.to_string()))?;
     if !meta.is_file() {
         return Err(bad("not a regular file".into()));

@@ -20,7 +20,7 @@ mod tests {
 
     #[test]
     fn a_custom_dataset_has_no_estimate() {
-        let spec = crate::spec::custom("squares", 10, Vec::<(String, String)>::new()).batch_size(4).build().expect("spec");
+        let spec = loader_spec::custom("squares", 10, Vec::<(String, String)>::new()).batch_size(4).build().expect("spec");
         assert_eq!(batch_bytes(&spec), None);
     }
 }

@@ -1,5 +1,6 @@
 //! Spec files: a whole job written as YAML or JSON, for `loaderctl run
-//! --spec FILE` and for the Python SDK (which hands over `json.dumps(dict)`).
+//! --spec FILE` and for the Python SDK (which hands over `json.dumps(dict)`);
+//! the trainer SDK offers it as `loader_client::spec_file`.
 //!
 //! ```yaml
 //! dataset: {image_folder: {path: ./train}}   # or webdataset: {shards: [...]},
@@ -24,7 +25,7 @@
 //! Relative paths are resolved against the spec file's directory, so a spec
 //! next to its data works from any working directory. A `python` entry's
 //! `pickle_file` (any size) becomes one of the job's blobs: hashed when the
-//! spec is built and uploaded when it is submitted (`crate::blobs`), never
+//! spec is built and uploaded by the trainer SDK when it is submitted, never
 //! carried in the spec.
 //!
 //! Parsing checks every field that needs no dataset file (the same
@@ -47,8 +48,7 @@ use loader_proto::pb::{
 use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 
-use crate::error::LoaderError;
-use crate::spec::JobSpecBuilder;
+use crate::{Error, JobSpecBuilder};
 
 mod transform;
 mod values;
@@ -58,7 +58,7 @@ use values::{Count, DtypeName, NamedPaths, Scalar, Shards};
 
 /// Parses a spec given as text: JSON when it starts with `{`, else YAML.
 /// Relative paths resolve against `base_dir`; errors start with `spec: `.
-pub fn parse(text: &str, base_dir: &Path) -> Result<JobSpecBuilder, LoaderError> {
+pub fn parse(text: &str, base_dir: &Path) -> Result<JobSpecBuilder, Error> {
     let format = if text.trim_start().starts_with('{') {
         Format::Json
     } else {
@@ -68,16 +68,16 @@ pub fn parse(text: &str, base_dir: &Path) -> Result<JobSpecBuilder, LoaderError>
 }
 
 /// Parses a JSON spec (what the Python SDK sends as `json.dumps(dict)`).
-pub fn parse_json(text: &str, base_dir: &Path) -> Result<JobSpecBuilder, LoaderError> {
+pub fn parse_json(text: &str, base_dir: &Path) -> Result<JobSpecBuilder, Error> {
     parse_as(text, base_dir, "spec", Format::Json)
 }
 
 /// Reads and parses the spec file at `path` (`.json` is JSON, anything
 /// else YAML); errors start with the path, relative paths resolve against
 /// its directory.
-pub fn parse_file(path: &Path) -> Result<JobSpecBuilder, LoaderError> {
+pub fn parse_file(path: &Path) -> Result<JobSpecBuilder, Error> {
     let origin = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| LoaderError::SpecFile {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::SpecFile {
         origin: origin.clone(),
         message: e.to_string(),
     })?;
@@ -104,8 +104,8 @@ fn parse_as(
     base_dir: &Path,
     origin: &str,
     format: Format,
-) -> Result<JobSpecBuilder, LoaderError> {
-    let fail = |message: String| LoaderError::SpecFile {
+) -> Result<JobSpecBuilder, Error> {
+    let fail = |message: String| Error::SpecFile {
         origin: origin.to_owned(),
         message: message.split_whitespace().collect::<Vec<_>>().join(" "),
     };
