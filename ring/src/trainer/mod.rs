@@ -12,7 +12,7 @@
 //! slot is granted again when the last view of the batch is dropped.
 //!
 //! # Layout
-//! - `memory`: the sealed memfd, its read-only mapping, and [`SlotView`]:
+//! - `memory`: the sealed memfd, its read-only mapping, and `SlotView`:
 //!   the only `unsafe`.
 //! - `book`: slot states (free, granted, held), grants as credits, and the
 //!   checks of every worker report.
