@@ -9,8 +9,8 @@ batch 64/256, synthetic 3x224x224 uint8 at batch 64, npy rows 256 x float32
 at batch 1024), `loaderctl run` (embedded, 2 workers, shared memory or
 `--transport grpc`) with
 the same spec file for both builds, repeats interleaved (old, new, old,
-...), medians. The Rust loop only: the Python loop would need a wheel per
-build. Data: the matrix's files under bench/data/ (bench/matrix.py makes
+...), medians. The Rust loop only: bench/ab_python.py runs the Python loop
+over two installed wheels. Data: the matrix's files under bench/data/ (bench/matrix.py makes
 them).
 """
 
