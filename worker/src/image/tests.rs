@@ -270,22 +270,50 @@ fn reduced_dct_decode_stays_close_to_full_decode() {
     assert!(max <= 6, "max abs diff {max}");
 }
 
+/// A noisy RGB picture: neighbouring pixels differ, so chroma upsampling
+/// at a crop's edge shows.
+fn noise(w: u32, h: u32, seed: u64) -> Vec<u8> {
+    let mut state = seed;
+    (0..w * h * 3)
+        .map(|_| {
+            state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            (state >> 56) as u8
+        })
+        .collect()
+}
+
 #[test]
 fn region_decode_matches_full_decode() {
-    let (w, h) = (203u32, 157u32);
-    let jpg = jpeg_of(&picture(w, h), w, h);
-    let mut full = Vec::new();
-    let all = jpeg::decode(&jpg, (w, h), 8, geometry::Rect { x: 0, y: 0, w, h }, &mut full).expect("full");
-    assert_eq!(all.size, (w, h));
-    for r in [geometry::Rect { x: 37, y: 21, w: 100, h: 90 }, geometry::Rect { x: 150, y: 100, w: 53, h: 57 }] {
-        let mut part = Vec::new();
-        let got = jpeg::decode(&jpg, (w, h), 8, r, &mut part).expect("region");
-        assert!(got.origin.0 <= r.x && got.origin.0 + got.size.0 >= r.x + r.w, "{got:?}");
-        for y in 0..r.h {
-            for x in r.x..r.x + r.w {
-                let a = &part[((y * got.size.0 + x - got.origin.0) * 4) as usize..][..4];
-                let b = &full[(((r.y + y) * w + x) * 4) as usize..][..4];
-                assert_eq!(a, b, "({x}, {})", r.y + y);
+    // Every pixel of a region equals the whole image's decode, at every
+    // DCT scale, edges included (a 4:2:0 JPEG: the cropped decode's edge
+    // columns differ without the widening in `jpeg::decode`).
+    for (w, h, seed) in [(203u32, 157u32, 1u64), (360, 376, 2), (64, 48, 3)] {
+        let rgb: Vec<u8> = picture(w, h).iter().zip(noise(w, h, seed)).map(|(p, n)| p / 2 + n / 2).collect();
+        let mut jpg = Vec::new();
+        let mut e = jpeg_encoder::Encoder::new(&mut jpg, 90);
+        e.set_sampling_factor(jpeg_encoder::SamplingFactor::R_4_2_0);
+        e.encode(&rgb, w as u16, h as u16, jpeg_encoder::ColorType::Rgb).expect("jpeg encode");
+        let mut pick = StepRng::new(SampleKey { seed, epoch: 0, index: 0 }, 0);
+        for scale in [8u32, 4, 2, 1] {
+            let (sw, sh) = jpeg::scaled((w, h), scale);
+            let mut full = Vec::new();
+            let all = jpeg::decode(&jpg, (w, h), scale, geometry::Rect { x: 0, y: 0, w: sw, h: sh }, &mut full).expect("full");
+            assert_eq!((all.origin, all.size), ((0, 0), (sw, sh)));
+            for _ in 0..40 {
+                let x = pick.up_to(sw - 1);
+                let y = pick.up_to(sh - 1);
+                let r = geometry::Rect { x, y, w: 1 + pick.up_to(sw - x - 1), h: 1 + pick.up_to(sh - y - 1) };
+                let mut part = Vec::new();
+                let got = jpeg::decode(&jpg, (w, h), scale, r, &mut part).expect("region");
+                assert!(got.origin.0 <= r.x && got.origin.0 + got.size.0 >= r.x + r.w, "{got:?} for {r:?}");
+                assert_eq!((got.origin.1, got.size.1), (r.y, r.h));
+                for row in 0..r.h {
+                    let at = ((row * got.size.0 + r.x - got.origin.0) * 4) as usize;
+                    let a = &part[at..at + r.w as usize * 4];
+                    let from = (((r.y + row) * sw + r.x) * 4) as usize;
+                    let b = &full[from..from + r.w as usize * 4];
+                    assert!(a == b, "{w}x{h} at 1/{}: row {} of {r:?} differs", 8 / scale, r.y + row);
+                }
             }
         }
     }
