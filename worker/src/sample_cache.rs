@@ -43,6 +43,11 @@ use memmap2::{MmapOptions, MmapRaw};
 use nix::fcntl::OFlag;
 use nix::sys::memfd::{MFdFlags, memfd_create};
 
+/// The variable a loader's trainer sets in each worker it forks, naming
+/// the cache they share: `{"fd": N, "entries": M}`
+/// (`python/loader/_template.py`).
+pub const INHERITED: &str = "LOADER_SAMPLE_CACHE";
+
 /// "LDRCACH1": the file is a sample cache of this layout.
 const MAGIC: u64 = u64::from_le_bytes(*b"LDRCACH1");
 /// Bytes before the slots: the header's words, padded to a page.
@@ -245,6 +250,30 @@ impl SampleCache {
             return Err(CacheError::NotACache { entries, why: "made for another number of samples" });
         }
         Ok(cache)
+    }
+
+    /// The cache this process inherited from its trainer ([`INHERITED`]),
+    /// made for `entries` indexes; None when it inherited none. The
+    /// descriptor is reopened, so it stays where it was.
+    pub fn inherited(entries: u64) -> Result<Option<Self>, CacheError> {
+        let Ok(named) = std::env::var(INHERITED) else {
+            return Ok(None);
+        };
+        let given: serde_json::Value =
+            serde_json::from_str(&named).map_err(|_| CacheError::NotACache { entries, why: "the variable is not its JSON" })?;
+        let field = |name: &str| given.get(name).and_then(serde_json::Value::as_u64);
+        let (Some(fd), Some(made_for)) = (field("fd"), field("entries")) else {
+            return Err(CacheError::NotACache { entries, why: "the variable names no descriptor" });
+        };
+        if made_for != entries {
+            return Err(CacheError::NotACache { entries, why: "made for another number of samples" });
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(format!("/proc/self/fd/{fd}"))
+            .map_err(|e| io::Error::new(e.kind(), format!("descriptor {fd}: {e}")))?;
+        Self::open(file, entries).map(Some)
     }
 
     fn map(file: File, entries: u64, data_at: usize) -> Result<Self, CacheError> {

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use loader_listing::image_folder::{ImageSample, list};
 use loader_proto::pb::{ImageFolderSpec, Transform};
 
+use super::FrameCache;
 use super::images::ImageSamples;
 use super::{Dataset, DatasetError, SampleKey, SampleTensor};
 
@@ -53,6 +54,12 @@ impl ImageFolder {
         }
         Ok(Self { root, samples: listing.samples, images })
     }
+
+    /// Keeps decoded frames in `frames` (a cache made for this job).
+    pub fn keep_frames(mut self, frames: Option<FrameCache>) -> Self {
+        self.images.keep_frames(frames);
+        self
+    }
 }
 
 impl Dataset for ImageFolder {
@@ -71,10 +78,10 @@ impl Dataset for ImageFolder {
             return Err(DatasetError::IndexOutOfRange { index: key.index, len: self.len() });
         };
         let path = self.root.join(&sample.path);
-        let encoded = std::fs::read(&path).map_err(|e| DatasetError::Corrupt {
-            path: path.display().to_string(),
-            reason: format!("cannot read: {e}"),
-        })?;
-        self.images.write(key, &encoded, sample.label, || path.display().to_string(), rows)
+        let read = || {
+            std::fs::read(&path)
+                .map_err(|e| DatasetError::Corrupt { path: path.display().to_string(), reason: format!("cannot read: {e}") })
+        };
+        self.images.write(key, read, sample.label, || path.display().to_string(), rows)
     }
 }

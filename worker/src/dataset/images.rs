@@ -4,7 +4,7 @@
 
 use loader_proto::pb::{Dtype, Transform};
 
-use super::{DatasetError, SampleKey, SampleTensor, check_rows};
+use super::{DatasetError, FrameCache, SampleKey, SampleTensor, check_rows};
 use crate::image::{ImageError, Pipeline};
 
 /// The pipeline and the two tensors of an image sample.
@@ -16,6 +16,8 @@ pub(super) struct ImageSamples {
     tensors: Vec<SampleTensor>,
     /// Bytes of the `image` and `label` rows.
     sizes: [usize; 2],
+    /// Decoded frames kept across epochs, when the trainer gave a cache.
+    frames: Option<FrameCache>,
 }
 
 impl ImageSamples {
@@ -27,7 +29,12 @@ impl ImageSamples {
         let image = SampleTensor { name: "image".into(), dtype, shape: shape.to_vec() };
         let label = SampleTensor { name: "label".into(), dtype: Dtype::I64, shape: Vec::new() };
         let sizes = [pipeline.output_bytes(), 8];
-        Ok(Self { pipeline, tensors: vec![image, label], sizes })
+        Ok(Self { pipeline, tensors: vec![image, label], sizes, frames: None })
+    }
+
+    /// Keeps decoded frames in `frames` from now on.
+    pub(super) fn keep_frames(&mut self, frames: Option<FrameCache>) {
+        self.frames = frames;
     }
 
     pub(super) fn tensors(&self) -> &[SampleTensor] {
@@ -39,13 +46,15 @@ impl ImageSamples {
         check_rows(index, rows, &self.sizes)
     }
 
-    /// Runs the pipeline on `encoded` into the image row and writes the
-    /// label. An undecodable image is [`DatasetError::Corrupt`] naming
-    /// `path` (built only on failure).
-    pub(super) fn write(
+    /// Runs the pipeline on the image `read` gives into the image row and
+    /// writes the label. With kept frames, a sample whose frame is kept is
+    /// made without calling `read`. An undecodable image is
+    /// [`DatasetError::Corrupt`] naming `path` (built only on failure), and
+    /// `read`'s error is returned as it is.
+    pub(super) fn write<R: AsRef<[u8]>>(
         &self,
         key: SampleKey,
-        encoded: &[u8],
+        read: impl FnOnce() -> Result<R, DatasetError>,
         label: i64,
         path: impl FnOnce() -> String,
         rows: &mut [&mut [u8]],
@@ -53,7 +62,22 @@ impl ImageSamples {
         let [image, label_row] = rows else {
             return Err(DatasetError::RowMismatch { index: key.index });
         };
-        run_pipeline(&self.pipeline, encoded, key, image, path)?;
+        match &self.frames {
+            None => run_pipeline(&self.pipeline, read()?.as_ref(), key, image, path)?,
+            Some(frames) => {
+                let mut unread = None;
+                let made = self.pipeline.run_kept(key, image, frames, || {
+                    read().map_err(|e| {
+                        unread = Some(e);
+                        ImageError::Corrupt(String::new())
+                    })
+                });
+                if let Some(e) = unread {
+                    return Err(e);
+                }
+                pipeline_result(made, path)?;
+            }
+        }
         label_row.copy_from_slice(&label.to_le_bytes());
         Ok(())
     }
@@ -70,7 +94,12 @@ pub(super) fn run_pipeline(
     row: &mut [u8],
     path: impl FnOnce() -> String,
 ) -> Result<(), DatasetError> {
-    match pipeline.run(encoded, key, row) {
+    pipeline_result(pipeline.run(encoded, key, row), path)
+}
+
+/// A pipeline's result as the dataset's: see [`run_pipeline`].
+fn pipeline_result(made: Result<(), ImageError>, path: impl FnOnce() -> String) -> Result<(), DatasetError> {
+    match made {
         Ok(()) => Ok(()),
         Err(ImageError::Corrupt(reason)) => Err(DatasetError::Corrupt { path: path(), reason }),
         Err(other) => Err(DatasetError::Spec(format!("{}: {other}", path()))),

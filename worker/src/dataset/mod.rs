@@ -11,6 +11,7 @@
 //! image pipeline, and [`Mix`], a weighted mixture of any of them. Which files they read, and in which order, comes from
 //! `loader_listing`, the same code the submitter used to count them.
 
+mod frame_cache;
 mod image_folder;
 mod images;
 mod made;
@@ -27,6 +28,7 @@ mod webdataset;
 
 use loader_proto::pb::{CorruptPolicy, Dtype};
 
+pub use frame_cache::{FRAMES_PER_SAMPLE, FrameCache};
 pub use image_folder::ImageFolder;
 pub use mix::Mix;
 pub use npy::Npy;

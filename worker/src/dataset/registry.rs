@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use loader_proto::pb::{CustomSpec, JobSpec, dataset_spec::Kind};
 
-use super::{Dataset, DatasetError, ImageFolder, Mix, Npy, Parquet, Synthetic, Tokens, WebDataset};
+use super::{Dataset, DatasetError, FrameCache, ImageFolder, Mix, Npy, Parquet, Synthetic, Tokens, WebDataset};
 
 /// Opens a custom dataset from its spec (its `params` say what to read).
 pub type OpenCustom = dyn Fn(&CustomSpec) -> Result<Arc<dyn Dataset>, DatasetError> + Send + Sync;
@@ -55,8 +55,16 @@ impl Datasets {
             Some(Kind::Tokens(t)) => Arc::new(Tokens::open(t)?),
             Some(Kind::Npy(n)) => Arc::new(Npy::open(n)?),
             Some(Kind::Parquet(p)) => Arc::new(Parquet::open(p, &spec.transforms)?),
-            Some(Kind::ImageFolder(f)) => Arc::new(ImageFolder::open(f, &spec.transforms)?),
-            Some(Kind::Webdataset(w)) => Arc::new(WebDataset::open(w, &spec.transforms)?),
+            Some(Kind::ImageFolder(f)) => {
+                let folder = ImageFolder::open(f, &spec.transforms)?;
+                let frames = kept_frames(folder.len(), spec)?;
+                Arc::new(folder.keep_frames(frames))
+            }
+            Some(Kind::Webdataset(w)) => {
+                let shards = WebDataset::open(w, &spec.transforms)?;
+                let frames = kept_frames(shards.len(), spec)?;
+                Arc::new(shards.keep_frames(frames))
+            }
             Some(Kind::Custom(c)) => {
                 let Some(open) = self.custom.get(&c.name) else {
                     return Err(DatasetError::Spec(format!(
@@ -69,6 +77,12 @@ impl Datasets {
             Some(Kind::Mix(m)) => Arc::new(Mix::open(self, spec, m)?),
         })
     }
+}
+
+/// The frames cache this worker's trainer gave it for an image job of
+/// `samples` images (`Loader.local(spec, cache=...)`), if it gave one.
+fn kept_frames(samples: u64, spec: &JobSpec) -> Result<Option<FrameCache>, DatasetError> {
+    FrameCache::inherited(samples, spec.epochs).map_err(DatasetError::Spec)
 }
 
 /// Opens a job's dataset with the built-in kinds only.

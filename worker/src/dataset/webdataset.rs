@@ -18,6 +18,7 @@ use loader_listing::shard::{Member, ShardSample, index};
 use loader_proto::pb::{Transform, WebDatasetSpec};
 use memmap2::Mmap;
 
+use super::FrameCache;
 use super::images::ImageSamples;
 use super::{Dataset, DatasetError, SampleKey, SampleTensor};
 
@@ -88,6 +89,12 @@ impl WebDataset {
         Ok(Self { shards, starts, len, images })
     }
 
+    /// Keeps decoded frames in `frames` (a cache made for this job).
+    pub fn keep_frames(mut self, frames: Option<FrameCache>) -> Self {
+        self.images.keep_frames(frames);
+        self
+    }
+
     /// The shard and sample of dataset index `i`.
     fn locate(&self, i: u64) -> Option<(&Shard, &ShardSample)> {
         // The last shard starting at or before i; empty shards share their
@@ -132,6 +139,6 @@ impl Dataset for WebDataset {
             .ok()
             .and_then(|l| l.trim().parse::<i64>().ok())
             .ok_or_else(|| corrupt(&format!("label {:?} is not an integer", String::from_utf8_lossy(label))))?;
-        self.images.write(key, image, label, name, rows)
+        self.images.write(key, || Ok::<_, DatasetError>(image), label, name, rows)
     }
 }

@@ -35,6 +35,7 @@ unsafe extern "C" {
         out_w: *mut c_uint,
         scaled_w: *mut c_uint,
         scaled_h: *mut c_uint,
+        align: *mut c_uint,
         msg: *mut c_char,
         msg_len: usize,
     ) -> c_int;
@@ -50,6 +51,32 @@ pub(crate) struct Decoded {
     pub(crate) origin: (u32, u32),
     /// Columns and rows held (the row stride is `PIXEL * width`).
     pub(crate) size: (u32, u32),
+    /// What a cropped decode at this scale rounds its first column down to
+    /// a multiple of (see [`held`]).
+    pub(crate) align: u32,
+}
+
+/// The columns `decode` asks libjpeg for, for `region` of an image `width`
+/// wide: one more on each side (see [`decode`]).
+fn widened(region: Rect, width: u32) -> Rect {
+    let x0 = region.x.saturating_sub(1);
+    let x1 = region.x.saturating_add(region.w).saturating_add(1).min(width);
+    Rect { x: x0, w: x1.saturating_sub(x0).max(1), ..region }
+}
+
+/// The origin and size [`decode`] returns for `region` of an image scaled
+/// to `scaled`, whose crop alignment is `align`, without decoding: the
+/// widened columns, their first rounded down to a multiple of `align` as
+/// `jpeg_crop_scanline` does (the whole width is not cropped). The sample
+/// cache cuts exactly this out of a whole decode, so the passes after it
+/// see the buffer an uncached run would.
+pub(crate) fn held(region: Rect, scaled: (u32, u32), align: u32) -> ((u32, u32), (u32, u32)) {
+    let r = widened(region, scaled.0);
+    if r.w >= scaled.0 {
+        return ((r.x, region.y), (r.w, region.h));
+    }
+    let x0 = r.x / align.max(1) * align.max(1);
+    ((x0, region.y), (r.w + r.x - x0, region.h))
 }
 
 fn message(code: c_int, msg: &[u8; MSG_LEN]) -> Result<(), ImageError> {
@@ -97,15 +124,13 @@ pub(crate) fn decode(
     out: &mut Vec<u8>,
 ) -> Result<Decoded, ImageError> {
     let (sw, sh) = scaled(full, scale_num);
-    let x0 = region.x.saturating_sub(1);
-    let x1 = region.x.saturating_add(region.w).saturating_add(1).min(sw);
-    let region = Rect { x: x0, w: x1.saturating_sub(x0).max(1), ..region };
+    let region = widened(region, sw);
     // libjpeg widens the columns to whole iMCUs, never past the image.
     let cap = sw as usize * region.h as usize * PIXEL;
     if out.len() < cap {
         out.resize(cap, 0);
     }
-    let (mut x0, mut w, mut got_w, mut got_h): (c_uint, c_uint, c_uint, c_uint) = (0, 0, 0, 0);
+    let (mut x0, mut w, mut got_w, mut got_h, mut align): (c_uint, c_uint, c_uint, c_uint, c_uint) = (0, 0, 0, 0, 0);
     let mut msg = [0u8; MSG_LEN];
     // SAFETY: `data` is valid for reads of `data.len()` bytes; `out` for
     // writes of `out.len()` bytes, which the C side checks the region
@@ -125,6 +150,7 @@ pub(crate) fn decode(
             &mut w,
             &mut got_w,
             &mut got_h,
+            &mut align,
             msg.as_mut_ptr().cast(),
             MSG_LEN,
         )
@@ -135,5 +161,5 @@ pub(crate) fn decode(
         // unless the arithmetic above disagrees with libjpeg's.
         return Err(ImageError::Corrupt(format!("JPEG: scaled size {got_w}x{got_h}, expected {sw}x{sh}")));
     }
-    Ok(Decoded { origin: (x0, region.y), size: (w, region.h) })
+    Ok(Decoded { origin: (x0, region.y), size: (w, region.h), align })
 }

@@ -108,8 +108,12 @@ static void cmyk_to_rgbx(const unsigned char *in, unsigned char *out,
  * widens the columns to whole iMCUs: *out_x0 is the first column written and
  * *out_w the columns per row (the row stride is *out_w * 4). *scaled_w and
  * *scaled_h are the scaled image's size, for the caller to check its own
- * arithmetic. Fails, without writing past out_cap bytes, if the region is
- * outside the scaled image or does not fit.
+ * arithmetic. *align is what jpeg_crop_scanline rounds a region's first
+ * column down to a multiple of at this scale (the iMCU width), so that the
+ * caller can tell where a cropped decode would start without one (the sample
+ * cache cuts the same region out of a whole decode). Fails, without writing
+ * past out_cap bytes, if the region is outside the scaled image or does not
+ * fit.
  */
 int loader_jpeg_decode(const unsigned char *data, size_t len,
                        unsigned int scale_num, unsigned int x0,
@@ -117,7 +121,7 @@ int loader_jpeg_decode(const unsigned char *data, size_t len,
                        unsigned char *out, size_t out_cap,
                        unsigned int *out_x0, unsigned int *out_w,
                        unsigned int *scaled_w, unsigned int *scaled_h,
-                       char *msg, size_t msg_len) {
+                       unsigned int *align, char *msg, size_t msg_len) {
   struct jpeg_decompress_struct cinfo;
   struct loader_error err;
   /* volatile: read after longjmp. */
@@ -140,6 +144,17 @@ int loader_jpeg_decode(const unsigned char *data, size_t len,
   jpeg_start_decompress(&cinfo);
   *scaled_w = cinfo.output_width;
   *scaled_h = cinfo.output_height;
+  /* jpeg_crop_scanline's rule (libjpeg-turbo jdapistd.c). */
+#if JPEG_LIB_VERSION >= 70
+  unsigned int dct = (unsigned int)cinfo.min_DCT_h_scaled_size;
+#else
+  unsigned int dct = (unsigned int)cinfo.min_DCT_scaled_size;
+#endif
+  if (cinfo.comps_in_scan == 1 && cinfo.num_components == 1) {
+    *align = dct;
+  } else {
+    *align = dct * (unsigned int)cinfo.max_h_samp_factor;
+  }
   if (w == 0 || h == 0 || x0 > cinfo.output_width ||
       w > cinfo.output_width - x0 || y0 > cinfo.output_height ||
       h > cinfo.output_height - y0) {

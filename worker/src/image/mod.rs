@@ -10,6 +10,7 @@
 //! - `jpeg` (+ `jpeg_turbo.c`) and `png`: the decoders.
 //! - `resample`: one pass over pixels (copy or Pillow-style bilinear).
 //! - `emit`: the final write (flip, layout, normalize/cast table).
+//! - [`frames`]: decoded frames kept across epochs ([`Pipeline::run_kept`]).
 //!
 //! A sample is planned before it is decoded: the JPEG header gives the size,
 //! the plan fixes every random choice and the boxes, and the decoder then
@@ -17,6 +18,7 @@
 //! DCT scale that keeps the crop at least as large as its output.
 
 mod emit;
+pub mod frames;
 mod geometry;
 mod jpeg;
 mod png;
@@ -27,6 +29,7 @@ mod rng;
 mod tests;
 
 use std::cell::RefCell;
+use std::time::Instant;
 
 use fast_image_resize::Resizer;
 use loader_proto::pb::{Dtype, Layout, Transform};
@@ -35,7 +38,8 @@ use loader_proto::transforms::{self, Step};
 
 use crate::dataset::SampleKey;
 use emit::Values;
-use geometry::Plan;
+use frames::{Frame, Frames, Source};
+use geometry::{Pass, Plan};
 
 /// Bytes of a pixel between the decoder and the final write: RGBX. The
 /// fourth byte costs a third more memory traffic but lets the resampler and
@@ -88,6 +92,8 @@ struct Scratch {
     decoded: Vec<u8>,
     /// The PNG decoder's own layout before conversion to RGB.
     raw: Vec<u8>,
+    /// A whole frame decoded to be kept ([`Pipeline::run_kept`]).
+    frame: Vec<u8>,
     /// Pass outputs, used in turn.
     canvases: [Vec<u8>; 2],
     /// fast_image_resize's coefficient and row buffers.
@@ -104,6 +110,7 @@ thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Format {
     Jpeg,
     Png,
@@ -118,6 +125,116 @@ fn format(encoded: &[u8]) -> Result<Format, ImageError> {
         let head: Vec<String> = encoded.iter().take(4).map(|b| format!("{b:02x}")).collect();
         Err(ImageError::Corrupt(format!("neither JPEG nor PNG (starts with {})", head.join(" "))))
     }
+}
+
+impl Format {
+    fn of(source: Source) -> Format {
+        match source {
+            Source::Jpeg { .. } => Format::Jpeg,
+            Source::Png => Format::Png,
+        }
+    }
+}
+
+/// The file's format and full size, refusing images too large to decode.
+fn probe(encoded: &[u8]) -> Result<(Format, (u32, u32)), ImageError> {
+    let format = format(encoded)?;
+    let full = match format {
+        Format::Jpeg => jpeg::header(encoded)?,
+        Format::Png => png::header(encoded)?,
+    };
+    let pixels = u64::from(full.0) * u64::from(full.1);
+    if pixels == 0 || pixels > MAX_PIXELS {
+        return Err(ImageError::Corrupt(format!(
+            "{}x{} pixels; images must have between 1 and {MAX_PIXELS}",
+            full.0, full.1
+        )));
+    }
+    Ok((format, full))
+}
+
+/// Decodes what `first` reads into `s.decoded` and rewrites `first` for
+/// it: a JPEG's region at the pass's DCT scale, a whole PNG.
+fn decode_first(encoded: &[u8], format: Format, full: (u32, u32), first: &mut Pass, s: &mut Scratch) -> Result<(), ImageError> {
+    match format {
+        Format::Jpeg => {
+            let m = region::dct_scale(first);
+            let scaled = jpeg::scaled(full, m);
+            region::scale(first, full, m, scaled);
+            let need = region::needed(first);
+            let got = jpeg::decode(encoded, full, m, need, &mut s.decoded)?;
+            region::rebase(first, got.origin, got.size);
+        }
+        Format::Png => {
+            let size = png::decode(encoded, &mut s.raw, &mut s.decoded)?;
+            if size != full {
+                return Err(ImageError::Corrupt("PNG: size changed between header and data".into()));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Decodes the whole image at `scale` into `s.frame` (RGBX rows, nothing
+/// more), for keeping.
+fn decode_whole(encoded: &[u8], format: Format, full: (u32, u32), scale: u32, s: &mut Scratch) -> Result<Source, ImageError> {
+    match format {
+        Format::Jpeg => {
+            let (w, h) = jpeg::scaled(full, scale);
+            let got = jpeg::decode(encoded, full, scale, geometry::Rect { x: 0, y: 0, w, h }, &mut s.frame)?;
+            if (got.origin, got.size) != ((0, 0), (w, h)) {
+                return Err(ImageError::Corrupt(format!("JPEG: a whole decode held {:?} at {:?}", got.size, got.origin)));
+            }
+            s.frame.truncate(w as usize * h as usize * PIXEL);
+            Ok(Source::Jpeg { align: got.align })
+        }
+        Format::Png => {
+            let size = png::decode(encoded, &mut s.raw, &mut s.frame)?;
+            if size != full {
+                return Err(ImageError::Corrupt("PNG: size changed between header and data".into()));
+            }
+            s.frame.truncate(full.0 as usize * full.1 as usize * PIXEL);
+            Ok(Source::Png)
+        }
+    }
+}
+
+/// Copies into `decoded` what an uncached run would have decoded for
+/// `first` from `frame`, and rewrites `first` for it as that run does.
+fn cut(frame: &Frame<'_>, first: &mut Pass, decoded: &mut Vec<u8>) -> Result<(), ImageError> {
+    let scaled = match frame.source {
+        Source::Jpeg { .. } => jpeg::scaled(frame.full, frame.scale),
+        Source::Png => frame.full,
+    };
+    let stride = scaled.0 as usize * PIXEL;
+    if frame.pixels.len() != stride * scaled.1 as usize {
+        return Err(ImageError::Corrupt(format!(
+            "a kept frame holds {} bytes, not {}x{} pixels",
+            frame.pixels.len(),
+            scaled.0,
+            scaled.1
+        )));
+    }
+    let Source::Jpeg { align } = frame.source else {
+        decoded.clear();
+        decoded.extend_from_slice(frame.pixels);
+        return Ok(());
+    };
+    region::scale(first, frame.full, frame.scale, scaled);
+    let need = region::needed(first);
+    let ((x0, y0), (w, h)) = jpeg::held(need, scaled, align);
+    if x0 + w > scaled.0 || y0 + h > scaled.1 {
+        return Err(ImageError::Corrupt(format!("a region {w}x{h} at ({x0}, {y0}) outside the kept {}x{} frame", scaled.0, scaled.1)));
+    }
+    let row = w as usize * PIXEL;
+    decoded.clear();
+    decoded.reserve(row * h as usize);
+    for y in y0..y0 + h {
+        let at = y as usize * stride + x0 as usize * PIXEL;
+        decoded.extend_from_slice(&frame.pixels[at..at + row]);
+    }
+    region::rebase(first, (x0, y0), (w, h));
+    Ok(())
 }
 
 impl Pipeline {
@@ -152,6 +269,7 @@ impl Pipeline {
                 let r = self.run_with(encoded, key, out, &mut scratch);
                 let held = scratch.decoded.capacity()
                     + scratch.raw.capacity()
+                    + scratch.frame.capacity()
                     + scratch.canvases.iter().map(Vec::capacity).sum::<usize>();
                 if held > KEEP_SCRATCH_BYTES {
                     *scratch = Scratch::default();
@@ -163,37 +281,102 @@ impl Pipeline {
         })
     }
 
-    fn run_with(&self, encoded: &[u8], key: SampleKey, out: &mut [u8], s: &mut Scratch) -> Result<(), ImageError> {
-        let format = format(encoded)?;
-        let full = match format {
-            Format::Jpeg => jpeg::header(encoded)?,
-            Format::Png => png::header(encoded)?,
-        };
-        let pixels = u64::from(full.0) * u64::from(full.1);
-        if pixels == 0 || pixels > MAX_PIXELS {
-            return Err(ImageError::Corrupt(format!(
-                "{}x{} pixels; images must have between 1 and {MAX_PIXELS}",
-                full.0, full.1
-            )));
+    /// As [`run`](Self::run), with frames kept in `frames`: a sample
+    /// whose frame is kept is made from it without reading its file
+    /// (`read` is not called); otherwise the whole image is decoded at the
+    /// scale the sample needs and offered to `frames`. The bytes written
+    /// are the same as `run`'s on the file `read` gives (see [`frames`]).
+    pub fn run_kept<R: AsRef<[u8]>>(
+        &self,
+        key: SampleKey,
+        out: &mut [u8],
+        frames: &dyn Frames,
+        read: impl FnOnce() -> Result<R, ImageError>,
+    ) -> Result<(), ImageError> {
+        if out.len() != self.output_bytes() {
+            return Err(ImageError::OutputSize { expected: self.output_bytes(), got: out.len() });
         }
+        SCRATCH.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut scratch) => {
+                let r = self.run_kept_with(key, out, frames, read, &mut scratch);
+                let held = scratch.decoded.capacity()
+                    + scratch.raw.capacity()
+                    + scratch.frame.capacity()
+                    + scratch.canvases.iter().map(Vec::capacity).sum::<usize>();
+                if held > KEEP_SCRATCH_BYTES {
+                    *scratch = Scratch::default();
+                }
+                r
+            }
+            Err(_) => self.run_kept_with(key, out, frames, read, &mut Scratch::default()),
+        })
+    }
+
+    fn run_with(&self, encoded: &[u8], key: SampleKey, out: &mut [u8], s: &mut Scratch) -> Result<(), ImageError> {
+        let (format, full) = probe(encoded)?;
+        let mut plan = Plan::new(&self.spec.steps, full.0, full.1, key);
+        decode_first(encoded, format, full, &mut plan.passes[0], s)?;
+        self.finish(&plan, out, s)
+    }
+
+    fn run_kept_with<R: AsRef<[u8]>>(
+        &self,
+        key: SampleKey,
+        out: &mut [u8],
+        frames: &dyn Frames,
+        read: impl FnOnce() -> Result<R, ImageError>,
+        s: &mut Scratch,
+    ) -> Result<(), ImageError> {
+        let started = Instant::now();
+        // Any kept frame of the sample tells its format and size: no read.
+        let mut file = None;
+        let mut read = Some(read);
+        let mut read_file = || read.take().map_or_else(|| Err(ImageError::Corrupt("the file was read twice".into())), |read| read());
+        let (format, full) = match frames.known(key.index) {
+            Some((source, full)) => (Format::of(source), full),
+            None => {
+                let bytes = read_file()?;
+                let probed = probe(bytes.as_ref())?;
+                file = Some(bytes);
+                probed
+            }
+        };
         let mut plan = Plan::new(&self.spec.steps, full.0, full.1, key);
         let first = &mut plan.passes[0];
-        match format {
-            Format::Jpeg => {
-                let m = region::dct_scale(first);
-                let scaled = jpeg::scaled(full, m);
-                region::scale(first, full, m, scaled);
-                let need = region::needed(first);
-                let got = jpeg::decode(encoded, full, m, need, &mut s.decoded)?;
-                region::rebase(first, got.origin, got.size);
-            }
-            Format::Png => {
-                let size = png::decode(encoded, &mut s.raw, &mut s.decoded)?;
-                if size != full {
-                    return Err(ImageError::Corrupt("PNG: size changed between header and data".into()));
-                }
-            }
+        let scale = match format {
+            Format::Jpeg => region::dct_scale(first),
+            Format::Png => 8,
+        };
+        if let Some(frame) = frames.get(key.index, scale) {
+            cut(&frame, first, &mut s.decoded)?;
+            frames.hit(started.elapsed());
+            return self.finish(&plan, out, s);
         }
+        let bytes = match file {
+            Some(bytes) => bytes,
+            None => read_file()?,
+        };
+        let encoded = bytes.as_ref();
+        if probe(encoded)? != (format, full) {
+            return Err(ImageError::Corrupt("the file changed since its frame was kept".into()));
+        }
+        if !frames.wants(key.index, scale) {
+            decode_first(encoded, format, full, first, s)?;
+            return self.finish(&plan, out, s);
+        }
+        let source = decode_whole(encoded, format, full, scale, s)?;
+        let decoded = started.elapsed();
+        let frame = Frame { source, full, scale, pixels: &s.frame };
+        frames.put(key.index, &frame);
+        let stored = started.elapsed();
+        cut(&frame, first, &mut s.decoded)?;
+        frames.miss(decoded, stored - decoded, started.elapsed() - stored);
+        self.finish(&plan, out, s)
+    }
+
+    /// Runs the plan's passes from the first pass's input in `s.decoded`
+    /// and writes the output.
+    fn finish(&self, plan: &Plan, out: &mut [u8], s: &mut Scratch) -> Result<(), ImageError> {
         let Scratch { decoded, canvases, resizer, .. } = s;
         let [a, b] = canvases;
         let (mut input, mut output): (&mut Vec<u8>, &mut Vec<u8>) = (decoded, a);

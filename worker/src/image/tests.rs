@@ -287,12 +287,25 @@ fn region_decode_matches_full_decode() {
     // Every pixel of a region equals the whole image's decode, at every
     // DCT scale, edges included (a 4:2:0 JPEG: the cropped decode's edge
     // columns differ without the widening in `jpeg::decode`).
-    for (w, h, seed) in [(203u32, 157u32, 1u64), (360, 376, 2), (64, 48, 3)] {
+    // Also: `jpeg::held` tells each region's columns without decoding
+    // (what the sample cache cuts out of a whole decode).
+    use jpeg_encoder::SamplingFactor as S;
+    let kinds = [(203u32, 157u32, 1u64, Some(S::R_4_2_0)), (360, 376, 2, Some(S::R_4_2_0)), (64, 48, 3, Some(S::R_4_2_0)),
+        (301, 207, 4, Some(S::R_4_4_4)), (250, 190, 5, Some(S::R_4_2_2)), (199, 230, 6, None)];
+    for (w, h, seed, sampling) in kinds {
         let rgb: Vec<u8> = picture(w, h).iter().zip(noise(w, h, seed)).map(|(p, n)| p / 2 + n / 2).collect();
         let mut jpg = Vec::new();
         let mut e = jpeg_encoder::Encoder::new(&mut jpg, 90);
-        e.set_sampling_factor(jpeg_encoder::SamplingFactor::R_4_2_0);
-        e.encode(&rgb, w as u16, h as u16, jpeg_encoder::ColorType::Rgb).expect("jpeg encode");
+        match sampling {
+            Some(f) => {
+                e.set_sampling_factor(f);
+                e.encode(&rgb, w as u16, h as u16, jpeg_encoder::ColorType::Rgb).expect("jpeg encode");
+            }
+            None => {
+                let grey: Vec<u8> = rgb.chunks_exact(3).map(|p| p[1]).collect();
+                e.encode(&grey, w as u16, h as u16, jpeg_encoder::ColorType::Luma).expect("jpeg encode");
+            }
+        }
         let mut pick = StepRng::new(SampleKey { seed, epoch: 0, index: 0 }, 0);
         for scale in [8u32, 4, 2, 1] {
             let (sw, sh) = jpeg::scaled((w, h), scale);
@@ -306,6 +319,7 @@ fn region_decode_matches_full_decode() {
                 let mut part = Vec::new();
                 let got = jpeg::decode(&jpg, (w, h), scale, r, &mut part).expect("region");
                 assert!(got.origin.0 <= r.x && got.origin.0 + got.size.0 >= r.x + r.w, "{got:?} for {r:?}");
+                assert_eq!(jpeg::held(r, (sw, sh), got.align), (got.origin, got.size), "{r:?} at 1/{}", 8 / scale);
                 assert_eq!((got.origin.1, got.size.1), (r.y, r.h));
                 for row in 0..r.h {
                     let at = ((row * got.size.0 + r.x - got.origin.0) * 4) as usize;

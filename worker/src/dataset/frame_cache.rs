@@ -1,0 +1,311 @@
+//! [`FrameCache`]: the built-in image datasets' kept frames
+//! ([`crate::image::frames`]) in a [`SampleCache`], the file a
+//! `Loader.local(spec, cache=...)` trainer creates and its forked workers
+//! share, and its decision whether keeping them pays.
+//!
+//! Keys: a frame of sample `i` at DCT scale `8 >> k` is entry `i * 4 + k`,
+//! so a cache for `n` samples has `n * SCALES` entries (most stay empty: a
+//! sample's crops usually ask for one scale). An entry is a 16-byte header
+//! (source, scale, crop alignment, full size) and the frame's RGBX rows.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::image::frames::{Frame, Frames, Source};
+use crate::sample_cache::{Off, Put, SampleCache};
+
+/// Entries per sample: one per DCT scale (8, 4, 2, 1 eighths). A trainer
+/// makes the cache for `samples * FRAMES_PER_SAMPLE` entries.
+pub const FRAMES_PER_SAMPLE: u64 = 4;
+const SCALES: u64 = FRAMES_PER_SAMPLE;
+
+/// Bytes before an entry's pixels.
+const HEADER: usize = 16;
+/// The header's first byte.
+const JPEG: u8 = 1;
+const PNG: u8 = 2;
+
+/// Decide once this many hits and misses are timed (over all workers).
+const DECIDE_AFTER: u64 = 32;
+/// Look at the counters every this many samples.
+const DECIDE_EVERY: u64 = 16;
+/// A hit must cost under this share of a load (as `loader._cache`).
+const PAYS_BELOW: f64 = 0.5;
+
+/// Frames kept in a shared sample cache.
+#[derive(Debug)]
+pub struct FrameCache {
+    cache: SampleCache,
+    /// Samples of the job (the cache has `samples * SCALES` entries).
+    samples: u64,
+    /// Epochs the job reads each sample in: what a kept frame saves.
+    epochs: u32,
+    /// The space ran out: decode only regions from now on (no whole
+    /// frames that could not be kept).
+    full: AtomicBool,
+    /// This worker has said whether the cache pays.
+    decided: AtomicBool,
+    /// Samples made through the cache by this worker.
+    seen: AtomicU64,
+}
+
+impl FrameCache {
+    /// Keeps frames of a job of `samples` samples read in `epochs` epochs
+    /// in `cache` (made for `samples * SCALES` entries). A job of one
+    /// epoch reads no frame twice: the cache is turned off at once.
+    pub fn new(cache: SampleCache, samples: u64, epochs: u32) -> Self {
+        if epochs <= 1 {
+            cache.turn_off(Off::OneEpoch);
+        }
+        Self { cache, samples, epochs, full: AtomicBool::new(false), decided: AtomicBool::new(false), seen: AtomicU64::new(0) }
+    }
+
+    /// The cache this worker inherited from its trainer, if any, for a job
+    /// of `samples` samples and `epochs` epochs. A cache made for another
+    /// job is an error naming both sizes.
+    pub fn inherited(samples: u64, epochs: u32) -> Result<Option<Self>, String> {
+        let entries = samples.checked_mul(SCALES).ok_or_else(|| format!("sample cache: {samples} samples is too many"))?;
+        match SampleCache::inherited(entries) {
+            Ok(Some(cache)) => Ok(Some(Self::new(cache, samples, epochs))),
+            Ok(None) => Ok(None),
+            Err(e) => Err(format!("{e} (a job of {samples} images keeps {SCALES} frames a sample)")),
+        }
+    }
+
+    fn key(&self, index: u64, scale: u32) -> Option<u64> {
+        let k = match scale {
+            8 => 0,
+            4 => 1,
+            2 => 2,
+            1 => 3,
+            _ => return None,
+        };
+        (index < self.samples).then(|| index * SCALES + k)
+    }
+
+    fn parse(entry: &[u8]) -> Option<Frame<'_>> {
+        let (head, pixels) = entry.split_at_checked(HEADER)?;
+        let word = |at: usize| head.get(at..at + 4).and_then(|b| b.try_into().ok()).map(u32::from_le_bytes);
+        let source = match head[0] {
+            JPEG => Source::Jpeg { align: word(4)? },
+            PNG => Source::Png,
+            _ => return None,
+        };
+        Some(Frame { source, full: (word(8)?, word(12)?), scale: u32::from(head[1]), pixels })
+    }
+
+    /// Says, once per worker and once enough is timed, whether keeping
+    /// frames pays for this job, and turns the cache off for every worker
+    /// when it does not.
+    fn tick(&self) {
+        let seen = self.seen.fetch_add(1, Ordering::Relaxed) + 1;
+        if !seen.is_multiple_of(DECIDE_EVERY) || self.decided.load(Ordering::Relaxed) {
+            return;
+        }
+        let s = self.cache.stats();
+        if s.loads < DECIDE_AFTER || s.hits_timed < DECIDE_AFTER || self.decided.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let avg = |total: u64, n: u64| total as f64 / n.max(1) as f64;
+        let (load, hit, store) = (avg(s.load_nanos, s.loads), avg(s.hit_nanos, s.hits_timed), avg(s.store_nanos, s.stores_timed));
+        let costs = format!(
+            "reading and decoding an image takes {:.1} us, keeping its frame {:.1} us, cutting a sample out of a kept frame {:.1} us",
+            load / 1e3,
+            store / 1e3,
+            hit / 1e3
+        );
+        if pays(load, store, hit, self.epochs) {
+            tracing::info!(target: "loader_worker::sample_cache", "sample cache on: {costs}");
+        } else {
+            self.cache.turn_off(Off::DoesNotPay);
+            tracing::info!(target: "loader_worker::sample_cache", "sample cache off for this job: {costs}");
+        }
+    }
+}
+
+/// Whether keeping frames pays for a job of `epochs` epochs: a hit must
+/// cost under half a load, and what the later epochs save must be at
+/// least twice what keeping costs in the first (`loader._cache.pays`).
+fn pays(load: f64, store: f64, hit: f64, epochs: u32) -> bool {
+    hit < PAYS_BELOW * load && f64::from(epochs.saturating_sub(1)) * (load - hit) >= 2.0 * store
+}
+
+impl Frames for FrameCache {
+    fn known(&self, index: u64) -> Option<(Source, (u32, u32))> {
+        [8, 4, 2, 1].into_iter().find_map(|scale| self.get(index, scale).map(|f| (f.source, f.full)))
+    }
+
+    fn get(&self, index: u64, scale: u32) -> Option<Frame<'_>> {
+        let entry = self.cache.get(self.key(index, scale)?)?;
+        Self::parse(entry).filter(|f| f.scale == scale)
+    }
+
+    fn wants(&self, index: u64, scale: u32) -> bool {
+        self.key(index, scale).is_some() && self.cache.is_on() && !self.full.load(Ordering::Relaxed)
+    }
+
+    fn put(&self, index: u64, frame: &Frame<'_>) {
+        let Some(key) = self.key(index, frame.scale) else {
+            return;
+        };
+        let (kind, align) = match frame.source {
+            Source::Jpeg { align } => (JPEG, align),
+            Source::Png => (PNG, 0),
+        };
+        let mut head = [0u8; HEADER];
+        head[0] = kind;
+        head[1] = u8::try_from(frame.scale).unwrap_or(0);
+        head[4..8].copy_from_slice(&align.to_le_bytes());
+        head[8..12].copy_from_slice(&frame.full.0.to_le_bytes());
+        head[12..16].copy_from_slice(&frame.full.1.to_le_bytes());
+        if self.cache.put(key, &[&head, frame.pixels]) == Put::Full {
+            self.full.store(true, Ordering::Relaxed);
+        }
+    }
+
+    fn hit(&self, took: Duration) {
+        self.cache.record_hit(Some(nanos(took)));
+        self.tick();
+    }
+
+    fn miss(&self, decode: Duration, store: Duration, cut: Duration) {
+        self.cache.record_miss(nanos(decode));
+        self.cache.time_store(nanos(store));
+        // What a hit will cost, known before the first hit of a later epoch.
+        self.cache.time_hit(Some(nanos(cut)));
+        self.tick();
+    }
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pays_like_the_python_cache() {
+        // Decoding 4 ms, keeping 0.3 ms, cutting 0.1 ms: pays from 2 epochs.
+        assert!(pays(4e6, 3e5, 1e5, 2));
+        assert!(!pays(4e6, 3e5, 1e5, 1));
+        // A hit as dear as a decode never pays.
+        assert!(!pays(1e5, 1e4, 9e4, 10));
+    }
+
+    #[test]
+    fn a_frame_reads_back_as_it_was_kept_and_a_full_cache_stops_whole_decodes() {
+        let pixels = vec![7u8; 4 * 3 * 2];
+        let cache = SampleCache::create(3 * SCALES, 4096, None).expect("cache");
+        let frames = FrameCache::new(cache, 3, 2);
+        assert!(frames.known(1).is_none() && frames.wants(1, 4));
+        let frame = Frame { source: Source::Jpeg { align: 16 }, full: (6, 4), scale: 4, pixels: &pixels };
+        frames.put(1, &frame);
+        let got = frames.get(1, 4).expect("kept");
+        assert_eq!((got.source, got.full, got.scale, got.pixels), (Source::Jpeg { align: 16 }, (6, 4), 4, &pixels[..]));
+        assert_eq!(frames.known(1), Some((Source::Jpeg { align: 16 }, (6, 4))));
+        assert!(frames.get(1, 8).is_none() && frames.get(0, 4).is_none());
+        assert!(!frames.wants(3, 8), "no sample 3");
+        let big = vec![0u8; 8192];
+        frames.put(2, &Frame { source: Source::Png, full: (64, 32), scale: 8, pixels: &big });
+        assert!(!frames.wants(0, 8), "the space ran out: regions only");
+    }
+
+    use std::cell::Cell;
+
+    use loader_proto::pb::{self, Layout, Transform, transform::Op};
+
+    use crate::dataset::SampleKey;
+    use crate::image::Pipeline;
+
+    fn t(op: Op) -> Transform {
+        Transform { op: Some(op) }
+    }
+
+    fn noise(n: usize, mut state: u64) -> Vec<u8> {
+        (0..n)
+            .map(|_| {
+                state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+                (state >> 56) as u8
+            })
+            .collect()
+    }
+
+    /// A 4:2:0 JPEG (or a greyscale one) of noise over a gradient.
+    fn jpeg(w: u32, h: u32, seed: u64, grey: bool) -> Vec<u8> {
+        let rgb: Vec<u8> = noise((w * h * 3) as usize, seed).iter().enumerate().map(|(i, n)| n / 2 + (i % 251) as u8 / 2).collect();
+        let mut out = Vec::new();
+        let mut e = jpeg_encoder::Encoder::new(&mut out, 90);
+        if grey {
+            let g: Vec<u8> = rgb.chunks_exact(3).map(|p| p[0]).collect();
+            e.encode(&g, w as u16, h as u16, jpeg_encoder::ColorType::Luma).expect("encode");
+        } else {
+            e.set_sampling_factor(jpeg_encoder::SamplingFactor::R_4_2_0);
+            e.encode(&rgb, w as u16, h as u16, jpeg_encoder::ColorType::Rgb).expect("encode");
+        }
+        out
+    }
+
+    fn png(w: u32, h: u32, seed: u64) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut e = ::png::Encoder::new(&mut out, w, h);
+        e.set_color(::png::ColorType::Rgb);
+        e.set_depth(::png::BitDepth::Eight);
+        let mut writer = e.write_header().expect("png header");
+        writer.write_image_data(&noise((w * h * 3) as usize, seed)).expect("png data");
+        writer.finish().expect("png finish");
+        out
+    }
+
+    #[test]
+    fn kept_frames_give_the_same_bytes_as_decoding_every_epoch() {
+        let files =
+            [jpeg(203, 157, 1, false), jpeg(360, 376, 2, false), jpeg(501, 333, 3, false), jpeg(199, 230, 4, true), png(150, 120, 5)];
+        let decode = t(Op::Decode(pb::Decode {}));
+        let rrc = |size: u32| {
+            t(Op::RandomResizedCrop(pb::RandomResizedCrop { size: vec![size], scale: vec![0.08, 1.0], ratio: vec![0.75, 4.0 / 3.0] }))
+        };
+        let flip = t(Op::HorizontalFlip(pb::HorizontalFlip { p: Some(0.5) }));
+        let hwc = t(Op::Layout(Layout::Hwc as i32));
+        let pipelines = [
+            // Random crops at DCT scales from 1 to 1/8, flipped.
+            vec![decode.clone(), rrc(64), flip.clone()],
+            vec![decode.clone(), rrc(24), flip.clone(), hwc.clone()],
+            // A resize, then a crop of it.
+            vec![decode.clone(), t(Op::Resize(pb::Resize { size: vec![80] })), t(Op::CenterCrop(pb::CenterCrop { size: vec![64] }))],
+            // A first pass that only crops (reads the region's edges).
+            vec![decode, t(Op::CenterCrop(pb::CenterCrop { size: vec![48, 64] })), flip],
+        ];
+        for steps in &pipelines {
+            let pipeline = Pipeline::new(steps).expect("pipeline");
+            let n = files.len() as u64;
+            let frames = FrameCache::new(SampleCache::create(n * SCALES, 64 << 20, None).expect("cache"), n, 3);
+            let reads = Cell::new(0u32);
+            for epoch in 0..3 {
+                for (index, file) in files.iter().enumerate() {
+                    let key = SampleKey { seed: 11, epoch, index: index as u64 };
+                    let mut plain = vec![0u8; pipeline.output_bytes()];
+                    pipeline.run(file, key, &mut plain).expect("plain");
+                    let mut kept = vec![0u8; pipeline.output_bytes()];
+                    let read = || {
+                        reads.set(reads.get() + 1);
+                        Ok(file.as_slice())
+                    };
+                    pipeline.run_kept(key, &mut kept, &frames, read).expect("kept");
+                    assert!(plain == kept, "{steps:?}: sample {index} of epoch {epoch} differs with kept frames");
+                }
+            }
+            let stats = frames.cache.stats();
+            assert!(stats.hits > 0 && stats.hits + stats.misses == 3 * n, "{stats:?}");
+            assert!(u64::from(reads.get()) <= stats.misses, "a hit reads no file: {} reads, {stats:?}", reads.get());
+        }
+    }
+
+    #[test]
+    fn a_one_epoch_job_keeps_nothing() {
+        let frames = FrameCache::new(SampleCache::create(SCALES, 4096, None).expect("cache"), 1, 1);
+        assert!(!frames.wants(0, 8));
+        assert_eq!(frames.cache.stats().off, Some(Off::OneEpoch));
+    }
+}
