@@ -69,6 +69,27 @@ _SPEC_SUFFIXES = (".json", ".yaml", ".yml")
 _log = logging.getLogger("loader")
 
 
+#: The built-in datasets whose pipeline keeps decoded frames (``cache=``).
+_IMAGE_KINDS = frozenset({"image_folder", "webdataset"})
+_NOTHING_TO_KEEP = "cache: only for a dataset or a job spec of a built-in image dataset (image_folder, webdataset)"
+
+
+def _frame_cache(spec: bytes, cache_bytes: int, cache_dir: Any, template: Any) -> Any:
+    """The sample cache of a built-in image job's workers (a frame per
+    image and scale, ``FrameCache`` in the worker), created here and
+    inherited by the workers the template forks."""
+    entries = _native.frame_cache_entries(spec)
+    if entries is None:
+        raise TypeError(_NOTHING_TO_KEEP)
+    if template is None:
+        raise TypeError(
+            "cache: a built-in image job's workers share the cache this process forks them with; "
+            "multiprocessing_context='spawn' starts them without it"
+        )
+    directory = None if cache_dir is None else os.fspath(cache_dir)
+    return _native.SampleCache.create(entries, cache_bytes, directory)
+
+
 def _spec_bytes(job: Union[Mapping, str, os.PathLike]) -> bytes:
     """The job spec as the native module's opaque, validated encoding.
 
@@ -389,18 +410,20 @@ class Loader:
         epoch and the samples within windows of ``shuffle_buffer`` samples
         (default 1000 with ``shuffle``; 0 keeps each shard's order).
 
-        ``cache`` (a dataset only; default None, no cache): keep the
-        deterministic half of each sample across epochs, so later epochs
-        run only the random half, with the same results: ``True`` (up to a
-        quarter of this machine's memory), a size (``"8GiB"``, a number of
-        bytes). The dataset says which half is which with
-        ``loader_load(index)`` and ``loader_transform(loaded, index)``;
-        torchvision's ``ImageFolder``/``DatasetFolder`` need nothing (the
-        decoded image is cached). In memory, or in an unnamed file in
+        ``cache`` (a dataset, or a job spec of a built-in image dataset;
+        default None, no cache): keep the deterministic half of each sample
+        across epochs, so later epochs run only the random half, with the
+        same results: ``True`` (up to a quarter of this machine's memory),
+        a size (``"8GiB"``, a number of bytes). A dataset says which half
+        is which with ``loader_load(index)`` and ``loader_transform(loaded,
+        index)``; torchvision's ``ImageFolder``/``DatasetFolder`` need
+        nothing (the decoded image is cached). An ``image_folder`` or
+        ``webdataset`` spec keeps each image decoded at the scale its crops
+        need (docs/images.md). In memory, or in an unnamed file in
         ``cache_dir``; shared by the workers, gone with the loader; it
         turns itself off when reading a sample back costs more than half
-        of loading it. ``cache_stats()`` counts hits and misses
-        (``loader._cache``).
+        of loading it, and for a job of one epoch. ``cache_stats()``
+        counts hits and misses (``loader._cache``).
         """
         if workers < 1:
             raise ValueError("Loader.local needs at least one worker")
@@ -430,9 +453,17 @@ class Loader:
             raise TypeError("cache_dir: give cache= too (the budget)")
         if shuffle_buffer is not None and not _dataset.is_iterable_dataset(job):
             raise TypeError("shuffle_buffer: only for an iterable dataset (a map-style one shuffles whole)")
-        if cache_bytes is not None and not _dataset.is_dataset(job):
-            raise TypeError("cache: only for a dataset (a job spec's built-in datasets have their own pipelines)")
         sample_cache = None
+        # A job spec's built-in image dataset keeps frames (below); a Mix's
+        # or a stream's samples are not cached.
+        keeps_frames = cache_bytes is not None and not (
+            _dataset.is_dataset(job) or _dataset.is_iterable_dataset(job) or isinstance(job, Mix)
+        )
+        if keeps_frames and isinstance(job, Mapping):
+            # Said before the spec is read: a dict spec names its dataset.
+            keeps_frames = _IMAGE_KINDS.intersection(job.get("dataset") or {}) != set()
+        if cache_bytes is not None and not keeps_frames and not _dataset.is_dataset(job):
+            raise TypeError(_NOTHING_TO_KEEP)
         if _dataset.is_dataset(job):
             job_dataset = job
             cache_settings = None
@@ -483,6 +514,8 @@ class Loader:
                 )
             job = _dataset.fill_num_samples(job)
         spec = _spec_bytes(job)
+        if keeps_frames:
+            sample_cache = _frame_cache(spec, cache_bytes, cache_dir, template)
         checked = _options_json(options)
         local = (workers, _worker_command(threads), ready_timeout)
         forks = None if template is None else (template, threads, sample_cache)

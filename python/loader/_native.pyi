@@ -143,6 +143,7 @@ def blob_dir() -> str:
     ``$XDG_RUNTIME_DIR/loader-blobs``, else ``$TMPDIR/loader-blobs-<uid>``),
     created 0700 if needed; ``OSError`` when it is not this user's."""
 def plan(spec: bytes, rank: int, world_size: Optional[int] = None) -> tuple[int, int]: ...
+def frame_cache_entries(spec: bytes) -> Optional[int]: ...
 
 #: Batches of each rank per lane's turn of a job read as lanes.
 LANE_TURN: int

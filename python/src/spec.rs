@@ -47,6 +47,25 @@ pub(crate) fn decode(spec: &[u8]) -> PyResult<JobSpec> {
         .map_err(|e| PyValueError::new_err(format!("not an encoded job spec: {e}")))
 }
 
+/// For a built-in image job (`image_folder`, `webdataset`): how many
+/// entries its workers' shared sample cache needs (a frame per sample and
+/// DCT scale, `loader_worker::dataset::FrameCache`); None for any other
+/// dataset, whose pipeline keeps nothing.
+#[pyfunction]
+pub(crate) fn frame_cache_entries(spec: &[u8]) -> PyResult<Option<u64>> {
+    use loader_proto::pb::dataset_spec::Kind;
+    let spec = decode(spec)?;
+    let samples = match spec.dataset.and_then(|d| d.kind) {
+        Some(Kind::ImageFolder(f)) => f.num_samples,
+        Some(Kind::Webdataset(w)) => w.shard_samples.iter().sum(),
+        _ => return Ok(None),
+    };
+    samples
+        .checked_mul(loader_worker::dataset::FRAMES_PER_SAMPLE)
+        .map(Some)
+        .ok_or_else(|| PyValueError::new_err(format!("cache: {samples} images is too many to cache")))
+}
+
 /// `(batches_per_epoch, epochs)` of rank `rank` when the job `spec` runs
 /// with `world_size` ranks (None: the spec's own `consumers`). Fails, with
 /// the coordinator's message, on a spec or rank that cannot run.

@@ -179,3 +179,90 @@ def test_a_worker_killed_mid_epoch_loses_nothing_and_the_cache_stays_whole():
     assert killed
     assert out == plain
     assert 40 <= stats["stored"] <= 48, stats
+
+
+# -- built-in image jobs: kept frames (loader_worker::dataset::FrameCache) --
+
+
+def _photo_folder(root: pathlib.Path, per_class: int = 12) -> str:
+    """Two classes of noisy JPEGs of a few sizes (4:2:0, as cameras write
+    them) and one PNG."""
+    pil = pytest.importorskip("PIL.Image", reason="Pillow is not installed in this venv")
+    rng = np.random.default_rng(0)
+    for c in range(2):
+        (root / f"class{c}").mkdir()
+        for k in range(per_class):
+            pixels = rng.integers(0, 255, size=(160 + 3 * k, 200 + 5 * k, 3), dtype=np.uint8)
+            pil.fromarray(pixels).save(root / f"class{c}" / f"{k}.jpg", quality=90)
+    pil.fromarray(rng.integers(0, 255, size=(90, 120, 3), dtype=np.uint8)).save(root / "class0" / "z.png")
+    return str(root)
+
+
+def _run_spec(root: str, transforms: list, epochs: int, **kwargs):
+    """Every batch of every epoch as (labels, image bytes), and the cache's
+    counters before close."""
+    spec = {
+        "dataset": {"image_folder": {"path": root}},
+        "transforms": transforms,
+        "batch_size": 8,
+        "epochs": epochs,
+        "sampler": {"shuffle": True, "seed": 5},
+    }
+    out = []
+    with loader.Loader.local(spec, workers=2, **kwargs) as dl:
+        for epoch in range(epochs):
+            dl.set_epoch(epoch)
+            for batch in dl:
+                out.append((np.asarray(batch["label"]).tolist(), np.asarray(batch["image"]).tobytes()))
+        stats = dl.cache_stats()
+    return out, stats
+
+
+def test_an_image_job_reads_kept_frames_with_the_same_batches(tmp_path):
+    # One DCT scale an image (a fixed resize), flipped at random: every
+    # image's frame is kept once and read back in the later epochs.
+    root = _photo_folder(tmp_path)
+    steps = ["decode", {"resize": {"size": 40}}, {"center_crop": {"size": 32}}, "horizontal_flip"]
+    plain, _ = _run_spec(root, steps, epochs=3)
+    cached, stats = _run_spec(root, steps, epochs=3, cache="64MB")
+    assert cached == plain
+    assert stats["on"], stats
+    # Workers run ahead into the next epoch: an image whose frame another
+    # worker is still keeping is decoded again (a miss), never waited for.
+    assert stats["stored"] == 25 and stats["hits"] + stats["misses"] == 75 and stats["hits"] >= 25, stats
+
+
+def test_random_resized_crops_from_kept_frames_are_the_uncached_ones(tmp_path):
+    # Crops that ask for several DCT scales, flips: the same bytes whether
+    # or not the cache keeps (or decides to stop keeping) frames.
+    root = _photo_folder(tmp_path)
+    steps = ["decode", {"random_resized_crop": {"size": 32}}, "horizontal_flip"]
+    plain, _ = _run_spec(root, steps, epochs=3)
+    cached, stats = _run_spec(root, steps, epochs=3, cache=True, cache_dir=str(tmp_path))
+    assert cached == plain
+    # Whether it kept on keeping depends on this machine's costs (it decides
+    # by itself), not what the batches hold.
+    assert stats["stored"] >= 1, stats
+
+
+def test_an_image_cache_that_is_too_small_keeps_what_fits(tmp_path):
+    root = _photo_folder(tmp_path)
+    steps = ["decode", {"resize": {"size": 40}}, {"center_crop": {"size": 32}}, "horizontal_flip"]
+    plain, _ = _run_spec(root, steps, epochs=2)
+    cached, stats = _run_spec(root, steps, epochs=2, cache="200KB")
+    assert cached == plain
+    assert 0 < stats["stored"] < 25 and stats["refused_full"] >= 1, stats
+
+
+def test_a_one_epoch_image_job_keeps_no_frame(tmp_path):
+    root = _photo_folder(tmp_path, per_class=4)
+    _, stats = _run_spec(root, ["decode", {"resize": {"size": 32}}, {"center_crop": {"size": 32}}], epochs=1, cache=True)
+    assert not stats["on"] and "one epoch" in stats["off_reason"] and stats["stored"] == 0, stats
+
+
+def test_an_image_cache_with_spawned_workers_is_refused_in_one_line(tmp_path):
+    root = _photo_folder(tmp_path, per_class=2)
+    spec = {"dataset": {"image_folder": {"path": root}}, "transforms": ["decode", {"resize": {"size": 32}}, {"center_crop": {"size": 32}}], "batch_size": 2, "epochs": 2}
+    with pytest.raises(TypeError) as e:
+        loader.Loader.local(spec, workers=1, cache=True, multiprocessing_context="spawn")
+    assert "spawn" in str(e.value) and "\n" not in str(e.value)

@@ -337,14 +337,63 @@ impl SampleCache {
     /// fresh page is then allocated by the write, not by a page fault per
     /// 4 KiB (which cost half as much again as the copy).
     pub fn put(&self, index: u64, parts: &[&[u8]]) -> Put {
-        if index >= self.entries || !self.is_on() {
+        let len: u64 = parts.iter().map(|p| p.len() as u64).sum();
+        let offset = match self.reserve(index, len) {
+            Ok(offset) => offset,
+            Err(put) => return put,
+        };
+        // [offset, offset + len) is this call's alone: the cursor moved
+        // past it, and no reader looks at it before the slot is published.
+        let mut at = self.data_at as u64 + offset;
+        for part in parts {
+            if self.file.write_all_at(part, at).is_err() {
+                self.slot(index).store(NEVER, Ordering::Release);
+                return Put::Refused;
+            }
+            at += part.len() as u64;
+        }
+        self.publish(index, offset, len)
+    }
+
+    /// Stores an entry of `len` bytes that `fill` writes in place, in the
+    /// cache's memory (no copy, and no write call: concurrent `pwrite`s
+    /// to one file queue on its lock, which cost the co-located workers
+    /// of an image job several times the copy itself). `fill` is called
+    /// only once the space is this call's; returning false (a decode
+    /// failed) leaves the index uncached. Otherwise as [`put`](Self::put).
+    pub fn put_with(&self, index: u64, len: u64, fill: impl FnOnce(&mut [u8]) -> bool) -> Put {
+        let offset = match self.reserve(index, len) {
+            Ok(offset) => offset,
+            Err(put) => return put,
+        };
+        let Ok(bytes) = usize::try_from(len) else {
+            self.slot(index).store(NEVER, Ordering::Release);
             return Put::Refused;
+        };
+        // SAFETY: [offset, offset + len) lies in the data area (`reserve`
+        // checked end <= capacity), which the mapping covers; it is this
+        // call's alone (the cursor moved past it, and no reader looks at it
+        // before the slot is published), so nothing else reads or writes
+        // it while `fill` holds this unique borrow.
+        let area = unsafe { std::slice::from_raw_parts_mut(self.data().add(offset as usize), bytes) };
+        if !fill(area) {
+            self.slot(index).store(NEVER, Ordering::Release);
+            return Put::Refused;
+        }
+        self.publish(index, offset, len)
+    }
+
+    /// Claims `index`'s slot and `len` bytes of space for it: the space's
+    /// offset, or why not (the slot is left claimed only on success, or
+    /// marked never-cached when the space ran out).
+    fn reserve(&self, index: u64, len: u64) -> Result<u64, Put> {
+        if index >= self.entries || !self.is_on() {
+            return Err(Put::Refused);
         }
         let slot = self.slot(index);
         if slot.compare_exchange(EMPTY, CLAIMED, Ordering::AcqRel, Ordering::Relaxed).is_err() {
-            return Put::Taken;
+            return Err(Put::Taken);
         }
-        let len: u64 = parts.iter().map(|p| p.len() as u64).sum();
         let taken = len.div_ceil(ALIGN) * ALIGN;
         let next = self.word(Word::Next);
         let mut offset = next.load(Ordering::Relaxed);
@@ -354,25 +403,19 @@ impl SampleCache {
                 slot.store(NEVER, Ordering::Release);
                 self.count(Word::Refused, 1);
                 metrics::counter!("loader_worker_sample_cache_refused_total").increment(1);
-                return Put::Full;
+                return Err(Put::Full);
             };
             match next.compare_exchange_weak(offset, end, Ordering::Relaxed, Ordering::Relaxed) {
-                Ok(_) => break,
+                Ok(_) => return Ok(offset),
                 Err(now) => offset = now,
             }
         }
-        // [offset, offset + len) is this call's alone: the cursor moved
-        // past it, and no reader looks at it before the slot is published.
-        let mut at = self.data_at as u64 + offset;
-        for part in parts {
-            if self.file.write_all_at(part, at).is_err() {
-                slot.store(NEVER, Ordering::Release);
-                return Put::Refused;
-            }
-            at += part.len() as u64;
-        }
+    }
+
+    /// Publishes the entry of `index` written at `offset`.
+    fn publish(&self, index: u64, offset: u64, len: u64) -> Put {
         self.slot_len(index).store(len, Ordering::Relaxed);
-        slot.store(READY | offset, Ordering::Release);
+        self.slot(index).store(READY | offset, Ordering::Release);
         self.count(Word::Stored, 1);
         self.count(Word::StoredBytes, len);
         metrics::counter!("loader_worker_sample_cache_stored_bytes_total").increment(len);
@@ -402,6 +445,13 @@ impl SampleCache {
         metrics::counter!("loader_worker_sample_cache_misses_total").increment(1);
         self.count(Word::LoadNanos, nanos);
         self.count(Word::Loads, 1);
+    }
+
+    /// Counts a read that loaded its sample without timing the load (it
+    /// found the entry being written by another worker).
+    pub fn record_untimed_miss(&self) {
+        self.count(Word::Misses, 1);
+        metrics::counter!("loader_worker_sample_cache_misses_total").increment(1);
     }
 
     /// Counts what storing an entry cost (encoding it and writing it).

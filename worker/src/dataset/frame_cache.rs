@@ -11,7 +11,10 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::image::frames::{Frame, Frames, Source};
+use crate::image::ImageError;
+use nix::sys::mman::{MmapAdvise, madvise};
+
+use crate::image::frames::{Frame, Frames, Source, thread_cpu};
 use crate::sample_cache::{Off, Put, SampleCache};
 
 /// Entries per sample: one per DCT scale (8, 4, 2, 1 eighths). A trainer
@@ -43,7 +46,7 @@ pub struct FrameCache {
     /// The space ran out: decode only regions from now on (no whole
     /// frames that could not be kept).
     full: AtomicBool,
-    /// This worker has said whether the cache pays.
+    /// This worker has said that the cache pays.
     decided: AtomicBool,
     /// Samples made through the cache by this worker.
     seen: AtomicU64,
@@ -94,31 +97,36 @@ impl FrameCache {
         Some(Frame { source, full: (word(8)?, word(12)?), scale: u32::from(head[1]), pixels })
     }
 
-    /// Says, once per worker and once enough is timed, whether keeping
-    /// frames pays for this job, and turns the cache off for every worker
-    /// when it does not.
+    /// Once enough is timed, and again every [`DECIDE_EVERY`] samples while
+    /// frames are still being kept (stores cost more once co-located
+    /// workers fill the file together than at the start): turns the cache
+    /// off for every worker when keeping frames does not pay for this job,
+    /// and says so; says once that it pays.
     fn tick(&self) {
         let seen = self.seen.fetch_add(1, Ordering::Relaxed) + 1;
-        if !seen.is_multiple_of(DECIDE_EVERY) || self.decided.load(Ordering::Relaxed) {
+        if !seen.is_multiple_of(DECIDE_EVERY) || !self.cache.is_on() {
             return;
         }
         let s = self.cache.stats();
-        if s.loads < DECIDE_AFTER || s.hits_timed < DECIDE_AFTER || self.decided.swap(true, Ordering::Relaxed) {
+        if s.loads < DECIDE_AFTER || s.hits_timed < DECIDE_AFTER {
             return;
         }
         let avg = |total: u64, n: u64| total as f64 / n.max(1) as f64;
         let (load, hit, store) = (avg(s.load_nanos, s.loads), avg(s.hit_nanos, s.hits_timed), avg(s.store_nanos, s.stores_timed));
-        let costs = format!(
-            "reading and decoding an image takes {:.1} us, keeping its frame {:.1} us, cutting a sample out of a kept frame {:.1} us",
-            load / 1e3,
-            store / 1e3,
-            hit / 1e3
-        );
-        if pays(load, store, hit, self.epochs) {
-            tracing::info!(target: "loader_worker::sample_cache", "sample cache on: {costs}");
-        } else {
+        let costs = || {
+            format!(
+                "reading and decoding an image takes {:.1} us, keeping its frame {:.1} us, cutting a sample out of a kept frame {:.1} us (CPU, over {} frames)",
+                load / 1e3,
+                store / 1e3,
+                hit / 1e3,
+                s.loads
+            )
+        };
+        if !pays(load, store, hit, self.epochs) {
             self.cache.turn_off(Off::DoesNotPay);
-            tracing::info!(target: "loader_worker::sample_cache", "sample cache off for this job: {costs}");
+            tracing::info!(target: "loader_worker::sample_cache", "sample cache off for this job of {} epochs: {}", self.epochs, costs());
+        } else if !self.decided.swap(true, Ordering::Relaxed) {
+            tracing::info!(target: "loader_worker::sample_cache", "sample cache on for this job of {} epochs: {}", self.epochs, costs());
         }
     }
 }
@@ -140,26 +148,58 @@ impl Frames for FrameCache {
         Self::parse(entry).filter(|f| f.scale == scale)
     }
 
-    fn wants(&self, index: u64, scale: u32) -> bool {
-        self.key(index, scale).is_some() && self.cache.is_on() && !self.full.load(Ordering::Relaxed)
-    }
-
-    fn put(&self, index: u64, frame: &Frame<'_>) {
-        let Some(key) = self.key(index, frame.scale) else {
-            return;
-        };
-        let (kind, align) = match frame.source {
-            Source::Jpeg { align } => (JPEG, align),
-            Source::Png => (PNG, 0),
-        };
-        let mut head = [0u8; HEADER];
-        head[0] = kind;
-        head[1] = u8::try_from(frame.scale).unwrap_or(0);
-        head[4..8].copy_from_slice(&align.to_le_bytes());
-        head[8..12].copy_from_slice(&frame.full.0.to_le_bytes());
-        head[12..16].copy_from_slice(&frame.full.1.to_le_bytes());
-        if self.cache.put(key, &[&head, frame.pixels]) == Put::Full {
-            self.full.store(true, Ordering::Relaxed);
+    fn keep(
+        &self,
+        index: u64,
+        scale: u32,
+        full: (u32, u32),
+        pixels: usize,
+        decode: &mut dyn FnMut(&mut [u8]) -> Result<Source, ImageError>,
+    ) -> Option<Result<Frame<'_>, ImageError>> {
+        let key = self.key(index, scale)?;
+        if !self.cache.is_on() {
+            return None;
+        }
+        // A read that missed, counted as the sample cache of a Python
+        // dataset counts it, whatever stops the frame being kept.
+        if self.full.load(Ordering::Relaxed) {
+            self.cache.record_untimed_miss();
+            return None;
+        }
+        let mut failed = None;
+        let put = self.cache.put_with(key, (HEADER + pixels) as u64, |area| {
+            // The cache's fresh pages, all at once: what keeping costs
+            // beyond the decode (faulting them in one by one while decoding
+            // costs more, and would count as decoding).
+            let began = thread_cpu();
+            populate(area);
+            self.cache.time_store(nanos(thread_cpu().saturating_sub(began)));
+            let (head, body) = area.split_at_mut(HEADER);
+            match decode(body) {
+                Ok(source) => {
+                    head.copy_from_slice(&header(source, scale, full));
+                    true
+                }
+                Err(e) => {
+                    failed = Some(e);
+                    false
+                }
+            }
+        });
+        match put {
+            Put::Stored => self.get(index, scale).map(Ok),
+            Put::Full => {
+                self.full.store(true, Ordering::Relaxed);
+                self.cache.record_untimed_miss();
+                None
+            }
+            // Another worker is keeping it (it makes this sample for an
+            // earlier epoch right now): this one is made as uncached.
+            Put::Taken => {
+                self.cache.record_untimed_miss();
+                None
+            }
+            Put::Refused => failed.map(Err),
         }
     }
 
@@ -168,13 +208,45 @@ impl Frames for FrameCache {
         self.tick();
     }
 
-    fn miss(&self, decode: Duration, store: Duration, cut: Duration) {
+    fn miss(&self, decode: Duration, cut: Duration) {
         self.cache.record_miss(nanos(decode));
-        self.cache.time_store(nanos(store));
         // What a hit will cost, known before the first hit of a later epoch.
         self.cache.time_hit(Some(nanos(cut)));
         self.tick();
     }
+}
+
+/// Asks the kernel for `area`'s pages, writable, in one call
+/// (`MADV_POPULATE_WRITE`); on a kernel without it (before 5.14) the writes
+/// fault them in instead.
+fn populate(area: &mut [u8]) {
+    const PAGE: usize = 4096;
+    let start = area.as_mut_ptr() as usize;
+    let first = start / PAGE * PAGE;
+    let Some(addr) = std::ptr::NonNull::new(first as *mut std::ffi::c_void) else {
+        return;
+    };
+    // SAFETY: [first, start + len) lies within the cache's mapping: `area`
+    // does, and `first` only rounds its start down to the page holding it,
+    // which the (page-aligned) mapping covers. MADV_POPULATE_WRITE maps the
+    // pages writable without touching their contents, so the bytes of the
+    // entry sharing that first page are left as they are.
+    let _ = unsafe { madvise(addr, start + area.len() - first, MmapAdvise::MADV_POPULATE_WRITE) };
+}
+
+/// An entry's header: source, scale, crop alignment, full size.
+fn header(source: Source, scale: u32, full: (u32, u32)) -> [u8; HEADER] {
+    let (kind, align) = match source {
+        Source::Jpeg { align } => (JPEG, align),
+        Source::Png => (PNG, 0),
+    };
+    let mut head = [0u8; HEADER];
+    head[0] = kind;
+    head[1] = u8::try_from(scale).unwrap_or(0);
+    head[4..8].copy_from_slice(&align.to_le_bytes());
+    head[8..12].copy_from_slice(&full.0.to_le_bytes());
+    head[12..16].copy_from_slice(&full.1.to_le_bytes());
+    head
 }
 
 fn nanos(d: Duration) -> u64 {
@@ -196,20 +268,34 @@ mod tests {
 
     #[test]
     fn a_frame_reads_back_as_it_was_kept_and_a_full_cache_stops_whole_decodes() {
-        let pixels = vec![7u8; 4 * 3 * 2];
         let cache = SampleCache::create(3 * SCALES, 4096, None).expect("cache");
         let frames = FrameCache::new(cache, 3, 2);
-        assert!(frames.known(1).is_none() && frames.wants(1, 4));
-        let frame = Frame { source: Source::Jpeg { align: 16 }, full: (6, 4), scale: 4, pixels: &pixels };
-        frames.put(1, &frame);
-        let got = frames.get(1, 4).expect("kept");
-        assert_eq!((got.source, got.full, got.scale, got.pixels), (Source::Jpeg { align: 16 }, (6, 4), 4, &pixels[..]));
+        assert!(frames.known(1).is_none());
+        let mut sevens = |into: &mut [u8]| {
+            into.fill(7);
+            Ok(Source::Jpeg { align: 16 })
+        };
+        let got = frames.keep(1, 4, (6, 4), 4 * 3 * 2, &mut sevens).expect("room").expect("decoded");
+        assert_eq!((got.source, got.full, got.scale, got.pixels), (Source::Jpeg { align: 16 }, (6, 4), 4, &[7u8; 24][..]));
+        assert_eq!(frames.get(1, 4).map(|f| f.pixels.len()), Some(24));
         assert_eq!(frames.known(1), Some((Source::Jpeg { align: 16 }, (6, 4))));
         assert!(frames.get(1, 8).is_none() && frames.get(0, 4).is_none());
-        assert!(!frames.wants(3, 8), "no sample 3");
-        let big = vec![0u8; 8192];
-        frames.put(2, &Frame { source: Source::Png, full: (64, 32), scale: 8, pixels: &big });
-        assert!(!frames.wants(0, 8), "the space ran out: regions only");
+        let mut never = |_: &mut [u8]| -> Result<Source, ImageError> { panic!("not called") };
+        assert!(frames.keep(1, 4, (6, 4), 24, &mut never).is_none(), "kept already");
+        assert!(frames.keep(3, 8, (6, 4), 24, &mut never).is_none(), "no sample 3");
+        let mut broken = |_: &mut [u8]| Err(ImageError::Corrupt("truncated".into()));
+        assert!(matches!(frames.keep(0, 8, (6, 4), 24, &mut broken), Some(Err(ImageError::Corrupt(_)))));
+        assert!(frames.get(0, 8).is_none(), "a failed decode keeps nothing");
+        assert!(frames.keep(2, 8, (64, 32), 8192, &mut never).is_none(), "no room");
+        assert!(frames.keep(2, 4, (6, 4), 24, &mut never).is_none(), "the space ran out: regions only");
+    }
+
+    #[test]
+    fn a_one_epoch_job_keeps_nothing() {
+        let frames = FrameCache::new(SampleCache::create(SCALES, 4096, None).expect("cache"), 1, 1);
+        let mut never = |_: &mut [u8]| -> Result<Source, ImageError> { panic!("not called") };
+        assert!(frames.keep(0, 8, (6, 4), 24, &mut never).is_none());
+        assert_eq!(frames.cache.stats().off, Some(Off::OneEpoch));
     }
 
     use std::cell::Cell;
@@ -300,12 +386,5 @@ mod tests {
             assert!(stats.hits > 0 && stats.hits + stats.misses == 3 * n, "{stats:?}");
             assert!(u64::from(reads.get()) <= stats.misses, "a hit reads no file: {} reads, {stats:?}", reads.get());
         }
-    }
-
-    #[test]
-    fn a_one_epoch_job_keeps_nothing() {
-        let frames = FrameCache::new(SampleCache::create(SCALES, 4096, None).expect("cache"), 1, 1);
-        assert!(!frames.wants(0, 8));
-        assert_eq!(frames.cache.stats().off, Some(Off::OneEpoch));
     }
 }

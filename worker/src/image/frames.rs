@@ -16,6 +16,8 @@
 
 use std::time::Duration;
 
+use super::ImageError;
+
 /// How a kept frame was decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Source {
@@ -53,20 +55,37 @@ pub trait Frames: Send + Sync + std::fmt::Debug {
     /// The frame of sample `index` at `scale`, if one is kept.
     fn get(&self, index: u64, scale: u32) -> Option<Frame<'_>>;
 
-    /// Whether a frame of `index` at `scale` would be kept now (the cache
-    /// is on and has room). When not, the sample is decoded as without a
-    /// cache (only the region its first pass reads).
-    fn wants(&self, index: u64, scale: u32) -> bool;
+    /// Keeps a frame of sample `index` at `scale` (`pixels` bytes of RGBX
+    /// rows of the image `full` scaled) that `decode` writes in place into
+    /// the cache's memory, returning how it was decoded. None, without
+    /// calling `decode`, when it cannot be kept now (the cache is off or
+    /// full, or another worker is keeping it): the sample is then decoded
+    /// as without a cache (only the region its first pass reads). An error
+    /// of `decode` comes back as it is, and the index stays uncached.
+    fn keep(
+        &self,
+        index: u64,
+        scale: u32,
+        full: (u32, u32),
+        pixels: usize,
+        decode: &mut dyn FnMut(&mut [u8]) -> Result<Source, ImageError>,
+    ) -> Option<Result<Frame<'_>, ImageError>>;
 
-    /// Keeps `frame` as sample `index`'s at `frame.scale`.
-    fn put(&self, index: u64, frame: &Frame<'_>);
-
-    /// A sample made from a kept frame, and how long it took to cut its
-    /// region out.
+    /// A sample made from a kept frame, and the CPU time it took to cut
+    /// its region out.
     fn hit(&self, took: Duration);
 
-    /// A sample whose frame was decoded (and offered to [`put`](Self::put)):
-    /// how long reading and decoding took, storing, and cutting the
-    /// sample's region out of the frame (what a hit will cost).
-    fn miss(&self, decode: Duration, store: Duration, cut: Duration);
+    /// A sample whose frame was decoded and kept ([`keep`](Self::keep)):
+    /// the CPU time reading and decoding took (what a hit saves), and
+    /// cutting the sample's region out of the frame (what a hit will
+    /// cost). What keeping itself costs, `keep` counts.
+    fn miss(&self, decode: Duration, cut: Duration);
+}
+
+/// This thread's CPU time: what [`Frames`] are told, so that their
+/// decision weighs work, not waits (a busy machine preempts, and co-located
+/// workers filling one cache file contend for it; either would make a
+/// frame look dearer than it is).
+pub fn thread_cpu() -> Duration {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID).map_or(Duration::ZERO, Duration::from)
 }

@@ -123,13 +123,26 @@ pub(crate) fn decode(
     region: Rect,
     out: &mut Vec<u8>,
 ) -> Result<Decoded, ImageError> {
-    let (sw, sh) = scaled(full, scale_num);
-    let region = widened(region, sw);
+    let (sw, _) = scaled(full, scale_num);
     // libjpeg widens the columns to whole iMCUs, never past the image.
     let cap = sw as usize * region.h as usize * PIXEL;
     if out.len() < cap {
         out.resize(cap, 0);
     }
+    decode_into(data, full, scale_num, region, out)
+}
+
+/// As [`decode`], into `out`, which must hold the scaled image's width
+/// times the region's rows of RGBX pixels (a whole image: exactly it).
+pub(crate) fn decode_into(
+    data: &[u8],
+    full: (u32, u32),
+    scale_num: u32,
+    region: Rect,
+    out: &mut [u8],
+) -> Result<Decoded, ImageError> {
+    let (sw, sh) = scaled(full, scale_num);
+    let region = widened(region, sw);
     let (mut x0, mut w, mut got_w, mut got_h, mut align): (c_uint, c_uint, c_uint, c_uint, c_uint) = (0, 0, 0, 0, 0);
     let mut msg = [0u8; MSG_LEN];
     // SAFETY: `data` is valid for reads of `data.len()` bytes; `out` for

@@ -29,7 +29,6 @@ mod rng;
 mod tests;
 
 use std::cell::RefCell;
-use std::time::Instant;
 
 use fast_image_resize::Resizer;
 use loader_proto::pb::{Dtype, Layout, Transform};
@@ -38,7 +37,7 @@ use loader_proto::transforms::{self, Step};
 
 use crate::dataset::SampleKey;
 use emit::Values;
-use frames::{Frame, Frames, Source};
+use frames::{Frame, Frames, Source, thread_cpu};
 use geometry::{Pass, Plan};
 
 /// Bytes of a pixel between the decoder and the final write: RGBX. The
@@ -92,7 +91,8 @@ struct Scratch {
     decoded: Vec<u8>,
     /// The PNG decoder's own layout before conversion to RGB.
     raw: Vec<u8>,
-    /// A whole frame decoded to be kept ([`Pipeline::run_kept`]).
+    /// A kept PNG's pixels before they are copied into the cache
+    /// ([`Pipeline::run_kept`]).
     frame: Vec<u8>,
     /// Pass outputs, used in turn.
     canvases: [Vec<u8>; 2],
@@ -175,25 +175,34 @@ fn decode_first(encoded: &[u8], format: Format, full: (u32, u32), first: &mut Pa
     Ok(())
 }
 
-/// Decodes the whole image at `scale` into `s.frame` (RGBX rows, nothing
-/// more), for keeping.
-fn decode_whole(encoded: &[u8], format: Format, full: (u32, u32), scale: u32, s: &mut Scratch) -> Result<Source, ImageError> {
+/// Decodes the whole image at `scale` into `into` (exactly its RGBX rows),
+/// for keeping; a PNG goes through `raw` and `spare` (its decoder's
+/// buffers).
+fn decode_whole(
+    encoded: &[u8],
+    format: Format,
+    full: (u32, u32),
+    scale: u32,
+    into: &mut [u8],
+    raw: &mut Vec<u8>,
+    spare: &mut Vec<u8>,
+) -> Result<Source, ImageError> {
     match format {
         Format::Jpeg => {
             let (w, h) = jpeg::scaled(full, scale);
-            let got = jpeg::decode(encoded, full, scale, geometry::Rect { x: 0, y: 0, w, h }, &mut s.frame)?;
+            let got = jpeg::decode_into(encoded, full, scale, geometry::Rect { x: 0, y: 0, w, h }, into)?;
             if (got.origin, got.size) != ((0, 0), (w, h)) {
                 return Err(ImageError::Corrupt(format!("JPEG: a whole decode held {:?} at {:?}", got.size, got.origin)));
             }
-            s.frame.truncate(w as usize * h as usize * PIXEL);
             Ok(Source::Jpeg { align: got.align })
         }
         Format::Png => {
-            let size = png::decode(encoded, &mut s.raw, &mut s.frame)?;
-            if size != full {
+            let size = png::decode(encoded, raw, spare)?;
+            let bytes = size.0 as usize * size.1 as usize * PIXEL;
+            if size != full || spare.len() < bytes || into.len() != bytes {
                 return Err(ImageError::Corrupt("PNG: size changed between header and data".into()));
             }
-            s.frame.truncate(full.0 as usize * full.1 as usize * PIXEL);
+            into.copy_from_slice(&spare[..bytes]);
             Ok(Source::Png)
         }
     }
@@ -327,7 +336,7 @@ impl Pipeline {
         read: impl FnOnce() -> Result<R, ImageError>,
         s: &mut Scratch,
     ) -> Result<(), ImageError> {
-        let started = Instant::now();
+        let started = thread_cpu();
         // Any kept frame of the sample tells its format and size: no read.
         let mut file = None;
         let mut read = Some(read);
@@ -349,7 +358,7 @@ impl Pipeline {
         };
         if let Some(frame) = frames.get(key.index, scale) {
             cut(&frame, first, &mut s.decoded)?;
-            frames.hit(started.elapsed());
+            frames.hit(thread_cpu().saturating_sub(started));
             return self.finish(&plan, out, s);
         }
         let bytes = match file {
@@ -360,17 +369,31 @@ impl Pipeline {
         if probe(encoded)? != (format, full) {
             return Err(ImageError::Corrupt("the file changed since its frame was kept".into()));
         }
-        if !frames.wants(key.index, scale) {
-            decode_first(encoded, format, full, first, s)?;
-            return self.finish(&plan, out, s);
-        }
-        let source = decode_whole(encoded, format, full, scale, s)?;
-        let decoded = started.elapsed();
-        let frame = Frame { source, full, scale, pixels: &s.frame };
-        frames.put(key.index, &frame);
-        let stored = started.elapsed();
+        let scaled = match format {
+            Format::Jpeg => jpeg::scaled(full, scale),
+            Format::Png => full,
+        };
+        let pixels = scaled.0 as usize * scaled.1 as usize * PIXEL;
+        let (raw, spare) = (&mut s.raw, &mut s.frame);
+        // Reading the file so far, and decoding (keeping's own cost, the
+        // cache's pages, is not in it: `keep` counts that).
+        let mut load = thread_cpu().saturating_sub(started);
+        let mut decode = |into: &mut [u8]| {
+            let began = thread_cpu();
+            let source = decode_whole(encoded, format, full, scale, into, raw, spare);
+            load += thread_cpu().saturating_sub(began);
+            source
+        };
+        let frame = match frames.keep(key.index, scale, full, pixels, &mut decode) {
+            None => {
+                decode_first(encoded, format, full, first, s)?;
+                return self.finish(&plan, out, s);
+            }
+            Some(kept) => kept?,
+        };
+        let began = thread_cpu();
         cut(&frame, first, &mut s.decoded)?;
-        frames.miss(decoded, stored - decoded, started.elapsed() - stored);
+        frames.miss(load, thread_cpu().saturating_sub(began));
         self.finish(&plan, out, s)
     }
 
