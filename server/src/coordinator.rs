@@ -460,6 +460,17 @@ impl Coordinator {
             }
             if let Some(c) = t.jobs.get_mut(d.job_id).and_then(|j| j.consumers.get_mut(d.consumer as usize)) {
                 c.delivered += n;
+                // Second copies of batches taken back after delivery: re-sent
+                // (counted once here; a backup's own re-send of one is not
+                // counted again).
+                for s in &moved {
+                    if c.redeliver.remove(s) {
+                        c.resent += 1;
+                        if let Some(b) = c.backup.as_mut() {
+                            b.resend.remove(s);
+                        }
+                    }
+                }
                 let consumed = c.consumed;
                 let unacked: Vec<u64> = moved.into_iter().filter(|&s| s >= consumed).collect();
                 if !unacked.is_empty() {

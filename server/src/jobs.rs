@@ -18,9 +18,14 @@ pub(crate) struct ConsumerState {
     /// Batches workers reported handed to this consumer's stream.
     pub(crate) delivered: u64,
     /// Delivered batches taken back unacknowledged (their worker died, or
-    /// their trainer left), so delivered once more: `delivered` counts them
-    /// twice.
+    /// their trainer left) and delivered once more: `delivered` counts them
+    /// twice. Counted when the second copy is reported, so that it always
+    /// equals the copies beyond the first (a batch taken back just before
+    /// its trainer finished may never go out again).
     pub(crate) resent: u64,
+    /// Batches taken back after they were delivered, not yet delivered
+    /// again: their next delivery is a re-send.
+    pub(crate) redeliver: std::collections::BTreeSet<u64>,
     /// Watermark the trainer acknowledged: every seq below it was consumed.
     pub(crate) consumed: u64,
     /// The backup task running for batches the trainer waits on, if any.
@@ -197,6 +202,7 @@ impl JobTable {
                     queue: RangeQueue::starting_at(consumed, plan.total_batches()),
                     delivered: consumed,
                     resent: 0,
+                    redeliver: std::collections::BTreeSet::new(),
                     consumed,
                     backup: None,
                     backups: BackupCounts::default(),

@@ -16,8 +16,8 @@ use crate::jobs::JobTable;
 
 /// Gives `seqs` of `key` back to its consumer's queue, except those below
 /// the acknowledged watermark, which need no copy anywhere any more.
-/// `delivered`: they had been delivered (unacknowledged), so they will be
-/// delivered again and count as re-sent. Returns how many went back.
+/// `delivered`: they had been delivered (unacknowledged), so their next
+/// delivery counts as a re-send. Returns how many went back.
 fn give_back(jobs: &mut JobTable, key: ConsumerKey, seqs: impl IntoIterator<Item = u64>, delivered: bool) -> usize {
     let (job_id, consumer) = key;
     let Some(c) = jobs.get_mut(job_id).and_then(|j| j.consumers.get_mut(consumer as usize)) else {
@@ -32,7 +32,7 @@ fn give_back(jobs: &mut JobTable, key: ConsumerKey, seqs: impl IntoIterator<Item
     }
     let n = seqs.len();
     if delivered {
-        c.resent += n as u64;
+        c.redeliver.extend(seqs.iter().copied());
     }
     c.queue.give_back(seqs);
     crate::meters::requeued(n);

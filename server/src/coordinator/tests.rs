@@ -649,7 +649,7 @@ fn a_job_no_worker_can_hold_is_refused_at_submission() {
 /// Closing a session forgets it at once, records its watermark, and ends
 /// its consumer when it was the last session: workers holding batches for
 /// it are told, and batches they had delivered unacknowledged count as
-/// re-sent when they go out again.
+/// re-sent once they are delivered again.
 #[tokio::test]
 async fn a_closed_session_is_gone_at_once_and_its_consumer_ends() {
     let c = coordinator();
@@ -662,12 +662,20 @@ async fn a_closed_session_is_gone_at_once_and_its_consumer_ends() {
     c.close_session(session, 1);
     assert!(c.list_sessions().is_empty(), "gone at once");
     let progress = &c.list_jobs()[0].consumers[0];
-    assert_eq!((progress.consumed, progress.delivered, progress.resent), (1, 3, 2), "1 and 2 go out again");
+    assert_eq!((progress.consumed, progress.delivered, progress.resent), (1, 3, 0), "1 and 2 are not sent again yet");
     match c.worker_heartbeat(w, WorkerReport::default(), Duration::ZERO).await {
         HeartbeatOutcome::Tasks { ended, .. } => assert_eq!(ended, vec![(job.job_id, 0)]),
         HeartbeatOutcome::Reregister => panic!("worker unknown"),
     }
     c.close_session(session, 1);
+    // A trainer comes back for the consumer: 1 and 2 go out first, and
+    // count as re-sent once delivered again.
+    let (back, _) = c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("session");
+    assert_eq!(seqs(&tasks(&c, w, Vec::new()).await, 0)[..2], [1, 2]);
+    tasks(&c, w, vec![pb::Delivered { job_id: job.job_id, consumer: 0, seqs: vec![1, 2] }]).await;
+    let progress = &c.list_jobs()[0].consumers[0];
+    assert_eq!((progress.delivered, progress.resent), (5, 2), "1 and 2 sent twice");
+    c.close_session(back, 3);
 }
 
 /// ListWorkers shows what operators turn into rates: delivered samples

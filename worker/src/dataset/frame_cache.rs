@@ -11,9 +11,9 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::image::ImageError;
 use nix::sys::mman::{MmapAdvise, madvise};
 
+use crate::image::ImageError;
 use crate::image::frames::{Frame, Frames, Source, thread_cpu};
 use crate::sample_cache::{Off, Put, SampleCache};
 
@@ -28,7 +28,7 @@ const HEADER: usize = 16;
 const JPEG: u8 = 1;
 const PNG: u8 = 2;
 
-/// Decide once this many hits and misses are timed (over all workers).
+/// Decide once this many decodes and cuts are timed (over all workers).
 const DECIDE_AFTER: u64 = 32;
 /// Look at the counters every this many samples.
 const DECIDE_EVERY: u64 = 16;
@@ -288,6 +288,39 @@ mod tests {
         assert!(frames.get(0, 8).is_none(), "a failed decode keeps nothing");
         assert!(frames.keep(2, 8, (64, 32), 8192, &mut never).is_none(), "no room");
         assert!(frames.keep(2, 4, (6, 4), 24, &mut never).is_none(), "the space ran out: regions only");
+    }
+
+    #[test]
+    fn a_file_cut_short_gives_what_it_gives_without_a_cache() {
+        // The whole image cannot decode; a region above the cut can: kept
+        // frames must not turn that sample into an error (nor the reverse).
+        let whole = jpeg(240, 320, 9, false);
+        let rrc = t(Op::RandomResizedCrop(pb::RandomResizedCrop { size: vec![32], scale: vec![0.05, 0.2], ratio: vec![0.75, 1.33] }));
+        let pipeline = Pipeline::new(&[t(Op::Decode(pb::Decode {})), rrc]).expect("pipeline");
+        let (mut same_ok, mut same_err) = (0, 0);
+        for cut_at in [whole.len() / 3, whole.len() / 2, whole.len() * 3 / 4] {
+            let file = &whole[..cut_at];
+            let frames = FrameCache::new(SampleCache::create(SCALES, 8 << 20, None).expect("cache"), 1, 3);
+            for epoch in 0..8 {
+                let key = SampleKey { seed: 3, epoch, index: 0 };
+                let mut plain = vec![0u8; pipeline.output_bytes()];
+                let plain_made = pipeline.run(file, key, &mut plain);
+                let mut kept = vec![0u8; pipeline.output_bytes()];
+                let kept_made = pipeline.run_kept(key, &mut kept, &frames, || Ok(file));
+                match (plain_made, kept_made) {
+                    (Ok(()), Ok(())) => {
+                        assert!(plain == kept, "cut at {cut_at}, epoch {epoch}");
+                        same_ok += 1;
+                    }
+                    (Err(a), Err(b)) => {
+                        assert_eq!(a.to_string(), b.to_string());
+                        same_err += 1;
+                    }
+                    (a, b) => panic!("cut at {cut_at}, epoch {epoch}: {a:?} without frames, {b:?} with"),
+                }
+            }
+        }
+        assert!(same_ok > 0 && same_err > 0, "both outcomes seen: {same_ok} made, {same_err} refused");
     }
 
     #[test]

@@ -61,7 +61,9 @@ pub trait Frames: Send + Sync + std::fmt::Debug {
     /// calling `decode`, when it cannot be kept now (the cache is off or
     /// full, or another worker is keeping it): the sample is then decoded
     /// as without a cache (only the region its first pass reads). An error
-    /// of `decode` comes back as it is, and the index stays uncached.
+    /// of `decode` comes back as it is, and the index stays uncached (the
+    /// sample is then made as without a cache too, with that run's
+    /// result).
     fn keep(
         &self,
         index: u64,

@@ -385,11 +385,14 @@ impl Pipeline {
             source
         };
         let frame = match frames.keep(key.index, scale, full, pixels, &mut decode) {
-            None => {
+            Some(Ok(frame)) => frame,
+            // Not kept, or the whole image does not decode where the
+            // region may (a file cut short below the crop): made as an
+            // uncached run makes it, with its result.
+            None | Some(Err(_)) => {
                 decode_first(encoded, format, full, first, s)?;
                 return self.finish(&plan, out, s);
             }
-            Some(kept) => kept?,
         };
         let began = thread_cpu();
         cut(&frame, first, &mut s.decoded)?;
