@@ -363,12 +363,17 @@ impl Pipeline {
         }
         let bytes = match file {
             Some(bytes) => bytes,
-            None => read_file()?,
+            // Planned from a kept frame of another scale: the file must
+            // still be what that frame was decoded from.
+            None => {
+                let bytes = read_file()?;
+                if probe(bytes.as_ref())? != (format, full) {
+                    return Err(ImageError::Corrupt("the file changed since its frame was kept".into()));
+                }
+                bytes
+            }
         };
         let encoded = bytes.as_ref();
-        if probe(encoded)? != (format, full) {
-            return Err(ImageError::Corrupt("the file changed since its frame was kept".into()));
-        }
         let scaled = match format {
             Format::Jpeg => jpeg::scaled(full, scale),
             Format::Png => full,
