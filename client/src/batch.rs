@@ -18,8 +18,11 @@ use crate::pin::{Device, DeviceCopy, DeviceTensor};
 pub(crate) struct Expected {
     /// The session's job.
     pub(crate) job_id: u64,
-    /// The session's consumer (rank).
+    /// The session's consumer (rank): what batch headers name.
     pub(crate) consumer: u32,
+    /// The consumer its batches are delivered under (Fetch streams, ring
+    /// reports): the rank, or on a shared stream the session's subscriber.
+    pub(crate) stream: u32,
     /// To turn a sequence number into (epoch, index in epoch).
     pub(crate) batches_per_epoch: u64,
     /// Sequence numbers run `0..total`; anything else is a lie.
@@ -371,6 +374,7 @@ mod tests {
     const EXPECTED: Expected = Expected {
         job_id: 7,
         consumer: 1,
+        stream: 1,
         batches_per_epoch: 4,
         total: 8,
     };

@@ -63,7 +63,7 @@ pub(crate) fn spawn(
     let credits = CreditLine::new(tx);
     credits.open(FetchRequest {
         job_id: params.expected.job_id,
-        consumer: params.expected.consumer,
+        consumer: params.expected.stream,
         session_id: params.session_id,
         credits: params.prefetch,
         session_key: params.session_key.to_string(),

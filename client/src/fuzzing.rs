@@ -30,6 +30,7 @@ impl Session {
         Expected {
             job_id: self.job_id,
             consumer: self.consumer,
+            stream: self.consumer,
             batches_per_epoch: self.batches_per_epoch,
             total: self.total,
         }

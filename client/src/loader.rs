@@ -128,6 +128,7 @@ pub(crate) async fn open(
     let expected = Expected {
         job_id: job.job_id,
         consumer: rank,
+        stream: session.stream(),
         batches_per_epoch: job.batches_per_epoch,
         total,
     };
@@ -148,7 +149,7 @@ pub(crate) async fn open(
         let inbox = Arc::new(Inbox::new(ring.shared(), Arc::clone(&wait)));
         let ctx = ConnContext {
             session_id: session.id_watch(),
-            owner: (expected.job_id, expected.consumer),
+            owner: (expected.job_id, expected.stream),
             inbox: Arc::clone(&inbox),
         };
         ring.serve(ctx, stop.child_token());

@@ -107,6 +107,10 @@ pub(crate) struct Session {
     job: Job,
     /// This trainer's rank.
     consumer: u32,
+    /// The consumer its batches are delivered under: the rank, or on a
+    /// shared stream the subscriber the coordinator made for it (kept when
+    /// the session reopens).
+    stream: u32,
     /// Node identity, for co-location.
     node: String,
     /// The shared-memory ring's socket, announced on every (re)open; empty
@@ -169,6 +173,7 @@ impl Session {
             client,
             job,
             consumer,
+            stream: consumer,
             node: loader_process::node::local_node(),
             ring_socket,
             lease_ttl: DEFAULT_LEASE_TTL,
@@ -189,6 +194,7 @@ impl Session {
         if let Some(job) = opened.job {
             session.job = job;
         }
+        session.stream = opened.consumer;
         if opened.heartbeat_interval_ms > 0 {
             session.heartbeat_interval = Duration::from_millis(opened.heartbeat_interval_ms);
         }
@@ -213,6 +219,9 @@ impl Session {
             ring_socket: self.ring_socket.clone(),
             resume: resume_at.is_some(),
             start_seq: resume_at.unwrap_or(0),
+            // A reopening subscriber keeps its place (a first open names
+            // none: `stream` is still the rank).
+            subscriber: (self.shared() && self.stream != self.consumer).then_some(self.stream),
         };
         let opened = with_retries(|| {
             let mut client = self.client.clone();
@@ -241,7 +250,9 @@ impl Session {
         let old = self.id();
         // A restarted coordinator lost its blobs: its workers wait for them.
         crate::blobs::upload(&self.address, &self.client, &self.blobs).await?;
-        let err = match self.open_session(None).await {
+        // A subscriber's place is its own to keep (the journal keeps ranks').
+        let resume = self.shared().then(|| self.progress.consumed());
+        let err = match self.open_session(resume).await {
             Ok(_) => {
                 tracing::info!(old, new = self.id(), "session reopened");
                 return Ok(());
@@ -269,6 +280,17 @@ impl Session {
             "the coordinator had lost the job; re-created it and resumed at the yielded watermark"
         );
         Ok(())
+    }
+
+    /// Whether the job is a shared stream (`JobSpec.shared`).
+    pub(crate) fn shared(&self) -> bool {
+        self.job.spec.as_ref().is_some_and(|s| s.shared.is_some())
+    }
+
+    /// The consumer this session's batches are delivered under (its rank,
+    /// or its subscriber on a shared stream).
+    pub(crate) fn stream(&self) -> u32 {
+        self.stream
     }
 
     /// Asks the heartbeat task to check the session now (the routes task
@@ -477,6 +499,7 @@ impl Session {
             client: TrainerServiceClient::new(channel),
             job,
             consumer,
+            stream: consumer,
             node: String::new(),
             ring_socket: String::new(),
             lease_ttl: DEFAULT_LEASE_TTL,

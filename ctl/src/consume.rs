@@ -30,8 +30,11 @@ pub(crate) fn run(args: &ConsumeArgs) -> anyhow::Result<()> {
             (builder, dataset)
         }
         None => {
-            let (spec, file) = job_spec(&args.dataset, args.job_name.as_deref())?;
+            let (mut spec, file) = job_spec(&args.dataset, args.job_name.as_deref())?;
             _token_file = file;
+            if args.shared {
+                spec.shared.get_or_insert_with(Default::default);
+            }
             let dataset = dataset_kind(&spec);
             let builder = builder
                 .job(spec)

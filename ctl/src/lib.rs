@@ -114,6 +114,10 @@ pub struct ConsumeArgs {
     /// attaches to the same one; they must pass the same dataset flags.
     #[arg(long, value_name = "NAME")]
     pub job_name: Option<String>,
+    /// Subscribe to the named job as a shared stream: every trainer that
+    /// passes it receives every batch, made once (docs/sharing.md).
+    #[arg(long, requires = "job_name")]
+    pub shared: bool,
     /// This trainer's rank [default: 0, or the saved one with --resume].
     #[arg(long)]
     pub rank: Option<u32>,
@@ -138,7 +142,7 @@ pub struct ConsumeArgs {
         long,
         value_name = "PATH",
         conflicts_with_all = [
-            "job_name", "epochs", "batch_size", "dataset",
+            "job_name", "shared", "epochs", "batch_size", "dataset",
             "path", "samples", "shape", "dtype", "context_length", "spec", "on_corrupt",
         ]
     )]

@@ -8,6 +8,11 @@ use crate::sampler::{MAX_DELIVERED, Plan, Resumed};
 pub use crate::spec_error::SpecError;
 use crate::spec_error::err;
 
+/// How many consumed batches a subscriber of a shared stream may trail the
+/// one furthest ahead and still share its batches, when the spec's
+/// `shared.max_lag` is 0.
+pub const DEFAULT_SHARED_MAX_LAG: u32 = 64;
+
 /// Most data-parallel ranks (consumers) a job may have. The coordinator
 /// keeps a delivery state per rank from the moment the job is submitted, so
 /// an unchecked count is memory a single request can ask for (a fuzzed spec
@@ -80,6 +85,9 @@ pub fn check(spec: &JobSpec) -> Result<(), SpecError> {
                 spec.consumers
             ),
         );
+    }
+    if spec.shared.is_some() && spec.name.is_empty() {
+        return err("shared", "a shared stream needs a name: trainers subscribe to it by name");
     }
     if CorruptPolicy::try_from(spec.on_corrupt).is_err() {
         return err(

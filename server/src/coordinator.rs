@@ -23,6 +23,7 @@ use crate::workers::WorkerTable;
 
 mod backup;
 mod requeue;
+mod share;
 use requeue::{end_consumer, retire};
 
 #[derive(Debug, Default)]
@@ -221,14 +222,19 @@ impl Coordinator {
     }
 
     /// Opens a session; `resume_at` restarts the consumer's queue there.
+    /// On a shared stream the session subscribes to rank `consumer` as a
+    /// consumer of its own (a new one, or `subscriber`, the one a reopening
+    /// session had). Returns the session, the job and the consumer its
+    /// batches are delivered under.
     pub(crate) fn open_session(
         &self,
         job_id: u64,
         consumer: u32,
+        subscriber: Option<u32>,
         node: String,
         ring_socket: String,
         resume_at: Option<u64>,
-    ) -> Result<(u64, pb::Job), CoordinatorError> {
+    ) -> Result<(u64, pb::Job, u32), CoordinatorError> {
         let mut guard = self.lock();
         let t = &mut *guard;
         let job = t.jobs.get(job_id)?;
@@ -239,26 +245,38 @@ impl Coordinator {
         if consumer >= consumers {
             return Err(CoordinatorError::BadConsumer { consumer, consumers });
         }
+        let shared = job.shared_max_lag().is_some();
         let job = job.job.clone();
-        if let Some(start_seq) = resume_at {
-            t.jobs.reposition(job_id, consumer, start_seq)?;
+        let stream = if shared {
+            let state = t.jobs.get_mut(job_id).ok_or(CoordinatorError::UnknownJob(job_id))?;
+            let stream = state.subscribe(consumer, subscriber, resume_at)?;
+            tracing::info!(job_id, rank = consumer, subscriber = stream, "trainer subscribed to the shared stream");
+            stream
+        } else {
+            if let Some(start_seq) = resume_at {
+                t.jobs.reposition(job_id, consumer, start_seq)?;
+                tracing::info!(job_id, consumer, start_seq, "consumer resumed");
+            }
+            consumer
+        };
+        if resume_at.is_some() {
             // What workers hold for this consumer is for the old position;
             // the trainer drops anything below its start.
             for w in t.workers.workers.values_mut() {
-                w.unacked.remove(&(job_id, consumer));
+                w.unacked.remove(&(job_id, stream));
             }
-            tracing::info!(job_id, consumer, start_seq, "consumer resumed");
         }
-        let id = t.sessions.open(job_id, consumer, node, ring_socket);
+        let id = t.sessions.open(job_id, stream, node, ring_socket);
         drop(guard);
         if let (Some(start_seq), Some(journal)) = (resume_at, &self.journal)
+            && !shared
             && let Err(e) = journal.put_watermark(job_id, consumer, start_seq)
         {
             tracing::warn!(error = %e, "resume point not journaled");
         }
         // The consumer may have had no session: its batches can go out now.
         self.work_available.notify_waiters();
-        Ok((id, job))
+        Ok((id, job, stream))
     }
 
     /// Renews a session and records its watermark; returns the job's error
@@ -285,10 +303,13 @@ impl Coordinator {
             job.end_life_if_consumed();
         }
         let error = job.error.clone().unwrap_or_default();
+        // A subscriber's place is its trainer's to keep (it reopens at its
+        // watermark): the journal restores ranks.
+        let rank = consumer < job.plan.consumers;
         // Acknowledged batches need no copy anywhere any more.
         t.workers.acknowledge((job_id, consumer), watermark);
         drop(t);
-        if advanced && let Some(journal) = &self.journal {
+        if advanced && rank && let Some(journal) = &self.journal {
             // A lost write costs only re-production of a few batches after a
             // restart (the trainer drops copies it has), so it is not fatal.
             if let Err(e) = journal.put_watermark(job_id, consumer, watermark) {
@@ -524,7 +545,8 @@ impl Coordinator {
                 // worker measured them: small batches go out in long ranges.
                 let window = w.window_for(job_id);
                 let range_len = loader_proto::window::range_len(window, self.config.range_len);
-                for (c, consumer) in job.consumers.iter_mut().enumerate() {
+                for c in 0..job.consumers.len() {
+                    let consumer = &mut job.consumers[c];
                     // Most consumers of a large job have nothing to hand out
                     // at any moment: skip them before any lookup.
                     if consumer.queue.is_empty() && consumer.backup.is_none() {
@@ -538,7 +560,7 @@ impl Coordinator {
                         continue;
                     }
                     // A backup of batches the trainer waits on goes first.
-                    let mut ranges = backup::take(consumer, worker_id).unwrap_or_default();
+                    let ranges = backup::take(consumer, worker_id).unwrap_or_default();
                     let backed_up: u64 = ranges.iter().map(|r| r.end - r.start).sum();
                     if backed_up > 0 {
                         tracing::info!(worker_id, job_id, consumer = c, batches = backed_up, "backup task for late batches");
@@ -552,16 +574,49 @@ impl Coordinator {
                     // limit again, so memory stays bounded.
                     let extra = (2 * window).saturating_sub(held);
                     let queue = &mut consumer.queue;
-                    ranges.extend(queue.take_returned(extra.min(range_len)).or_else(|| match job.lanes.as_mut() {
+                    let taken = queue.take_returned(extra.min(range_len)).or_else(|| match job.lanes.as_mut() {
                         Some(lanes) => lanes.take(&job.plan, queue, worker_id, room.min(range_len)),
                         None => queue.take(room.min(range_len)),
-                    }));
-                    if ranges.is_empty() {
+                    });
+                    if ranges.is_empty() && taken.is_none() {
                         continue;
                     }
+                    // On a shared stream, other subscribers take the range
+                    // too: made once, delivered to each. One that holds
+                    // more than this one (it reads a little slower) may go
+                    // up to twice the window, as for given-back batches,
+                    // rather than have the range made for it again.
+                    let copies = taken.as_ref().map_or_else(Vec::new, |range| {
+                        let len = range.end - range.start;
+                        let sessions = &t.sessions;
+                        let worker = &*w;
+                        share::copies(job, c, range, |k| {
+                            let key = (job_id, k);
+                            sessions.has_consumer(job_id, k)
+                                && !worker.cut_off.contains(&key)
+                                && worker.outstanding_for(key) + len <= 2 * window
+                        })
+                    });
+                    let rank = job.consumers[c].subscribes_to;
+                    if let (Some(_), Some(range), true) = (rank, &taken, copies.is_empty()) {
+                        job.consumers[c].assigned_alone += range.end - range.start;
+                    }
                     let ring_socket = t.sessions.ring_for(job_id, c as u32, &w.node).unwrap_or_default().to_owned();
-                    for range in ranges {
+                    let copies: Vec<pb::Copy> = copies
+                        .into_iter()
+                        .map(|k| pb::Copy {
+                            consumer: k,
+                            ring_socket: t.sessions.ring_for(job_id, k, &w.node).unwrap_or_default().to_owned(),
+                        })
+                        .collect();
+                    for (range, copies) in ranges.into_iter().map(|r| (r, Vec::new())).chain(taken.map(|r| (r, copies))) {
                         w.outstanding.entry(key).or_default().extend(range.clone());
+                        for copy in &copies {
+                            let key = (job_id, copy.consumer);
+                            w.outstanding.entry(key).or_default().extend(range.clone());
+                            // Their spans are the primary's.
+                            t.traces.assign(key, range.clone(), worker_id);
+                        }
                         let traceparents = t.traces.assign(key, range.clone(), worker_id);
                         tasks.push(pb::Task {
                             job: Some(job.job.clone()),
@@ -570,6 +625,8 @@ impl Coordinator {
                             end_seq: range.end,
                             ring_socket: ring_socket.clone(),
                             traceparents,
+                            rank,
+                            copies,
                         });
                     }
                     progressed = true;
@@ -773,6 +830,9 @@ impl Coordinator {
                         backup_launched: c.backups.launched,
                         backup_won: c.backups.won,
                         backup_wasted: c.backups.wasted,
+                        subscribes_to: c.subscribes_to,
+                        left: c.left,
+                        assigned_alone: c.assigned_alone,
                     })
                     .collect(),
                 error: j.error.clone().unwrap_or_default(),

@@ -35,6 +35,20 @@ pub enum CoordinatorError {
         /// The job's number of consumers.
         consumers: u32,
     },
+    /// A reopened session named a subscriber its job's shared stream does
+    /// not have (or has for another rank).
+    #[error("job {job_id} has no subscriber {subscriber} of rank {rank}; open the session without naming one")]
+    BadSubscriber {
+        /// The job.
+        job_id: u64,
+        /// The subscriber named.
+        subscriber: u32,
+        /// The rank it was named for.
+        rank: u32,
+    },
+    /// A shared stream has as many subscribers as it may hold.
+    #[error("job {0} has {1} subscribers, the most a shared stream holds")]
+    TooManySubscribers(u64, u32),
     /// A resume point past the end of the job.
     #[error("cannot resume at batch {start_seq}: the consumer has only {total} batches")]
     BadResume {
@@ -136,12 +150,15 @@ impl From<CoordinatorError> for Status {
             CoordinatorError::ProtocolMismatch { .. }
             | CoordinatorError::NoWorkerPool
             | CoordinatorError::MissingBlob { .. } => Code::FailedPrecondition,
-            CoordinatorError::BlobTooLarge { .. } | CoordinatorError::BlobBudgetFull { .. } => Code::ResourceExhausted,
+            CoordinatorError::BlobTooLarge { .. }
+            | CoordinatorError::BlobBudgetFull { .. }
+            | CoordinatorError::TooManySubscribers(..) => Code::ResourceExhausted,
             CoordinatorError::WorkerStart(_) => Code::Internal,
             CoordinatorError::ScaleRefused(_) | CoordinatorError::WrongSessionKey(_) => Code::PermissionDenied,
             CoordinatorError::ScaleFailed(_) => Code::Unavailable,
             CoordinatorError::InvalidSpec(_)
             | CoordinatorError::BadConsumer { .. }
+            | CoordinatorError::BadSubscriber { .. }
             | CoordinatorError::BadResume { .. }
             | CoordinatorError::Missing(_)
             | CoordinatorError::BadScaling(_)

@@ -33,7 +33,39 @@ pub(crate) struct ConsumerState {
     /// Backup batches launched, won (the copy came first) and wasted (the
     /// original came first).
     pub(crate) backups: BackupCounts,
+    /// On a shared stream: the rank this subscriber receives. None for a
+    /// rank.
+    pub(crate) subscribes_to: Option<u32>,
+    /// A subscriber whose trainer left (finished, closed or died): nothing
+    /// is made for it, and the job does not wait for it.
+    pub(crate) left: bool,
+    /// On a shared stream: batches handed out for this subscriber alone.
+    pub(crate) assigned_alone: u64,
 }
+
+impl ConsumerState {
+    /// A consumer whose batches below `consumed` need no making.
+    fn at(consumed: u64, total: u64, subscribes_to: Option<u32>) -> Self {
+        Self {
+            queue: RangeQueue::starting_at(consumed, total),
+            delivered: consumed,
+            resent: 0,
+            redeliver: std::collections::BTreeSet::new(),
+            consumed,
+            backup: None,
+            backups: BackupCounts::default(),
+            subscribes_to,
+            left: false,
+            assigned_alone: 0,
+        }
+    }
+}
+
+/// Most subscribers a shared stream holds over its life (each keeps a few
+/// counters and a queue; a trainer restarting in a loop cannot grow the
+/// coordinator without bound).
+pub(crate) const MAX_SUBSCRIBERS: u32 = 4096;
+
 
 /// A second copy of late batches (see `coordinator::backup`): at most one
 /// per consumer at a time.
@@ -94,16 +126,82 @@ impl JobState {
     /// True once the job failed or every consumer consumed its last batch:
     /// nothing will be produced for it any more.
     pub(crate) fn finished(&self) -> bool {
+        self.error.is_some() || self.all_consumed()
+    }
+
+    /// Every consumer the job waits for consumed its last batch: every rank,
+    /// or on a shared stream every subscriber still there (and one came).
+    fn all_consumed(&self) -> bool {
         let total = self.plan.total_batches();
-        self.error.is_some() || self.consumers.iter().all(|c| c.consumed >= total)
+        match self.shared_max_lag() {
+            None => self.consumers.iter().all(|c| c.consumed >= total),
+            Some(_) => {
+                let subscribers = &self.consumers[self.plan.consumers as usize..];
+                !subscribers.is_empty() && subscribers.iter().filter(|c| !c.left).all(|c| c.consumed >= total)
+            }
+        }
     }
 
     /// Ends the job's span if every consumer consumed its last batch.
     pub(crate) fn end_life_if_consumed(&mut self) {
-        let total = self.plan.total_batches();
-        if !self.life.is_none() && self.consumers.iter().all(|c| c.consumed >= total) {
+        if !self.life.is_none() && self.all_consumed() {
             self.end_life();
         }
+    }
+
+    /// For a shared stream (`JobSpec.shared`), how many consumed batches a
+    /// subscriber may trail the one furthest ahead and still share its
+    /// batches; None for any other job.
+    pub(crate) fn shared_max_lag(&self) -> Option<u64> {
+        let shared = self.job.spec.as_ref()?.shared.as_ref()?;
+        let lag = if shared.max_lag == 0 { loader_proto::spec::DEFAULT_SHARED_MAX_LAG } else { shared.max_lag };
+        Some(u64::from(lag))
+    }
+
+    /// Subscribes a trainer to rank `rank` of this shared stream, starting
+    /// at `start` (its resume point, else the job's first batch): a new
+    /// subscriber, or `reclaim`, the one a reopening session had. Returns
+    /// the subscriber's consumer id.
+    pub(crate) fn subscribe(&mut self, rank: u32, reclaim: Option<u32>, start: Option<u64>) -> Result<u32, CoordinatorError> {
+        let job_id = self.job.job_id;
+        let total = self.plan.total_batches();
+        let first = self.plan.first_seq();
+        let ranks = self.plan.consumers;
+        let id = match reclaim {
+            Some(id) if id < ranks => return Err(CoordinatorError::BadSubscriber { job_id, subscriber: id, rank }),
+            Some(id) => id,
+            None => u32::try_from(self.consumers.len()).unwrap_or(u32::MAX),
+        };
+        if id - ranks >= MAX_SUBSCRIBERS {
+            return Err(CoordinatorError::TooManySubscribers(job_id, MAX_SUBSCRIBERS));
+        }
+        match self.consumers.get_mut(id as usize) {
+            Some(c) if c.subscribes_to != Some(rank) => {
+                return Err(CoordinatorError::BadSubscriber { job_id, subscriber: id, rank });
+            }
+            Some(c) => {
+                // A session the coordinator lost comes back to its place.
+                c.left = false;
+                if let Some(start) = start {
+                    let start = start.clamp(first, total);
+                    c.queue = RangeQueue::starting_at(start, total);
+                    c.consumed = start;
+                    c.delivered = start;
+                }
+            }
+            None => {
+                // Ids below it that a coordinator restart forgot stay gaps:
+                // subscribers that left.
+                while self.consumers.len() < id as usize {
+                    let mut gap = ConsumerState::at(total, total, Some(rank));
+                    gap.left = true;
+                    self.consumers.push(gap);
+                }
+                let start = start.unwrap_or(first).clamp(first, total);
+                self.consumers.push(ConsumerState::at(start, total, Some(rank)));
+            }
+        }
+        Ok(id)
     }
 }
 
@@ -198,15 +296,7 @@ impl JobTable {
         let consumers = (0..plan.consumers)
             .map(|c| {
                 let consumed = watermarks.iter().find(|(k, _)| *k == c).map_or(0, |(_, w)| *w).max(first);
-                ConsumerState {
-                    queue: RangeQueue::starting_at(consumed, plan.total_batches()),
-                    delivered: consumed,
-                    resent: 0,
-                    redeliver: std::collections::BTreeSet::new(),
-                    consumed,
-                    backup: None,
-                    backups: BackupCounts::default(),
-                }
+                ConsumerState::at(consumed, plan.total_batches(), None)
             })
             .collect();
         if let Some(spec) = &job.spec

@@ -89,6 +89,27 @@ impl RangeQueue {
         Some(start..stop)
     }
 
+    /// Takes exactly `range` if every number of it is still to be handed
+    /// out (given back, or never handed out); else takes nothing. For a
+    /// shared stream's subscriber that takes the range another one took.
+    pub(crate) fn take_exactly(&mut self, range: Range<u64>) -> bool {
+        if range.is_empty() || range.end > self.end {
+            return false;
+        }
+        let pending = |s: u64| if s < self.next { self.returned.contains(&s) } else { !self.ahead.contains(&s) };
+        if !range.clone().all(pending) {
+            return false;
+        }
+        for s in range.start..range.end.min(self.next) {
+            self.returned.remove(&s);
+        }
+        let fresh = range.start.max(self.next);
+        if fresh < range.end {
+            self.take_run(fresh, range.end - fresh);
+        }
+        true
+    }
+
     /// Gives handed-out sequence numbers back, to be handed out again.
     pub(crate) fn give_back(&mut self, seqs: impl IntoIterator<Item = u64>) {
         for s in seqs {
@@ -110,6 +131,23 @@ impl RangeQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn takes_exactly_a_range_still_to_hand_out_or_nothing() {
+        let mut q = RangeQueue::starting_at(0, 10);
+        assert!(q.take_exactly(0..3));
+        assert!(!q.take_exactly(2..4), "2 was handed out");
+        assert!(q.take_exactly(5..7), "a run ahead");
+        assert_eq!(q.take(10), Some(3..5));
+        assert!(!q.take_exactly(9..11), "past the end");
+        q.give_back([1, 2, 6]);
+        assert!(!q.take_exactly(0..2), "0 is still out");
+        assert!(q.take_exactly(1..3));
+        assert!(q.take_exactly(6..9), "a given-back number and fresh ones");
+        assert_eq!(q.take(10), Some(9..10));
+        assert!(q.is_empty());
+        assert_eq!(q.handed_out(), 10);
+    }
 
     #[test]
     fn hands_out_in_order_in_bounded_ranges() {

@@ -15,6 +15,9 @@
 //!                                            # sharded datasets: lanes: 4 (read as 4 sequential
 //!                                            # streams), shuffle_buffer: 1000 (shuffle in windows)
 //! on_corrupt: skip                           # or fail (the default)
+//! name: sweep                                # trainers attach to a named job
+//! shared: true                               # every trainer receives every batch,
+//!                                            # made once (or {max_lag: 64})
 //! ```
 //!
 //! The field names are the protocol's (`dataset.image_folder.path`,
@@ -145,6 +148,30 @@ struct SpecFile {
     sampler: SamplerFile,
     #[serde(default)]
     on_corrupt: PolicyFile,
+    /// A shared stream: `true`, or its settings.
+    #[serde(default)]
+    shared: Option<SharedFile>,
+}
+
+/// `shared: true | false | {max_lag: N}`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum SharedFile {
+    On(bool),
+    Settings {
+        #[serde(default)]
+        max_lag: u32,
+    },
+}
+
+impl SharedFile {
+    fn into_spec(self) -> Option<loader_proto::pb::SharedStream> {
+        match self {
+            SharedFile::On(false) => None,
+            SharedFile::On(true) => Some(loader_proto::pb::SharedStream::default()),
+            SharedFile::Settings { max_lag } => Some(loader_proto::pb::SharedStream { max_lag }),
+        }
+    }
 }
 
 fn one() -> Count {
@@ -457,6 +484,7 @@ impl SpecFile {
             } as i32,
             blobs,
             resume: None,
+            shared: self.shared.and_then(SharedFile::into_spec),
         }
     }
 }

@@ -264,6 +264,17 @@ impl JobSpecBuilder {
         self
     }
 
+    /// Makes the job a shared stream: every trainer that opens it (by its
+    /// name, which it needs) receives every batch of its rank, in the same
+    /// order, made once by the workers (docs/sharing.md). `max_lag`: how
+    /// many consumed batches a trainer may trail the one furthest ahead and
+    /// still share (0: the default, 64); one further behind gets its
+    /// batches made for it alone until it comes back within it.
+    pub fn shared(mut self, max_lag: u32) -> Self {
+        self.spec.shared = Some(loader_proto::pb::SharedStream { max_lag });
+        self
+    }
+
     /// Samples per batch (default 64).
     pub fn batch_size(mut self, batch_size: u32) -> Self {
         self.spec.batch_size = batch_size;

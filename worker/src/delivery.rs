@@ -77,9 +77,9 @@ impl Target {
         spans: &BatchSpans,
         started: Instant,
     ) -> Result<(Written, Collated), CollateError> {
-        let Sources { dataset, layout, meta, indices, rules, made } = sources;
         match self {
             Target::Slot { mut lease, asked } => {
+                let Sources { dataset, layout, meta, indices, rules, made } = sources;
                 let waited = started.saturating_duration_since(asked);
                 spans.waited_for_slot(waited);
                 // A failure drops the lease, which gives the slot back.
@@ -90,13 +90,31 @@ impl Target {
                 Ok((Written::Slot { lease, len: collated.len as u64, waited }, collated))
             }
             Target::Grpc => {
-                let (batch, collated) = match made {
-                    Some((batch, read)) => made_bytes(batch, layout, meta, read),
-                    None => spans.produce().in_scope(|| collate_bytes(dataset, layout, meta, indices, rules)),
-                }?;
+                let (batch, collated) = sources.into_bytes(spans)?;
                 Ok((Written::Grpc(batch), collated))
             }
         }
+    }
+}
+
+impl Sources<'_> {
+    /// Makes the batch into a buffer of its own.
+    pub(crate) fn into_bytes(self, spans: &BatchSpans) -> Result<(Bytes, Collated), CollateError> {
+        let Sources { dataset, layout, meta, indices, rules, made } = self;
+        match made {
+            Some((batch, read)) => made_bytes(batch, layout, meta, read),
+            None => spans.produce().in_scope(|| collate_bytes(dataset, layout, meta, indices, rules)),
+        }
+    }
+}
+
+impl Written {
+    /// A copy of the made batch `bytes` in a ring slot; None (the slot
+    /// given back) if it does not fit, which the ring's lease for this
+    /// length rules out.
+    pub(crate) fn copied_into(mut lease: SlotLease, bytes: &[u8]) -> Option<Self> {
+        lease.bytes_mut().get_mut(..bytes.len())?.copy_from_slice(bytes);
+        Some(Written::Slot { lease, len: bytes.len() as u64, waited: Duration::ZERO })
     }
 }
 

@@ -35,7 +35,7 @@ use tokio::sync::Notify;
 use crate::batch_spans::BatchSpans;
 use crate::busy::BusyMeter;
 use crate::collate::{BatchRules, CollateError, Collated, Skipped, layout, make};
-use crate::delivery::{Sources, Target};
+use crate::delivery::{Sources, Target, Written};
 use crate::blobs::{BlobError, BlobFetcher};
 use crate::dataset::{Dataset, DatasetError, Datasets};
 use crate::meters::ConsumerMeters;
@@ -44,6 +44,11 @@ use crate::window::Windows;
 
 /// Jobs whose datasets stay open; older ones are closed first.
 const DATASET_CACHE: usize = 8;
+
+/// How long a shared stream's batch waits, in all, for slots of its
+/// subscribers' rings before the rest go to their gRPC outboxes: a
+/// subscriber that stops reading must not stall the others.
+const COPY_PATIENCE: Duration = Duration::from_millis(20);
 
 /// Handle on the producer thread.
 #[derive(Debug, Clone)]
@@ -94,9 +99,12 @@ struct Queue {
     tasks: VecDeque<(Task, Instant)>,
     /// The thread is producing a task right now.
     busy: bool,
-    /// Consumer of the task being produced, so that ending that consumer
-    /// abandons it.
-    running: Option<ConsumerKey>,
+    /// Consumers the task being produced delivers to (its consumer, then
+    /// its copies on a shared stream), so that ending them drops their part
+    /// of it, and the task once none is left.
+    running: Vec<ConsumerKey>,
+    /// Of them, those that ended while it ran: nothing more goes to them.
+    gone: Vec<ConsumerKey>,
     /// Bumped by `clear`: a task started under an older generation is
     /// abandoned and its batches are not queued.
     generation: u64,
@@ -211,9 +219,13 @@ impl Producer {
     pub(crate) fn drop_consumer(&self, key: ConsumerKey) -> Dropped {
         let mut q = self.shared.lock();
         let before = q.tasks.len();
-        q.tasks.retain(|(task, _)| task_key(task) != key);
+        q.tasks.retain_mut(|(task, _)| !without(task, key));
         let mut tasks = before - q.tasks.len();
-        let abandon = q.running == Some(key);
+        let running = q.running.contains(&key) && !q.gone.contains(&key);
+        if running {
+            q.gone.push(key);
+        }
+        let abandon = running && q.running.iter().all(|k| q.gone.contains(k));
         if abandon {
             self.shared.abandon_current(&mut q);
             tasks += 1;
@@ -252,6 +264,36 @@ pub(crate) struct Dropped {
 /// The consumer a task produces for.
 fn task_key(task: &Task) -> ConsumerKey {
     (task.job.as_ref().map_or(0, |j| j.job_id), task.consumer)
+}
+
+/// Every consumer a task delivers to, with the ring socket its task names
+/// (empty: none): its consumer, then its copies (a shared stream's other
+/// subscribers).
+fn deliveries(task: &Task) -> impl Iterator<Item = (ConsumerKey, &str)> {
+    let job_id = task_key(task).0;
+    std::iter::once((task_key(task), task.ring_socket.as_str()))
+        .chain(task.copies.iter().map(move |c| ((job_id, c.consumer), c.ring_socket.as_str())))
+}
+
+/// Takes consumer `key` out of a queued task's deliveries (a copy that
+/// goes first takes its place); true when nobody is left to deliver to.
+fn without(task: &mut Task, key: ConsumerKey) -> bool {
+    if task_key(task).0 != key.0 {
+        return false;
+    }
+    task.copies.retain(|c| c.consumer != key.1);
+    if task.consumer != key.1 {
+        return false;
+    }
+    if task.copies.is_empty() {
+        return true;
+    }
+    let first = task.copies.remove(0);
+    task.consumer = first.consumer;
+    task.ring_socket = first.ring_socket;
+    // Their spans were the consumer's that left.
+    task.traceparents.clear();
+    false
 }
 
 /// Where `task` goes in the queue: before the first queued task of the same
@@ -368,7 +410,8 @@ impl Shared {
                     }
                     if let Some(task) = q.tasks.pop_front() {
                         q.busy = true;
-                        q.running = Some(task_key(&task.0));
+                        q.running = deliveries(&task.0).map(|(key, _)| key).collect();
+                        q.gone.clear();
                         break (task, q.generation);
                     }
                     q = self.ready.wait(q).unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -378,7 +421,8 @@ impl Shared {
                 .unwrap_or(Err(TaskError::Panicked));
             let mut q = self.lock();
             q.busy = false;
-            q.running = None;
+            q.running.clear();
+            q.gone.clear();
             let mut report = q.tasks.is_empty();
             if let Err(error) = outcome
                 && q.generation == generation
@@ -432,6 +476,8 @@ impl Shared {
         // the next heartbeat).
         self.windows.learn_bytes(job.job_id, batch_bytes);
         let mut timing = BatchTiming::default();
+        // On a shared stream the task's consumer is a subscriber of `rank`.
+        let rank = task.rank.unwrap_or(task.consumer);
         let key = (job.job_id, task.consumer);
         let meters = self.outboxes.meters().consumer(key);
         let ring = Some(Path::new(&task.ring_socket)).filter(|p| !p.as_os_str().is_empty());
@@ -446,8 +492,8 @@ impl Shared {
                 std::thread::sleep(std::time::Duration::from_nanos(slow));
             }
             let (epoch, _) = plan.locate(seq);
-            let meta = BatchMeta { job_id: job.job_id, epoch, consumer: task.consumer, seq };
-            let indices = plan.batch_indices(task.consumer, seq);
+            let meta = BatchMeta { job_id: job.job_id, epoch, consumer: rank, seq };
+            let indices = plan.batch_indices(rank, seq);
             let spans = BatchSpans::start(task, job.job_id, seq);
             // A batch made whole (a Python `collate_fn`) is made first: its
             // size, and so where it fits, is known only then.
@@ -465,6 +511,20 @@ impl Shared {
             } else {
                 layout(&*dataset, indices.len()).map_err(|e| failed(seq, e.into()))?
             };
+            if task.rank.is_some() {
+                // A shared stream's batch: made once into a buffer, then
+                // copied to every subscriber of the task.
+                let started = Instant::now();
+                let _busy = self.busy_meter.spell(started);
+                let sources = Sources { dataset: &*dataset, layout: &layout, meta: &meta, indices: &indices, rules, made };
+                let (batch, collated) = sources.into_bytes(&spans).map_err(|e| failed(seq, e))?;
+                self.made_batch(&spans, &mut timing, &meters, &meta, indices.len(), started.elapsed() + making, &collated);
+                let samples = held(&indices, &collated.skipped);
+                if !self.fan_out(task, &batch, seq, samples, &spans, submitted, generation, &abandoned) {
+                    return Ok(());
+                }
+                continue;
+            }
             let Some(target) = self.target(ring, key, submitted, layout.total_len(), &abandoned, &meters) else {
                 return Ok(());
             };
@@ -481,6 +541,64 @@ impl Shared {
             written.hand_over(key, seq, held(&indices, &collated.skipped), &spans, &meters, &self.outboxes);
         }
         Ok(())
+    }
+
+    /// Hands a shared stream's batch `seq` (`batch`, holding `samples`
+    /// samples) to each consumer of `task` still there: into a slot of its
+    /// ring when the task names one that grants a slot within
+    /// [`COPY_PATIENCE`], else into its gRPC outbox, so that no subscriber
+    /// holds up the others for long. False when the task was abandoned.
+    #[allow(clippy::too_many_arguments)]
+    fn fan_out(
+        &self,
+        task: &Task,
+        batch: &bytes::Bytes,
+        seq: u64,
+        samples: u64,
+        spans: &BatchSpans,
+        submitted: Instant,
+        generation: u64,
+        abandoned: &dyn Fn() -> bool,
+    ) -> bool {
+        let deadline = Instant::now() + COPY_PATIENCE;
+        let mut written = Vec::new();
+        for (key, ring) in deliveries(task) {
+            if self.lock().gone.contains(&key) {
+                continue;
+            }
+            let meters = self.outboxes.meters().consumer(key);
+            let route = match ring {
+                "" => Route::Grpc,
+                path => {
+                    let path = Path::new(path);
+                    self.rings.acquire_until(path, key, submitted, batch.len(), abandoned, &meters.blocked_shm, Some(deadline))
+                }
+            };
+            let copy = match route {
+                Route::Slot(lease) => Written::copied_into(lease, batch).unwrap_or_else(|| Written::Grpc(batch.clone())),
+                Route::Grpc => Written::Grpc(batch.clone()),
+                Route::Abandoned => return false,
+                // Its trainer left the ring: nobody takes it there.
+                Route::Drop => continue,
+            };
+            written.push((key, copy, meters));
+        }
+        let q = self.lock();
+        if q.generation != generation {
+            return false;
+        }
+        let mut left = Vec::new();
+        for (key, copy, meters) in written {
+            if q.gone.contains(&key) {
+                left.push(copy);
+            } else {
+                copy.hand_over(key, seq, samples, spans, &meters, &self.outboxes);
+            }
+        }
+        drop(q);
+        // Slots of consumers that ended meanwhile go back, outside the lock.
+        drop(left);
+        true
     }
 
     /// Where the next batch of `key` (`len` bytes, from a task submitted
@@ -586,8 +704,9 @@ fn held(indices: &[u64], skipped: &[Skipped]) -> u64 {
 /// Rejects a task that names seqs or a consumer the job does not have, so a
 /// confused coordinator cannot make the worker produce garbage.
 fn check_range(task: &Task, plan: &Plan) -> Result<(), TaskError> {
-    if task.consumer >= plan.consumers {
-        return Err(TaskError::ConsumerOutOfRange { consumer: task.consumer, consumers: plan.consumers });
+    let rank = task.rank.unwrap_or(task.consumer);
+    if rank >= plan.consumers {
+        return Err(TaskError::ConsumerOutOfRange { consumer: rank, consumers: plan.consumers });
     }
     let total = plan.total_batches();
     // A resumed job has no batches before its first.

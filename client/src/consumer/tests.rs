@@ -13,6 +13,7 @@ use crate::event::CreditLine;
 const EXPECTED: Expected = Expected {
     job_id: 1,
     consumer: 0,
+    stream: 0,
     batches_per_epoch: 4,
     total: 4,
 };

@@ -20,6 +20,7 @@ use crate::error::LoaderError;
 const EXPECTED: Expected = Expected {
     job_id: 1,
     consumer: 0,
+    stream: 0,
     batches_per_epoch: 1000,
     total: 1000,
 };

@@ -216,6 +216,24 @@ impl Rings {
         abandoned: &dyn Fn() -> bool,
         blocked: &metrics::Gauge,
     ) -> Route {
+        self.acquire_until(path, key, submitted, len, abandoned, blocked, None)
+    }
+
+    /// As [`acquire`](Self::acquire), but waits (for the ring to join or
+    /// for a free grant) only until `deadline`, then answers
+    /// [`Route::Grpc`]: for a batch that goes to several trainers, none of
+    /// which may hold up the others for long.
+    #[allow(clippy::too_many_arguments)]
+    pub fn acquire_until(
+        self: &Arc<Self>,
+        path: &Path,
+        key: ConsumerKey,
+        submitted: Instant,
+        len: usize,
+        abandoned: &dyn Fn() -> bool,
+        blocked: &metrics::Gauge,
+        deadline: Option<Instant>,
+    ) -> Route {
         let mut blocked = BlockedClock::new(blocked);
         let mut st = self.lock();
         loop {
@@ -234,11 +252,23 @@ impl Rings {
                     self.runtime.spawn(conn::run(Arc::clone(self), path.to_owned(), hello));
                 }
             }
-            st = if blocked.running() {
+            let left = match deadline {
+                Some(at) => match at.checked_duration_since(Instant::now()) {
+                    Some(left) if !left.is_zero() => Some(left),
+                    _ => return Route::Grpc,
+                },
+                None => None,
+            };
+            st = match (left, blocked.running()) {
+                (Some(left), running) => {
+                    let tick = if running { left.min(BLOCKED_TICK) } else { left };
+                    self.changed.wait_timeout(st, tick).unwrap_or_else(|poisoned| poisoned.into_inner()).0
+                }
                 // Wakes to count the blocked time as it goes.
-                self.changed.wait_timeout(st, BLOCKED_TICK).unwrap_or_else(|poisoned| poisoned.into_inner()).0
-            } else {
-                self.changed.wait(st).unwrap_or_else(|poisoned| poisoned.into_inner())
+                (None, true) => {
+                    self.changed.wait_timeout(st, BLOCKED_TICK).unwrap_or_else(|poisoned| poisoned.into_inner()).0
+                }
+                (None, false) => self.changed.wait(st).unwrap_or_else(|poisoned| poisoned.into_inner()),
             };
         }
     }

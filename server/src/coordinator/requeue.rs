@@ -112,8 +112,15 @@ pub(super) struct Ended {
 /// next heartbeat response, to drop them and their queued tasks.
 pub(super) fn end_consumer(t: &mut Tables, key: ConsumerKey) -> Ended {
     t.traces.forget(key.0, Some(key.1));
-    if let Some(c) = t.jobs.get_mut(key.0).and_then(|j| j.consumers.get_mut(key.1 as usize)) {
-        c.backup = None;
+    if let Some(job) = t.jobs.get_mut(key.0) {
+        let ranks = job.plan.consumers;
+        if let Some(c) = job.consumers.get_mut(key.1 as usize) {
+            c.backup = None;
+            // A subscriber of a shared stream whose trainer is gone is not
+            // waited for (a reopening session takes it back).
+            c.left |= key.1 >= ranks;
+        }
+        job.end_life_if_consumed();
     }
     let mut ended = Ended::default();
     // Its trainers are gone: nobody lists a worker as unreachable any more.

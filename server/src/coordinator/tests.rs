@@ -20,7 +20,7 @@ fn create(c: &Coordinator, spec: JobSpec) -> pb::Job {
     let consumers = spec.consumers;
     let (job, _) = c.create_or_attach(spec).expect("job");
     for consumer in 0..consumers {
-        c.open_session(job.job_id, consumer, "n".into(), String::new(), None).expect("session");
+        c.open_session(job.job_id, consumer, None, "n".into(), String::new(), None).expect("session");
     }
     job
 }
@@ -159,7 +159,7 @@ async fn unknown_worker_is_told_to_reregister() {
 async fn failed_task_fails_the_job_and_stops_assignment() {
     let c = coordinator();
     let (job, _) = c.create_or_attach(spec("", 10, 2, 1)).expect("job");
-    let (session, _) = c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("session");
+    let (session, _, _) = c.open_session(job.job_id, 0, None, "n".into(), String::new(), None).expect("session");
     let w = c.register_worker("http://w".into(), "n".into(), 2, 0);
     let t = tasks(&c, w, Vec::new()).await;
     assert_eq!(t.len(), 1);
@@ -188,7 +188,7 @@ fn named_jobs_attach_and_reject_other_specs() {
 fn a_resumed_plan_replaces_its_namesake_once_no_trainer_is_left() {
     let c = coordinator();
     let (old, _) = c.create_or_attach(spec("train", 100, 10, 4)).expect("job");
-    let (old_session, _) = c.open_session(old.job_id, 0, "n".into(), String::new(), None).expect("session");
+    let (old_session, _, _) = c.open_session(old.job_id, 0, None, "n".into(), String::new(), None).expect("session");
     let mut resumed = spec("train", 100, 10, 2);
     resumed.resume = Some(pb::EpochResume { epoch: 0, offset: 40, delivered: vec![41] });
 
@@ -205,9 +205,9 @@ fn a_resumed_plan_replaces_its_namesake_once_no_trainer_is_left() {
     let (again, attached) = c.create_or_attach(resumed.clone()).expect("attaches");
     assert!(attached);
     assert_eq!(again.job_id, new.job_id);
-    let err = c.open_session(old.job_id, 1, "n".into(), String::new(), None).expect_err("replaced");
+    let err = c.open_session(old.job_id, 1, None, "n".into(), String::new(), None).expect_err("replaced");
     assert!(err.to_string().contains("replaced by a resumed plan"), "{err}");
-    c.open_session(new.job_id, 1, "n".into(), String::new(), None).expect("session on the new plan");
+    c.open_session(new.job_id, 1, None, "n".into(), String::new(), None).expect("session on the new plan");
 
     // A rank resumed from another state while the new plan runs: refused.
     let mut other = resumed.clone();
@@ -231,9 +231,9 @@ fn bad_requests_map_to_fatal_codes() {
     assert_eq!(status.code(), tonic::Code::InvalidArgument);
     assert!(status.message().contains("batch_size"));
     let (job, _) = c.create_or_attach(spec("", 10, 2, 2)).expect("job");
-    let err = c.open_session(job.job_id, 2, "n".into(), String::new(), None).expect_err("consumer 2 of 2");
+    let err = c.open_session(job.job_id, 2, None, "n".into(), String::new(), None).expect_err("consumer 2 of 2");
     assert_eq!(tonic::Status::from(err).code(), tonic::Code::InvalidArgument);
-    let err = c.open_session(99, 0, "n".into(), String::new(), None).expect_err("no job");
+    let err = c.open_session(99, 0, None, "n".into(), String::new(), None).expect_err("no job");
     assert_eq!(tonic::Status::from(err).code(), tonic::Code::NotFound);
     let err = crate::error::check_version(99).expect_err("version");
     assert_eq!(tonic::Status::from(err).code(), tonic::Code::FailedPrecondition);
@@ -265,8 +265,8 @@ fn a_job_runs_only_on_blobs_the_coordinator_holds_and_keeps_no_trainer_path() {
 async fn tasks_of_a_colocated_ring_session_carry_its_socket() {
     let c = coordinator();
     let (job, _) = c.create_or_attach(spec("", 100, 10, 2)).expect("job");
-    c.open_session(job.job_id, 0, "host-a".into(), "/run/loader/a.sock".into(), None).expect("session 0");
-    c.open_session(job.job_id, 1, "host-b".into(), "/run/loader/b.sock".into(), None).expect("session 1");
+    c.open_session(job.job_id, 0, None, "host-a".into(), "/run/loader/a.sock".into(), None).expect("session 0");
+    c.open_session(job.job_id, 1, None, "host-b".into(), "/run/loader/b.sock".into(), None).expect("session 1");
     let local = c.register_worker("http://a".into(), "host-a".into(), 2, 0);
     let t = tasks(&c, local, Vec::new()).await;
     for task in &t {
@@ -280,7 +280,7 @@ async fn tasks_of_a_colocated_ring_session_carry_its_socket() {
 async fn expired_worker_batches_go_to_another_worker_first() {
     let c = coordinator();
     let (job, _) = c.create_or_attach(spec("", 640, 64, 1)).expect("job");
-    let (session, _) = c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("session");
+    let (session, _, _) = c.open_session(job.job_id, 0, None, "n".into(), String::new(), None).expect("session");
     let a = c.register_worker("http://a".into(), "n".into(), 4, 0);
     assert_eq!(seqs(&tasks(&c, a, Vec::new()).await, 0), vec![0, 1, 2, 3]);
     // a delivers 0 and 1; the trainer acknowledges 0 only.
@@ -316,7 +316,7 @@ async fn expired_worker_batches_go_to_another_worker_first() {
 async fn silent_session_expires_and_its_ring_is_no_longer_routed() {
     let c = coordinator();
     let (job, _) = c.create_or_attach(spec("", 640, 64, 1)).expect("job");
-    let (session, _) = c.open_session(job.job_id, 0, "n".into(), "/tmp/ring.sock".into(), None).expect("session");
+    let (session, _, _) = c.open_session(job.job_id, 0, None, "n".into(), "/tmp/ring.sock".into(), None).expect("session");
     let w = c.register_worker("http://w".into(), "n".into(), 1, 0);
     assert_eq!(tasks(&c, w, Vec::new()).await[0].ring_socket, "/tmp/ring.sock");
     tokio::time::advance(c.config.lease_ttl + Duration::from_millis(1)).await;
@@ -337,7 +337,7 @@ async fn silent_session_expires_and_its_ring_is_no_longer_routed() {
         HeartbeatOutcome::Reregister => panic!("worker alive"),
     }
     // A new trainer for the consumer gets batches again, over gRPC.
-    c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("new session");
+    c.open_session(job.job_id, 0, None, "n".into(), String::new(), None).expect("new session");
     match c.worker_heartbeat(w, WorkerReport { delivered: Vec::new(), failed: Vec::new(), ..Default::default() }, Duration::ZERO).await {
         HeartbeatOutcome::Tasks { tasks: t, .. } => assert_eq!(t[0].ring_socket, ""),
         HeartbeatOutcome::Reregister => panic!("worker alive"),
@@ -351,7 +351,7 @@ async fn a_restart_on_the_same_state_dir_resumes_at_the_watermark() {
     let (job_id, old_worker) = {
         let c = Coordinator::open(config.clone()).expect("open");
         let (job, _) = c.create_or_attach(spec("train", 640, 64, 1)).expect("job");
-        let (session, _) = c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("session");
+        let (session, _, _) = c.open_session(job.job_id, 0, None, "n".into(), String::new(), None).expect("session");
         let w = c.register_worker("http://w".into(), "n".into(), 4, 0);
         tasks(&c, w, Vec::new()).await;
         c.session_heartbeat(session, 3, 0);
@@ -370,7 +370,7 @@ async fn a_restart_on_the_same_state_dir_resumes_at_the_watermark() {
     let w = c.register_worker("http://w2".into(), "n".into(), 2, 0);
     assert_ne!(w, old_worker);
     assert!(tasks(&c, w, Vec::new()).await.is_empty(), "no trainer yet");
-    c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("trainer reopens");
+    c.open_session(job.job_id, 0, None, "n".into(), String::new(), None).expect("trainer reopens");
     assert_eq!(seqs(&tasks(&c, w, Vec::new()).await, 0), vec![3, 4], "delivery resumes at the watermark");
     assert_eq!(c.list_jobs()[0].consumers[0].consumed, 3);
 }
@@ -404,14 +404,14 @@ async fn a_draining_worker_gets_no_tasks_and_its_leftovers_are_requeued_on_dereg
 async fn a_resumed_session_restarts_its_consumer_at_the_saved_batch() {
     let c = coordinator();
     let (job, _) = c.create_or_attach(spec("", 640, 64, 1)).expect("job");
-    c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("first trainer");
+    c.open_session(job.job_id, 0, None, "n".into(), String::new(), None).expect("first trainer");
     let w = c.register_worker("http://w".into(), "n".into(), 4, 0);
     assert_eq!(seqs(&tasks(&c, w, Vec::new()).await, 0), vec![0, 1, 2, 3]);
-    c.open_session(job.job_id, 0, "n".into(), String::new(), Some(7)).expect("resumed trainer");
+    c.open_session(job.job_id, 0, None, "n".into(), String::new(), Some(7)).expect("resumed trainer");
     let report = vec![pb::Delivered { job_id: job.job_id, consumer: 0, seqs: vec![0, 1, 2, 3] }];
     assert_eq!(seqs(&tasks(&c, w, report).await, 0), vec![7, 8, 9]);
     assert_eq!(c.list_jobs()[0].consumers[0].consumed, 7);
-    let err = c.open_session(job.job_id, 0, "n".into(), String::new(), Some(11)).expect_err("past the end");
+    let err = c.open_session(job.job_id, 0, None, "n".into(), String::new(), Some(11)).expect_err("past the end");
     assert_eq!(tonic::Status::from(err).code(), tonic::Code::InvalidArgument);
 }
 
@@ -454,7 +454,7 @@ async fn a_consumer_whose_last_session_expires_is_taken_back_and_its_workers_tol
     let ttl = c.config.lease_ttl;
     let (job, _) = c.create_or_attach(spec("", 640, 64, 1)).expect("job");
     let key = (job.job_id, 0);
-    let (first, _) = c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("first session");
+    let (first, _, _) = c.open_session(job.job_id, 0, None, "n".into(), String::new(), None).expect("first session");
     let w = c.register_worker("http://w".into(), "n".into(), 4, 0);
     assert_eq!(seqs(&orders(&c, w).await.0, 0), vec![0, 1, 2, 3]);
     // w hands 0 to the trainer, which dies before acknowledging it; w
@@ -464,7 +464,7 @@ async fn a_consumer_whose_last_session_expires_is_taken_back_and_its_workers_tol
 
     // A second session of the consumer keeps it alive past the first one's lease.
     tokio::time::advance(ttl / 2).await;
-    let (second, _) = c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("second session");
+    let (second, _, _) = c.open_session(job.job_id, 0, None, "n".into(), String::new(), None).expect("second session");
     tokio::time::advance(ttl / 2 + Duration::from_millis(1)).await;
     assert_eq!(orders(&c, w).await, (vec![], vec![]), "at its limit");
     assert_eq!(c.expire(tokio::time::Instant::now()), (0, 1));
@@ -487,7 +487,7 @@ async fn a_consumer_whose_last_session_expires_is_taken_back_and_its_workers_tol
 
     // A trainer that comes later gets those batches first (beyond the
     // limit, like a dead worker's), each exactly once.
-    c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("later session");
+    c.open_session(job.job_id, 0, None, "n".into(), String::new(), None).expect("later session");
     assert_eq!(seqs(&orders(&c, later).await.0, 0), vec![0, 1, 2, 3, 4]);
     assert_eq!(seqs(&orders(&c, w).await.0, 0), vec![5, 6, 7, 8]);
 }
@@ -548,7 +548,7 @@ async fn a_draining_worker_hears_that_its_consumer_ended_and_deregisters_with_no
 async fn a_finished_consumers_leftovers_go_when_its_session_ends_and_nothing_is_requeued() {
     let c = coordinator();
     let (job, _) = c.create_or_attach(spec("", 256, 64, 1)).expect("job");
-    let (session, _) = c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("session");
+    let (session, _, _) = c.open_session(job.job_id, 0, None, "n".into(), String::new(), None).expect("session");
     let slow = c.register_worker("http://slow".into(), "n".into(), 2, 0);
     let fast = c.register_worker("http://fast".into(), "n".into(), 2, 0);
     assert_eq!(seqs(&orders(&c, slow).await.0, 0), vec![0, 1]);
@@ -580,7 +580,7 @@ async fn a_finished_consumers_leftovers_go_when_its_session_ends_and_nothing_is_
 async fn a_job_that_kills_its_workers_before_delivering_is_failed() {
     let c = coordinator();
     let (job, _) = c.create_or_attach(spec("", 6400, 1, 1)).expect("job");
-    let (session, _) = c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("session");
+    let (session, _, _) = c.open_session(job.job_id, 0, None, "n".into(), String::new(), None).expect("session");
     let ttl = c.config.lease_ttl;
     let job_id = job.job_id;
     let die = |delivered: bool| {
@@ -606,7 +606,7 @@ async fn a_job_that_kills_its_workers_before_delivering_is_failed() {
 
     // Another job delivers once; then no number of deaths fails it.
     let (job, _) = c.create_or_attach(spec("other", 6400, 1, 1)).expect("job");
-    let (session, _) = c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("session");
+    let (session, _, _) = c.open_session(job.job_id, 0, None, "n".into(), String::new(), None).expect("session");
     let job_id = job.job_id;
     let die = |delivered: bool| {
         let c = c.clone();
@@ -654,7 +654,7 @@ fn a_job_no_worker_can_hold_is_refused_at_submission() {
 async fn a_closed_session_is_gone_at_once_and_its_consumer_ends() {
     let c = coordinator();
     let (job, _) = c.create_or_attach(spec("", 100, 10, 1)).expect("job");
-    let (session, _) = c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("session");
+    let (session, _, _) = c.open_session(job.job_id, 0, None, "n".into(), String::new(), None).expect("session");
     let w = c.register_worker("http://w".into(), "n".into(), 4, 0);
     tasks(&c, w, Vec::new()).await;
     let report = vec![pb::Delivered { job_id: job.job_id, consumer: 0, seqs: vec![0, 1, 2] }];
@@ -670,7 +670,7 @@ async fn a_closed_session_is_gone_at_once_and_its_consumer_ends() {
     c.close_session(session, 1);
     // A trainer comes back for the consumer: 1 and 2 go out first, and
     // count as re-sent once delivered again.
-    let (back, _) = c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("session");
+    let (back, _, _) = c.open_session(job.job_id, 0, None, "n".into(), String::new(), None).expect("session");
     assert_eq!(seqs(&tasks(&c, w, Vec::new()).await, 0)[..2], [1, 2]);
     tasks(&c, w, vec![pb::Delivered { job_id: job.job_id, consumer: 0, seqs: vec![1, 2] }]).await;
     let progress = &c.list_jobs()[0].consumers[0];
@@ -711,7 +711,7 @@ async fn workers_list_delivered_samples_and_busy() {
 fn one_consumer_one_worker() -> (Coordinator, pb::Job, u64, u64) {
     let c = coordinator();
     let (job, _) = c.create_or_attach(spec("", 640, 64, 1)).expect("job");
-    let (session, _) = c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("session");
+    let (session, _, _) = c.open_session(job.job_id, 0, None, "n".into(), String::new(), None).expect("session");
     let a = c.register_worker("http://a".into(), "n".into(), 4, 0);
     (c, job, session, a)
 }
@@ -817,7 +817,7 @@ async fn a_worker_the_trainer_consumed_from_is_past_start_up_before_it_reports()
 async fn backups_stop_while_they_mostly_lose() {
     let c = coordinator();
     let (job, _) = c.create_or_attach(spec("", 64_000, 64, 1)).expect("job");
-    let (session, _) = c.open_session(job.job_id, 0, "n".into(), String::new(), None).expect("session");
+    let (session, _, _) = c.open_session(job.job_id, 0, None, "n".into(), String::new(), None).expect("session");
     let a = c.register_worker("http://a".into(), "n".into(), 4, 0);
     let b = c.register_worker("http://b".into(), "n".into(), 4, 0);
     let delivered = |seqs: &[u64]| delivered(job.job_id, seqs);

@@ -30,10 +30,12 @@ impl TrainerService for TrainerApi {
     ) -> Result<Response<pb::OpenSessionResponse>, Status> {
         let r = request.into_inner();
         check_version(r.protocol_version)?;
-        let (session_id, job) = self.0.open_session(r.job_id, r.consumer, r.node, r.ring_socket, r.resume.then_some(r.start_seq))?;
+        let (session_id, job, consumer) =
+            self.0.open_session(r.job_id, r.consumer, r.subscriber, r.node, r.ring_socket, r.resume.then_some(r.start_seq))?;
         Ok(Response::new(pb::OpenSessionResponse {
             session_id,
-            session_key: self.0.session_key(session_id, r.job_id, r.consumer),
+            consumer,
+            session_key: self.0.session_key(session_id, r.job_id, consumer),
             job: Some(job),
             lease_ttl_ms: self.0.config.lease_ttl.as_millis() as u64,
             heartbeat_interval_ms: self.0.config.heartbeat_interval.as_millis() as u64,
