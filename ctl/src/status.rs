@@ -162,6 +162,9 @@ fn status_json(status: &Status) -> serde_json::Value {
                         "resent": c.resent,
                         "consumed": c.consumed,
                         "total": c.total,
+                        "subscribes_to": c.subscribes_to,
+                        "left": c.left,
+                        "assigned_alone": c.assigned_alone,
                     })
                 })
                 .collect();
@@ -173,6 +176,8 @@ fn status_json(status: &Status) -> serde_json::Value {
                 "batch_size": spec.batch_size,
                 "batches_per_epoch": job.batches_per_epoch,
                 "error": (!info.error.is_empty()).then_some(&info.error),
+                "shared": spec.shared.is_some(),
+                "subscribers": info.consumers.iter().filter(|c| c.subscribes_to.is_some() && !c.left).count(),
                 "consumers": consumers,
             })
         })
@@ -284,24 +289,40 @@ fn job_table(jobs: &[JobInfo], shown: usize) -> String {
         .map(|info| {
             let job = info.job.clone().unwrap_or_default();
             let spec = job.spec.unwrap_or_default();
-            let consumers = if info.consumers.len() > RANKS_SHOWN && shown != usize::MAX {
-                ranks_summed(&info.consumers)
-            } else {
-                ranks_listed(&info.consumers)
+            // A shared stream's trainers are its subscribers (its ranks
+            // only name what they receive): those still there.
+            let listed: Vec<ConsumerProgress> = match spec.shared {
+                Some(_) => info.consumers.iter().filter(|c| c.subscribes_to.is_some() && !c.left).cloned().collect(),
+                None => info.consumers.clone(),
             };
+            let consumers = if listed.len() > RANKS_SHOWN && shown != usize::MAX {
+                ranks_summed(&listed)
+            } else {
+                ranks_listed(&listed)
+            };
+            let sharing = spec.shared.as_ref().map_or_else(|| "-".to_owned(), |_| subscribers(&info.consumers));
             vec![
                 job.job_id.to_string(),
                 or_dash(&spec.name),
                 dataset(&spec.dataset.and_then(|d| d.kind)),
                 job.num_samples.to_string(),
                 job.batches_per_epoch.to_string(),
+                sharing,
                 consumers,
                 or_dash(&info.error),
             ]
         })
         .collect();
-    let headers =
-        ["ID", "NAME", "DATASET", "N", "BATCHES/EPOCH", "RANK:DELIVERED/RESENT/CONSUMED/TOTAL", "ERROR"];
+    let headers = [
+        "ID",
+        "NAME",
+        "DATASET",
+        "N",
+        "BATCHES/EPOCH",
+        "SUBSCRIBERS",
+        "RANK:DELIVERED/RESENT/CONSUMED/TOTAL",
+        "ERROR",
+    ];
     render(&headers, &rows)
 }
 
@@ -317,6 +338,22 @@ fn ranks_listed(consumers: &[ConsumerProgress]) -> String {
         })
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+/// A shared stream's subscribers still there, and the share of the
+/// batches handed out to its subscribers that were made for several at
+/// once (the rest were made for one alone: a late joiner's first part, one
+/// trailing the others, a batch made again after a worker died).
+fn subscribers(consumers: &[ConsumerProgress]) -> String {
+    let subs = consumers.iter().filter(|c| c.subscribes_to.is_some());
+    let live = subs.clone().filter(|c| !c.left).count();
+    let assigned: u64 = subs.clone().map(|c| c.assigned).sum();
+    let alone: u64 = subs.map(|c| c.assigned_alone).sum();
+    if assigned == 0 {
+        return live.to_string();
+    }
+    let shared = 100.0 * assigned.saturating_sub(alone) as f64 / assigned as f64;
+    format!("{live} ({shared:.0}% made once)")
 }
 
 /// `text`, or `-` for an empty cell.

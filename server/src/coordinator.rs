@@ -365,6 +365,11 @@ impl Coordinator {
         let t = &mut *guard;
         let Some(s) = t.sessions.sessions.get(&session_id) else { return };
         let key = (s.job_id, s.consumer);
+        // On a shared stream the batch is late for every subscriber that
+        // shares it: their backups are launched together, to be made once.
+        for other in share::group(t, key) {
+            backup::launch(t, other, seq);
+        }
         let Some((original, n)) = backup::launch(t, key, seq) else { return };
         drop(guard);
         tracing::info!(session_id, job_id = key.0, consumer = key.1, seq, worker_id = original, batches = n, "the trainer waits on a late batch; launching a backup task");
@@ -573,6 +578,14 @@ impl Coordinator {
                     // credits: they may exceed the limit, by at most the
                     // limit again, so memory stays bounded.
                     let extra = (2 * window).saturating_sub(held);
+                    // On a shared stream, a range the other subscribers
+                    // have room for too, so that it is made once for all.
+                    let room = room.min(share::room(job, c, |k| {
+                        let key = (job_id, k);
+                        let there = t.sessions.has_consumer(job_id, k) && !w.cut_off.contains(&key);
+                        if there { window.saturating_sub(w.outstanding_for(key)) } else { 0 }
+                    }));
+                    let consumer = &mut job.consumers[c];
                     let queue = &mut consumer.queue;
                     let taken = queue.take_returned(extra.min(range_len)).or_else(|| match job.lanes.as_mut() {
                         Some(lanes) => lanes.take(&job.plan, queue, worker_id, room.min(range_len)),
@@ -582,34 +595,45 @@ impl Coordinator {
                         continue;
                     }
                     // On a shared stream, other subscribers take the range
-                    // too: made once, delivered to each. One that holds
-                    // more than this one (it reads a little slower) may go
-                    // up to twice the window, as for given-back batches,
-                    // rather than have the range made for it again.
+                    // too: made once, delivered to each. The range fits
+                    // their windows where it can (above); one that holds
+                    // more (it reads a little slower, or its reports lag)
+                    // may go up to twice its window, as for given-back
+                    // batches: a copy that waits for a ring slot costs far
+                    // less than making the range again for it alone.
+                    let sessions = &t.sessions;
+                    let worker = &*w;
+                    let can_take = |k: u32, len: u64, limit: u64| {
+                        let key = (job_id, k);
+                        sessions.has_consumer(job_id, k)
+                            && !worker.cut_off.contains(&key)
+                            && worker.outstanding_for(key) + len <= limit
+                    };
                     let copies = taken.as_ref().map_or_else(Vec::new, |range| {
-                        let len = range.end - range.start;
-                        let sessions = &t.sessions;
-                        let worker = &*w;
-                        share::copies(job, c, range, |k| {
-                            let key = (job_id, k);
-                            sessions.has_consumer(job_id, k)
-                                && !worker.cut_off.contains(&key)
-                                && worker.outstanding_for(key) + len <= 2 * window
-                        })
+                        share::copies(job, c, range, |k| can_take(k, range.end - range.start, 2 * window))
                     });
+                    // And the backups of the same late batches that the
+                    // others' trainers asked for (they wait on the same
+                    // batches): made once too, without a limit, as for
+                    // this one.
+                    let backup_copies = share::backup_copies(job, c, &ranges, worker_id, |k| can_take(k, 0, u64::MAX));
                     let rank = job.consumers[c].subscribes_to;
                     if let (Some(_), Some(range), true) = (rank, &taken, copies.is_empty()) {
                         job.consumers[c].assigned_alone += range.end - range.start;
                     }
                     let ring_socket = t.sessions.ring_for(job_id, c as u32, &w.node).unwrap_or_default().to_owned();
-                    let copies: Vec<pb::Copy> = copies
-                        .into_iter()
-                        .map(|k| pb::Copy {
-                            consumer: k,
-                            ring_socket: t.sessions.ring_for(job_id, k, &w.node).unwrap_or_default().to_owned(),
-                        })
-                        .collect();
-                    for (range, copies) in ranges.into_iter().map(|r| (r, Vec::new())).chain(taken.map(|r| (r, copies))) {
+                    let to = |copies: Vec<u32>| -> Vec<pb::Copy> {
+                        copies
+                            .into_iter()
+                            .map(|k| pb::Copy {
+                                consumer: k,
+                                ring_socket: t.sessions.ring_for(job_id, k, &w.node).unwrap_or_default().to_owned(),
+                            })
+                            .collect()
+                    };
+                    let (copies, backup_copies) = (to(copies), to(backup_copies));
+                    let backups = ranges.into_iter().map(|r| (r, backup_copies.clone()));
+                    for (range, copies) in backups.chain(taken.map(|r| (r, copies))) {
                         w.outstanding.entry(key).or_default().extend(range.clone());
                         for copy in &copies {
                             let key = (job_id, copy.consumer);

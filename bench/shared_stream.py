@@ -1,0 +1,125 @@
+"""Worker CPU of several trainers reading the same image job: one shared
+stream against separate jobs, in the same run on the same data (issue 36):
+
+    python bench/shared_stream.py --images /work/imagenet-shaped [--trainers 4] [--epochs 2] [--repeats 3]
+
+A real `loader-server` and `--workers` `loader-worker`s (target/release) on
+loopback, and per scenario `--trainers` `loaderctl consume --transport shm`
+processes started together on the image folder (the standard training
+pipeline: random resized crop to 224, flip):
+
+- `one`: a single trainer (the reference);
+- `shared`: the trainers subscribe to one job (`--job-name X --shared`):
+  each receives every batch, made once;
+- `separate`: each trainer runs a job of its own (what a sweep does
+  without sharing).
+
+Worker CPU is user + sys of the worker processes (from /proc) over the
+scenario; per-trainer samples/s is each trainer's report. Scenarios take
+turns within each repeat; medians. The table goes to stdout.
+"""
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RELEASE = ROOT / "target" / "release"
+TIMEOUT_S = 600  # one scenario; a hung run fails the benchmark instead of stalling it
+
+sys.path.insert(0, str(ROOT / "bench"))
+from recv_cpu import Service  # noqa: E402  (a coordinator and its workers)
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(pid):
+    """User + sys seconds of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def scenario(kind, n, service, images, epochs, tag):
+    """Runs `n` trainers (1 for `one`) together; returns worker CPU-s, wall
+    seconds and each trainer's samples/s."""
+    workers = [p.pid for p in service.procs[1:]]
+    before = sum(cpu_s(p) for p in workers)
+    began = time.perf_counter()
+    trainers = []
+    for i in range(1 if kind == "one" else n):
+        flags = ["--dataset", "imagefolder", "--path", str(images), "--epochs", str(epochs), "--batch-size", "64"]
+        if kind == "shared":
+            flags += ["--job-name", f"shared-{tag}", "--shared"]
+        else:
+            flags += ["--job-name", f"{kind}-{tag}-{i}"]
+        cmd = [str(RELEASE / "loaderctl"), "consume", "--coordinator", service.url, "--json", "--transport", "shm",
+               *flags]
+        trainers.append((cmd, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+    rates = []
+    for cmd, p in trainers:
+        try:
+            out, err = p.communicate(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            sys.exit(f"timed out after {TIMEOUT_S} s: {shlex.join(cmd)}")
+        lines = [line for line in out.splitlines() if line.startswith("{")]
+        if p.returncode != 0 or not lines:
+            sys.exit(f"failed ({p.returncode}): {shlex.join(cmd)}\n{err.strip()[-2000:]}")
+        rates.append(json.loads(lines[-1])["samples_per_s"])
+    wall = time.perf_counter() - began
+    # Workers report their last deliveries on their next heartbeat; their
+    # CPU is read once they are idle again.
+    time.sleep(0.5)
+    return sum(cpu_s(p) for p in workers) - before, wall, rates
+
+
+def main():
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    p.add_argument("--images", required=True, help="a folder of class folders of JPEGs (bench/make_images.py)")
+    p.add_argument("--trainers", type=int, default=4)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=3)
+    args = p.parse_args()
+    for b in ("loader-server", "loader-worker", "loaderctl"):
+        if not (RELEASE / b).exists():
+            sys.exit(f"{RELEASE / b} is missing (cargo build --release --bins)")
+    print("command: " + shlex.join([sys.executable] + sys.argv))
+    kinds = ["one", "shared", "separate"]
+    got = {k: [] for k in kinds}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOADER_")}
+    with tempfile.TemporaryDirectory() as tmp:
+        service = Service(args.workers, env, "http", Path(tmp))
+        try:
+            time.sleep(1)  # the workers register
+            for r in range(args.repeats):
+                for kind in (kinds if r % 2 == 0 else kinds[::-1]):
+                    cpu, wall, rates = scenario(kind, args.trainers, service, args.images, args.epochs, f"r{r}")
+                    got[kind].append((cpu, wall, statistics.median(rates)))
+                    print(f"run {r + 1} {kind}: worker CPU {cpu:.1f} s, wall {wall:.1f} s, per-trainer samples/s "
+                          + ", ".join(f"{x:,.0f}" for x in rates), flush=True)
+        finally:
+            service.stop()
+    med = {k: tuple(statistics.median(v[i] for v in got[k]) for i in range(3)) for k in kinds}
+    base_cpu, _, base_rate = med["one"]
+    print()
+    print(f"{args.trainers} trainers, {args.workers} workers, {args.epochs} epochs of {args.images}, batch 64, "
+          f"medians of {args.repeats}")
+    print()
+    print("| scenario | trainers | worker CPU-s | vs one trainer | wall s | samples/s per trainer | vs one trainer |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for k in kinds:
+        cpu, wall, rate = med[k]
+        n = 1 if k == "one" else args.trainers
+        print(f"| {k} | {n} | {cpu:.1f} | {cpu / base_cpu:.2f}x | {wall:.1f} | {rate:,.0f} | {rate / base_rate:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
