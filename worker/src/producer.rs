@@ -761,7 +761,7 @@ pub(crate) mod tests {
     use std::time::Duration;
 
     use loader_proto::batch::BatchView;
-    use loader_proto::pb::{DatasetSpec, Dtype, Job, JobSpec, SyntheticSpec, TokensSpec, dataset_spec::Kind};
+    use loader_proto::pb::{self, DatasetSpec, Dtype, Job, JobSpec, SyntheticSpec, TokensSpec, dataset_spec::Kind};
 
     use super::*;
 
@@ -921,4 +921,50 @@ pub(crate) mod tests {
         p.submit(Task { job: Some(synthetic(1)), consumer: 0, start_seq: 0, end_seq: 4, ring_socket: String::new(), ..Default::default() });
         assert!(p.is_idle(), "a stopped producer takes no task");
     }
+
+    /// A shared stream's task: each batch made once, a copy for every
+    /// subscriber, headers naming the rank; a subscriber that ends is left
+    /// out of the rest (a queued task's first copy takes its place).
+    #[tokio::test]
+    async fn a_shared_task_delivers_each_batch_to_every_subscriber() {
+        let outboxes = Outboxes::new();
+        let p = spawn(&outboxes);
+        let copy = |consumer: u32| pb::Copy { consumer, ring_socket: String::new() };
+        let shared = |start_seq: u64, primary: u32, copies: Vec<pb::Copy>| Task {
+            job: Some(synthetic(1)),
+            consumer: primary,
+            start_seq,
+            end_seq: start_seq + 2,
+            rank: Some(1),
+            copies,
+            ..Default::default()
+        };
+        p.submit(shared(0, 2, vec![copy(3), copy(4)]));
+        settle(&p);
+        assert_eq!(outboxes.len(), 6);
+        let plan = loader_proto::spec::plan(synthetic(1).spec.as_ref().expect("spec")).expect("plan");
+        let mut made = Vec::new();
+        for subscriber in [2, 3, 4] {
+            let attachment = outboxes.attach((1, subscriber), 1, 100);
+            for seq in 0..2 {
+                let batch = attachment.next().await.expect("batch").data;
+                let view = BatchView::parse(&batch).expect("parse");
+                let h = view.header();
+                assert_eq!((h.meta.consumer, h.meta.seq), (1, seq), "the rank's batch");
+                assert_eq!(h.indices, plan.batch_indices(1, seq));
+                made.push(batch);
+            }
+        }
+        assert!(made[0] == made[2] && made[2] == made[4], "the same bytes for each");
+
+        // Queued: the first subscriber ends, its copy goes on for the others.
+        let mut queued = shared(2, 2, vec![copy(3), copy(4)]);
+        assert!(!without(&mut queued, (1, 2)));
+        assert_eq!((queued.consumer, queued.copies.len()), (3, 1));
+        assert!(!without(&mut queued, (1, 4)));
+        assert!(without(&mut queued, (1, 3)), "nobody is left");
+        assert!(!without(&mut shared(2, 2, Vec::new()), (2, 2)), "another job");
+        p.stop();
+    }
 }
+

@@ -884,3 +884,113 @@ async fn a_backups_resends_go_back_when_its_worker_goes_before_a_copy_is_taken()
     let to_b = seqs(&tasks(&c, b, Vec::new()).await, 0);
     assert!(to_b.starts_with(&[0, 1, 2, 3]), "the re-sends come back to b: {to_b:?}");
 }
+
+/// A shared stream of `n` batches of one sample, its subscribers opened.
+fn shared(c: &Coordinator, name: &str, n: u64, max_lag: u32, subscribers: usize) -> (pb::Job, Vec<(u64, u32)>) {
+    let mut s = spec(name, n, 1, 1);
+    s.shared = Some(pb::SharedStream { max_lag });
+    let (job, _) = c.create_or_attach(s).expect("job");
+    let subs = (0..subscribers)
+        .map(|_| {
+            let (session, _, stream) = c.open_session(job.job_id, 0, None, "n".into(), String::new(), None).expect("session");
+            (session, stream)
+        })
+        .collect();
+    (job, subs)
+}
+
+/// The seqs `tasks` deliver to `consumer`, as their consumer or a copy.
+fn received(tasks: &[pb::Task], consumer: u32) -> Vec<u64> {
+    let mut seqs: Vec<u64> = tasks
+        .iter()
+        .filter(|t| t.consumer == consumer || t.copies.iter().any(|c| c.consumer == consumer))
+        .flat_map(|t| t.start_seq..t.end_seq)
+        .collect();
+    seqs.sort_unstable();
+    seqs
+}
+
+fn progress(c: &Coordinator, job_id: u64) -> Vec<pb::ConsumerProgress> {
+    c.list_jobs().into_iter().find(|j| j.job.as_ref().map(|j| j.job_id) == Some(job_id)).expect("job").consumers
+}
+
+#[tokio::test]
+async fn subscribers_of_a_shared_stream_take_each_range_together() {
+    let c = coordinator();
+    let (job, subs) = shared(&c, "sweep", 8, 0, 3);
+    let streams: Vec<u32> = subs.iter().map(|s| s.1).collect();
+    assert_eq!(streams, vec![1, 2, 3], "each trainer gets a subscriber of its own, past the ranks");
+    let w = c.register_worker("http://w".into(), "n".into(), 4, 0);
+    let t = tasks(&c, w, Vec::new()).await;
+    // Ranges of 2, each for one subscriber with the other two as copies;
+    // nothing for one alone.
+    for &s in &streams {
+        assert_eq!(received(&t, s), vec![0, 1, 2, 3], "subscriber {s}: {t:?}");
+    }
+    for task in &t {
+        assert_eq!((task.rank, task.copies.len()), (Some(0), 2), "{task:?}");
+    }
+    // Each reports its own deliveries.
+    let report: Vec<pb::Delivered> =
+        streams.iter().map(|&s| pb::Delivered { job_id: job.job_id, consumer: s, seqs: vec![0, 1, 2, 3] }).collect();
+    let t = tasks(&c, w, report).await;
+    assert_eq!(received(&t, 3), vec![4, 5, 6, 7]);
+    let p = progress(&c, job.job_id);
+    assert_eq!(p.len(), 4, "the rank and three subscribers");
+    assert_eq!(p[0].subscribes_to, None);
+    for s in &p[1..] {
+        assert_eq!((s.subscribes_to, s.delivered, s.assigned, s.assigned_alone), (Some(0), 4, 8, 0), "{s:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_subscriber_past_the_lag_or_late_gets_its_batches_made_alone() {
+    let c = coordinator();
+    let (job, subs) = shared(&c, "lag", 40, 4, 2);
+    let w = c.register_worker("http://w".into(), "n".into(), 4, 0);
+    let first = tasks(&c, w, Vec::new()).await;
+    assert_eq!(first.iter().map(|t| t.copies.len()).sum::<usize>(), 2, "in step: shared");
+    // The first subscriber consumes 20 batches; the second none: it trails
+    // by more than 4 and is left out.
+    let report = vec![pb::Delivered { job_id: job.job_id, consumer: 1, seqs: vec![0, 1, 2, 3] }];
+    c.session_heartbeat(subs[0].0, 20, 0);
+    let t = tasks(&c, w, report).await;
+    assert!(t.iter().all(|t| t.copies.is_empty()), "{t:?}");
+    assert_eq!(received(&t, 1), vec![4, 5, 6, 7]);
+    // A third one subscribes late: its first batches are made for it alone,
+    // from its start.
+    let (_, late, stream) = c.open_session(job.job_id, 0, None, "n".into(), String::new(), None).expect("late");
+    assert_eq!((late.job_id, stream), (job.job_id, 3));
+    let report = vec![pb::Delivered { job_id: job.job_id, consumer: 1, seqs: vec![4, 5, 6, 7] }];
+    let t = tasks(&c, w, report).await;
+    assert_eq!(received(&t, 3), vec![0, 1, 2, 3]);
+    let p = progress(&c, job.job_id);
+    assert!(p[3].assigned_alone >= 4, "{:?}", p[3]);
+}
+
+#[tokio::test]
+async fn a_subscriber_that_leaves_is_not_waited_for_and_can_come_back_to_its_place() {
+    let c = coordinator();
+    let (job, subs) = shared(&c, "leave", 4, 0, 2);
+    let w = c.register_worker("http://w".into(), "n".into(), 4, 0);
+    tasks(&c, w, Vec::new()).await;
+    c.close_session(subs[1].0, 0);
+    let p = progress(&c, job.job_id);
+    assert!(p[2].left && !p[1].left);
+    // The one still there finishes the job.
+    let report = vec![pb::Delivered { job_id: job.job_id, consumer: 1, seqs: vec![0, 1, 2, 3] }];
+    tasks(&c, w, report).await;
+    c.session_heartbeat(subs[0].0, 4, 0);
+    assert!(c.lock().jobs.get(job.job_id).expect("job").finished());
+    // Reopening names the subscriber it had, for the same rank only.
+    let (_, _, stream) = c.open_session(job.job_id, 0, Some(2), "n".into(), String::new(), Some(1)).expect("back");
+    assert_eq!(stream, 2);
+    assert!(!progress(&c, job.job_id)[2].left);
+    assert!(!c.lock().jobs.get(job.job_id).expect("job").finished(), "it is waited for again");
+    let err = c.open_session(job.job_id, 0, Some(0), "n".into(), String::new(), None).expect_err("a rank");
+    assert!(matches!(err, CoordinatorError::BadSubscriber { subscriber: 0, .. }), "{err}");
+    // A coordinator that forgot it (a restart) makes it where it was.
+    let (_, _, stream) = c.open_session(job.job_id, 0, Some(9), "n".into(), String::new(), Some(2)).expect("gap");
+    assert_eq!(stream, 9);
+    assert!(progress(&c, job.job_id)[4..9].iter().all(|s| s.left));
+}
