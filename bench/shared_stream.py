@@ -3,10 +3,14 @@ stream against separate jobs, in the same run on the same data (issue 36):
 
     python bench/shared_stream.py --images /work/imagenet-shaped [--trainers 4] [--epochs 2] [--repeats 3]
 
-A real `loader-server` and `--workers` `loader-worker`s (target/release) on
-loopback, and per scenario `--trainers` `loaderctl consume --transport shm`
-processes started together on the image folder (the standard training
-pipeline: random resized crop to 224, flip):
+A real `loader-server` (target/release) on loopback, and per scenario
+`--trainers` `loaderctl consume --transport shm` processes on the image
+folder (the standard training pipeline: random resized crop to 224, flip)
+and `--workers` `loader-worker`s. By default the workers start once every
+trainer has subscribed, as when a sweep's trials start together; with
+`--apart` they run first and the trainers start as processes do, a few
+hundred milliseconds apart, so the later ones need the batches the first
+got before they came, made again for them. The scenarios:
 
 - `one`: a single trainer (the reference);
 - `shared`: the trainers subscribe to one job (`--job-name X --shared`):
@@ -14,8 +18,8 @@ pipeline: random resized crop to 224, flip):
 - `separate`: each trainer runs a job of its own (what a sweep does
   without sharing).
 
-Worker CPU is user + sys of the worker processes (from /proc) over the
-scenario; per-trainer samples/s is each trainer's report. Scenarios take
+Worker CPU is user + sys of the scenario's worker processes (from /proc,
+read before they stop); per-trainer samples/s is each trainer's report. Scenarios take
 turns within each repeat; medians. The table goes to stdout.
 """
 
@@ -46,14 +50,30 @@ def cpu_s(pid):
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
-def scenario(kind, n, service, images, epochs, tag):
-    """Runs `n` trainers (1 for `one`) together; returns worker CPU-s, wall
-    seconds and each trainer's samples/s."""
-    workers = [p.pid for p in service.procs[1:]]
-    before = sum(cpu_s(p) for p in workers)
+def sessions(url):
+    out = subprocess.run([str(RELEASE / "loaderctl"), "status", "--coordinator", url, "--json"],
+                         capture_output=True, text=True, timeout=30)
+    return len(json.loads(out.stdout)["sessions"]) if out.returncode == 0 else 0
+
+
+def scenario(kind, n, service, images, epochs, tag, workers, apart):
+    """Runs `n` trainers (1 for `one`) together with `workers` workers of
+    their own; returns worker CPU-s, wall seconds and each trainer's
+    samples/s."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOADER_")}
+
+    def start_workers():
+        return [subprocess.Popen([str(RELEASE / "loader-worker"), "--coordinator", service.url, "--listen",
+                                  "127.0.0.1:0"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                for _ in range(workers)]
+
+    procs = start_workers() if apart else []
+    if apart:
+        time.sleep(1)  # they register
     began = time.perf_counter()
     trainers = []
-    for i in range(1 if kind == "one" else n):
+    count = 1 if kind == "one" else n
+    for i in range(count):
         flags = ["--dataset", "imagefolder", "--path", str(images), "--epochs", str(epochs), "--batch-size", "64"]
         if kind == "shared":
             flags += ["--job-name", f"shared-{tag}", "--shared"]
@@ -62,6 +82,13 @@ def scenario(kind, n, service, images, epochs, tag):
         cmd = [str(RELEASE / "loaderctl"), "consume", "--coordinator", service.url, "--json", "--transport", "shm",
                *flags]
         trainers.append((cmd, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+    if not apart:
+        deadline = time.monotonic() + 60
+        while sessions(service.url) < count:
+            if time.monotonic() > deadline:
+                sys.exit("the trainers did not subscribe within 60 s")
+            time.sleep(0.05)
+        procs = start_workers()
     rates = []
     for cmd, p in trainers:
         try:
@@ -74,10 +101,12 @@ def scenario(kind, n, service, images, epochs, tag):
             sys.exit(f"failed ({p.returncode}): {shlex.join(cmd)}\n{err.strip()[-2000:]}")
         rates.append(json.loads(lines[-1])["samples_per_s"])
     wall = time.perf_counter() - began
-    # Workers report their last deliveries on their next heartbeat; their
-    # CPU is read once they are idle again.
-    time.sleep(0.5)
-    return sum(cpu_s(p) for p in workers) - before, wall, rates
+    cpu = sum(cpu_s(p.pid) for p in procs)
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        p.wait(timeout=10)
+    return cpu, wall, rates
 
 
 def main():
@@ -87,6 +116,7 @@ def main():
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--apart", action="store_true", help="workers first, trainers a few hundred ms apart")
     args = p.parse_args()
     for b in ("loader-server", "loader-worker", "loaderctl"):
         if not (RELEASE / b).exists():
@@ -96,12 +126,12 @@ def main():
     got = {k: [] for k in kinds}
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOADER_")}
     with tempfile.TemporaryDirectory() as tmp:
-        service = Service(args.workers, env, "http", Path(tmp))
+        service = Service(0, env, "http", Path(tmp))
         try:
-            time.sleep(1)  # the workers register
             for r in range(args.repeats):
                 for kind in (kinds if r % 2 == 0 else kinds[::-1]):
-                    cpu, wall, rates = scenario(kind, args.trainers, service, args.images, args.epochs, f"r{r}")
+                    cpu, wall, rates = scenario(kind, args.trainers, service, args.images, args.epochs, f"r{r}",
+                                                args.workers, args.apart)
                     got[kind].append((cpu, wall, statistics.median(rates)))
                     print(f"run {r + 1} {kind}: worker CPU {cpu:.1f} s, wall {wall:.1f} s, per-trainer samples/s "
                           + ", ".join(f"{x:,.0f}" for x in rates), flush=True)
@@ -110,8 +140,9 @@ def main():
     med = {k: tuple(statistics.median(v[i] for v in got[k]) for i in range(3)) for k in kinds}
     base_cpu, _, base_rate = med["one"]
     print()
-    print(f"{args.trainers} trainers, {args.workers} workers, {args.epochs} epochs of {args.images}, batch 64, "
-          f"medians of {args.repeats}")
+    start = "workers started first, trainers apart" if args.apart else "workers started once every trainer subscribed"
+    print(f"{args.trainers} trainers, {args.workers} workers ({start}), {args.epochs} epochs of {args.images}, "
+          f"batch 64, medians of {args.repeats}")
     print()
     print("| scenario | trainers | worker CPU-s | vs one trainer | wall s | samples/s per trainer | vs one trainer |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")

@@ -10,8 +10,11 @@ use crate::spec_error::err;
 
 /// How many consumed batches a subscriber of a shared stream may trail the
 /// one furthest ahead and still share its batches, when the spec's
-/// `shared.max_lag` is 0.
-pub const DEFAULT_SHARED_MAX_LAG: u32 = 64;
+/// `shared.max_lag` is 0. Large: trainers started a second apart differ
+/// by tens of batches, and one left out of the shared ranges pays for
+/// every batch again; what a slow subscriber holds on a worker is bounded
+/// by its window, not by this.
+pub const DEFAULT_SHARED_MAX_LAG: u32 = 1024;
 
 /// Most data-parallel ranks (consumers) a job may have. The coordinator
 /// keeps a delivery state per rank from the moment the job is submitted, so

@@ -365,10 +365,15 @@ impl Coordinator {
         let t = &mut *guard;
         let Some(s) = t.sessions.sessions.get(&session_id) else { return };
         let key = (s.job_id, s.consumer);
-        // On a shared stream the batch is late for every subscriber that
-        // shares it: their backups are launched together, to be made once.
-        for other in share::group(t, key) {
-            backup::launch(t, other, seq);
+        // Not on a shared stream (docs/sharing.md): its subscribers wait on
+        // the same batches, made once, and a copy made for the one that
+        // asked would cost as much as sharing saves. Measured: subscribers
+        // that start a second apart see their first waits as late, and
+        // their backups, each made for one, took more worker time than the
+        // batches themselves.
+        if t.jobs.get(key.0).is_ok_and(|j| share::is_subscriber(j, key.1 as usize)) {
+            tracing::debug!(session_id, seq, "a late batch of a shared stream: no backup");
+            return;
         }
         let Some((original, n)) = backup::launch(t, key, seq) else { return };
         drop(guard);
@@ -578,45 +583,50 @@ impl Coordinator {
                     // credits: they may exceed the limit, by at most the
                     // limit again, so memory stays bounded.
                     let extra = (2 * window).saturating_sub(held);
-                    // On a shared stream, a range the other subscribers
-                    // have room for too, so that it is made once for all.
-                    let room = room.min(share::room(job, c, |k| {
-                        let key = (job_id, k);
-                        let there = t.sessions.has_consumer(job_id, k) && !w.cut_off.contains(&key);
-                        if there { window.saturating_sub(w.outstanding_for(key)) } else { 0 }
-                    }));
+                    // A shared stream's subscriber holds the copies of the
+                    // others' ranges too: its own (the part it missed, or
+                    // a range the others are past) may go up to twice the
+                    // window, as given-back batches may, so that it is
+                    // never starved by them (see `share`).
+                    let subscriber = share::is_subscriber(job, c);
+                    let room = if subscriber { extra } else { room };
+                    // And its range lines up with the others' (lanes keep
+                    // to their own runs).
+                    let max = match subscriber && job.lanes.is_none() {
+                        true => share::aligned_len(job, c, extra.min(range_len), |k| {
+                            let key = (job_id, k);
+                            t.sessions.has_consumer(job_id, k)
+                                && !w.cut_off.contains(&key)
+                                && w.outstanding_for(key) < 4 * window
+                        }),
+                        false => range_len,
+                    };
                     let consumer = &mut job.consumers[c];
                     let queue = &mut consumer.queue;
-                    let taken = queue.take_returned(extra.min(range_len)).or_else(|| match job.lanes.as_mut() {
+                    let taken = queue.take_returned(extra.min(max)).or_else(|| match job.lanes.as_mut() {
                         Some(lanes) => lanes.take(&job.plan, queue, worker_id, room.min(range_len)),
-                        None => queue.take(room.min(range_len)),
+                        None => queue.take(room.min(max)),
                     });
                     if ranges.is_empty() && taken.is_none() {
                         continue;
                     }
                     // On a shared stream, other subscribers take the range
-                    // too: made once, delivered to each. The range fits
-                    // their windows where it can (above); one that holds
-                    // more (it reads a little slower, or its reports lag)
-                    // may go up to twice its window, as for given-back
-                    // batches: a copy that waits for a ring slot costs far
-                    // less than making the range again for it alone.
+                    // too: made once, delivered to each, up to twice the
+                    // window held, as given-back batches may (a copy that
+                    // waits a little for a ring slot costs far less than
+                    // making the range again for it alone, and one left out
+                    // falls out of step with the others; twice the window
+                    // is what their rings hold).
                     let sessions = &t.sessions;
                     let worker = &*w;
-                    let can_take = |k: u32, len: u64, limit: u64| {
-                        let key = (job_id, k);
-                        sessions.has_consumer(job_id, k)
-                            && !worker.cut_off.contains(&key)
-                            && worker.outstanding_for(key) + len <= limit
-                    };
                     let copies = taken.as_ref().map_or_else(Vec::new, |range| {
-                        share::copies(job, c, range, |k| can_take(k, range.end - range.start, 2 * window))
+                        share::copies(job, c, range, |k| {
+                            let key = (job_id, k);
+                            sessions.has_consumer(job_id, k)
+                                && !worker.cut_off.contains(&key)
+                                && worker.outstanding_for(key) + (range.end - range.start) <= 4 * window
+                        })
                     });
-                    // And the backups of the same late batches that the
-                    // others' trainers asked for (they wait on the same
-                    // batches): made once too, without a limit, as for
-                    // this one.
-                    let backup_copies = share::backup_copies(job, c, &ranges, worker_id, |k| can_take(k, 0, u64::MAX));
                     let rank = job.consumers[c].subscribes_to;
                     if let (Some(_), Some(range), true) = (rank, &taken, copies.is_empty()) {
                         job.consumers[c].assigned_alone += range.end - range.start;
@@ -631,8 +641,8 @@ impl Coordinator {
                             })
                             .collect()
                     };
-                    let (copies, backup_copies) = (to(copies), to(backup_copies));
-                    let backups = ranges.into_iter().map(|r| (r, backup_copies.clone()));
+                    let copies = to(copies);
+                    let backups = ranges.into_iter().map(|r| (r, Vec::new()));
                     for (range, copies) in backups.chain(taken.map(|r| (r, copies))) {
                         w.outstanding.entry(key).or_default().extend(range.clone());
                         for copy in &copies {

@@ -89,6 +89,25 @@ impl RangeQueue {
         Some(start..stop)
     }
 
+    /// What [`take`](Self::take) would take now, without taking it.
+    pub(crate) fn peek(&self, max: u64) -> Option<Range<u64>> {
+        if max == 0 {
+            return None;
+        }
+        if let Some(&first) = self.returned.first() {
+            let len = self.returned.range(first..).zip(first..).take_while(|(s, want)| *s == want).count() as u64;
+            return Some(first..first + len.min(max));
+        }
+        let stop = self.ahead.first().copied().unwrap_or(self.end).min(self.next.saturating_add(max));
+        (self.next < stop).then(|| self.next..stop)
+    }
+
+    /// Whether `seq` is still to be handed out (given back, or never
+    /// handed out).
+    pub(crate) fn pending(&self, seq: u64) -> bool {
+        if seq < self.next { self.returned.contains(&seq) } else { seq < self.end && !self.ahead.contains(&seq) }
+    }
+
     /// Takes exactly `range` if every number of it is still to be handed
     /// out (given back, or never handed out); else takes nothing. For a
     /// shared stream's subscriber that takes the range another one took.
@@ -96,8 +115,7 @@ impl RangeQueue {
         if range.is_empty() || range.end > self.end {
             return false;
         }
-        let pending = |s: u64| if s < self.next { self.returned.contains(&s) } else { !self.ahead.contains(&s) };
-        if !range.clone().all(pending) {
+        if !range.clone().all(|s| self.pending(s)) {
             return false;
         }
         for s in range.start..range.end.min(self.next) {
@@ -131,6 +149,21 @@ impl RangeQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn peek_says_what_take_takes() {
+        let mut q = RangeQueue::starting_at(0, 10);
+        assert_eq!(q.peek(0), None);
+        assert_eq!(q.peek(4), Some(0..4));
+        assert!(q.take_exactly(2..3));
+        assert_eq!((q.peek(4), q.take(4)), (Some(0..2), Some(0..2)));
+        q.give_back([0, 1]);
+        assert!(q.pending(0) && !q.pending(2) && q.pending(3) && !q.pending(10));
+        assert_eq!((q.peek(4), q.take(4)), (Some(0..2), Some(0..2)));
+        assert_eq!((q.peek(4), q.take(4)), (Some(3..7), Some(3..7)));
+        assert_eq!((q.peek(9), q.take(9)), (Some(7..10), Some(7..10)));
+        assert_eq!(q.peek(1), None);
+    }
 
     #[test]
     fn takes_exactly_a_range_still_to_hand_out_or_nothing() {

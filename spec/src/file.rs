@@ -17,7 +17,7 @@
 //! on_corrupt: skip                           # or fail (the default)
 //! name: sweep                                # trainers attach to a named job
 //! shared: true                               # every trainer receives every batch,
-//!                                            # made once (or {max_lag: 64})
+//!                                            # made once (or {max_lag: 256})
 //! ```
 //!
 //! The field names are the protocol's (`dataset.image_folder.path`,

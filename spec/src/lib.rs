@@ -268,8 +268,10 @@ impl JobSpecBuilder {
     /// name, which it needs) receives every batch of its rank, in the same
     /// order, made once by the workers (docs/sharing.md). `max_lag`: how
     /// many consumed batches a trainer may trail the one furthest ahead and
-    /// still share (0: the default, 64); one further behind gets its
-    /// batches made for it alone until it comes back within it.
+    /// still share (0: the default, 1,024); one further behind gets its
+    /// batches made for it alone until it comes back within it. What a
+    /// slow subscriber may hold on a worker is bounded apart from it (four
+    /// windows of batches).
     pub fn shared(mut self, max_lag: u32) -> Self {
         self.spec.shared = Some(loader_proto::pb::SharedStream { max_lag });
         self

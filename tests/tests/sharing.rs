@@ -184,7 +184,7 @@ fn a_sigkilled_subscriber_stalls_the_others_no_longer_than_its_lease() {
 #[test]
 fn a_worker_sigkill_loses_and_duplicates_nothing_for_any_subscriber() {
     run(Duration::from_secs(150), |scope| {
-        let job = shared_job("workers", 600, 150);
+        let job = shared_job("workers", 900, 400);
         let plan = plan(&job);
         let total = plan.total_batches();
         let mut cluster = Cluster::builder().workers(3).ttl_ms(TTL_MS).start(&scope);
