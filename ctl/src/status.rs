@@ -472,15 +472,48 @@ mod tests {
         assert_eq!(v["sessions"][0]["stall_ms"], 1500);
         assert_eq!(
             keys(&v["jobs"][0]),
-            ["batch_size", "batches_per_epoch", "consumers", "dataset", "error", "job_id", "name", "num_samples"]
+            [
+                "batch_size", "batches_per_epoch", "consumers", "dataset", "error", "job_id", "name", "num_samples",
+                "shared", "subscribers"
+            ]
         );
         assert_eq!(v["jobs"][0]["name"], "demo");
         assert_eq!(v["jobs"][0]["error"], serde_json::Value::Null);
         assert_eq!(
             keys(&v["jobs"][0]["consumers"][0]),
-            ["assigned", "consumed", "consumer", "delivered", "resent", "total"]
+            ["assigned", "assigned_alone", "consumed", "consumer", "delivered", "left", "resent", "subscribes_to", "total"]
         );
         assert_eq!(v["jobs"][0]["consumers"][0]["consumed"], 4);
+        assert_eq!(v["jobs"][0]["shared"], false);
+        assert_eq!(v["jobs"][0]["consumers"][0]["subscribes_to"], serde_json::Value::Null);
+    }
+
+    /// A shared stream lists its subscribers still there, not its rank, and
+    /// how much of what they were handed was made once for several.
+    #[test]
+    fn a_shared_stream_lists_its_subscribers() {
+        let mut status = sample();
+        let job = &mut status.jobs[0];
+        if let Some(spec) = job.job.as_mut().and_then(|j| j.spec.as_mut()) {
+            spec.shared = Some(Default::default());
+        }
+        let sub = |consumer: u32, left: bool, alone: u64| ConsumerProgress {
+            consumer,
+            assigned: 10,
+            delivered: 10,
+            consumed: 9,
+            total: 13,
+            subscribes_to: Some(0),
+            left,
+            assigned_alone: alone,
+            ..Default::default()
+        };
+        job.consumers = vec![ConsumerProgress { consumer: 0, total: 13, ..Default::default() }, sub(1, false, 0), sub(2, true, 10), sub(3, false, 5)];
+        let out = render_status(&status, SHOWN);
+        assert!(out.contains("2 (50% made once)"), "{out}");
+        assert!(out.contains("1:10/0/9/13 3:10/0/9/13") && !out.contains("0:0/0/0/13"), "{out}");
+        let v = status_json(&status);
+        assert_eq!((v["jobs"][0]["shared"].clone(), v["jobs"][0]["subscribers"].clone()), (true.into(), 2.into()));
     }
 
     #[test]

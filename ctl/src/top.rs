@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use loader_client::connect;
-use loader_proto::pb::JobInfo;
+use loader_proto::pb::{ConsumerProgress, JobInfo};
 
 use super::TopArgs;
 use super::signals;
@@ -218,10 +218,22 @@ fn clock(seconds: f64) -> String {
     }
 }
 
-/// A job's batches summed over its consumers: (distinct delivered,
-/// consumed, total).
+/// The consumers a job's progress counts: its ranks, or on a shared stream
+/// its subscribers still there (all of them once none is).
+fn counted(info: &JobInfo) -> Vec<&ConsumerProgress> {
+    let shared = info.job.as_ref().and_then(|j| j.spec.as_ref()).is_some_and(|s| s.shared.is_some());
+    if !shared {
+        return info.consumers.iter().collect();
+    }
+    let subscribers: Vec<&ConsumerProgress> = info.consumers.iter().filter(|c| c.subscribes_to.is_some()).collect();
+    let live: Vec<&ConsumerProgress> = subscribers.iter().copied().filter(|c| !c.left).collect();
+    if live.is_empty() { subscribers } else { live }
+}
+
+/// A job's batches summed over the consumers it counts: (distinct
+/// delivered, consumed, total).
 fn job_batches(info: &JobInfo) -> (u64, u64, u64) {
-    info.consumers.iter().fold((0, 0, 0), |(d, c, t), p| {
+    counted(info).into_iter().fold((0, 0, 0), |(d, c, t), p| {
         (
             d + p.delivered.saturating_sub(p.resent),
             c + p.consumed,
@@ -330,9 +342,11 @@ impl View {
                         _ => "-".into(),
                     }
                 };
+                let name = if spec.name.is_empty() { "-".into() } else { spec.name.clone() };
+                let live = info.consumers.iter().filter(|c| c.subscribes_to.is_some() && !c.left).count();
                 vec![
                     job.job_id.to_string(),
-                    if spec.name.is_empty() { "-".into() } else { spec.name },
+                    if spec.shared.is_some() { format!("{name} [{live} subscribers]") } else { name },
                     format!("{consumed}/{total} ({:.1}%)", 100.0 * consumed as f64 / total.max(1) as f64),
                     per_second(batches),
                     per_second(batches.map(|r| r * f64::from(spec.batch_size))),
@@ -347,7 +361,7 @@ impl View {
 
 #[cfg(test)]
 mod tests {
-    use loader_proto::pb::{ConsumerProgress, Job, JobSpec, SessionInfo, WorkerInfo};
+    use loader_proto::pb::{Job, JobSpec, SessionInfo, WorkerInfo};
 
     use super::*;
 
@@ -488,6 +502,29 @@ mod tests {
         assert_eq!(row(&f, "JOBS", "3")[6], "done", "{f}");
         let f = View::default().frame("http://c:1", &poll(t0, 0, 0, 0, failed));
         assert_eq!(row(&f, "JOBS", "3")[6], "failed", "{f}");
+    }
+
+    /// A shared stream's progress is its subscribers' (its rank itself
+    /// never consumes), and its row says how many are there.
+    #[test]
+    fn a_shared_stream_counts_its_subscribers() {
+        let mut shared = job(0, 0, 0);
+        if let Some(spec) = shared.job.as_mut().and_then(|j| j.spec.as_mut()) {
+            spec.shared = Some(Default::default());
+        }
+        let sub = |consumer, consumed, left| ConsumerProgress {
+            consumer,
+            consumed,
+            delivered: consumed,
+            total: 1000,
+            subscribes_to: Some(0),
+            left,
+            ..Default::default()
+        };
+        shared.consumers.extend([sub(1, 1000, false), sub(2, 1000, false), sub(3, 10, true)]);
+        let f = View::default().frame("http://c:1", &poll(Instant::now(), 0, 0, 0, shared));
+        let line = f.lines().rev().find(|l| l.starts_with("3 ")).expect("the job's row");
+        assert!(line.contains("train [2 subscribers]") && line.contains("2000/2000") && line.ends_with("done"), "{f}");
     }
 
     #[test]

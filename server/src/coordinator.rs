@@ -250,6 +250,7 @@ impl Coordinator {
         let stream = if shared {
             let state = t.jobs.get_mut(job_id).ok_or(CoordinatorError::UnknownJob(job_id))?;
             let stream = state.subscribe(consumer, subscriber, resume_at)?;
+            crate::meters::subscribers(job_id, state.live_subscribers());
             tracing::info!(job_id, rank = consumer, subscriber = stream, "trainer subscribed to the shared stream");
             stream
         } else {
@@ -628,8 +629,14 @@ impl Coordinator {
                         })
                     });
                     let rank = job.consumers[c].subscribes_to;
-                    if let (Some(_), Some(range), true) = (rank, &taken, copies.is_empty()) {
-                        job.consumers[c].assigned_alone += range.end - range.start;
+                    if let (Some(_), Some(range)) = (rank, &taken) {
+                        let len = range.end - range.start;
+                        if copies.is_empty() {
+                            job.consumers[c].assigned_alone += len;
+                            crate::meters::shared_batches(job_id, "alone", len);
+                        } else {
+                            crate::meters::shared_batches(job_id, "once", len * (1 + copies.len() as u64));
+                        }
                     }
                     let ring_socket = t.sessions.ring_for(job_id, c as u32, &w.node).unwrap_or_default().to_owned();
                     let to = |copies: Vec<u32>| -> Vec<pb::Copy> {

@@ -158,6 +158,11 @@ impl JobState {
         Some(u64::from(lag))
     }
 
+    /// Subscribers of this shared stream still there.
+    pub(crate) fn live_subscribers(&self) -> usize {
+        self.consumers.iter().filter(|c| c.subscribes_to.is_some() && !c.left).count()
+    }
+
     /// Subscribes a trainer to rank `rank` of this shared stream, starting
     /// at `start` (its resume point, else the job's first batch): a new
     /// subscriber, or `reclaim`, the one a reopening session had. Returns

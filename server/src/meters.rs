@@ -56,3 +56,17 @@ pub(crate) fn tables(workers: usize, sessions: usize, jobs: usize) {
 pub(crate) fn blob_bytes(bytes: u64) {
     metrics::gauge!("loader_coordinator_blob_bytes").set(bytes as f64);
 }
+
+/// Batches handed out to a shared stream's subscribers, counted once per
+/// subscriber: `made` is `once` (a task for several of them) or `alone`.
+pub(crate) fn shared_batches(job_id: u64, made: &'static str, n: u64) {
+    if n > 0 {
+        metrics::counter!("loader_coordinator_shared_batches_total", "job_id" => job_id.to_string(), "made" => made)
+            .increment(n);
+    }
+}
+
+/// Subscribers of a shared stream still there.
+pub(crate) fn subscribers(job_id: u64, n: usize) {
+    metrics::gauge!("loader_coordinator_subscribers", "job_id" => job_id.to_string()).set(n as f64);
+}

@@ -120,6 +120,9 @@ pub(super) fn end_consumer(t: &mut Tables, key: ConsumerKey) -> Ended {
             // waited for (a reopening session takes it back).
             c.left |= key.1 >= ranks;
         }
+        if key.1 >= ranks {
+            crate::meters::subscribers(key.0, job.live_subscribers());
+        }
         job.end_life_if_consumed();
     }
     let mut ended = Ended::default();

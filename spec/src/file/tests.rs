@@ -459,3 +459,14 @@ fn a_python_stream_carries_its_shard_counts_and_the_sampler_its_lanes() {
     }
     assert_eq!(spec.sampler.map(|s| (s.lanes, s.shuffle_buffer)), Some((3, 100)));
 }
+
+#[test]
+fn a_shared_stream_is_true_or_its_settings_and_needs_a_name() {
+    let base = "dataset: {synthetic: {num_samples: 8, shape: [2], dtype: uint8}}\nbatch_size: 4\n";
+    assert_eq!(spec_of(&format!("{base}name: s\nshared: true\n")).shared, Some(loader_proto::pb::SharedStream { max_lag: 0 }));
+    assert_eq!(spec_of(&format!("{base}name: s\nshared: {{max_lag: 16}}\n")).shared.map(|s| s.max_lag), Some(16));
+    assert_eq!(spec_of(&format!("{base}name: s\nshared: false\n")).shared, None);
+    assert_eq!(spec_of(base).shared, None);
+    let e = error_of(&format!("{base}shared: true\n"));
+    assert!(e.ends_with("shared: a shared stream needs a name: trainers subscribe to it by name") && !e.contains('\n'), "{e}");
+}
