@@ -612,12 +612,13 @@ impl Coordinator {
                         continue;
                     }
                     // On a shared stream, other subscribers take the range
-                    // too: made once, delivered to each, up to twice the
-                    // window held, as given-back batches may (a copy that
-                    // waits a little for a ring slot costs far less than
-                    // making the range again for it alone, and one left out
-                    // falls out of step with the others; twice the window
-                    // is what their rings hold).
+                    // too: made once, delivered to each, up to four windows
+                    // held. A copy that waits a little for a ring slot, or
+                    // goes to the gRPC outbox, costs far less than making
+                    // the range again for one alone, and a subscriber left
+                    // out falls out of step with the others (with delivery
+                    // reports lagging, two windows left them out all the
+                    // time: docs/benchmarks.md, "Shared streams").
                     let sessions = &t.sessions;
                     let worker = &*w;
                     let copies = taken.as_ref().map_or_else(Vec::new, |range| {
@@ -639,16 +640,15 @@ impl Coordinator {
                         }
                     }
                     let ring_socket = t.sessions.ring_for(job_id, c as u32, &w.node).unwrap_or_default().to_owned();
-                    let to = |copies: Vec<u32>| -> Vec<pb::Copy> {
-                        copies
-                            .into_iter()
-                            .map(|k| pb::Copy {
-                                consumer: k,
-                                ring_socket: t.sessions.ring_for(job_id, k, &w.node).unwrap_or_default().to_owned(),
-                            })
-                            .collect()
-                    };
-                    let copies = to(copies);
+                    let copies: Vec<pb::Copy> = copies
+                        .into_iter()
+                        .map(|k| pb::Copy {
+                            consumer: k,
+                            ring_socket: t.sessions.ring_for(job_id, k, &w.node).unwrap_or_default().to_owned(),
+                        })
+                        .collect();
+                    // A backup copies batches of this consumer only (a
+                    // shared stream launches none).
                     let backups = ranges.into_iter().map(|r| (r, Vec::new()));
                     for (range, copies) in backups.chain(taken.map(|r| (r, copies))) {
                         w.outstanding.entry(key).or_default().extend(range.clone());
