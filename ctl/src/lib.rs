@@ -386,12 +386,15 @@ pub struct StatusArgs {
     /// delivered), delivered (batches), delivered_samples, busy (fraction
     /// 0..1 of the last heartbeat interval its producer spent making
     /// batches), last_seen_ms, draining. A session has session_id, job_id,
-    /// consumer (the rank), node, ring, last_seen_ms, stall_ms (total time
-    /// the trainer waited for batches). A job has job_id, name, dataset,
-    /// num_samples, batch_size, batches_per_epoch, error (null unless the
-    /// job failed) and consumers: consumer, assigned, delivered, resent,
-    /// consumed, total (batches). Field names are stable; new fields may be
-    /// added.
+    /// consumer (the rank, or on a shared stream its subscriber), node,
+    /// ring, last_seen_ms, stall_ms (total time the trainer waited for
+    /// batches). A job has job_id, name, dataset, num_samples, batch_size,
+    /// batches_per_epoch, error (null unless the job failed), shared,
+    /// subscribers (a shared stream's, still there) and consumers:
+    /// consumer, assigned, delivered, resent, consumed, total (batches),
+    /// subscribes_to (a subscriber's rank, else null), left, assigned_alone
+    /// (a subscriber's batches made for it alone). Field names are stable;
+    /// new fields may be added.
     #[arg(long)]
     pub json: bool,
     /// List every worker, session and rank. Without it a table lists at
