@@ -64,6 +64,9 @@ pub struct Config {
     pub limit: Duration,
 }
 
+/// Unexplained ranks a report names.
+const UNEXPLAINED_SHOWN: usize = 6;
+
 /// What a run measured and found.
 #[derive(Debug, Clone, Default)]
 pub struct Report {
@@ -100,6 +103,10 @@ pub struct Report {
     /// `resent`, or whose reports differ from its `delivered`: bookkeeping
     /// that lost or invented a delivery.
     pub unexplained: u64,
+    /// The first few unexplained ranks, as `rank: (reports, copies) here
+    /// vs (delivered, resent) at the coordinator`, to tell which count
+    /// drifted.
+    pub unexplained_ranks: Vec<String>,
     /// Batches never reported delivered.
     pub missing: u64,
     /// Every rank consumed all of its batches within the limit.
@@ -325,6 +332,7 @@ pub async fn run(url: &str, config: Config) -> anyhow::Result<Report> {
         .map(|j| j.consumers)
         .unwrap_or_default();
     let mut unexplained = 0;
+    let mut unexplained_ranks = Vec::new();
     let mut resent = 0;
     for (rank, &(reports, copies, _)) in ranks.iter().enumerate() {
         let theirs = progress.iter().find(|c| c.consumer as usize == rank);
@@ -332,6 +340,9 @@ pub async fn run(url: &str, config: Config) -> anyhow::Result<Report> {
         resent += sent_again;
         if copies != sent_again || reports != delivered {
             unexplained += 1;
+            if unexplained_ranks.len() < UNEXPLAINED_SHOWN {
+                unexplained_ranks.push(format!("{rank}: ({reports}, {copies}) vs ({delivered}, {sent_again})"));
+            }
         }
     }
     let duplicates = ranks.iter().map(|r| r.1).sum();
@@ -357,6 +368,7 @@ pub async fn run(url: &str, config: Config) -> anyhow::Result<Report> {
         duplicates,
         resent,
         unexplained,
+        unexplained_ranks,
         missing,
         finished,
     })

@@ -27,8 +27,12 @@ fn give_back(jobs: &mut JobTable, key: ConsumerKey, seqs: impl IntoIterator<Item
     let (seqs, below): (Vec<u64>, Vec<u64>) = seqs.into_iter().partition(|&s| s >= consumed);
     if !delivered {
         // Not reported delivered yet, but the trainer consumed them: they
-        // were (their report was still coalescing at the worker).
-        c.delivered += below.len() as u64;
+        // were (their report was still coalescing at the worker). Except
+        // a re-send of one delivered before: the copy counted then is the
+        // one the trainer may have consumed, and this one may never have
+        // been made, so it counts neither as delivered nor as re-sent.
+        let first_copies = below.iter().filter(|s| !c.redeliver.remove(s)).count();
+        c.delivered += first_copies as u64;
     }
     let n = seqs.len();
     if delivered {

@@ -678,6 +678,29 @@ async fn a_closed_session_is_gone_at_once_and_its_consumer_ends() {
     c.close_session(back, 3);
 }
 
+/// A re-send still held when the trainer's watermark passed it and its
+/// consumer ended adds nothing: the first copy was counted when it was
+/// reported, and this one may never have been made (the scale harness
+/// caught the coordinator counting it delivered but not re-sent).
+#[tokio::test]
+async fn a_re_send_held_past_the_watermark_is_not_counted_again() {
+    let c = coordinator();
+    let (job, _) = c.create_or_attach(spec("", 100, 10, 1)).expect("job");
+    let (session, _, _) = c.open_session(job.job_id, 0, None, "n".into(), String::new(), None).expect("session");
+    let first = c.register_worker("http://a".into(), "n".into(), 4, 0);
+    assert_eq!(seqs(&tasks(&c, first, Vec::new()).await, 0), vec![0, 1, 2, 3]);
+    tasks(&c, first, vec![pb::Delivered { job_id: job.job_id, consumer: 0, seqs: vec![0, 1] }]).await;
+    // It leaves before the trainer acknowledged 0 and 1: they go out again.
+    c.deregister(first).expect("deregister");
+    let second = c.register_worker("http://b".into(), "n".into(), 4, 0);
+    assert_eq!(seqs(&tasks(&c, second, Vec::new()).await, 0)[..2], [0, 1]);
+    // The trainer consumed the first copies, and ends before the second
+    // worker reports the re-sends.
+    c.close_session(session, 2);
+    let progress = &c.list_jobs()[0].consumers[0];
+    assert_eq!((progress.consumed, progress.delivered, progress.resent), (2, 2, 0), "0 and 1 delivered once each");
+}
+
 /// ListWorkers shows what operators turn into rates: delivered samples
 /// (a short last batch counts short) and the busy fraction of the latest
 /// heartbeat, clamped to 0..=1; a report that is not a number is ignored.
