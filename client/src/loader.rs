@@ -322,6 +322,15 @@ impl Loader {
             .unwrap_or_default()
     }
 
+    /// The URL of the coordinator embedded mode started in this process
+    /// (None for a loader fed by a coordinator elsewhere): `loaderctl
+    /// status --coordinator URL` shows its workers, its job and the job's
+    /// sample cache.
+    #[cfg(feature = "embedded")]
+    pub fn coordinator_address(&self) -> Option<String> {
+        self.cluster.as_ref().map(|c| c.address().to_owned())
+    }
+
     /// Slots of the shared-memory ring by state: free, granted to a worker,
     /// held by batches not yet dropped. None without a ring.
     pub fn ring_slots(&self) -> Option<RingSlots> {

@@ -390,7 +390,9 @@ pub struct StatusArgs {
     /// ring, last_seen_ms, stall_ms (total time the trainer waited for
     /// batches). A job has job_id, name, dataset, num_samples, batch_size,
     /// batches_per_epoch, error (null unless the job failed), shared,
-    /// subscribers (a shared stream's, still there) and consumers:
+    /// subscribers (a shared stream's, still there), cache (null unless a
+    /// worker used a sample cache for it: hits, misses, hit_ratio,
+    /// stored_bytes, refused, off: null or why it is off) and consumers:
     /// consumer, assigned, delivered, resent, consumed, total (batches),
     /// subscribes_to (a subscriber's rank, else null), left, assigned_alone
     /// (a subscriber's batches made for it alone). Field names are stable;

@@ -6,7 +6,7 @@
 use loader_proto::pb::admin_service_client::AdminServiceClient;
 use loader_proto::pb::dataset_spec::Kind;
 use loader_proto::pb::{
-    DrainWorkerRequest, Dtype, JobInfo, ListJobsRequest, ListSessionsRequest, ListWorkersRequest,
+    CacheUse, DrainWorkerRequest, Dtype, JobInfo, ListJobsRequest, ListSessionsRequest, ListWorkersRequest,
     ConsumerProgress, SessionInfo, WorkerInfo,
 };
 use serde_json::json;
@@ -178,6 +178,14 @@ fn status_json(status: &Status) -> serde_json::Value {
                 "error": (!info.error.is_empty()).then_some(&info.error),
                 "shared": spec.shared.is_some(),
                 "subscribers": info.consumers.iter().filter(|c| c.subscribes_to.is_some() && !c.left).count(),
+                "cache": info.cache.as_ref().map(|c| json!({
+                    "hits": c.hits,
+                    "misses": c.misses,
+                    "hit_ratio": hit_ratio(c),
+                    "stored_bytes": c.stored_bytes,
+                    "refused": c.refused,
+                    "off": (!c.off.is_empty()).then_some(&c.off),
+                })),
                 "consumers": consumers,
             })
         })
@@ -308,6 +316,7 @@ fn job_table(jobs: &[JobInfo], shown: usize) -> String {
                 job.num_samples.to_string(),
                 job.batches_per_epoch.to_string(),
                 sharing,
+                cache_use(info.cache.as_ref()),
                 consumers,
                 or_dash(&info.error),
             ]
@@ -320,6 +329,7 @@ fn job_table(jobs: &[JobInfo], shown: usize) -> String {
         "N",
         "BATCHES/EPOCH",
         "SUBSCRIBERS",
+        "CACHE",
         "RANK:DELIVERED/RESENT/CONSUMED/TOTAL",
         "ERROR",
     ];
@@ -354,6 +364,27 @@ fn subscribers(consumers: &[ConsumerProgress]) -> String {
     }
     let shared = 100.0 * assigned.saturating_sub(alone) as f64 / assigned as f64;
     format!("{live} ({shared:.0}% made once)")
+}
+
+/// Of a job's sample cache reads, the share that found their entry (None
+/// before any read).
+fn hit_ratio(cache: &CacheUse) -> Option<f64> {
+    let reads = cache.hits.saturating_add(cache.misses);
+    (reads > 0).then(|| cache.hits as f64 / reads as f64)
+}
+
+/// A job's sample cache, in a cell: its hit ratio and the bytes its
+/// workers kept, or why it is off; `-` when no worker used one.
+pub(crate) fn cache_use(cache: Option<&CacheUse>) -> String {
+    let Some(cache) = cache else { return "-".into() };
+    if !cache.off.is_empty() {
+        return format!("off: {}", cache.off);
+    }
+    let kept = cache.stored_bytes as f64 / 1e6;
+    match hit_ratio(cache) {
+        Some(ratio) => format!("{:.0}% hits, {kept:.0} MB", 100.0 * ratio),
+        None => "on".into(),
+    }
 }
 
 /// `text`, or `-` for an empty cell.
@@ -443,6 +474,7 @@ mod tests {
             }),
             consumers: vec![ConsumerProgress { consumer: 0, delivered: 5, consumed: 4, total: 13, ..Default::default() }],
             error: String::new(),
+            cache: None,
         });
         status
     }
@@ -473,8 +505,8 @@ mod tests {
         assert_eq!(
             keys(&v["jobs"][0]),
             [
-                "batch_size", "batches_per_epoch", "consumers", "dataset", "error", "job_id", "name", "num_samples",
-                "shared", "subscribers"
+                "batch_size", "batches_per_epoch", "cache", "consumers", "dataset", "error", "job_id", "name",
+                "num_samples", "shared", "subscribers"
             ]
         );
         assert_eq!(v["jobs"][0]["name"], "demo");
@@ -514,6 +546,31 @@ mod tests {
         assert!(out.contains("1:10/0/9/13 3:10/0/9/13") && !out.contains("0:0/0/0/13"), "{out}");
         let v = status_json(&status);
         assert_eq!((v["jobs"][0]["shared"].clone(), v["jobs"][0]["subscribers"].clone()), (true.into(), 2.into()));
+    }
+
+    /// A job's sample cache: its hit ratio and bytes kept, why it is off,
+    /// or a dash when no worker used one; the same in JSON.
+    #[test]
+    fn a_jobs_sample_cache_shows_its_hits() {
+        let mut status = sample();
+        let cell = |status: &Status| {
+            let out = render_status(status, SHOWN);
+            let header = out.lines().find(|l| l.contains("CACHE")).expect("jobs header").to_owned();
+            let at = header.find("CACHE").expect("column");
+            let row = out.lines().skip_while(|l| !l.contains("CACHE")).nth(1).expect("job row").to_owned();
+            row[at..].split("  ").next().unwrap_or_default().trim().to_owned()
+        };
+        assert_eq!(cell(&status), "-");
+        assert_eq!(status_json(&status)["jobs"][0]["cache"], serde_json::Value::Null);
+        status.jobs[0].cache = Some(CacheUse { hits: 870, misses: 130, stored_bytes: 750_000_000, ..Default::default() });
+        assert_eq!(cell(&status), "87% hits, 750 MB");
+        let v = status_json(&status);
+        assert_eq!((v["jobs"][0]["cache"]["hit_ratio"].clone(), v["jobs"][0]["cache"]["off"].clone()), (0.87.into(), serde_json::Value::Null));
+        status.jobs[0].cache = Some(CacheUse { misses: 40, off: "does-not-pay".into(), ..Default::default() });
+        assert_eq!(cell(&status), "off: does-not-pay");
+        assert_eq!(status_json(&status)["jobs"][0]["cache"]["off"], "does-not-pay");
+        status.jobs[0].cache = Some(CacheUse::default());
+        assert_eq!(cell(&status), "on", "used, nothing read yet");
     }
 
     #[test]
@@ -569,6 +626,7 @@ mod tests {
                 ..Default::default()
             }],
             error: String::new(),
+            cache: None,
         }];
         let out = render_status(
             &Status {
@@ -626,6 +684,7 @@ mod tests {
                 .map(|c| ConsumerProgress { consumer: c, delivered: 10, consumed: 10 - u64::from(c % 3), total: 10, ..Default::default() })
                 .collect(),
             error: String::new(),
+            cache: None,
         }];
         let status = Status { workers, sessions, jobs };
         let out = render_status(&status, SHOWN);

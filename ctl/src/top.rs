@@ -257,7 +257,7 @@ impl View {
             sessions.len(),
             render(&["ID", "JOB", "RANK", "NODE", "STALL", "WATERMARK"], &session_rows),
             jobs.len(),
-            render(&["ID", "NAME", "PROGRESS", "BATCHES/S", "SAMPLES/S", "ETA"], &job_rows),
+            render(&["ID", "NAME", "PROGRESS", "BATCHES/S", "SAMPLES/S", "CACHE", "ETA"], &job_rows),
         )
     }
 
@@ -350,6 +350,7 @@ impl View {
                     format!("{consumed}/{total} ({:.1}%)", 100.0 * consumed as f64 / total.max(1) as f64),
                     per_second(batches),
                     per_second(batches.map(|r| r * f64::from(spec.batch_size))),
+                    crate::status::cache_use(info.cache.as_ref()),
                     eta,
                 ]
             })
@@ -387,6 +388,7 @@ mod tests {
                 ..Default::default()
             }],
             error: String::new(),
+            cache: None,
         }
     }
 
@@ -466,7 +468,7 @@ mod tests {
         // 200 distinct batches in 2 s; 700 left at 100/s.
         assert_eq!(
             row(&f, "JOBS", "3"),
-            ["3", "train", "290/1000", "(29.0%)", "100", "6400", "7s"],
+            ["3", "train", "290/1000", "(29.0%)", "100", "6400", "-", "7s"],
             "{f}"
         );
     }
@@ -499,9 +501,9 @@ mod tests {
         let mut failed = job(10, 10, 0);
         failed.error = "bad sample".into();
         let f = View::default().frame("http://c:1", &poll(t0, 0, 0, 0, job(1000, 1000, 0)));
-        assert_eq!(row(&f, "JOBS", "3")[6], "done", "{f}");
+        assert_eq!(row(&f, "JOBS", "3")[7], "done", "{f}");
         let f = View::default().frame("http://c:1", &poll(t0, 0, 0, 0, failed));
-        assert_eq!(row(&f, "JOBS", "3")[6], "failed", "{f}");
+        assert_eq!(row(&f, "JOBS", "3")[7], "failed", "{f}");
     }
 
     /// A shared stream's progress is its subscribers' (its rank itself
@@ -525,6 +527,15 @@ mod tests {
         let f = View::default().frame("http://c:1", &poll(Instant::now(), 0, 0, 0, shared));
         let line = f.lines().rev().find(|l| l.starts_with("3 ")).expect("the job's row");
         assert!(line.contains("train [2 subscribers]") && line.contains("2000/2000") && line.ends_with("done"), "{f}");
+    }
+
+    /// A job's row says how its sample cache does.
+    #[test]
+    fn a_jobs_row_shows_its_sample_cache() {
+        let mut cached = job(0, 0, 0);
+        cached.cache = Some(loader_proto::pb::CacheUse { hits: 3, misses: 1, stored_bytes: 2_000_000, ..Default::default() });
+        let f = View::default().frame("http://c:1", &poll(Instant::now(), 0, 0, 0, cached));
+        assert!(f.contains("CACHE") && f.contains("75% hits, 2 MB"), "{f}");
     }
 
     #[test]

@@ -709,6 +709,15 @@ class Loader:
         native = self._native
         return list(native.worker_pids()) if native is not None else []
 
+    def coordinator_address(self) -> Optional[str]:
+        """The URL of the coordinator ``Loader.local`` started in this
+        process: ``loaderctl status --coordinator URL`` (or ``top``) shows
+        its workers, the job's progress and its sample cache's hit ratio.
+        None before the first iteration and for a loader fed by a
+        deployment (whose coordinator is the one given)."""
+        native = self._native
+        return native.coordinator_address() if native is not None else None
+
     def ring_slots(self) -> Optional[tuple[int, int, int]]:
         """``(free, granted, held)`` slots of the shared-memory ring, or None
         without one (or before the first iteration)."""

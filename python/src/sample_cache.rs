@@ -113,12 +113,7 @@ impl PySampleCache {
     /// Turns it off for every worker: `why` is "does-not-pay", "failed" or
     /// "one-epoch".
     fn turn_off(&self, why: &str) -> PyResult<()> {
-        let off = match why {
-            "does-not-pay" => Off::DoesNotPay,
-            "failed" => Off::Failed,
-            "one-epoch" => Off::OneEpoch,
-            other => return Err(PyValueError::new_err(format!("turn_off: unknown reason {other:?}"))),
-        };
+        let off = Off::named(why).ok_or_else(|| PyValueError::new_err(format!("turn_off: unknown reason {why:?}")))?;
         self.cache.turn_off(off);
         Ok(())
     }

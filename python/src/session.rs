@@ -37,6 +37,8 @@ pub(crate) struct NativeLoader {
     closing: AtomicBool,
     /// Fixed at start, so reading them never waits for a blocked `next`.
     worker_pids: Vec<u32>,
+    /// Embedded mode's coordinator URL (None for a deployment's).
+    coordinator_address: Option<String>,
     /// Batches per epoch for this rank, as the coordinator planned the job.
     batches_per_epoch: u64,
     /// Batches over all epochs for this rank.
@@ -66,6 +68,7 @@ impl NativeLoader {
     fn wrap(loader: Loader) -> Self {
         Self {
             worker_pids: loader.worker_pids(),
+            coordinator_address: loader.coordinator_address(),
             batches_per_epoch: loader.batches_per_epoch(),
             total_batches: loader.total_batches(),
             inner: Mutex::new(Some(loader)),
@@ -230,6 +233,11 @@ impl NativeLoader {
     /// Process ids of embedded mode's workers (empty for a deployment's).
     fn worker_pids(&self) -> Vec<u32> {
         self.worker_pids.clone()
+    }
+
+    /// Embedded mode's coordinator URL (None for a deployment's).
+    fn coordinator_address(&self) -> Option<String> {
+        self.coordinator_address.clone()
     }
 
     /// True once closed.

@@ -21,6 +21,8 @@ DEBUG = pathlib.Path(__file__).resolve().parents[2] / "target" / "debug"
 SERVER = pathlib.Path(os.environ.get("LOADER_SERVER", DEBUG / "loader-server"))
 WORKER = pathlib.Path(os.environ.get("LOADER_WORKER", DEBUG / "loader-worker"))
 
+LOADERCTL = pathlib.Path(os.environ.get("LOADERCTL", DEBUG / "loaderctl"))
+
 needs_binaries = pytest.mark.skipif(
     not (SERVER.exists() and WORKER.exists()),
     reason=f"no loader-server / loader-worker in {DEBUG} (cargo build --workspace builds them)",

@@ -6,14 +6,18 @@ cache, and a cache that does not pay (or a one-epoch job) turns itself off.
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import signal
+import subprocess
+import time
 
 import numpy as np
 import pytest
 
 import loader
+from conftest import LOADERCTL
 from sample_datasets import CachedArrays, CachedPhotos, CheapCached, NumpyRows
 
 
@@ -266,3 +270,70 @@ def test_an_image_cache_with_spawned_workers_is_refused_in_one_line(tmp_path):
     with pytest.raises(TypeError) as e:
         loader.Loader.local(spec, workers=1, cache=True, multiprocessing_context="spawn")
     assert "spawn" in str(e.value) and "\n" not in str(e.value)
+
+
+def _status(url: str, *more: str) -> str:
+    out = subprocess.run([str(LOADERCTL), "status", "--coordinator", url, *more], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def _coordinators_cache_use(dl: loader.Loader, stats: dict) -> dict:
+    """The job's cache use as `loaderctl status --json` shows it, once the
+    workers' last heartbeats brought it level with the cache file's own
+    counters (bounded wait)."""
+    url = dl.coordinator_address()
+    assert url is not None and url.startswith("http://127.0.0.1:"), url
+    deadline = time.monotonic() + 15
+    while True:
+        cache = json.loads(_status(url, "--json"))["jobs"][0]["cache"]
+        reads = None if cache is None else cache["hits"] + cache["misses"]
+        if reads == stats["hits"] + stats["misses"] or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert cache is not None, "no worker reported its cache use"
+    return cache
+
+
+needs_loaderctl = pytest.mark.skipif(not LOADERCTL.exists(), reason=f"no {LOADERCTL} (cargo build --workspace builds it)")
+
+
+@needs_loaderctl
+def test_loaderctl_status_shows_an_image_jobs_cache_use(tmp_path):
+    # Each worker reports its own use (co-located workers share the cache
+    # file, whose counters sum over them); the coordinator's sums are the
+    # file's once the last heartbeats are in.
+    root = _photo_folder(tmp_path)
+    spec = {
+        "dataset": {"image_folder": {"path": root}},
+        "transforms": ["decode", {"resize": {"size": 40}}, {"center_crop": {"size": 32}}, "horizontal_flip"],
+        "batch_size": 8,
+        "epochs": 3,
+        "sampler": {"shuffle": True, "seed": 5},
+    }
+    with loader.Loader.local(spec, workers=2, cache="64MB") as dl:
+        assert dl.coordinator_address() is None, "started at the first iteration"
+        for epoch in range(3):
+            dl.set_epoch(epoch)
+            for _ in dl:
+                pass
+        stats = dl.cache_stats()
+        cache = _coordinators_cache_use(dl, stats)
+        assert (cache["hits"], cache["misses"], cache["stored_bytes"]) == (stats["hits"], stats["misses"], stats["stored_bytes"]), (cache, stats)
+        assert cache["off"] is None and cache["hit_ratio"] == pytest.approx(stats["hits"] / (stats["hits"] + stats["misses"]))
+        table = _status(dl.coordinator_address())
+        assert f"{100 * cache['hit_ratio']:.0f}% hits" in table, table
+
+
+@needs_loaderctl
+def test_loaderctl_status_says_a_python_datasets_cache_turned_itself_off():
+    with loader.Loader.local(CheapCached(), workers=2, batch_size=64, shuffle=True, seed=5, epochs=2, cache=True) as dl:
+        for epoch in range(2):
+            dl.set_epoch(epoch)
+            for _ in dl:
+                pass
+        stats = dl.cache_stats()
+        assert not stats["on"], stats
+        cache = _coordinators_cache_use(dl, stats)
+        assert (cache["hits"], cache["misses"], cache["off"]) == (stats["hits"], stats["misses"], "does-not-pay"), (cache, stats)
+        assert "off: does-not-pay" in _status(dl.coordinator_address())

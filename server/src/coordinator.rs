@@ -22,6 +22,7 @@ use crate::traces::BatchTraces;
 use crate::workers::WorkerTable;
 
 mod backup;
+mod cache_use;
 mod requeue;
 mod share;
 use requeue::{end_consumer, retire};
@@ -107,6 +108,8 @@ pub(crate) struct WorkerReport {
     /// Fraction of wall time its producer was busy since its previous
     /// heartbeat (shown to operators only).
     pub(crate) busy: f64,
+    /// Its sample cache use per job since it started (see `cache_use`).
+    pub(crate) cache_use: Vec<pb::JobCacheUse>,
 }
 
 impl HeartbeatOutcome {
@@ -461,7 +464,7 @@ impl Coordinator {
     /// Records delivered and failed batches and the worker's windows; false
     /// when the worker is unknown.
     fn apply_report(&self, worker_id: u64, report: WorkerReport) -> bool {
-        let WorkerReport { delivered, failed, windows, busy } = report;
+        let WorkerReport { delivered, failed, windows, busy, cache_use } = report;
         let mut guard = self.lock();
         let t = &mut *guard;
         let Some(w) = t.workers.workers.get_mut(&worker_id) else {
@@ -514,6 +517,7 @@ impl Coordinator {
         for (key, seqs) in credited {
             backup::delivered(t, key, worker_id, &seqs);
         }
+        cache_use::record(t, worker_id, cache_use);
         let Some(w) = t.workers.workers.get_mut(&worker_id) else {
             return true;
         };
@@ -877,6 +881,7 @@ impl Coordinator {
                     })
                     .collect(),
                 error: j.error.clone().unwrap_or_default(),
+                cache: j.cache.clone(),
             })
             .collect()
     }

@@ -111,6 +111,9 @@ pub(crate) struct JobState {
     pub(crate) replaced: bool,
     /// Which worker reads which lane, for a job read as lanes.
     pub(crate) lanes: Option<LaneHolders>,
+    /// Its workers' sample cache use, summed (None: no worker used a
+    /// cache for it); not journaled.
+    pub(crate) cache: Option<pb::CacheUse>,
     /// The `job` span: from creation (or restore) until every consumer
     /// consumed its last batch or the job failed. Disabled (free) unless
     /// spans are exported.
@@ -321,6 +324,7 @@ impl JobTable {
                 delivered_any: watermarks.iter().any(|&(_, w)| w > 0),
                 replaced: false,
                 deaths_before_delivery: 0,
+                cache: None,
             });
     }
 

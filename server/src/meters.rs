@@ -66,6 +66,21 @@ pub(crate) fn shared_batches(job_id: u64, made: &'static str, n: u64) {
     }
 }
 
+/// A job's sample cache use that workers reported since their previous
+/// heartbeats.
+pub(crate) fn sample_cache(job_id: u64, moved: &loader_proto::pb::CacheUse) {
+    let job = job_id.to_string();
+    for (name, n) in [
+        ("loader_coordinator_sample_cache_hits_total", moved.hits),
+        ("loader_coordinator_sample_cache_misses_total", moved.misses),
+        ("loader_coordinator_sample_cache_stored_bytes_total", moved.stored_bytes),
+    ] {
+        if n > 0 {
+            metrics::counter!(name, "job_id" => job.clone()).increment(n);
+        }
+    }
+}
+
 /// Subscribers of a shared stream still there.
 pub(crate) fn subscribers(job_id: u64, n: usize) {
     metrics::gauge!("loader_coordinator_subscribers", "job_id" => job_id.to_string()).set(n as f64);

@@ -99,7 +99,7 @@ impl RangeQueue {
             return Some(first..first + len.min(max));
         }
         let stop = self.ahead.first().copied().unwrap_or(self.end).min(self.next.saturating_add(max));
-        (self.next < stop).then(|| self.next..stop)
+        (self.next < stop).then_some(self.next..stop)
     }
 
     /// Whether `seq` is still to be handed out (given back, or never

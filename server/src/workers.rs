@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use loader_proto::ConsumerKey;
+use loader_proto::{ConsumerKey, pb};
 use tokio::time::Instant;
 
 /// A registered worker.
@@ -47,6 +47,9 @@ pub(crate) struct WorkerState {
     /// Consumers whose trainer cannot reach this worker (it says so in its
     /// heartbeats): none of their batches are assigned here meanwhile.
     pub(crate) cut_off: BTreeSet<ConsumerKey>,
+    /// Its sample cache use per job, as it last reported it (totals since
+    /// it started; see `coordinator::cache_use`).
+    pub(crate) cache_use: BTreeMap<u64, pb::CacheUse>,
 }
 
 impl WorkerState {
@@ -114,6 +117,7 @@ impl WorkerTable {
             draining: false,
             ended: BTreeSet::new(),
             cut_off: BTreeSet::new(),
+            cache_use: BTreeMap::new(),
         };
         self.workers.insert(self.next_id, state);
         self.next_id

@@ -53,6 +53,7 @@ mod batch_spans;
 mod blobs;
 pub mod budget;
 mod busy;
+mod cache_use;
 pub mod cli;
 pub mod collate;
 pub mod config;

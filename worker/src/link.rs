@@ -406,6 +406,7 @@ impl Link {
             wait_ms: wait.as_millis() as u64,
             windows: self.windows.announce(),
             busy: self.producer.take_busy(std::time::Instant::now()),
+            cache_use: self.producer.cache_use(),
         };
         crate::meters::busy(request.busy);
         self.outboxes.sample_meters();

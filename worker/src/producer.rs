@@ -34,6 +34,7 @@ use tokio::sync::Notify;
 
 use crate::batch_spans::BatchSpans;
 use crate::busy::BusyMeter;
+use crate::cache_use::CacheUse;
 use crate::collate::{BatchRules, CollateError, Collated, Skipped, layout, make};
 use crate::delivery::{Sources, Target, Written};
 use crate::blobs::{BlobError, BlobFetcher};
@@ -86,6 +87,8 @@ struct Shared {
     /// How much of the wall time this thread spends making batches, read by
     /// the link for each heartbeat.
     busy_meter: BusyMeter,
+    /// Its sample cache use per job, for the link's heartbeats.
+    cache_use: CacheUse,
     /// Extra time every batch takes, in nanoseconds: a test knob for a
     /// worker on a slow disk or a noisy host (`--slow-batch-ms`); 0 in
     /// production.
@@ -136,6 +139,7 @@ impl Producer {
             blobs,
             skipped: AtomicU64::new(0),
             busy_meter: BusyMeter::new(Instant::now()),
+            cache_use: CacheUse::default(),
             slow_batch_ns: AtomicU64::new(0),
         });
         let thread = Arc::clone(&shared);
@@ -155,6 +159,11 @@ impl Producer {
     /// spent making batches (see `crate::busy`).
     pub(crate) fn take_busy(&self, at: Instant) -> f64 {
         self.shared.busy_meter.take(at)
+    }
+
+    /// This worker's sample cache use per job since it started.
+    pub(crate) fn cache_use(&self) -> Vec<loader_proto::pb::JobCacheUse> {
+        self.shared.cache_use.report()
     }
 
     /// Queues a task behind the ones already queued, except ahead of queued
@@ -417,8 +426,10 @@ impl Shared {
                     q = self.ready.wait(q).unwrap_or_else(|poisoned| poisoned.into_inner());
                 }
             };
+            let mark = CacheUse::mark();
             let outcome = catch_unwind(AssertUnwindSafe(|| self.produce(&task, submitted, generation, &mut cache)))
                 .unwrap_or(Err(TaskError::Panicked));
+            self.cache_use.credit(task.job.as_ref().map_or(0, |j| j.job_id), mark);
             let mut q = self.lock();
             q.busy = false;
             q.running.clear();

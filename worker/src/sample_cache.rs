@@ -29,8 +29,11 @@
 //! marked never-cached and loaded every time.
 //!
 //! Each worker also counts its own hits, misses, stored bytes and refusals
-//! for Prometheus (`loader_worker_sample_cache_*_total`); the file's header
-//! holds the sums over every worker, which the trainer reads.
+//! for Prometheus (`loader_worker_sample_cache_*_total`) and per thread
+//! in [`own_use`], which its producer attributes to the job it was making
+//! a batch of and its heartbeats report to the coordinator (`loaderctl
+//! status`); the file's header holds the sums over every worker, which the
+//! trainer reads.
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -123,6 +126,21 @@ impl Off {
         }
     }
 
+    /// Its name in the protocol (`CacheUse.off`) and in the Python half
+    /// (`SampleCache.turn_off`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Off::DoesNotPay => "does-not-pay",
+            Off::Failed => "failed",
+            Off::OneEpoch => "one-epoch",
+        }
+    }
+
+    /// The reason named `name` (see [`name`](Self::name)).
+    pub fn named(name: &str) -> Option<Off> {
+        [Off::DoesNotPay, Off::Failed, Off::OneEpoch].into_iter().find(|off| off.name() == name)
+    }
+
     /// How the worker log and `cache_stats` say it.
     pub fn describe(self) -> &'static str {
         match self {
@@ -177,6 +195,78 @@ pub struct Stats {
     pub stores_timed: u64,
     /// Why it was turned off, if it was.
     pub off: Option<Off>,
+}
+
+/// One thread's own use of sample caches (see [`own_use`]): the header's
+/// counters sum over every co-located worker, these over one thread of
+/// one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OwnUse {
+    /// Reads that found their entry.
+    pub hits: u64,
+    /// Reads that loaded their sample.
+    pub misses: u64,
+    /// Bytes of the entries this process stored.
+    pub stored_bytes: u64,
+    /// Entries refused because the space ran out.
+    pub refused: u64,
+}
+
+impl OwnUse {
+    /// What was counted between `earlier` and `self`.
+    pub fn since(&self, earlier: &OwnUse) -> OwnUse {
+        OwnUse {
+            hits: self.hits.saturating_sub(earlier.hits),
+            misses: self.misses.saturating_sub(earlier.misses),
+            stored_bytes: self.stored_bytes.saturating_sub(earlier.stored_bytes),
+            refused: self.refused.saturating_sub(earlier.refused),
+        }
+    }
+
+    /// Adds `more` to these counts.
+    pub fn add(&mut self, more: &OwnUse) {
+        self.hits += more.hits;
+        self.misses += more.misses;
+        self.stored_bytes += more.stored_bytes;
+        self.refused += more.refused;
+    }
+
+    /// Nothing was counted.
+    pub fn is_empty(&self) -> bool {
+        *self == OwnUse::default()
+    }
+}
+
+thread_local! {
+    /// This thread's [`OwnUse`].
+    static OWN: std::cell::Cell<OwnUse> = const { std::cell::Cell::new(OwnUse { hits: 0, misses: 0, stored_bytes: 0, refused: 0 }) };
+    /// The [`Off`] code a cache this thread used was last found off with
+    /// (0: none since [`take_off_seen`]).
+    static OFF_SEEN: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// This thread's own use of sample caches since it started: a worker's
+/// producer thread reads every sample it makes on itself (a Python
+/// dataset's `__getitem__` too), so the counts that move while it makes a
+/// job's batch are that job's.
+pub fn own_use() -> OwnUse {
+    OWN.with(std::cell::Cell::get)
+}
+
+/// Why a cache this thread read or stored through was off, if one was
+/// since the last call (and forgets it): a cache turned off records no
+/// use, so its job learns of it this way.
+pub fn take_off_seen() -> Option<Off> {
+    Off::of(OFF_SEEN.with(|off| off.replace(0)))
+}
+
+/// Adds to this thread's [`OwnUse`].
+fn own(count: impl FnOnce(&mut OwnUse)) {
+    OWN.with(|own| {
+        let mut used = own.get();
+        count(&mut used);
+        own.set(used);
+    });
 }
 
 /// A sample cache mapped in this process (see the module docs).
@@ -297,7 +387,11 @@ impl SampleCache {
 
     /// Whether entries are read and stored (no worker turned it off).
     pub fn is_on(&self) -> bool {
-        self.word(Word::Off).load(Ordering::SeqCst) == 0
+        let off = self.word(Word::Off).load(Ordering::SeqCst);
+        if off != 0 {
+            OFF_SEEN.with(|seen| seen.set(off));
+        }
+        off == 0
     }
 
     /// Turns the cache off for every worker using it: from now on `get`
@@ -402,6 +496,7 @@ impl SampleCache {
             let Some(end) = end else {
                 slot.store(NEVER, Ordering::Release);
                 self.count(Word::Refused, 1);
+                own(|u| u.refused += 1);
                 metrics::counter!("loader_worker_sample_cache_refused_total").increment(1);
                 return Err(Put::Full);
             };
@@ -418,6 +513,7 @@ impl SampleCache {
         self.slot(index).store(READY | offset, Ordering::Release);
         self.count(Word::Stored, 1);
         self.count(Word::StoredBytes, len);
+        own(|u| u.stored_bytes += len);
         metrics::counter!("loader_worker_sample_cache_stored_bytes_total").increment(len);
         Put::Stored
     }
@@ -426,6 +522,7 @@ impl SampleCache {
     /// back cost).
     pub fn record_hit(&self, nanos: Option<u64>) {
         self.count(Word::Hits, 1);
+        own(|u| u.hits += 1);
         metrics::counter!("loader_worker_sample_cache_hits_total").increment(1);
         self.time_hit(nanos);
     }
@@ -442,6 +539,7 @@ impl SampleCache {
     /// Counts a read that loaded its sample, and what loading it cost.
     pub fn record_miss(&self, nanos: u64) {
         self.count(Word::Misses, 1);
+        own(|u| u.misses += 1);
         metrics::counter!("loader_worker_sample_cache_misses_total").increment(1);
         self.count(Word::LoadNanos, nanos);
         self.count(Word::Loads, 1);
@@ -451,6 +549,7 @@ impl SampleCache {
     /// found the entry being written by another worker).
     pub fn record_untimed_miss(&self) {
         self.count(Word::Misses, 1);
+        own(|u| u.misses += 1);
         metrics::counter!("loader_worker_sample_cache_misses_total").increment(1);
     }
 

@@ -701,6 +701,40 @@ async fn a_re_send_held_past_the_watermark_is_not_counted_again() {
     assert_eq!((progress.consumed, progress.delivered, progress.resent), (2, 2, 0), "0 and 1 delivered once each");
 }
 
+/// Sample cache use: workers report their totals since they started;
+/// the job's sums add what moved since each one's previous report, keep
+/// the use of a worker that left, and say the cache is off once a worker
+/// found it off.
+#[tokio::test]
+async fn a_jobs_cache_use_sums_its_workers_reports() {
+    let c = coordinator();
+    let job = create(&c, spec("cached", 100, 10, 1));
+    let report = |job_id: u64, hits: u64, misses: u64, off: &str| WorkerReport {
+        cache_use: vec![pb::JobCacheUse {
+            job_id,
+            r#use: Some(pb::CacheUse { hits, misses, stored_bytes: misses * 100, refused: 0, off: off.into() }),
+        }],
+        ..Default::default()
+    };
+    let used = |c: &Coordinator| c.list_jobs()[0].cache.clone();
+    assert_eq!(used(&c), None, "no worker used a cache");
+    let a = c.register_worker("http://a".into(), "n".into(), 4, 0);
+    let b = c.register_worker("http://b".into(), "n".into(), 4, 0);
+    c.worker_heartbeat(a, report(job.job_id, 0, 10, ""), Duration::ZERO).await;
+    c.worker_heartbeat(a, report(job.job_id, 30, 10, ""), Duration::ZERO).await;
+    c.worker_heartbeat(b, report(job.job_id, 5, 5, ""), Duration::ZERO).await;
+    let sum = used(&c).expect("used");
+    assert_eq!((sum.hits, sum.misses, sum.stored_bytes, sum.off.as_str()), (35, 15, 1500, ""), "totals, not deltas: 10 misses counted once");
+    c.deregister(a).expect("deregister");
+    // A count that went down (a worker that lies) moves nothing.
+    c.worker_heartbeat(b, report(job.job_id, 1, 5, "does-not-pay"), Duration::ZERO).await;
+    let sum = used(&c).expect("used");
+    assert_eq!((sum.hits, sum.misses, sum.off.as_str()), (35, 15, "does-not-pay"), "the worker that left still counts");
+    // A report for a job the coordinator does not know changes nothing.
+    c.worker_heartbeat(b, report(job.job_id + 99, 1000, 0, ""), Duration::ZERO).await;
+    assert_eq!(used(&c).map(|s| s.hits), Some(35));
+}
+
 /// ListWorkers shows what operators turn into rates: delivered samples
 /// (a short last batch counts short) and the busy fraction of the latest
 /// heartbeat, clamped to 0..=1; a report that is not a number is ignored.
