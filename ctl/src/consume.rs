@@ -51,5 +51,5 @@ pub(crate) fn run(args: &ConsumeArgs) -> anyhow::Result<()> {
         }),
         _ => None,
     };
-    consume_and_report(loader, &args.measure, &dataset, None, save)
+    consume_and_report(loader, &args.measure, &dataset, None, save, None)
 }

@@ -23,6 +23,7 @@
 
 mod consume;
 mod cpu;
+mod kept;
 mod measure;
 mod run;
 mod scale;
@@ -102,6 +103,18 @@ pub struct RunArgs {
     /// How batches travel and what is printed.
     #[command(flatten)]
     pub measure: MeasureArgs,
+    /// Keep each image of an image_folder or webdataset job decoded in a
+    /// sample cache of this size that the workers share (8GiB, 512MiB, a
+    /// number of bytes), so epochs after the first decode nothing: the
+    /// same batches, faster (docs/images.md, "Kept frames"). It turns
+    /// itself off when keeping does not pay for the job's epochs, and for
+    /// one epoch; the report says how it did.
+    #[arg(long, value_name = "SIZE", value_parser = loader_process::size::parse_bytes)]
+    pub cache: Option<u64>,
+    /// Keep the cache in an unnamed file in DIR (its pages spill to that
+    /// disk) instead of memory.
+    #[arg(long, value_name = "DIR", requires = "cache")]
+    pub cache_dir: Option<PathBuf>,
 }
 
 /// Flags of `loaderctl consume`.

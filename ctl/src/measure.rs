@@ -13,7 +13,9 @@ use loader_proto::pb::{CorruptPolicy, Dtype, JobSpec};
 use serde::Serialize;
 use tempfile::NamedTempFile;
 
+use super::kept::CacheReport;
 use super::{DatasetArgs, MeasureArgs, OnCorruptArg, TransportArg, cpu, signals};
+use loader_worker::sample_cache::SampleCache;
 use loader_client::{Batch, Device, Loader, LoaderBuilder, Transport};
 
 /// Windows per epoch in a generated token file (with the chosen batch size).
@@ -58,6 +60,48 @@ pub(super) struct Report {
     /// batch on: median and 99th percentile, in microseconds.
     wait_p50_us: f64,
     wait_p99_us: f64,
+    /// Samples per second in each epoch, when there are several: the
+    /// first from just before the first `next()`, each next from the end
+    /// of the one before (a resumed run's first epoch counts from where it
+    /// resumed).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    epochs_samples_per_s: Vec<f64>,
+    /// The sample cache of `run --cache`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cache: Option<CacheReport>,
+}
+
+/// Samples per second epoch by epoch.
+struct EpochClock {
+    batches_per_epoch: u64,
+    /// Batches yielded so far, the job's count (a resumed run starts past 0).
+    yielded: u64,
+    /// When the current epoch's clock started, and its samples so far.
+    since: Instant,
+    samples: u64,
+    rates: Vec<f64>,
+}
+
+impl EpochClock {
+    fn new(batches_per_epoch: u64, yielded: u64, started: Instant) -> Self {
+        Self { batches_per_epoch: batches_per_epoch.max(1), yielded, since: started, samples: 0, rates: Vec::new() }
+    }
+
+    /// A batch of `samples` samples arrived.
+    fn batch(&mut self, samples: u64) {
+        self.samples += samples;
+        self.yielded += 1;
+        if self.yielded.is_multiple_of(self.batches_per_epoch) {
+            let now = Instant::now();
+            self.rates.push(self.samples as f64 / now.duration_since(self.since).as_secs_f64().max(1e-9));
+            (self.since, self.samples) = (now, 0);
+        }
+    }
+
+    /// Each whole epoch's rate; none for a run of one epoch.
+    fn rates(&self) -> Vec<f64> {
+        if self.rates.len() > 1 { self.rates.clone() } else { Vec::new() }
+    }
 }
 
 /// The `q` quantile (0..=1) of `waits`, sorted in place, in microseconds.
@@ -117,6 +161,7 @@ pub(super) fn consume_and_report(
     dataset: &str,
     workers: Option<u64>,
     save: Option<SaveState>,
+    cache: Option<&SampleCache>,
 ) -> anyhow::Result<()> {
     if let Some(addr) = loader.metrics_addr() {
         eprintln!("metrics {addr}");
@@ -139,6 +184,7 @@ pub(super) fn consume_and_report(
     }
     // One entry per batch: a few MB for a million batches.
     let mut waits: Vec<Duration> = Vec::new();
+    let mut epochs = EpochClock::new(loader.batches_per_epoch(), loader.yielded(), started);
     loop {
         // A signal stops the loop here or in a wait (checked every tick);
         // returning drops the loader, which stops what it started.
@@ -154,6 +200,7 @@ pub(super) fn consume_and_report(
             cpu_from_first = Some((cpu::process()?, coordinator_cpu()));
         }
         samples += batch.len() as u64;
+        epochs.batch(batch.len() as u64);
         match batch.on_device() {
             // The rate of the device path is that of completed copies.
             Some(copy) => {
@@ -216,6 +263,8 @@ pub(super) fn consume_and_report(
         coordinator_cpu_us_per_batch: coordinator.filter(|_| workers.is_some()).map(per_batch),
         wait_p50_us: quantile_us(&mut waits, 0.5),
         wait_p99_us: quantile_us(&mut waits, 0.99),
+        epochs_samples_per_s: epochs.rates(),
+        cache: cache.map(CacheReport::of),
     };
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
@@ -263,6 +312,13 @@ fn print_report(report: &Report, device: Device) {
         report.first_batch_s * 1e3,
         report.client_cpu_us_per_batch,
     );
+    if !report.epochs_samples_per_s.is_empty() {
+        let rates: Vec<String> = report.epochs_samples_per_s.iter().map(|r| format!("{r:.0}")).collect();
+        println!("samples/s by epoch: {}", rates.join(", "));
+    }
+    if let Some(cache) = &report.cache {
+        println!("{}", cache.line());
+    }
 }
 
 /// `--dump`: one line per batch, flushed as it is written so the file is

@@ -53,17 +53,7 @@ pub(crate) fn decode(spec: &[u8]) -> PyResult<JobSpec> {
 /// dataset, whose pipeline keeps nothing.
 #[pyfunction]
 pub(crate) fn frame_cache_entries(spec: &[u8]) -> PyResult<Option<u64>> {
-    use loader_proto::pb::dataset_spec::Kind;
-    let spec = decode(spec)?;
-    let samples = match spec.dataset.and_then(|d| d.kind) {
-        Some(Kind::ImageFolder(f)) => f.num_samples,
-        Some(Kind::Webdataset(w)) => w.shard_samples.iter().sum(),
-        _ => return Ok(None),
-    };
-    samples
-        .checked_mul(loader_worker::dataset::FRAMES_PER_SAMPLE)
-        .map(Some)
-        .ok_or_else(|| PyValueError::new_err(format!("cache: {samples} images is too many to cache")))
+    loader_worker::dataset::frame_cache_entries(&decode(spec)?).map_err(PyValueError::new_err)
 }
 
 /// `(batches_per_epoch, epochs)` of rank `rank` when the job `spec` runs

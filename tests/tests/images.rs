@@ -402,3 +402,52 @@ fn loaderctl_runs_an_image_folder_and_any_spec_file() {
     assert_eq!(missing.2.len(), 1, "{:?}", missing.2);
     assert!(missing.2[0].contains("--dataset imagefolder needs --path DIR"), "{:?}", missing.2);
 }
+
+/// `loaderctl run --cache`: the workers it starts share a sample cache
+/// that keeps each image decoded, and three epochs of random crops and
+/// flips give the batches of a run without it, checksum for checksum (the
+/// corrupt file skipped in both); the report counts the cache's reads and
+/// says it stayed on. A job whose pipeline keeps nothing is refused in one
+/// line.
+#[test]
+fn loaderctl_run_keeps_frames_and_gives_the_same_batches() {
+    let folder = ImageFolder::write();
+    let root = folder.path().display().to_string();
+    let sums = tempfile::tempdir().expect("tempdir");
+    let (plain_sums, cached_sums) = (sums.path().join("plain"), sums.path().join("cached"));
+    let (plain_at, cached_at) = (plain_sums.display().to_string(), cached_sums.display().to_string());
+    let (plain, cached, refused) = run(Duration::from_secs(240), move |scope| {
+        let job = |sums: &str, more: &[&str]| {
+            let mut args = vec![
+                "run", "--dataset", "imagefolder", "--path", &root, "--on-corrupt", "skip", "--batch-size", "4",
+                "--workers", "2", "--epochs", "3", "--json", "--checksum", sums,
+            ];
+            args.extend_from_slice(more);
+            loaderctl(&scope, &args)
+        };
+        let plain = job(&plain_at, &[]);
+        let cached = job(&cached_at, &["--cache", "64MB"]);
+        let refused = loaderctl(&scope, &["run", "--samples", "64", "--epochs", "2", "--cache", "1MB"]);
+        (plain, cached, refused)
+    });
+    for out in [&plain, &cached] {
+        assert_eq!(out.0, Some(0), "stderr: {:?}", out.2);
+    }
+    let read = |path: &Path| std::fs::read_to_string(path).expect("checksums");
+    let (plain_lines, cached_lines) = (read(&plain_sums), read(&cached_sums));
+    assert_eq!(plain_lines.lines().count(), 15, "19 files an epoch (one corrupt, skipped) in batches of 4, 3 epochs");
+    assert_eq!(cached_lines, plain_lines, "the same batches with kept frames");
+    let report: serde_json::Value = serde_json::from_str(cached.1.last().expect("a report line")).expect("json report");
+    let cache = &report["cache"];
+    assert_eq!(cache["on"], true, "{report}");
+    let (hits, misses) = (cache["hits"].as_u64().unwrap_or(0), cache["misses"].as_u64().unwrap_or(0));
+    assert!(hits >= 18 && hits + misses >= 54 && cache["stored_bytes"].as_u64().unwrap_or(0) > 0, "{report}");
+    assert_eq!(report["epochs_samples_per_s"].as_array().map(Vec::len), Some(3), "{report}");
+    let plain_report: serde_json::Value = serde_json::from_str(plain.1.last().expect("a report line")).expect("json report");
+    assert!(plain_report.get("cache").is_none(), "{plain_report}");
+    assert_eq!(refused.0, Some(1));
+    assert_eq!(
+        refused.2,
+        vec!["loaderctl: error: --cache: only an image_folder or webdataset job keeps frames (its decoded images)".to_owned()]
+    );
+}

@@ -37,7 +37,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -322,6 +322,21 @@ impl SampleCache {
         cache.word(Word::Entries).store(entries, Ordering::Relaxed);
         cache.word(Word::Magic).store(MAGIC, Ordering::Release);
         Ok(cache)
+    }
+
+    /// Lets processes this one starts with `exec` inherit the cache's
+    /// descriptor (it is made close-on-exec): `loaderctl run --cache`
+    /// starts its workers so, naming the descriptor in [`INHERITED`]
+    /// ([`variable`](Self::variable)).
+    pub fn inherit_across_exec(&self) -> io::Result<()> {
+        use nix::fcntl::{FcntlArg, FdFlag, fcntl};
+        fcntl(self.file.as_fd(), FcntlArg::F_SETFD(FdFlag::empty())).map(drop).map_err(io::Error::from)
+    }
+
+    /// The value of [`INHERITED`] that names this cache to a worker that
+    /// inherits its descriptor.
+    pub fn variable(&self) -> String {
+        serde_json::json!({ "fd": self.file.as_raw_fd(), "entries": self.entries }).to_string()
     }
 
     /// The cache another process created, of `entries` indexes, from its

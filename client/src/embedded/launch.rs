@@ -67,6 +67,8 @@ pub trait WorkerProcess: Send + Debug {
 pub struct CommandLauncher {
     /// Program and leading arguments.
     command: Vec<OsString>,
+    /// Variables set in each worker's environment.
+    env: Vec<(OsString, OsString)>,
 }
 
 impl CommandLauncher {
@@ -75,7 +77,14 @@ impl CommandLauncher {
         if command.is_empty() {
             return Err(LoaderError::Embedded("the worker command is empty".into()));
         }
-        Ok(Self { command })
+        Ok(Self { command, env: Vec::new() })
+    }
+
+    /// Sets `env` in each worker's environment (`loaderctl run --cache`
+    /// names the sample cache its workers inherit).
+    pub fn with_env(mut self, env: Vec<(OsString, OsString)>) -> Self {
+        self.env = env;
+        self
     }
 }
 
@@ -90,6 +99,7 @@ impl WorkerLauncher for CommandLauncher {
             command.env_remove(var);
         }
         command.env(WORKER_ID_VARIABLE, worker_index(worker).to_string());
+        command.envs(self.env.iter().map(|(k, v)| (k, v)));
         let mut child = command
             .args(leading)
             .args(args)

@@ -22,6 +22,19 @@ use crate::sample_cache::{Off, Put, SampleCache};
 pub const FRAMES_PER_SAMPLE: u64 = 4;
 const SCALES: u64 = FRAMES_PER_SAMPLE;
 
+/// For a built-in image job (`image_folder`, `webdataset`): how many
+/// entries the sample cache its workers share needs (a frame per sample and
+/// DCT scale); None for any other dataset, whose pipeline keeps nothing.
+pub fn cache_entries(spec: &loader_proto::pb::JobSpec) -> Result<Option<u64>, String> {
+    use loader_proto::pb::dataset_spec::Kind;
+    let samples = match spec.dataset.as_ref().and_then(|d| d.kind.as_ref()) {
+        Some(Kind::ImageFolder(f)) => f.num_samples,
+        Some(Kind::Webdataset(w)) => w.shard_samples.iter().sum(),
+        _ => return Ok(None),
+    };
+    samples.checked_mul(FRAMES_PER_SAMPLE).map(Some).ok_or_else(|| format!("cache: {samples} images is too many to cache"))
+}
+
 /// Bytes before an entry's pixels.
 const HEADER: usize = 16;
 /// The header's first byte.

@@ -28,7 +28,7 @@ mod webdataset;
 
 use loader_proto::pb::{CorruptPolicy, Dtype};
 
-pub use frame_cache::{FRAMES_PER_SAMPLE, FrameCache};
+pub use frame_cache::{FRAMES_PER_SAMPLE, FrameCache, cache_entries as frame_cache_entries};
 pub use image_folder::ImageFolder;
 pub use mix::Mix;
 pub use npy::Npy;
