@@ -1,7 +1,7 @@
 """Worker CPU of several trainers reading the same image job: one shared
 stream against separate jobs, in the same run on the same data (issue 36):
 
-    python bench/shared_stream.py --images /work/imagenet-shaped [--trainers 4] [--epochs 2] [--repeats 3]
+    python bench/shared_stream.py --images /work/imagenet-shaped [--trainers 4] [--epochs 2] [--repeats 3] [--apart] [--step-ms MS]
 
 A real `loader-server` (target/release) on loopback, and per scenario
 `--trainers` `loaderctl consume --transport shm` processes on the image
@@ -19,8 +19,11 @@ got before they came, made again for them. The scenarios:
   without sharing).
 
 Worker CPU is user + sys of the scenario's worker processes (from /proc,
-read before they stop); per-trainer samples/s is each trainer's report. Scenarios take
-turns within each repeat; medians. The table goes to stdout.
+read before they stop); per-trainer samples/s is each trainer's report. With
+`--step-ms` each trainer holds each batch that long, as a training step
+would: trainers then consume at most at that pace, and the question is
+whether the workers keep all of them fed. Scenarios take turns within each
+repeat; medians. The table goes to stdout.
 """
 
 import argparse
@@ -56,7 +59,7 @@ def sessions(url):
     return len(json.loads(out.stdout)["sessions"]) if out.returncode == 0 else 0
 
 
-def scenario(kind, n, service, images, epochs, tag, workers, apart):
+def scenario(kind, n, service, images, epochs, tag, workers, apart, step_ms):
     """Runs `n` trainers (1 for `one`) together with `workers` workers of
     their own; returns worker CPU-s, wall seconds and each trainer's
     samples/s."""
@@ -74,7 +77,8 @@ def scenario(kind, n, service, images, epochs, tag, workers, apart):
     trainers = []
     count = 1 if kind == "one" else n
     for i in range(count):
-        flags = ["--dataset", "imagefolder", "--path", str(images), "--epochs", str(epochs), "--batch-size", "64"]
+        flags = ["--dataset", "imagefolder", "--path", str(images), "--epochs", str(epochs), "--batch-size", "64",
+                 "--step-ms", str(step_ms)]
         if kind == "shared":
             flags += ["--job-name", f"shared-{tag}", "--shared"]
         else:
@@ -89,7 +93,7 @@ def scenario(kind, n, service, images, epochs, tag, workers, apart):
                 sys.exit("the trainers did not subscribe within 60 s")
             time.sleep(0.05)
         procs = start_workers()
-    rates = []
+    rates, shm = [], []
     for cmd, p in trainers:
         try:
             out, err = p.communicate(timeout=TIMEOUT_S)
@@ -99,14 +103,16 @@ def scenario(kind, n, service, images, epochs, tag, workers, apart):
         lines = [line for line in out.splitlines() if line.startswith("{")]
         if p.returncode != 0 or not lines:
             sys.exit(f"failed ({p.returncode}): {shlex.join(cmd)}\n{err.strip()[-2000:]}")
-        rates.append(json.loads(lines[-1])["samples_per_s"])
+        report = json.loads(lines[-1])
+        rates.append(report["samples_per_s"])
+        shm.append(report["shm_batches"] / max(report["batches"], 1))
     wall = time.perf_counter() - began
     cpu = sum(cpu_s(p.pid) for p in procs)
     for p in procs:
         p.terminate()
     for p in procs:
         p.wait(timeout=10)
-    return cpu, wall, rates
+    return cpu, wall, rates, shm
 
 
 def main():
@@ -117,6 +123,9 @@ def main():
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--apart", action="store_true", help="workers first, trainers a few hundred ms apart")
+    p.add_argument("--step-ms", type=float, default=0.0,
+                   help="each trainer holds each batch this long, as a training step would (loaderctl --step-ms): "
+                        "what matters is then whether the workers keep every trainer fed at that pace")
     args = p.parse_args()
     for b in ("loader-server", "loader-worker", "loaderctl"):
         if not (RELEASE / b).exists():
@@ -130,19 +139,21 @@ def main():
         try:
             for r in range(args.repeats):
                 for kind in (kinds if r % 2 == 0 else kinds[::-1]):
-                    cpu, wall, rates = scenario(kind, args.trainers, service, args.images, args.epochs, f"r{r}",
-                                                args.workers, args.apart)
+                    cpu, wall, rates, shm = scenario(kind, args.trainers, service, args.images, args.epochs, f"r{r}",
+                                                args.workers, args.apart, args.step_ms)
                     got[kind].append((cpu, wall, statistics.median(rates)))
                     print(f"run {r + 1} {kind}: worker CPU {cpu:.1f} s, wall {wall:.1f} s, per-trainer samples/s "
-                          + ", ".join(f"{x:,.0f}" for x in rates), flush=True)
+                          + ", ".join(f"{x:,.0f}" for x in rates)
+                          + " (through shared memory: " + ", ".join(f"{x:.0%}" for x in shm) + ")", flush=True)
         finally:
             service.stop()
     med = {k: tuple(statistics.median(v[i] for v in got[k]) for i in range(3)) for k in kinds}
     base_cpu, _, base_rate = med["one"]
     print()
     start = "workers started first, trainers apart" if args.apart else "workers started once every trainer subscribed"
+    step = f", a {args.step_ms:g} ms training step per batch" if args.step_ms else ""
     print(f"{args.trainers} trainers, {args.workers} workers ({start}), {args.epochs} epochs of {args.images}, "
-          f"batch 64, medians of {args.repeats}")
+          f"batch 64{step}, medians of {args.repeats}")
     print()
     print("| scenario | trainers | worker CPU-s | vs one trainer | wall s | samples/s per trainer | vs one trainer |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")

@@ -117,6 +117,14 @@ pub struct RunArgs {
     pub cache_dir: Option<PathBuf>,
 }
 
+/// A `--step-ms` value: a finite number of milliseconds, 0 or more.
+fn parse_step_ms(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(ms) if ms.is_finite() && (0.0..=3_600_000.0).contains(&ms) => Ok(ms),
+        _ => Err(format!("expected milliseconds from 0 to 3600000, got {s:?}")),
+    }
+}
+
 /// Flags of `loaderctl consume`.
 #[derive(Debug, Clone, Args)]
 pub struct ConsumeArgs {
@@ -290,6 +298,13 @@ pub struct MeasureArgs {
     /// cuda`) must write the same file.
     #[arg(long, value_name = "FILE")]
     pub checksum: Option<PathBuf>,
+    /// After each batch, wait MS milliseconds, as a training step would
+    /// (the GPU busy with the batch): the report then says whether the
+    /// loader keeps up with a trainer of that pace (wait_p50_us and
+    /// wait_p99_us near zero, samples/s the step's). 0: consume as fast as
+    /// batches come.
+    #[arg(long, value_name = "MS", default_value_t = 0.0, value_parser = parse_step_ms)]
+    pub step_ms: f64,
 }
 
 /// Flags of `loaderctl drain`.

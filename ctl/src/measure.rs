@@ -185,6 +185,7 @@ pub(super) fn consume_and_report(
     // One entry per batch: a few MB for a million batches.
     let mut waits: Vec<Duration> = Vec::new();
     let mut epochs = EpochClock::new(loader.batches_per_epoch(), loader.yielded(), started);
+    let step = Duration::from_secs_f64(args.step_ms / 1e3);
     loop {
         // A signal stops the loop here or in a wait (checked every tick);
         // returning drops the loader, which stops what it started.
@@ -218,6 +219,12 @@ pub(super) fn consume_and_report(
         }
         if let Some(dump) = &mut dump {
             dump.line(&batch)?;
+        }
+        if !step.is_zero() {
+            // The training step, the batch held meanwhile (as a trainer
+            // holds its ring slot until the step is done with it); the
+            // loader keeps producing into its prefetch window.
+            std::thread::sleep(step);
         }
         drop(batch);
         if let Some(save) = save.as_ref().filter(|s| s.after == batches) {

@@ -628,6 +628,22 @@ fn run_device_cuda_without_a_usable_gpu_is_one_line_and_auto_runs_on_the_host() 
     assert_one_line_error(&run_small(&["--ring", "4,x"]), "invalid value '4,x' for '--ring <SLOTS,SLOT_BYTES>': expected SLOTS,SLOT_BYTES");
 }
 
+/// `--step-ms` holds each batch as a training step of that length would:
+/// no run can then go faster than a batch a step (sleeps last at least
+/// as long as asked); the report gives each epoch's rate; a bad value is
+/// one line.
+#[test]
+fn run_step_ms_paces_the_trainer_and_the_report_gives_each_epoch() {
+    let paced = json(&run_small(&["--step-ms", "20"]));
+    assert_eq!(paced["batches"], 32, "{paced}");
+    let rate = paced["samples_per_s"].as_f64().unwrap_or(f64::MAX);
+    assert!(rate <= 16.0 / 0.020, "16 samples a batch, a batch per 20 ms at most: {paced}");
+    assert_eq!(paced["epochs_samples_per_s"].as_array().map(Vec::len), Some(2), "{paced}");
+    let one_epoch = json(&loaderctl(&["run", "--json", "--workers", "1", "--samples", "64", "--shape", "4", "--batch-size", "16"], Duration::from_secs(90)));
+    assert!(one_epoch.get("epochs_samples_per_s").is_none(), "one epoch: no per-epoch list: {one_epoch}");
+    assert_one_line_error(&run_small(&["--step-ms=-1"]), "invalid value '-1' for '--step-ms <MS>': expected milliseconds from 0 to 3600000");
+}
+
 #[test]
 fn run_device_host_lands_every_batch_byte_for_byte() {
     let dir = tempfile::tempdir().expect("tempdir");
