@@ -206,7 +206,7 @@ pub struct OwnUse {
     pub hits: u64,
     /// Reads that loaded their sample.
     pub misses: u64,
-    /// Bytes of the entries this process stored.
+    /// Bytes of the entries this thread stored.
     pub stored_bytes: u64,
     /// Entries refused because the space ran out.
     pub refused: u64,
