@@ -428,8 +428,13 @@ fn loaderctl_run_keeps_frames_and_gives_the_same_batches() {
         let plain = job(&plain_at, &[]);
         let cached = job(&cached_at, &["--cache", "64MB"]);
         let refused = loaderctl(&scope, &["run", "--samples", "64", "--epochs", "2", "--cache", "1MB"]);
-        (plain, cached, refused)
+        let no_dir = loaderctl(&scope, &[
+            "run", "--dataset", "imagefolder", "--path", &root, "--epochs", "2", "--cache", "1MB", "--cache-dir", "/nonexistent/dir",
+        ]);
+        let no_budget = loaderctl(&scope, &["run", "--dataset", "imagefolder", "--path", &root, "--cache-dir", "/tmp"]);
+        (plain, cached, (refused, no_dir, no_budget))
     });
+    let (refused, no_dir, no_budget) = refused;
     for out in [&plain, &cached] {
         assert_eq!(out.0, Some(0), "stderr: {:?}", out.2);
     }
@@ -449,5 +454,13 @@ fn loaderctl_run_keeps_frames_and_gives_the_same_batches() {
     assert_eq!(
         refused.2,
         vec!["loaderctl: error: --cache: only an image_folder or webdataset job keeps frames (its decoded images)".to_owned()]
+    );
+    assert_eq!((no_dir.0, no_dir.2.len()), (Some(1), 1), "{:?}", no_dir.2);
+    assert!(no_dir.2[0].starts_with("loaderctl: error: --cache: sample cache: /nonexistent/dir: "), "{:?}", no_dir.2);
+    assert_eq!(no_budget.0, Some(2), "{:?}", no_budget.2);
+    assert_eq!(
+        no_budget.2,
+        vec!["loaderctl: error: the following required arguments were not provided: --cache <SIZE> (see --help)".to_owned()],
+        "--cache-dir needs --cache"
     );
 }
