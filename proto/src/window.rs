@@ -30,6 +30,13 @@ use std::time::Duration;
 /// memory a worker holds per consumer stays modest.
 pub const WINDOW_BYTES: u64 = 32 << 20;
 
+/// How long a worker keeps a shared stream's batch it made, for
+/// subscribers that trail the one it was made for (`loader-worker
+/// --keep-shared`), and how long the coordinator sends such subscribers to
+/// it. Trainers of a sweep started together trail each other by less than
+/// a second; ones started by hand, by seconds.
+pub const KEPT_FOR: Duration = Duration::from_secs(30);
+
 /// Most batches in one window. Past this, the per-batch costs are already
 /// a small share of a window's time, and larger windows only lengthen the
 /// stretch one slow worker can hold up the in-order stream.

@@ -27,6 +27,8 @@ mod requeue;
 mod share;
 use requeue::{end_consumer, retire};
 
+use crate::kept_ranges::Route;
+
 #[derive(Debug, Default)]
 struct Tables {
     jobs: JobTable,
@@ -552,6 +554,7 @@ impl Coordinator {
             return Some(HeartbeatOutcome::Tasks { tasks: Vec::new(), drain: true, ended });
         }
         let mut tasks = Vec::new();
+        let now = Instant::now();
         loop {
             let mut progressed = false;
             for job in t.jobs.iter_mut().filter(|j| j.error.is_none()) {
@@ -574,6 +577,18 @@ impl Coordinator {
                     if !t.sessions.has_consumer(job_id, c as u32) || w.cut_off.contains(&key) {
                         continue;
                     }
+                    // A subscriber that trails the others: its next range
+                    // goes to the worker that made it for them and keeps
+                    // it, so it is not made again (see `kept_ranges`).
+                    let kept = match (consumer.subscribes_to, job.lanes.is_none(), consumer.queue.peek(1)) {
+                        (Some(rank), true, Some(next)) => match job.kept.route(rank, next.start, worker_id, now) {
+                            Route::Elsewhere => continue,
+                            Route::Here { until } => Some(until - next.start),
+                            Route::Anywhere => None,
+                        },
+                        _ => None,
+                    };
+                    let consumer = &mut job.consumers[c];
                     // A backup of batches the trainer waits on goes first.
                     let ranges = backup::take(consumer, worker_id).unwrap_or_default();
                     let backed_up: u64 = ranges.iter().map(|r| r.end - r.start).sum();
@@ -598,7 +613,7 @@ impl Coordinator {
                     // And its range lines up with the others' (lanes keep
                     // to their own runs).
                     let max = match subscriber && job.lanes.is_none() {
-                        true => share::aligned_len(job, c, extra.min(range_len), |k| {
+                        true => share::aligned_len(job, c, extra.min(range_len).min(kept.unwrap_or(u64::MAX)), window, |k| {
                             let key = (job_id, k);
                             t.sessions.has_consumer(job_id, k)
                                 && !w.cut_off.contains(&key)
@@ -626,7 +641,7 @@ impl Coordinator {
                     let sessions = &t.sessions;
                     let worker = &*w;
                     let copies = taken.as_ref().map_or_else(Vec::new, |range| {
-                        share::copies(job, c, range, |k| {
+                        share::copies(job, c, range, window, |k| {
                             let key = (job_id, k);
                             sessions.has_consumer(job_id, k)
                                 && !worker.cut_off.contains(&key)
@@ -634,9 +649,20 @@ impl Coordinator {
                         })
                     });
                     let rank = job.consumers[c].subscribes_to;
-                    if let (Some(_), Some(range)) = (rank, &taken) {
+                    // A subscriber too far behind to take the range now
+                    // reads it later: the worker keeps it, and the trailing
+                    // one is sent there.
+                    let keep = taken.as_ref().is_some_and(|range| share::needed_later(job, c, range, &copies));
+                    if let (Some(rank), Some(range)) = (rank, &taken) {
                         let len = range.end - range.start;
-                        if copies.is_empty() {
+                        if keep && kept.is_none() {
+                            job.kept.made(rank, range, worker_id, now);
+                        }
+                        if kept.is_some() {
+                            // Sent to the worker that keeps it: served from
+                            // its memory unless it let the range go.
+                            crate::meters::shared_batches(job_id, "kept", len * (1 + copies.len() as u64));
+                        } else if copies.is_empty() && !keep {
                             job.consumers[c].assigned_alone += len;
                             crate::meters::shared_batches(job_id, "alone", len);
                         } else {
@@ -653,8 +679,8 @@ impl Coordinator {
                         .collect();
                     // A backup copies batches of this consumer only (a
                     // shared stream launches none).
-                    let backups = ranges.into_iter().map(|r| (r, Vec::new()));
-                    for (range, copies) in backups.chain(taken.map(|r| (r, copies))) {
+                    let backups = ranges.into_iter().map(|r| (r, Vec::new(), false));
+                    for (range, copies, keep) in backups.chain(taken.map(|r| (r, copies, keep))) {
                         w.outstanding.entry(key).or_default().extend(range.clone());
                         for copy in &copies {
                             let key = (job_id, copy.consumer);
@@ -672,6 +698,7 @@ impl Coordinator {
                             traceparents,
                             rank,
                             copies,
+                            keep,
                         });
                     }
                     progressed = true;
@@ -781,6 +808,10 @@ impl Coordinator {
         let mut t = self.lock();
         let w = t.workers.workers.get_mut(&worker_id).ok_or(CoordinatorError::UnknownWorker(worker_id))?;
         w.draining = true;
+        // It takes no more ranges: subscribers that trail go elsewhere.
+        for job in t.jobs.iter_mut() {
+            job.kept.forget_worker(worker_id);
+        }
         drop(t);
         tracing::info!(worker_id, "worker draining");
         // Wake its long poll so it hears the order now.

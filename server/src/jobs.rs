@@ -7,6 +7,7 @@ use loader_proto::sampler::Plan;
 
 use crate::error::CoordinatorError;
 use crate::journal::{JournalError, JournaledJob};
+use crate::kept_ranges::KeptRanges;
 use crate::lanes::LaneHolders;
 use crate::range_queue::RangeQueue;
 
@@ -114,6 +115,9 @@ pub(crate) struct JobState {
     /// Its workers' sample cache use, summed (None: no worker used a
     /// cache for it); not journaled.
     pub(crate) cache: Option<pb::CacheUse>,
+    /// On a shared stream: which worker made (and keeps) which recent
+    /// ranges, for subscribers that trail; not journaled.
+    pub(crate) kept: KeptRanges,
     /// The `job` span: from creation (or restore) until every consumer
     /// consumed its last batch or the job failed. Disabled (free) unless
     /// spans are exported.
@@ -325,6 +329,7 @@ impl JobTable {
                 replaced: false,
                 deaths_before_delivery: 0,
                 cache: None,
+                kept: KeptRanges::default(),
             });
     }
 

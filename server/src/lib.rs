@@ -40,6 +40,7 @@ mod jobs;
 mod journal;
 mod meters;
 mod pool;
+mod kept_ranges;
 mod lanes;
 mod range_queue;
 mod service;

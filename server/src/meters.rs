@@ -58,7 +58,8 @@ pub(crate) fn blob_bytes(bytes: u64) {
 }
 
 /// Batches handed out to a shared stream's subscribers, counted once per
-/// subscriber: `made` is `once` (a task for several of them) or `alone`.
+/// subscriber: `made` is `once` (a task for several of them), `alone`, or
+/// `kept` (sent to the worker that made it for the others and keeps it).
 pub(crate) fn shared_batches(job_id: u64, made: &'static str, n: u64) {
     if n > 0 {
         metrics::counter!("loader_coordinator_shared_batches_total", "job_id" => job_id.to_string(), "made" => made)

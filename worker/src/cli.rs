@@ -41,6 +41,13 @@ struct Args {
     /// half the container's memory limit, or of RAM].
     #[arg(long, env = "LOADER_MEMORY_BUDGET", value_name = "SIZE", value_parser = crate::budget::parse_bytes)]
     memory_budget: Option<u64>,
+    /// Memory for batches of shared streams kept after they were sent, so
+    /// that a subscriber trailing the others (started later, or slower)
+    /// gets them without their being made again, e.g. 2GiB; 0 keeps none.
+    /// Each is kept at most 30 s.
+    #[arg(long, env = "LOADER_KEEP_SHARED", value_name = "SIZE", value_parser = parse_size_or_zero,
+          default_value = "1GiB")]
+    keep_shared: u64,
     /// Seconds to keep retrying the first registration.
     #[arg(long, default_value_t = 5.0, value_name = "SECS", value_parser = parse_secs, allow_hyphen_values = true)]
     connect_timeout: f64,
@@ -61,6 +68,11 @@ struct Args {
     /// straggler, as on a slow disk or a noisy host).
     #[arg(long, hide = true, default_value_t = 0, value_name = "MS")]
     slow_batch_ms: u64,
+}
+
+/// A size as [`crate::budget::parse_bytes`] reads it, or 0.
+fn parse_size_or_zero(s: &str) -> Result<u64, String> {
+    if s.trim() == "0" { Ok(0) } else { crate::budget::parse_bytes(s) }
 }
 
 fn parse_secs(s: &str) -> Result<f64, String> {
@@ -130,6 +142,7 @@ async fn serve(args: Args, datasets: Datasets) -> Result<(), WorkerError> {
         connect_timeout: Duration::from_secs_f64(args.connect_timeout),
         blob_dir: Some(args.blob_dir.unwrap_or_else(loader_process::blobs::path_from_env)),
         security: args.security,
+        keep_shared: args.keep_shared,
         slow_batch: Duration::from_millis(args.slow_batch_ms),
     };
     crate::run_with_datasets(listener, config, datasets, loader_process::signals::stop_requested()).await

@@ -3,6 +3,11 @@
 
 use std::time::Duration;
 
+/// Bytes of shared streams' batches a worker keeps for trailing
+/// subscribers unless told otherwise: about 100 batches of 64 images of
+/// 3x224x224, a few seconds of a sweep's trainers started apart.
+pub const DEFAULT_KEEP_SHARED: u64 = 1 << 30;
+
 /// How a worker finds its coordinator and presents itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkerConfig {
@@ -33,6 +38,10 @@ pub struct WorkerConfig {
     /// coordinator (docs/security.md). Token values also come from the
     /// environment (`LOADER_WORKER_TOKEN`, `LOADER_TRAINER_TOKEN`).
     pub security: loader_process::security::SecurityArgs,
+    /// Bytes of shared streams' batches kept after they were sent, for
+    /// subscribers that trail the others (`crate::kept_batches`); 0 keeps
+    /// none.
+    pub keep_shared: u64,
     /// Extra time every batch takes: a test knob that makes this worker a
     /// straggler (a slow disk, a noisy host). Zero in production.
     pub slow_batch: Duration,
@@ -49,6 +58,7 @@ impl Default for WorkerConfig {
             connect_timeout: Duration::from_secs(5),
             blob_dir: None,
             security: loader_process::security::SecurityArgs::default(),
+            keep_shared: DEFAULT_KEEP_SHARED,
             slow_batch: Duration::ZERO,
         }
     }

@@ -64,6 +64,7 @@ pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod image;
+mod kept_batches;
 mod link;
 mod meters;
 mod outbox;
@@ -179,6 +180,7 @@ pub async fn run_with_datasets(
     let blobs = BlobFetcher::new(channel.clone(), coordinator.clone(), tokio::runtime::Handle::current(), blob_dir);
     let producer = Producer::spawn(outboxes.clone(), rings.clone(), windows.clone(), budget, datasets, Some(blobs))
         .map_err(WorkerError::Thread)?;
+    producer.keep_shared(config.keep_shared);
     if !config.slow_batch.is_zero() {
         tracing::warn!(extra = ?config.slow_batch, "test knob: every batch is made slower");
         producer.slow_down(config.slow_batch);

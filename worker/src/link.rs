@@ -409,6 +409,7 @@ impl Link {
             cache_use: self.producer.cache_use(),
         };
         crate::meters::busy(request.busy);
+        crate::meters::kept_bytes(self.producer.let_go_kept());
         self.outboxes.sample_meters();
         request
     }

@@ -54,6 +54,17 @@ pub(crate) fn busy(fraction: f64) {
     metrics::gauge!("loader_worker_busy_ratio").set(fraction);
 }
 
+/// Bytes of shared streams' batches kept for trailing subscribers
+/// (sampled on each heartbeat).
+pub(crate) fn kept_bytes(bytes: u64) {
+    metrics::gauge!("loader_worker_shared_kept_bytes").set(bytes as f64);
+}
+
+/// A shared stream's batch served from the kept batches instead of made.
+pub(crate) fn kept_served(job_id: u64) {
+    metrics::counter!("loader_worker_shared_kept_served_total", "job_id" => job_id.to_string()).increment(1);
+}
+
 /// Batches, samples and bytes handed to a consumer over one transport.
 #[derive(Debug)]
 pub(crate) struct Delivery {

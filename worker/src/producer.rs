@@ -35,6 +35,7 @@ use tokio::sync::Notify;
 use crate::batch_spans::BatchSpans;
 use crate::busy::BusyMeter;
 use crate::cache_use::CacheUse;
+use crate::kept_batches::{Kept, KeptBatches};
 use crate::collate::{BatchRules, CollateError, Collated, Skipped, layout, make};
 use crate::delivery::{Sources, Target, Written};
 use crate::blobs::{BlobError, BlobFetcher};
@@ -89,6 +90,8 @@ struct Shared {
     busy_meter: BusyMeter,
     /// Its sample cache use per job, for the link's heartbeats.
     cache_use: CacheUse,
+    /// Shared streams' batches kept for subscribers that trail.
+    kept: Mutex<KeptBatches>,
     /// Extra time every batch takes, in nanoseconds: a test knob for a
     /// worker on a slow disk or a noisy host (`--slow-batch-ms`); 0 in
     /// production.
@@ -140,6 +143,7 @@ impl Producer {
             skipped: AtomicU64::new(0),
             busy_meter: BusyMeter::new(Instant::now()),
             cache_use: CacheUse::default(),
+            kept: Mutex::new(KeptBatches::new(crate::config::DEFAULT_KEEP_SHARED)),
             slow_batch_ns: AtomicU64::new(0),
         });
         let thread = Arc::clone(&shared);
@@ -147,6 +151,21 @@ impl Producer {
             .name("loader-producer".into())
             .spawn(move || thread.run())?;
         Ok(Self { shared })
+    }
+
+    /// Keeps at most `bytes` of shared streams' batches for subscribers
+    /// that trail (`crate::kept_batches`).
+    pub(crate) fn keep_shared(&self, bytes: u64) {
+        *self.shared.kept() = KeptBatches::new(bytes);
+    }
+
+    /// Lets go of kept batches past their time, and says how many bytes
+    /// stay kept (for each heartbeat: an idle worker holds no memory for
+    /// long).
+    pub(crate) fn let_go_kept(&self) -> u64 {
+        let mut kept = self.shared.kept();
+        kept.let_go(Instant::now());
+        kept.held()
     }
 
     /// Makes every batch take `extra` longer (a test knob: a straggler).
@@ -401,6 +420,10 @@ impl Shared {
         self.queue.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    fn kept(&self) -> MutexGuard<'_, KeptBatches> {
+        self.kept.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
     /// Abandons the running task. The caller then wakes ring waits, outside
     /// the queue lock (`Rings` locks are never taken inside it).
     fn abandon_current(&self, q: &mut Queue) {
@@ -417,7 +440,15 @@ impl Shared {
                     if q.stopped {
                         return;
                     }
-                    if let Some(task) = q.tasks.pop_front() {
+                    // A task this worker kept the batches of goes first:
+                    // serving it takes a copy, and its subscriber trails
+                    // the others already.
+                    let kept = self.kept();
+                    let first = q.tasks.iter().position(|(t, _)| {
+                        t.rank.is_some_and(|rank| kept.has((t.job.as_ref().map_or(0, |j| j.job_id), rank, t.start_seq)))
+                    });
+                    drop(kept);
+                    if let Some(task) = q.tasks.remove(first.unwrap_or(0)) {
                         q.busy = true;
                         q.running = deliveries(&task.0).map(|(key, _)| key).collect();
                         q.gone.clear();
@@ -506,6 +537,18 @@ impl Shared {
             let meta = BatchMeta { job_id: job.job_id, epoch, consumer: rank, seq };
             let indices = plan.batch_indices(rank, seq);
             let spans = BatchSpans::start(task, job.job_id, seq);
+            // A shared stream's batch this worker made before, for the
+            // subscribers ahead of this one: the same bytes, made no more.
+            let kept_key = (job.job_id, rank, seq);
+            if task.rank.is_some()
+                && let Some(kept) = self.kept().get(kept_key, Instant::now())
+            {
+                crate::meters::kept_served(job.job_id);
+                if !self.fan_out(task, &kept.bytes, seq, kept.samples, &spans, submitted, generation, &abandoned) {
+                    return Ok(());
+                }
+                continue;
+            }
             // A batch made whole (a Python `collate_fn`) is made first: its
             // size, and so where it fits, is known only then.
             let mut made = None;
@@ -531,6 +574,9 @@ impl Shared {
                 let (batch, collated) = sources.into_bytes(&spans).map_err(|e| failed(seq, e))?;
                 self.made_batch(&spans, &mut timing, &meters, &meta, indices.len(), started.elapsed() + making, &collated);
                 let samples = held(&indices, &collated.skipped);
+                if task.keep {
+                    self.kept().keep(kept_key, Kept { bytes: batch.clone(), samples }, Instant::now());
+                }
                 if !self.fan_out(task, &batch, seq, samples, &spans, submitted, generation, &abandoned) {
                     return Ok(());
                 }
@@ -558,7 +604,9 @@ impl Shared {
     /// samples) to each consumer of `task` still there: into a slot of its
     /// ring when the task names one that grants a slot within
     /// [`COPY_PATIENCE`], else into its gRPC outbox, so that no subscriber
-    /// holds up the others for long. False when the task was abandoned.
+    /// holds up the others for long. A task for one subscriber (no copies)
+    /// waits for its ring as any task does. False when the task was
+    /// abandoned.
     #[allow(clippy::too_many_arguments)]
     fn fan_out(
         &self,
@@ -571,7 +619,10 @@ impl Shared {
         generation: u64,
         abandoned: &dyn Fn() -> bool,
     ) -> bool {
-        let deadline = Instant::now() + COPY_PATIENCE;
+        // A batch for one subscriber holds up nobody else: it waits for
+        // its ring like any other task's batch (a trailing subscriber
+        // served from kept batches would else read them over gRPC).
+        let deadline = (!task.copies.is_empty()).then(|| Instant::now() + COPY_PATIENCE);
         let mut written = Vec::new();
         for (key, ring) in deliveries(task) {
             if self.lock().gone.contains(&key) {
@@ -582,7 +633,7 @@ impl Shared {
                 "" => Route::Grpc,
                 path => {
                     let path = Path::new(path);
-                    self.rings.acquire_until(path, key, submitted, batch.len(), abandoned, &meters.blocked_shm, Some(deadline))
+                    self.rings.acquire_until(path, key, submitted, batch.len(), abandoned, &meters.blocked_shm, deadline)
                 }
             };
             let copy = match route {

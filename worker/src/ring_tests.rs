@@ -554,3 +554,32 @@ fn a_reclaim_returns_grants_no_batch_took_up_to_the_count() {
     check_slot(&ring, 4096, &f);
     p.stop();
 }
+
+/// A shared stream's batch for one subscriber (a trailing one served from
+/// kept batches, or one nobody else takes the range with) waits for its
+/// ring's slots like any batch: nobody else is held up, and gRPC would cost
+/// both ends more CPU. (With copies, a subscriber whose ring is full gets
+/// its copy over gRPC after a short wait, so that it holds up no other.)
+#[test]
+fn a_shared_batch_for_one_subscriber_waits_for_its_ring() {
+    let rt = runtime();
+    let outboxes = Outboxes::new();
+    let p = producer(&rt, &outboxes);
+    let trainer = Trainer::listen();
+    let ring = memfd("loader-ring-one-subscriber", 4 * 4096);
+    p.submit(Task { rank: Some(0), keep: true, ..task(1, 0..3, trainer.socket()) });
+    let (mut peer, _) = trainer.accept();
+    peer.attach(4096, 4, Some(&ring));
+    peer.grant(0, 0);
+    assert_eq!(fill_grants(&mut peer, &ring, [0]), [(0, 0)]);
+    // Far longer than a copy waits for a slot: batch 1 waits for one.
+    peer.expect_quiet();
+    assert!(outboxes.is_empty(), "a batch went over gRPC while its ring was full");
+    peer.grant(1, 0);
+    peer.grant(2, 0);
+    assert_eq!(fill_grants(&mut peer, &ring, [1, 2]), [(1, 0), (2, 0)]);
+    assert_eq!(delivered(&outboxes, 1, 3), vec![0, 1, 2]);
+    settle(&p);
+    assert!(outboxes.is_empty(), "nothing went over gRPC");
+    p.stop();
+}

@@ -52,6 +52,7 @@ pub(super) fn retire(t: &mut Tables, worker_id: u64) -> Option<(String, usize)> 
         if let Some(lanes) = job.lanes.as_mut() {
             lanes.forget(worker_id);
         }
+        job.kept.forget_worker(worker_id);
     }
     let mut undelivered = 0;
     // Backups it was part of for consumers it holds nothing of (all it had
@@ -82,6 +83,9 @@ pub(super) fn retire(t: &mut Tables, worker_id: u64) -> Option<(String, usize)> 
 pub(super) fn cut_off(t: &mut Tables, worker_id: u64, key: ConsumerKey) -> Option<usize> {
     if !t.workers.cut(worker_id, key) {
         return None;
+    }
+    if let Some(job) = t.jobs.get_mut(key.0) {
+        job.kept.forget_worker(worker_id);
     }
     let w = t.workers.workers.get_mut(&worker_id)?;
     let held = w.outstanding.remove(&key).unwrap_or_default();

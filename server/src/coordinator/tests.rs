@@ -1002,7 +1002,7 @@ async fn subscribers_of_a_shared_stream_take_each_range_together() {
 }
 
 #[tokio::test]
-async fn a_subscriber_past_the_lag_or_late_gets_its_batches_made_alone() {
+async fn a_subscriber_past_the_lag_or_late_gets_its_batches_alone() {
     let c = coordinator();
     let (job, subs) = shared(&c, "lag", 40, 4, 2);
     let w = c.register_worker("http://w".into(), "n".into(), 4, 0);
@@ -1025,7 +1025,48 @@ async fn a_subscriber_past_the_lag_or_late_gets_its_batches_made_alone() {
     let first_of_late = t.iter().find(|t| t.consumer == 3 && t.start_seq == 0).expect("its first batches");
     assert!(first_of_late.copies.is_empty(), "{first_of_late:?}");
     let p = progress(&c, job.job_id);
+    // Nobody needed the first batches later when they were made (the late
+    // one was not there, and the others were two): nothing kept them.
     assert!(p[3].assigned_alone > 0 && p[1].assigned_alone > 0, "{p:?}");
+}
+
+/// A subscriber far behind the others gets no copies (they would fill its
+/// ring ahead of what it reads next); its ranges go to the worker that
+/// made them for the others and keeps them, and to any worker once that
+/// one is gone or the record is stale.
+#[tokio::test(start_paused = true)]
+async fn a_trailing_subscriber_is_sent_to_the_worker_that_kept_its_batches() {
+    let c = coordinator();
+    let (job, subs) = shared(&c, "kept", 64, 0, 1);
+    let a = subs[0].1;
+    let w1 = c.register_worker("http://w1".into(), "n".into(), 4, 0);
+    let made = received(&tasks(&c, w1, Vec::new()).await, a);
+    assert_eq!(made, (0..8).collect::<Vec<u64>>());
+    c.session_heartbeat(subs[0].0, 8, 0);
+    let report = vec![pb::Delivered { job_id: job.job_id, consumer: a, seqs: made }];
+    assert_eq!(received(&tasks(&c, w1, report).await, a), (8..16).collect::<Vec<u64>>());
+    // B subscribes from the start, 8 batches behind A's watermark.
+    let (_, _, b) = c.open_session(job.job_id, 0, None, "n".into(), String::new(), None).expect("late");
+    let w2 = c.register_worker("http://w2".into(), "n".into(), 4, 0);
+    let t = tasks(&c, w2, Vec::new()).await;
+    assert_eq!(received(&t, a), (16..24).collect::<Vec<u64>>(), "{t:?}");
+    assert!(received(&t, b).is_empty(), "B's first batches are w1's to send, and A's new ones too far ahead: {t:?}");
+    let t = tasks(&c, w1, Vec::new()).await;
+    assert_eq!(received(&t, b), (0..8).collect::<Vec<u64>>(), "{t:?}");
+    assert!(t.iter().all(|t| t.consumer == b && t.copies.is_empty() && t.end_seq <= 16), "{t:?}");
+    // B's next ones are w1's too (8..16), and w2's after them (16..24)...
+    let report = vec![pb::Delivered { job_id: job.job_id, consumer: b, seqs: (0..8).collect() }];
+    c.session_heartbeat(subs[0].0, 16, 0);
+    assert!(received(&tasks(&c, w2, Vec::new()).await, b).is_empty());
+    assert_eq!(received(&tasks(&c, w1, report).await, b), (8..16).collect::<Vec<u64>>());
+    // ...unless w2 is gone, or what it made is stale.
+    tokio::time::advance(crate::kept_ranges::KEPT_FOR + Duration::from_secs(1)).await;
+    let report = vec![pb::Delivered { job_id: job.job_id, consumer: b, seqs: (8..16).collect() }];
+    assert_eq!(received(&tasks(&c, w1, report).await, b), (16..24).collect::<Vec<u64>>(), "stale: anyone makes it");
+    c.deregister(w1).expect("w1 leaves");
+    // What w1 delivered to B unacknowledged, and held, is w2's to make.
+    let t = tasks(&c, w2, Vec::new()).await;
+    assert_eq!(received(&t, b).first(), Some(&0), "{t:?}");
 }
 
 #[tokio::test]
