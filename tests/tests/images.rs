@@ -464,3 +464,57 @@ fn loaderctl_run_keeps_frames_and_gives_the_same_batches() {
         "--cache-dir needs --cache"
     );
 }
+
+/// A worker started on its own with `--cache` (a remote worker: no trainer
+/// hands it a cache) keeps an image job's frames in a cache it makes.
+/// Three epochs of random crops and flips give the samples of a worker
+/// without it, pixel for pixel, and the coordinator's job info counts the
+/// cache's reads. Once the job's trainer is done its dataset closes, and
+/// the next image job keeps its frames in the same budget.
+#[test]
+fn a_worker_started_with_a_cache_keeps_frames_and_gives_the_same_samples() {
+    let folder = ImageFolder::write();
+    let job = |seed: u64| {
+        spec::image_folder(folder.path())
+            .transforms(transforms::standard_train(224))
+            .batch_size(4)
+            .epochs(3)
+            .shuffle(seed)
+            .on_corrupt(CorruptPolicy::Skip)
+            .build()
+            .expect("image folder spec")
+    };
+    let (first, next) = (job(11), job(12));
+    let (plain, cached, again, jobs) = run(Duration::from_secs(240), move |scope| {
+        let plain = {
+            let cluster = Cluster::start(&scope, 1);
+            consume_images(cluster.url(), first.clone(), 224).expect("a worker without a cache")
+        };
+        let mut cluster = Cluster::builder().start(&scope);
+        cluster.add_worker_with(&["--cache", "64MB"]);
+        let cached = consume_images(cluster.url(), first, 224).expect("a worker with a cache");
+        let again = consume_images(cluster.url(), next, 224).expect("the next job");
+        // The workers report cache use with their heartbeats.
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let jobs = loop {
+            let jobs = cluster.admin().jobs().expect("jobs");
+            let read = |j: &loader_proto::pb::JobInfo| j.cache.as_ref().map_or(0, |c| c.hits + c.misses);
+            if (jobs.len() == 2 && jobs.iter().all(|j| read(j) >= 57)) || std::time::Instant::now() > deadline {
+                break jobs;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        (plain, cached, again, jobs)
+    });
+    let good = folder.labels.len() - 1;
+    assert_eq!(plain.len(), 3 * good, "every sample but the corrupt one, 3 epochs");
+    assert_eq!(cached, plain, "the same samples, pixel for pixel, with kept frames");
+    assert_eq!(again.len(), 3 * good);
+    assert_eq!(jobs.len(), 2, "{jobs:?}");
+    for info in &jobs {
+        let cache = info.cache.as_ref().unwrap_or_else(|| panic!("a job used no cache: {info:?}"));
+        assert!(cache.off.is_empty(), "{cache:?}");
+        // Epoch 1 decodes and keeps every frame; epochs 2 and 3 cut from them.
+        assert!(cache.hits >= 2 * good as u64 && cache.stored_bytes > 0, "{cache:?}");
+    }
+}

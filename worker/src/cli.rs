@@ -48,6 +48,18 @@ struct Args {
     #[arg(long, env = "LOADER_KEEP_SHARED", value_name = "SIZE", value_parser = parse_size_or_zero,
           default_value = "1GiB")]
     keep_shared: u64,
+    /// Keep each image of an image_folder or webdataset job decoded, up to
+    /// this size (8GiB, 512MiB), so its epochs after the first decode
+    /// nothing: the same batches, faster (docs/images.md, "Kept frames").
+    /// One job at a time keeps its frames; a job whose keeping does not
+    /// pay turns it off. Workers spawned by a trainer's cache use that
+    /// cache instead.
+    #[arg(long, env = "LOADER_WORKER_CACHE", value_name = "SIZE", value_parser = crate::budget::parse_bytes)]
+    cache: Option<u64>,
+    /// Keep the cache in an unnamed file in DIR (its pages spill to that
+    /// disk) instead of memory.
+    #[arg(long, env = "LOADER_WORKER_CACHE_DIR", value_name = "DIR", requires = "cache", value_parser = parse_dir)]
+    cache_dir: Option<std::path::PathBuf>,
     /// Seconds to keep retrying the first registration.
     #[arg(long, default_value_t = 5.0, value_name = "SECS", value_parser = parse_secs, allow_hyphen_values = true)]
     connect_timeout: f64,
@@ -143,9 +155,22 @@ async fn serve(args: Args, datasets: Datasets) -> Result<(), WorkerError> {
         blob_dir: Some(args.blob_dir.unwrap_or_else(loader_process::blobs::path_from_env)),
         security: args.security,
         keep_shared: args.keep_shared,
+        cache: args.cache,
+        cache_dir: args.cache_dir,
         slow_batch: Duration::from_millis(args.slow_batch_ms),
     };
     crate::run_with_datasets(listener, config, datasets, loader_process::signals::stop_requested()).await
+}
+
+/// A directory that exists (`--cache-dir`): a typo fails at start-up, not
+/// at the first image job.
+fn parse_dir(s: &str) -> Result<std::path::PathBuf, String> {
+    let path = std::path::PathBuf::from(s);
+    match std::fs::metadata(&path) {
+        Ok(m) if m.is_dir() => Ok(path),
+        Ok(_) => Err(format!("{s}: not a directory")),
+        Err(e) => Err(format!("{s}: {e}")),
+    }
 }
 
 /// Clap's report up to its first blank line (the error, and for a missing

@@ -42,6 +42,12 @@ pub struct WorkerConfig {
     /// subscribers that trail the others (`crate::kept_batches`); 0 keeps
     /// none.
     pub keep_shared: u64,
+    /// Bytes of decoded images this worker keeps for an image job's later
+    /// epochs when its trainer gave it no cache (`--cache`): in memory, or
+    /// in an unnamed file in `cache_dir`. None keeps none.
+    pub cache: Option<u64>,
+    /// Where the cache's file goes (its pages spill to that disk).
+    pub cache_dir: Option<std::path::PathBuf>,
     /// Extra time every batch takes: a test knob that makes this worker a
     /// straggler (a slow disk, a noisy host). Zero in production.
     pub slow_batch: Duration,
@@ -59,6 +65,8 @@ impl Default for WorkerConfig {
             blob_dir: None,
             security: loader_process::security::SecurityArgs::default(),
             keep_shared: DEFAULT_KEEP_SHARED,
+            cache: None,
+            cache_dir: None,
             slow_batch: Duration::ZERO,
         }
     }

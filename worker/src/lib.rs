@@ -178,6 +178,10 @@ pub async fn run_with_datasets(
         return Err(e);
     }
     let blobs = BlobFetcher::new(channel.clone(), coordinator.clone(), tokio::runtime::Handle::current(), blob_dir);
+    let datasets = match config.cache {
+        Some(bytes) => datasets.keep_frames(bytes, config.cache_dir.clone()),
+        None => datasets,
+    };
     let producer = Producer::spawn(outboxes.clone(), rings.clone(), windows.clone(), budget, datasets, Some(blobs))
         .map_err(WorkerError::Thread)?;
     producer.keep_shared(config.keep_shared);

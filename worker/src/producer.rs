@@ -117,6 +117,9 @@ struct Queue {
     stopped: bool,
     /// Failures not yet reported to the coordinator.
     failed: Vec<Failed>,
+    /// Consumers that ended since the thread last looked: a job's dataset
+    /// closes once every consumer it served ended (see [`DatasetCache`]).
+    ended: Vec<ConsumerKey>,
 }
 
 impl Producer {
@@ -261,6 +264,8 @@ impl Producer {
         // Under the queue lock, so a batch of the abandoned task cannot slip
         // into the outbox after this (see `Shared::produce`).
         let batches = self.shared.outboxes.drop_consumer(key);
+        q.ended.push(key);
+        self.shared.ready.notify_all();
         drop(q);
         if abandon {
             self.shared.rings.interrupt();
@@ -440,6 +445,13 @@ impl Shared {
                     if q.stopped {
                         return;
                     }
+                    if !q.ended.is_empty() {
+                        let ended = std::mem::take(&mut q.ended);
+                        drop(q);
+                        cache.ended(&ended);
+                        q = self.lock();
+                        continue;
+                    }
                     // A task this worker kept the batches of goes first:
                     // serving it takes a copy, and its subscriber trails
                     // the others already.
@@ -501,6 +513,7 @@ impl Shared {
         let plan = loader_proto::spec::plan(spec)?;
         check_range(task, &plan)?;
         let dataset = cache.open(job.job_id, spec, &self.datasets, self.blobs.as_ref())?;
+        cache.serves(job.job_id, deliveries(task).map(|(key, _)| key.1));
         let rules = BatchRules { seed: plan.seed, on_corrupt: loader_proto::spec::corrupt_policy(spec) };
         if dataset.len() != plan.num_samples {
             return Err(TaskError::SampleCount { held: dataset.len(), planned: plan.num_samples });
@@ -778,15 +791,39 @@ fn check_range(task: &Task, plan: &Plan) -> Result<(), TaskError> {
     Ok(())
 }
 
-/// Open datasets of recent jobs.
+/// Open datasets of recent jobs. A job's dataset closes when every
+/// consumer this worker served it for ended (its trainers finished or
+/// left), or when more recent jobs push it out: what it holds open (files,
+/// mappings, its kept frames) goes with it.
 #[derive(Debug, Default)]
 struct DatasetCache {
     open: HashMap<u64, (Arc<dyn Dataset>, u64)>,
     /// Use counter, for evicting the least recently used job.
     clock: u64,
+    /// The consumers each open job's tasks were for, until they end.
+    consumers: HashMap<u64, std::collections::HashSet<u32>>,
 }
 
 impl DatasetCache {
+    /// Notes that `job_id`'s dataset serves `consumers`.
+    fn serves(&mut self, job_id: u64, consumers: impl Iterator<Item = u32>) {
+        self.consumers.entry(job_id).or_default().extend(consumers);
+    }
+
+    /// Closes the datasets whose consumers all ended. A consumer that
+    /// comes back, or another rank, opens its job's dataset again.
+    fn ended(&mut self, ended: &[ConsumerKey]) {
+        for &(job_id, consumer) in ended {
+            let Some(left) = self.consumers.get_mut(&job_id) else { continue };
+            left.remove(&consumer);
+            if left.is_empty() {
+                self.consumers.remove(&job_id);
+                self.open.remove(&job_id);
+                tracing::debug!(job = job_id, "dataset closed: every consumer it served ended");
+            }
+        }
+    }
+
     fn open(
         &mut self,
         job_id: u64,
@@ -812,6 +849,7 @@ impl DatasetCache {
             && let Some(oldest) = self.open.iter().min_by_key(|(_, (_, used))| *used).map(|(id, _)| *id)
         {
             self.open.remove(&oldest);
+            self.consumers.remove(&oldest);
         }
         self.open.insert(job_id, (Arc::clone(&ds), self.clock));
         Ok(ds)

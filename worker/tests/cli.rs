@@ -93,6 +93,22 @@ fn a_missing_flag_is_one_line_and_names_it() {
 }
 
 #[test]
+fn a_cache_dir_that_is_not_there_or_without_a_cache_is_one_line() {
+    let base = ["--coordinator", "http://127.0.0.1:1", "--listen", "127.0.0.1:0"];
+    let (status, out, err) = Running::start(&[&base[..], &["--cache", "1MB", "--cache-dir", "/nonexistent/dir"]].concat()).finish();
+    assert!(!status.success());
+    assert_eq!(out, "", "refused before it listens");
+    let line = assert_one_error_line(&err);
+    assert!(line.contains("--cache-dir") && line.contains("/nonexistent/dir: No such file or directory"), "{line}");
+    let (status, _, err) = Running::start(&[&base[..], &["--cache-dir", "/tmp"]].concat()).finish();
+    assert!(!status.success());
+    assert!(assert_one_error_line(&err).contains("--cache <SIZE>"), "{err}");
+    let (status, _, err) = Running::start(&[&base[..], &["--cache", "lots"]].concat()).finish();
+    assert!(!status.success());
+    assert!(assert_one_error_line(&err).contains("--cache"), "{err}");
+}
+
+#[test]
 fn an_unreachable_coordinator_fails_after_the_connect_timeout() {
     let coordinator = "http://127.0.0.1:1";
     let (status, out, err) =

@@ -63,6 +63,10 @@ pub struct FrameCache {
     decided: AtomicBool,
     /// Samples made through the cache by this worker.
     seen: AtomicU64,
+    /// A cache this worker made itself (`loader-worker --cache`) holds
+    /// its worker's one slot for as long as it lives (see
+    /// `registry::OwnFrames`).
+    _slot: Option<std::sync::Arc<()>>,
 }
 
 impl FrameCache {
@@ -73,7 +77,24 @@ impl FrameCache {
         if epochs <= 1 {
             cache.turn_off(Off::OneEpoch);
         }
-        Self { cache, samples, epochs, full: AtomicBool::new(false), decided: AtomicBool::new(false), seen: AtomicU64::new(0) }
+        Self {
+            cache,
+            samples,
+            epochs,
+            full: AtomicBool::new(false),
+            decided: AtomicBool::new(false),
+            seen: AtomicU64::new(0),
+            _slot: None,
+        }
+    }
+
+    /// A cache of `capacity` bytes this worker makes for itself (in
+    /// memory, or an unnamed file in `dir`) for a job of `samples`
+    /// samples and `epochs` epochs, holding `slot` while it lives.
+    pub(crate) fn own(samples: u64, epochs: u32, capacity: u64, dir: Option<&std::path::Path>, slot: std::sync::Arc<()>) -> Result<Self, String> {
+        let entries = samples.checked_mul(SCALES).ok_or_else(|| format!("sample cache: {samples} samples is too many"))?;
+        let cache = SampleCache::create(entries, capacity, dir).map_err(|e| e.to_string())?;
+        Ok(Self { _slot: Some(slot), ..Self::new(cache, samples, epochs) })
     }
 
     /// The cache this worker inherited from its trainer, if any, for a job

@@ -4,7 +4,8 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use loader_proto::pb::{CustomSpec, JobSpec, dataset_spec::Kind};
 
@@ -19,13 +20,29 @@ pub type OpenCustom = dyn Fn(&CustomSpec) -> Result<Arc<dyn Dataset>, DatasetErr
 pub struct Datasets {
     /// Custom datasets by the name a `custom` spec gives.
     custom: HashMap<String, Arc<OpenCustom>>,
+    /// Frames this worker keeps itself, when its trainer gave it no cache.
+    own_frames: Option<OwnFrames>,
+}
+
+/// The kept frames of a worker started with `--cache SIZE` (a standalone
+/// or remote worker, which inherits no cache from a trainer): one image
+/// job at a time keeps its frames in a cache of SIZE this worker makes,
+/// so the worker's memory stays within SIZE whatever it serves. The slot
+/// frees when that job's dataset closes (its job ended long ago, or more
+/// recent jobs pushed it out of the worker's open datasets).
+#[derive(Debug, Clone)]
+struct OwnFrames {
+    capacity: u64,
+    dir: Option<PathBuf>,
+    /// The slot the cache of the job that keeps frames holds.
+    slot: Arc<Mutex<Weak<()>>>,
 }
 
 impl fmt::Debug for Datasets {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut names: Vec<&str> = self.custom.keys().map(String::as_str).collect();
         names.sort_unstable();
-        f.debug_struct("Datasets").field("custom", &names).finish()
+        f.debug_struct("Datasets").field("custom", &names).field("own_frames", &self.own_frames).finish()
     }
 }
 
@@ -45,6 +62,14 @@ impl Datasets {
         self
     }
 
+    /// Keeps the frames of built-in image jobs in a cache of `capacity`
+    /// bytes this worker makes (in memory, or an unnamed file in `dir`)
+    /// when its trainer gave it none: `loader-worker --cache`.
+    pub fn keep_frames(mut self, capacity: u64, dir: Option<PathBuf>) -> Self {
+        self.own_frames = Some(OwnFrames { capacity, dir, slot: Arc::default() });
+        self
+    }
+
     /// Opens the dataset of a job: files are opened or mapped once here,
     /// and the result is checked against what the submitter saw.
     pub fn open(&self, spec: &JobSpec) -> Result<Arc<dyn Dataset>, DatasetError> {
@@ -57,12 +82,12 @@ impl Datasets {
             Some(Kind::Parquet(p)) => Arc::new(Parquet::open(p, &spec.transforms)?),
             Some(Kind::ImageFolder(f)) => {
                 let folder = ImageFolder::open(f, &spec.transforms)?;
-                let frames = kept_frames(folder.len(), spec)?;
+                let frames = self.kept_frames(folder.len(), spec)?;
                 Arc::new(folder.keep_frames(frames))
             }
             Some(Kind::Webdataset(w)) => {
                 let shards = WebDataset::open(w, &spec.transforms)?;
-                let frames = kept_frames(shards.len(), spec)?;
+                let frames = self.kept_frames(shards.len(), spec)?;
                 Arc::new(shards.keep_frames(frames))
             }
             Some(Kind::Custom(c)) => {
@@ -79,10 +104,34 @@ impl Datasets {
     }
 }
 
-/// The frames cache this worker's trainer gave it for an image job of
-/// `samples` images (`Loader.local(spec, cache=...)`), if it gave one.
-fn kept_frames(samples: u64, spec: &JobSpec) -> Result<Option<FrameCache>, DatasetError> {
-    FrameCache::inherited(samples, spec.epochs).map_err(DatasetError::Spec)
+impl Datasets {
+    /// The frames cache of an image job of `samples` images: the one this
+    /// worker's trainer gave it (`Loader.local(spec, cache=...)`,
+    /// `loaderctl run --cache`), else one of its own (`--cache`) when no
+    /// other job keeps frames in it now, else none.
+    fn kept_frames(&self, samples: u64, spec: &JobSpec) -> Result<Option<FrameCache>, DatasetError> {
+        if let Some(inherited) = FrameCache::inherited(samples, spec.epochs).map_err(DatasetError::Spec)? {
+            return Ok(Some(inherited));
+        }
+        let Some(own) = &self.own_frames else { return Ok(None) };
+        let mut slot = own.slot.lock().unwrap_or_else(PoisonError::into_inner);
+        if slot.strong_count() > 0 {
+            tracing::info!(job = %spec.name, "sample cache: another image job keeps its frames in this worker's --cache; this one keeps none");
+            return Ok(None);
+        }
+        let held = Arc::new(());
+        match FrameCache::own(samples, spec.epochs, own.capacity, own.dir.as_deref(), Arc::clone(&held)) {
+            Ok(frames) => {
+                *slot = Arc::downgrade(&held);
+                Ok(Some(frames))
+            }
+            // The job runs without: a cache only saves work.
+            Err(e) => {
+                tracing::warn!(job = %spec.name, "sample cache: cannot make one ({e}); the job decodes every epoch");
+                Ok(None)
+            }
+        }
+    }
 }
 
 /// Opens a job's dataset with the built-in kinds only.
