@@ -138,10 +138,16 @@ pub(super) fn end_consumer(t: &mut Tables, key: ConsumerKey) -> Ended {
     t.workers.uncut_all(key);
     t.workers.unacked_by.remove(&key);
     for w in t.workers.workers.values_mut() {
-        let held = w.outstanding.remove(&key).unwrap_or_default();
+        // Every worker that served it is told, holding batches or not: it
+        // also closes the job's dataset once all consumers it served ended
+        // (and with it what the dataset keeps, such as its frames cache).
+        let served = w.outstanding.remove(&key);
         let unacked = w.unacked.remove(&key).unwrap_or_default();
-        if !held.is_empty() {
+        if served.is_some() {
             w.ended.insert(key);
+        }
+        let held = served.unwrap_or_default();
+        if !held.is_empty() {
             ended.workers += 1;
         }
         ended.requeued += give_back(&mut t.jobs, key, held, false) + give_back(&mut t.jobs, key, unacked, true);
