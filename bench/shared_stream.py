@@ -19,7 +19,11 @@ got before they came, made again for them. The scenarios:
   without sharing).
 
 Worker CPU is user + sys of the scenario's worker processes (from /proc,
-read before they stop); per-trainer samples/s is each trainer's report. With
+read before they stop); per-trainer samples/s is each trainer's report, and
+trainer CPU the sum of the trainers' own (their reports'
+`client_cpu_us_per_batch` times batches). "Cores busy" is workers' and
+trainers' CPU over the wall time: near `os.cpu_count()`, the scenario
+had no CPU to spare and its trainers' rate measures contention. With
 `--step-ms` each trainer holds each batch that long, as a training step
 would: trainers then consume at most at that pace, and the question is
 whether the workers keep all of them fed. Scenarios take turns within each
@@ -61,8 +65,8 @@ def sessions(url):
 
 def scenario(kind, n, service, images, epochs, tag, workers, apart, step_ms):
     """Runs `n` trainers (1 for `one`) together with `workers` workers of
-    their own; returns worker CPU-s, wall seconds and each trainer's
-    samples/s."""
+    their own; returns worker CPU-s, wall seconds, each trainer's samples/s
+    and share through shared memory, and the trainers' CPU-s together."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOADER_")}
 
     def start_workers():
@@ -93,7 +97,7 @@ def scenario(kind, n, service, images, epochs, tag, workers, apart, step_ms):
                 sys.exit("the trainers did not subscribe within 60 s")
             time.sleep(0.05)
         procs = start_workers()
-    rates, shm = [], []
+    rates, shm, trainer_cpu = [], [], 0.0
     for cmd, p in trainers:
         try:
             out, err = p.communicate(timeout=TIMEOUT_S)
@@ -106,13 +110,14 @@ def scenario(kind, n, service, images, epochs, tag, workers, apart, step_ms):
         report = json.loads(lines[-1])
         rates.append(report["samples_per_s"])
         shm.append(report["shm_batches"] / max(report["batches"], 1))
+        trainer_cpu += report["client_cpu_us_per_batch"] * report["batches"] / 1e6
     wall = time.perf_counter() - began
     cpu = sum(cpu_s(p.pid) for p in procs)
     for p in procs:
         p.terminate()
     for p in procs:
         p.wait(timeout=10)
-    return cpu, wall, rates, shm
+    return cpu, wall, rates, shm, trainer_cpu
 
 
 def main():
@@ -139,28 +144,33 @@ def main():
         try:
             for r in range(args.repeats):
                 for kind in (kinds if r % 2 == 0 else kinds[::-1]):
-                    cpu, wall, rates, shm = scenario(kind, args.trainers, service, args.images, args.epochs, f"r{r}",
+                    cpu, wall, rates, shm, tcpu = scenario(kind, args.trainers, service, args.images, args.epochs, f"r{r}",
                                                 args.workers, args.apart, args.step_ms)
-                    got[kind].append((cpu, wall, statistics.median(rates)))
-                    print(f"run {r + 1} {kind}: worker CPU {cpu:.1f} s, wall {wall:.1f} s, per-trainer samples/s "
+                    got[kind].append((cpu, wall, statistics.median(rates), tcpu))
+                    print(f"run {r + 1} {kind}: worker CPU {cpu:.1f} s, trainer CPU {tcpu:.1f} s, wall {wall:.1f} s, "
+                          "per-trainer samples/s "
                           + ", ".join(f"{x:,.0f}" for x in rates)
                           + " (through shared memory: " + ", ".join(f"{x:.0%}" for x in shm) + ")", flush=True)
         finally:
             service.stop()
-    med = {k: tuple(statistics.median(v[i] for v in got[k]) for i in range(3)) for k in kinds}
-    base_cpu, _, base_rate = med["one"]
+    med = {k: tuple(statistics.median(v[i] for v in got[k]) for i in range(4)) for k in kinds}
+    base_cpu, _, base_rate, _ = med["one"]
     print()
     start = "workers started first, trainers apart" if args.apart else "workers started once every trainer subscribed"
     step = f", a {args.step_ms:g} ms training step per batch" if args.step_ms else ""
     print(f"{args.trainers} trainers, {args.workers} workers ({start}), {args.epochs} epochs of {args.images}, "
           f"batch 64{step}, medians of {args.repeats}")
     print()
-    print("| scenario | trainers | worker CPU-s | vs one trainer | wall s | samples/s per trainer | vs one trainer |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| scenario | trainers | worker CPU-s | vs one trainer | trainer CPU-s | cores busy | wall s "
+          "| samples/s per trainer | vs one trainer |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for k in kinds:
-        cpu, wall, rate = med[k]
+        cpu, wall, rate, tcpu = med[k]
         n = 1 if k == "one" else args.trainers
-        print(f"| {k} | {n} | {cpu:.1f} | {cpu / base_cpu:.2f}x | {wall:.1f} | {rate:,.0f} | {rate / base_rate:.2f}x |")
+        # workers' and trainers' CPU over the wall time: against os.cpu_count(), how
+        # much of the machine the scenario had to itself
+        print(f"| {k} | {n} | {cpu:.1f} | {cpu / base_cpu:.2f}x | {tcpu:.1f} | {(cpu + tcpu) / wall:.2f} "
+              f"| {wall:.1f} | {rate:,.0f} | {rate / base_rate:.2f}x |")
 
 
 if __name__ == "__main__":

@@ -17,11 +17,12 @@
 
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use loader_proto::batch::{BatchError, BatchLayout, BatchMeta, TensorDesc};
 use loader_proto::pb::CorruptPolicy;
 
 pub use crate::dataset::Skipped;
+use crate::batch_buffers::BatchBuffer;
 use crate::dataset::{BatchRows, Dataset, DatasetError, MadeBatch, SampleKey};
 
 /// Why a batch could not be built.
@@ -98,10 +99,10 @@ pub fn collate_bytes(
     indices: &[u64],
     rules: BatchRules,
 ) -> Result<(Bytes, Collated), CollateError> {
-    let mut buf = BytesMut::zeroed(layout.total_len());
-    let collated = fill(dataset, layout, meta, indices, rules, &mut buf, true)?;
-    buf.truncate(collated.len);
-    Ok((buf.freeze(), collated))
+    let mut buf = BatchBuffer::take(layout.total_len());
+    let zeroed = buf.is_zeroed();
+    let collated = fill(dataset, layout, meta, indices, rules, buf.bytes_mut(), zeroed)?;
+    Ok((buf.freeze(collated.len), collated))
 }
 
 /// Writes the batch `meta` at the front of `buf` (a shared-memory slot),
@@ -180,9 +181,9 @@ pub fn made_bytes(
     meta: &BatchMeta,
     read: Duration,
 ) -> Result<(Bytes, Collated), CollateError> {
-    let mut buf = BytesMut::zeroed(layout.total_len());
-    let collated = write_made(made, layout, meta, read, &mut buf)?;
-    Ok((buf.freeze(), collated))
+    let mut buf = BatchBuffer::take(layout.total_len());
+    let collated = write_made(made, layout, meta, read, buf.bytes_mut())?;
+    Ok((buf.freeze(collated.len), collated))
 }
 
 fn fill(

@@ -28,6 +28,8 @@
 //!   marked around each batch and read by the link for each heartbeat.
 //! - [`collate`]: one batch written in place into one buffer in the wire
 //!   format of `loader_proto::batch`.
+//! - `batch_buffers`: the buffers of batches made outside a ring slot,
+//!   handed out again once a batch is dropped (no fresh pages per batch).
 //! - `delivery`: where one batch goes (a ring slot or the gRPC outbox),
 //!   written there and handed over, one path for both transports.
 //! - `window`: how many batches this worker holds per consumer of each
@@ -49,6 +51,7 @@
 //! - [`error`]: [`WorkerError`], and the one mapping of errors to gRPC
 //!   statuses.
 
+mod batch_buffers;
 mod batch_spans;
 mod blobs;
 pub mod budget;
