@@ -518,3 +518,71 @@ fn a_worker_started_with_a_cache_keeps_frames_and_gives_the_same_samples() {
         assert!(cache.hits >= 2 * good as u64 && cache.stored_bytes > 0, "{cache:?}");
     }
 }
+
+/// `loader-worker --cache SIZE --cache-dir DIR --cache-shared` on two
+/// workers of one node: each image is decoded once on the node, whichever
+/// worker makes its sample later reads it, and the cache's file goes once
+/// the job is done. Each worker's own cache would find about half.
+#[test]
+fn workers_of_one_node_share_a_cache_and_each_image_is_decoded_once() {
+    let folder = ImageFolder::write();
+    let dir = tempfile::tempdir().expect("cache dir");
+    let job = spec::image_folder(folder.path())
+        .transforms(transforms::standard_train(224))
+        .batch_size(2)
+        .epochs(3)
+        .shuffle(21)
+        .on_corrupt(CorruptPolicy::Skip)
+        .build()
+        .expect("image folder spec");
+    let cache_dir = dir.path().to_str().expect("utf-8 path").to_owned();
+    let files = |dir: &Path| -> Vec<String> {
+        std::fs::read_dir(dir)
+            .expect("read the cache dir")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect()
+    };
+    let (plain, cached, jobs, workers, left) = run(Duration::from_secs(240), move |scope| {
+        let plain = {
+            let cluster = Cluster::start(&scope, 1);
+            consume_images(cluster.url(), job.clone(), 224).expect("a worker without a cache")
+        };
+        let mut cluster = Cluster::builder().start(&scope);
+        for _ in 0..2 {
+            cluster.add_worker_with(&["--cache", "64MB", "--cache-dir", &cache_dir, "--cache-shared"]);
+        }
+        let cached = consume_images(cluster.url(), job, 224).expect("workers with a shared cache");
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let jobs = loop {
+            let jobs = cluster.admin().jobs().expect("jobs");
+            let read = |j: &loader_proto::pb::JobInfo| j.cache.as_ref().map_or(0, |c| c.hits + c.misses);
+            if jobs.iter().all(|j| read(j) >= 57) || std::time::Instant::now() > deadline {
+                break jobs;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        let workers = cluster.admin().workers().expect("workers");
+        // Both workers close the job's dataset once its trainer has ended;
+        // the last to let go removes the file.
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let left = loop {
+            let left = files(Path::new(&cache_dir));
+            if left.is_empty() || std::time::Instant::now() > deadline {
+                break left;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        (plain, cached, jobs, workers, left)
+    });
+    let good = folder.labels.len() - 1;
+    assert_eq!(plain.len(), 3 * good, "every sample but the corrupt one, 3 epochs");
+    assert_eq!(cached, plain, "the same samples, pixel for pixel, from a shared cache");
+    assert!(workers.len() == 2 && workers.iter().all(|w| w.delivered > 0), "both workers made batches: {workers:?}");
+    let cache = jobs[0].cache.as_ref().unwrap_or_else(|| panic!("the job used no cache: {jobs:?}"));
+    assert!(cache.off.is_empty(), "{cache:?}");
+    // Epoch 1 decodes each image once on the node; epochs 2 and 3 find
+    // every frame, whichever worker kept it.
+    assert!(cache.hits >= 2 * good as u64, "{cache:?}");
+    assert!(cache.misses <= good as u64 + 1, "{cache:?}");
+    assert!(left.is_empty(), "the cache's file outlived the job: {left:?}");
+}

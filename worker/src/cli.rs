@@ -60,6 +60,14 @@ struct Args {
     /// disk) instead of memory.
     #[arg(long, env = "LOADER_WORKER_CACHE_DIR", value_name = "DIR", requires = "cache", value_parser = parse_dir)]
     cache_dir: Option<std::path::PathBuf>,
+    /// Share each job's cache with the other workers of this node started
+    /// with the same --cache-dir and this flag: every image is kept once
+    /// on the node, and read by whichever worker makes its sample. The
+    /// first worker to need a job's cache makes it, of its --cache size;
+    /// the last to let go removes it. Point --cache-dir at a tmpfs
+    /// (/dev/shm) to keep it in memory.
+    #[arg(long, env = "LOADER_WORKER_CACHE_SHARED", requires = "cache_dir")]
+    cache_shared: bool,
     /// Seconds to keep retrying the first registration.
     #[arg(long, default_value_t = 5.0, value_name = "SECS", value_parser = parse_secs, allow_hyphen_values = true)]
     connect_timeout: f64,
@@ -157,6 +165,7 @@ async fn serve(args: Args, datasets: Datasets) -> Result<(), WorkerError> {
         keep_shared: args.keep_shared,
         cache: args.cache,
         cache_dir: args.cache_dir,
+        cache_shared: args.cache_shared,
         slow_batch: Duration::from_millis(args.slow_batch_ms),
     };
     crate::run_with_datasets(listener, config, datasets, loader_process::signals::stop_requested()).await

@@ -48,6 +48,10 @@ pub struct WorkerConfig {
     pub cache: Option<u64>,
     /// Where the cache's file goes (its pages spill to that disk).
     pub cache_dir: Option<std::path::PathBuf>,
+    /// Share each job's cache, a file in `cache_dir`, with the other
+    /// workers of this node started so (`--cache-shared`,
+    /// `sample_cache::on_node`).
+    pub cache_shared: bool,
     /// Extra time every batch takes: a test knob that makes this worker a
     /// straggler (a slow disk, a noisy host). Zero in production.
     pub slow_batch: Duration,
@@ -67,6 +71,7 @@ impl Default for WorkerConfig {
             keep_shared: DEFAULT_KEEP_SHARED,
             cache: None,
             cache_dir: None,
+            cache_shared: false,
             slow_batch: Duration::ZERO,
         }
     }

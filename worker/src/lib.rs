@@ -181,9 +181,19 @@ pub async fn run_with_datasets(
         return Err(e);
     }
     let blobs = BlobFetcher::new(channel.clone(), coordinator.clone(), tokio::runtime::Handle::current(), blob_dir);
-    let datasets = match config.cache {
-        Some(bytes) => datasets.keep_frames(bytes, config.cache_dir.clone()),
-        None => datasets,
+    let datasets = match (config.cache, &config.cache_dir) {
+        (Some(bytes), Some(dir)) if config.cache_shared => {
+            // Caches of this node's workers that were killed: nobody
+            // holds them, and their frames may be of files changed since.
+            match sample_cache::on_node::sweep(dir) {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(dir = %dir.display(), "sample cache: removed {n} left by workers that were killed"),
+                Err(e) => tracing::warn!(dir = %dir.display(), "sample cache: cannot look for caches left behind: {e}"),
+            }
+            datasets.keep_frames_on_node(bytes, dir.clone())
+        }
+        (Some(bytes), _) => datasets.keep_frames(bytes, config.cache_dir.clone()),
+        (None, _) => datasets,
     };
     let producer = Producer::spawn(outboxes.clone(), rings.clone(), windows.clone(), budget, datasets, Some(blobs))
         .map_err(WorkerError::Thread)?;

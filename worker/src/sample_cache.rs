@@ -637,5 +637,7 @@ fn data_at(entries: u64) -> Result<usize, CacheError> {
     Ok(end.div_ceil(4096) * 4096)
 }
 
+pub mod on_node;
+
 #[cfg(test)]
 mod tests;

@@ -106,6 +106,10 @@ fn a_cache_dir_that_is_not_there_or_without_a_cache_is_one_line() {
     let (status, _, err) = Running::start(&[&base[..], &["--cache", "lots"]].concat()).finish();
     assert!(!status.success());
     assert!(assert_one_error_line(&err).contains("--cache"), "{err}");
+    // A cache shared on the node is a file in a directory: one must be named.
+    let (status, _, err) = Running::start(&[&base[..], &["--cache", "1MB", "--cache-shared"]].concat()).finish();
+    assert!(!status.success());
+    assert!(assert_one_error_line(&err).contains("--cache-dir <DIR>"), "{err}");
 }
 
 #[test]

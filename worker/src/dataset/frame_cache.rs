@@ -15,6 +15,7 @@ use nix::sys::mman::{MmapAdvise, madvise};
 
 use crate::image::ImageError;
 use crate::image::frames::{Frame, Frames, Source, thread_cpu};
+use crate::sample_cache::on_node::{self, NodeHold};
 use crate::sample_cache::{Off, Put, SampleCache};
 
 /// Entries per sample: one per DCT scale (8, 4, 2, 1 eighths). A trainer
@@ -67,6 +68,9 @@ pub struct FrameCache {
     /// its worker's one slot for as long as it lives (see
     /// `registry::OwnFrames`).
     _slot: Option<std::sync::Arc<()>>,
+    /// A cache the workers of this node share (`--cache-shared`): this
+    /// worker's hold on its file, which the last holder unlinks.
+    _node: Option<NodeHold>,
 }
 
 impl FrameCache {
@@ -85,6 +89,7 @@ impl FrameCache {
             decided: AtomicBool::new(false),
             seen: AtomicU64::new(0),
             _slot: None,
+            _node: None,
         }
     }
 
@@ -95,6 +100,23 @@ impl FrameCache {
         let entries = samples.checked_mul(SCALES).ok_or_else(|| format!("sample cache: {samples} samples is too many"))?;
         let cache = SampleCache::create(entries, capacity, dir).map_err(|e| e.to_string())?;
         Ok(Self { _slot: Some(slot), ..Self::new(cache, samples, epochs) })
+    }
+
+    /// The cache of `capacity` bytes that the workers of this node started
+    /// with `--cache-shared` share for a job of `samples` samples and
+    /// `epochs` epochs: the file `name` in `dir`, made here if no live
+    /// worker has it. Holds `slot` while it lives.
+    pub(crate) fn on_node(
+        samples: u64,
+        epochs: u32,
+        capacity: u64,
+        dir: &std::path::Path,
+        name: &str,
+        slot: std::sync::Arc<()>,
+    ) -> Result<Self, String> {
+        let entries = samples.checked_mul(SCALES).ok_or_else(|| format!("sample cache: {samples} samples is too many"))?;
+        let (cache, hold) = on_node::open_or_make(dir, name, entries, capacity).map_err(|e| e.to_string())?;
+        Ok(Self { _slot: Some(slot), _node: Some(hold), ..Self::new(cache, samples, epochs) })
     }
 
     /// The cache this worker inherited from its trainer, if any, for a job

@@ -34,6 +34,10 @@ pub struct Datasets {
 struct OwnFrames {
     capacity: u64,
     dir: Option<PathBuf>,
+    /// Share each job's cache with the other workers of this node started
+    /// with the same `dir` (`--cache-shared`: a file in `dir` named after
+    /// the job's spec, `sample_cache::on_node`).
+    on_node: bool,
     /// The slot the cache of the job that keeps frames holds.
     slot: Arc<Mutex<Weak<()>>>,
 }
@@ -66,7 +70,16 @@ impl Datasets {
     /// bytes this worker makes (in memory, or an unnamed file in `dir`)
     /// when its trainer gave it none: `loader-worker --cache`.
     pub fn keep_frames(mut self, capacity: u64, dir: Option<PathBuf>) -> Self {
-        self.own_frames = Some(OwnFrames { capacity, dir, slot: Arc::default() });
+        self.own_frames = Some(OwnFrames { capacity, dir, on_node: false, slot: Arc::default() });
+        self
+    }
+
+    /// As [`keep_frames`](Self::keep_frames), with each job's cache a file
+    /// in `dir` that the other workers of this node started so share:
+    /// `loader-worker --cache SIZE --cache-dir DIR --cache-shared`. The
+    /// first of them to need it makes it, of `capacity` bytes.
+    pub fn keep_frames_on_node(mut self, capacity: u64, dir: PathBuf) -> Self {
+        self.own_frames = Some(OwnFrames { capacity, dir: Some(dir), on_node: true, slot: Arc::default() });
         self
     }
 
@@ -120,7 +133,13 @@ impl Datasets {
             return Ok(None);
         }
         let held = Arc::new(());
-        match FrameCache::own(samples, spec.epochs, own.capacity, own.dir.as_deref(), Arc::clone(&held)) {
+        let made = match (&own.dir, own.on_node) {
+            (Some(dir), true) => {
+                FrameCache::on_node(samples, spec.epochs, own.capacity, dir, &node_name(spec), Arc::clone(&held))
+            }
+            _ => FrameCache::own(samples, spec.epochs, own.capacity, own.dir.as_deref(), Arc::clone(&held)),
+        };
+        match made {
             Ok(frames) => {
                 *slot = Arc::downgrade(&held);
                 Ok(Some(frames))
@@ -132,6 +151,18 @@ impl Datasets {
             }
         }
     }
+}
+
+/// The name of a job's cache among the files of a node's workers: a hash
+/// of this build and of the job's whole spec (which names the files its
+/// frames come from), so workers of one build serving one job agree on it,
+/// and nothing else does.
+fn node_name(spec: &JobSpec) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::hash::DefaultHasher::new();
+    env!("CARGO_PKG_VERSION").hash(&mut hasher);
+    prost::Message::encode_to_vec(spec).hash(&mut hasher);
+    format!("{:016x}", hasher.finish())
 }
 
 /// Opens a job's dataset with the built-in kinds only.
