@@ -37,16 +37,23 @@ const ATTEMPTS: usize = 8;
 /// unlinked if no other worker holds it.
 #[derive(Debug)]
 pub struct NodeHold {
-    lock: Flock<File>,
+    /// Always Some until dropped.
+    lock: Option<Flock<File>>,
     path: PathBuf,
 }
 
 impl Drop for NodeHold {
     fn drop(&mut self) {
-        // Exclusive only if nobody else holds it (a worker that opened the
-        // name but has not locked it yet checks afterwards that the name
-        // is still this file, and retries if it is not).
-        if self.lock.relock(FlockArg::LockExclusiveNonblock).is_ok() && same_file(&self.lock, &self.path) {
+        // Let go first, then try for it alone: of several workers letting
+        // go at once, the last to try finds nobody else and unlinks it
+        // (trying while still holding it, each could see the other and
+        // none would). Exclusive only if nobody else holds it; a worker
+        // that opened the name but has not locked it yet checks afterwards
+        // that the name is still this file, and retries if it is not.
+        let Some(Ok(file)) = self.lock.take().map(Flock::unlock) else { return };
+        if let Ok(alone) = Flock::lock(file, FlockArg::LockExclusiveNonblock)
+            && same_file(&alone, &self.path)
+        {
             let _ = std::fs::remove_file(&self.path);
         }
     }
@@ -97,7 +104,7 @@ fn hold(file: File, path: &Path, entries: u64) -> Result<Option<(SampleCache, No
         return Ok(None);
     }
     let cache = SampleCache::open(lock.try_clone()?, entries)?;
-    Ok(Some((cache, NodeHold { lock, path: path.to_owned() })))
+    Ok(Some((cache, NodeHold { lock: Some(lock), path: path.to_owned() })))
 }
 
 /// Makes the cache as an unnamed file in `dir` and links it at `path`:
@@ -107,7 +114,7 @@ fn make(dir: &Path, path: &Path, entries: u64, capacity: u64) -> Result<Option<(
     let lock = Flock::lock(cache.file.try_clone()?, FlockArg::LockShared).map_err(|(_, e)| io::Error::from(e))?;
     let unnamed = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&*lock));
     match linkat(AT_FDCWD, unnamed.as_str(), AT_FDCWD, path, AtFlags::AT_SYMLINK_FOLLOW) {
-        Ok(()) => Ok(Some((cache, NodeHold { lock, path: path.to_owned() }))),
+        Ok(()) => Ok(Some((cache, NodeHold { lock: Some(lock), path: path.to_owned() }))),
         Err(Errno::EEXIST) => Ok(None),
         Err(e) => Err(io::Error::new(io::Error::from(e).kind(), format!("{}: {e}", path.display())).into()),
     }
@@ -164,6 +171,13 @@ mod tests {
         assert!(path.exists(), "still held by the second");
         drop(hold_b);
         assert!(!path.exists(), "the last holder unlinks it");
+        // Holders that let go in either order: the file goes too.
+        let (c, hold_c) = open_or_make(dir.path(), "job", 8, 1 << 20).expect("made");
+        let (d, hold_d) = open_or_make(dir.path(), "job", 8, 1 << 20).expect("found");
+        drop(hold_d);
+        drop(hold_c);
+        assert!(!path.exists());
+        drop((c, d));
         drop((a, b));
     }
 
