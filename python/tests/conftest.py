@@ -132,8 +132,13 @@ class Child:
     """A Python script running in a child process, read line by line."""
 
     def __init__(self, source: str):
+        # Ctrl-C as at a terminal: a suite started in the background (`cmd
+        # &` in a script) passes SIGINT on ignored, and a Python started so
+        # raises no KeyboardInterrupt (the Ctrl-C tests then failed for how
+        # the suite was started, not for Loader).
+        prelude = "import signal\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
         self.proc = subprocess.Popen(
-            [sys.executable, "-u", "-c", textwrap.dedent(source)],
+            [sys.executable, "-u", "-c", prelude + textwrap.dedent(source)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
