@@ -8,8 +8,8 @@ Per cell (tokens 2049 x uint16 at batch 1/8/64, synthetic 3x32x32 uint8 at
 batch 64/256, synthetic 3x224x224 uint8 at batch 64, npy rows 256 x float32
 at batch 1024), `loaderctl run` (embedded, 2 workers, shared memory or
 `--transport grpc`) with
-the same spec file for both builds, repeats interleaved (old, new, old,
-...), medians. The Rust loop only: bench/ab_python.py runs the Python loop
+the same spec file for both builds, repeats interleaved (old, new, new,
+old, ...), medians. The Rust loop only: bench/ab_python.py runs the Python loop
 over two installed wheels. Data: the matrix's files under bench/data/ (bench/matrix.py makes
 them).
 """
@@ -97,7 +97,10 @@ def main():
         spec = spec_file(i, kind, batch, epochs, tokens, rows)
         rates = {"old": [], "new": []}
         for r in range(args.repeats):
-            for which in ("old", "new"):
+            # Each build goes first in every other repeat: a run's place
+            # in the pair moves its rate (an A/A run of one build read
+            # 1.09x for the second of each pair).
+            for which in ("old", "new") if r % 2 == 0 else ("new", "old"):
                 binary = getattr(args, which)
                 res = run_one([binary, "run", "--json", "--workers", str(args.workers), "--transport", args.transport,
                                "--spec", str(spec)])

@@ -543,7 +543,7 @@ impl Consumer {
         if !inbox.arm(plan.reports) {
             return RingWait::Unread;
         }
-        self.pace.waiting(now);
+        self.pace.waiting(now, plan);
         RingWait::Armed(plan.hold.map(|hold| now + hold))
     }
 
