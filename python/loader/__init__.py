@@ -74,20 +74,45 @@ _IMAGE_KINDS = frozenset({"image_folder", "webdataset"})
 _NOTHING_TO_KEEP = "cache: only for a dataset or a job spec of a built-in image dataset (image_folder, webdataset)"
 
 
-def _frame_cache(spec: bytes, cache_bytes: int, cache_dir: Any, template: Any) -> Any:
+def _frame_cache(spec: bytes, cache_bytes: int, cache_dir: Any) -> Any:
     """The sample cache of a built-in image job's workers (a frame per
     image and scale, ``FrameCache`` in the worker), created here and
     inherited by the workers the template forks."""
     entries = _native.frame_cache_entries(spec)
     if entries is None:
         raise TypeError(_NOTHING_TO_KEEP)
-    if template is None:
-        raise TypeError(
-            "cache: a built-in image job's workers share the cache this process forks them with; "
-            "multiprocessing_context='spawn' starts them without it"
-        )
     directory = None if cache_dir is None else os.fspath(cache_dir)
     return _native.SampleCache.create(entries, cache_bytes, directory)
+
+
+class _SpawnedFrames:
+    """Kept frames for a built-in image job's spawned workers
+    (``multiprocessing_context="spawn"``), which inherit nothing from this
+    process: each is started as ``loader-worker --cache SIZE --cache-dir
+    DIR --cache-shared`` would be, so they share one cache file in DIR
+    (``loader_worker::sample_cache::on_node``), which the last of them to
+    let go removes. DIR is ``cache_dir``, or a directory of this loader's
+    own in ``/dev/shm`` (memory, as a forked job's memfd), removed at
+    close: a worker killed before letting go leaves its file there."""
+
+    def __init__(self, spec: bytes, cache_bytes: int, cache_dir: Any):
+        if _native.frame_cache_entries(spec) is None:
+            raise TypeError(_NOTHING_TO_KEEP)
+        import tempfile
+
+        if cache_dir is not None:
+            self.dir, self._own = os.fspath(cache_dir), False
+        else:
+            shm = "/dev/shm" if os.access("/dev/shm", os.W_OK | os.X_OK) else None
+            self.dir, self._own = tempfile.mkdtemp(prefix="loader-frames.", dir=shm), True
+        self.flags = ["--cache", str(int(cache_bytes)), "--cache-dir", self.dir, "--cache-shared"]
+
+    def close(self) -> None:
+        if self._own:
+            import shutil
+
+            self._own = False
+            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def _spec_bytes(job: Union[Mapping, str, os.PathLike]) -> bytes:
@@ -420,7 +445,9 @@ class Loader:
         nothing (the decoded image is cached). An ``image_folder`` or
         ``webdataset`` spec keeps each image decoded at the scale its crops
         need (docs/images.md). In memory, or in an unnamed file in
-        ``cache_dir``; shared by the workers, gone with the loader; it
+        ``cache_dir``; shared by the workers, gone with the loader (an
+        image job's spawned workers share a named file in ``cache_dir`` or
+        in a directory of the loader's own in ``/dev/shm``); it
         turns itself off when reading a sample back costs more than half
         of loading it, and for a job of one epoch. ``cache_stats()``
         counts hits and misses (``loader._cache``).
@@ -514,10 +541,14 @@ class Loader:
                 )
             job = _dataset.fill_num_samples(job)
         spec = _spec_bytes(job)
-        if keeps_frames:
-            sample_cache = _frame_cache(spec, cache_bytes, cache_dir, template)
+        spawned_frames = None
+        if keeps_frames and template is not None:
+            sample_cache = _frame_cache(spec, cache_bytes, cache_dir)
+        elif keeps_frames:
+            spawned_frames = _SpawnedFrames(spec, cache_bytes, cache_dir)
         checked = _options_json(options)
-        local = (workers, _worker_command(threads), ready_timeout)
+        command = _worker_command(threads) + ([] if spawned_frames is None else spawned_frames.flags)
+        local = (workers, command, ready_timeout)
         forks = None if template is None else (template, threads, sample_cache)
 
         def start(
@@ -534,6 +565,7 @@ class Loader:
         # when the loader closes (a worker that needs one later fetches it).
         self._pickles = _dataset.written_pickles(job)
         self._sample_cache = sample_cache
+        self._spawned_frames = spawned_frames
         return self
 
     def _init(self, spec: bytes, rank: Optional[int], world_size: Optional[int], start) -> None:
@@ -676,6 +708,9 @@ class Loader:
             _dataset.release_pickle(path)
         # The cache's memory goes once the workers have exited too.
         self._sample_cache = None
+        spawned_frames, self._spawned_frames = getattr(self, "_spawned_frames", None), None
+        if spawned_frames is not None:
+            spawned_frames.close()
 
     def __enter__(self) -> "Loader":
         return self
@@ -699,7 +734,10 @@ class Loader:
         budget was full), ``capacity_bytes``, and the time loads and reads
         back took (``load_ns`` over ``loads_timed``, ``hit_ns`` over
         ``hits_timed``). None without a cache, after ``close()``, and with
-        spawned workers (each keeps its own)."""
+        spawned workers (a Python dataset's keep a cache each; a built-in
+        image job's share one this process does not hold:
+        ``loaderctl status`` on ``coordinator_address()`` shows its hit
+        ratio)."""
         cache = getattr(self, "_sample_cache", None)
         return None if cache is None else dict(cache.stats())
 

@@ -24,8 +24,9 @@ in memory (default) or an unnamed file in ``cache_dir``, created by the
 trainer and inherited by every worker the template forks, so co-located
 workers share it and nothing outlives the loader. Entries are written once
 and never evicted; when the budget is full the rest is loaded every time.
-Workers forked with ``multiprocessing_context="spawn"`` and remote workers
-keep a cache each.
+Workers started with ``multiprocessing_context="spawn"`` and remote workers
+keep a cache each (a built-in image job's spawned workers share one by
+name instead, as ``loader-worker --cache-shared`` does: docs/images.md).
 
 The cache decides by itself whether it pays: every load of a missed
 sample, every store and every read back (the first few entries a worker

@@ -202,9 +202,11 @@ def _photo_folder(root: pathlib.Path, per_class: int = 12) -> str:
     return str(root)
 
 
-def _run_spec(root: str, transforms: list, epochs: int, **kwargs):
+def _run_spec(root: str, transforms: list, epochs: int, status: list | None = None, **kwargs):
     """Every batch of every epoch as (labels, image bytes), and the cache's
-    counters before close."""
+    counters before close; with `status`, the job's cache use as
+    `loaderctl status --json` shows it once every read is counted there
+    (bounded wait) is appended to it."""
     spec = {
         "dataset": {"image_folder": {"path": root}},
         "transforms": transforms,
@@ -219,6 +221,15 @@ def _run_spec(root: str, transforms: list, epochs: int, **kwargs):
             for batch in dl:
                 out.append((np.asarray(batch["label"]).tolist(), np.asarray(batch["image"]).tobytes()))
         stats = dl.cache_stats()
+        if status is not None:
+            reads = sum(len(labels) for labels, _ in out)
+            deadline = time.monotonic() + 15
+            while True:
+                cache = json.loads(_status(dl.coordinator_address(), "--json"))["jobs"][0]["cache"]
+                if cache is not None and cache["hits"] + cache["misses"] >= reads or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+            status.append(cache)
     return out, stats
 
 
@@ -264,12 +275,37 @@ def test_a_one_epoch_image_job_keeps_no_frame(tmp_path):
     assert not stats["on"] and "one epoch" in stats["off_reason"] and stats["stored"] == 0, stats
 
 
-def test_an_image_cache_with_spawned_workers_is_refused_in_one_line(tmp_path):
+def test_spawned_workers_of_an_image_job_share_one_cache_and_give_the_same_batches(tmp_path):
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    root = _photo_folder(photos)
+    cache_dir = tmp_path / "frames"
+    cache_dir.mkdir()
+    steps = ["decode", {"resize": {"size": 40}}, {"center_crop": {"size": 32}}, "horizontal_flip"]
+    plain, _ = _run_spec(root, steps, epochs=3, multiprocessing_context="spawn")
+    uses = []
+    cached, stats = _run_spec(
+        root, steps, epochs=3, multiprocessing_context="spawn", cache="64MB", cache_dir=str(cache_dir), status=uses
+    )
+    assert cached == plain
+    assert stats is None, "this process does not hold the spawned workers' cache"
+    # One file for both workers: each of the 25 images kept once, read back
+    # in epochs 2 and 3 (an image both workers miss at once is decoded
+    # twice); with a cache each, about half the reads of epoch 2 miss.
+    use = uses[0]
+    assert use["hits"] + use["misses"] == 75 and use["hits"] >= 40 and use["misses"] <= 35, use
+    assert list(cache_dir.iterdir()) == [], "the last worker to let go removes the file"
+
+
+def test_spawned_workers_cache_in_a_directory_of_the_loaders_own_by_default(tmp_path):
     root = _photo_folder(tmp_path, per_class=2)
     spec = {"dataset": {"image_folder": {"path": root}}, "transforms": ["decode", {"resize": {"size": 32}}, {"center_crop": {"size": 32}}], "batch_size": 2, "epochs": 2}
-    with pytest.raises(TypeError) as e:
-        loader.Loader.local(spec, workers=1, cache=True, multiprocessing_context="spawn")
-    assert "spawn" in str(e.value) and "\n" not in str(e.value)
+    dl = loader.Loader.local(spec, workers=1, cache=True, multiprocessing_context="spawn")
+    made = dl._spawned_frames.dir
+    with dl:
+        assert sum(1 for _ in dl) > 0
+        assert os.path.isdir(made) and os.path.basename(made).startswith("loader-frames.")
+    assert not os.path.exists(made)
 
 
 def _status(url: str, *more: str) -> str:
