@@ -522,7 +522,10 @@ fn a_slow_worker_stalls_the_trainer_no_longer_than_the_lateness_threshold() {
         cluster.wait_for_workers(2);
         let admin = cluster.admin();
 
-        let job = slow_job(600, 500);
+        // Long enough that the fast worker is not half through it when the
+        // slow one delivers its first batch, 2 s in (1,200 batches of 8 ms
+        // each: about 10 s on one worker).
+        let job = slow_job(1200, 500);
         let plan = loader_proto::spec::plan(&job).expect("plan");
         let total = plan.total_batches();
         let trainer = Trainer::spawn(Loader::builder(cluster.url()), job);
