@@ -20,37 +20,31 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
 import time
 
-import numpy as np
-
 import loader
 
-SHAPE = (3, 224, 224)
-BATCH = 256
-RING = (12, 40 << 20)
-BATCH_BYTES = BATCH * int(np.prod(SHAPE))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpu_check  # noqa: E402  (the check's images workload, one definition)
+
+BATCH = gpu_check.IMAGE_BATCH
+BATCH_BYTES = BATCH * gpu_check.IMAGE_SHAPE[0] * gpu_check.IMAGE_SHAPE[1] * gpu_check.IMAGE_SHAPE[2]
 
 
 def spec(batches: int) -> dict:
-    return {
-        "dataset": {"synthetic": {"num_samples": BATCH * batches, "shape": list(SHAPE), "dtype": "uint8"}},
-        "batch_size": BATCH,
-        "epochs": 1,
-        "sampler": {"shuffle": True, "seed": 1},
-    }
+    return gpu_check.image_spec(batches)
 
 
 def ctl(binary: str, device: str, batches: int, workers: int) -> dict:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     out = subprocess.run(
-        [binary, "run", "--json", "--workers", str(workers), "--device", device, "--prefetch", "2",
-         "--samples", str(BATCH * batches), "--shape", ",".join(map(str, SHAPE)), "--batch-size", str(BATCH),
-         "--ring", f"{RING[0]},{RING[1]}"],
+        [binary, "run", "--json", "--workers", str(workers), "--device", device]
+        + gpu_check.loaderctl_args("images", batches, ""),
         capture_output=True, text=True, timeout=300, check=True,
     )
     wall = time.perf_counter() - started
@@ -73,7 +67,7 @@ def py(device: str | None, batches: int, workers: int) -> dict:
         import torch  # noqa: F811
     more = {} if device is None else {"device": device}
     t0 = time.perf_counter()
-    dl = loader.Loader.local(spec(batches), workers=workers, prefetch=2, ring=RING, **more)
+    dl = loader.Loader.local(spec(batches), workers=workers, **gpu_check.options("images"), **more)
     opened = time.perf_counter() - t0
     first = None
     nbytes = 0
