@@ -269,6 +269,47 @@ impl LoaderState {
         Ok(elastic::replan(spec, &plan, &self.progress(), world_size, batch_size))
     }
 
+    /// This state as a *position* in the job `ours` (the configuration of
+    /// the loader that loads it, as StatefulDataLoader and the frameworks
+    /// treat a state): the saved job keeps its order and progress, and
+    /// takes `ours`'s epoch bound. `ours`'s batch size, world size and
+    /// mixture weights apply through [`resume_as`](Self::resume_as) /
+    /// [`resume_reweighted`](Self::resume_reweighted). Refused, in one
+    /// line, when `ours` reads another dataset (another kind or number of
+    /// samples) or another seed: the saved position names nothing there.
+    pub fn under(mut self, ours: &JobSpec) -> Result<Self, LoaderError> {
+        let mut saved = self.spec()?;
+        let (kind, theirs) = (dataset_kind(ours), dataset_kind(&saved));
+        if kind != theirs {
+            return Err(LoaderError::State(format!(
+                "this state is of a {theirs} dataset, this loader reads a {kind} one; load it into a loader of the same dataset"
+            )));
+        }
+        // A mixture's epoch length follows its weights, which may change
+        // at a resume; its sources' sizes are checked by the re-weighting.
+        if kind != "mix" {
+            let (n, m) = (crate::spec::validate(ours)?.num_samples, crate::spec::validate(&saved)?.num_samples);
+            if n != m {
+                return Err(LoaderError::State(format!(
+                    "this state is of a dataset of {m} samples, this loader reads {n}; load it into a loader of the same dataset"
+                )));
+            }
+        }
+        let seed = |s: &JobSpec| s.sampler.as_ref().map_or(0, |x| x.seed);
+        if seed(ours) != seed(&saved) {
+            return Err(LoaderError::State(format!(
+                "this state was saved with seed {}, this loader has seed {}; give the loader the saved seed",
+                seed(&saved),
+                seed(ours)
+            )));
+        }
+        if saved.epochs != ours.epochs {
+            saved.epochs = ours.epochs;
+            self.spec = hex(&saved.encode_to_vec());
+        }
+        Ok(self)
+    }
+
     /// The job spec, decoded.
     pub fn spec(&self) -> Result<JobSpec, LoaderError> {
         let bytes =
@@ -424,6 +465,22 @@ impl LoaderState {
 }
 
 /// A state that cannot be used, saying why.
+/// The name of `spec`'s dataset kind, for messages.
+fn dataset_kind(spec: &JobSpec) -> &'static str {
+    use loader_proto::pb::dataset_spec::Kind;
+    match spec.dataset.as_ref().and_then(|d| d.kind.as_ref()) {
+        Some(Kind::Synthetic(_)) => "synthetic",
+        Some(Kind::Tokens(_)) => "tokens",
+        Some(Kind::ImageFolder(_)) => "image_folder",
+        Some(Kind::Webdataset(_)) => "webdataset",
+        Some(Kind::Npy(_)) => "npy",
+        Some(Kind::Custom(_)) => "python",
+        Some(Kind::Mix(_)) => "mix",
+        Some(Kind::Parquet(_)) => "parquet",
+        None => "missing",
+    }
+}
+
 fn invalid(why: impl Into<String>) -> LoaderError {
     LoaderError::State(format!("invalid loader state: {}", why.into()))
 }

@@ -5,11 +5,10 @@ fed by Loader workers.
 
     spec = {"dataset": {"synthetic": {"num_samples": 10_000, "shape": [3, 224, 224],
                                       "dtype": "uint8"}},
-            "batch_size": 64, "epochs": 3, "sampler": {"shuffle": True, "seed": 0}}
-    dl = loader.Loader.local(spec, workers=2)      # like DataLoader(num_workers=2)
+            "batch_size": 64, "sampler": {"shuffle": True, "seed": 0}}
+    dl = loader.Loader.local(spec, num_workers=2)  # like DataLoader(num_workers=2)
     for epoch in range(3):
-        dl.set_epoch(epoch)
-        for batch in dl:                           # len(dl) batches
+        for batch in dl:                           # one pass: len(dl) batches
             x = batch.torch()["data"]              # zero-copy torch tensor
             y = batch["label"]                     # zero-copy numpy array
 
@@ -18,15 +17,15 @@ frame of a remote worker) without copying. The slot is reused once the batch
 and every array or tensor made from it are freed: keep only what you need
 past a training step, or copy it.
 
-Epochs: a job has a fixed number of epochs (``"epochs"`` in the spec), and
-one loader yields them in sequence. ``len(loader)`` is the number of batches
-per epoch; each ``for batch in loader`` yields one epoch. ``set_epoch(e)``
-chooses the epoch the next ``for`` yields: before the first ``for`` any
-epoch costs nothing (the loader starts there); afterwards the next one in
-sequence costs nothing, and any other epoch (repeating one, or skipping
-ahead) restarts the loader at that epoch's first batch. A ``for`` loop left early with ``break``
-is continued by the next ``for`` unless ``set_epoch`` says otherwise, and
-iterating past the job's last epoch is an error, never a silent empty epoch.
+Passes: as with a DataLoader, every ``for batch in loader`` is the next
+pass (epoch) over the data, any number of times (a job spec's ``"epochs"``
+or ``Loader.local(..., epochs=N)`` sets a bound), and a loop left early with
+``break`` loses nothing of the next pass: it starts whole. ``len(loader)``
+is the batches of one pass. ``set_epoch(e)`` (or ``loader.sampler
+.set_epoch(e)``, as Lightning and accelerate call it) chooses the pass the
+next ``for`` yields; the order of pass ``e`` depends only on (seed, e), so
+a repeated or resumed pass repeats exactly. After ``load_state_dict`` the
+next ``for`` yields the rest of the saved pass, and later ones go on.
 """
 
 from __future__ import annotations
@@ -43,7 +42,7 @@ import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Optional, Union
 
-from . import _cache, _dataset, _native, _stream, _template
+from . import _cache, _dataset, _keywords, _native, _passes, _stream, _template
 from ._mix import Mix
 from ._native import Batch, LoaderError, TensorView
 
@@ -52,9 +51,23 @@ if TYPE_CHECKING:
 
     from ._native import LoaderOptions
 
-__all__ = ["Loader", "Batch", "TensorView", "LoaderError", "Mix", "merge_states"]
+__all__ = ["Loader", "Batch", "TensorView", "LoaderError", "Mix", "merge_states", "UNBOUNDED_EPOCHS"]
 
 Mapping.register(Batch)
+
+
+def _batch_from_mapping(cls: type, *args: Any, **kwargs: Any) -> dict:
+    """``Batch(mapping)`` / ``type(batch)({...})``: a plain dict of what it
+    is given, as code written for dict batches rebuilds one
+    (transformers' ``_prepare_input`` does ``type(data)({k: ...})``). A
+    ``Batch`` views a worker's memory; a rebuilt one holds whatever the
+    caller made, so it is a dict."""
+    return dict(*args, **kwargs)
+
+
+# Set on the native type: its batches come from the loader, never from a
+# constructor, so this is the only way one is "made" in Python.
+Batch.__new__ = staticmethod(_batch_from_mapping)  # type: ignore[method-assign]
 
 #: Every option ``Loader`` takes, with its default: the Rust SDK's
 #: ``LoaderOptions``, read from it (``ring`` as ``[slots, slot_bytes]``,
@@ -65,6 +78,12 @@ DEFAULT_OPTIONS: dict[str, Any] = json.loads(_native.default_options())
 DEFAULT_PREFETCH: int = DEFAULT_OPTIONS["prefetch"]
 
 _SPEC_SUFFIXES = (".json", ".yaml", ".yml")
+
+#: The epochs of a job whose loader sets no bound (``epochs=None``, a dict
+#: spec without ``"epochs"``): in effect none, as a DataLoader iterates as
+#: many times as it is asked. A pure number, so a state saved under it
+#: resumes anywhere; ``Loader.epochs`` says None.
+UNBOUNDED_EPOCHS = 1 << 20
 
 _log = logging.getLogger("loader")
 
@@ -134,6 +153,15 @@ def _spec_bytes(job: Union[Mapping, str, os.PathLike]) -> bytes:
     if isinstance(job, str):
         return _native.parse_spec(job, os.getcwd())
     raise TypeError(f"job must be a dict, a path or spec text, not {type(job).__name__}")
+
+
+def _unbounded(job: Any) -> Any:
+    """A dict spec that sets no ``"epochs"`` iterates as a DataLoader does,
+    any number of passes (a spec file or text keeps its own bound, default
+    1, as ``loaderctl`` reads it)."""
+    if isinstance(job, Mapping) and "epochs" not in job:
+        return {**job, "epochs": UNBOUNDED_EPOCHS}
+    return job
 
 
 def _python_job(job: Any) -> bool:
@@ -313,7 +341,7 @@ class Loader:
         world_size: Optional[int] = None,
         **options: Unpack[LoaderOptions],
     ) -> None:
-        job = _dataset.fill_num_samples(job, world_size)
+        job = _unbounded(_dataset.fill_num_samples(job, world_size))
         spec = _spec_bytes(job)
         checked = _options_json(options)
 
@@ -350,30 +378,49 @@ class Loader:
     @classmethod
     def local(
         cls,
-        job: Any,
-        workers: int = 2,
-        *,
-        ready_timeout: float = 10.0,
+        dataset: Any,
         batch_size: Optional[int] = None,
         shuffle: Optional[bool] = None,
-        seed: Optional[int] = None,
+        sampler: Any = None,
+        batch_sampler: Any = None,
+        num_workers: Optional[int] = None,
+        collate_fn: Any = None,
+        pin_memory: bool = False,
         drop_last: Optional[bool] = None,
+        timeout: float = 0,
+        worker_init_fn: Any = None,
+        multiprocessing_context: Any = None,
+        generator: Any = None,
+        *,
+        prefetch_factor: Optional[int] = None,
+        persistent_workers: bool = False,
+        pin_memory_device: str = "",
+        in_order: Optional[bool] = None,
+        workers: Optional[int] = None,
+        ready_timeout: float = 10.0,
+        seed: Optional[int] = None,
         epochs: Optional[int] = None,
         on_corrupt: Optional[str] = None,
-        collate_fn: Any = None,
-        worker_init_fn: Any = None,
         seed_rngs: Optional[bool] = None,
         worker_threads: int = 1,
-        multiprocessing_context: Any = None,
         cache: Any = None,
         cache_dir: Optional[str] = None,
         shuffle_buffer: Optional[int] = None,
         **options: Unpack[LoaderOptions],
     ) -> "Loader":
-        """A loader over ``workers`` local worker processes and a coordinator
-        in this process: no deployment, the same protocol and code paths.
-        ``ready_timeout``: seconds the workers get to register; ``options``
-        as for ``Loader``.
+        """A loader over local worker processes and a coordinator in this
+        process: no deployment, the same protocol and code paths.
+
+        DataLoader's drop-in: its signature and positional order
+        (``Loader.local(ds, 64, True)`` is batch size 64, shuffled), every
+        keyword with DataLoader's meaning or refused in one line naming it
+        (``loader._keywords``; docs/migrating-from-dataloader.md has the
+        table), and its iteration: every ``iter()`` is the next pass over
+        the data, any number of times unless ``epochs`` bounds them, and a
+        ``break`` loses nothing of the next pass. ``num_workers`` (or
+        ``workers``, default 2): worker processes (0 means one: samples are
+        always made in workers). ``ready_timeout``: seconds the workers get
+        to register; ``options`` as for ``Loader``.
 
         ``job`` is a job spec (a dict, a path, spec text), a ``loader.Mix``
         of datasets and spec entries (docs/mixtures.md), or a map-style
@@ -385,17 +432,20 @@ class Loader:
         buffer; iterating yields ``default_collate``'s structure (dicts stay
         dicts, tuples and lists become lists, leaves are torch tensors, or
         numpy arrays without torch). For a dataset: ``batch_size`` (default
-        1), ``shuffle`` (False), ``seed`` (0; with the epoch and the index it
-        seeds ``random``, numpy and torch before each ``__getitem__``),
-        ``drop_last`` (False), ``epochs`` (1), ``on_corrupt``: ``"fail"``
+        1), ``shuffle`` (False), ``seed`` (0, or ``generator``'s initial
+        seed; with the epoch and the index it seeds ``random``, numpy and
+        torch before each ``__getitem__``), ``drop_last`` (False),
+        ``epochs`` (None: no bound), ``on_corrupt``: ``"fail"``
         (an exception in ``__getitem__`` raises ``LoaderError`` naming the
         index) or ``"skip"`` (the sample is left out and counted);
         ``seed_rngs`` (True): False never seeds (workers otherwise seed
         the generators a dataset is seen drawing from, see
         ``loader._rngs``); ``collate_fn``: runs in the workers on each
-        batch's list of samples and returns arrays/tensors (in dicts,
-        tuples, lists) of any shapes, e.g. padded to the batch's longest
-        sample; it travels pickled like the dataset. In each local worker,
+        batch's list of samples and returns anything DataLoader's may: its
+        arrays and tensors (in dicts, tuples, lists, dataclasses, named
+        tuples, any object) arrive as zero-copy views of the batch, the rest
+        as it was (``loader._pickled``); it travels pickled with the
+        dataset. In each local worker,
         ``torch.utils.data.get_worker_info()`` answers as in a DataLoader
         worker (``id`` 0..workers-1, ``num_workers``, ``seed`` the job's
         seed plus the id, ``dataset`` the worker's copy), and
@@ -452,6 +502,15 @@ class Loader:
         of loading it, and for a job of one epoch. ``cache_stats()``
         counts hits and misses (``loader._cache``).
         """
+        job = dataset
+        translated = _keywords.translate(
+            dataset=job, batch_size=batch_size, shuffle=shuffle, sampler=sampler, batch_sampler=batch_sampler,
+            num_workers=num_workers, workers=workers, pin_memory=pin_memory, pin_memory_device=pin_memory_device,
+            drop_last=drop_last, timeout=timeout, generator=generator, seed=seed, prefetch_factor=prefetch_factor,
+            persistent_workers=persistent_workers, in_order=in_order, options=options,
+        )
+        batch_size, shuffle, seed, drop_last = translated.batch_size, translated.shuffle, translated.seed, translated.drop_last
+        workers, options = translated.workers, translated.options
         if workers < 1:
             raise ValueError("Loader.local needs at least one worker")
         threads = int(worker_threads)
@@ -471,7 +530,7 @@ class Loader:
             "shuffle": bool(shuffle),
             "seed": int(seed or 0),
             "drop_last": bool(drop_last),
-            "epochs": 1 if epochs is None else int(epochs),
+            "epochs": UNBOUNDED_EPOCHS if epochs is None else int(epochs),
             "on_corrupt": on_corrupt or "fail",
             "seed_rngs": seed_rngs is not False,
         }
@@ -508,7 +567,8 @@ class Loader:
                     # loader have closed it.
                     sample_cache = _native.SampleCache.create(len(job), cache_bytes, cache_settings["dir"])
             job = _dataset.job_spec(
-                job, **settings, collate_fn=collate_fn, worker_init_fn=worker_init_fn, num_workers=workers, cache=cache_settings
+                job, **settings, collate_fn=collate_fn, worker_init_fn=worker_init_fn, num_workers=workers, cache=cache_settings,
+                sampler=translated.sampler,
             )
             _size_ring(options, job_dataset, job["batch_size"], workers, collate_fn)
         elif isinstance(job, Mix):
@@ -539,7 +599,7 @@ class Loader:
                 raise TypeError(
                     f"{', '.join(given)}: only for a dataset; a job spec sets them itself"
                 )
-            job = _dataset.fill_num_samples(job)
+            job = _unbounded(_dataset.fill_num_samples(job))
         spec = _spec_bytes(job)
         spawned_frames = None
         if keeps_frames and template is not None:
@@ -560,6 +620,9 @@ class Loader:
 
         self = cls.__new__(cls)
         self._init(spec, 0, 1, start)
+        self._timeout = translated.timeout
+        if _dataset.is_dataset(dataset) or _dataset.is_iterable_dataset(dataset):
+            self._dataset = dataset
         self._collate = _python_job(job)
         # The pickled dataset's files in the host's blob directory: removed
         # when the loader closes (a worker that needs one later fetches it).
@@ -585,9 +648,20 @@ class Loader:
         # Without a state to resume, the batch the first start begins at: the
         # first of the epoch set_epoch chose before anything started.
         self._start_at: Optional[int] = None
-        self._batches_per_epoch, self._epochs = _native.plan(spec, rank or 0, world_size)
+        (self._batches_per_epoch, self._epochs, self._batch_size, self._drop_last, self._num_samples) = _native.plan(
+            spec, rank or 0, world_size
+        )
         self._yielded = 0
         self._next_epoch: Optional[int] = None
+        # A loaded state's pass, which the next iter() finishes instead of
+        # starting the next one.
+        self._resumed = False
+        # Passes begun (iter() calls): an iterator of an older pass stops.
+        self._pass = 0
+        # DataLoader's timeout: seconds one batch may take (0: no limit).
+        self._timeout = 0.0
+        # The dataset object Loader.local was given (None for a spec).
+        self._dataset: Any = None
         self._closed = False
         _live.add(self)
         _stop_on_sigterm()
@@ -599,59 +673,104 @@ class Loader:
         return self._batches_per_epoch
 
     @property
-    def epochs(self) -> int:
-        """Epochs in the job (the spec's ``epochs``)."""
-        return self._epochs
+    def epochs(self) -> Optional[int]:
+        """The job's bound on epochs (``epochs=`` or the spec's
+        ``"epochs"``), or None: as many passes as ``iter()`` asks for."""
+        return None if self._epochs >= UNBOUNDED_EPOCHS else self._epochs
 
     @property
     def epoch(self) -> int:
-        """The epoch the next batch belongs to (== ``epochs`` at the end)."""
+        """The epoch (pass) the next batch belongs to."""
         return self._yielded // max(self._batches_per_epoch, 1)
 
     def set_epoch(self, epoch: int) -> None:
-        """Makes the next ``for batch in loader`` yield epoch ``epoch``.
+        """Makes the next ``for batch in loader`` yield pass ``epoch``
+        (``DistributedSampler.set_epoch``; frameworks call it through
+        ``loader.sampler.set_epoch``).
 
-        Call it like ``DistributedSampler.set_epoch`` at the top of each
-        epoch. Before the first iteration it only records the epoch: the
+        Without it, every ``iter()`` starts the next pass, as a DataLoader
+        does. Before the first iteration it only records the epoch: the
         loader then starts at that epoch's first batch, and nothing starts
-        twice. Later, the next epoch in sequence (or the current one,
-        mid-way after a resume) continues the stream for free; any other
-        epoch restarts the loader at that epoch's first batch. The
-        permutation of an epoch depends only on (seed, epoch), so a
+        twice. Later, the next epoch in sequence (or the one a loaded
+        state stands in) continues the stream for free; any other epoch,
+        or one a ``break`` left part-read, starts over at its first batch.
+        The permutation of an epoch depends only on (seed, epoch), so a
         repeated epoch repeats exactly.
         """
         epoch = int(epoch)
-        if not 0 <= epoch < self._epochs:
+        if epoch < 0 or epoch >= self._epochs:
             raise ValueError(
                 f"epoch {epoch} is outside the job's {self._epochs} epochs "
-                f'(0..{self._epochs - 1}); set "epochs" in the job spec'
+                f"(0..{self._epochs - 1}); leave epochs= unset (or raise it) to train longer"
             )
         self._next_epoch = epoch
 
     def __iter__(self) -> Iterator[Any]:
-        """Yields the batches of one epoch (see ``set_epoch``)."""
+        """Yields the batches of one pass over the data: the next one, as
+        a DataLoader's ``iter()`` does (a pass a ``break`` left part-read
+        is not continued), the one ``set_epoch`` chose, or, right after
+        ``load_state_dict``, the rest of the saved pass."""
         self._check_open()
-        per = self._batches_per_epoch
+        per = max(self._batches_per_epoch, 1)
         epoch, self._next_epoch = self._next_epoch, None
+        resumed, self._resumed = self._resumed, False
+        yielded = self._yielded
         if epoch is None:
-            epoch = self._yielded // per if per else 0
+            # A part-read pass is finished only by the loaded state's own
+            # first iteration; otherwise the next pass begins.
+            epoch = yielded // per if resumed else -(-yielded // per)
             if epoch >= self._epochs:
                 raise LoaderError(
                     f"all {self._epochs} epochs of the job were yielded; "
-                    f'set "epochs" in the job spec to train longer'
+                    f"leave epochs= unset (or raise it) to train longer"
                 )
-        elif not epoch * per <= self._yielded < (epoch + 1) * per:
+        mid_way = epoch * per < yielded < (epoch + 1) * per
+        if not (epoch * per == yielded or (mid_way and resumed)):
             self._restart_at(epoch * per)
-        return _Epoch(self, (epoch + 1) * per)
+        self._pass += 1
+        return _Epoch(self, (epoch + 1) * per, self._pass)
 
     def _next(self) -> Any:
         native = self._started()
-        batch = native.next()
+        batch = native.next(self._timeout or None)
         if batch is not None:
             self._yielded += 1
             if self._collate:
                 return _dataset.collated(batch)
         return batch
+
+    # -- What frameworks look for on a DataLoader ---------------------------
+
+    @property
+    def sampler(self) -> "_passes.EpochSampler":
+        """The loader's order as a sampler object, so frameworks that call
+        ``dataloader.sampler.set_epoch(e)`` (Lightning, accelerate) reach
+        ``set_epoch``; ``len()`` is the samples per epoch."""
+        return _passes.EpochSampler(self)
+
+    @property
+    def batch_sampler(self) -> "_passes.EpochBatchSampler":
+        """``batch_sampler.sampler.set_epoch`` (Lightning's other path)
+        and ``batch_size`` / ``drop_last``, as on a DataLoader."""
+        return _passes.EpochBatchSampler(self)
+
+    @property
+    def batch_size(self) -> Optional[int]:
+        """Samples per batch of this rank (DataLoader's ``batch_size``)."""
+        return self._batch_size
+
+    @property
+    def drop_last(self) -> bool:
+        """Whether an epoch's short last batch is dropped."""
+        return self._drop_last
+
+    @property
+    def dataset(self) -> Any:
+        """The dataset this loader reads: the object given to
+        ``Loader.local`` (frameworks read ``dataloader.dataset``), else a
+        sized stand-in for a job spec's dataset."""
+        given = self._dataset
+        return given if given is not None else _passes.SpecDataset(self._num_samples)
 
     # -- Exact resumption ---------------------------------------------------
 
@@ -668,25 +787,37 @@ class Loader:
 
     def load_state_dict(self, state: Mapping[str, Any], *, batch_size: Optional[int] = None) -> None:
         """Continues from a ``state_dict()`` (or ``merge_states`` of every
-        rank's). The job comes from ``state``; so do the rank and world size
-        unless this loader was given its own (``Loader(..., rank=r,
-        world_size=w)``; ``Loader.local`` is rank 0 of 1). Batches before it
-        are not produced again.
+        rank's): the state is a *position*, and this loader's own arguments
+        are the configuration it continues under, as with
+        StatefulDataLoader. The next ``iter()`` yields the rest of the saved
+        pass; later ones go on with the next passes.
 
-        On another world size, or with ``batch_size`` (samples per batch of
-        the rest of the job, by default the saved one's), the rest of the
-        job is re-planned: every new rank loads the same state (one rank's
-        when the ranks saved at the same step, else the merged one) and each
-        sample of the epoch is delivered once over the whole run. Keeping
-        ``batch_size * world_size`` as it was keeps every global batch as
-        the uninterrupted run would have had it (the epoch's last one's
-        padding aside)."""
+        This loader's batch size (or ``batch_size`` here), epoch bound,
+        mixture weights, workers and transforms apply; so do its rank and
+        world size when given (``Loader(..., rank=r, world_size=w)``;
+        ``Loader.local`` is rank 0 of 1), else the state's. Where they
+        differ from the saved run's, the rest of the job is re-planned:
+        every new rank loads the same state (one rank's when the ranks
+        saved at the same step, else the merged one) and each sample of
+        the epoch is delivered once over the whole run. A state of another
+        dataset (another number of samples) or another seed is refused in
+        one line. Keeping ``batch_size * world_size`` as it was keeps every
+        global batch as the uninterrupted run had it (the epoch's last
+        one's padding aside)."""
         self._check_open()
         if not isinstance(state, Mapping):
             raise TypeError("load_state_dict expects the dict that state_dict() returned")
+        self._load(state, batch_size, self._spec)
+        if batch_size is not None:
+            self._batch_size = int(batch_size)
+        self._resumed = True
+
+    def _load(self, state: Mapping[str, Any], batch_size: Optional[int], spec: Optional[bytes]) -> None:
+        """Loads ``state``: under this loader's configuration ``spec`` (a
+        user's state), or as it is (the loader's own, moved)."""
         text = json.dumps(dict(state))
         text, per, epochs, yielded = _native.resume_state(
-            text, self._rank, self._world_size, None if batch_size is None else int(batch_size)
+            text, self._rank, self._world_size, None if batch_size is None else int(batch_size), spec
         )
         self._stop_native()
         self._resume = text
@@ -772,10 +903,8 @@ class Loader:
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else ("started" if self._native else "not started")
-        return (
-            f"<loader.Loader {state}: epoch {self.epoch} of {self._epochs}, "
-            f"{self._batches_per_epoch} batches per epoch>"
-        )
+        bound = "" if self.epochs is None else f" of {self._epochs}"
+        return f"<loader.Loader {state}: epoch {self.epoch}{bound}, {self._batches_per_epoch} batches per epoch>"
 
     # -- Internals ----------------------------------------------------------
 
@@ -816,7 +945,7 @@ class Loader:
         state.pop("yielded_above", None)
         # A merged state's per-rank progress would override next_seq.
         state.pop("ranks", None)
-        self.load_state_dict(state)
+        self._load(state, None, None)
 
     def _stop_native(self) -> None:
         native, self._native = self._native, None
@@ -842,22 +971,28 @@ def _start_method(context: Any) -> str:
 
 
 class _Epoch:
-    """The iterator of one epoch. A class, not a generator: an exception
-    raised while waiting (KeyboardInterrupt) leaves it usable, and the next
-    ``next()`` yields the batch that was being waited for."""
+    """The iterator of one pass. A class, not a generator: an exception
+    raised while waiting (KeyboardInterrupt, a ``timeout``) leaves it
+    usable, and the next ``next()`` yields the batch that was being waited
+    for. Once a newer ``iter()`` began another pass it is exhausted, as a
+    DataLoader's old iterator is of no use then."""
 
-    __slots__ = ("_loader", "_end")
+    __slots__ = ("_loader", "_end", "_pass")
 
-    def __init__(self, loader: Loader, end: int) -> None:
+    def __init__(self, loader: Loader, end: int, pass_: int) -> None:
         self._loader = loader
         self._end = end
+        self._pass = pass_
 
     def __iter__(self) -> "_Epoch":
         return self
 
+    def __len__(self) -> int:
+        return max(0, self._end - self._loader._yielded) if self._pass == self._loader._pass else 0
+
     def __next__(self) -> Any:
         loader = self._loader
-        if loader._yielded >= self._end:
+        if loader._yielded >= self._end or loader._pass != self._pass:
             raise StopIteration
         batch = loader._next()
         if batch is None:

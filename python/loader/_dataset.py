@@ -29,8 +29,10 @@ import threading
 from collections.abc import Mapping
 from typing import Any, Callable, Optional
 
-from ._rngs import seed_all
-from ._source import SYS_PATH_HEADER, _flatten, _last_line, make_from_factory
+from . import _pickled
+from ._rngs import restore_states, save_states, seed_all
+from ._sampled import check as check_sampler
+from ._source import BUNDLE, SYS_PATH_HEADER, _flatten, _last_line, make_from_factory
 from ._stream import is_hf_iterable
 
 #: The ``custom`` dataset name a Python dataset job carries (the spec-file
@@ -238,6 +240,7 @@ def job_spec(
     worker_init_fn: Any = None,
     num_workers: Optional[int] = None,
     cache: Optional[dict] = None,
+    sampler: Any = None,
 ) -> dict:
     """The job spec (spec-file schema) of ``Loader.local(dataset, ...)``:
     the dataset (and ``collate_fn``) pickled into the host's blob directory
@@ -250,6 +253,9 @@ def job_spec(
         raise TypeError(f"len(dataset) failed: {_last_line(e)}") from None
     if n <= 0:
         raise ValueError("the dataset is empty (len(dataset) == 0)")
+    if sampler is not None:
+        # A pass is the sampler's positions; each worker runs it per pass.
+        n = check_sampler(sampler, n, int(seed))
     # Libraries the workers import before the first sample, as a
     # DataLoader's forked workers have them: torch, so that its generator is
     # seeded from the first batch on (not only once a batch imported it).
@@ -265,21 +271,21 @@ def job_spec(
     if cache is not None:
         # {"bytes": N, "dir": path or None}: loader._cache.
         args["cache"] = cache
+    extras = {k: v for k, v in (("collate_fn", collate_fn), ("worker_init_fn", worker_init_fn), ("sampler", sampler)) if v is not None}
+    if not extras:
+        pickled = write_pickle(dataset)
+    else:
+        # One pickle for them all, so that what pickles by value (classes
+        # and functions of __main__ or a notebook) shares one namespace in
+        # the worker, as under DataLoader's fork: a global worker_init_fn
+        # sets is the one __getitem__ reads.
+        what = "the dataset" + "".join(f" or its {name}" for name in extras)
+        pickled = write_pickle((BUNDLE, {"dataset": dataset, **extras}), what=what)
     python = {
-        "pickle_file": write_pickle(dataset),
+        "pickle_file": pickled,
         "args": args,
         "num_samples": n,
     }
-    for name, fn, what in (("collate_pickle_file", collate_fn, "collate_fn"), ("worker_init_pickle_file", worker_init_fn, "worker_init_fn")):
-        if fn is None:
-            continue
-        try:
-            python[name] = write_pickle(fn, what=what)
-        except BaseException:
-            for written in (python.get("pickle_file"), python.get("collate_pickle_file")):
-                if written:
-                    release_pickle(written)
-            raise
     return job_around(
         {"python": python},
         batch_size=batch_size,
@@ -339,7 +345,7 @@ def ring_for(
     from . import _native
 
     leaves: list = []
-    saved = _rng_states()
+    saved = save_states()
     try:
         sample = seeded_sample(dataset, 0)
         if collate_fn is None:
@@ -350,7 +356,7 @@ def ring_for(
     except Exception:
         return None
     finally:
-        _restore_rng_states(saved)
+        restore_states(saved)
     payload = sum(a.nbytes for _, a, _ in leaves) * (batch_size if collate_fn is None else 1)
     # Payloads, their 64-byte alignment, the header and its index list.
     batch = payload + 64 * (len(leaves) + 1) + 8 * batch_size + (64 << 10)
@@ -358,30 +364,6 @@ def ring_for(
     slot = -(-batch // 4096) * 4096
     slots = max(4, min(2 * window * workers, _RING_BUDGET // slot, 1 << 16))
     return window, slots, slot
-
-
-def _rng_states() -> tuple:
-    """The trainer's global RNG states, which reading a sample here must
-    leave as they were (they seed the user's model, not Loader's)."""
-    numpy, torch = sys.modules.get("numpy"), sys.modules.get("torch")
-    return (
-        random.getstate(),
-        numpy.random.get_state() if numpy is not None else None,
-        torch.get_rng_state() if torch is not None else None,
-    )
-
-
-def _restore_rng_states(saved: tuple) -> None:
-    py, np_state, torch_state = saved
-    random.setstate(py)
-    numpy, torch = sys.modules.get("numpy"), sys.modules.get("torch")
-    if numpy is not None:
-        if np_state is None:
-            numpy.random.seed()  # numpy was imported by the sample: fresh entropy
-        else:
-            numpy.random.set_state(np_state)
-    if torch is not None and torch_state is not None:
-        torch.set_rng_state(torch_state)
 
 
 def _numpy() -> Any:
@@ -505,6 +487,8 @@ def collated(batch: Any) -> Any:
     tensors when torch is importable (zero-copy, DLPack), else numpy
     arrays. The tensors hold the batch's memory like the batch itself."""
     names = tuple(batch.keys())
+    if _pickled.is_pickled(names):
+        return _pickled.unpack(batch, _torch_available())
     structure = _structures.get(names)
     if structure is None:
         structure = _structures.setdefault(names, Structure(list(names)))

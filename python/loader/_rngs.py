@@ -176,3 +176,28 @@ class Rngs:
         if name == "numpy":
             return module.random.random_sample()
         return bytes(module.default_generator.get_state().numpy())
+
+
+def save_states() -> tuple:
+    """The trainer's global RNG states, which reading a sample (or running
+    a sampler) in the trainer must leave as they were: they seed the
+    user's model, not Loader's. ``restore_states`` puts them back."""
+    numpy, torch = sys.modules.get("numpy"), sys.modules.get("torch")
+    return (
+        random.getstate(),
+        numpy.random.get_state() if numpy is not None else None,
+        torch.get_rng_state() if torch is not None else None,
+    )
+
+
+def restore_states(saved: tuple) -> None:
+    py, np_state, torch_state = saved
+    random.setstate(py)
+    numpy, torch = sys.modules.get("numpy"), sys.modules.get("torch")
+    if numpy is not None:
+        if np_state is None:
+            numpy.random.seed()  # numpy was imported by the sample: fresh entropy
+        else:
+            numpy.random.set_state(np_state)
+    if torch is not None and torch_state is not None:
+        torch.set_rng_state(torch_state)

@@ -22,12 +22,19 @@ import sys
 from collections.abc import Iterator, Mapping
 from typing import Any, Optional
 
+from . import _pickled
 from ._cache import CachedReads
 from ._rngs import Rngs, seed_all
+from ._sampled import PassOrders
 
 #: First pickle of a ``pickle_file`` (``loader._dataset.write_pickle``):
 #: ``(SYS_PATH_HEADER, sys.path of the trainer)``, then the object.
 SYS_PATH_HEADER = "loader.sys_path"
+
+#: First item of a ``pickle_file`` that holds ``(BUNDLE, {"dataset": ...,
+#: "collate_fn": ..., "worker_init_fn": ..., "sampler": ...})`` in one
+#: pickle (``loader._dataset.job_spec``).
+BUNDLE = "loader.bundle"
 
 #: Samples tried for the schema before an exception in ``__getitem__`` is
 #: taken as the dataset's, not one sample's.
@@ -85,6 +92,10 @@ class Source:
     def __init__(self, params: Mapping[str, str], num_samples: int) -> None:
         # For a pickled dataset, `args` are Loader's own settings.
         seed_rngs = True
+        bundled_collate = bundled_init = None
+        #: A user's sampler's order by pass (loader._sampled), or None:
+        #: positions are then dataset indices.
+        self._orders: Optional[PassOrders] = None
         settings: dict = {}
         if "pickle_file" in params or "pickle" in params:
             settings = json.loads(params.get("args") or "{}")
@@ -95,6 +106,12 @@ class Source:
                 except Exception:  # a worker without it imports it when the dataset does
                     pass
             self._dataset = _unpickle(params, "pickle")
+            if isinstance(self._dataset, tuple) and len(self._dataset) == 2 and self._dataset[0] == BUNDLE:
+                bundle = self._dataset[1]
+                self._dataset = bundle["dataset"]
+                bundled_collate, bundled_init = bundle.get("collate_fn"), bundle.get("worker_init_fn")
+                if bundle.get("sampler") is not None:
+                    self._orders = PassOrders(bundle["sampler"], int(settings.get("seed", 0)))
         elif "factory" in params:
             args = json.loads(params.get("args") or "{}")
             self._dataset = make_from_factory(params["factory"], args)
@@ -107,29 +124,31 @@ class Source:
         if self._stream:
             seed_rngs = False
         if "worker_init_pickle_file" in params:
-            worker_init_fn = _unpickle(params, "worker_init_pickle")
-            worker_init_fn(worker_id())
+            bundled_init = _unpickle(params, "worker_init_pickle")
+        if bundled_init is not None:
+            bundled_init(worker_id())
         self._rngs = Rngs(seed_rngs)
         #: ``dataset[index]`` through the sample cache
         #: (``Loader.local(cache=)``), or None.
         self._cached: Optional[CachedReads] = None
         if settings.get("cache"):
-            self._cached = CachedReads(self._dataset, settings["cache"], num_samples)
+            self._cached = CachedReads(self._dataset, settings["cache"], len(self._dataset))
         #: DataLoader's batched fetch, when the dataset has one (not with a
         #: cache, which reads sample by sample).
         self._getitems = getattr(self._dataset, "__getitems__", None) if self._cached is None else None
         if self._getitems is not None:
             self._rngs.batched()
         #: The user's collate_fn (batches are then made whole by ``collate``).
-        self._collate_fn: Any = None
+        self._collate_fn: Any = bundled_collate
         if "collate_pickle_file" in params or "collate_pickle" in params:
             self._collate_fn = _unpickle(params, "collate_pickle")
         elif params.get("collate"):
             self._collate_fn = import_attr(params["collate"], "dataset.python.collate")
         self.collates = self._collate_fn is not None
-        held = len(self._dataset)
+        held = len(self._orders) if self._orders is not None else len(self._dataset)
         if held != num_samples:
-            raise ValueError(f"dataset.python: len(dataset) is {held}, the job was planned for {num_samples}")
+            what = "len(sampler)" if self._orders is not None else "len(dataset)"
+            raise ValueError(f"dataset.python: {what} is {held}, the job was planned for {num_samples}")
         import numpy
 
         self._np = numpy
@@ -158,7 +177,14 @@ class Source:
                         raise
                     continue
                 break
-        leaves = self._leaves(sample)
+        try:
+            leaves = self._leaves(sample)
+        except SampleError:
+            if not self.collates:
+                raise
+            # collate_fn makes batches of samples of any kind (strings,
+            # objects): no per-sample tensors.
+            leaves = []
         self._first = first
         self._schema_sample = sample
         self._paths = [path for path, _, _ in leaves]
@@ -198,6 +224,9 @@ class Source:
         if self._stream:
             yield from self._dataset.read_batch(indices, epoch)
             return
+        if self._orders is not None:
+            # Before the RNG check begins: running the sampler draws.
+            indices = self._orders.indices(indices, epoch)
         seed = self._rngs.begin(len(indices))
         many = self._fetch_many(indices) if seed is None else None
         if many is not None:
@@ -255,11 +284,34 @@ class Source:
         leaves: list = []
         try:
             _flatten(batch, [], leaves, self._np)
-        except SampleError as e:
-            raise SampleError(f"collate_fn returned something that cannot be batched: {e}") from None
+        except SampleError:
+            # Not plain arrays in dicts/tuples/lists: carried whole, as
+            # DataLoader carries it (loader._pickled).
+            return self._pickled(batch)
         return [
             (json.dumps(path), dtype, list(array.shape), memoryview(array.reshape(-1)).cast("B"))
             for path, array, dtype in leaves
+        ]
+
+    def _pickled(self, batch: Any) -> list:
+        np = self._np
+
+        def leaf(obj: Any) -> Any:
+            try:
+                if isinstance(obj, np.ndarray):
+                    array = np.ascontiguousarray(obj)
+                    return array, _dtype(array)
+                return _torch_leaf(obj, np)
+            except (SampleError, TypeError, RuntimeError):
+                return None  # a dtype a batch cannot hold: pickled inline
+
+        try:
+            packed = _pickled.pack(batch, leaf, np)
+        except Exception as e:
+            raise SampleError(f"collate_fn returned a {type(batch).__name__} that cannot be pickled: {_last_line(e)}") from None
+        return [
+            (name, dtype, list(array.shape), memoryview(array.reshape(-1)).cast("B"))
+            for name, (array, dtype) in packed
         ]
 
     def schema_sample(self) -> Any:
@@ -276,6 +328,8 @@ class Source:
             if isinstance(sample, Raised):
                 raise ValueError(sample.reason)
             return self.convert(index, sample)
+        if self._orders is not None:
+            index = self._orders.indices([index], epoch)[0]
         return self.convert(index, self._get(index, sample_seed))
 
     def convert(self, index: int, sample: Any) -> list:

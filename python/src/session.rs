@@ -51,6 +51,8 @@ enum Stop {
     Signal(PyErr),
     /// `close` was called meanwhile.
     Closed,
+    /// No batch came within the caller's timeout (DataLoader's `timeout`).
+    TimedOut(Duration),
 }
 
 /// The saved state to resume from, checked.
@@ -159,10 +161,19 @@ impl NativeLoader {
 
     /// The next batch, or None after the job's last one. Blocks with the GIL
     /// released; raises KeyboardInterrupt (or whatever a signal handler
-    /// raises) within [`SIGNAL_CHECK`] of the signal.
-    fn next(&self, py: Python<'_>) -> PyResult<Option<Batch>> {
+    /// raises) within [`SIGNAL_CHECK`] of the signal, and `LoaderError`
+    /// when `timeout` seconds pass without a batch (DataLoader's
+    /// `timeout`). An interrupted or timed-out wait loses nothing: the next
+    /// call yields the batch it was waiting for.
+    #[pyo3(signature = (timeout=None))]
+    fn next(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<Batch>> {
         let closing = &self.closing;
+        let limit = timeout
+            .filter(|t| *t > 0.0)
+            .map(|t| Duration::try_from_secs_f64(t).map_err(|_| PyValueError::new_err("timeout must be a number of seconds")))
+            .transpose()?;
         let item = py.detach(|| {
+            let started = std::time::Instant::now();
             let mut guard = self.lock();
             let Some(loader) = guard.as_mut() else {
                 return Err(Stop::Closed);
@@ -170,6 +181,11 @@ impl NativeLoader {
             loader.next_interruptible(SIGNAL_CHECK, || {
                 if closing.load(Ordering::Acquire) {
                     return Err(Stop::Closed);
+                }
+                if let Some(limit) = limit
+                    && started.elapsed() >= limit
+                {
+                    return Err(Stop::TimedOut(limit));
                 }
                 Python::attach(|py| py.check_signals()).map_err(Stop::Signal)
             })
@@ -180,6 +196,10 @@ impl NativeLoader {
             Ok(Some(Err(e))) => Err(to_py(e)),
             Err(Stop::Signal(e)) => Err(e),
             Err(Stop::Closed) => Err(closed()),
+            Err(Stop::TimedOut(limit)) => Err(LoaderError::new_err(format!(
+                "no batch came within timeout={} s; the wait can be retried (nothing was lost), or raise the timeout",
+                limit.as_secs_f64()
+            ))),
         }
     }
 

@@ -56,12 +56,14 @@ pub(crate) fn frame_cache_entries(spec: &[u8]) -> PyResult<Option<u64>> {
     loader_worker::dataset::frame_cache_entries(&decode(spec)?).map_err(PyValueError::new_err)
 }
 
-/// `(batches_per_epoch, epochs)` of rank `rank` when the job `spec` runs
-/// with `world_size` ranks (None: the spec's own `consumers`). Fails, with
-/// the coordinator's message, on a spec or rank that cannot run.
+/// `(batches_per_epoch, epochs, batch_size, drop_last, num_samples)` of
+/// rank `rank` when the job `spec` runs with `world_size` ranks (None: the
+/// spec's own `consumers`): what a DataLoader-shaped loader answers for
+/// `len()`, `batch_size`, `drop_last` and `len(dataset)`. Fails, with the
+/// coordinator's message, on a spec or rank that cannot run.
 #[pyfunction]
 #[pyo3(signature = (spec, rank, world_size=None))]
-pub(crate) fn plan(spec: &[u8], rank: u32, world_size: Option<u32>) -> PyResult<(u64, u32)> {
+pub(crate) fn plan(spec: &[u8], rank: u32, world_size: Option<u32>) -> PyResult<(u64, u32, u64, bool, u64)> {
     let mut spec = decode(spec)?;
     if let Some(w) = world_size {
         spec.consumers = w;
@@ -73,23 +75,36 @@ pub(crate) fn plan(spec: &[u8], rank: u32, world_size: Option<u32>) -> PyResult<
             plan.consumers
         )));
     }
-    Ok((plan.batches_per_epoch(), plan.epochs))
+    Ok((plan.batches_per_epoch(), plan.epochs, plan.batch_size, plan.drop_last, plan.num_samples))
 }
 
 /// A loader that resumes from a saved state (the JSON of `state_dict()`)
-/// as rank `rank` of `world_size` with `batch_size` samples per batch
-/// (None: the state's): the state it resumes from, re-planned when the
-/// world size or batch size differ (see `LoaderState::resume_as`), and
-/// `(batches_per_epoch, epochs, yielded)` of it. Checks the state.
+/// as rank `rank` of `world_size` with `batch_size` samples per batch: the
+/// state it resumes from, re-planned when the world size or batch size
+/// differ (see `LoaderState::resume_as`), and `(batches_per_epoch, epochs,
+/// yielded)` of it. Checks the state.
+///
+/// With `spec`, the job of the loader that loads it: the state is a
+/// position and `spec` the configuration (see `LoaderState::under`): its
+/// batch size applies unless `batch_size` says otherwise, and its epoch
+/// bound; a state of another dataset or seed is refused. Without it, the
+/// state's own job and `batch_size` (None: the saved one).
 #[pyfunction]
-#[pyo3(signature = (state, rank=None, world_size=None, batch_size=None))]
+#[pyo3(signature = (state, rank=None, world_size=None, batch_size=None, spec=None))]
 pub(crate) fn resume_state(
     state: &str,
     rank: Option<u32>,
     world_size: Option<u32>,
     batch_size: Option<u32>,
+    spec: Option<&[u8]>,
 ) -> PyResult<(String, u64, u32, u64)> {
-    let state = LoaderState::from_json(state).map_err(to_py)?;
+    let mut state = LoaderState::from_json(state).map_err(to_py)?;
+    let mut batch_size = batch_size;
+    if let Some(spec) = spec {
+        let ours = decode(spec)?;
+        state = state.under(&ours).map_err(to_py)?;
+        batch_size = batch_size.or(Some(ours.batch_size));
+    }
     let rank = rank.unwrap_or(state.rank());
     let world_size = world_size.unwrap_or(state.world_size());
     let resumed = state.resume_as(rank, world_size, batch_size).map_err(to_py)?;

@@ -373,3 +373,16 @@ class WorkerInfoRows:
 def mark_worker(worker_id: int) -> None:
     """A worker_init_fn: records its argument where the samples show it."""
     WorkerInfoRows.marked = 100 + worker_id
+
+
+class Indexed:
+    """Samples that say their index: ``{"i": i, "x": float32[2]}``."""
+
+    def __init__(self, n: int = 40) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return {"i": i, "x": np.full(2, i, dtype=np.float32)}

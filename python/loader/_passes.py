@@ -1,0 +1,95 @@
+"""What training frameworks look for on a DataLoader besides iterating it:
+``dataloader.sampler.set_epoch`` and ``dataloader.batch_sampler.sampler
+.set_epoch`` (Lightning, accelerate), ``batch_size``, ``drop_last`` and
+``dataset`` (accelerate's ``skip_first_batches``, transformers' Trainer).
+
+A Loader has no sampler to run: it plans each pass from (seed, epoch,
+position). These objects stand where a DataLoader's sampler stands and
+forward ``set_epoch`` to the loader, so a framework that reshuffles by
+calling it gets the pass it asked for.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterator, Optional
+
+if TYPE_CHECKING:
+    from . import Loader
+
+
+class EpochSampler:
+    """``loader.sampler``: ``set_epoch(e)`` makes the next pass epoch
+    ``e``; ``len()`` is the samples of one pass for this rank. Iterating
+    it is refused: Loader's indices are made in its workers."""
+
+    __slots__ = ("_loader",)
+
+    def __init__(self, loader: "Loader") -> None:
+        self._loader = loader
+
+    def set_epoch(self, epoch: int) -> None:
+        self._loader.set_epoch(epoch)
+
+    @property
+    def epoch(self) -> int:
+        return self._loader.epoch
+
+    def __len__(self) -> int:
+        loader = self._loader
+        return len(loader) * int(loader.batch_size or 1)
+
+    def __iter__(self) -> Iterator[int]:
+        raise TypeError(
+            "a Loader's sampler is planned in its workers from (seed, epoch, position); "
+            "batch.indices says which samples each batch holds"
+        )
+
+    def __repr__(self) -> str:
+        return f"<loader sampler of {self._loader!r}>"
+
+
+class EpochBatchSampler:
+    """``loader.batch_sampler``: its ``sampler`` (an ``EpochSampler``),
+    ``batch_size``, ``drop_last`` and ``len()`` (batches of one pass)."""
+
+    __slots__ = ("_loader", "sampler")
+
+    def __init__(self, loader: "Loader") -> None:
+        self._loader = loader
+        self.sampler = EpochSampler(loader)
+
+    def set_epoch(self, epoch: int) -> None:
+        self._loader.set_epoch(epoch)
+
+    @property
+    def batch_size(self) -> Optional[int]:
+        return self._loader.batch_size
+
+    @property
+    def drop_last(self) -> bool:
+        return self._loader.drop_last
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.sampler)
+
+
+class SpecDataset:
+    """``loader.dataset`` of a job spec (the dataset lives in the workers):
+    its size, for frameworks that take ``len(dataloader.dataset)``."""
+
+    __slots__ = ("_n",)
+
+    def __init__(self, num_samples: int) -> None:
+        self._n = int(num_samples)
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, index: int) -> Any:
+        raise TypeError("the samples of a job spec's dataset are read in Loader's workers, not in the trainer")
+
+    def __repr__(self) -> str:
+        return f"<dataset of a Loader job: {self._n} samples>"
