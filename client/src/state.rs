@@ -545,6 +545,25 @@ mod tests {
     }
 
     #[test]
+    fn under_another_configuration_keeps_the_position_and_takes_its_epoch_bound() {
+        let state = LoaderState::new(&spec(1), 0, 70, BTreeSet::new());
+        let mut ours = spec(1);
+        ours.epochs = 1 << 20;
+        ours.batch_size = 8;
+        let under = state.clone().under(&ours).expect("same dataset and seed");
+        assert_eq!(under.spec().expect("spec").epochs, 1 << 20);
+        assert_eq!((under.next_seq(), under.spec().expect("spec").batch_size), (70, 16), "the position and the saved plan");
+        let mut other_seed = spec(1);
+        other_seed.sampler.as_mut().expect("sampler").seed = 3;
+        let e = state.clone().under(&other_seed).expect_err("another seed");
+        assert_eq!(e.to_string().lines().count(), 1);
+        assert!(e.to_string().contains("saved with seed 9, this loader has seed 3"), "{e}");
+        let other_data = crate::spec::synthetic(999, &[3, 4], Dtype::F32).batch_size(16).shuffle(9).build().expect("spec");
+        let e = state.under(&other_data).expect_err("another dataset");
+        assert!(e.to_string().contains("of 1000 samples, this loader reads 999"), "{e}");
+    }
+
+    #[test]
     fn save_is_atomic_and_load_reads_it_back() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("state.json");

@@ -212,8 +212,9 @@ def _stream_view(
         def count(counter: "_stream.ShardCounter", n: int) -> list:
             # A ring sized here: sizing it from sample 0 would count a
             # shard in this process.
+            # One pass: its workers must not read the shards again.
             counting = Loader.local(
-                counter, workers=max(1, min(workers, n)), batch_size=1, seed_rngs=False,
+                counter, workers=max(1, min(workers, n)), batch_size=1, seed_rngs=False, epochs=1,
                 multiprocessing_context=context, worker_threads=threads, ready_timeout=ready_timeout,
                 ring=(32, 4096),
             )

@@ -178,7 +178,7 @@ def test_eight_ranks_resume_on_one_in_embedded_mode(deployment):
                 delivered.append((epoch, idx))
                 old[seq].extend(idx)
             state = state or dl.state_dict()
-    with loader.Loader.local(synthetic(), workers=2) as dl:
+    with loader.Loader.local(spec, workers=2) as dl:
         dl.load_state_dict(state, batch_size=16)
         assert dl.epoch == 0
         rest = take(dl, 10**6)

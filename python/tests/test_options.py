@@ -106,7 +106,7 @@ def test_coordinator_timeout_bounds_the_wait_for_a_lost_coordinator(child):
         """
 import loader, time
 spec = {"dataset": {"synthetic": {"num_samples": 1, "shape": [4], "dtype": "uint8"}},
-        "batch_size": 1, "name": "host"}
+        "batch_size": 1, "epochs": 1, "name": "host"}
 dl = loader.Loader.local(spec, workers=1, multiprocessing_context="spawn")
 list(dl)
 pid = dl.worker_pids()[0]

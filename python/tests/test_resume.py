@@ -27,8 +27,8 @@ def test_state_dict_round_trip_resumes_at_the_right_batch():
     state = json.loads(json.dumps(state))  # as saved in a checkpoint
     assert state["next_seq"] == 9
 
-    with loader.Loader.local(synthetic(), workers=1) as second:
-        second.load_state_dict(state)  # the state's job replaces the given one
+    with loader.Loader.local(SPEC, workers=1) as second:
+        second.load_state_dict(state)
         assert (len(second), second.epochs, second.epoch) == (13, 2, 0)
         rest = []
         for epoch in range(second.epoch, second.epochs):

@@ -87,7 +87,9 @@ def test_the_generators_draws_are_the_same_on_any_number_of_workers():
 
 def test_a_seeking_dataset_is_not_read_twice(tmp_path):
     log = tmp_path / "yielded"
-    with loader.Loader.local(SeekingShardy(str(log)), workers=3, batch_size=4, shuffle=True, shuffle_buffer=0, seed=4) as dl:
+    # One pass (epochs=1): unbounded, the workers would read on into the
+    # next pass while the trainer finishes this one.
+    with loader.Loader.local(SeekingShardy(str(log)), workers=3, batch_size=4, shuffle=True, shuffle_buffer=0, seed=4, epochs=1) as dl:
         order = [i for b in dl for i in ids(b)]
     assert sorted(order) == list(range(N))
     yielded = [int(x) for x in log.read_text().split()]
@@ -107,7 +109,7 @@ def test_workers_keep_to_their_lanes_so_a_stream_that_cannot_seek_is_read_about_
     # lanes run out unevenly, does a worker read into another's.
     log = tmp_path / "yielded"
     sizes = [4 * n for n in SIZES]
-    with loader.Loader.local(LoggedShardy(str(log), sizes=sizes), workers=3, batch_size=4, shuffle=True, shuffle_buffer=0, seed=1) as dl:
+    with loader.Loader.local(LoggedShardy(str(log), sizes=sizes), workers=3, batch_size=4, shuffle=True, shuffle_buffer=0, seed=1, epochs=1) as dl:
         order = [i for b in dl for i in ids(b)]
     assert sorted(order) == list(range(sum(sizes)))
     reads = len(log.read_text().split())

@@ -115,7 +115,7 @@ def test_the_samples_are_views_of_every_layout():
 def test_strided_tensors_batch_as_default_collate_without_the_python_conversion():
     dataset = StridedViews(64)
     got, started = [], time.monotonic()
-    with loader.Loader.local(dataset, 2, batch_size=4) as dl:
+    with loader.Loader.local(dataset, batch_size=4, workers=2) as dl:
         for batch in dl:
             got.append(snapshot(batch))
             assert time.monotonic() - started < BOUND, "stuck"
