@@ -6,7 +6,9 @@
 #      target/test-venv, so the Pillow pixel-agreement test has
 #      its reference and the Python-dataset tests run against torch's
 #      default_collate instead of skipping (torch from PyPI, a few GB, once:
-#      skipped when already importable);
+#      skipped when already importable), and the training frameworks the
+#      integrations are tested with (lightning, accelerate, transformers,
+#      torchdata);
 #   2. deploy/ checked offline (deploy/check.sh, about 6 s once its own
 #      virtualenv under target/deploy-venv exists, 20 s the first time): the
 #      Helm chart linted, rendered with each of its ci/ values files and every
@@ -41,6 +43,12 @@ if ! "$venv/bin/python" -c 'import torch' >/dev/null 2>&1; then
   # torchvision with it (one resolve, so their versions match): the sample
   # cache's ImageFolder test.
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-cache-dir torch torchvision
+fi
+# The training frameworks loader.integrations is tested with (tiny models
+# built from configs, nothing downloaded): after torch, so they take its
+# version.
+if ! "$venv/bin/python" -c "import lightning, accelerate, transformers, torchdata" >/dev/null 2>&1; then
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check lightning accelerate transformers torchdata
 fi
 
 deploy/check.sh

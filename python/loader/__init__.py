@@ -713,23 +713,29 @@ class Loader:
         ``load_state_dict``, the rest of the saved pass."""
         self._check_open()
         per = max(self._batches_per_epoch, 1)
-        epoch, self._next_epoch = self._next_epoch, None
+        epoch = self._next_pass()
+        chosen, self._next_epoch = self._next_epoch is not None, None
         resumed, self._resumed = self._resumed, False
         yielded = self._yielded
-        if epoch is None:
-            # A part-read pass is finished only by the loaded state's own
-            # first iteration; otherwise the next pass begins.
-            epoch = yielded // per if resumed else -(-yielded // per)
-            if epoch >= self._epochs:
-                raise LoaderError(
-                    f"all {self._epochs} epochs of the job were yielded; "
-                    f"leave epochs= unset (or raise it) to train longer"
-                )
+        if not chosen and epoch >= self._epochs:
+            raise LoaderError(
+                f"all {self._epochs} epochs of the job were yielded; "
+                f"leave epochs= unset (or raise it) to train longer"
+            )
         mid_way = epoch * per < yielded < (epoch + 1) * per
         if not (epoch * per == yielded or (mid_way and resumed)):
             self._restart_at(epoch * per)
         self._pass += 1
         return _Epoch(self, (epoch + 1) * per, self._pass)
+
+    def _next_pass(self) -> int:
+        """The pass the next ``iter()`` yields: the one ``set_epoch``
+        chose, else the one a loaded state stands in (finished first),
+        else the next whole one (a part-read pass is not continued)."""
+        if self._next_epoch is not None:
+            return self._next_epoch
+        per = max(self._batches_per_epoch, 1)
+        return self._yielded // per if self._resumed else -(-self._yielded // per)
 
     def _next(self) -> Any:
         native = self._started()
