@@ -622,6 +622,7 @@ class Loader:
         self = cls.__new__(cls)
         self._init(spec, 0, 1, start)
         self._timeout = translated.timeout
+        self._local = True
         if _dataset.is_dataset(dataset) or _dataset.is_iterable_dataset(dataset):
             self._dataset = dataset
         self._collate = _python_job(job)
@@ -663,6 +664,9 @@ class Loader:
         self._timeout = 0.0
         # The dataset object Loader.local was given (None for a spec).
         self._dataset: Any = None
+        # Embedded mode (Loader.local): its coordinator and workers are its
+        # own, so a restart need not wait for the old ones to stop.
+        self._local = False
         self._closed = False
         _live.add(self)
         _stop_on_sigterm()
@@ -826,7 +830,9 @@ class Loader:
         text, per, epochs, yielded = _native.resume_state(
             text, self._rank, self._world_size, None if batch_size is None else int(batch_size), spec
         )
-        self._stop_native()
+        # An embedded loader's old workers stop while the new ones start
+        # (their own coordinator): a break costs the start, not the stop.
+        self._stop_native(wait=not self._local)
         self._resume = text
         self._batches_per_epoch, self._epochs, self._yielded = per, epochs, yielded
         self._next_epoch = None
@@ -954,10 +960,16 @@ class Loader:
         state.pop("ranks", None)
         self._load(state, None, None)
 
-    def _stop_native(self) -> None:
+    def _stop_native(self, wait: bool = True) -> None:
         native, self._native = self._native, None
-        if native is not None:
+        if native is None:
+            return
+        if wait:
             native.close()
+            return
+        closing = threading.Thread(target=native.close, name="loader-restart-close", daemon=True)
+        _closing.add(closing)
+        closing.start()
 
 
 def _start_method(context: Any) -> str:
@@ -1013,6 +1025,12 @@ class _Epoch:
 # when a daemon thread is still blocked iterating: close() unblocks it.
 _live: "weakref.WeakSet[Loader]" = weakref.WeakSet()
 
+# Threads stopping the workers a restart left behind; joined at exit.
+_closing: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()
+
+#: Seconds interpreter exit waits for a restart's old workers to stop.
+_CLOSING_GRACE = 5.0
+
 
 def _stop_on_sigterm() -> None:
     """Makes SIGTERM (how Kubernetes and most supervisors stop a process)
@@ -1041,6 +1059,8 @@ def _close_all() -> None:
             loader.close()
         except Exception:
             pass
+    for closing in list(_closing):
+        closing.join(_CLOSING_GRACE)
     # After the loaders closed: their last batches' spans are in, and go out
     # to the OTLP endpoint now (a no-op unless trace export is on).
     _native.flush_telemetry()
