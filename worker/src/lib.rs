@@ -20,6 +20,9 @@
 //!   datasets (`synthetic`, `tokens`, `npy`, `image_folder`, `webdataset`)
 //!   and [`Datasets`], which a custom worker binary extends with its own
 //!   (see [`run_with_datasets`] and `examples/custom-worker`).
+//! - `mapped`: read-only mappings of dataset files guarded against the
+//!   file changing under them (a SIGBUS becomes the job's corrupt-sample
+//!   error naming the file, never the worker's death).
 //! - [`image`]: the image pipeline (decode, crops, resizes, flips,
 //!   normalize) that the image datasets run per sample.
 //! - `batch_spans`: the produce and deliver spans of a batch sampled for
@@ -69,6 +72,7 @@ pub mod fuzzing;
 pub mod image;
 mod kept_batches;
 mod link;
+pub(crate) mod mapped;
 mod meters;
 mod outbox;
 mod producer;

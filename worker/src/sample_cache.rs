@@ -106,6 +106,8 @@ pub enum Off {
     Failed,
     /// The job reads each sample once: nothing would be read back.
     OneEpoch,
+    /// The cache's file system ran out of space (a full `--cache-dir`).
+    NoSpace,
 }
 
 impl Off {
@@ -114,6 +116,7 @@ impl Off {
             Off::DoesNotPay => 1,
             Off::Failed => 2,
             Off::OneEpoch => 3,
+            Off::NoSpace => 4,
         }
     }
 
@@ -122,6 +125,7 @@ impl Off {
             0 => None,
             1 => Some(Off::DoesNotPay),
             3 => Some(Off::OneEpoch),
+            4 => Some(Off::NoSpace),
             _ => Some(Off::Failed),
         }
     }
@@ -133,12 +137,13 @@ impl Off {
             Off::DoesNotPay => "does-not-pay",
             Off::Failed => "failed",
             Off::OneEpoch => "one-epoch",
+            Off::NoSpace => "no-space",
         }
     }
 
     /// The reason named `name` (see [`name`](Self::name)).
     pub fn named(name: &str) -> Option<Off> {
-        [Off::DoesNotPay, Off::Failed, Off::OneEpoch].into_iter().find(|off| off.name() == name)
+        [Off::DoesNotPay, Off::Failed, Off::OneEpoch, Off::NoSpace].into_iter().find(|off| off.name() == name)
     }
 
     /// How the worker log and `cache_stats` say it.
@@ -147,6 +152,7 @@ impl Off {
             Off::DoesNotPay => "storing and reading samples back cost about as much as loading them",
             Off::Failed => "a sample could not be stored in or read from the cache",
             Off::OneEpoch => "the job has one epoch: no sample is read twice",
+            Off::NoSpace => "its directory ran out of space: nothing more is stored, samples load as without a cache",
         }
     }
 }
@@ -298,6 +304,16 @@ pub enum CacheError {
     /// More entries than a cache holds.
     #[error("sample cache: {0} entries is more than the {MAX_ENTRIES} a cache holds")]
     TooManyEntries(u64),
+    /// The directory has no room for the cache's index.
+    #[error("sample cache: {where_} has no room for the cache's index of {bytes} bytes ({source}); free space there or give another --cache-dir")]
+    NoSpace {
+        /// The directory (or "memory").
+        where_: String,
+        /// Bytes the index needs.
+        bytes: u64,
+        /// The file system's answer.
+        source: io::Error,
+    },
 }
 
 impl SampleCache {
@@ -318,6 +334,14 @@ impl SampleCache {
         };
         let size = (data_at as u64).checked_add(capacity).ok_or(CacheError::NotACache { entries, why: "too large" })?;
         file.set_len(size)?;
+        // The header and slots are written through the mapping: their
+        // space is taken now, so a full directory is this one-line error
+        // rather than a SIGBUS at the first store.
+        if let Err(source) = allocate(&file, 0, data_at as u64) {
+            if source.raw_os_error() == Some(nix::libc::ENOSPC) {
+                return Err(CacheError::NoSpace { where_: location(&file), bytes: data_at as u64, source });
+            }
+        }
         let cache = Self::map(file, entries, data_at)?;
         cache.word(Word::Entries).store(entries, Ordering::Relaxed);
         cache.word(Word::Magic).store(MAGIC, Ordering::Release);
@@ -455,8 +479,11 @@ impl SampleCache {
         // past it, and no reader looks at it before the slot is published.
         let mut at = self.data_at as u64 + offset;
         for part in parts {
-            if self.file.write_all_at(part, at).is_err() {
+            if let Err(e) = self.file.write_all_at(part, at) {
                 self.slot(index).store(NEVER, Ordering::Release);
+                if e.raw_os_error() == Some(nix::libc::ENOSPC) {
+                    self.out_of_space(&e);
+                }
                 return Put::Refused;
             }
             at += part.len() as u64;
@@ -479,6 +506,17 @@ impl SampleCache {
             self.slot(index).store(NEVER, Ordering::Release);
             return Put::Refused;
         };
+        // The entry's pages are written through the mapping, where a full
+        // file system is a SIGBUS: their space is taken first, so it is
+        // this refusal instead (a file system without fallocate keeps the
+        // old risk).
+        if let Err(e) = allocate(&self.file, self.data_at as u64 + offset, len)
+            && e.raw_os_error() == Some(nix::libc::ENOSPC)
+        {
+            self.slot(index).store(NEVER, Ordering::Release);
+            self.out_of_space(&e);
+            return Put::Refused;
+        }
         // SAFETY: [offset, offset + len) lies in the data area (`reserve`
         // checked end <= capacity), which the mapping covers; it is this
         // call's alone (the cursor moved past it, and no reader looks at it
@@ -520,6 +558,19 @@ impl SampleCache {
                 Err(now) => offset = now,
             }
         }
+    }
+
+    /// The file system is full: the cache turns off for every worker
+    /// using it, said once per process, naming where it lives.
+    fn out_of_space(&self, e: &io::Error) {
+        self.turn_off(Off::NoSpace);
+        static SAID: std::sync::Once = std::sync::Once::new();
+        SAID.call_once(|| {
+            tracing::warn!(
+                "sample cache: {} is full ({e}); nothing more is cached, samples load as without a cache",
+                location(&self.file)
+            );
+        });
     }
 
     /// Publishes the entry of `index` written at `offset`.
@@ -624,6 +675,27 @@ impl SampleCache {
     fn data(&self) -> *mut u8 {
         // SAFETY: data_at <= the mapping's length (checked when mapped).
         unsafe { self.map.as_mut_ptr().add(self.data_at) }
+    }
+}
+
+/// Takes the disk (or memory) space of `[offset, offset + len)` of `file`
+/// without writing it.
+fn allocate(file: &File, offset: u64, len: u64) -> io::Result<()> {
+    if len == 0 {
+        return Ok(());
+    }
+    let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
+        return Err(io::Error::from_raw_os_error(nix::libc::EFBIG));
+    };
+    nix::fcntl::fallocate(file, nix::fcntl::FallocateFlags::empty(), offset, len).map_err(io::Error::from)
+}
+
+/// Where `file` lives, for messages: its directory, or "memory" for a memfd.
+fn location(file: &File) -> String {
+    match std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd())) {
+        Ok(path) if path.to_string_lossy().starts_with("/memfd:") => "memory (a memfd)".to_owned(),
+        Ok(path) => path.parent().map_or_else(|| path.display().to_string(), |dir| dir.display().to_string()),
+        Err(_) => "the cache's file system".to_owned(),
     }
 }
 

@@ -190,6 +190,18 @@ pub enum DatasetError {
 }
 
 impl DatasetError {
+    /// A read of `path`'s mapping that found the file changed under it
+    /// (`crate::mapped`): the job's corrupt-sample error, naming the file
+    /// and where it stopped being readable.
+    pub(crate) fn changed(path: &str, changed: crate::mapped::Changed) -> Self {
+        DatasetError::Corrupt {
+            path: format!("{path} (byte {})", changed.offset),
+            reason: "the file changed while the job read it (truncated or replaced): its samples cannot be trusted; \
+                     write a new file and start a new job"
+                .to_owned(),
+        }
+    }
+
     /// A listing failure of a `kind` dataset, naming the file.
     pub(crate) fn listing(kind: &'static str, e: loader_listing::ListingError) -> Self {
         DatasetError::Mismatch { kind, path: e.path, problem: e.problem }

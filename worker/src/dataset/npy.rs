@@ -9,7 +9,7 @@ use std::fs::File;
 use std::path::Path;
 
 use loader_proto::pb::NpySpec;
-use memmap2::Mmap;
+use crate::mapped::MappedFile;
 
 use super::{Dataset, DatasetError, SampleKey, SampleTensor, check_rows};
 
@@ -18,8 +18,10 @@ const KIND: &str = "npy";
 /// One mapped array.
 #[derive(Debug)]
 struct Column {
-    /// The whole file, read-only.
-    map: Mmap,
+    /// The whole file, read-only, guarded (`crate::mapped`).
+    map: MappedFile,
+    /// The file as the spec names it, for errors.
+    path: String,
     /// Offset of row 0 in the file.
     data_offset: usize,
     /// Bytes per row.
@@ -33,7 +35,7 @@ impl Column {
             .ok()
             .and_then(|i| i.checked_mul(self.row))
             .and_then(|at| at.checked_add(self.data_offset))
-            .and_then(|start| self.map.get(start..start.checked_add(self.row)?))
+            .and_then(|start| self.map.bytes().get(start..start.checked_add(self.row)?))
     }
 }
 
@@ -75,17 +77,13 @@ impl Npy {
             };
             let open_err = |source| DatasetError::Open { kind: KIND, path: array.path.clone(), source };
             let file = File::open(path).map_err(open_err)?;
-            // SAFETY: the mapping is read-only and private to this process.
-            // If another process truncates or rewrites the file while it is
-            // mapped, reads may see the new bytes or fault (SIGBUS); arrays
-            // are written before training and not modified while jobs run.
-            let map = unsafe { Mmap::map(&file) }.map_err(open_err)?;
+            let map = MappedFile::map(&file).map_err(open_err)?;
             tensors.push(SampleTensor {
                 name: array.name.clone(),
                 dtype: header.dtype,
                 shape: header.row_shape().to_vec(),
             });
-            columns.push(Column { map, data_offset, row });
+            columns.push(Column { map, path: array.path.clone(), data_offset, row });
         }
         let row_bytes = columns.iter().map(|c| c.row).collect();
         Ok(Self { columns, tensors, row_bytes, len: spec.num_samples })
@@ -128,6 +126,7 @@ impl Dataset for Npy {
                 return Err(DatasetError::IndexOutOfRange { index, len: self.len });
             };
             row.copy_from_slice(bytes);
+            column.map.intact().map_err(|c| DatasetError::changed(&column.path, c))?;
         }
         Ok(())
     }

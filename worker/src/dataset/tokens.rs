@@ -3,12 +3,14 @@
 //! target), window `i` starting at token `i * context_length`.
 //!
 //! The file is memory-mapped once per job; a window is one `memcpy` from the
-//! page cache into the batch buffer.
+//! page cache into the batch buffer. The mapping is guarded
+//! (`crate::mapped`): a file truncated while a job reads it fails (or skips)
+//! the job's samples, naming the file, instead of killing the worker.
 
 use std::fs::File;
 
 use loader_proto::pb::{Dtype, TokensSpec};
-use memmap2::Mmap;
+use crate::mapped::MappedFile;
 
 use super::{Dataset, DatasetError, SampleKey, SampleTensor, check_rows};
 
@@ -18,7 +20,9 @@ const KIND: &str = "tokens";
 #[derive(Debug)]
 pub struct Tokens {
     /// The whole file, read-only.
-    map: Mmap,
+    map: MappedFile,
+    /// The file as the spec names it, for errors.
+    path: String,
     /// The single tensor `tokens` [context_length + 1].
     tensors: Vec<SampleTensor>,
     /// Bytes between the starts of consecutive windows.
@@ -65,13 +69,10 @@ impl Tokens {
         ) else {
             return Err(mismatch(format!("context length {ctx} is too large")));
         };
-        // SAFETY: the mapping is read-only and private to this process. If
-        // another process truncates or rewrites the file while it is mapped,
-        // reads may see the new bytes or fault (SIGBUS); token files are
-        // written once before training and never modified while jobs run.
-        let map = unsafe { Mmap::map(&file) }.map_err(open_err)?;
+        let map = MappedFile::map(&file).map_err(open_err)?;
         Ok(Self {
             map,
+            path,
             tensors: vec![SampleTensor { name: "tokens".into(), dtype, shape: vec![ctx + 1] }],
             stride,
             window,
@@ -87,7 +88,7 @@ impl Tokens {
             .ok()
             .filter(|_| index < self.len)
             .and_then(|i| i.checked_mul(self.stride))
-            .and_then(|start| self.map.get(start..start.checked_add(self.window)?))
+            .and_then(|start| self.map.bytes().get(start..start.checked_add(self.window)?))
     }
 }
 
@@ -119,6 +120,6 @@ impl Dataset for Tokens {
             return Err(DatasetError::IndexOutOfRange { index, len: self.len });
         };
         row.copy_from_slice(bytes);
-        Ok(())
+        self.map.intact().map_err(|c| DatasetError::changed(&self.path, c))
     }
 }

@@ -16,7 +16,7 @@ use std::path::Path;
 
 use loader_listing::shard::{Member, ShardSample, index};
 use loader_proto::pb::{Transform, WebDatasetSpec};
-use memmap2::Mmap;
+use crate::mapped::MappedFile;
 
 use super::FrameCache;
 use super::images::ImageSamples;
@@ -29,8 +29,8 @@ const KIND: &str = "webdataset";
 struct Shard {
     /// The path as the spec names it, for messages.
     path: String,
-    /// The whole file, read-only.
-    map: Mmap,
+    /// The whole file, read-only, guarded (`crate::mapped`).
+    map: MappedFile,
     /// Its samples, in file order.
     samples: Vec<ShardSample>,
 }
@@ -77,11 +77,7 @@ impl WebDataset {
             }
             let open_err = |source| DatasetError::Open { kind: KIND, path: path.clone(), source };
             let file = File::open(path).map_err(open_err)?;
-            // SAFETY: the mapping is read-only and private to this process.
-            // If another process truncates or rewrites the shard while it is
-            // mapped, reads may see the new bytes or fault (SIGBUS); shards
-            // are written before training and not modified while jobs run.
-            let map = unsafe { Mmap::map(&file) }.map_err(open_err)?;
+            let map = MappedFile::map(&file).map_err(open_err)?;
             starts.push(len);
             len += expected;
             shards.push(Shard { path: path.clone(), map, samples });
@@ -111,7 +107,7 @@ impl Shard {
     fn bytes(&self, m: &Member) -> Option<&[u8]> {
         let start = usize::try_from(m.offset).ok()?;
         let end = start.checked_add(usize::try_from(m.len).ok()?)?;
-        self.map.get(start..end)
+        self.map.bytes().get(start..end)
     }
 }
 
@@ -135,10 +131,13 @@ impl Dataset for WebDataset {
         let image = shard.bytes(image).ok_or_else(|| corrupt("image member runs past the end of the shard"))?;
         let label = sample.label.as_ref().ok_or_else(|| corrupt("no .cls member"))?;
         let label = shard.bytes(label).ok_or_else(|| corrupt("label member runs past the end of the shard"))?;
-        let label = std::str::from_utf8(label)
-            .ok()
-            .and_then(|l| l.trim().parse::<i64>().ok())
-            .ok_or_else(|| corrupt(&format!("label {:?} is not an integer", String::from_utf8_lossy(label))))?;
-        self.images.write(key, || Ok::<_, DatasetError>(image), label, name, rows)
+        let changed = |c| DatasetError::changed(&shard.path, c);
+        let parsed = std::str::from_utf8(label).ok().and_then(|l| l.trim().parse::<i64>().ok());
+        shard.map.intact().map_err(changed)?;
+        let label = parsed.ok_or_else(|| corrupt(&format!("label {:?} is not an integer", String::from_utf8_lossy(label))))?;
+        let written = self.images.write(key, || Ok::<_, DatasetError>(image), label, name, rows);
+        // The decoder read the image from the mapping: zeros, if it faulted.
+        shard.map.intact().map_err(changed)?;
+        written
     }
 }
