@@ -54,6 +54,34 @@ fn cgroup_limit(root: &Path) -> Option<u64> {
 
 pub use loader_process::size::parse_bytes;
 
+/// `--memory-budget`: a size no larger than the memory this process may
+/// use (the cgroup limit, else RAM). A budget above it would let a job's
+/// batches be allocated that the machine cannot hold, and the allocation
+/// would abort the worker instead of refusing that one job.
+pub fn parse_budget(text: &str) -> Result<u64, String> {
+    let budget = parse_bytes(text)?;
+    let ram = meminfo_total(Path::new("/proc/meminfo"));
+    let limit = match (cgroup_limit(Path::new("/sys/fs/cgroup")), ram) {
+        (Some(c), Some(r)) => Some(c.min(r)),
+        (c, r) => c.or(r),
+    };
+    check_budget(budget, limit)
+}
+
+/// `budget`, unless it exceeds `limit` (what this process may use).
+fn check_budget(budget: u64, limit: Option<u64>) -> Result<u64, String> {
+    use loader_proto::footprint::human_bytes;
+    match limit {
+        Some(limit) if budget > limit => Err(format!(
+            "{} is more than the {} of memory this worker may use (its container's limit, or the machine's RAM); \
+             give at most that, or leave it out for half of it",
+            human_bytes(budget),
+            human_bytes(limit)
+        )),
+        _ => Ok(budget),
+    }
+}
+
 /// Why a job's batches do not fit, in one line; None when they do.
 pub(crate) fn refuse(job_id: u64, batch_bytes: u64, in_flight: u32, budget: u64) -> Option<String> {
     let need = batch_bytes.saturating_mul(u64::from(in_flight.max(1)));
@@ -71,6 +99,14 @@ pub(crate) fn refuse(job_id: u64, batch_bytes: u64, in_flight: u32, budget: u64)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_budget_above_the_machines_memory_is_refused_in_one_line() {
+        assert_eq!(check_budget(8 << 30, Some(16 << 30)), Ok(8 << 30));
+        assert_eq!(check_budget(8 << 30, None), Ok(8 << 30), "nothing known: taken as given");
+        let e = check_budget(1 << 40, Some(16 << 30)).expect_err("1 TiB on 16 GiB");
+        assert!(e.contains("1099.5 GB is more than the 17.2 GB of memory") && !e.contains('\n'), "{e}");
+    }
 
     #[test]
     fn limits_come_from_the_cgroup_or_meminfo() {

@@ -36,10 +36,11 @@ struct Args {
     #[arg(long, default_value_t = WorkerConfig::default().max_outstanding, value_name = "K",
           value_parser = clap::value_parser!(u32).range(1..))]
     max_outstanding: u32,
-    /// Memory the batches this worker holds may take, e.g. 8GiB; a job whose
-    /// batches do not fit fails with an error naming the sizes [default:
-    /// half the container's memory limit, or of RAM].
-    #[arg(long, env = "LOADER_MEMORY_BUDGET", value_name = "SIZE", value_parser = crate::budget::parse_bytes)]
+    /// Memory the batches this worker holds may take, e.g. 8GiB, at most
+    /// the container's memory limit (or RAM); a job whose batches do not
+    /// fit fails with an error naming the sizes [default: half the
+    /// container's memory limit, or of RAM].
+    #[arg(long, env = "LOADER_MEMORY_BUDGET", value_name = "SIZE", value_parser = crate::budget::parse_budget)]
     memory_budget: Option<u64>,
     /// Memory for batches of shared streams kept after they were sent, so
     /// that a subscriber trailing the others (started later, or slower)
