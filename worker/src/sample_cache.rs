@@ -530,6 +530,12 @@ impl SampleCache {
         self.publish(index, offset, len)
     }
 
+    /// Whether another writer holds `index`'s slot right now (claimed, not
+    /// yet published or given up).
+    pub fn claimed(&self, index: u64) -> bool {
+        index < self.entries && self.slot(index).load(Ordering::Acquire) == CLAIMED
+    }
+
     /// Claims `index`'s slot and `len` bytes of space for it: the space's
     /// offset, or why not (the slot is left claimed only on success, or
     /// marked never-cached when the space ran out).

@@ -49,6 +49,12 @@ const DECIDE_EVERY: u64 = 16;
 /// A hit must cost under this share of a load (as `loader._cache`).
 const PAYS_BELOW: f64 = 0.5;
 
+/// How long a read waits for a frame another worker is keeping at that
+/// moment (co-located workers in different epochs meet on one image): a
+/// decode takes milliseconds, and waiting for it beats decoding the image
+/// a second time.
+const TAKEN_WAIT: Duration = Duration::from_millis(200);
+
 /// Frames kept in a shared sample cache.
 #[derive(Debug)]
 pub struct FrameCache {
@@ -194,6 +200,19 @@ fn pays(load: f64, store: f64, hit: f64, epochs: u32) -> bool {
     hit < PAYS_BELOW * load && f64::from(epochs.saturating_sub(1)) * (load - hit) >= 2.0 * store
 }
 
+impl FrameCache {
+    /// The frame another worker is keeping under `key` right now, once it
+    /// is published; None if that takes longer than [`TAKEN_WAIT`] or the
+    /// other worker gives up (its decode failed, or it died mid-write).
+    fn kept_by_another(&self, key: u64, index: u64, scale: u32) -> Option<Frame<'_>> {
+        let deadline = std::time::Instant::now() + TAKEN_WAIT;
+        while self.cache.claimed(key) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        self.get(index, scale)
+    }
+}
+
 impl Frames for FrameCache {
     fn known(&self, index: u64) -> Option<(Source, (u32, u32))> {
         [8, 4, 2, 1].into_iter().find_map(|scale| self.get(index, scale).map(|f| (f.source, f.full)))
@@ -211,7 +230,7 @@ impl Frames for FrameCache {
         full: (u32, u32),
         pixels: usize,
         decode: &mut dyn FnMut(&mut [u8]) -> Result<Source, ImageError>,
-    ) -> Option<Result<Frame<'_>, ImageError>> {
+    ) -> Option<Result<(Frame<'_>, bool), ImageError>> {
         let key = self.key(index, scale)?;
         if !self.cache.is_on() {
             return None;
@@ -243,18 +262,23 @@ impl Frames for FrameCache {
             }
         });
         match put {
-            Put::Stored => self.get(index, scale).map(Ok),
+            Put::Stored => self.get(index, scale).map(|f| Ok((f, true))),
             Put::Full => {
                 self.full.store(true, Ordering::Relaxed);
                 self.cache.record_untimed_miss();
                 None
             }
             // Another worker is keeping it (it makes this sample for an
-            // earlier epoch right now): this one is made as uncached.
-            Put::Taken => {
-                self.cache.record_untimed_miss();
-                None
-            }
+            // earlier epoch right now): its frame, once kept, within a
+            // bounded wait (a decode takes milliseconds); else this one is
+            // made as uncached.
+            Put::Taken => match self.kept_by_another(key, index, scale) {
+                Some(frame) => Some(Ok((frame, false))),
+                None => {
+                    self.cache.record_untimed_miss();
+                    None
+                }
+            },
             Put::Refused => failed.map(Err),
         }
     }
@@ -331,13 +355,15 @@ mod tests {
             into.fill(7);
             Ok(Source::Jpeg { align: 16 })
         };
-        let got = frames.keep(1, 4, (6, 4), 4 * 3 * 2, &mut sevens).expect("room").expect("decoded");
+        let (got, decoded) = frames.keep(1, 4, (6, 4), 4 * 3 * 2, &mut sevens).expect("room").expect("decoded");
+        assert!(decoded);
         assert_eq!((got.source, got.full, got.scale, got.pixels), (Source::Jpeg { align: 16 }, (6, 4), 4, &[7u8; 24][..]));
         assert_eq!(frames.get(1, 4).map(|f| f.pixels.len()), Some(24));
         assert_eq!(frames.known(1), Some((Source::Jpeg { align: 16 }, (6, 4))));
         assert!(frames.get(1, 8).is_none() && frames.get(0, 4).is_none());
         let mut never = |_: &mut [u8]| -> Result<Source, ImageError> { panic!("not called") };
-        assert!(frames.keep(1, 4, (6, 4), 24, &mut never).is_none(), "kept already");
+        let (again, decoded) = frames.keep(1, 4, (6, 4), 24, &mut never).expect("kept already").expect("a frame");
+        assert!(!decoded && again.pixels == &[7u8; 24][..], "kept already: the kept frame, not decoded again");
         assert!(frames.keep(3, 8, (6, 4), 24, &mut never).is_none(), "no sample 3");
         let mut broken = |_: &mut [u8]| Err(ImageError::Corrupt("truncated".into()));
         assert!(matches!(frames.keep(0, 8, (6, 4), 24, &mut broken), Some(Err(ImageError::Corrupt(_)))));

@@ -59,9 +59,12 @@ pub trait Frames: Send + Sync + std::fmt::Debug {
     /// rows of the image `full` scaled) that `decode` writes in place into
     /// the cache's memory, returning how it was decoded. None, without
     /// calling `decode`, when it cannot be kept now (the cache is off or
-    /// full, or another worker is keeping it): the sample is then decoded
-    /// as without a cache (only the region its first pass reads). An error
-    /// of `decode` comes back as it is, and the index stays uncached (the
+    /// full, or another worker kept on keeping it past a bounded wait):
+    /// the sample is then decoded as without a cache (only the region its
+    /// first pass reads). The frame comes with whether `decode` made it
+    /// here (false: another worker was keeping it and finished while this
+    /// one waited, so the image was decoded once on the node). An error of
+    /// `decode` comes back as it is, and the index stays uncached (the
     /// sample is then made as without a cache too, with that run's
     /// result).
     fn keep(
@@ -71,7 +74,7 @@ pub trait Frames: Send + Sync + std::fmt::Debug {
         full: (u32, u32),
         pixels: usize,
         decode: &mut dyn FnMut(&mut [u8]) -> Result<Source, ImageError>,
-    ) -> Option<Result<Frame<'_>, ImageError>>;
+    ) -> Option<Result<(Frame<'_>, bool), ImageError>>;
 
     /// A sample made from a kept frame, and the CPU time it took to cut
     /// its region out.

@@ -389,8 +389,8 @@ impl Pipeline {
             load += thread_cpu().saturating_sub(began);
             source
         };
-        let frame = match frames.keep(key.index, scale, full, pixels, &mut decode) {
-            Some(Ok(frame)) => frame,
+        let (frame, decoded) = match frames.keep(key.index, scale, full, pixels, &mut decode) {
+            Some(Ok(kept)) => kept,
             // Not kept, or the whole image does not decode where the
             // region may (a file cut short below the crop): made as an
             // uncached run makes it, with its result.
@@ -401,7 +401,12 @@ impl Pipeline {
         };
         let began = thread_cpu();
         cut(&frame, first, &mut s.decoded)?;
-        frames.miss(load, thread_cpu().saturating_sub(began));
+        if decoded {
+            frames.miss(load, thread_cpu().saturating_sub(began));
+        } else {
+            // Another worker kept it while this one waited.
+            frames.hit(thread_cpu().saturating_sub(started));
+        }
         self.finish(&plan, out, s)
     }
 
