@@ -61,6 +61,7 @@ def make_certs(work):
     for role in ("worker", "trainer", "admin"):
         token = work / f"{role}.token"
         token.write_text(os.urandom(32).hex())
+        token.chmod(0o600)  # the binaries refuse a token others can read
         env[f"LOADER_{role.upper()}_TOKEN_FILE"] = token
     return {k: str(v) for k, v in env.items()}
 

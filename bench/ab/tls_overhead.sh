@@ -29,7 +29,7 @@ trap finish EXIT
   openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj /CN=bench -keyout node.key -out node.csr 2>/dev/null
   printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n' >ext
   openssl x509 -req -in node.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 -extfile ext -out node.pem 2>/dev/null
-  for r in worker trainer admin; do openssl rand -hex 32 >"$r.token"; done
+  for r in worker trainer admin; do openssl rand -hex 32 >"$r.token"; chmod 600 "$r.token"; done
 )
 
 # Starts a coordinator and $WORKERS workers with the current environment; sets

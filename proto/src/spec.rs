@@ -56,6 +56,14 @@ pub fn is_image_dataset(kind: &Kind) -> bool {
 /// every field but the counts the submitter fills in from the files. A spec
 /// file is checked with this right after it is parsed.
 pub fn check(spec: &JobSpec) -> Result<(), SpecError> {
+    // First: a name is kept (and logged) for the job's life, so a huge one
+    // is refused before anything else looks at the spec.
+    if spec.name.len() > MAX_NAME_LEN {
+        return err(
+            "name",
+            format!("{} bytes is longer than the {MAX_NAME_LEN} a job name may have", spec.name.len()),
+        );
+    }
     let Some(kind) = spec.dataset.as_ref().and_then(|d| d.kind.as_ref()) else {
         return err("dataset", format!("missing; expected one of: {KINDS}"));
     };
@@ -712,6 +720,8 @@ mod tests {
     #[test]
     fn good_spec_plans() {
         assert_eq!(plan(&synthetic()).expect("plan").batches_per_epoch(), 13);
+        let longest = JobSpec { name: "n".repeat(MAX_NAME_LEN), ..synthetic() };
+        assert!(plan(&longest).is_ok());
     }
 
     #[test]
@@ -755,6 +765,14 @@ mod tests {
             (
                 "dataset",
                 JobSpec {
+                    dataset: None,
+                    ..synthetic()
+                },
+            ),
+            (
+                "name",
+                JobSpec {
+                    name: "n".repeat(100_000),
                     dataset: None,
                     ..synthetic()
                 },

@@ -35,7 +35,12 @@
 //! [`loader_proto::spec::check`] the coordinator runs); the counts are read
 //! from the files by [`JobSpecBuilder::build`].
 //!
+//! A text is bounded before it is parsed ([`MAX_SPEC_BYTES`], nesting
+//! [`MAX_DEPTH`] levels deep: `bounds`), so a hostile one is refused in
+//! milliseconds; the job name's length is the protocol's check.
+//!
 //! - this module: the entry points, the top level and the datasets.
+//! - `bounds`: the text's size and nesting depth, checked before parsing.
 //! - `transform`: one step of the `transforms` list.
 //! - `values`: counts, sizes, dtype and layout names, parameters, npy
 //!   arrays and shard lists (with WebDataset's `{000..099}` ranges).
@@ -53,8 +58,11 @@ use serde::de::{self, Deserializer, MapAccess, Visitor};
 
 use crate::{Error, JobSpecBuilder};
 
+mod bounds;
 mod transform;
 mod values;
+
+pub use bounds::{MAX_DEPTH, MAX_SPEC_BYTES};
 
 use transform::TransformFile;
 use values::{Count, DtypeName, NamedPaths, Scalar, Shards};
@@ -80,10 +88,15 @@ pub fn parse_json(text: &str, base_dir: &Path) -> Result<JobSpecBuilder, Error> 
 /// its directory.
 pub fn parse_file(path: &Path) -> Result<JobSpecBuilder, Error> {
     let origin = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| Error::SpecFile {
-        origin: origin.clone(),
-        message: e.to_string(),
-    })?;
+    let fail = |message: String| Error::SpecFile { origin: origin.clone(), message };
+    // Read at most one byte past the limit: a huge file is refused
+    // without being read whole.
+    let mut text = String::new();
+    std::io::Read::read_to_string(
+        &mut std::io::Read::take(std::fs::File::open(path).map_err(|e| fail(e.to_string()))?, MAX_SPEC_BYTES as u64 + 1),
+        &mut text,
+    )
+    .map_err(|e| fail(e.to_string()))?;
     let is_json = path
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("json"));
@@ -112,6 +125,18 @@ fn parse_as(
         origin: origin.to_owned(),
         message: message.split_whitespace().collect::<Vec<_>>().join(" "),
     };
+    if text.len() > MAX_SPEC_BYTES {
+        return Err(fail(format!(
+            "{} bytes or more, more than the {MAX_SPEC_BYTES} a spec may have (the coordinator's request limit); \
+             list shards with ranges (`{{000..999}}`) or a glob",
+            text.len()
+        )));
+    }
+    if let Some(line) = bounds::too_deep(text, MAX_DEPTH) {
+        return Err(fail(format!(
+            "line {line}: nested more than {MAX_DEPTH} levels deep, the most a spec may nest; a spec needs fewer than 10"
+        )));
+    }
     let file: SpecFile = match format {
         Format::Json => {
             let mut de = serde_json::Deserializer::from_str(text);

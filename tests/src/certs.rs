@@ -1,7 +1,8 @@
 //! Test certificates, made with rcgen: a CA, and leaf certificates it signs
 //! for `localhost` and `127.0.0.1`, usable both as server and as client
 //! certificates (as a Loader worker's is). Written as PEM files, as an
-//! operator (or cert-manager) would hand them over.
+//! operator (or cert-manager) would hand them over: keys mode 0600, which
+//! the binaries insist on.
 
 use std::path::{Path, PathBuf};
 
@@ -60,7 +61,15 @@ impl TestCa {
         let cert = params.signed_by(&key, &self.issuer).expect("leaf certificate");
         let out = TestCert { cert: self.dir.join(format!("{leaf}.pem")), key: self.dir.join(format!("{leaf}.key")) };
         std::fs::write(&out.cert, cert.pem()).expect("write leaf");
-        std::fs::write(&out.key, key.serialize_pem()).expect("write key");
+        write_secret(&out.key, key.serialize_pem().as_bytes());
         out
     }
+}
+
+/// Writes a secret (a token, a private key) as an operator should: mode
+/// 0600, since the binaries refuse one that group or others can read.
+pub fn write_secret(path: &Path, contents: &[u8]) {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::write(path, contents).expect("write secret");
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).expect("chmod 600 secret");
 }

@@ -25,7 +25,8 @@
 //!   a test freezes (a port blackholed both ways) and thaws.
 //! - [`otlp`](OtlpReceiver): a real OTLP/gRPC trace receiver that keeps
 //!   what it is sent.
-//! - [`certs`](TestCa): a CA and the certificates it signs, as PEM files.
+//! - [`certs`](TestCa): a CA and the certificates it signs, as PEM files;
+//!   [`write_secret`] for token files.
 //! - [`dataset_files`]: images, class folders, tar shards and npy arrays
 //!   written by tests.
 //! - [`skipped`]: a test that cannot run here says so (and fails in CI,
@@ -47,7 +48,7 @@ mod trainer;
 mod wait;
 
 pub use admin::Admin;
-pub use certs::{TestCa, TestCert};
+pub use certs::{TestCa, TestCert, write_secret};
 pub use kube_api::{KubeApi, KubeRequest};
 pub use cluster::{Cluster, ClusterBuilder};
 pub use netns::{HOST_ADDR, NS_ADDR, RemoteNamespace};

@@ -9,10 +9,10 @@ use std::process::Command;
 use std::time::Duration;
 
 use futures::future::{BoxFuture, FutureExt as _};
-use loader_e2e::{Cluster, Proc, Scope, TestCa, binary, run};
+use loader_e2e::{Cluster, Proc, Scope, TestCa, binary, run, write_secret};
 use loader_process::grpc::{Channel, endpoint};
 use loader_process::security::tls::ClientTls;
-use loader_process::security::{ClientSecurity, Role, SessionKeys, Token};
+use loader_process::security::{ClientSecurity, OpenSecrets, Role, SessionKeys, Token};
 use loader_proto::keda::external_scaler_client::ExternalScalerClient;
 use loader_proto::keda::{GetMetricsRequest, ScaledObjectRef};
 use loader_proto::pb::admin_service_client::AdminServiceClient;
@@ -310,7 +310,7 @@ fn tls_refuses_plaintext_and_foreign_ca_clients_in_one_line() {
         let other = TestCa::new(dir.path(), "other");
         let server = ca.leaf("server");
         let admin_tls =
-            ClientSecurity { tls: Some(ClientTls { ca: ca.cert(), identity: None }), token: None };
+            ClientSecurity { tls: Some(ClientTls { ca: ca.cert(), identity: None, open_secrets: OpenSecrets::Refuse }), token: None };
         let cluster = Cluster::builder()
             .secured(true, admin_tls)
             .env("LOADER_TLS_CERT", server.cert.display().to_string())
@@ -369,9 +369,13 @@ fn a_job_runs_over_mutual_tls_with_tokens() {
         let trainer = ca.leaf("trainer");
         let stranger = other.leaf("stranger");
         let token_file = dir.path().join("trainer.token");
-        std::fs::write(&token_file, format!("{TRAINER}\n")).expect("token file");
+        write_secret(&token_file, format!("{TRAINER}\n").as_bytes());
         let admin = ClientSecurity {
-            tls: Some(ClientTls { ca: ca.cert(), identity: Some((trainer.cert.clone(), trainer.key.clone())) }),
+            tls: Some(ClientTls {
+                ca: ca.cert(),
+                identity: Some((trainer.cert.clone(), trainer.key.clone())),
+                open_secrets: OpenSecrets::Refuse,
+            }),
             token: Some(Token::new(ADMIN, "test").expect("token")),
         };
         let mut builder = Cluster::builder()
@@ -428,6 +432,96 @@ fn a_job_runs_over_mutual_tls_with_tokens() {
     });
 }
 
+/// Starts `name` with `args` and `env` and waits for it to exit (it must:
+/// each is refused at start-up); its exit code and stderr.
+fn refused_at_start(scope: &Scope, name: &str, args: &[&str], env: &[(&str, &Path)]) -> (i32, Vec<String>) {
+    let mut command = Command::new(binary(name));
+    command.args(args).env_remove("LOADER_ALLOW_OPEN_SECRETS");
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    let mut proc = Proc::spawn_capturing_stderr(scope, name, command, false);
+    let status = proc.wait_exit(Duration::from_secs(30)).unwrap_or_else(|| panic!("{name} exits"));
+    (status.code().unwrap_or(-1), proc.stderr())
+}
+
+#[test]
+fn secret_files_others_can_read_are_refused_in_one_line_unless_allowed() {
+    use std::os::unix::fs::PermissionsExt as _;
+    run(Duration::from_secs(120), |scope| {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ca = TestCa::new(dir.path(), "ca");
+        let server = ca.leaf("server");
+        let chmod = |path: &Path, mode| std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+        let token = |name: &str, value: &str| {
+            let path = dir.path().join(name);
+            write_secret(&path, format!("{value}\n").as_bytes());
+            path
+        };
+        let (worker, trainer, admin) = (token("worker", WORKER), token("trainer", TRAINER), token("admin", ADMIN));
+        chmod(&admin, 0o644);
+        let tokens: [(&str, &Path); 3] = [
+            ("LOADER_WORKER_TOKEN_FILE", &worker),
+            ("LOADER_TRAINER_TOKEN_FILE", &trainer),
+            ("LOADER_ADMIN_TOKEN_FILE", &admin),
+        ];
+        let open_token = format!("LOADER_ADMIN_TOKEN_FILE {}: mode 0644 lets group or others read this secret; chmod 600 it", admin.display());
+
+        // The coordinator, a worker and loaderctl each refuse it at start, in one line.
+        let (code, stderr) = refused_at_start(&scope, "loader-server", &["--listen", "127.0.0.1:0"], &tokens);
+        assert_eq!(code, 1, "{stderr:?}");
+        let lines: Vec<&String> = stderr.iter().filter(|l| l.contains("error")).collect();
+        assert_eq!(lines.len(), 1, "one line: {stderr:?}");
+        assert!(lines[0].starts_with(&format!("loader-server: error: {open_token}")), "{stderr:?}");
+        assert!(lines[0].contains("--allow-open-secrets"), "{stderr:?}");
+
+        chmod(&admin, 0o600);
+        chmod(&trainer, 0o660);
+        let (code, stderr) = refused_at_start(
+            &scope,
+            "loader-worker",
+            &["--coordinator", "http://127.0.0.1:1", "--listen", "127.0.0.1:0"],
+            &tokens[..2],
+        );
+        assert_ne!(code, 0, "{stderr:?}");
+        let lines: Vec<&String> = stderr.iter().filter(|l| l.contains("error")).collect();
+        assert_eq!(lines.len(), 1, "one line: {stderr:?}");
+        assert!(lines[0].contains(&format!("LOADER_TRAINER_TOKEN_FILE {}: mode 0660", trainer.display())), "{stderr:?}");
+        chmod(&trainer, 0o600);
+
+        // A TLS private key is a secret too (its certificate is not).
+        chmod(&server.key, 0o604);
+        chmod(&server.cert, 0o644);
+        let (code, stderr) = refused_at_start(
+            &scope,
+            "loader-server",
+            &["--listen", "127.0.0.1:0", "--tls-cert", &server.cert.display().to_string(), "--tls-key", &server.key.display().to_string()],
+            &[],
+        );
+        assert_eq!(code, 1, "{stderr:?}");
+        assert!(stderr.concat().contains(&format!("--tls-key {}: mode 0604", server.key.display())), "{stderr:?}");
+
+        // With every file private, a cluster runs; loaderctl refuses an
+        // open admin token, and takes it with the flag or its variable.
+        chmod(&server.key, 0o600);
+        let mut builder = Cluster::builder().secured(false, with_token(Some(ADMIN)));
+        for (k, v) in tokens {
+            builder = builder.env(k, v.display().to_string());
+        }
+        let cluster = builder.workers(1).start(&scope);
+        chmod(&admin, 0o644);
+        let status = ["status", "--coordinator", &cluster.url()];
+        let (code, _, stderr) = loaderctl(&scope, &status, &tokens[2..]);
+        assert_eq!(code, 1, "{stderr:?}");
+        assert!(one_error_line(&stderr).contains(&open_token), "{stderr:?}");
+        let (code, _, stderr) = loaderctl(&scope, &[&status[..], &["--allow-open-secrets"][..]].concat(), &tokens[2..]);
+        assert_eq!(code, 0, "{stderr:?}");
+        let allow = Path::new("1");
+        let (code, _, stderr) = loaderctl(&scope, &status, &[tokens[2], ("LOADER_ALLOW_OPEN_SECRETS", allow)]);
+        assert_eq!(code, 0, "{stderr:?}");
+    });
+}
+
 #[test]
 fn limits_refuse_oversized_requests_and_admin_floods() {
     run(Duration::from_secs(120), |scope| {
@@ -445,6 +539,20 @@ fn limits_refuse_oversized_requests_and_admin_floods() {
             assert!(e.message().contains("over this server's limit of 4194304 bytes"), "{}", e.message());
             // The connection is still good for a normal call.
             AdminServiceClient::new(channel.clone()).list_workers(pb::ListWorkersRequest::default()).await.expect("list");
+            // A job name of 100,000 characters (under the size limit):
+            // refused by the spec's validation, naming the field.
+            let spec = pb::JobSpec { name: "x".repeat(100_000), ..Default::default() };
+            let request = pb::CreateOrAttachJobRequest { protocol_version: loader_proto::PROTOCOL_VERSION, spec: Some(spec) };
+            let e = TrainerServiceClient::new(channel.clone())
+                .create_or_attach_job(request)
+                .await
+                .expect_err("name too long");
+            assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+            assert!(
+                e.message().contains("name: 100000 bytes is longer than the 255 a job name may have"),
+                "{}",
+                e.message()
+            );
 
             // Admin calls past the budget (200 a second) are refused;
             // the trainer's calls are not counted against it.

@@ -131,7 +131,7 @@ mod tests {
                 }
             }
         });
-        let client = ClientTls { ca, identity: None }.client_config().expect("client config");
+        let client = ClientTls { ca, identity: None, open_secrets: Default::default() }.client_config().expect("client config");
         (uri, client, dir)
     }
 

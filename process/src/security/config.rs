@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 
+use super::secret_file::{self, OpenSecrets};
 use super::tls::{ClientTls, ServerTls};
 use super::token::{Role, RoleTokens, SessionKeys, Token};
 use super::SecurityError;
@@ -19,7 +20,7 @@ use super::SecurityError;
 /// Every environment variable the security settings read: what a process
 /// that starts plaintext, token-less children (the embedded mode) removes
 /// from their environment.
-pub const VARIABLES: [&str; 10] = [
+pub const VARIABLES: [&str; 11] = [
     "LOADER_TLS_CERT",
     "LOADER_TLS_KEY",
     "LOADER_TLS_CLIENT_CA",
@@ -30,6 +31,7 @@ pub const VARIABLES: [&str; 10] = [
     "LOADER_TRAINER_TOKEN_FILE",
     "LOADER_ADMIN_TOKEN",
     "LOADER_ADMIN_TOKEN_FILE",
+    secret_file::ALLOW_VAR,
 ];
 
 /// TLS and token flags, flattened into each binary's command line.
@@ -58,10 +60,21 @@ pub struct SecurityArgs {
     /// File with the admin role's token (or set LOADER_ADMIN_TOKEN).
     #[arg(long, env = "LOADER_ADMIN_TOKEN_FILE", value_name = "PATH", help_heading = "Security")]
     pub admin_token_file: Option<PathBuf>,
+    /// Accept token and private key files that group or others can read,
+    /// where the platform cannot make them private (docs/security.md).
+    #[arg(long, env = secret_file::ALLOW_VAR, value_parser = clap::builder::BoolishValueParser::new(), help_heading = "Security")]
+    pub allow_open_secrets: bool,
 }
 
 fn env_path(var: &str) -> Option<PathBuf> {
     std::env::var_os(var).filter(|v| !v.is_empty()).map(PathBuf::from)
+}
+
+/// A boolean variable read as the flag reads it (clap's boolish values):
+/// `1`, `y`, `yes`, `t`, `true`, `on` (any case) are true.
+fn env_flag(var: &str) -> bool {
+    std::env::var(var)
+        .is_ok_and(|v| ["1", "y", "yes", "t", "true", "on"].contains(&v.trim().to_ascii_lowercase().as_str()))
 }
 
 impl SecurityArgs {
@@ -75,7 +88,12 @@ impl SecurityArgs {
             worker_token_file: env_path(Role::Worker.token_file_var()),
             trainer_token_file: env_path(Role::Trainer.token_file_var()),
             admin_token_file: env_path(Role::Admin.token_file_var()),
+            allow_open_secrets: env_flag(secret_file::ALLOW_VAR),
         }
+    }
+
+    fn open_secrets(&self) -> OpenSecrets {
+        if self.allow_open_secrets { OpenSecrets::Allow } else { OpenSecrets::Refuse }
     }
 
     fn token_file(&self, role: Role) -> Option<&std::path::Path> {
@@ -88,13 +106,18 @@ impl SecurityArgs {
 
     /// The role's token, from its file flag or the environment.
     pub fn token(&self, role: Role) -> Result<Option<Token>, SecurityError> {
-        Token::for_role(role, self.token_file(role))
+        Token::for_role(role, self.token_file(role), self.open_secrets())
     }
 
     fn server_tls(&self) -> Result<Option<ServerTls>, SecurityError> {
         match (&self.tls_cert, &self.tls_key) {
             (Some(cert), Some(key)) => {
-                Ok(Some(ServerTls { cert: cert.clone(), key: key.clone(), client_ca: self.tls_client_ca.clone() }))
+                Ok(Some(ServerTls {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: self.tls_client_ca.clone(),
+                open_secrets: self.open_secrets(),
+            }))
             }
             (None, None) if self.tls_client_ca.is_some() => Err(SecurityError::new(
                 "--tls-client-ca",
@@ -113,7 +136,10 @@ impl SecurityArgs {
             (Some(c), Some(k)) => Some((c.clone(), k.clone())),
             _ => None,
         };
-        Ok(self.tls_ca.as_ref().map(|ca| ClientTls { ca: ca.clone(), identity }))
+        Ok(self
+            .tls_ca
+            .as_ref()
+            .map(|ca| ClientTls { ca: ca.clone(), identity, open_secrets: self.open_secrets() }))
     }
 
     /// What a server that answers `served` roles checks. Tokens are all or

@@ -9,6 +9,8 @@
 //! - [`tls`]: server certificates (re-read when their files change) and the
 //!   CA a client verifies servers with; optional client certificates
 //!   (mutual TLS).
+//! - [`secret_file`]: reading a token or private key file, refusing one
+//!   that group or others can read (the one place that rule lives).
 //! - [`config`]: the flags every binary shares, and what a server and a
 //!   client of each role take from them.
 //!
@@ -17,10 +19,12 @@
 //! in docs/security.md.
 
 pub mod config;
+pub mod secret_file;
 pub mod tls;
 pub mod token;
 
 pub use config::{ClientSecurity, SecurityArgs, ServerSecurity};
+pub use secret_file::OpenSecrets;
 pub use token::{Role, RoleTokens, SessionKeys, Token};
 
 /// A security setting that cannot be used, on one line: what was given and

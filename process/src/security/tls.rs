@@ -15,6 +15,7 @@ use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 
 use super::SecurityError;
+use super::secret_file::{self, OpenSecrets};
 
 /// How often a server looks at its certificate files for changes.
 pub const RELOAD_INTERVAL: Duration = Duration::from_secs(2);
@@ -32,14 +33,15 @@ pub struct ServerTls {
     /// PEM CA certificates: when set, every client must present a
     /// certificate signed by one of them (mutual TLS).
     pub client_ca: Option<PathBuf>,
+    /// Whether a key file others can read is accepted.
+    pub open_secrets: OpenSecrets,
 }
 
 impl ServerTls {
     /// Reads the files and builds the rustls configuration.
     pub fn load(&self) -> Result<Arc<ServerConfig>, SecurityError> {
         let certs = read_certs(&self.cert, "--tls-cert")?;
-        let key = PrivateKeyDer::from_pem_file(&self.key)
-            .map_err(|e| SecurityError::new(format!("--tls-key {}", self.key.display()), pem_cause(&e, "private key")))?;
+        let key = read_key(&self.key, self.open_secrets)?;
         let builder = ServerConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .map_err(|e| SecurityError::new("TLS", e))?;
@@ -129,6 +131,8 @@ pub struct ClientTls {
     pub ca: PathBuf,
     /// The client's own certificate and key, for servers that require one.
     pub identity: Option<(PathBuf, PathBuf)>,
+    /// Whether a key file others can read is accepted.
+    pub open_secrets: OpenSecrets,
 }
 
 impl ClientTls {
@@ -145,8 +149,7 @@ impl ClientTls {
         let mut config = match &self.identity {
             Some((cert, key)) => {
                 let certs = read_certs(cert, "--tls-cert")?;
-                let key_der = PrivateKeyDer::from_pem_file(key)
-                    .map_err(|e| SecurityError::new(format!("--tls-key {}", key.display()), pem_cause(&e, "private key")))?;
+                let key_der = read_key(key, self.open_secrets)?;
                 builder
                     .with_client_auth_cert(certs, key_der)
                     .map_err(|e| SecurityError::new(format!("--tls-cert {} with --tls-key {}", cert.display(), key.display()), e))?
@@ -187,6 +190,14 @@ fn read_certs(path: &Path, flag: &str) -> Result<Vec<CertificateDer<'static>>, S
         return Err(SecurityError::new(what(), "no PEM certificate in the file"));
     }
     Ok(certs)
+}
+
+/// A private key: a secret, so read by [`secret_file`] (certificates are
+/// public and read as they are).
+fn read_key(path: &Path, open: OpenSecrets) -> Result<PrivateKeyDer<'static>, SecurityError> {
+    let pem = secret_file::read(path, "--tls-key", open)?;
+    PrivateKeyDer::from_pem_slice(&pem)
+        .map_err(|e| SecurityError::new(format!("--tls-key {}", path.display()), pem_cause(&e, "private key")))
 }
 
 fn read_roots(path: &Path, flag: &str) -> Result<RootCertStore, SecurityError> {

@@ -14,6 +14,7 @@ use ring::{digest, hmac};
 use subtle::ConstantTimeEq as _;
 
 use super::SecurityError;
+use super::secret_file::{self, OpenSecrets};
 
 /// What a caller may do; each RPC belongs to exactly one role (docs/security.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -95,17 +96,19 @@ impl Token {
     }
 
     /// The token in a file (surrounding whitespace, such as the final
-    /// newline, is not part of it).
-    pub fn from_file(path: &Path, what: &str) -> Result<Self, SecurityError> {
+    /// newline, is not part of it); a file others can read is refused
+    /// unless `open` allows it ([`secret_file`]).
+    pub fn from_file(path: &Path, what: &str, open: OpenSecrets) -> Result<Self, SecurityError> {
+        let bytes = secret_file::read(path, what, open)?;
         let what = format!("{what} {}", path.display());
-        let text = std::fs::read_to_string(path).map_err(|e| SecurityError::new(&what, e))?;
+        let text = String::from_utf8(bytes).map_err(|_| SecurityError::new(&what, "a token must be printable ASCII"))?;
         Self::new(&text, &what)
     }
 
     /// The role's token from the environment: `LOADER_<ROLE>_TOKEN`, or the
     /// file `file` (its flag) / `LOADER_<ROLE>_TOKEN_FILE` names; `None`
     /// when neither is set, an error when both are.
-    pub fn for_role(role: Role, file: Option<&Path>) -> Result<Option<Self>, SecurityError> {
+    pub fn for_role(role: Role, file: Option<&Path>, open: OpenSecrets) -> Result<Option<Self>, SecurityError> {
         let value = std::env::var(role.token_var()).ok().filter(|v| !v.is_empty());
         let file = file
             .map(Path::to_path_buf)
@@ -116,7 +119,7 @@ impl Token {
                 format!("set either {} or {}, not both", role.token_var(), role.token_file_var()),
             )),
             (Some(text), None) => Self::new(&text, role.token_var()).map(Some),
-            (None, Some(path)) => Self::from_file(&path, role.token_file_var()).map(Some),
+            (None, Some(path)) => Self::from_file(&path, role.token_file_var(), open).map(Some),
             (None, None) => Ok(None),
         }
     }
@@ -283,8 +286,10 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("t");
         std::fs::write(&path, "file-token-0123456789\n").expect("write");
-        assert_eq!(Token::from_file(&path, "--admin-token-file").expect("read").secret(), "file-token-0123456789");
-        let e = Token::from_file(&dir.path().join("missing"), "--admin-token-file").expect_err("missing");
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).expect("chmod");
+        let read = |p: &Path| Token::from_file(p, "--admin-token-file", OpenSecrets::Refuse);
+        assert_eq!(read(&path).expect("read").secret(), "file-token-0123456789");
+        let e = read(&dir.path().join("missing")).expect_err("missing");
         assert!(e.to_string().starts_with("--admin-token-file "), "{e}");
         assert!(e.to_string().contains("No such file"), "{e}");
     }

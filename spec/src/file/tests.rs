@@ -470,3 +470,45 @@ fn a_shared_stream_is_true_or_its_settings_and_needs_a_name() {
     let e = error_of(&format!("{base}shared: true\n"));
     assert!(e.ends_with("shared: a shared stream needs a name: trainers subscribe to it by name") && !e.contains('\n'), "{e}");
 }
+
+/// Hang guard, not a performance bound: a refusal that took this long
+/// would mean the text reached the parser.
+const HANG_GUARD: std::time::Duration = std::time::Duration::from_secs(5);
+
+#[test]
+fn a_spec_nested_100_000_levels_deep_is_refused_before_it_is_parsed() {
+    let n = 100_000;
+    let base = "dataset: {synthetic: {num_samples: 8, shape: [2], dtype: uint8}}\nbatch_size: 4\n";
+    let deep_yaml = format!("{base}name: {}1{}\n", "[".repeat(n), "]".repeat(n));
+    let deep_block: String = format!("{base}sampler:\n") + &"- ".repeat(n) + "1\n";
+    let deep_json = format!("{{\"batch_size\": 4, \"name\": {}1{}}}", "{\"a\": ".repeat(n), "}".repeat(n));
+    for (label, text, json) in [("yaml", deep_yaml, false), ("yaml block", deep_block, false), ("json", deep_json, true)] {
+        let started = std::time::Instant::now();
+        let e = if json { parse_json(&text, Path::new("/data")) } else { parse(&text, Path::new("/data")) }
+            .expect_err("too deep")
+            .to_string();
+        let took = started.elapsed();
+        eprintln!("{label}: refused in {took:?}: {e}");
+        assert!(e.contains(&format!("nested more than {MAX_DEPTH} levels deep")) && !e.contains('\n'), "{label}: {e}");
+        assert!(took < HANG_GUARD, "{label}: {took:?}");
+    }
+    // A spec nested as deep as the limit allows still parses.
+    let nested = format!("{base}name: {}1{}\n", "[".repeat(MAX_DEPTH - 2), "]".repeat(MAX_DEPTH - 2));
+    assert!(error_of(&nested).contains("name: invalid type: sequence"), "reached the parser");
+}
+
+#[test]
+fn a_huge_spec_and_a_long_name_are_refused_naming_the_limit() {
+    let base = "dataset: {synthetic: {num_samples: 8, shape: [2], dtype: uint8}}\nbatch_size: 4\n";
+    let e = error_of(&format!("{base}name: {}\n", "n".repeat(100_000)));
+    assert_eq!(e, "spec: name: 100000 bytes is longer than the 255 a job name may have");
+    assert_eq!(spec_of(&format!("{base}name: {}\n", "n".repeat(255))).name.len(), 255);
+    let e = error_of(&format!("{base}# {}\n", "x".repeat(MAX_SPEC_BYTES)));
+    assert!(e.contains(&format!("more than the {MAX_SPEC_BYTES} a spec may have")), "{e}");
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("huge.yaml");
+    std::fs::write(&path, format!("{base}# {}\n", "x".repeat(2 * MAX_SPEC_BYTES))).expect("write");
+    let e = parse_file(&path).expect_err("huge").to_string();
+    assert!(e.starts_with(&format!("{}: {} bytes or more", path.display(), MAX_SPEC_BYTES + 1)), "{e}");
+}
