@@ -31,6 +31,10 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")" && pwd)"
 cd "$root"
 
+# Each phase's time goes to the log (CI's budget is read off it).
+phase() { echo "test.sh: $1 took $((SECONDS - phase_start)) s (total $SECONDS s)" >&2; phase_start=$SECONDS; }
+phase_start=$SECONDS
+
 venv="$root/target/test-venv"
 if [ ! -x "$venv/bin/python" ]; then
   mkdir -p "$root/target"
@@ -51,7 +55,9 @@ if ! "$venv/bin/python" -c "import lightning, accelerate, transformers, torchdat
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check lightning accelerate transformers torchdata
 fi
 
+phase "the test virtualenv"
 deploy/check.sh
+phase "deploy/check.sh"
 
 export LOADER_PYTHON="$venv/bin/python"
 # One build for every Rust test, the CUDA pin stage's included: a second
@@ -59,9 +65,12 @@ export LOADER_PYTHON="$venv/bin/python"
 # (features unify per invocation). The crates build without the feature in
 # the fuzz build below (loader-client without default features).
 cargo test --workspace --features loader-client/cuda,loader-ctl/cuda "$@"
+phase "cargo test"
 FUZZ_CORPUS_READONLY=1 bench/fuzz.sh 10
+phase "the fuzz build and runs"
 # The wheel for the tests is built in the dev profile: it shares most of
 # the dependencies built above instead of building all of them again with
 # optimizations (about 8 of CI's minutes); `pip install ./python` for use
 # builds the release profile as pyproject.toml says.
 MATURIN_PEP517_ARGS="--profile dev" LOADER_PY_VENV="$venv" python/test.sh
+phase "the Python SDK's build and tests"

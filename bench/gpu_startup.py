@@ -11,6 +11,12 @@ and the whole-run rate the check reports; then loaderctl's host rate with
 alone, and whether it scales with workers on this machine).
 
     python3 bench/gpu_startup.py --loaderctl L [--device cuda:0] [--batches 192]
+        [--ring-slots 12,16,24] [--no-workers-sweep]
+
+--ring-slots repeats the device/host pairs with rings of that many 40 MiB
+slots (the check's is 12): the device stage holds each slot until its
+copy completed, so a ring sized for host delivery leaves the workers
+fewer slots on the device path.
 
 With --device host it runs where there is no GPU (the SDK's host backend
 and loaderctl --device cpu stand in).
@@ -100,18 +106,26 @@ def main() -> int:
     p.add_argument("--device", default="cuda:0")
     p.add_argument("--batches", type=int, default=192)
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--ring-slots", default=str(gpu_check.IMAGE_RING[0]), help="comma-separated slot counts to try")
+    p.add_argument("--no-workers-sweep", action="store_true")
     args = p.parse_args()
     on_host = args.device == "host"
-    rows = []
-    for r in range(args.repeats):
-        for on_device in ((True, False) if r % 2 == 0 else (False, True)):
-            dev = args.device if on_device else "cpu"
-            if on_host and on_device:
-                dev = "cpu"
-            rows.append(("loaderctl", "device" if on_device else "host", r, ctl(args.loaderctl, dev, args.batches, 4)))
-            rows.append(("python", "device" if on_device else "host", r, py(args.device if on_device else None, args.batches, 4)))
-    for path, where, r, m in rows:
-        print(json.dumps({"path": path, "on": where, "repeat": r, **{k: round(v, 4) for k, v in m.items()}}), flush=True)
+    slot_size = gpu_check.IMAGE_RING[1]
+    for slots in (int(x) for x in args.ring_slots.split(",")):
+        gpu_check.IMAGE_RING = (slots, slot_size)
+        for r in range(args.repeats):
+            for on_device in ((True, False) if r % 2 == 0 else (False, True)):
+                dev = args.device if on_device else "cpu"
+                if on_host and on_device:
+                    dev = "cpu"
+                where = "device" if on_device else "host"
+                for path, m in (
+                    ("loaderctl", ctl(args.loaderctl, dev, args.batches, 4)),
+                    ("python", py(args.device if on_device else None, args.batches, 4)),
+                ):
+                    print(json.dumps({"path": path, "on": where, "slots": slots, "repeat": r, **{k: round(v, 4) for k, v in m.items()}}), flush=True)
+    if args.no_workers_sweep:
+        return 0
     for workers in (1, 2, 4, 8):
         m = ctl(args.loaderctl, "cpu", args.batches, workers)
         print(json.dumps({"path": "loaderctl", "on": "host", "workers": workers, **{k: round(v, 4) for k, v in m.items()}}), flush=True)

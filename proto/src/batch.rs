@@ -294,12 +294,17 @@ impl BatchLayout {
             e[name_at + t.name.len()..].fill(0);
             at += e.len();
         }
-        // Hand out disjoint payload slices; padding between them stays as is.
-        let mut rest = &mut buf[..self.total_len];
-        let mut consumed = 0;
+        // Hand out disjoint payload slices. The padding before each (up to
+        // 63 bytes, and what a truncated layout's payloads no longer hold)
+        // is zeroed: a reused slot or buffer still holds an earlier batch's
+        // bytes there, and a batch's bytes must be a function of its
+        // samples (checksums of the whole batch, the device copy's check).
+        let mut rest = &mut buf[at..self.total_len.max(at)];
+        let mut consumed = at;
         let mut out = Vec::with_capacity(self.tensors.len());
         for t in &self.tensors {
-            let (_, tail) = rest.split_at_mut(t.offset - consumed);
+            let (gap, tail) = rest.split_at_mut(t.offset - consumed);
+            gap.fill(0);
             let (payload, tail) = tail.split_at_mut(t.len);
             out.push(payload);
             rest = tail;

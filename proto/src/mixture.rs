@@ -699,6 +699,65 @@ mod tests {
     }
 
     #[test]
+    fn the_default_epoch_ends_inside_the_global_batch_where_the_first_pass_ends() {
+        // docs/mixtures.md, "The default epoch": 20,000 / 4,000 windows at
+        // 0.7 / 0.3, global batch 64. The default epoch, ceil(20,000 /
+        // 0.7) = 28,572 positions, is not a whole number of blocks, and a
+        // block's draws are shuffled inside it: the block in which source
+        // 0's first pass ends gives this epoch some draws of its second pass
+        // and leaves some of its first to the next epoch. Measured here,
+        // for several seeds: how many, and that it is only that one block.
+        let (n0, block) = (20_000u64, 64u64);
+        let epoch = (n0 * 10).div_ceil(7);
+        assert_eq!(epoch, 28_572);
+        let share = (7 * block).div_ceil(10); // most source-0 draws in one block: 45
+        for seed in 0..8 {
+            let mix = Mixture::new(&sources(&[n0, 4_000], &[7, 3]), block, seed, true).expect("mix");
+            let mut first_pass = std::collections::BTreeSet::new();
+            let mut next_pass = Vec::new();
+            for p in 0..epoch {
+                let d = mix.at(p);
+                if d.source != 0 {
+                    continue;
+                }
+                match d.pass {
+                    0 => assert!(first_pass.insert(d.index), "seed {seed}: sample {} twice in one pass", d.index),
+                    1 => next_pass.push((p, d.index)),
+                    other => panic!("seed {seed}: pass {other} in the first epoch"),
+                }
+            }
+            // What the next epoch still draws of the first pass.
+            let left: Vec<u64> = (epoch..epoch + block)
+                .map(|p| mix.at(p))
+                .filter(|d| d.source == 0 && d.pass == 0)
+                .map(|d| d.index)
+                .collect();
+            assert_eq!(first_pass.len() as u64 + left.len() as u64, n0, "seed {seed}: the first pass is whole by the end of that block");
+            // How many of the straddling block's source-0 slots fall before
+            // the epoch's end is the luck of its permutation: either side
+            // holds at most the block's share.
+            assert!(next_pass.len() as u64 <= share && left.len() as u64 <= share, "seed {seed}: {} drawn ahead, {} left behind", next_pass.len(), left.len());
+            // All of it within the one block that straddles the epoch's end.
+            let straddling = epoch / block * block;
+            assert!(next_pass.iter().all(|&(p, _)| p >= straddling), "seed {seed}: {next_pass:?}");
+            // Each next-pass draw repeats a sample this epoch drew once already.
+            let repeats = next_pass.iter().filter(|(_, i)| first_pass.contains(i)).count();
+            assert_eq!(repeats, next_pass.len());
+            eprintln!("seed {seed}: {} distinct of {n0}, {} drawn twice (first and second pass), {} left to the next epoch", first_pass.len(), repeats, left.len());
+        }
+        // A whole share of the block (0.75 of 64 = 48) and n_k a multiple
+        // of it: the pass ends on a block boundary, the epoch draws it once.
+        let mix = Mixture::new(&sources(&[4_800, 1_000], &[3, 1]), block, 3, true).expect("mix");
+        let epoch = (4_800u64 * 4).div_ceil(3);
+        let mut drawn: Vec<u64> = (0..epoch).map(|p| mix.at(p)).filter(|d| d.source == 0).map(|d| {
+            assert_eq!(d.pass, 0);
+            d.index
+        }).collect();
+        drawn.sort_unstable();
+        assert_eq!(drawn, (0..4_800).collect::<Vec<_>>());
+    }
+
+    #[test]
     fn blocks_are_not_one_fixed_interleave() {
         let mix = Mixture::new(&sources(&[100, 100], &[1, 1]), 16, 3, true).expect("mix");
         let pattern = |b: u64| {

@@ -4,6 +4,7 @@
 //! cheaper than the RPC around it, and one lock keeps the bookkeeping of a
 //! batch (queue -> worker -> delivered) consistent without ordering rules.
 
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -442,13 +443,14 @@ impl Coordinator {
         report: WorkerReport,
         wait: Duration,
     ) -> HeartbeatOutcome {
-        if !self.apply_report(worker_id, report) {
+        let Some(own) = self.apply_report(worker_id, report) else {
             return HeartbeatOutcome::Reregister;
-        }
+        };
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             // Register interest before looking, so a job created between the
-            // look and the wait still wakes us.
+            // look and the wait still wakes us. A wake meant for this worker
+            // alone is a stored permit: it is never lost either.
             let notified = self.work_available.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
@@ -457,21 +459,27 @@ impl Coordinator {
                 Some(outcome) if !outcome.is_empty() => return outcome,
                 Some(_) => {}
             }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+            let woken = async {
+                tokio::select! {
+                    () = &mut notified => {}
+                    () = own.notified() => {}
+                }
+            };
+            if tokio::time::timeout_at(deadline, woken).await.is_err() {
                 return HeartbeatOutcome::Tasks { tasks: Vec::new(), drain: false, ended: Vec::new() };
             }
         }
     }
 
-    /// Records delivered and failed batches and the worker's windows; false
-    /// when the worker is unknown.
-    fn apply_report(&self, worker_id: u64, report: WorkerReport) -> bool {
+    /// Records delivered and failed batches and the worker's windows; the
+    /// worker's own wake-up (see `WorkerState::wake`), None when the worker
+    /// is unknown.
+    fn apply_report(&self, worker_id: u64, report: WorkerReport) -> Option<Arc<Notify>> {
         let WorkerReport { delivered, failed, windows, busy, cache_use } = report;
         let mut guard = self.lock();
         let t = &mut *guard;
-        let Some(w) = t.workers.workers.get_mut(&worker_id) else {
-            return false;
-        };
+        let w = t.workers.workers.get_mut(&worker_id)?;
+        let own = Arc::clone(&w.wake);
         w.last_seen = Instant::now();
         if busy.is_finite() {
             w.busy = busy.clamp(0.0, 1.0);
@@ -521,7 +529,7 @@ impl Coordinator {
         }
         cache_use::record(t, worker_id, cache_use);
         let Some(w) = t.workers.workers.get_mut(&worker_id) else {
-            return true;
+            return Some(own);
         };
         for f in failed {
             if let Some(held) = w.outstanding.get_mut(&(f.job_id, f.consumer)) {
@@ -536,7 +544,7 @@ impl Coordinator {
                 t.traces.forget(f.job_id, None);
             }
         }
-        true
+        Some(own)
     }
 
     /// Hands the worker ranges of every consumer it has room for, lowest
@@ -555,6 +563,11 @@ impl Coordinator {
         }
         let mut tasks = Vec::new();
         let now = Instant::now();
+        // Workers keeping a range that is due (a trailing subscriber's next
+        // one): woken below, or their long polls would end only at their
+        // deadline (a heartbeat interval, 1.6 s by default: a subscriber
+        // that trailed a finished one waited that long for each range).
+        let mut wake: BTreeSet<u64> = BTreeSet::new();
         loop {
             let mut progressed = false;
             for job in t.jobs.iter_mut().filter(|j| j.error.is_none()) {
@@ -582,7 +595,10 @@ impl Coordinator {
                     // it, so it is not made again (see `kept_ranges`).
                     let kept = match (consumer.subscribes_to, job.lanes.is_none(), consumer.queue.peek(1)) {
                         (Some(rank), true, Some(next)) => match job.kept.route(rank, next.start, worker_id, now) {
-                            Route::Elsewhere => continue,
+                            Route::Elsewhere { worker_id: owner } => {
+                                wake.insert(owner);
+                                continue;
+                            }
                             Route::Here { until } => Some(until - next.start),
                             Route::Anywhere => None,
                         },
@@ -705,6 +721,12 @@ impl Coordinator {
                 }
             }
             if !progressed {
+                wake.remove(&worker_id);
+                for owner in wake {
+                    if let Some(o) = t.workers.workers.get(&owner) {
+                        o.wake.notify_one();
+                    }
+                }
                 return Some(HeartbeatOutcome::Tasks { tasks, drain: false, ended });
             }
         }

@@ -47,8 +47,9 @@ pub(crate) enum Route {
     Anywhere,
     /// This worker keeps the batches up to (not including) this seq.
     Here { until: u64 },
-    /// Another worker keeps them: leave the range to it.
-    Elsewhere,
+    /// Another worker keeps them: leave the range to it (and wake it: its
+    /// long poll may not end for a heartbeat interval otherwise).
+    Elsewhere { worker_id: u64 },
 }
 
 impl KeptRanges {
@@ -76,7 +77,7 @@ impl KeptRanges {
         if made.end <= start || now.saturating_duration_since(made.at) > KEPT_FOR {
             return Route::Anywhere;
         }
-        if made.worker_id == worker_id { Route::Here { until: made.end } } else { Route::Elsewhere }
+        if made.worker_id == worker_id { Route::Here { until: made.end } } else { Route::Elsewhere { worker_id: made.worker_id } }
     }
 
     /// Forgets what `worker_id` made: it left, drains, or a trainer cannot
@@ -103,7 +104,7 @@ mod tests {
         kept.made(0, &(12..16), 2, now);
         kept.made(1, &(8..12), 3, now);
         assert_eq!(kept.route(0, 10, 1, now), Route::Here { until: 12 });
-        assert_eq!(kept.route(0, 10, 2, now), Route::Elsewhere);
+        assert_eq!(kept.route(0, 10, 2, now), Route::Elsewhere { worker_id: 1 });
         assert_eq!(kept.route(0, 12, 2, now), Route::Here { until: 16 });
         assert_eq!(kept.route(1, 8, 3, now), Route::Here { until: 12 });
         // Before, between and past the recorded ranges: anyone.
@@ -126,6 +127,6 @@ mod tests {
         }
         assert_eq!(kept.ranges.len(), MAX_RANGES);
         assert_eq!(kept.route(0, 0, 2, now), Route::Anywhere, "the oldest went first");
-        assert_eq!(kept.route(0, MAX_RANGES as u64 + 9, 2, now), Route::Elsewhere);
+        assert_eq!(kept.route(0, MAX_RANGES as u64 + 9, 2, now), Route::Elsewhere { worker_id: 1 });
     }
 }

@@ -53,10 +53,23 @@ impl TestCa {
     /// A leaf for `localhost` and `127.0.0.1`, for servers and clients,
     /// written to `dir/<leaf>.pem` and `dir/<leaf>.key`.
     pub fn leaf(&self, leaf: &str) -> TestCert {
+        self.leaf_with(leaf, |_| {})
+    }
+
+    /// A leaf as [`leaf`](Self::leaf) that expired on 2020-01-01.
+    pub fn expired_leaf(&self, leaf: &str) -> TestCert {
+        self.leaf_with(leaf, |params| {
+            params.not_before = rcgen::date_time_ymd(2019, 1, 1);
+            params.not_after = rcgen::date_time_ymd(2020, 1, 1);
+        })
+    }
+
+    fn leaf_with(&self, leaf: &str, edit: impl FnOnce(&mut CertificateParams)) -> TestCert {
         let key = KeyPair::generate().expect("leaf key");
         let mut params =
             CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()]).expect("leaf params");
         params.distinguished_name.push(DnType::CommonName, leaf);
+        edit(&mut params);
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
         let cert = params.signed_by(&key, &self.issuer).expect("leaf certificate");
         let out = TestCert { cert: self.dir.join(format!("{leaf}.pem")), key: self.dir.join(format!("{leaf}.key")) };

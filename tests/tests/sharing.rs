@@ -203,3 +203,129 @@ fn a_worker_sigkill_loses_and_duplicates_nothing_for_any_subscriber() {
         }
     });
 }
+
+/// One trainer's read of `job` from its first batch: (wall time from its
+/// start to its last batch, longest gap between two batches).
+fn pace_of(seen: &[Received], started: Instant) -> (Duration, Duration) {
+    let last = seen.last().expect("batches").at;
+    (last - started, longest_gap(seen, seen.first().expect("batches").at, last))
+}
+
+#[test]
+fn a_subscriber_that_trails_a_finished_one_reads_at_its_own_pace() {
+    // Issue 52: once the leading subscriber had finished, a late one got
+    // 1.6 s gaps (one heartbeat interval) every few batches and took twice
+    // as long as alone. The coordinator's default lease (5 s), as deployed.
+    run(Duration::from_secs(180), |scope| {
+        let cluster = Cluster::builder().workers(2).start(&scope);
+        // The subscriber reads at its own pace (a 6 ms step), slower than
+        // the workers make batches for a leader that does not wait.
+        let step = Duration::from_millis(6);
+        let (batches, cost_us) = (400, 200);
+        // Alone, for reference.
+        let solo_job = shared_job("solo", batches, cost_us);
+        let plan = plan(&solo_job);
+        let total = plan.total_batches();
+        let started = Instant::now();
+        let solo = Trainer::spawn_paced(Loader::builder(cluster.url()), solo_job, step).join(Duration::from_secs(60));
+        assert_received(&solo, &plan, 0, 0..total);
+        let (solo_time, solo_gap) = pace_of(&solo, started);
+        // A leader reads ahead; a second subscriber joins when it is a
+        // third of the way, and reads on after the leader has finished.
+        let job = shared_job("trail", batches, cost_us);
+        let leader = Trainer::spawn(Loader::builder(cluster.url()), job.clone());
+        leader.wait_for(total / 3, Duration::from_secs(60));
+        let started = Instant::now();
+        let late = Trainer::spawn_paced(Loader::builder(cluster.url()), job, step);
+        let leader = leader.join(Duration::from_secs(60));
+        let leader_done = leader.last().expect("batches").at;
+        assert_received(&leader, &plan, 0, 0..total);
+        let late = late.join(Duration::from_secs(90));
+        assert_received(&late, &plan, 0, 0..total);
+        let (late_time, _) = pace_of(&late, started);
+        let late_gap = longest_gap(&late, leader_done, late.last().expect("batches").at);
+        assert!(late.iter().filter(|r| r.at > leader_done).count() as u64 > total / 4, "the leader finished too late to tell");
+        let said = format!(
+            "alone: {solo_time:?}, longest gap {solo_gap:?}; trailing: {late_time:?}, longest gap after the leader finished {late_gap:?}"
+        );
+        eprintln!("{said}");
+        // A floor under the solo gap: a few ms of scheduling noise is not a crawl.
+        assert!(late_gap <= (2 * solo_gap).max(Duration::from_millis(100)), "{said}");
+        assert!(late_time.as_secs_f64() <= 1.3 * solo_time.as_secs_f64() + 0.2, "{said}");
+    });
+}
+
+#[test]
+fn a_subscriber_paused_past_its_lease_rejoins_within_a_heartbeat_and_reads_on() {
+    // Issue 52: a subscriber SIGSTOPped past its lease stalled 4-13 s after
+    // it woke, then saw 1.4-1.6 s gaps. It must rejoin within one heartbeat
+    // interval of waking, miss nothing, and read at the pace it had.
+    run(Duration::from_secs(180), |scope| {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = spec_file(dir.path(), &shared_job("pause", 600, 100));
+        let job = loader_client::spec_file::parse_file(&path).expect("spec file").build().expect("spec");
+        let plan = plan(&job);
+        let total = plan.total_batches();
+        let cluster = Cluster::builder().workers(2).ttl_ms(TTL_MS).start(&scope);
+        let dump = dir.path().join("dump");
+        let mut paused = loaderctl(
+            &scope,
+            &["consume", "--coordinator", &cluster.url(), "--transport", "shm", "--json", "--step-ms", "6", "--dump"]
+                .map(str::to_owned)
+                .into_iter()
+                .chain([dump.display().to_string(), "--spec".to_owned(), path.display().to_string()])
+                .collect::<Vec<_>>(),
+        );
+        let leader = Trainer::spawn_paced(Loader::builder(cluster.url()), job.clone(), Duration::from_millis(2));
+        let lines = || std::fs::read_to_string(&dump).map_or(0, |d| d.lines().count() as u64);
+        // Arrival times of its batches, as the dump grows (polled every 2 ms).
+        let mut arrivals: Vec<(Instant, u64)> = Vec::new();
+        let watch = |arrivals: &mut Vec<(Instant, u64)>, until: &dyn Fn(u64) -> bool, limit: Duration| {
+            let started = Instant::now();
+            loop {
+                let n = lines();
+                if arrivals.last().is_none_or(|&(_, m)| m != n) {
+                    arrivals.push((Instant::now(), n));
+                }
+                if until(n) {
+                    return Ok(());
+                }
+                if started.elapsed() > limit {
+                    return Err(format!("the paused subscriber: {n} of {total} batches after {limit:?}"));
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        };
+        let check = |r: Result<(), String>, paused: &loader_e2e::Proc| {
+            if let Err(e) = r {
+                panic!("{e}; its stderr: {:?}", paused.stderr());
+            }
+        };
+        check(watch(&mut arrivals, &|n| n >= total / 5, Duration::from_secs(60)), &paused);
+        let pid = nix::unistd::Pid::from_raw(paused.pid() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("SIGSTOP");
+        let before = lines();
+        std::thread::sleep(Duration::from_millis(3 * TTL_MS));
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).expect("SIGCONT");
+        let woke = Instant::now();
+        arrivals.clear();
+        check(watch(&mut arrivals, &|n| n > before, Duration::from_secs(30)), &paused);
+        let rejoined = woke.elapsed();
+        check(watch(&mut arrivals, &|n| n >= total, Duration::from_secs(30)), &paused);
+        assert!(paused.wait_exit(Duration::from_secs(30)).is_some_and(|s| s.success()), "loaderctl consume failed: {:?}", paused.stderr());
+        let seqs: Vec<u64> = std::fs::read_to_string(&dump)
+            .expect("dump")
+            .lines()
+            .map(|l| l.split(' ').next().expect("seq").parse().expect("number"))
+            .collect();
+        assert_eq!(seqs, (0..total).collect::<Vec<_>>(), "every batch once, in order");
+        let gap = arrivals.windows(2).skip(1).map(|w| w[1].0 - w[0].0).max().unwrap_or_default();
+        let beat = Duration::from_millis(TTL_MS) / loader_proto::lease::HEARTBEATS_PER_LEASE;
+        let said = format!("first batch {rejoined:?} after SIGCONT (a heartbeat: {beat:?}); longest gap after that {gap:?}");
+        eprintln!("{said}");
+        assert!(rejoined <= beat + SLACK, "{said}");
+        // 6 ms a batch; a gap of a heartbeat interval is the crawl.
+        assert!(gap < beat, "{said}");
+        assert_received(&leader.join(Duration::from_secs(60)), &plan, 0, 0..total);
+    });
+}

@@ -202,24 +202,42 @@ pub async fn connect(target: &Target, deadline: Instant) -> Result<Channel, Conn
 pub fn explain(address: &str, cause: &str) -> String {
     let tls = address.starts_with("https://");
     let lower = cause.to_lowercase();
-    let hint = if !tls && PLAINTEXT_CUT_OFF.iter().any(|c| lower.contains(c)) {
-        " (the server closed the connection: if it requires TLS, use https:// and --tls-ca)"
+    let hung_up = PLAINTEXT_CUT_OFF.iter().any(|c| lower.contains(c));
+    // About the server's certificate (rustls: "invalid peer certificate: ...").
+    let server_cert = lower.contains("invalid peer certificate");
+    let presented = || crate::security::tls::presented_certificate_problem();
+    let hint = if !tls && hung_up {
+        " (the server closed the connection: if it requires TLS, use https:// and --tls-ca)".to_owned()
     } else if tls && (cause.contains("CertificateRequired") || cause.contains("certificate required")) {
-        " (the server requires a client certificate: set --tls-cert and --tls-key)"
+        " (the server requires a client certificate: set --tls-cert and --tls-key)".to_owned()
+    } else if tls && cause.contains("CertificateExpired") && !server_cert {
+        // The server's alert about this client's certificate.
+        match presented() {
+            Some(p) => format!(" (the server refused {p})"),
+            None => " (the server refused this client's certificate as expired or not yet valid: renew --tls-cert, or check the clocks)".to_owned(),
+        }
     } else if tls && (cause.contains("UnknownCA") || cause.contains("BadCertificate")) {
-        " (the server does not trust this client's certificate: --tls-cert must be signed by its --tls-client-ca)"
-    } else if tls && PLAINTEXT_CUT_OFF.iter().any(|c| lower.contains(c)) {
+        " (the server does not trust this client's certificate: --tls-cert must be signed by its --tls-client-ca)".to_owned()
+    } else if tls && hung_up {
         // TLS 1.3 checks a client's certificate after the client thinks the
-        // handshake is done: a refusal can arrive as a plain hang-up.
-        " (the server closed the connection: if it requires a client certificate, set --tls-cert and --tls-key signed by its CA)"
+        // handshake is done: a refusal can arrive as a plain hang-up. What
+        // this process knows of its own certificate says which refusal.
+        match presented() {
+            Some(p) => format!(" (the server closed the connection: {p})"),
+            None => " (the server closed the connection: if it requires a client certificate, set --tls-cert and --tls-key signed by its CA)".to_owned(),
+        }
     } else if tls && (cause.contains("InvalidContentType") || cause.contains("corrupt message")) {
-        " (the server does not speak TLS: use http:// for it, or give it --tls-cert)"
+        " (the server does not speak TLS: use http:// for it, or give it --tls-cert)".to_owned()
     } else if tls && cause.contains("UnknownIssuer") {
-        " (the server's certificate is not signed by the CA in --tls-ca)"
-    } else if tls && cause.contains("NotValidForName") {
-        " (the server's certificate does not name this host)"
+        " (the server's certificate is not signed by the CA in --tls-ca)".to_owned()
+    } else if tls && (cause.contains("NotValidForName") || lower.contains("not valid for name")) {
+        " (the server's certificate does not name this host)".to_owned()
+    } else if tls && server_cert && (cause.contains("Expired") || lower.contains("certificate expired")) {
+        " (the server's certificate has expired: the server needs a renewed --tls-cert)".to_owned()
+    } else if tls && server_cert && (cause.contains("NotValidYet") || lower.contains("not valid yet")) {
+        " (the server's certificate is not valid yet: check this machine's clock and the server's)".to_owned()
     } else {
-        ""
+        String::new()
     };
     format!("{cause}{hint}")
 }
@@ -295,6 +313,15 @@ mod tests {
         assert!(hint("https://h:1", "received fatal alert: CertificateRequired").contains("--tls-cert"));
         assert!(hint("https://h:1", "received fatal alert: UnknownCA").contains("--tls-client-ca"));
         assert_eq!(hint("http://h:1", "Connection refused (os error 111)"), "");
+        // rustls 0.23's words for the server's certificate, and a server's
+        // alert about this client's (no client certificate loaded here).
+        let expired = "invalid peer certificate: certificate expired: verification time 1800000000 (UNIX), but certificate is not valid after 1700000000 (100000000 seconds ago)";
+        assert!(hint("https://h:1", expired).contains("server's certificate has expired"));
+        let early = "invalid peer certificate: certificate not valid yet: verification time 1 (UNIX), but certificate is not valid before 2 (1 seconds in future)";
+        assert!(hint("https://h:1", early).contains("server's certificate is not valid yet"));
+        let name = "invalid peer certificate: certificate not valid for name \"db\"; certificate is only valid for localhost";
+        assert!(hint("https://h:1", name).contains("does not name this host"));
+        assert!(hint("https://h:1", "received fatal alert: CertificateExpired").contains("this client's certificate as expired"));
     }
 
     #[tokio::test]

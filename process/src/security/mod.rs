@@ -9,6 +9,8 @@
 //! - [`tls`]: server certificates (re-read when their files change) and the
 //!   CA a client verifies servers with; optional client certificates
 //!   (mutual TLS).
+//! - `validity`: whether a certificate is inside its validity window now,
+//!   so an expired one is named where a server's hang-up would hide it.
 //! - [`secret_file`]: reading a token or private key file, refusing one
 //!   that group or others can read (the one place that rule lives).
 //! - [`config`]: the flags every binary shares, and what a server and a
@@ -22,6 +24,7 @@ pub mod config;
 pub mod secret_file;
 pub mod tls;
 pub mod token;
+mod validity;
 
 pub use config::{ClientSecurity, SecurityArgs, ServerSecurity};
 pub use secret_file::OpenSecrets;

@@ -6,7 +6,7 @@
 //! rustls with the aws-lc-rs provider, chosen explicitly (see [`provider`]).
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime};
 
 use rustls::pki_types::pem::PemObject as _;
@@ -16,6 +16,7 @@ use rustls::{ClientConfig, RootCertStore, ServerConfig};
 
 use super::SecurityError;
 use super::secret_file::{self, OpenSecrets};
+use super::validity;
 
 /// How often a server looks at its certificate files for changes.
 pub const RELOAD_INTERVAL: Duration = Duration::from_secs(2);
@@ -41,6 +42,11 @@ impl ServerTls {
     /// Reads the files and builds the rustls configuration.
     pub fn load(&self) -> Result<Arc<ServerConfig>, SecurityError> {
         let certs = read_certs(&self.cert, "--tls-cert")?;
+        if let Some(outside) = validity::outside(&certs[0], SystemTime::now()) {
+            // Served anyway: the clients' clocks decide, and a renewal is
+            // picked up without a restart. Every client that agrees fails.
+            tracing::warn!("{}", outside.describe(&format!("this server's certificate (--tls-cert {})", self.cert.display())));
+        }
         let key = read_key(&self.key, self.open_secrets)?;
         let builder = ServerConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
@@ -149,6 +155,7 @@ impl ClientTls {
         let mut config = match &self.identity {
             Some((cert, key)) => {
                 let certs = read_certs(cert, "--tls-cert")?;
+                note_presented(cert, &certs[0]);
                 let key_der = read_key(key, self.open_secrets)?;
                 builder
                     .with_client_auth_cert(certs, key_der)
@@ -159,6 +166,28 @@ impl ClientTls {
         config.alpn_protocols = vec![ALPN_H2.to_vec()];
         Ok(Arc::new(config))
     }
+}
+
+/// What is wrong with the certificate this process presents as a client,
+/// as [`validity::Outside::describe`] says it, when it was outside its
+/// validity window at load. A server refusing it under TLS 1.3 only hangs
+/// up, so [`crate::grpc::channel::explain`] reads this to name the cause.
+/// One per process: every binary presents one client identity.
+static PRESENTED: Mutex<Option<String>> = Mutex::new(None);
+
+/// The problem with this process's client certificate, if it has one (see
+/// [`PRESENTED`]).
+pub fn presented_certificate_problem() -> Option<String> {
+    PRESENTED.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+}
+
+fn note_presented(path: &Path, leaf: &CertificateDer<'_>) {
+    let problem = validity::outside(leaf, SystemTime::now())
+        .map(|o| o.describe(&format!("this client's certificate (--tls-cert {})", path.display())));
+    if let Some(p) = &problem {
+        tracing::warn!("{p}");
+    }
+    *PRESENTED.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = problem;
 }
 
 /// The crypto of every gRPC connection's TLS: aws-lc-rs, chosen by name

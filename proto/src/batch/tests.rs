@@ -37,6 +37,29 @@ fn round_trip() {
 }
 
 #[test]
+fn a_reused_buffer_gives_the_same_bytes_as_a_fresh_one() {
+    // The padding before each payload is zeroed, so what a slot held
+    // before never shows in the batch (the device path's check found the
+    // last, partial tokens batch differing between two runs).
+    let fresh = sample_batch();
+    let layout = sample_layout();
+    let mut reused = vec![0xAAu8; layout.total_len()];
+    let meta = BatchMeta { job_id: 7, epoch: 1, consumer: 2, seq: 42 };
+    let mut payloads = layout.write(&meta, &[5, 9, 11], &mut reused).expect("write");
+    payloads[0].iter_mut().enumerate().for_each(|(i, b)| *b = i as u8);
+    payloads[1].copy_from_slice(&[1i64, 2, 3].map(i64::to_le_bytes).concat());
+    assert!(layout.tensors.iter().any(|t| t.offset > 0), "the layout has padding");
+    assert_eq!(reused, fresh);
+    // A truncated rewrite leaves nothing of the dropped rows either.
+    let short = layout.truncated(1).expect("truncate");
+    let mut a = fresh.clone();
+    short.write(&meta, &[5], &mut a).expect("rewrite");
+    let ends: Vec<usize> = short.tensors.iter().map(|t| t.offset + t.len).collect();
+    let gap = ends[0]..short.tensors[1].offset;
+    assert!(!gap.is_empty() && a[gap].iter().all(|&x| x == 0), "the dropped rows are zeroed");
+}
+
+#[test]
 fn a_truncated_batch_keeps_its_rows_and_parses() {
     let layout = sample_layout();
     let mut buf = sample_batch();
