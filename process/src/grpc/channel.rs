@@ -213,7 +213,7 @@ pub fn explain(address: &str, cause: &str) -> String {
     } else if tls && cause.contains("CertificateExpired") && !server_cert {
         // The server's alert about this client's certificate.
         match presented() {
-            Some(p) => format!(" (the server refused {p})"),
+            Some(p) => format!(" (the server refused it: {p})"),
             None => " (the server refused this client's certificate as expired or not yet valid: renew --tls-cert, or check the clocks)".to_owned(),
         }
     } else if tls && (cause.contains("UnknownCA") || cause.contains("BadCertificate")) {
