@@ -20,8 +20,8 @@
 //! buffers, TLS state, per-connection tasks) must go back to the kernel
 //! once they close. Freed, it can stay in glibc's arenas for good: 2,000
 //! connections closed left it at 58.5 MB from 16 MB (the issue saw 67 MB
-//! from 14.5); trimmed, 17.7 MB. It keeps glibc's defaults and trims every few seconds
-//! ([`return_freed_memory`]).
+//! from 14.5); trimmed, 17.7 MB. It keeps glibc's defaults and trims
+//! every few seconds ([`return_freed_memory`]).
 
 /// Largest request still served from malloc's arenas (glibc caps it at
 /// 32 MiB on 64-bit): batches up to this size are reused, not unmapped.
