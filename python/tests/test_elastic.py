@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import json
 import subprocess
+import time
 
 import pytest
 
@@ -187,3 +188,76 @@ def test_eight_ranks_resume_on_one_in_embedded_mode(deployment):
         delivered.append((epoch, idx))
         assert sorted(idx) == sorted(old_global(deployment, spec, 8, seq)), f"global batch {seq}"
     check_epochs(delivered, True, 16 + 8 * 3)
+
+
+#: Longer than a resumed run waits for the run it continues to leave (the
+#: SDK's 20 s), so that a resume which waited for the killed ranks' leases
+#: would be refused, not just slow.
+LONG_LEASE_MS = 30_000
+
+
+@needs_binaries
+def test_a_resumed_run_does_not_wait_a_lease_for_ranks_that_were_killed(child, tmp_path):
+    # Two ranks, each in its own process, take 3 steps, save their state and
+    # are SIGKILLed while their sessions are open; three new ranks load rank
+    # 0's state at once. The coordinator saw the killed ranks' connections
+    # close, so it ends their sessions instead of waiting out their 30 s
+    # leases (server log), and the new ranks deliver the rest exactly.
+    log = open(tmp_path / "server.log", "w")
+    procs = []
+    try:
+        server = subprocess.Popen(
+            [str(SERVER), "--listen", "127.0.0.1:0", "--lease-ttl-ms", str(LONG_LEASE_MS)],
+            stdout=subprocess.PIPE, stderr=log, text=True,
+        )
+        procs.append(server)
+        url = "http://" + read_line(server, "listening ", 30)
+        worker = subprocess.Popen(
+            [str(WORKER), "--coordinator", url, "--listen", "127.0.0.1:0"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        )
+        procs.append(worker)
+        read_line(worker, "listening ", 30)
+        spec = job("killed", 5, False)
+        ranks = []
+        for rank in range(2):
+            ranks.append(child(f"""
+                import json, time, loader
+                with loader.Loader({url!r}, json.loads({json.dumps(spec)!r}), rank={rank}, world_size=2) as dl:
+                    taken = []
+                    for batch in dl:
+                        taken.append(list(batch.indices))
+                        if len(taken) == 3:
+                            break
+                    print("state", json.dumps({{"state": dl.state_dict(), "taken": taken}}), flush=True)
+                    time.sleep(600)
+            """))
+        saved = [json.loads(r.expect("state ", 60)) for r in ranks]
+        for r in ranks:
+            r.kill()
+        killed = time.monotonic()
+        delivered = [(0, idx) for s in saved for idx in s["taken"]]
+        firsts = []
+        for rank in range(3):
+            with loader.Loader(url, spec, rank=rank, world_size=3) as dl:
+                dl.load_state_dict(saved[0]["state"], batch_size=3)
+                rest = []
+                while dl.epoch < dl.epochs:
+                    for batch in dl:
+                        if not rest:
+                            firsts.append(time.monotonic() - killed)
+                        rest.append((batch.epoch, list(batch.indices)))
+                delivered += rest
+        check_epochs(delivered, False, 0)
+        print(f"first batch of each new rank {[round(f, 2) for f in firsts]} s after the kill "
+              f"(lease {LONG_LEASE_MS / 1000:.0f} s)")
+        # Both sessions were ended for their closed connections, not expired.
+        log.flush()
+        text = (tmp_path / "server.log").read_text()
+        assert text.count("its connection closed") == 2, text[-4000:]
+        assert "session lease expired" not in text
+    finally:
+        for proc in reversed(procs):
+            proc.kill()
+            proc.wait(10)
+        log.close()

@@ -24,6 +24,7 @@ use crate::workers::WorkerTable;
 
 mod backup;
 mod cache_use;
+mod departed;
 mod requeue;
 mod share;
 use requeue::{end_consumer, retire};
@@ -39,6 +40,46 @@ struct Tables {
     traces: BatchTraces,
 }
 
+/// Ends the sessions `gone` picks, logging `why` for each; when one was
+/// the last session of its consumer, the consumer ends: what workers hold
+/// for it goes back to its queue and they are told to drop it. Returns the
+/// number of sessions ended and of workers to tell.
+fn end_sessions(
+    t: &mut Tables,
+    why: &str,
+    mut gone: impl FnMut(u64, &crate::sessions::SessionState) -> bool,
+) -> (usize, usize) {
+    let before = t.sessions.sessions.len();
+    let mut orphans = Vec::new();
+    t.sessions.retain(|id, s| {
+        let ended = gone(id, s);
+        if ended {
+            tracing::warn!(session_id = id, job_id = s.job_id, consumer = s.consumer, "{why}");
+            orphans.push((s.job_id, s.consumer));
+        }
+        !ended
+    });
+    let sessions = before - t.sessions.sessions.len();
+    orphans.sort_unstable();
+    orphans.dedup();
+    let mut told = 0;
+    for (job_id, consumer) in orphans {
+        if t.sessions.has_consumer(job_id, consumer) {
+            continue;
+        }
+        let ended = end_consumer(t, (job_id, consumer));
+        told += ended.workers;
+        tracing::info!(
+            job_id,
+            consumer,
+            workers = ended.workers,
+            requeued = ended.requeued,
+            "consumer has no session; batches held for it taken back"
+        );
+    }
+    (sessions, told)
+}
+
 /// Shared coordinator state; cheap to clone.
 #[derive(Debug, Clone)]
 pub(crate) struct Coordinator {
@@ -50,6 +91,9 @@ pub(crate) struct Coordinator {
     /// The blobs jobs reference, in memory (not journaled: trainers upload
     /// them again when they reopen after a restart).
     blobs: Arc<BlobStore>,
+    /// The connections the server has open: a session whose last call came
+    /// on one that closed has no trainer any more (`departed`).
+    pub(crate) connections: loader_process::grpc::Connections,
     pub(crate) config: Arc<ServerConfig>,
 }
 
@@ -168,6 +212,7 @@ impl Coordinator {
             work_available: Arc::new(Notify::new()),
             journal,
             blobs: Arc::new(BlobStore::new(config.blob_budget)),
+            connections: loader_process::grpc::Connections::default(),
             config: Arc::new(config),
         })
     }
@@ -198,9 +243,23 @@ impl Coordinator {
         let mut guard = self.lock();
         let t = &mut *guard;
         crate::admission::admit(&t.workers, &spec)?;
+        // A resumed run replaces the job of its name (one with another spec)
+        // only once no trainer is on it; those whose processes are provably
+        // gone are not waited for.
+        let mut told = 0;
+        if spec.resume.is_some()
+            && let Some(id) = t.jobs.id_of(&spec.name)
+            && t.jobs.get(id).is_ok_and(|j| j.job.spec.as_ref() != Some(&spec))
+        {
+            told = departed::end_departed(t, &self.connections, id).1;
+        }
         let sessions = &t.sessions;
-        let out = t.jobs.create_or_attach(spec, |id| sessions.has_job(id), persist)?;
+        let out = t.jobs.create_or_attach(spec, |id| sessions.has_job(id), persist);
         drop(guard);
+        if told > 0 {
+            self.work_available.notify_waiters();
+        }
+        let out = out?;
         if !out.1 {
             tracing::info!(job_id = out.0.job_id, "job created");
             self.work_available.notify_waiters();
@@ -764,36 +823,9 @@ impl Coordinator {
                 }
             }
         }
-        let before = t.sessions.sessions.len();
-        let mut orphans = Vec::new();
-        t.sessions.retain(|id, s| {
-            let alive = now.saturating_duration_since(s.last_seen) <= ttl;
-            if !alive {
-                tracing::warn!(session_id = id, job_id = s.job_id, consumer = s.consumer, "session lease expired");
-                orphans.push((s.job_id, s.consumer));
-            }
-            alive
-        });
-        let sessions = before - t.sessions.sessions.len();
+        let (sessions, told) = end_sessions(t, "session lease expired", |_, s| now.saturating_duration_since(s.last_seen) > ttl);
         crate::meters::lease_expired("worker", dead.len());
         crate::meters::lease_expired("session", sessions);
-        orphans.sort_unstable();
-        orphans.dedup();
-        let mut told = 0;
-        for (job_id, consumer) in orphans {
-            if t.sessions.has_consumer(job_id, consumer) {
-                continue;
-            }
-            let ended = end_consumer(t, (job_id, consumer));
-            told += ended.workers;
-            tracing::info!(
-                job_id,
-                consumer,
-                workers = ended.workers,
-                requeued = ended.requeued,
-                "consumer has no session; batches held for it taken back"
-            );
-        }
         crate::meters::tables(t.workers.workers.len(), t.sessions.sessions.len(), t.jobs.iter().count());
         drop(guard);
         // Wake long polls: requeued batches, and workers to tell.

@@ -355,6 +355,11 @@ impl JobTable {
         Ok(())
     }
 
+    /// The job named `name`, if any (an empty name names none).
+    pub(crate) fn id_of(&self, name: &str) -> Option<u64> {
+        if name.is_empty() { None } else { self.names.get(name).copied() }
+    }
+
     pub(crate) fn get_mut(&mut self, id: u64) -> Option<&mut JobState> {
         self.jobs.get_mut(&id)
     }

@@ -113,6 +113,7 @@ pub async fn serve(
     // Who may call what (docs/security.md): KEDA's scaler client sends no
     // headers, so its service also admits a verified client certificate.
     let services = Services::new(loader_proto::pb::FILE_DESCRIPTOR_SET)
+        .with_connections(coordinator.connections.clone())
         .serve(Access::Role(Role::Worker), WorkerServiceServer::new(WorkerApi(coordinator.clone())))
         .serve(Access::Role(Role::Trainer), TrainerServiceServer::new(TrainerApi(coordinator.clone())))
         .serve(Access::RoleOrClientCert(Role::Admin), service::keda::server(coordinator.clone()))

@@ -18,6 +18,9 @@ pub(crate) struct SessionState {
     pub(crate) last_seen: Instant,
     /// Time it reported blocked waiting for batches: the autoscaling signal.
     pub(crate) stall_ms: u64,
+    /// The connection its last call came on, when the server accepted it
+    /// (`coordinator::departed`).
+    pub(crate) connection: Option<loader_process::grpc::Connection>,
 }
 
 /// Every open session, by id, and the sessions of each consumer.
@@ -45,7 +48,7 @@ impl SessionTable {
         self.next_id += 1;
         self.sessions.insert(
             self.next_id,
-            SessionState { job_id, consumer, node, ring_socket, last_seen: Instant::now(), stall_ms: 0 },
+            SessionState { job_id, consumer, node, ring_socket, last_seen: Instant::now(), stall_ms: 0, connection: None },
         );
         self.by_consumer.entry((job_id, consumer)).or_default().insert(self.next_id);
         self.next_id

@@ -15,6 +15,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 use tokio_stream::wrappers::ReceiverStream;
 
+use super::connections::{Connections, Tracked};
 use super::read_ahead::{ReadAhead, SERVER_READ_AHEAD};
 use crate::security::tls::{RELOAD_INTERVAL, ReloadingTls};
 
@@ -33,8 +34,13 @@ const QUEUE: usize = 64;
 
 /// TLS connections accepted on `listener`, handshaken with `tls`'s
 /// configuration of the moment; the files are checked for changes every
-/// [`RELOAD_INTERVAL`]. Accepting stops when the stream is dropped.
-pub(crate) fn tls(listener: TcpListener, tls: Arc<ReloadingTls>) -> ReceiverStream<io::Result<TlsStream<ReadAhead>>> {
+/// [`RELOAD_INTERVAL`]. Each connection counts open in `connections` from
+/// its acceptance. Accepting stops when the stream is dropped.
+pub(crate) fn tls(
+    listener: TcpListener,
+    tls: Arc<ReloadingTls>,
+    connections: Connections,
+) -> ReceiverStream<io::Result<TlsStream<Tracked<ReadAhead>>>> {
     let (tx, rx) = mpsc::channel(QUEUE);
     tokio::spawn(async move {
         let mut reload = tokio::time::interval(RELOAD_INTERVAL);
@@ -51,8 +57,9 @@ pub(crate) fn tls(listener: TcpListener, tls: Arc<ReloadingTls>) -> ReceiverStre
                     Ok((tcp, peer)) => {
                         let acceptor = TlsAcceptor::from(tls.current());
                         let tx = tx.clone();
+                        let connections = connections.clone();
                         tokio::spawn(async move {
-                            if let Some(stream) = handshake(acceptor, tcp, peer).await {
+                            if let Some(stream) = handshake(acceptor, tcp, peer, &connections).await {
                                 let _ = tx.send(Ok(stream)).await;
                             }
                         });
@@ -70,7 +77,12 @@ pub(crate) fn tls(listener: TcpListener, tls: Arc<ReloadingTls>) -> ReceiverStre
     ReceiverStream::new(rx)
 }
 
-async fn handshake(acceptor: TlsAcceptor, tcp: TcpStream, peer: SocketAddr) -> Option<TlsStream<ReadAhead>> {
+async fn handshake(
+    acceptor: TlsAcceptor,
+    tcp: TcpStream,
+    peer: SocketAddr,
+    connections: &Connections,
+) -> Option<TlsStream<Tracked<ReadAhead>>> {
     let _ = tcp.set_nodelay(true);
     let mut first = [0u8; 1];
     match tokio::time::timeout(HANDSHAKE_TIMEOUT, tcp.peek(&mut first)).await {
@@ -81,7 +93,7 @@ async fn handshake(acceptor: TlsAcceptor, tcp: TcpStream, peer: SocketAddr) -> O
         Ok(Ok(1)) => {}
         _ => return None,
     }
-    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(ReadAhead::new(tcp, SERVER_READ_AHEAD))).await {
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(connections.track(ReadAhead::new(tcp, SERVER_READ_AHEAD)))).await {
         Ok(Ok(mut stream)) => {
             stream.get_mut().1.set_buffer_limit(Some(SEND_BUFFER));
             Some(stream)

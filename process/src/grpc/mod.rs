@@ -6,6 +6,8 @@
 //! - [`layers`]: the tower layers every server runs behind: the one place
 //!   where policy plugs in: [`auth`] (tokens per role, per [`access`]) and
 //!   [`limits`] (deadlines, message sizes, the admin rate limit).
+//! - [`connections`]: which of a server's connections are open, so that a
+//!   service can tell a caller whose process ended from one merely silent.
 //! - `incoming`: TLS connections handshaken with the certificate of the
 //!   moment; `connector`: a channel's TLS connections; both read through
 //!   `read_ahead` (one large `recv` for rustls's many small reads).
@@ -18,6 +20,7 @@
 pub mod access;
 pub mod auth;
 pub mod channel;
+pub mod connections;
 mod connector;
 mod incoming;
 pub mod layers;
@@ -27,5 +30,6 @@ pub mod server;
 pub mod streaming;
 
 pub use access::Access;
+pub use connections::{Connection, Connections};
 pub use channel::{AddressError, Channel, ConnectError, Target, connect, endpoint, normalize, root_cause};
 pub use server::{Services, serve};

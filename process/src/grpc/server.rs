@@ -9,6 +9,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
+use tokio_stream::StreamExt;
 use tonic::body::Body;
 use tonic::codegen::Service;
 use tonic::codegen::http::{Request, Response};
@@ -18,6 +19,7 @@ use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
 
 use super::access::{Access, Policy};
+use super::connections::Connections;
 use super::limits::CALLS_PER_CONNECTION;
 use crate::security::{SecurityError, ServerSecurity, tls::ReloadingTls};
 
@@ -32,6 +34,8 @@ pub struct Services {
     policy: Policy,
     /// Encoded file descriptor sets for reflection.
     descriptors: Vec<&'static [u8]>,
+    /// Where the server counts its open connections.
+    connections: Connections,
 }
 
 impl Services {
@@ -61,6 +65,13 @@ impl Services {
         self.policy.insert(S::NAME, access);
         self
     }
+
+    /// Counts the server's open connections in `connections`, which the
+    /// services read to tell whether a caller's connection has ended.
+    pub fn with_connections(mut self, connections: Connections) -> Self {
+        self.connections = connections;
+        self
+    }
 }
 
 /// Why a server stopped with an error.
@@ -86,7 +97,7 @@ pub async fn serve(
     security: &ServerSecurity,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
-    let Services { mut routes, names, descriptors, mut policy } = services;
+    let Services { mut routes, names, descriptors, mut policy, connections } = services;
     let (health, health_service) = tonic_health::server::health_reporter();
     for name in names {
         health.set_service_status(name, ServingStatus::Serving).await;
@@ -112,7 +123,7 @@ pub async fn serve(
         Some(files) => {
             let tls = Arc::new(ReloadingTls::new(files.clone())?);
             router
-                .serve_with_incoming_shutdown(super::incoming::tls(listener, tls), shutdown)
+                .serve_with_incoming_shutdown(super::incoming::tls(listener, tls, connections), shutdown)
                 .await?;
         }
         None => {
@@ -121,7 +132,9 @@ pub async fn serve(
             // connection, or Nagle holds a response's trailers (and a
             // worker's small frames) for the peer's delayed ACK: 40 ms
             // stalls of every small heartbeat.
-            let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+            let incoming = TcpIncoming::from(listener)
+                .with_nodelay(Some(true))
+                .map(move |accepted| accepted.map(|tcp| connections.track(tcp)));
             router.serve_with_incoming_shutdown(incoming, shutdown).await?;
         }
     }

@@ -28,10 +28,12 @@ impl TrainerService for TrainerApi {
         &self,
         request: Request<pb::OpenSessionRequest>,
     ) -> Result<Response<pb::OpenSessionResponse>, Status> {
+        let connection = self.0.connections.of(&request);
         let r = request.into_inner();
         check_version(r.protocol_version)?;
         let (session_id, job, consumer) =
             self.0.open_session(r.job_id, r.consumer, r.subscriber, r.node, r.ring_socket, r.resume.then_some(r.start_seq))?;
+        self.0.seen_on(session_id, connection);
         Ok(Response::new(pb::OpenSessionResponse {
             session_id,
             consumer,
@@ -46,9 +48,11 @@ impl TrainerService for TrainerApi {
         &self,
         request: Request<pb::SessionHeartbeatRequest>,
     ) -> Result<Response<pb::SessionHeartbeatResponse>, Status> {
+        let connection = self.0.connections.of(&request);
         let r = request.into_inner();
         check_version(r.protocol_version)?;
         self.0.check_session_key(r.session_id, &r.session_key)?;
+        self.0.seen_on(r.session_id, connection);
         self.0.unreachable(r.session_id, &r.unreachable_workers);
         let response = match self.0.session_heartbeat(r.session_id, r.consumed, r.stall_ms) {
             Some(job_error) => pb::SessionHeartbeatResponse { reopen: false, job_error },
