@@ -527,9 +527,11 @@ impl Session {
 }
 
 /// How long a job resumed on another world size waits for the trainers of
-/// the run it continues to leave the coordinator: a killed trainer's session
-/// lasts until its lease expires (seconds), and until then the coordinator
-/// refuses to replace the job.
+/// the run it continues to leave the coordinator, which refuses to replace
+/// the job until then. A killed trainer's session ends at once (its
+/// connection closed when it died); one the coordinator cannot prove gone
+/// (behind a proxy that keeps its connection, or cut off) lasts until its
+/// lease expires (seconds).
 const RESUME_WAIT: Duration = Duration::from_secs(20);
 
 /// True for the coordinator's refusal to replace a job whose old run still
