@@ -5,7 +5,8 @@
 #      streaming test, torch, torchvision) under
 #      target/test-venv, so the Pillow pixel-agreement test has
 #      its reference and the Python-dataset tests run against torch's
-#      default_collate instead of skipping (torch from PyPI, a few GB, once:
+#      default_collate instead of skipping, moto's S3 server for the
+#      object-storage tests (torch from PyPI, a few GB, once:
 #      skipped when already importable), and the training frameworks the
 #      integrations are tested with (lightning, accelerate, transformers,
 #      torchdata);
@@ -40,7 +41,9 @@ if [ ! -x "$venv/bin/python" ]; then
   mkdir -p "$root/target"
   python3 -m venv "$venv"
 fi
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check numpy pytest pillow cloudpickle pyarrow datasets
+# moto[server]: a real S3 API server (moto_server) for the object-storage
+# tests, with boto3 to fill its buckets.
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check numpy pytest pillow cloudpickle pyarrow datasets "moto[server]"
 if ! "$venv/bin/python" -c 'import torch' >/dev/null 2>&1; then
   # No pip cache: torch and its CUDA libraries are ~3 GB that would sit
   # in ~/.cache/pip a second time (CI once ran out of disk).

@@ -137,17 +137,25 @@ fn expand_patterns(files: &[String]) -> Result<Vec<String>, Error> {
 /// Tokens in the file at `path`, from its size.
 fn count_tokens(path: &Path, dtype: i32) -> Result<u64, Error> {
     let bad = |cause: String| Error::TokenFile { path: path.to_path_buf(), cause };
-    let meta = std::fs::metadata(path).map_err(|e| bad(e.to_string()))?;
-    if !meta.is_file() {
-        return Err(bad("not a regular file".into()));
-    }
+    let name = path.to_string_lossy();
+    let bytes = if loader_storage::is_url(&name) {
+        // An object in a store: its size, from one HEAD request.
+        let url = loader_storage::ObjectUrl::parse(&name).map_err(|e| bad(e.problem))?;
+        loader_storage::RemoteObject::open(&url).map_err(|e| bad(e.problem))?.size()
+    } else {
+        let meta = std::fs::metadata(path).map_err(|e| bad(e.to_string()))?;
+        if !meta.is_file() {
+            return Err(bad("not a regular file".into()));
+        }
+        meta.len()
+    };
     let size = match Dtype::try_from(dtype) {
         Ok(d @ (Dtype::U16 | Dtype::U32)) => d.size() as u64,
         // Let spec validation give its usual message for the dtype.
         _ => return Ok(0),
     };
-    if meta.len() % size != 0 {
-        return Err(bad(format!("{} bytes is not a whole number of {size}-byte tokens", meta.len())));
+    if bytes % size != 0 {
+        return Err(bad(format!("{bytes} bytes is not a whole number of {size}-byte tokens")));
     }
-    Ok(meta.len() / size)
+    Ok(bytes / size)
 }

@@ -625,12 +625,16 @@ impl DatasetFile {
 }
 
 /// `p` relative to `base` when relative, made absolute (workers may run in
-/// another working directory).
+/// another working directory); a URL as it is.
 fn resolve(base: &Path, p: &str) -> String {
     // An empty path stays empty, for the spec check to name the field
     // (joined, it would be the spec file's folder).
     if p.is_empty() {
         return String::new();
+    }
+    // An object's URL names the same object from anywhere.
+    if loader_storage::is_url(p) {
+        return p.to_owned();
     }
     let joined = base.join(p);
     std::path::absolute(&joined)

@@ -67,8 +67,12 @@ pub struct JobSpecBuilder {
     spec: JobSpec,
 }
 
-/// Workers may run elsewhere in the same tree: specs carry absolute paths.
+/// Workers may run elsewhere in the same tree: specs carry absolute paths
+/// (an object's URL, `s3://...`, is kept as it is).
 fn absolute(path: &Path) -> String {
+    if loader_storage::is_url(&path.to_string_lossy()) {
+        return path.to_string_lossy().into_owned();
+    }
     std::path::absolute(path)
         .unwrap_or_else(|_| path.to_path_buf())
         .to_string_lossy()

@@ -178,6 +178,16 @@ pub enum DatasetError {
         /// The sample being read.
         index: u64,
     },
+    /// An object in a store cannot be read (missing, access denied, the
+    /// store down after every retry). An object that changed since the job
+    /// opened it is `Corrupt` instead, like a local file that changed.
+    #[error("{kind} dataset: {source}")]
+    Storage {
+        /// Dataset kind.
+        kind: &'static str,
+        /// What the store said, naming the object.
+        source: loader_storage::StorageError,
+    },
     /// One sample cannot be read or decoded; the job's corrupt-sample
     /// policy decides whether that fails the job or skips the sample.
     #[error("corrupt sample {path}: {reason}")]
@@ -199,6 +209,16 @@ impl DatasetError {
             reason: "the file changed while the job read it (truncated or replaced): its samples cannot be trusted; \
                      write a new file and start a new job"
                 .to_owned(),
+        }
+    }
+
+    /// A failed read of an object of a `kind` dataset: an object that
+    /// changed since the open is a corrupt sample (the job's policy
+    /// decides), anything else the store's error.
+    pub(crate) fn storage(kind: &'static str, e: loader_storage::StorageError) -> Self {
+        match e.kind {
+            loader_storage::ErrorKind::Changed => DatasetError::Corrupt { path: e.url, reason: e.problem },
+            _ => DatasetError::Storage { kind, source: e },
         }
     }
 

@@ -2,25 +2,40 @@
 //! overlapping windows of `context_length + 1` ids (inputs plus the shifted
 //! target), window `i` starting at token `i * context_length`.
 //!
-//! The file is memory-mapped once per job; a window is one `memcpy` from the
-//! page cache into the batch buffer. The mapping is guarded
+//! A local file is memory-mapped once per job; a window is one `memcpy`
+//! from the page cache into the batch buffer. The mapping is guarded
 //! (`crate::mapped`): a file truncated while a job reads it fails (or skips)
 //! the job's samples, naming the file, instead of killing the worker.
+//!
+//! An object in a store (`s3://...`) is read in chunks of a few MB
+//! (`loader_storage::object`): a window is a copy out of the chunk that
+//! holds it, and `prefetch` starts fetching the chunks of the windows the
+//! worker reads next.
 
 use std::fs::File;
+use std::sync::Arc;
 
 use loader_proto::pb::{Dtype, TokensSpec};
+use loader_storage::RemoteObject;
 use crate::mapped::MappedFile;
 
 use super::{Dataset, DatasetError, SampleKey, SampleTensor, check_rows};
 
 const KIND: &str = "tokens";
 
-/// A mapped token file.
+/// Where the token ids are.
+#[derive(Debug)]
+enum Source {
+    /// A local file, mapped whole, read-only.
+    Mapped(MappedFile),
+    /// An object in a store, read in chunks.
+    Object(Arc<RemoteObject>),
+}
+
+/// A token file or object.
 #[derive(Debug)]
 pub struct Tokens {
-    /// The whole file, read-only.
-    map: MappedFile,
+    source: Source,
     /// The file as the spec names it, for errors.
     path: String,
     /// The single tensor `tokens` [context_length + 1].
@@ -52,8 +67,16 @@ impl Tokens {
         }
         let size = dtype.size() as u64;
         let open_err = |source| DatasetError::Open { kind: KIND, path: path.clone(), source };
-        let file = File::open(&spec.path).map_err(open_err)?;
-        let actual = file.metadata().map_err(open_err)?.len();
+        let (source, actual) = if loader_storage::is_url(&spec.path) {
+            let opened = loader_storage::ObjectUrl::parse(&spec.path).and_then(|url| RemoteObject::open(&url));
+            let object = opened.map_err(|e| DatasetError::storage(KIND, e))?;
+            let actual = object.size();
+            (Source::Object(object), actual)
+        } else {
+            let file = File::open(&spec.path).map_err(open_err)?;
+            let actual = file.metadata().map_err(open_err)?.len();
+            (Source::Mapped(MappedFile::map(&file).map_err(open_err)?), actual)
+        };
         let expected = spec.num_tokens.checked_mul(size);
         if expected != Some(actual) {
             return Err(mismatch(format!(
@@ -69,9 +92,8 @@ impl Tokens {
         ) else {
             return Err(mismatch(format!("context length {ctx} is too large")));
         };
-        let map = MappedFile::map(&file).map_err(open_err)?;
         Ok(Self {
-            map,
+            source,
             path,
             tensors: vec![SampleTensor { name: "tokens".into(), dtype, shape: vec![ctx + 1] }],
             stride,
@@ -82,13 +104,15 @@ impl Tokens {
 }
 
 impl Tokens {
-    /// The bytes of window `index`, if the file holds it.
-    fn window(&self, index: u64) -> Option<&[u8]> {
-        usize::try_from(index)
-            .ok()
-            .filter(|_| index < self.len)
-            .and_then(|i| i.checked_mul(self.stride))
-            .and_then(|start| self.map.bytes().get(start..start.checked_add(self.window)?))
+    /// Where window `index` starts, if the file holds it.
+    fn start(&self, index: u64) -> Option<usize> {
+        usize::try_from(index).ok().filter(|_| index < self.len).and_then(|i| i.checked_mul(self.stride))
+    }
+
+    /// The bytes of window `index` in a mapped file, if it holds it.
+    fn window<'m>(&self, map: &'m MappedFile, index: u64) -> Option<&'m [u8]> {
+        let start = self.start(index)?;
+        map.bytes().get(start..start.checked_add(self.window)?)
     }
 }
 
@@ -107,19 +131,50 @@ impl Dataset for Tokens {
     }
 
     fn prefetch(&self, key: SampleKey) {
-        if let Some(bytes) = self.window(key.index) {
-            super::prefetch::bytes(bytes);
+        match &self.source {
+            Source::Mapped(map) => {
+                if let Some(bytes) = self.window(map, key.index) {
+                    super::prefetch::bytes(bytes);
+                }
+            }
+            Source::Object(object) => {
+                if let Some(start) = self.start(key.index) {
+                    object.prefetch(start as u64..(start + self.window) as u64);
+                }
+            }
         }
+    }
+
+    fn read_batch(&self, keys: &[SampleKey], batch: &mut super::BatchRows<'_>) -> Result<(), DatasetError> {
+        if let Source::Object(_) = &self.source {
+            // Every chunk the batch needs is asked for at once: one round
+            // trip's wait for the batch, not one per chunk.
+            for &key in keys {
+                self.prefetch(key);
+            }
+        }
+        for &key in keys {
+            let read = self.read_into(key, &mut batch.next_rows());
+            batch.settle(key.index, read)?;
+        }
+        Ok(())
     }
 
     fn read_into(&self, key: SampleKey, rows: &mut [&mut [u8]]) -> Result<(), DatasetError> {
         let index = key.index;
         check_rows(index, rows, &[self.window])?;
-        let bytes = self.window(index);
-        let (Some(bytes), [row]) = (bytes, rows) else {
-            return Err(DatasetError::IndexOutOfRange { index, len: self.len });
-        };
-        row.copy_from_slice(bytes);
-        self.map.intact().map_err(|c| DatasetError::changed(&self.path, c))
+        let out_of_range = DatasetError::IndexOutOfRange { index, len: self.len };
+        let [row] = rows else { return Err(out_of_range) };
+        match &self.source {
+            Source::Mapped(map) => {
+                let Some(bytes) = self.window(map, index) else { return Err(out_of_range) };
+                row.copy_from_slice(bytes);
+                map.intact().map_err(|c| DatasetError::changed(&self.path, c))
+            }
+            Source::Object(object) => {
+                let Some(start) = self.start(index) else { return Err(out_of_range) };
+                object.read_at(start as u64, row).map_err(|e| DatasetError::storage(KIND, e))
+            }
+        }
     }
 }

@@ -1,0 +1,31 @@
+//! Where a dataset's bytes come from.
+//!
+//! A dataset names its files by path (`/data/tokens.bin`), read through
+//! `mmap` by the workers, or by URL (`s3://bucket/tokens.bin`), read here
+//! from object storage. Both the submitter (which counts what a dataset
+//! holds, `loader_listing`) and the workers go through this crate, so they
+//! see the same objects.
+//!
+//! # Layout
+//! - [`location`]: telling a URL from a path, and which stores are known.
+//! - [`stores`]: one client per bucket, configured the way the AWS CLI and
+//!   boto3 are (environment variables; `AWS_ENDPOINT_URL` for an
+//!   S3-compatible store).
+//! - [`io`]: the runtime object requests run on, and waiting on them from
+//!   the workers' threads (datasets are read synchronously).
+//! - [`object`]: one object, read in chunks of a few MB (a sample is a
+//!   copy out of a chunk; neighbouring samples share a request), chunks
+//!   fetched ahead of need, many in flight, and kept while a byte budget
+//!   allows; every read is pinned to the ETag seen at open, so an object
+//!   replaced mid-job is an error, never a mix of two versions.
+//! - [`error`]: one line for each way a store can fail.
+
+pub mod error;
+pub mod io;
+pub mod location;
+pub mod object;
+pub mod stores;
+
+pub use error::{ErrorKind, StorageError};
+pub use location::{ObjectUrl, is_url};
+pub use object::RemoteObject;

@@ -1,0 +1,312 @@
+//! One object, read in chunks and kept on local disk.
+//!
+//! A sample of a large object (a token window, an npy row) is a few KB; one
+//! request per sample would pay a round trip each and, under a shuffled
+//! order, fetch the same neighbourhood again and again. The object is cut
+//! into chunks of [`CHUNK`] bytes instead: a read copies out of the chunks
+//! it spans, fetching any not yet here with one ranged GET each (at most
+//! [`IN_FLIGHT`] at once per process), and [`RemoteObject::prefetch`]
+//! starts the fetches of chunks the next samples need, so that many
+//! requests are in flight while the worker copies.
+//!
+//! A fetched chunk is written into a cache file of the object's size (a
+//! sparse, unlinked temporary file in `LOADER_STORAGE_CACHE_DIR`, or the
+//! system's temporary directory): every chunk is fetched once per job
+//! whatever the order, later reads are `pread`s served by the page cache,
+//! and the file's space goes back to the filesystem when the job closes
+//! the object or the worker dies (it has no name to leak). When the disk
+//! refuses a chunk (full), the chunk stays in memory instead, at most
+//! [`IN_MEMORY`] of them, the least recently used dropped first.
+//!
+//! Every request names the ETag the object had at open (`If-Match`): an
+//! object rewritten mid-job fails its next read with a
+//! [`crate::ErrorKind::Changed`] error instead of mixing two versions.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::ops::Range;
+use std::os::unix::fs::FileExt;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use object_store::path::Path;
+use object_store::{GetOptions, GetRange, ObjectStoreExt};
+use tokio::sync::Semaphore;
+
+use crate::error::ErrorKind;
+use crate::stores::{Store, store};
+use crate::{ObjectUrl, StorageError, io};
+
+/// Bytes a chunk holds: large enough that a request's round trip is paid
+/// once per many samples, small enough that the first read of a shuffled
+/// epoch waits little for bytes it does not need yet.
+pub const CHUNK: u64 = 4 << 20;
+/// Requests in flight at once, per process.
+pub const IN_FLIGHT: usize = 64;
+/// Chunks kept in memory per object when the disk refuses them.
+pub const IN_MEMORY: usize = 32;
+/// Longest a read waits for its chunk (the store's own retries end sooner).
+const WAIT: Duration = Duration::from_secs(300);
+
+/// Where a fetched chunk's bytes are.
+#[derive(Debug, Clone)]
+enum Held {
+    /// In the cache file, at the chunk's own offset.
+    OnDisk,
+    /// In memory (the disk refused them).
+    InMemory(Bytes),
+}
+
+/// One chunk: being fetched, or fetched (where, or the error).
+#[derive(Debug, Default)]
+struct Slot {
+    state: Mutex<Option<Result<Held, StorageError>>>,
+    ready: Condvar,
+}
+
+impl Slot {
+    fn state(&self) -> MutexGuard<'_, Option<Result<Held, StorageError>>> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn fill(&self, result: Result<Held, StorageError>) {
+        *self.state() = Some(result);
+        self.ready.notify_all();
+    }
+
+    fn wait(&self, url: &str) -> Result<Held, StorageError> {
+        let guard = self.state();
+        let (guard, _) = self.ready.wait_timeout_while(guard, WAIT, |s| s.is_none()).unwrap_or_else(|p| p.into_inner());
+        match &*guard {
+            Some(result) => result.clone(),
+            None => Err(StorageError::new(url, ErrorKind::Unavailable, format!("no answer within {} s", WAIT.as_secs()))),
+        }
+    }
+}
+
+/// The chunks fetched or on their way, and the use order of those held in
+/// memory.
+#[derive(Debug, Default)]
+struct Chunks {
+    slots: HashMap<u64, Arc<Slot>>,
+    /// Last use of each chunk held in memory, by a counter.
+    in_memory: HashMap<u64, u64>,
+    clock: u64,
+}
+
+/// An object opened for reading: its size and ETag as of the open.
+#[derive(Debug)]
+pub struct RemoteObject {
+    url: String,
+    store: Store,
+    path: Path,
+    size: u64,
+    etag: Option<String>,
+    /// The chunks already here, at their offsets; None when no cache file
+    /// could be made (every chunk is then held in memory).
+    cache: Option<File>,
+    chunks: Mutex<Chunks>,
+}
+
+/// The requests in flight, process-wide.
+fn in_flight() -> &'static Arc<Semaphore> {
+    static SEMAPHORE: OnceLock<Arc<Semaphore>> = OnceLock::new();
+    SEMAPHORE.get_or_init(|| Arc::new(Semaphore::new(IN_FLIGHT)))
+}
+
+/// A cache file for one object: unlinked, so nothing is left when the
+/// process ends however it ends.
+fn cache_file() -> Option<File> {
+    let dir = std::env::var_os("LOADER_STORAGE_CACHE_DIR").map_or_else(std::env::temp_dir, Into::into);
+    match tempfile::tempfile_in(&dir) {
+        Ok(f) => Some(f),
+        Err(e) => {
+            tracing::warn!("objects' chunks are kept in memory only: cannot make a cache file in {}: {e}", dir.display());
+            None
+        }
+    }
+}
+
+impl RemoteObject {
+    /// Opens `url` (one HEAD request): its size and ETag.
+    pub fn open(url: &ObjectUrl) -> Result<Arc<Self>, StorageError> {
+        let store = store(url)?;
+        let path = Path::from(url.key.as_str());
+        let name = url.to_string();
+        let (client, key, endpoint) = (store.client.clone(), path.clone(), store.endpoint.clone());
+        let meta = io::wait(async move { client.head(&key).await })
+            .map_err(|e| StorageError::new(&name, ErrorKind::Unavailable, e.to_string()))?
+            .map_err(|e| StorageError::from_store(&name, &endpoint, e))?;
+        Ok(Arc::new(Self {
+            url: name,
+            store,
+            path,
+            size: meta.size,
+            etag: meta.e_tag,
+            cache: cache_file(),
+            chunks: Mutex::default(),
+        }))
+    }
+
+    /// The object's URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Its size in bytes, as opened.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Copies the bytes at `offset` into `dst`, fetching the chunks they
+    /// span that are not here yet.
+    pub fn read_at(self: &Arc<Self>, offset: u64, dst: &mut [u8]) -> Result<(), StorageError> {
+        let Some(end) = offset.checked_add(dst.len() as u64).filter(|&e| e <= self.size) else {
+            let end = offset.saturating_add(dst.len() as u64);
+            return Err(StorageError::changed(&self.url, &format!("bytes {offset}..{end} are past its end ({} bytes)", self.size)));
+        };
+        let mut at = offset;
+        for index in chunks_of(offset..end) {
+            let chunk_end = end.min((index + 1) * CHUNK);
+            let into = &mut dst[(at - offset) as usize..(chunk_end - offset) as usize];
+            match self.slot(index).wait(&self.url)? {
+                Held::OnDisk => {
+                    let file = self.cache.as_ref().ok_or_else(|| self.lost("no cache file"))?;
+                    file.read_exact_at(into, at).map_err(|e| self.lost(&e.to_string()))?;
+                }
+                Held::InMemory(bytes) => {
+                    let from = (at - index * CHUNK) as usize;
+                    let src = bytes.get(from..from + into.len()).ok_or_else(|| self.lost("a chunk is short"))?;
+                    into.copy_from_slice(src);
+                }
+            }
+            at = chunk_end;
+        }
+        Ok(())
+    }
+
+    /// Starts fetching the chunks `range` spans that are not here or on
+    /// their way; returns at once.
+    pub fn prefetch(self: &Arc<Self>, range: Range<u64>) {
+        let range = range.start.min(self.size)..range.end.min(self.size);
+        for index in chunks_of(range) {
+            self.slot(index);
+        }
+    }
+
+    /// A read of the cache that failed: the bytes were here and are not.
+    fn lost(&self, why: &str) -> StorageError {
+        StorageError::new(&self.url, ErrorKind::Unavailable, format!("its local copy cannot be read: {why}"))
+    }
+
+    /// The slot of chunk `index`, its fetch started if it had none.
+    fn slot(self: &Arc<Self>, index: u64) -> Arc<Slot> {
+        let mut chunks = self.chunks.lock().unwrap_or_else(|p| p.into_inner());
+        chunks.clock += 1;
+        let now = chunks.clock;
+        if let Some(used) = chunks.in_memory.get_mut(&index) {
+            *used = now;
+        }
+        if let Some(slot) = chunks.slots.get(&index) {
+            return Arc::clone(slot);
+        }
+        let slot = Arc::new(Slot::default());
+        chunks.slots.insert(index, Arc::clone(&slot));
+        drop(chunks);
+        let (object, filled) = (Arc::clone(self), Arc::clone(&slot));
+        let started = io::spawn(async move {
+            let result = object.fetch(index).await.map(|bytes| object.keep(index, bytes));
+            if result.is_err() {
+                // Not kept: the next read asks again.
+                object.forget(index, &filled);
+            }
+            filled.fill(result);
+        });
+        if let Err(e) = started {
+            self.forget(index, &slot);
+            slot.fill(Err(StorageError::new(&self.url, ErrorKind::Unavailable, e.to_string())));
+        }
+        slot
+    }
+
+    /// Drops chunk `index`'s slot, if it is still `slot`.
+    fn forget(&self, index: u64, slot: &Arc<Slot>) {
+        let mut chunks = self.chunks.lock().unwrap_or_else(|p| p.into_inner());
+        if chunks.slots.get(&index).is_some_and(|s| Arc::ptr_eq(s, slot)) {
+            chunks.slots.remove(&index);
+            chunks.in_memory.remove(&index);
+        }
+    }
+
+    /// Puts chunk `index`'s bytes in the cache file, or in memory when the
+    /// disk refuses them (evicting the least recently used beyond
+    /// [`IN_MEMORY`]).
+    fn keep(&self, index: u64, bytes: Bytes) -> Held {
+        if let Some(file) = &self.cache {
+            match file.write_all_at(&bytes, index * CHUNK) {
+                Ok(()) => return Held::OnDisk,
+                Err(e) => tracing::debug!(url = %self.url, "chunk {index} kept in memory: the cache file refused it: {e}"),
+            }
+        }
+        let mut chunks = self.chunks.lock().unwrap_or_else(|p| p.into_inner());
+        chunks.clock += 1;
+        let now = chunks.clock;
+        chunks.in_memory.insert(index, now);
+        if chunks.in_memory.len() > IN_MEMORY
+            && let Some((&oldest, _)) = chunks.in_memory.iter().filter(|(i, _)| **i != index).min_by_key(|(_, t)| **t)
+        {
+            // A read holding it keeps its bytes alive until done.
+            chunks.in_memory.remove(&oldest);
+            chunks.slots.remove(&oldest);
+        }
+        Held::InMemory(bytes)
+    }
+
+    /// One ranged GET of chunk `index`, pinned to the ETag of the open.
+    async fn fetch(&self, index: u64) -> Result<Bytes, StorageError> {
+        let start = index * CHUNK;
+        let end = (start + CHUNK).min(self.size);
+        let _permit = in_flight().acquire().await.map_err(|e| StorageError::new(&self.url, ErrorKind::Unavailable, e.to_string()))?;
+        let options = GetOptions {
+            if_match: self.etag.clone(),
+            range: Some(GetRange::Bounded(start..end)),
+            ..GetOptions::default()
+        };
+        let bytes = match self.store.client.get_opts(&self.path, options).await {
+            Ok(r) => r.bytes().await,
+            Err(e) => Err(e),
+        };
+        let bytes = bytes.map_err(|e| match StorageError::from_store(&self.url, &self.store.endpoint, e) {
+            // Gone since the open: it changed.
+            e if e.kind == ErrorKind::NotFound => StorageError::changed(&self.url, "it was deleted"),
+            other => other,
+        })?;
+        if bytes.len() as u64 != end - start {
+            return Err(StorageError::changed(&self.url, &format!("bytes {start}..{end} came back as {} bytes", bytes.len())));
+        }
+        Ok(bytes)
+    }
+}
+
+/// The chunk indexes `range` spans.
+fn chunks_of(range: Range<u64>) -> Range<u64> {
+    if range.is_empty() {
+        return 0..0;
+    }
+    range.start / CHUNK..(range.end - 1) / CHUNK + 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_map_to_the_chunks_they_span() {
+        assert_eq!(chunks_of(0..0), 0..0);
+        assert_eq!(chunks_of(0..1), 0..1);
+        assert_eq!(chunks_of(0..CHUNK), 0..1);
+        assert_eq!(chunks_of(CHUNK - 1..CHUNK + 1), 0..2);
+        assert_eq!(chunks_of(3 * CHUNK..3 * CHUNK + 5), 3..4);
+    }
+}

@@ -1,0 +1,156 @@
+//! Datasets in object storage (issue 53), read through a real S3 API
+//! server: moto's standalone server, from PyPI (test.sh installs it in the
+//! test virtualenv). A token file uploaded to a bucket and read as
+//! `s3://bucket/key` by real workers gives, batch for batch, the bytes the
+//! same file gives from local disk, every window once an epoch, also when a
+//! worker is SIGKILLed mid-job; an object rewritten mid-job fails the job
+//! naming it; a missing object and a missing bucket are one-line errors at
+//! submission.
+//!
+//! One test function: the store's address reaches this process (the
+//! submitter, which counts the tokens) through the AWS environment
+//! variables, set once before any other thread of the test reads them.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use loader_client::spec;
+use loader_client::{Dtype, JobSpec, Loader};
+use loader_e2e::{Cluster, Proc, run, skipped};
+
+/// A window is 64 + 1 uint16 ids; 2^22 ids (8 MB, two of the store
+/// reader's 4 MB chunks) make 65,535 windows, some across the boundary.
+const IDS: u32 = 1 << 22;
+const CONTEXT: u64 = 64;
+
+/// The virtualenv's Python (test.sh's `LOADER_PYTHON`), whose `bin` holds
+/// `moto_server` and boto3.
+fn python() -> Option<PathBuf> {
+    let python = PathBuf::from(std::env::var_os("LOADER_PYTHON")?);
+    python.parent()?.join("moto_server").exists().then_some(python)
+}
+
+/// Runs `code` in the virtualenv's Python with boto3 pointed at `endpoint`.
+fn boto3(python: &Path, endpoint: &str, code: &str) {
+    let prelude = format!(
+        "import boto3\ns3 = boto3.client('s3', endpoint_url={endpoint:?}, aws_access_key_id='test', \
+         aws_secret_access_key='test', region_name='us-east-1')\n"
+    );
+    let status = Command::new(python).arg("-c").arg(prelude + code).status().expect("run python");
+    assert!(status.success(), "boto3: {code}");
+}
+
+/// Every batch of `job` from the cluster at `url`, by (epoch, seq): its
+/// indices and token bytes. Kills `kill`'s worker 0 after `kill_after`
+/// batches when given.
+fn read_all(url: String, job: JobSpec, mut kill: Option<(&mut Cluster, usize)>) -> BTreeMap<(u32, u64), (Vec<u64>, Vec<u8>)> {
+    let loader = Loader::builder(url).job(job).build().expect("loader");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut batches = BTreeMap::new();
+    for batch in loader {
+        let batch = batch.expect("batch");
+        let tokens = batch.tensor("tokens").expect("tokens tensor").bytes.to_vec();
+        batches.insert((batch.epoch(), batch.seq()), (batch.indices().to_vec(), tokens));
+        if let Some((cluster, after)) = kill.as_mut()
+            && batches.len() == *after
+        {
+            cluster.workers[0].kill();
+            kill = None;
+        }
+        assert!(Instant::now() < deadline, "the job did not end within 120 s");
+    }
+    batches
+}
+
+fn tokens_job(path: impl AsRef<Path>, epochs: u32) -> JobSpec {
+    spec::tokens(path, Dtype::U16, CONTEXT).batch_size(32).epochs(epochs).shuffle(7).build().expect("spec")
+}
+
+#[test]
+fn a_token_file_in_a_bucket_reads_as_from_local_disk_and_failures_are_one_line() {
+    let Some(python) = python() else {
+        skipped("moto_server is not in LOADER_PYTHON's virtualenv (test.sh installs moto[server])");
+        return;
+    };
+    run(Duration::from_secs(300), move |scope| {
+        let mut moto = Command::new(python.with_file_name("moto_server"));
+        moto.args(["-H", "127.0.0.1", "-p", "0"]);
+        let moto = Proc::spawn_capturing_stderr(&scope, "moto_server", moto, false);
+        let endpoint = wait_for_endpoint(&moto);
+        // SAFETY: set before this test starts any thread that reads the
+        // environment (the only test of this binary; moto's output readers
+        // read none); the cluster's processes inherit them.
+        unsafe {
+            std::env::set_var("AWS_ENDPOINT_URL", &endpoint);
+            std::env::set_var("AWS_ACCESS_KEY_ID", "test");
+            std::env::set_var("AWS_SECRET_ACCESS_KEY", "test");
+            std::env::set_var("AWS_REGION", "us-east-1");
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        let local = dir.path().join("tokens.bin");
+        let ids: Vec<u8> = (0..IDS).flat_map(|i| (i.wrapping_mul(2_654_435_761) as u16).to_le_bytes()).collect();
+        std::fs::write(&local, &ids).expect("write tokens");
+        boto3(&python, &endpoint, &format!("s3.create_bucket(Bucket='data')\ns3.upload_file({:?}, 'data', 'tokens.bin')", local.display().to_string()));
+
+        let mut cluster = Cluster::builder().workers(2).ttl_ms(2000).start(&scope);
+        // Byte-identical to the local file, batch for batch, every window once an epoch.
+        let from_disk = read_all(cluster.url(), tokens_job(&local, 2), None);
+        let from_store = read_all(cluster.url(), tokens_job("s3://data/tokens.bin", 2), None);
+        assert_eq!(from_store.len(), from_disk.len());
+        assert!(from_store == from_disk, "the store's batches differ from the local file's");
+        let windows = (u64::from(IDS) - 1) / CONTEXT;
+        for epoch in 0..2 {
+            let seen: Vec<u64> = from_store.iter().filter(|(k, _)| k.0 == epoch).flat_map(|(_, (i, _))| i.clone()).collect();
+            assert_eq!(seen.len() as u64, windows, "epoch {epoch}: every window once");
+            assert_eq!(seen.iter().collect::<BTreeSet<_>>().len() as u64, windows, "epoch {epoch}: no window twice");
+        }
+        // A worker SIGKILLed mid-job: its batches are made again by the other, the same bytes.
+        let killed = read_all(cluster.url(), tokens_job("s3://data/tokens.bin", 1), Some((&mut cluster, 5)));
+        let first_epoch: BTreeMap<_, _> = from_disk.iter().filter(|(k, _)| k.0 == 0).map(|(k, v)| (*k, v.clone())).collect();
+        assert!(killed == first_epoch, "after a worker died, the batches differ");
+        cluster.add_worker();
+
+        // Missing objects and buckets: one line each, at submission.
+        for (url, words) in [("s3://data/missing.bin", "no such object"), ("s3://nobucket/tokens.bin", "no such object")] {
+            let e = spec::tokens(url, Dtype::U16, CONTEXT).build().expect_err(url).to_string();
+            assert!(e.contains(url) && e.contains(words) && !e.contains('\n'), "{url}: {e}");
+        }
+
+        // Rewritten mid-job: the next chunk fetched fails the job, naming
+        // the object. In order, the second 4 MB chunk is first read about
+        // 1,000 batches in, well after the rewrite; what was fetched before
+        // is the version the job opened.
+        let job = spec::tokens("s3://data/tokens.bin", Dtype::U16, CONTEXT).batch_size(32).build().expect("spec");
+        let loader = Loader::builder(cluster.url()).job(job).build().expect("loader");
+        let mut error = None;
+        let deadline = Instant::now() + Duration::from_secs(120);
+        for (n, batch) in loader.enumerate() {
+            match batch {
+                Ok(_) if n == 2 => boto3(&python, &endpoint, "s3.put_object(Bucket='data', Key='tokens.bin', Body=b'x' * 8388608)"),
+                Ok(_) => {}
+                Err(e) => {
+                    error = Some(e.to_string());
+                    break;
+                }
+            }
+            assert!(Instant::now() < deadline, "the rewritten object went unnoticed for 120 s");
+        }
+        let error = error.expect("the job ended without noticing the rewrite");
+        assert!(error.contains("s3://data/tokens.bin") && error.contains("changed since the job opened it"), "{error}");
+        assert!(!error.contains('\n'), "one line: {error}");
+    });
+}
+
+/// moto's `Running on http://127.0.0.1:PORT` line (on stderr), within 30 s.
+fn wait_for_endpoint(moto: &Proc) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(url) = moto.stderr().iter().find_map(|l| l.split("Running on ").nth(1).map(|u| u.trim().to_owned())) {
+            return url;
+        }
+        assert!(Instant::now() < deadline, "moto_server did not start within 30 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
