@@ -17,11 +17,13 @@
 //!   where the data starts.
 //! - [`parquet`]: the footer of a Parquet file: rows per row group, and the
 //!   tensor a row of each column is.
+//! - `source`: a file or an object in a store (`s3://`), read alike.
 
 pub mod image_folder;
 pub mod npy;
 pub mod parquet;
 pub mod shard;
+mod source;
 
 /// Why a dataset's files cannot be listed: one line naming the file.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

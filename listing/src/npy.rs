@@ -9,7 +9,6 @@
 //! single-byte) numeric and bool dtypes, at least one dimension (the rows).
 //! Everything else is refused with the reason, never reinterpreted.
 
-use std::fs::File;
 use std::io::Read;
 use std::path::Path;
 
@@ -59,8 +58,7 @@ impl NpyHeader {
 /// Reads the header of the `.npy` file at `path` and checks that the file
 /// holds all the data the header promises.
 pub fn read_header(path: &Path) -> Result<NpyHeader, ListingError> {
-    let mut file = File::open(path).map_err(|e| ListingError::io(path, &e))?;
-    let file_len = file.metadata().map_err(|e| ListingError::io(path, &e))?.len();
+    let (mut file, file_len) = crate::source::open(path)?;
     let mut prefix = [0u8; 12];
     let got = read_up_to(&mut file, &mut prefix).map_err(|e| ListingError::io(path, &e))?;
     let (header_len, start) = header_span(&prefix[..got]).map_err(|p| ListingError::new(path, p))?;
@@ -89,7 +87,7 @@ pub fn read_header(path: &Path) -> Result<NpyHeader, ListingError> {
     Ok(header)
 }
 
-fn read_up_to(file: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
+fn read_up_to(file: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
     let mut n = 0;
     while n < buf.len() {
         match file.read(&mut buf[n..])? {

@@ -11,7 +11,6 @@
 //! keeps the byte range of every member and reads the shard through one
 //! mapping.
 
-use std::fs::File;
 use std::path::Path;
 
 use crate::ListingError;
@@ -53,7 +52,7 @@ pub fn split_key(path: &str) -> Option<(&str, &str)> {
 
 /// Indexes the shard at `path`.
 pub fn index(path: &Path) -> Result<ShardIndex, ListingError> {
-    let file = File::open(path).map_err(|e| ListingError::io(path, &e))?;
+    let (file, _) = crate::source::open(path)?;
     let bad = |e: std::io::Error| ListingError::new(path, format!("not a readable tar file: {e}"));
     let mut archive = tar::Archive::new(file);
     let mut index = ShardIndex::default();

@@ -18,14 +18,18 @@
 //!   fetched ahead of need, many in flight, and kept while a byte budget
 //!   allows; every read is pinned to the ETag seen at open, so an object
 //!   replaced mid-job is an error, never a mix of two versions.
+//! - [`reader`]: an object read as a file (`Read + Seek`), for code that
+//!   walks a file from its start (tar indexes, npy headers).
 //! - [`error`]: one line for each way a store can fail.
 
 pub mod error;
 pub mod io;
 pub mod location;
 pub mod object;
+pub mod reader;
 pub mod stores;
 
 pub use error::{ErrorKind, StorageError};
 pub use location::{ObjectUrl, is_url};
 pub use object::RemoteObject;
+pub use reader::ObjectReader;

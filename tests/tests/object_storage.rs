@@ -3,7 +3,7 @@
 //! test virtualenv). A token file uploaded to a bucket and read as
 //! `s3://bucket/key` by real workers gives, batch for batch, the bytes the
 //! same file gives from local disk, every window once an epoch, also when a
-//! worker is SIGKILLed mid-job; an object rewritten mid-job fails the job
+//! worker is SIGKILLed mid-job; so do npy arrays and WebDataset shards; an object rewritten mid-job fails the job
 //! naming it; a missing object and a missing bucket are one-line errors at
 //! submission.
 //!
@@ -16,8 +16,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use loader_client::spec;
+use loader_client::spec::{self, transforms};
 use loader_client::{Dtype, JobSpec, Loader};
+use loader_e2e::dataset_files::{write_npy, write_shard};
 use loader_e2e::{Cluster, Proc, run, skipped};
 
 /// A window is 64 + 1 uint16 ids; 2^22 ids (8 MB, two of the store
@@ -42,17 +43,19 @@ fn boto3(python: &Path, endpoint: &str, code: &str) {
     assert!(status.success(), "boto3: {code}");
 }
 
-/// Every batch of `job` from the cluster at `url`, by (epoch, seq): its
-/// indices and token bytes. Kills `kill`'s worker 0 after `kill_after`
-/// batches when given.
-fn read_all(url: String, job: JobSpec, mut kill: Option<(&mut Cluster, usize)>) -> BTreeMap<(u32, u64), (Vec<u64>, Vec<u8>)> {
+/// A batch: its indices and every tensor's bytes.
+type Read = (Vec<u64>, Vec<Vec<u8>>);
+
+/// Every batch of `job` from the cluster at `url`, by (epoch, seq). Kills
+/// `kill`'s worker 0 after `kill_after` batches when given.
+fn read_all(url: String, job: JobSpec, mut kill: Option<(&mut Cluster, usize)>) -> BTreeMap<(u32, u64), Read> {
     let loader = Loader::builder(url).job(job).build().expect("loader");
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut batches = BTreeMap::new();
     for batch in loader {
         let batch = batch.expect("batch");
-        let tokens = batch.tensor("tokens").expect("tokens tensor").bytes.to_vec();
-        batches.insert((batch.epoch(), batch.seq()), (batch.indices().to_vec(), tokens));
+        let tensors = batch.tensors().map(|t| t.bytes.to_vec()).collect();
+        batches.insert((batch.epoch(), batch.seq()), (batch.indices().to_vec(), tensors));
         if let Some((cluster, after)) = kill.as_mut()
             && batches.len() == *after
         {
@@ -111,6 +114,41 @@ fn a_token_file_in_a_bucket_reads_as_from_local_disk_and_failures_are_one_line()
         let first_epoch: BTreeMap<_, _> = from_disk.iter().filter(|(k, _)| k.0 == 0).map(|(k, v)| (*k, v.clone())).collect();
         assert!(killed == first_epoch, "after a worker died, the batches differ");
         cluster.add_worker();
+
+        // npy arrays and WebDataset shards (decoded, cropped, flipped per
+        // sample) in the bucket: the batches of the same files on disk.
+        let rows = 3000u64;
+        let x: Vec<u8> = (0..rows * 40).flat_map(|i| (i as f32).to_le_bytes()).collect();
+        write_npy(&dir.path().join("x.npy"), "<f4", &[rows, 40], &x);
+        let y: Vec<u8> = (0..rows).flat_map(|i| (i as i64 * 7).to_le_bytes()).collect();
+        write_npy(&dir.path().join("y.npy"), "<i8", &[rows], &y);
+        for s in 0..2 {
+            write_shard(&dir.path().join(format!("shard-{s}.tar")), s * 40, 40);
+        }
+        boto3(
+            &python,
+            &endpoint,
+            &["x.npy", "y.npy", "shard-0.tar", "shard-1.tar"]
+                .map(|f| format!("s3.upload_file({:?}, 'data', 'set/{f}')", dir.path().join(f).display().to_string()))
+                .join("\n"),
+        );
+        let npy = |root: &str| {
+            spec::npy([("x", format!("{root}/x.npy")), ("y", format!("{root}/y.npy"))]).batch_size(64).epochs(2).shuffle(3).build().expect("npy spec")
+        };
+        let local_root = dir.path().display().to_string();
+        assert!(read_all(cluster.url(), npy("s3://data/set"), None) == read_all(cluster.url(), npy(&local_root), None), "npy");
+        let shards = |root: &str| {
+            spec::webdataset([format!("{root}/shard-0.tar"), format!("{root}/shard-1.tar")])
+                .transforms([transforms::decode(), transforms::random_resized_crop(16), transforms::horizontal_flip()])
+                .batch_size(8)
+                .epochs(2)
+                .shuffle(5)
+                .build()
+                .expect("webdataset spec")
+        };
+        let from_store = read_all(cluster.url(), shards("s3://data/set"), None);
+        assert_eq!(from_store.values().map(|(i, _)| i.len()).sum::<usize>(), 160, "every sample once an epoch");
+        assert!(from_store == read_all(cluster.url(), shards(&local_root), None), "webdataset");
 
         // Missing objects and buckets: one line each, at submission.
         for (url, words) in [("s3://data/missing.bin", "no such object"), ("s3://nobucket/tokens.bin", "no such object")] {

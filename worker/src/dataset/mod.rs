@@ -9,8 +9,11 @@
 //! Built in: [`Synthetic`], [`Tokens`], [`Npy`], the image datasets
 //! [`ImageFolder`] and [`WebDataset`], whose samples run through the job's
 //! image pipeline, and [`Mix`], a weighted mixture of any of them. Which files they read, and in which order, comes from
-//! `loader_listing`, the same code the submitter used to count them.
+//! `loader_listing`, the same code the submitter used to count them. The
+//! bytes of a file come through `data_file`: a guarded mapping of a local
+//! file, or chunks of an object in a store (`s3://`), read alike.
 
+mod data_file;
 mod frame_cache;
 mod image_folder;
 mod images;
@@ -113,11 +116,7 @@ pub trait Dataset: Send + Sync + std::fmt::Debug {
     /// sample; a dataset that pays a fixed cost per call (a Python
     /// dataset: the interpreter's call and the GIL) reads them in one go.
     fn read_batch(&self, keys: &[SampleKey], batch: &mut BatchRows<'_>) -> Result<(), DatasetError> {
-        for &key in keys {
-            let read = self.read_into(key, &mut batch.next_rows());
-            batch.settle(key.index, read)?;
-        }
-        Ok(())
+        read_each(self, keys, batch)
     }
 
     /// True when the dataset makes each batch whole with
@@ -135,6 +134,17 @@ pub trait Dataset: Send + Sync + std::fmt::Debug {
         let _ = (keys, on_corrupt);
         Err(DatasetError::Spec("this dataset does not make whole batches".into()))
     }
+}
+
+/// Reads `keys` one after the other into `batch`'s rows: what
+/// [`Dataset::read_batch`] does unless a dataset does more (asks for the
+/// batch's bytes at once first).
+pub(crate) fn read_each<D: Dataset + ?Sized>(dataset: &D, keys: &[SampleKey], batch: &mut BatchRows<'_>) -> Result<(), DatasetError> {
+    for &key in keys {
+        let read = dataset.read_into(key, &mut batch.next_rows());
+        batch.settle(key.index, read)?;
+    }
+    Ok(())
 }
 
 /// Why a dataset could not be opened or a sample read. Messages are one line

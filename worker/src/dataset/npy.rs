@@ -5,23 +5,19 @@
 //! page cache into the batch buffer. Headers are read with
 //! `loader_listing::npy`, the code the submitter counted the rows with.
 
-use std::fs::File;
 use std::path::Path;
 
 use loader_proto::pb::NpySpec;
-use crate::mapped::MappedFile;
 
+use super::data_file::DataFile;
 use super::{Dataset, DatasetError, SampleKey, SampleTensor, check_rows};
 
 const KIND: &str = "npy";
 
-/// One mapped array.
+/// One array: a mapped file or an object (`data_file`).
 #[derive(Debug)]
 struct Column {
-    /// The whole file, read-only, guarded (`crate::mapped`).
-    map: MappedFile,
-    /// The file as the spec names it, for errors.
-    path: String,
+    file: DataFile,
     /// Offset of row 0 in the file.
     data_offset: usize,
     /// Bytes per row.
@@ -29,13 +25,10 @@ struct Column {
 }
 
 impl Column {
-    /// The bytes of row `index`, if the file holds it.
-    fn row_bytes(&self, index: u64) -> Option<&[u8]> {
-        usize::try_from(index)
-            .ok()
-            .and_then(|i| i.checked_mul(self.row))
-            .and_then(|at| at.checked_add(self.data_offset))
-            .and_then(|start| self.map.bytes().get(start..start.checked_add(self.row)?))
+    /// Where row `index` starts, if the file holds it.
+    fn row_start(&self, index: u64) -> Option<u64> {
+        let start = u64::try_from(self.row).ok()?.checked_mul(index)?.checked_add(self.data_offset as u64)?;
+        self.file.holds(start, self.row as u64).then_some(start)
     }
 }
 
@@ -75,15 +68,13 @@ impl Npy {
             ) else {
                 return Err(mismatch(format!("rows of shape {:?} are too large", header.row_shape())));
             };
-            let open_err = |source| DatasetError::Open { kind: KIND, path: array.path.clone(), source };
-            let file = File::open(path).map_err(open_err)?;
-            let map = MappedFile::map(&file).map_err(open_err)?;
+            let file = DataFile::open(KIND, &array.path)?;
             tensors.push(SampleTensor {
                 name: array.name.clone(),
                 dtype: header.dtype,
                 shape: header.row_shape().to_vec(),
             });
-            columns.push(Column { map, path: array.path.clone(), data_offset, row });
+            columns.push(Column { file, data_offset, row });
         }
         let row_bytes = columns.iter().map(|c| c.row).collect();
         Ok(Self { columns, tensors, row_bytes, len: spec.num_samples })
@@ -107,11 +98,21 @@ impl Dataset for Npy {
     fn prefetch(&self, key: SampleKey) {
         if key.index < self.len {
             for column in &self.columns {
-                if let Some(bytes) = column.row_bytes(key.index) {
-                    super::prefetch::bytes(bytes);
+                if let Some(start) = column.row_start(key.index) {
+                    column.file.prefetch(start, column.row);
                 }
             }
         }
+    }
+
+    fn read_batch(&self, keys: &[SampleKey], batch: &mut super::BatchRows<'_>) -> Result<(), DatasetError> {
+        if self.columns.iter().any(|c| c.file.is_remote()) {
+            // Every chunk the batch needs is asked for at once.
+            for &key in keys {
+                self.prefetch(key);
+            }
+        }
+        super::read_each(self, keys, batch)
     }
 
     fn read_into(&self, key: SampleKey, rows: &mut [&mut [u8]]) -> Result<(), DatasetError> {
@@ -122,11 +123,10 @@ impl Dataset for Npy {
         }
         for (column, row) in self.columns.iter().zip(rows.iter_mut()) {
             // Checked at open: the file holds `len` rows after data_offset.
-            let Some(bytes) = column.row_bytes(index) else {
+            let Some(start) = column.row_start(index) else {
                 return Err(DatasetError::IndexOutOfRange { index, len: self.len });
             };
-            row.copy_from_slice(bytes);
-            column.map.intact().map_err(|c| DatasetError::changed(&column.path, c))?;
+            column.file.read_at(KIND, start, row)?;
         }
         Ok(())
     }

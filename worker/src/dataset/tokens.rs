@@ -12,32 +12,17 @@
 //! holds it, and `prefetch` starts fetching the chunks of the windows the
 //! worker reads next.
 
-use std::fs::File;
-use std::sync::Arc;
-
 use loader_proto::pb::{Dtype, TokensSpec};
-use loader_storage::RemoteObject;
-use crate::mapped::MappedFile;
 
+use super::data_file::DataFile;
 use super::{Dataset, DatasetError, SampleKey, SampleTensor, check_rows};
 
 const KIND: &str = "tokens";
 
-/// Where the token ids are.
-#[derive(Debug)]
-enum Source {
-    /// A local file, mapped whole, read-only.
-    Mapped(MappedFile),
-    /// An object in a store, read in chunks.
-    Object(Arc<RemoteObject>),
-}
-
 /// A token file or object.
 #[derive(Debug)]
 pub struct Tokens {
-    source: Source,
-    /// The file as the spec names it, for errors.
-    path: String,
+    file: DataFile,
     /// The single tensor `tokens` [context_length + 1].
     tensors: Vec<SampleTensor>,
     /// Bytes between the starts of consecutive windows.
@@ -66,17 +51,8 @@ impl Tokens {
             )));
         }
         let size = dtype.size() as u64;
-        let open_err = |source| DatasetError::Open { kind: KIND, path: path.clone(), source };
-        let (source, actual) = if loader_storage::is_url(&spec.path) {
-            let opened = loader_storage::ObjectUrl::parse(&spec.path).and_then(|url| RemoteObject::open(&url));
-            let object = opened.map_err(|e| DatasetError::storage(KIND, e))?;
-            let actual = object.size();
-            (Source::Object(object), actual)
-        } else {
-            let file = File::open(&spec.path).map_err(open_err)?;
-            let actual = file.metadata().map_err(open_err)?.len();
-            (Source::Mapped(MappedFile::map(&file).map_err(open_err)?), actual)
-        };
+        let file = DataFile::open(KIND, &spec.path)?;
+        let actual = file.len();
         let expected = spec.num_tokens.checked_mul(size);
         if expected != Some(actual) {
             return Err(mismatch(format!(
@@ -93,8 +69,7 @@ impl Tokens {
             return Err(mismatch(format!("context length {ctx} is too large")));
         };
         Ok(Self {
-            source,
-            path,
+            file,
             tensors: vec![SampleTensor { name: "tokens".into(), dtype, shape: vec![ctx + 1] }],
             stride,
             window,
@@ -105,14 +80,9 @@ impl Tokens {
 
 impl Tokens {
     /// Where window `index` starts, if the file holds it.
-    fn start(&self, index: u64) -> Option<usize> {
-        usize::try_from(index).ok().filter(|_| index < self.len).and_then(|i| i.checked_mul(self.stride))
-    }
-
-    /// The bytes of window `index` in a mapped file, if it holds it.
-    fn window<'m>(&self, map: &'m MappedFile, index: u64) -> Option<&'m [u8]> {
-        let start = self.start(index)?;
-        map.bytes().get(start..start.checked_add(self.window)?)
+    fn start(&self, index: u64) -> Option<u64> {
+        let start = u64::try_from(self.stride).ok()?.checked_mul(index).filter(|_| index < self.len)?;
+        self.file.holds(start, self.window as u64).then_some(start)
     }
 }
 
@@ -131,50 +101,28 @@ impl Dataset for Tokens {
     }
 
     fn prefetch(&self, key: SampleKey) {
-        match &self.source {
-            Source::Mapped(map) => {
-                if let Some(bytes) = self.window(map, key.index) {
-                    super::prefetch::bytes(bytes);
-                }
-            }
-            Source::Object(object) => {
-                if let Some(start) = self.start(key.index) {
-                    object.prefetch(start as u64..(start + self.window) as u64);
-                }
-            }
+        if let Some(start) = self.start(key.index) {
+            self.file.prefetch(start, self.window);
         }
     }
 
     fn read_batch(&self, keys: &[SampleKey], batch: &mut super::BatchRows<'_>) -> Result<(), DatasetError> {
-        if let Source::Object(_) = &self.source {
+        if self.file.is_remote() {
             // Every chunk the batch needs is asked for at once: one round
             // trip's wait for the batch, not one per chunk.
             for &key in keys {
                 self.prefetch(key);
             }
         }
-        for &key in keys {
-            let read = self.read_into(key, &mut batch.next_rows());
-            batch.settle(key.index, read)?;
-        }
-        Ok(())
+        super::read_each(self, keys, batch)
     }
 
     fn read_into(&self, key: SampleKey, rows: &mut [&mut [u8]]) -> Result<(), DatasetError> {
         let index = key.index;
         check_rows(index, rows, &[self.window])?;
-        let out_of_range = DatasetError::IndexOutOfRange { index, len: self.len };
-        let [row] = rows else { return Err(out_of_range) };
-        match &self.source {
-            Source::Mapped(map) => {
-                let Some(bytes) = self.window(map, index) else { return Err(out_of_range) };
-                row.copy_from_slice(bytes);
-                map.intact().map_err(|c| DatasetError::changed(&self.path, c))
-            }
-            Source::Object(object) => {
-                let Some(start) = self.start(index) else { return Err(out_of_range) };
-                object.read_at(start as u64, row).map_err(|e| DatasetError::storage(KIND, e))
-            }
-        }
+        let (Some(start), [row]) = (self.start(index), rows) else {
+            return Err(DatasetError::IndexOutOfRange { index, len: self.len });
+        };
+        self.file.read_at(KIND, start, row)
     }
 }

@@ -11,26 +11,25 @@
 //! A sample without an image or a label, or with a label that is not an
 //! integer, is corrupt (named `shard.tar:key`), like an undecodable image.
 
-use std::fs::File;
+use std::borrow::Cow;
 use std::path::Path;
 
 use loader_listing::shard::{Member, ShardSample, index};
 use loader_proto::pb::{Transform, WebDatasetSpec};
-use crate::mapped::MappedFile;
 
 use super::FrameCache;
+use super::data_file::DataFile;
 use super::images::ImageSamples;
 use super::{Dataset, DatasetError, SampleKey, SampleTensor};
 
 const KIND: &str = "webdataset";
 
-/// One indexed, mapped shard.
+/// One indexed shard: a mapped file or an object (`data_file`).
 #[derive(Debug)]
 struct Shard {
     /// The path as the spec names it, for messages.
     path: String,
-    /// The whole file, read-only, guarded (`crate::mapped`).
-    map: MappedFile,
+    file: DataFile,
     /// Its samples, in file order.
     samples: Vec<ShardSample>,
 }
@@ -75,12 +74,10 @@ impl WebDataset {
                     ),
                 });
             }
-            let open_err = |source| DatasetError::Open { kind: KIND, path: path.clone(), source };
-            let file = File::open(path).map_err(open_err)?;
-            let map = MappedFile::map(&file).map_err(open_err)?;
+            let file = DataFile::open(KIND, path)?;
             starts.push(len);
             len += expected;
-            shards.push(Shard { path: path.clone(), map, samples });
+            shards.push(Shard { path: path.clone(), file, samples });
         }
         Ok(Self { shards, starts, len, images })
     }
@@ -103,11 +100,16 @@ impl WebDataset {
 }
 
 impl Shard {
-    /// The bytes of `m`, or None when the index points past the file.
-    fn bytes(&self, m: &Member) -> Option<&[u8]> {
-        let start = usize::try_from(m.offset).ok()?;
-        let end = start.checked_add(usize::try_from(m.len).ok()?)?;
-        self.map.bytes().get(start..end)
+    /// The bytes of `m` (borrowed from a mapping, fetched from a store), or
+    /// None when the index points past the file.
+    fn bytes(&self, m: &Member) -> Option<Result<Cow<'_, [u8]>, DatasetError>> {
+        if !self.file.holds(m.offset, m.len) {
+            return None;
+        }
+        Some(match self.file.mapped(m.offset, m.len) {
+            Some(bytes) => Ok(Cow::Borrowed(bytes)),
+            None => self.file.read_vec(KIND, m.offset, m.len).map(Cow::Owned),
+        })
     }
 }
 
@@ -120,6 +122,18 @@ impl Dataset for WebDataset {
         self.len
     }
 
+    fn read_batch(&self, keys: &[SampleKey], batch: &mut super::BatchRows<'_>) -> Result<(), DatasetError> {
+        // Shards in a store: every member the batch needs is asked for at once.
+        for &key in keys {
+            if let Some((shard, sample)) = self.locate(key.index).filter(|(s, _)| s.file.is_remote()) {
+                for m in sample.image.iter().chain(&sample.label) {
+                    shard.file.prefetch(m.offset, usize::try_from(m.len).unwrap_or(usize::MAX));
+                }
+            }
+        }
+        super::read_each(self, keys, batch)
+    }
+
     fn read_into(&self, key: SampleKey, rows: &mut [&mut [u8]]) -> Result<(), DatasetError> {
         self.images.check(key.index, rows)?;
         let Some((shard, sample)) = self.locate(key.index) else {
@@ -128,16 +142,15 @@ impl Dataset for WebDataset {
         let name = || format!("{}:{}", shard.path, sample.key);
         let corrupt = |reason: &str| DatasetError::Corrupt { path: name(), reason: reason.to_owned() };
         let image = sample.image.as_ref().ok_or_else(|| corrupt("no .jpg, .jpeg or .png member"))?;
-        let image = shard.bytes(image).ok_or_else(|| corrupt("image member runs past the end of the shard"))?;
+        let image = shard.bytes(image).ok_or_else(|| corrupt("image member runs past the end of the shard"))??;
         let label = sample.label.as_ref().ok_or_else(|| corrupt("no .cls member"))?;
-        let label = shard.bytes(label).ok_or_else(|| corrupt("label member runs past the end of the shard"))?;
-        let changed = |c| DatasetError::changed(&shard.path, c);
-        let parsed = std::str::from_utf8(label).ok().and_then(|l| l.trim().parse::<i64>().ok());
-        shard.map.intact().map_err(changed)?;
-        let label = parsed.ok_or_else(|| corrupt(&format!("label {:?} is not an integer", String::from_utf8_lossy(label))))?;
+        let label = shard.bytes(label).ok_or_else(|| corrupt("label member runs past the end of the shard"))??;
+        let parsed = std::str::from_utf8(&label).ok().and_then(|l| l.trim().parse::<i64>().ok());
+        shard.file.intact()?;
+        let label = parsed.ok_or_else(|| corrupt(&format!("label {:?} is not an integer", String::from_utf8_lossy(&label))))?;
         let written = self.images.write(key, || Ok::<_, DatasetError>(image), label, name, rows);
         // The decoder read the image from the mapping: zeros, if it faulted.
-        shard.map.intact().map_err(changed)?;
+        shard.file.intact()?;
         written
     }
 }
