@@ -45,6 +45,9 @@ pub struct ImageListing {
     pub samples: Vec<ImageSample>,
     /// Class names by label (class-folder layout; empty for a manifest).
     pub classes: Vec<String>,
+    /// For a folder in a bucket: each sample's object (size and the ETag a
+    /// read must still find); empty for a local folder.
+    pub objects: Vec<loader_storage::Listed>,
 }
 
 impl ImageListing {
@@ -90,6 +93,7 @@ pub fn is_image(path: &Path) -> bool {
 pub fn list(root: &Path, manifest: Option<&Path>) -> Result<ImageListing, ListingError> {
     let listing = match manifest {
         Some(m) => from_manifest(m)?,
+        None if loader_storage::is_url(&root.to_string_lossy()) => from_bucket(root)?,
         None => from_class_folders(root)?,
     };
     if listing.samples.is_empty() {
@@ -126,11 +130,49 @@ fn from_class_folders(root: &Path) -> Result<ImageListing, ListingError> {
         }
     }
     let classes = classes.into_iter().map(|c| c.to_string_lossy().into_owned()).collect();
-    Ok(ImageListing { samples, classes })
+    Ok(ImageListing { samples, classes, objects: Vec::new() })
 }
 
 /// Collects `(relative dir, sorted image file names)` for `rel` and every
 /// folder below it.
+/// The class-folder layout of the objects under a bucket's prefix
+/// (`s3://bucket/train/`): every first-level "folder" holding an object is
+/// a class, and the order is the local walk's (classes, then folders, then
+/// files, each in byte order), so a tree uploaded as it is lists alike and
+/// has the same fingerprint. A class "folder" holding no object does not
+/// exist in a store, so it takes no number.
+fn from_bucket(root: &Path) -> Result<ImageListing, ListingError> {
+    let name = root.to_string_lossy();
+    let url = loader_storage::ObjectUrl::parse(&name).map_err(|e| ListingError { path: e.url, problem: e.problem })?;
+    let listed = loader_storage::list(&url).map_err(|e| ListingError { path: e.url, problem: e.problem })?;
+    // (class, folder, file) of each image, with its object.
+    let mut images: Vec<(&str, &str, &str, &loader_storage::Listed)> = Vec::new();
+    let mut classes: Vec<&str> = Vec::new();
+    for object in &listed {
+        let Some((class, rest)) = object.key.split_once('/') else { continue };
+        if class.is_empty() || rest.split('/').count() > MAX_DEPTH + 1 {
+            continue;
+        }
+        classes.push(class);
+        let (folder, file) = rest.rsplit_once('/').unwrap_or(("", rest));
+        if !file.is_empty() && is_image(Path::new(file)) {
+            images.push((class, folder, file, object));
+        }
+    }
+    classes.sort_unstable();
+    classes.dedup();
+    images.sort_unstable_by(|a, b| (a.0, a.1, a.2).cmp(&(b.0, b.1, b.2)));
+    let mut samples = Vec::with_capacity(images.len());
+    let mut objects = Vec::with_capacity(images.len());
+    for (class, _, _, object) in images {
+        let label = classes.binary_search(&class).unwrap_or_default() as i64;
+        samples.push(ImageSample { path: PathBuf::from(&object.key), label });
+        objects.push(object.clone());
+    }
+    let classes = classes.into_iter().map(str::to_owned).collect();
+    Ok(ImageListing { samples, classes, objects })
+}
+
 fn walk(
     root: &Path,
     rel: &Path,
@@ -188,7 +230,7 @@ fn from_manifest(manifest: &Path) -> Result<ImageListing, ListingError> {
         }
         samples.push(ImageSample { path: PathBuf::from(OsString::from_vec(path.to_vec())), label });
     }
-    Ok(ImageListing { samples, classes: Vec::new() })
+    Ok(ImageListing { samples, classes: Vec::new(), objects: Vec::new() })
 }
 
 #[cfg(test)]

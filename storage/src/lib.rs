@@ -13,6 +13,8 @@
 //!   S3-compatible store).
 //! - [`io`]: the runtime object requests run on, and waiting on them from
 //!   the workers' threads (datasets are read synchronously).
+//! - [`listing`]: the objects under a prefix (an image folder), and many
+//!   small objects fetched at once.
 //! - [`object`]: one object, read in chunks of a few MB (a sample is a
 //!   copy out of a chunk; neighbouring samples share a request), chunks
 //!   fetched ahead of need, many in flight, and kept while a byte budget
@@ -24,12 +26,14 @@
 
 pub mod error;
 pub mod io;
+pub mod listing;
 pub mod location;
 pub mod object;
 pub mod reader;
 pub mod stores;
 
 pub use error::{ErrorKind, StorageError};
+pub use listing::{Listed, get, get_many, list};
 pub use location::{ObjectUrl, is_url};
 pub use object::RemoteObject;
 pub use reader::ObjectReader;

@@ -110,7 +110,7 @@ pub struct RemoteObject {
 }
 
 /// The requests in flight, process-wide.
-fn in_flight() -> &'static Arc<Semaphore> {
+pub(crate) fn in_flight() -> &'static Arc<Semaphore> {
     static SEMAPHORE: OnceLock<Arc<Semaphore>> = OnceLock::new();
     SEMAPHORE.get_or_init(|| Arc::new(Semaphore::new(IN_FLIGHT)))
 }

@@ -3,7 +3,8 @@
 //! test virtualenv). A token file uploaded to a bucket and read as
 //! `s3://bucket/key` by real workers gives, batch for batch, the bytes the
 //! same file gives from local disk, every window once an epoch, also when a
-//! worker is SIGKILLed mid-job; so do npy arrays and WebDataset shards; an object rewritten mid-job fails the job
+//! worker is SIGKILLed mid-job; so do npy arrays, WebDataset shards and
+//! an image folder (one object per image, listed from the bucket); an object rewritten mid-job fails the job
 //! naming it; a missing object and a missing bucket are one-line errors at
 //! submission.
 //!
@@ -18,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use loader_client::spec::{self, transforms};
 use loader_client::{Dtype, JobSpec, Loader};
-use loader_e2e::dataset_files::{write_npy, write_shard};
+use loader_e2e::dataset_files::{jpeg, png, rgb, write_npy, write_shard};
 use loader_e2e::{Cluster, Proc, run, skipped};
 
 /// A window is 64 + 1 uint16 ids; 2^22 ids (8 MB, two of the store
@@ -149,6 +150,37 @@ fn a_token_file_in_a_bucket_reads_as_from_local_disk_and_failures_are_one_line()
         let from_store = read_all(cluster.url(), shards("s3://data/set"), None);
         assert_eq!(from_store.values().map(|(i, _)| i.len()).sum::<usize>(), 160, "every sample once an epoch");
         assert!(from_store == read_all(cluster.url(), shards(&local_root), None), "webdataset");
+
+        // An image folder: one object per image, class folders (one nested),
+        // listed from the bucket in the local walk's order.
+        let images = dir.path().join("images");
+        for (i, rel) in ["cat/a.jpg", "cat/b.png", "cat/deep/c.jpg", "dog/d.jpg", "dog/e.jpeg", "emu/f.jpg", "emu/notes.txt"].iter().enumerate() {
+            let path = images.join(rel);
+            std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+            let pixels = rgb(24 + i as u32, 20, i % 3, i as u32);
+            let bytes = if rel.ends_with(".png") { png(&pixels, 24 + i as u32, 20) } else { jpeg(&pixels, 24 + i as u32, 20) };
+            std::fs::write(&path, bytes).expect("write image");
+        }
+        boto3(
+            &python,
+            &endpoint,
+            &format!(
+                "import os\nroot = {:?}\nfor d, _, files in os.walk(root):\n    for f in files:\n        p = os.path.join(d, f)\n        s3.upload_file(p, 'data', 'images/' + os.path.relpath(p, root))",
+                images.display().to_string()
+            ),
+        );
+        let folder = |root: String| {
+            spec::image_folder(root)
+                .transforms([transforms::decode(), transforms::random_resized_crop(16), transforms::horizontal_flip()])
+                .batch_size(4)
+                .epochs(3)
+                .shuffle(9)
+                .build()
+                .expect("image folder spec")
+        };
+        let from_store = read_all(cluster.url(), folder("s3://data/images".into()), None);
+        assert_eq!(from_store.values().map(|(i, _)| i.len()).sum::<usize>(), 18, "6 images, 3 epochs");
+        assert!(from_store == read_all(cluster.url(), folder(images.display().to_string()), None), "image folder");
 
         // Missing objects and buckets: one line each, at submission.
         for (url, words) in [("s3://data/missing.bin", "no such object"), ("s3://nobucket/tokens.bin", "no such object")] {

@@ -7,10 +7,16 @@
 //! submission, or another machine mounts another copy) refuses the job
 //! rather than train on the wrong samples or labels. Each sample is one
 //! file read and one run of the job's image pipeline into the batch row.
+//!
+//! A folder in a bucket (`s3://bucket/train/`) is listed from the store
+//! the same way (`loader_listing`), and a batch's images are fetched at
+//! once, one GET per image (many in flight), each pinned to the ETag the
+//! listing saw, before they are decoded in order.
 
 use std::path::{Path, PathBuf};
 
 use loader_listing::image_folder::{ImageSample, list};
+use loader_storage::ObjectUrl;
 use loader_proto::pb::{ImageFolderSpec, Transform};
 
 use super::FrameCache;
@@ -26,6 +32,9 @@ pub struct ImageFolder {
     root: PathBuf,
     /// Every sample: relative path and label, in dataset order.
     samples: Vec<ImageSample>,
+    /// For a folder in a bucket, each sample's object and the ETag its read
+    /// must find; None for a local folder.
+    objects: Option<Vec<(ObjectUrl, Option<String>)>>,
     /// The pipeline and the `image`/`label` tensors.
     images: ImageSamples,
 }
@@ -52,7 +61,15 @@ impl ImageFolder {
                 ),
             });
         }
-        Ok(Self { root, samples: listing.samples, images })
+        let objects = loader_storage::is_url(&spec.path).then(|| {
+            let prefix = spec.path.trim_end_matches('/');
+            listing
+                .objects
+                .iter()
+                .filter_map(|o| Some((ObjectUrl::parse(&format!("{prefix}/{}", o.key)).ok()?, o.etag.clone())))
+                .collect()
+        });
+        Ok(Self { root, samples: listing.samples, objects, images })
     }
 
     /// Keeps decoded frames in `frames` (a cache made for this job).
@@ -71,17 +88,56 @@ impl Dataset for ImageFolder {
         self.samples.len() as u64
     }
 
+    fn read_batch(&self, keys: &[SampleKey], batch: &mut super::BatchRows<'_>) -> Result<(), DatasetError> {
+        let Some(objects) = &self.objects else { return super::read_each(self, keys, batch) };
+        // A folder in a bucket: the batch's images are fetched at once, one
+        // GET each, then decoded in order.
+        let wanted: Vec<_> = keys.iter().filter_map(|k| objects.get(usize::try_from(k.index).ok()?).cloned()).collect();
+        if wanted.len() != keys.len() {
+            return super::read_each(self, keys, batch);
+        }
+        let fetched = loader_storage::get_many(&wanted);
+        for ((&key, fetched), (url, _)) in keys.iter().zip(fetched).zip(&wanted) {
+            let read = self.decode(key, &mut batch.next_rows(), || fetched.map_err(|e| DatasetError::storage(KIND, e)), || url.to_string());
+            batch.settle(key.index, read)?;
+        }
+        Ok(())
+    }
+
     fn read_into(&self, key: SampleKey, rows: &mut [&mut [u8]]) -> Result<(), DatasetError> {
+        if let Some(objects) = &self.objects {
+            let object = usize::try_from(key.index).ok().and_then(|i| objects.get(i));
+            let Some(object) = object else {
+                return Err(DatasetError::IndexOutOfRange { index: key.index, len: self.len() });
+            };
+            let read = || loader_storage::get(&object.0, object.1.clone()).map_err(|e| DatasetError::storage(KIND, e));
+            return self.decode(key, rows, read, || object.0.to_string());
+        }
+        let path = usize::try_from(key.index).ok().and_then(|i| self.samples.get(i)).map(|s| self.root.join(&s.path));
+        let path = path.unwrap_or_default();
+        let read = || {
+            std::fs::read(&path)
+                .map_err(|e| DatasetError::Corrupt { path: path.display().to_string(), reason: format!("cannot read: {e}") })
+        };
+        self.decode(key, rows, read, || path.display().to_string())
+    }
+}
+
+impl ImageFolder {
+    /// Runs sample `key`'s image, as `read` gives its bytes, through the
+    /// pipeline into `rows`, with its label; `name` names it in errors.
+    fn decode<R: AsRef<[u8]>>(
+        &self,
+        key: SampleKey,
+        rows: &mut [&mut [u8]],
+        read: impl FnOnce() -> Result<R, DatasetError>,
+        name: impl FnOnce() -> String,
+    ) -> Result<(), DatasetError> {
         self.images.check(key.index, rows)?;
         let sample = usize::try_from(key.index).ok().and_then(|i| self.samples.get(i));
         let Some(sample) = sample else {
             return Err(DatasetError::IndexOutOfRange { index: key.index, len: self.len() });
         };
-        let path = self.root.join(&sample.path);
-        let read = || {
-            std::fs::read(&path)
-                .map_err(|e| DatasetError::Corrupt { path: path.display().to_string(), reason: format!("cannot read: {e}") })
-        };
-        self.images.write(key, read, sample.label, || path.display().to_string(), rows)
+        self.images.write(key, read, sample.label, name, rows)
     }
 }

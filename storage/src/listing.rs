@@ -1,0 +1,89 @@
+//! The objects under a prefix, and many small objects fetched at once.
+//!
+//! An image folder in a bucket is one object per image: listed once (the
+//! store's paginated LIST, a thousand keys a page), then read one GET per
+//! image, many in flight, each pinned to the ETag the listing saw.
+
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+use object_store::path::Path;
+use object_store::GetOptions;
+
+use crate::error::ErrorKind;
+use crate::object::in_flight;
+use crate::stores::store;
+use crate::{ObjectUrl, StorageError, io};
+
+/// One object found under a prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listed {
+    /// Its key, below the prefix listed (no leading `/`).
+    pub key: String,
+    /// Its size in bytes.
+    pub size: u64,
+    /// Its ETag, when the store gives one.
+    pub etag: Option<String>,
+}
+
+/// Every object under `prefix` (a "folder": `s3://bucket/train/`), at any
+/// depth, in no particular order.
+pub fn list(prefix: &ObjectUrl) -> Result<Vec<Listed>, StorageError> {
+    let store = store(prefix)?;
+    let name = prefix.to_string();
+    let root = prefix.key.trim_end_matches('/').to_owned();
+    let (client, endpoint) = (store.client.clone(), store.endpoint.clone());
+    let at = name.clone();
+    let listed = io::wait(async move {
+        let path = (!root.is_empty()).then(|| Path::from(root.as_str()));
+        let found: Vec<_> = client.list(path.as_ref()).try_collect().await?;
+        Ok::<_, object_store::Error>((root, found))
+    })
+    .map_err(|e| StorageError::new(&at, ErrorKind::Unavailable, e.to_string()))?;
+    let (root, found) = listed.map_err(|e| StorageError::from_store(&name, &endpoint, e))?;
+    Ok(found
+        .into_iter()
+        .filter_map(|meta| {
+            // Keys come percent-encoded (`object_store::path::Path`); a GET
+            // encodes the raw key again.
+            let key = percent_encoding::percent_decode_str(meta.location.as_ref()).decode_utf8().ok()?;
+            let below = if root.is_empty() { &*key } else { key.strip_prefix(root.as_str())?.strip_prefix('/')? };
+            Some(Listed { key: below.to_owned(), size: meta.size, etag: meta.e_tag })
+        })
+        .collect())
+}
+
+/// Fetches every object of `objects` (its URL and the ETag it must still
+/// have), many at once, and returns their bytes in the same order.
+pub fn get_many(objects: &[(ObjectUrl, Option<String>)]) -> Vec<Result<Bytes, StorageError>> {
+    let requests: Vec<_> = objects
+        .iter()
+        .map(|(url, etag)| {
+            let (url, etag) = (url.clone(), etag.clone());
+            async move {
+                let name = url.to_string();
+                let store = store(&url)?;
+                let _permit = in_flight().acquire().await.map_err(|e| StorageError::new(&name, ErrorKind::Unavailable, e.to_string()))?;
+                let options = GetOptions { if_match: etag, ..GetOptions::default() };
+                let got = match store.client.get_opts(&Path::from(url.key.as_str()), options).await {
+                    Ok(r) => r.bytes().await,
+                    Err(e) => Err(e),
+                };
+                got.map_err(|e| match StorageError::from_store(&name, &store.endpoint, e) {
+                    e if e.kind == ErrorKind::NotFound => StorageError::changed(&name, "it was deleted"),
+                    other => other,
+                })
+            }
+        })
+        .collect();
+    let n = requests.len();
+    match io::wait(futures::stream::iter(requests).buffered(n.max(1)).collect::<Vec<_>>()) {
+        Ok(results) => results,
+        Err(e) => objects.iter().map(|(url, _)| Err(StorageError::new(url.to_string(), ErrorKind::Unavailable, e.to_string()))).collect(),
+    }
+}
+
+/// Fetches one object, which must still have `etag` when given.
+pub fn get(url: &ObjectUrl, etag: Option<String>) -> Result<Bytes, StorageError> {
+    let mut got = get_many(&[(url.clone(), etag)]);
+    got.pop().unwrap_or_else(|| Err(StorageError::new(url.to_string(), ErrorKind::Unavailable, "no answer")))
+}
