@@ -22,12 +22,15 @@
 //!   replaced mid-job is an error, never a mix of two versions.
 //! - [`reader`]: an object read as a file (`Read + Seek`), for code that
 //!   walks a file from its start (tar indexes, npy headers).
+//! - `meters`: requests, latency, bytes and the local copy's hit ratio,
+//!   for Prometheus.
 //! - [`error`]: one line for each way a store can fail.
 
 pub mod error;
 pub mod io;
 pub mod listing;
 pub mod location;
+mod meters;
 pub mod object;
 pub mod reader;
 pub mod stores;

@@ -35,7 +35,10 @@ pub fn list(prefix: &ObjectUrl) -> Result<Vec<Listed>, StorageError> {
     let at = name.clone();
     let listed = io::wait(async move {
         let path = (!root.is_empty()).then(|| Path::from(root.as_str()));
-        let found: Vec<_> = client.list(path.as_ref()).try_collect().await?;
+        let started = std::time::Instant::now();
+        let found: Result<Vec<_>, _> = client.list(path.as_ref()).try_collect().await;
+        crate::meters::request("list", found.is_ok(), started.elapsed(), 0);
+        let found = found?;
         Ok::<_, object_store::Error>((root, found))
     })
     .map_err(|e| StorageError::new(&at, ErrorKind::Unavailable, e.to_string()))?;
@@ -64,10 +67,13 @@ pub fn get_many(objects: &[(ObjectUrl, Option<String>)]) -> Vec<Result<Bytes, St
                 let store = store(&url)?;
                 let _permit = in_flight().acquire().await.map_err(|e| StorageError::new(&name, ErrorKind::Unavailable, e.to_string()))?;
                 let options = GetOptions { if_match: etag, ..GetOptions::default() };
+                let started = std::time::Instant::now();
                 let got = match store.client.get_opts(&Path::from(url.key.as_str()), options).await {
                     Ok(r) => r.bytes().await,
                     Err(e) => Err(e),
                 };
+                let fetched = got.as_ref().map_or(0, |b| b.len() as u64);
+                crate::meters::request("get", got.is_ok(), started.elapsed(), fetched);
                 got.map_err(|e| match StorageError::from_store(&name, &store.endpoint, e) {
                     e if e.kind == ErrorKind::NotFound => StorageError::changed(&name, "it was deleted"),
                     other => other,

@@ -135,7 +135,12 @@ impl RemoteObject {
         let path = Path::from(url.key.as_str());
         let name = url.to_string();
         let (client, key, endpoint) = (store.client.clone(), path.clone(), store.endpoint.clone());
-        let meta = io::wait(async move { client.head(&key).await })
+        let meta = io::wait(async move {
+            let started = std::time::Instant::now();
+            let meta = client.head(&key).await;
+            crate::meters::request("head", meta.is_ok(), started.elapsed(), 0);
+            meta
+        })
             .map_err(|e| StorageError::new(&name, ErrorKind::Unavailable, e.to_string()))?
             .map_err(|e| StorageError::from_store(&name, &endpoint, e))?;
         Ok(Arc::new(Self {
@@ -170,6 +175,7 @@ impl RemoteObject {
         for index in chunks_of(offset..end) {
             let chunk_end = end.min((index + 1) * CHUNK);
             let into = &mut dst[(at - offset) as usize..(chunk_end - offset) as usize];
+            crate::meters::chunk_read();
             match self.slot(index).wait(&self.url)? {
                 Held::OnDisk => {
                     let file = self.cache.as_ref().ok_or_else(|| self.lost("no cache file"))?;
@@ -211,6 +217,7 @@ impl RemoteObject {
         if let Some(slot) = chunks.slots.get(&index) {
             return Arc::clone(slot);
         }
+        crate::meters::chunk_fetch();
         let slot = Arc::new(Slot::default());
         chunks.slots.insert(index, Arc::clone(&slot));
         drop(chunks);
@@ -273,10 +280,13 @@ impl RemoteObject {
             range: Some(GetRange::Bounded(start..end)),
             ..GetOptions::default()
         };
+        let started = std::time::Instant::now();
         let bytes = match self.store.client.get_opts(&self.path, options).await {
             Ok(r) => r.bytes().await,
             Err(e) => Err(e),
         };
+        let fetched = bytes.as_ref().map_or(0, |b| b.len() as u64);
+        crate::meters::request("get", bytes.is_ok(), started.elapsed(), fetched);
         let bytes = bytes.map_err(|e| match StorageError::from_store(&self.url, &self.store.endpoint, e) {
             // Gone since the open: it changed.
             e if e.kind == ErrorKind::NotFound => StorageError::changed(&self.url, "it was deleted"),

@@ -54,13 +54,7 @@ pub fn store(url: &ObjectUrl) -> Result<Store, StorageError> {
 
 fn build(url: &ObjectUrl) -> Result<Store, StorageError> {
     let config = |problem: String| StorageError::new(url.to_string(), ErrorKind::Config, problem);
-    let mut builder = AmazonS3Builder::from_env().with_bucket_name(&url.bucket);
-    // boto3's names that object_store's `from_env` does not read.
-    if std::env::var_os("AWS_REGION").is_none()
-        && let Ok(region) = std::env::var("AWS_DEFAULT_REGION")
-    {
-        builder = builder.with_region(region);
-    }
+    let builder = AmazonS3Builder::from_env().with_bucket_name(&url.bucket);
     let endpoint = builder.get_config_value(&AmazonS3ConfigKey::Endpoint).unwrap_or_default();
     let retry = RetryConfig { max_retries: RETRIES, retry_timeout: RETRY_TIMEOUT, ..RetryConfig::default() };
     let client = builder

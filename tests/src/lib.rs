@@ -29,6 +29,7 @@
 //!   [`write_secret`] for token files.
 //! - [`dataset_files`]: images, class folders, tar shards and npy arrays
 //!   written by tests.
+//! - [`scrape`]: a process's Prometheus `/metrics`, fetched and parsed.
 //! - [`skipped`]: a test that cannot run here says so (and fails in CI,
 //!   which installs what every test needs).
 
@@ -42,6 +43,7 @@ mod otlp;
 mod proc;
 mod relay;
 mod scope;
+pub mod scrape;
 mod silent;
 mod skip;
 mod trainer;

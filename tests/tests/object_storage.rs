@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use loader_client::spec::{self, transforms};
 use loader_client::{Dtype, JobSpec, Loader};
 use loader_e2e::dataset_files::{jpeg, png, rgb, write_npy, write_shard};
+use loader_e2e::scrape::{metrics_addr, scrape, sum};
 use loader_e2e::{Cluster, Proc, run, skipped};
 
 /// A window is 64 + 1 uint16 ids; 2^22 ids (8 MB, two of the store
@@ -98,7 +99,7 @@ fn a_token_file_in_a_bucket_reads_as_from_local_disk_and_failures_are_one_line()
         std::fs::write(&local, &ids).expect("write tokens");
         boto3(&python, &endpoint, &format!("s3.create_bucket(Bucket='data')\ns3.upload_file({:?}, 'data', 'tokens.bin')", local.display().to_string()));
 
-        let mut cluster = Cluster::builder().workers(2).ttl_ms(2000).start(&scope);
+        let mut cluster = Cluster::builder().workers(2).ttl_ms(2000).metrics().start(&scope);
         // Byte-identical to the local file, batch for batch, every window once an epoch.
         let from_disk = read_all(cluster.url(), tokens_job(&local, 2), None);
         let from_store = read_all(cluster.url(), tokens_job("s3://data/tokens.bin", 2), None);
@@ -110,6 +111,15 @@ fn a_token_file_in_a_bucket_reads_as_from_local_disk_and_failures_are_one_line()
             assert_eq!(seen.len() as u64, windows, "epoch {epoch}: every window once");
             assert_eq!(seen.iter().collect::<BTreeSet<_>>().len() as u64, windows, "epoch {epoch}: no window twice");
         }
+        // The workers fetched the object's bytes (each chunk once per job and
+        // worker) and read most chunks from their local copy.
+        let scrapes: Vec<_> = cluster.workers.iter().map(|w| scrape(metrics_addr(w))).collect();
+        let fetched: f64 = scrapes.iter().map(|s| sum(s, "loader_storage_bytes_total", &[])).sum();
+        let reads: f64 = scrapes.iter().map(|s| sum(s, "loader_storage_chunk_reads_total", &[])).sum();
+        let fetches: f64 = scrapes.iter().map(|s| sum(s, "loader_storage_chunk_fetches_total", &[])).sum();
+        let object = 2.0 * f64::from(IDS);
+        assert!(fetched >= object && fetched <= 2.0 * object, "fetched {fetched} bytes of an {object}-byte object");
+        assert!(fetches <= 4.0 && reads > 100.0 * fetches, "{reads} chunk reads, {fetches} fetches");
         // A worker SIGKILLed mid-job: its batches are made again by the other, the same bytes.
         let killed = read_all(cluster.url(), tokens_job("s3://data/tokens.bin", 1), Some((&mut cluster, 5)));
         let first_epoch: BTreeMap<_, _> = from_disk.iter().filter(|(k, _)| k.0 == 0).map(|(k, v)| (*k, v.clone())).collect();
