@@ -15,6 +15,10 @@
 //!   the workers' threads (datasets are read synchronously).
 //! - [`listing`]: the objects under a prefix (an image folder), and many
 //!   small objects fetched at once.
+//! - [`local_copy`]: where fetched bytes are kept on local disk, and the
+//!   byte budget they share.
+//! - [`pile`]: many small objects (an image folder's images) kept in one
+//!   file of the local copy.
 //! - [`object`]: one object, read in chunks of a few MB (a sample is a
 //!   copy out of a chunk; neighbouring samples share a request), chunks
 //!   fetched ahead of need, many in flight, and kept while a byte budget
@@ -29,9 +33,11 @@
 pub mod error;
 pub mod io;
 pub mod listing;
+pub mod local_copy;
 pub mod location;
 mod meters;
 pub mod object;
+pub mod pile;
 pub mod reader;
 pub mod stores;
 
@@ -39,4 +45,5 @@ pub use error::{ErrorKind, StorageError};
 pub use listing::{Listed, get, get_many, list};
 pub use location::{ObjectUrl, is_url};
 pub use object::RemoteObject;
+pub use pile::Pile;
 pub use reader::ObjectReader;

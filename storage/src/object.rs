@@ -10,13 +10,13 @@
 //! requests are in flight while the worker copies.
 //!
 //! A fetched chunk is written into a cache file of the object's size (a
-//! sparse, unlinked temporary file in `LOADER_STORAGE_CACHE_DIR`, or the
-//! system's temporary directory): every chunk is fetched once per job
-//! whatever the order, later reads are `pread`s served by the page cache,
-//! and the file's space goes back to the filesystem when the job closes
-//! the object or the worker dies (it has no name to leak). When the disk
-//! refuses a chunk (full), the chunk stays in memory instead, at most
-//! [`IN_MEMORY`] of them, the least recently used dropped first.
+//! sparse, unlinked file of the local copy, `crate::local_copy`): every
+//! chunk is fetched once per job whatever the order, later reads are
+//! `pread`s served by the page cache, and the file's space goes back to the
+//! filesystem when the job closes the object or the worker dies (it has no
+//! name to leak). When the local copy's budget is spent or the disk refuses
+//! a chunk (full), the chunk stays in memory instead, at most [`IN_MEMORY`]
+//! of them, the least recently used dropped first.
 //!
 //! Every request names the ETag the object had at open (`If-Match`): an
 //! object rewritten mid-job fails its next read with a
@@ -26,6 +26,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
@@ -36,7 +37,7 @@ use tokio::sync::Semaphore;
 
 use crate::error::ErrorKind;
 use crate::stores::{Store, store};
-use crate::{ObjectUrl, StorageError, io};
+use crate::{ObjectUrl, StorageError, io, local_copy};
 
 /// Bytes a chunk holds: large enough that a request's round trip is paid
 /// once per many samples, small enough that the first read of a shuffled
@@ -106,26 +107,21 @@ pub struct RemoteObject {
     /// The chunks already here, at their offsets; None when no cache file
     /// could be made (every chunk is then held in memory).
     cache: Option<File>,
+    /// Bytes of the cache file taken from the local copy's budget.
+    kept: AtomicU64,
     chunks: Mutex<Chunks>,
+}
+
+impl Drop for RemoteObject {
+    fn drop(&mut self) {
+        local_copy::release(self.kept.load(Ordering::Acquire));
+    }
 }
 
 /// The requests in flight, process-wide.
 pub(crate) fn in_flight() -> &'static Arc<Semaphore> {
     static SEMAPHORE: OnceLock<Arc<Semaphore>> = OnceLock::new();
     SEMAPHORE.get_or_init(|| Arc::new(Semaphore::new(IN_FLIGHT)))
-}
-
-/// A cache file for one object: unlinked, so nothing is left when the
-/// process ends however it ends.
-fn cache_file() -> Option<File> {
-    let dir = std::env::var_os("LOADER_STORAGE_CACHE_DIR").map_or_else(std::env::temp_dir, Into::into);
-    match tempfile::tempfile_in(&dir) {
-        Ok(f) => Some(f),
-        Err(e) => {
-            tracing::warn!("objects' chunks are kept in memory only: cannot make a cache file in {}: {e}", dir.display());
-            None
-        }
-    }
 }
 
 impl RemoteObject {
@@ -149,7 +145,8 @@ impl RemoteObject {
             path,
             size: meta.size,
             etag: meta.e_tag,
-            cache: cache_file(),
+            cache: local_copy::file(),
+            kept: AtomicU64::new(0),
             chunks: Mutex::default(),
         }))
     }
@@ -250,10 +247,19 @@ impl RemoteObject {
     /// disk refuses them (evicting the least recently used beyond
     /// [`IN_MEMORY`]).
     fn keep(&self, index: u64, bytes: Bytes) -> Held {
-        if let Some(file) = &self.cache {
+        let len = bytes.len() as u64;
+        if let Some(file) = &self.cache
+            && local_copy::reserve(len)
+        {
             match file.write_all_at(&bytes, index * CHUNK) {
-                Ok(()) => return Held::OnDisk,
-                Err(e) => tracing::debug!(url = %self.url, "chunk {index} kept in memory: the cache file refused it: {e}"),
+                Ok(()) => {
+                    self.kept.fetch_add(len, Ordering::AcqRel);
+                    return Held::OnDisk;
+                }
+                Err(e) => {
+                    local_copy::release(len);
+                    tracing::debug!(url = %self.url, "chunk {index} kept in memory: the cache file refused it: {e}");
+                }
             }
         }
         let mut chunks = self.chunks.lock().unwrap_or_else(|p| p.into_inner());

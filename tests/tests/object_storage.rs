@@ -188,8 +188,17 @@ fn a_token_file_in_a_bucket_reads_as_from_local_disk_and_failures_are_one_line()
                 .build()
                 .expect("image folder spec")
         };
+        // Worker 0 was killed above; its replacement is the last.
+        let gets = |cluster: &Cluster| -> f64 {
+            cluster.workers.iter().skip(1).map(|w| sum(&scrape(metrics_addr(w)), "loader_storage_requests_total", &[("op", "get")])).sum()
+        };
+        let before = gets(&cluster);
         let from_store = read_all(cluster.url(), folder("s3://data/images".into()), None);
         assert_eq!(from_store.values().map(|(i, _)| i.len()).sum::<usize>(), 18, "6 images, 3 epochs");
+        // Each worker fetched each image at most once: later epochs read
+        // the local copy.
+        let fetched = gets(&cluster) - before;
+        assert!(fetched <= 12.0, "{fetched} image GETs for 6 images read 3 times by 2 workers");
         assert!(from_store == read_all(cluster.url(), folder(images.display().to_string()), None), "image folder");
 
         // Missing objects and buckets: one line each, at submission.

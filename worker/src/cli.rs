@@ -69,6 +69,15 @@ struct Args {
     /// (/dev/shm) to keep it in memory.
     #[arg(long, env = "LOADER_WORKER_CACHE_SHARED", requires = "cache_dir")]
     cache_shared: bool,
+    /// Keep the bytes of datasets read from object storage (s3:// URLs)
+    /// in DIR, for the job's later epochs (docs/storage.md) [default:
+    /// the system's temporary directory].
+    #[arg(long, env = "LOADER_STORAGE_CACHE_DIR", value_name = "DIR", value_parser = parse_dir)]
+    storage_cache_dir: Option<std::path::PathBuf>,
+    /// At most this much of them (50GiB, 0 keeps nothing on disk)
+    /// [default: half the free space of the directory].
+    #[arg(long, env = "LOADER_STORAGE_CACHE", value_name = "SIZE", value_parser = parse_size_or_zero)]
+    storage_cache: Option<u64>,
     /// Seconds to keep retrying the first registration.
     #[arg(long, default_value_t = 5.0, value_name = "SECS", value_parser = parse_secs, allow_hyphen_values = true)]
     connect_timeout: f64,
@@ -154,6 +163,7 @@ async fn serve(args: Args, datasets: Datasets) -> Result<(), WorkerError> {
             let _ = writeln!(out, "metrics {addr}").and_then(|()| out.flush());
         }
     }
+    loader_storage::local_copy::configure(args.storage_cache_dir.clone(), args.storage_cache);
     let config = WorkerConfig {
         coordinator: args.coordinator,
         advertise: args.advertise,

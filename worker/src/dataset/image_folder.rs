@@ -11,12 +11,13 @@
 //! A folder in a bucket (`s3://bucket/train/`) is listed from the store
 //! the same way (`loader_listing`), and a batch's images are fetched at
 //! once, one GET per image (many in flight), each pinned to the ETag the
-//! listing saw, before they are decoded in order.
+//! listing saw, before they are decoded in order; the images are kept on
+//! local disk for the job's later epochs (`loader_storage::Pile`).
 
 use std::path::{Path, PathBuf};
 
 use loader_listing::image_folder::{ImageSample, list};
-use loader_storage::ObjectUrl;
+use loader_storage::{ObjectUrl, Pile};
 use loader_proto::pb::{ImageFolderSpec, Transform};
 
 use super::FrameCache;
@@ -35,6 +36,8 @@ pub struct ImageFolder {
     /// For a folder in a bucket, each sample's object and the ETag its read
     /// must find; None for a local folder.
     objects: Option<Vec<(ObjectUrl, Option<String>)>>,
+    /// A bucket's images kept on local disk for the job's later epochs.
+    pile: Pile,
     /// The pipeline and the `image`/`label` tensors.
     images: ImageSamples,
 }
@@ -69,7 +72,7 @@ impl ImageFolder {
                 .filter_map(|o| Some((ObjectUrl::parse(&format!("{prefix}/{}", o.key)).ok()?, o.etag.clone())))
                 .collect()
         });
-        Ok(Self { root, samples: listing.samples, objects, images })
+        Ok(Self { root, samples: listing.samples, objects, pile: Pile::default(), images })
     }
 
     /// Keeps decoded frames in `frames` (a cache made for this job).
@@ -89,14 +92,17 @@ impl Dataset for ImageFolder {
     }
 
     fn read_batch(&self, keys: &[SampleKey], batch: &mut super::BatchRows<'_>) -> Result<(), DatasetError> {
-        let Some(objects) = &self.objects else { return super::read_each(self, keys, batch) };
+        let Some(objects) = self.objects.as_ref().filter(|_| !self.images.keeps_frames()) else {
+            // A local folder; or kept frames, where most images are never read.
+            return super::read_each(self, keys, batch);
+        };
         // A folder in a bucket: the batch's images are fetched at once, one
         // GET each, then decoded in order.
         let wanted: Vec<_> = keys.iter().filter_map(|k| objects.get(usize::try_from(k.index).ok()?).cloned()).collect();
         if wanted.len() != keys.len() {
             return super::read_each(self, keys, batch);
         }
-        let fetched = loader_storage::get_many(&wanted);
+        let fetched = self.pile.get_many(&wanted);
         for ((&key, fetched), (url, _)) in keys.iter().zip(fetched).zip(&wanted) {
             let read = self.decode(key, &mut batch.next_rows(), || fetched.map_err(|e| DatasetError::storage(KIND, e)), || url.to_string());
             batch.settle(key.index, read)?;
@@ -110,7 +116,10 @@ impl Dataset for ImageFolder {
             let Some(object) = object else {
                 return Err(DatasetError::IndexOutOfRange { index: key.index, len: self.len() });
             };
-            let read = || loader_storage::get(&object.0, object.1.clone()).map_err(|e| DatasetError::storage(KIND, e));
+            let read = || {
+                let got = self.pile.get_many(std::slice::from_ref(object)).pop();
+                got.unwrap_or_else(|| loader_storage::get(&object.0, object.1.clone())).map_err(|e| DatasetError::storage(KIND, e))
+            };
             return self.decode(key, rows, read, || object.0.to_string());
         }
         let path = usize::try_from(key.index).ok().and_then(|i| self.samples.get(i)).map(|s| self.root.join(&s.path));

@@ -46,6 +46,11 @@ impl ImageSamples {
         check_rows(index, rows, &self.sizes)
     }
 
+    /// Whether decoded frames are kept (a kept sample's bytes are never read).
+    pub(super) fn keeps_frames(&self) -> bool {
+        self.frames.is_some()
+    }
+
     /// Runs the pipeline on the image `read` gives into the image row and
     /// writes the label. With kept frames, a sample whose frame is kept is
     /// made without calling `read`. An undecodable image is
