@@ -140,6 +140,11 @@ LOADER_METRICS_LISTEN (worker/src/cli.rs).
   value: {{ include "loader.listen" (dict "addr" $root.Values.bindAddress "port" (default $root.Values.metrics.port $cfg.metricsPort)) | quote }}
 {{- end }}
 {{- include "loader.securityEnv" (dict "root" $root "role" "worker") }}
+{{- include "loader.storageEnv" $root }}
+- name: LOADER_STORAGE_CACHE_DIR
+  value: {{ include "loader.storageCacheDir" $root | quote }}
+- name: LOADER_STORAGE_CACHE
+  value: {{ $root.Values.objectStorage.cache.size | quote }}
 {{- include "loader.commonEnv" $root }}
 {{- with $cfg.extraEnv }}
 {{ toYaml . }}
@@ -199,6 +204,9 @@ from "loader.ringVolume":
     {{- include "loader.workerArgs" .Values.sidecar | nindent 4 }}
   env:
     {{- include "loader.workerEnv" (dict "root" . "cfg" .Values.sidecar "subdomain" (include "loader.trainerName" .)) | nindent 4 }}
+  {{- with include "loader.storageEnvFrom" . | trim }}
+  {{- . | nindent 2 }}
+  {{- end }}
   ports:
     - name: worker-grpc
       containerPort: {{ .Values.sidecar.port }}
@@ -233,6 +241,8 @@ from "loader.ringVolume":
       mountPath: {{ .Values.sidecar.ringDir }}
     - name: loader-worker-tmp
       mountPath: /tmp
+    - name: loader-storage-cache
+      mountPath: {{ include "loader.storageCacheDir" . }}
     {{- with include "loader.securityMounts" (dict "root" . "prefix" "loader-worker") | trim }}{{ . | nindent 4 }}{{ end }}
     {{- with .Values.sidecar.volumeMounts }}
     {{- toYaml . | nindent 4 }}
@@ -253,7 +263,47 @@ its own, which the trainer container does not mount).
     sizeLimit: 16Mi
 - name: loader-worker-tmp
   emptyDir: {}
+{{ include "loader.storageCacheVolume" . }}
 {{- include "loader.securityVolumes" (dict "root" . "role" "worker" "prefix" "loader-worker") }}
+{{- end }}
+
+{{/*
+Object storage (docs/storage.md): the store's settings as the AWS SDKs
+read them (may be empty), for every container that reads datasets.
+*/}}
+{{- define "loader.storageEnv" -}}
+{{- with .Values.objectStorage.endpoint }}
+- name: AWS_ENDPOINT_URL
+  value: {{ . | quote }}
+{{- end }}
+{{- with .Values.objectStorage.region }}
+- name: AWS_REGION
+  value: {{ . | quote }}
+{{- end }}
+{{- end }}
+
+{{/* The store's credentials: the Secret's keys as environment (may be empty). */}}
+{{- define "loader.storageEnvFrom" -}}
+{{- with .Values.objectStorage.credentialsSecret }}
+envFrom:
+  - secretRef:
+      name: {{ . }}
+{{- end }}
+{{- end }}
+
+{{/* Where workers keep their local copy of objects. */}}
+{{- define "loader.storageCacheDir" -}}
+/var/cache/loader-storage
+{{- end }}
+
+{{/* The local copy's volume. */}}
+{{- define "loader.storageCacheVolume" -}}
+- name: loader-storage-cache
+  emptyDir:
+    {{- with .Values.objectStorage.cache.medium }}
+    medium: {{ . }}
+    {{- end }}
+    sizeLimit: {{ .Values.objectStorage.cache.size }}
 {{- end }}
 
 {{/* The coordinator's environment (may be empty). */}}
