@@ -17,13 +17,14 @@
 //!   where the data starts.
 //! - [`parquet`]: the footer of a Parquet file: rows per row group, and the
 //!   tensor a row of each column is.
-//! - `source`: a file or an object in a store (`s3://`), read alike.
+//! - [`source`]: a file or an object in a store (`s3://`), read alike
+//!   (and as Parquet readers take them).
 
 pub mod image_folder;
 pub mod npy;
 pub mod parquet;
 pub mod shard;
-mod source;
+pub mod source;
 
 /// Why a dataset's files cannot be listed: one line naming the file.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

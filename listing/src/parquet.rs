@@ -13,7 +13,6 @@
 //! a file compressed with a codec this build leaves out (gzip, brotli,
 //! LZO): pyarrow, polars and Spark write snappy or zstd by default.
 
-use std::fs::File;
 use std::path::Path;
 
 use arrow_schema::{DataType, Field};
@@ -112,7 +111,7 @@ impl Footer {
 
 /// Reads the footer of the Parquet file at `path`.
 pub fn read_footer(path: &Path) -> Result<Footer, ListingError> {
-    let file = File::open(path).map_err(|e| ListingError::io(path, &e))?;
+    let file = crate::source::ParquetSource::open(path)?;
     let reader = SerializedFileReader::new(file).map_err(|e| ListingError::new(path, format!("not a readable Parquet file: {e}")))?;
     let meta = reader.metadata();
     let row_groups = meta

@@ -121,6 +121,9 @@ fn expand_patterns(files: &[String]) -> Result<Vec<String>, Error> {
             continue;
         }
         let bad = |problem: String| ListingError { path: file.clone(), problem };
+        if loader_storage::is_url(file) {
+            return Err(bad("patterns are expanded on local paths only: name each object of the bucket".into()).into());
+        }
         let mut matched: Vec<String> = glob::glob(file)
             .map_err(|e| bad(format!("not a file pattern: {e}")))?
             .map(|entry| entry.map(|p| p.display().to_string()).map_err(|e| bad(e.to_string())))

@@ -3,8 +3,9 @@
 //! test virtualenv). A token file uploaded to a bucket and read as
 //! `s3://bucket/key` by real workers gives, batch for batch, the bytes the
 //! same file gives from local disk, every window once an epoch, also when a
-//! worker is SIGKILLed mid-job; so do npy arrays, WebDataset shards and
-//! an image folder (one object per image, listed from the bucket); an object rewritten mid-job fails the job
+//! worker is SIGKILLed mid-job; so do npy arrays, WebDataset shards,
+//! Parquet files and an image folder (one object per image, listed from the
+//! bucket); an object rewritten mid-job fails the job
 //! naming it; a missing object and a missing bucket are one-line errors at
 //! submission.
 //!
@@ -19,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use loader_client::spec::{self, transforms};
 use loader_client::{Dtype, JobSpec, Loader};
-use loader_e2e::dataset_files::{jpeg, png, rgb, write_npy, write_shard};
+use loader_e2e::dataset_files::{jpeg, png, rgb, write_npy, write_parquet, write_shard};
 use loader_e2e::scrape::{metrics_addr, scrape, sum};
 use loader_e2e::{Cluster, Proc, run, skipped};
 
@@ -136,10 +137,12 @@ fn a_token_file_in_a_bucket_reads_as_from_local_disk_and_failures_are_one_line()
         for s in 0..2 {
             write_shard(&dir.path().join(format!("shard-{s}.tar")), s * 40, 40);
         }
+        write_parquet(&dir.path().join("a.parquet"), 0, 700, 128);
+        write_parquet(&dir.path().join("b.parquet"), 700, 300, 100);
         boto3(
             &python,
             &endpoint,
-            &["x.npy", "y.npy", "shard-0.tar", "shard-1.tar"]
+            &["x.npy", "y.npy", "shard-0.tar", "shard-1.tar", "a.parquet", "b.parquet"]
                 .map(|f| format!("s3.upload_file({:?}, 'data', 'set/{f}')", dir.path().join(f).display().to_string()))
                 .join("\n"),
         );
@@ -157,6 +160,17 @@ fn a_token_file_in_a_bucket_reads_as_from_local_disk_and_failures_are_one_line()
                 .build()
                 .expect("webdataset spec")
         };
+        let parquet = |root: &str| {
+            spec::parquet([format!("{root}/a.parquet"), format!("{root}/b.parquet")], ["x", "y"])
+                .batch_size(50)
+                .epochs(2)
+                .shuffle(11)
+                .build()
+                .expect("parquet spec")
+        };
+        let from_store = read_all(cluster.url(), parquet("s3://data/set"), None);
+        assert_eq!(from_store.values().map(|(i, _)| i.len()).sum::<usize>(), 2000, "1,000 rows, 2 epochs");
+        assert!(from_store == read_all(cluster.url(), parquet(&local_root), None), "parquet");
         let from_store = read_all(cluster.url(), shards("s3://data/set"), None);
         assert_eq!(from_store.values().map(|(i, _)| i.len()).sum::<usize>(), 160, "every sample once an epoch");
         assert!(from_store == read_all(cluster.url(), shards(&local_root), None), "webdataset");

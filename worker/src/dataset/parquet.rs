@@ -10,13 +10,13 @@
 //! counted the rows with, and checked against the job's counts at open.
 
 use std::collections::VecDeque;
-use std::fs::File;
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use arrow_array::cast::AsArray;
 use arrow_array::{Array, ArrayRef};
 use arrow_schema::DataType;
+use loader_listing::source::ParquetSource;
 use loader_proto::pb::{Dtype, ParquetSpec, Transform};
 use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder};
@@ -39,6 +39,9 @@ const CACHE_MIN_GROUPS: usize = 2;
 #[derive(Debug)]
 struct ParquetFile {
     path: String,
+    /// The file or object, opened once (an object's chunks are then
+    /// fetched once per job).
+    source: ParquetSource,
     metadata: ArrowReaderMetadata,
     /// Root column index in the file's schema of each column read (the
     /// image column's last, if any).
@@ -136,7 +139,7 @@ impl Parquet {
             } else if these != tensors {
                 return Err(mismatch(format!("its columns are {these:?}, the first file's {tensors:?}")));
             }
-            let file = File::open(path).map_err(|source| DatasetError::Open { kind: KIND, path: path.clone(), source })?;
+            let file = ParquetSource::open(Path::new(path)).map_err(|e| DatasetError::listing(KIND, e))?;
             let metadata = ArrowReaderMetadata::load(&file, ArrowReaderOptions::new())
                 .map_err(|e| mismatch(format!("unreadable footer: {e}")))?;
             let schema = metadata.metadata().file_metadata().schema_descr();
@@ -155,7 +158,7 @@ impl Parquet {
                 groups.push(Group { file: files.len(), in_file, first, rows });
                 first = first.checked_add(rows).ok_or_else(|| DatasetError::Spec("dataset.parquet: row counts overflow".into()))?;
             }
-            files.push(ParquetFile { path: path.clone(), metadata, roots });
+            files.push(ParquetFile { path: path.clone(), source: file, metadata, roots });
         }
         if first != spec.num_samples {
             return Err(DatasetError::Spec(format!(
@@ -225,7 +228,7 @@ impl Parquet {
             path: format!("{} (row group {})", file.path, group.in_file),
             reason,
         };
-        let handle = File::open(&file.path).map_err(|source| DatasetError::Open { kind: KIND, path: file.path.clone(), source })?;
+        let handle = file.source.share().map_err(|source| DatasetError::Open { kind: KIND, path: file.path.clone(), source })?;
         let schema = file.metadata.metadata().file_metadata().schema_descr_ptr();
         let rows = usize::try_from(group.rows).map_err(|_| corrupt("too many rows".into()))?;
         let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(handle, file.metadata.clone())
@@ -448,6 +451,7 @@ impl Parquet {
 
 #[cfg(test)]
 mod tests {
+    use std::fs::File;
     use std::path::PathBuf;
 
     use arrow_array::builder::{FixedSizeListBuilder, Float32Builder};
