@@ -1,0 +1,105 @@
+"""A TCP relay that behaves like a network between a worker and its store:
+every byte arrives a fixed one-way delay after it was sent, and each
+direction is capped at a bandwidth shared by every connection (a link, not
+a per-connection limit). In userspace because this kernel has no
+`sch_netem`; the relay's own cost (a Python event loop) is on the same
+cores as everything else, which a real network's is not.
+
+    python bench/delay_relay.py --listen 127.0.0.1:0 --to 127.0.0.1:9000 \\
+        --rtt-ms 10 --mbit 1000
+
+Prints `listening HOST:PORT` once bound; runs until killed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+
+
+class Link:
+    """One direction's bandwidth: when the link is next free to send."""
+
+    def __init__(self, bytes_per_s: float):
+        self.rate = bytes_per_s
+        self.free_at = 0.0
+
+    def send(self, now: float, n: int) -> float:
+        """When `n` bytes offered at `now` have left the link."""
+        if self.rate <= 0:
+            return now
+        start = max(now, self.free_at)
+        self.free_at = start + n / self.rate
+        return self.free_at
+
+
+async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float, link: Link) -> None:
+    """Copies `reader` to `writer`, each read arriving `delay` after it left the link."""
+    loop = asyncio.get_running_loop()
+    queue: collections.deque = collections.deque()
+    arrived = asyncio.Event()
+    done = False
+
+    async def deliver() -> None:
+        while True:
+            while not queue:
+                if done:
+                    return
+                arrived.clear()
+                await arrived.wait()
+            due, data = queue.popleft()
+            wait = due - loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            writer.write(data)
+            await writer.drain()
+
+    task = asyncio.create_task(deliver())
+    try:
+        while data := await reader.read(256 << 10):
+            queue.append((link.send(loop.time(), len(data)) + delay, data))
+            arrived.set()
+    except ConnectionError:
+        pass
+    finally:
+        done = True
+        arrived.set()
+        try:
+            await task
+            writer.write_eof()
+        except (ConnectionError, OSError, RuntimeError):
+            pass
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--listen", default="127.0.0.1:0")
+    ap.add_argument("--to", required=True, help="HOST:PORT of the store")
+    ap.add_argument("--rtt-ms", type=float, default=10.0, help="round-trip time added (half each way)")
+    ap.add_argument("--mbit", type=float, default=1000.0, help="bandwidth each way, Mbit/s (0: none)")
+    args = ap.parse_args()
+    host, port = args.to.rsplit(":", 1)
+    delay = args.rtt_ms / 2000.0
+    up, down = Link(args.mbit * 125_000), Link(args.mbit * 125_000)
+
+    async def serve(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        try:
+            store_r, store_w = await asyncio.open_connection(host, int(port))
+        except OSError:
+            client_w.close()
+            return
+        await asyncio.gather(pipe(client_r, store_w, delay, up), pipe(store_r, client_w, delay, down))
+        for w in (client_w, store_w):
+            w.close()
+
+    lhost, lport = args.listen.rsplit(":", 1)
+    server = await asyncio.start_server(serve, lhost, int(lport))
+    addr = server.sockets[0].getsockname()
+    print(f"listening {addr[0]}:{addr[1]}", flush=True)
+    async with server:
+        await server.serve_forever()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,156 @@
+"""Datasets read from object storage against the same files on local disk,
+same run, same machine (issue 53, docs/storage.md).
+
+The store is s3s-fs (an S3 server over a directory, from crates.io; built
+into target/s3s-fs once), filled through its S3 API with boto3, and reached
+through bench/delay_relay.py: a round trip of --rtt-ms and a link of --mbit
+each way, shared by every connection. Each repeat runs, taking turns, the
+job on the local files and the same job on `s3://bench/...`, each with fresh
+`loaderctl run` workers (so a fresh local copy: epoch 1 reads the store,
+later epochs the local copy), and prints samples/s per epoch and their
+ratio.
+
+    python bench/storage.py --bin target/release --images /work/imagenet-shaped \\
+        --tokens-mb 512 --rtt-ms 10 --mbit 1000 --epochs 3 --repeats 3
+
+Needs `cargo build --release -p loader-ctl -p loader-worker --bins` and boto3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+S3S_VERSION = "0.14.1"
+
+
+def s3s_fs() -> Path:
+    """The s3s-fs binary, built once into target/s3s-fs."""
+    bin = ROOT / "target" / "s3s-fs" / "bin" / "s3s-fs"
+    if not bin.exists():
+        subprocess.run(
+            ["cargo", "install", "s3s-fs", "--version", S3S_VERSION, "--features", "binary", "--locked",
+             "--root", str(bin.parent.parent)],
+            check=True,
+        )
+    return bin
+
+
+def listening(proc: subprocess.Popen, prefix: str, timeout: float = 30.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if line.startswith(prefix):
+            return line[len(prefix):].strip()
+        if not line and proc.poll() is not None:
+            break
+    raise SystemExit(f"{proc.args[0]} did not print {prefix!r}")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(bin: Path, args: list[str], env: dict[str, str]) -> list[float]:
+    out = subprocess.run([str(bin / "loaderctl"), "run", "--json", *args], env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"loaderctl {' '.join(args)}: {out.stderr.strip().splitlines()[-1:]}")
+    record = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")][-1]
+    return record["epochs_samples_per_s"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bin", type=Path, default=ROOT / "target" / "release")
+    ap.add_argument("--images", type=Path, help="an image folder (class folders of JPEGs); omitted: no image rows")
+    ap.add_argument("--tokens-mb", type=int, default=512)
+    ap.add_argument("--rtt-ms", type=float, default=10.0)
+    ap.add_argument("--mbit", type=float, default=1000.0)
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+
+    import boto3
+
+    work = Path(tempfile.mkdtemp(prefix="loader-storage-bench-"))
+    procs: list[subprocess.Popen] = []
+    try:
+        tokens = work / "tokens.bin"
+        with open(tokens, "wb") as f:
+            f.write(os.urandom(args.tokens_mb << 20))
+        port = free_port()
+        store_dir = work / "store"
+        store_dir.mkdir()
+        store = subprocess.Popen(
+            [str(s3s_fs()), "--host", "127.0.0.1", "--port", str(port), "--access-key", "bench",
+             "--secret-key", "benchbench", str(store_dir)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        procs.append(store)
+        endpoint = f"http://127.0.0.1:{port}"
+        s3 = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="bench", aws_secret_access_key="benchbench",
+                          region_name="us-east-1")
+        for _ in range(100):
+            try:
+                s3.create_bucket(Bucket="bench")
+                break
+            except Exception:
+                time.sleep(0.1)
+        s3.upload_file(str(tokens), "bench", "tokens.bin")
+        if args.images:
+            for path in sorted(args.images.rglob("*")):
+                if path.is_file():
+                    s3.upload_file(str(path), "bench", "images/" + str(path.relative_to(args.images)))
+        relay = subprocess.Popen(
+            [sys.executable, str(ROOT / "bench" / "delay_relay.py"), "--to", f"127.0.0.1:{port}",
+             "--rtt-ms", str(args.rtt_ms), "--mbit", str(args.mbit)],
+            stdout=subprocess.PIPE, text=True,
+        )
+        procs.append(relay)
+        relayed = "http://" + listening(relay, "listening ")
+        env = dict(os.environ, AWS_ENDPOINT_URL=relayed, AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="benchbench",
+                   AWS_REGION="us-east-1", LOADER_STORAGE_CACHE_DIR=str(work))
+        common = ["--workers", str(args.workers), "--epochs", str(args.epochs)]
+        workloads = [("tokens b64 ctx 2048", ["--dataset", "tokens", "--batch-size", "64", "--context-length", "2048"],
+                      str(tokens), "s3://bench/tokens.bin")]
+        if args.images:
+            workloads.append(("images b64 (RandomResizedCrop 224)", ["--dataset", "imagefolder", "--batch-size", "64"],
+                              str(args.images), "s3://bench/images"))
+        print(f"store: s3s-fs {S3S_VERSION} through a relay of {args.rtt_ms:g} ms RTT and {args.mbit:g} Mbit/s each way; "
+              f"{args.workers} workers, {args.epochs} epochs, {args.repeats} repeats taking turns", flush=True)
+        for name, flags, local, url in workloads:
+            rates: dict[str, list[list[float]]] = {"local": [], "store": []}
+            for r in range(args.repeats):
+                order = [("local", local), ("store", url)]
+                if r % 2:
+                    order.reverse()
+                for source, path in order:
+                    rates[source].append(run(args.bin, [*flags, *common, "--path", path], env))
+            med = {s: [statistics.median(run[e] for run in rates[s]) for e in range(args.epochs)] for s in rates}
+            for e in range(args.epochs):
+                ratios = [st[e] / lo[e] for st, lo in zip(rates["store"], rates["local"])]
+                print(f"{name}: epoch {e + 1}: local {med['local'][e]:,.0f} samples/s, store {med['store'][e]:,.0f} "
+                      f"-> {statistics.median(ratios):.2f}x (repeats {min(ratios):.2f}-{max(ratios):.2f})", flush=True)
+    finally:
+        for p in reversed(procs):
+            p.kill()
+            p.wait()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
