@@ -3,7 +3,8 @@
 //! test virtualenv). A token file uploaded to a bucket and read as
 //! `s3://bucket/key` by real workers gives, batch for batch, the bytes the
 //! same file gives from local disk, every window once an epoch, also when a
-//! worker is SIGKILLed mid-job; so do npy arrays, WebDataset shards,
+//! worker is SIGKILLed mid-job or the trainer resumes mid-epoch from a
+//! saved state; so do npy arrays, WebDataset shards,
 //! Parquet files and an image folder (one object per image, listed from the
 //! bucket); an object rewritten mid-job fails the job
 //! naming it; a missing object and a missing bucket are one-line errors at
@@ -126,6 +127,24 @@ fn a_token_file_in_a_bucket_reads_as_from_local_disk_and_failures_are_one_line()
         let first_epoch: BTreeMap<_, _> = from_disk.iter().filter(|(k, _)| k.0 == 0).map(|(k, v)| (*k, v.clone())).collect();
         assert!(killed == first_epoch, "after a worker died, the batches differ");
         cluster.add_worker();
+        // Stopped mid-epoch and resumed from the saved state: the rest of
+        // the epoch, the same bytes.
+        let job = tokens_job("s3://data/tokens.bin", 1);
+        let mut first = Loader::builder(cluster.url()).job(job.clone()).build().expect("loader");
+        let mut resumed: BTreeMap<(u32, u64), Read> = BTreeMap::new();
+        for _ in 0..7 {
+            let batch = first.next().expect("a batch").expect("batch");
+            resumed.insert((batch.epoch(), batch.seq()), (batch.indices().to_vec(), batch.tensors().map(|t| t.bytes.to_vec()).collect()));
+        }
+        let state = first.state();
+        drop(first);
+        let rest = Loader::builder(cluster.url()).job(job).resume(state).build().expect("resumed loader");
+        for batch in rest {
+            let batch = batch.expect("batch");
+            let key = (batch.epoch(), batch.seq());
+            assert!(resumed.insert(key, (batch.indices().to_vec(), batch.tensors().map(|t| t.bytes.to_vec()).collect())).is_none(), "{key:?} twice");
+        }
+        assert!(resumed == first_epoch, "the resumed run's batches differ from an uninterrupted one's");
 
         // npy arrays and WebDataset shards (decoded, cropped, flipped per
         // sample) in the bucket: the batches of the same files on disk.
