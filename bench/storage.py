@@ -82,6 +82,8 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--anchors", type=Path, help="a Python with litdata and mosaicml-streaming: LitData and Mosaic "
+                    "Streaming read the same bytes from the same store (bench/storage_anchor.py)")
     args = ap.parse_args()
 
     import boto3
@@ -132,19 +134,46 @@ def main() -> None:
                               str(args.images), "s3://bench/images"))
         print(f"store: s3s-fs {S3S_VERSION} through a relay of {args.rtt_ms:g} ms RTT and {args.mbit:g} Mbit/s each way; "
               f"{args.workers} workers, {args.epochs} epochs, {args.repeats} repeats taking turns", flush=True)
+        anchor = ROOT / "bench" / "storage_anchor.py"
         for name, flags, local, url in workloads:
-            rates: dict[str, list[list[float]]] = {"local": [], "store": []}
+            kind = "tokens" if "tokens" in flags else "images"
+            libs = ["litdata", "mosaic"] if args.anchors else []
+            for lib in libs:
+                out = work / f"{lib}-{kind}"
+                subprocess.run([str(args.anchors), str(anchor), "convert", lib, kind, local, str(out)], check=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                for path in sorted(out.rglob("*")):
+                    if path.is_file():
+                        s3.upload_file(str(path), "bench", f"{lib}-{kind}/{path.relative_to(out)}")
+                shutil.rmtree(out)
+            rates: dict[str, list[list[float]]] = {"local": [], "store": [], **{lib: [] for lib in libs}}
             for r in range(args.repeats):
-                order = [("local", local), ("store", url)]
+                order = [("local", local), ("store", url)] + [(lib, None) for lib in libs]
                 if r % 2:
                     order.reverse()
                 for source, path in order:
-                    rates[source].append(run(args.bin, [*flags, *common, "--path", path], env))
+                    if path is not None:
+                        rates[source].append(run(args.bin, [*flags, *common, "--path", path], env))
+                        continue
+                    cache = tempfile.mkdtemp(dir=work)
+                    out = subprocess.run(
+                        [str(args.anchors), str(anchor), "read", source, kind, f"s3://bench/{source}-{kind}", cache,
+                         str(args.epochs), str(args.workers)],
+                        env=dict(env, S3_ENDPOINT_URL=relayed, AWS_ALLOW_HTTP="true"), capture_output=True, text=True, timeout=3600,
+                    )
+                    shutil.rmtree(cache, ignore_errors=True)
+                    lines = [json.loads(l) for l in out.stdout.splitlines() if l.startswith("{")]
+                    if not lines:
+                        raise SystemExit(f"{source} {kind}: {out.stderr.strip()[-2000:]}")
+                    rates[source].append(lines[-1]["epochs_samples_per_s"])
             med = {s: [statistics.median(run[e] for run in rates[s]) for e in range(args.epochs)] for s in rates}
             for e in range(args.epochs):
                 ratios = [st[e] / lo[e] for st, lo in zip(rates["store"], rates["local"])]
-                print(f"{name}: epoch {e + 1}: local {med['local'][e]:,.0f} samples/s, store {med['store'][e]:,.0f} "
-                      f"-> {statistics.median(ratios):.2f}x (repeats {min(ratios):.2f}-{max(ratios):.2f})", flush=True)
+                row = (f"{name}: epoch {e + 1}: local {med['local'][e]:,.0f} samples/s, store {med['store'][e]:,.0f} "
+                       f"-> {statistics.median(ratios):.2f}x (repeats {min(ratios):.2f}-{max(ratios):.2f})")
+                for lib in libs:
+                    row += f"; {lib} {med[lib][e]:,.0f} (Loader {med['store'][e] / med[lib][e]:.2f}x)"
+                print(row, flush=True)
     finally:
         for p in reversed(procs):
             p.kill()

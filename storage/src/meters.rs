@@ -19,7 +19,10 @@ pub(crate) fn request(op: &'static str, ok: bool, took: Duration, bytes: u64) {
 /// A read out of one chunk of an object (from the local copy, or waiting
 /// for its fetch).
 pub(crate) fn chunk_read() {
-    metrics::counter!("loader_storage_chunk_reads_total").increment(1);
+    // Once per sample read: the handle is looked up once (a recorder is
+    // installed, if ever, before the first dataset opens).
+    static READS: std::sync::OnceLock<metrics::Counter> = std::sync::OnceLock::new();
+    READS.get_or_init(|| metrics::counter!("loader_storage_chunk_reads_total")).increment(1);
 }
 
 /// A chunk's fetch from the store started: 1 - fetches / reads is the

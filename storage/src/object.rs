@@ -31,6 +31,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
+use memmap2::Mmap;
 use object_store::path::Path;
 use object_store::{GetOptions, GetRange, ObjectStoreExt};
 use tokio::sync::Semaphore;
@@ -107,6 +108,9 @@ pub struct RemoteObject {
     /// The chunks already here, at their offsets; None when no cache file
     /// could be made (every chunk is then held in memory).
     cache: Option<File>,
+    /// The cache file mapped whole, so that a read of a chunk that is here
+    /// is a copy, as from a local file's mapping (no system call).
+    map: Option<Mmap>,
     /// Bytes of the cache file taken from the local copy's budget.
     kept: AtomicU64,
     chunks: Mutex<Chunks>,
@@ -139,13 +143,16 @@ impl RemoteObject {
         })
             .map_err(|e| StorageError::new(&name, ErrorKind::Unavailable, e.to_string()))?
             .map_err(|e| StorageError::from_store(&name, &endpoint, e))?;
+        let cache = local_copy::file();
+        let map = cache.as_ref().and_then(|file| map_whole(file, meta.size));
         Ok(Arc::new(Self {
             url: name,
             store,
             path,
             size: meta.size,
             etag: meta.e_tag,
-            cache: local_copy::file(),
+            cache,
+            map,
             kept: AtomicU64::new(0),
             chunks: Mutex::default(),
         }))
@@ -174,10 +181,16 @@ impl RemoteObject {
             let into = &mut dst[(at - offset) as usize..(chunk_end - offset) as usize];
             crate::meters::chunk_read();
             match self.slot(index).wait(&self.url)? {
-                Held::OnDisk => {
-                    let file = self.cache.as_ref().ok_or_else(|| self.lost("no cache file"))?;
-                    file.read_exact_at(into, at).map_err(|e| self.lost(&e.to_string()))?;
-                }
+                Held::OnDisk => match &self.map {
+                    Some(map) => {
+                        let src = usize::try_from(at).ok().and_then(|a| map.get(a..a.checked_add(into.len())?));
+                        into.copy_from_slice(src.ok_or_else(|| self.lost("the mapping is short"))?);
+                    }
+                    None => {
+                        let file = self.cache.as_ref().ok_or_else(|| self.lost("no cache file"))?;
+                        file.read_exact_at(into, at).map_err(|e| self.lost(&e.to_string()))?;
+                    }
+                },
                 Held::InMemory(bytes) => {
                     let from = (at - index * CHUNK) as usize;
                     let src = bytes.get(from..from + into.len()).ok_or_else(|| self.lost("a chunk is short"))?;
@@ -303,6 +316,21 @@ impl RemoteObject {
         }
         Ok(bytes)
     }
+}
+
+/// `file` (the local copy of an object of `size` bytes) sized to the object,
+/// sparse, and mapped whole; None (reads then `pread`) when it cannot be.
+fn map_whole(file: &File, size: u64) -> Option<Mmap> {
+    if size == 0 || file.set_len(size).is_err() {
+        return None;
+    }
+    // SAFETY: the file is this object's own, unlinked at creation, so no
+    // other process can open, truncate or write it; this process only
+    // writes whole chunks into it (`keep`) and reads through the mapping
+    // only chunks whose write completed (`Held::OnDisk`), which lie within
+    // the length set above: no read can fault past the end or see a write
+    // in progress.
+    unsafe { Mmap::map(file) }.ok()
 }
 
 /// The chunk indexes `range` spans.
