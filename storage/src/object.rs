@@ -10,9 +10,9 @@
 //! requests are in flight while the worker copies.
 //!
 //! A fetched chunk is written into a cache file of the object's size (a
-//! sparse, unlinked file of the local copy, `crate::local_copy`): every
-//! chunk is fetched once per job whatever the order, later reads are
-//! `pread`s served by the page cache, and the file's space goes back to the
+//! sparse, unlinked file of the local copy, `crate::local_copy`), mapped
+//! whole: every chunk is fetched once per job whatever the order, later
+//! reads are copies out of the mapping, served by the page cache, and the file's space goes back to the
 //! filesystem when the job closes the object or the worker dies (it has no
 //! name to leak). When the local copy's budget is spent or the disk refuses
 //! a chunk (full), the chunk stays in memory instead, at most [`IN_MEMORY`]
