@@ -76,7 +76,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bin", type=Path, default=ROOT / "target" / "release")
     ap.add_argument("--images", type=Path, help="an image folder (class folders of JPEGs); omitted: no image rows")
-    ap.add_argument("--tokens-mb", type=int, default=512)
+    ap.add_argument("--tokens-mb", type=int, default=512, help="size of the token file (0: no token rows)")
     ap.add_argument("--rtt-ms", type=float, default=10.0)
     ap.add_argument("--mbit", type=float, default=1000.0)
     ap.add_argument("--epochs", type=int, default=3)
@@ -84,6 +84,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--anchors", type=Path, help="a Python with litdata and mosaicml-streaming: LitData and Mosaic "
                     "Streaming read the same bytes from the same store (bench/storage_anchor.py)")
+    ap.add_argument("--libs", default="litdata,mosaic", help="which anchors run, with --anchors")
     args = ap.parse_args()
 
     import boto3
@@ -93,7 +94,7 @@ def main() -> None:
     try:
         tokens = work / "tokens.bin"
         with open(tokens, "wb") as f:
-            f.write(os.urandom(args.tokens_mb << 20))
+            f.write(os.urandom(max(args.tokens_mb, 1) << 20))
         port = free_port()
         store_dir = work / "store"
         store_dir.mkdir()
@@ -127,8 +128,10 @@ def main() -> None:
         env = dict(os.environ, AWS_ENDPOINT_URL=relayed, AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="benchbench",
                    AWS_REGION="us-east-1", LOADER_STORAGE_CACHE_DIR=str(work))
         common = ["--workers", str(args.workers), "--epochs", str(args.epochs)]
-        workloads = [("tokens b64 ctx 2048", ["--dataset", "tokens", "--batch-size", "64", "--context-length", "2048"],
-                      str(tokens), "s3://bench/tokens.bin")]
+        workloads = []
+        if args.tokens_mb:
+            workloads.append(("tokens b64 ctx 2048", ["--dataset", "tokens", "--batch-size", "64", "--context-length", "2048"],
+                              str(tokens), "s3://bench/tokens.bin"))
         if args.images:
             workloads.append(("images b64 (RandomResizedCrop 224)", ["--dataset", "imagefolder", "--batch-size", "64"],
                               str(args.images), "s3://bench/images"))
@@ -137,7 +140,7 @@ def main() -> None:
         anchor = ROOT / "bench" / "storage_anchor.py"
         for name, flags, local, url in workloads:
             kind = "tokens" if "tokens" in flags else "images"
-            libs = ["litdata", "mosaic"] if args.anchors else []
+            libs = args.libs.split(",") if args.anchors else []
             for lib in libs:
                 out = work / f"{lib}-{kind}"
                 subprocess.run([str(args.anchors), str(anchor), "convert", lib, kind, local, str(out)], check=True,

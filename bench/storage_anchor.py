@@ -124,6 +124,11 @@ def read(lib: str, kind: str, url: str, cache: str, epochs: int, workers: int) -
         loader = ld.StreamingDataLoader(ds, batch_size=BATCH, num_workers=workers)
     else:
         from streaming import StreamingDataset
+        from streaming.base.util import clean_stale_shared_memory
+
+        # A previous run's shared memory (its workers are gone) would be
+        # taken for this run's.
+        clean_stale_shared_memory()
 
         class Mds(StreamingDataset):
             def __getitem__(self, i):

@@ -43,7 +43,7 @@ fn make(dir: Option<PathBuf>, limit: Option<u64>) -> LocalCopy {
         .or_else(|| std::env::var_os("LOADER_STORAGE_CACHE_DIR").map(PathBuf::from))
         .unwrap_or_else(std::env::temp_dir);
     let limit = limit.unwrap_or_else(|| {
-        nix::sys::statvfs::statvfs(&dir).map_or(0, |s| s.blocks_available() as u64 * s.fragment_size() as u64 / 2)
+        nix::sys::statvfs::statvfs(&dir).map_or(0, |s| s.blocks_available().saturating_mul(s.fragment_size()) / 2)
     });
     tracing::debug!(dir = %dir.display(), limit, "the local copy of objects");
     LocalCopy { dir, limit, used: AtomicU64::new(0) }
