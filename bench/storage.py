@@ -85,6 +85,8 @@ def main() -> None:
     ap.add_argument("--anchors", type=Path, help="a Python with litdata and mosaicml-streaming: LitData and Mosaic "
                     "Streaming read the same bytes from the same store (bench/storage_anchor.py)")
     ap.add_argument("--libs", default="litdata,mosaic", help="which anchors run, with --anchors")
+    ap.add_argument("--step-ms", type=float, default=0.0,
+                    help="a training step of this long per batch (loaderctl run --step-ms): the trainer's pace, not the loader's")
     args = ap.parse_args()
 
     import boto3
@@ -128,6 +130,8 @@ def main() -> None:
         env = dict(os.environ, AWS_ENDPOINT_URL=relayed, AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="benchbench",
                    AWS_REGION="us-east-1", LOADER_STORAGE_CACHE_DIR=str(work))
         common = ["--workers", str(args.workers), "--epochs", str(args.epochs)]
+        if args.step_ms:
+            common += ["--step-ms", f"{args.step_ms:g}"]
         workloads = []
         if args.tokens_mb:
             workloads.append(("tokens b64 ctx 2048", ["--dataset", "tokens", "--batch-size", "64", "--context-length", "2048"],
@@ -136,7 +140,8 @@ def main() -> None:
             workloads.append(("images b64 (RandomResizedCrop 224)", ["--dataset", "imagefolder", "--batch-size", "64"],
                               str(args.images), "s3://bench/images"))
         print(f"store: s3s-fs {S3S_VERSION} through a relay of {args.rtt_ms:g} ms RTT and {args.mbit:g} Mbit/s each way; "
-              f"{args.workers} workers, {args.epochs} epochs, {args.repeats} repeats taking turns", flush=True)
+              f"{args.workers} workers, {args.epochs} epochs, {args.repeats} repeats taking turns"
+              + (f", a {args.step_ms:g} ms step per batch" if args.step_ms else ""), flush=True)
         anchor = ROOT / "bench" / "storage_anchor.py"
         for name, flags, local, url in workloads:
             kind = "tokens" if "tokens" in flags else "images"
