@@ -249,8 +249,12 @@ fn a_subscriber_that_trails_a_finished_one_reads_at_its_own_pace() {
             "alone: {solo_time:?}, longest gap {solo_gap:?}; trailing: {late_time:?}, longest gap after the leader finished {late_gap:?}"
         );
         eprintln!("{said}");
-        // A floor under the solo gap: a few ms of scheduling noise is not a crawl.
-        assert!(late_gap <= (2 * solo_gap).max(Duration::from_millis(100)), "{said}");
+        // The crawl was a wait of one heartbeat interval (1.7 s at the
+        // default lease); a floor of a quarter of it under the solo gap
+        // keeps scheduling noise on CI's 2 cores (120 ms seen) from
+        // reading as one.
+        let beat = loader_proto::lease::heartbeat_interval(loader_proto::lease::DEFAULT_LEASE_TTL);
+        assert!(late_gap <= (2 * solo_gap).max(beat / 4), "{said}");
         assert!(late_time.as_secs_f64() <= 1.3 * solo_time.as_secs_f64() + 0.2, "{said}");
     });
 }
