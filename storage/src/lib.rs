@@ -26,6 +26,7 @@
 //!   replaced mid-job is an error, never a mix of two versions.
 //! - [`reader`]: an object read as a file (`Read + Seek`), for code that
 //!   walks a file from its start (tar indexes, npy headers).
+//! - `slot`: one request's answer, waited for from any thread.
 //! - `meters`: requests, latency, bytes and the local copy's hit ratio,
 //!   for Prometheus.
 //! - [`error`]: one line for each way a store can fail.
@@ -39,6 +40,7 @@ mod meters;
 pub mod object;
 pub mod pile;
 pub mod reader;
+mod slot;
 pub mod stores;
 
 pub use error::{ErrorKind, StorageError};

@@ -58,34 +58,33 @@ pub fn list(prefix: &ObjectUrl) -> Result<Vec<Listed>, StorageError> {
 /// Fetches every object of `objects` (its URL and the ETag it must still
 /// have), many at once, and returns their bytes in the same order.
 pub fn get_many(objects: &[(ObjectUrl, Option<String>)]) -> Vec<Result<Bytes, StorageError>> {
-    let requests: Vec<_> = objects
-        .iter()
-        .map(|(url, etag)| {
-            let (url, etag) = (url.clone(), etag.clone());
-            async move {
-                let name = url.to_string();
-                let store = store(&url)?;
-                let _permit = in_flight().acquire().await.map_err(|e| StorageError::new(&name, ErrorKind::Unavailable, e.to_string()))?;
-                let options = GetOptions { if_match: etag, ..GetOptions::default() };
-                let started = std::time::Instant::now();
-                let got = match store.client.get_opts(&Path::from(url.key.as_str()), options).await {
-                    Ok(r) => r.bytes().await,
-                    Err(e) => Err(e),
-                };
-                let fetched = got.as_ref().map_or(0, |b| b.len() as u64);
-                crate::meters::request("get", got.is_ok(), started.elapsed(), fetched);
-                got.map_err(|e| match StorageError::from_store(&name, &store.endpoint, e) {
-                    e if e.kind == ErrorKind::NotFound => StorageError::changed(&name, "it was deleted"),
-                    other => other,
-                })
-            }
-        })
-        .collect();
+    let requests: Vec<_> = objects.iter().map(|(url, etag)| fetch(url.clone(), etag.clone())).collect();
     let n = requests.len();
     match io::wait(futures::stream::iter(requests).buffered(n.max(1)).collect::<Vec<_>>()) {
         Ok(results) => results,
         Err(e) => objects.iter().map(|(url, _)| Err(StorageError::new(url.to_string(), ErrorKind::Unavailable, e.to_string()))).collect(),
     }
+}
+
+/// One GET of a whole object, which must still have `etag` when given,
+/// within the process's bound on requests in flight. An object gone since
+/// it was listed has changed.
+pub(crate) async fn fetch(url: ObjectUrl, etag: Option<String>) -> Result<Bytes, StorageError> {
+    let name = url.to_string();
+    let store = store(&url)?;
+    let _permit = in_flight().acquire().await.map_err(|e| StorageError::new(&name, ErrorKind::Unavailable, e.to_string()))?;
+    let options = GetOptions { if_match: etag, ..GetOptions::default() };
+    let started = std::time::Instant::now();
+    let got = match store.client.get_opts(&Path::from(url.key.as_str()), options).await {
+        Ok(r) => r.bytes().await,
+        Err(e) => Err(e),
+    };
+    let fetched = got.as_ref().map_or(0, |b| b.len() as u64);
+    crate::meters::request("get", got.is_ok(), started.elapsed(), fetched);
+    got.map_err(|e| match StorageError::from_store(&name, &store.endpoint, e) {
+        e if e.kind == ErrorKind::NotFound => StorageError::changed(&name, "it was deleted"),
+        other => other,
+    })
 }
 
 /// Fetches one object, which must still have `etag` when given.

@@ -27,8 +27,7 @@ use std::fs::File;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::Bytes;
 use memmap2::Mmap;
@@ -48,8 +47,6 @@ pub const CHUNK: u64 = 4 << 20;
 pub const IN_FLIGHT: usize = 64;
 /// Chunks kept in memory per object when the disk refuses them.
 pub const IN_MEMORY: usize = 32;
-/// Longest a read waits for its chunk (the store's own retries end sooner).
-const WAIT: Duration = Duration::from_secs(300);
 
 /// Where a fetched chunk's bytes are.
 #[derive(Debug, Clone)]
@@ -61,31 +58,7 @@ enum Held {
 }
 
 /// One chunk: being fetched, or fetched (where, or the error).
-#[derive(Debug, Default)]
-struct Slot {
-    state: Mutex<Option<Result<Held, StorageError>>>,
-    ready: Condvar,
-}
-
-impl Slot {
-    fn state(&self) -> MutexGuard<'_, Option<Result<Held, StorageError>>> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn fill(&self, result: Result<Held, StorageError>) {
-        *self.state() = Some(result);
-        self.ready.notify_all();
-    }
-
-    fn wait(&self, url: &str) -> Result<Held, StorageError> {
-        let guard = self.state();
-        let (guard, _) = self.ready.wait_timeout_while(guard, WAIT, |s| s.is_none()).unwrap_or_else(|p| p.into_inner());
-        match &*guard {
-            Some(result) => result.clone(),
-            None => Err(StorageError::new(url, ErrorKind::Unavailable, format!("no answer within {} s", WAIT.as_secs()))),
-        }
-    }
-}
+type Slot = crate::slot::Slot<Held>;
 
 /// The chunks fetched or on their way, and the use order of those held in
 /// memory.

@@ -6,16 +6,29 @@
 //! arrive, with an index of where each sits; bytes taken from the local
 //! copy's budget (`crate::local_copy`) and given back when the pile goes.
 //! An object that does not fit the budget is simply not kept.
+//!
+//! A worker knows the batches it makes next (its queued ranges), so their
+//! objects can be fetched while it decodes the one at hand:
+//! [`Pile::prefetch`] starts their GETs, whose bytes wait in memory (at
+//! most [`AHEAD`] objects) until [`Pile::get_many`] asks for them.
 
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::sync::{Mutex, OnceLock};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use bytes::Bytes;
 
-use crate::{ObjectUrl, StorageError, get_many, local_copy};
+use crate::error::ErrorKind;
+use crate::slot::Slot;
+use crate::{ObjectUrl, StorageError, get_many, io, listing, local_copy};
+
+/// Objects fetched ahead of need and not yet asked for, at most: their
+/// bytes wait in memory (a few batches of images: tens of MB). Beyond it
+/// the oldest go first: a batch fetched ahead and never made here (its
+/// range went to another worker) must not stop the fetches of the next.
+pub const AHEAD: usize = 512;
 
 /// Small objects kept on local disk.
 #[derive(Debug)]
@@ -27,33 +40,73 @@ pub struct Pile {
     index: Mutex<HashMap<String, (u64, u64)>>,
     /// The file's end: where the next object goes.
     end: AtomicU64,
+    /// Objects fetched ahead of need, by URL, until asked for.
+    coming: Mutex<Coming>,
 }
 
 impl Default for Pile {
     fn default() -> Self {
-        Self { file: OnceLock::new(), index: Mutex::default(), end: AtomicU64::new(0) }
+        Self { file: OnceLock::new(), index: Mutex::default(), end: AtomicU64::new(0), coming: Mutex::default() }
     }
 }
 
 impl Pile {
     /// The bytes of every object of `objects` (its URL and the ETag it must
-    /// have), in order: kept ones from local disk, the others fetched at
-    /// once (`crate::get_many`) and kept while the budget allows.
+    /// have), in order: kept ones from local disk, those fetched ahead from
+    /// memory, the others fetched at once (`crate::get_many`); kept while
+    /// the budget allows.
     pub fn get_many(&self, objects: &[(ObjectUrl, Option<String>)]) -> Vec<Result<Bytes, StorageError>> {
         let names: Vec<String> = objects.iter().map(|(u, _)| u.to_string()).collect();
         let mut out: Vec<Option<Result<Bytes, StorageError>>> = names.iter().map(|n| self.read(n)).collect();
-        let missing: Vec<usize> = (0..objects.len()).filter(|&i| out[i].is_none()).collect();
+        let claimed: Vec<(usize, Arc<Slot<Bytes>>)> = {
+            let mut coming = self.coming();
+            (0..objects.len()).filter(|&i| out[i].is_none()).filter_map(|i| Some((i, coming.take(&names[i])?))).collect()
+        };
+        let missing: Vec<usize> =
+            (0..objects.len()).filter(|&i| out[i].is_none() && !claimed.iter().any(|(c, _)| *c == i)).collect();
         let wanted: Vec<_> = missing.iter().map(|&i| objects[i].clone()).collect();
-        for (i, fetched) in missing.into_iter().zip(get_many(&wanted)) {
-            if let Ok(bytes) = &fetched {
+        // Those fetched ahead arrive meanwhile.
+        let fetched = missing.into_iter().zip(get_many(&wanted));
+        let arrived = claimed.into_iter().map(|(i, slot)| (i, slot.wait(&names[i])));
+        for (i, got) in fetched.chain(arrived) {
+            if let Ok(bytes) = &got {
                 self.keep(&names[i], bytes);
             }
-            out[i] = Some(fetched);
+            out[i] = Some(got);
         }
         out.into_iter()
             .zip(&names)
-            .map(|(r, n)| r.unwrap_or_else(|| Err(StorageError::new(n.as_str(), crate::ErrorKind::Unavailable, "not read"))))
+            .map(|(r, n)| r.unwrap_or_else(|| Err(StorageError::new(n.as_str(), ErrorKind::Unavailable, "not read"))))
             .collect()
+    }
+
+    /// Starts fetching the objects of `objects` that are neither kept nor
+    /// on their way, while fewer than [`AHEAD`] wait; returns at once.
+    pub fn prefetch(&self, objects: &[(ObjectUrl, Option<String>)]) {
+        let mut started = Vec::new();
+        {
+            let index = self.index.lock().unwrap_or_else(|p| p.into_inner());
+            let mut coming = self.coming();
+            for (url, etag) in objects.iter().take(AHEAD) {
+                let name = url.to_string();
+                if index.contains_key(&name) || coming.slots.contains_key(&name) {
+                    continue;
+                }
+                let slot = Arc::new(Slot::default());
+                coming.add(name, Arc::clone(&slot));
+                started.push((url.clone(), etag.clone(), slot));
+            }
+        }
+        for (url, etag, slot) in started {
+            let (name, filled) = (url.to_string(), Arc::clone(&slot));
+            if let Err(e) = io::spawn(async move { filled.fill(listing::fetch(url, etag).await) }) {
+                slot.fill(Err(StorageError::new(name, ErrorKind::Unavailable, e.to_string())));
+            }
+        }
+    }
+
+    fn coming(&self) -> MutexGuard<'_, Coming> {
+        self.coming.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The kept bytes of `name`, if kept and readable.
@@ -80,6 +133,31 @@ impl Pile {
             }
             Err(e) => tracing::debug!("{name} not kept on local disk: {e}"),
         }
+    }
+}
+
+/// Objects fetched ahead, by URL, with the order they were asked for in.
+#[derive(Debug, Default)]
+struct Coming {
+    slots: HashMap<String, (u64, Arc<Slot<Bytes>>)>,
+    asked: u64,
+}
+
+impl Coming {
+    /// Adds `name`'s fetch, dropping the oldest beyond [`AHEAD`].
+    fn add(&mut self, name: String, slot: Arc<Slot<Bytes>>) {
+        if self.slots.len() >= AHEAD
+            && let Some(oldest) = self.slots.iter().min_by_key(|(_, (at, _))| *at).map(|(n, _)| n.clone())
+        {
+            self.slots.remove(&oldest);
+        }
+        self.asked += 1;
+        self.slots.insert(name, (self.asked, slot));
+    }
+
+    /// `name`'s fetch, if it was fetched ahead; it is no longer.
+    fn take(&mut self, name: &str) -> Option<Arc<Slot<Bytes>>> {
+        self.slots.remove(name).map(|(_, slot)| slot)
     }
 }
 

@@ -16,6 +16,8 @@
 //! - `producer`: the thread that turns tasks into batches, FIFO, one batch
 //!   at a time, with a per-job cache of opened datasets; it picks each
 //!   batch's transport.
+//! - `fetch_ahead`: telling a dataset that reads from a store which
+//!   batches the producer makes next, so their fetches overlap.
 //! - [`dataset`]: the [`Dataset`](dataset::Dataset) trait, the built-in
 //!   datasets (`synthetic`, `tokens`, `npy`, `image_folder`, `webdataset`)
 //!   and [`Datasets`], which a custom worker binary extends with its own
@@ -67,6 +69,7 @@ pub mod dataset;
 mod delivery;
 mod drain;
 pub mod error;
+mod fetch_ahead;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod image;

@@ -546,6 +546,10 @@ impl Shared {
             if slow > 0 {
                 std::thread::sleep(std::time::Duration::from_nanos(slow));
             }
+            if dataset.fetches_ahead() {
+                let next = crate::fetch_ahead::upcoming(task, seq, self.lock().tasks.iter().map(|(t, _)| t));
+                crate::fetch_ahead::hint(&*dataset, &plan, &next);
+            }
             let (epoch, _) = plan.locate(seq);
             let meta = BatchMeta { job_id: job.job_id, epoch, consumer: rank, seq };
             let indices = plan.batch_indices(rank, seq);

@@ -91,6 +91,17 @@ impl Dataset for ImageFolder {
         self.samples.len() as u64
     }
 
+    fn fetches_ahead(&self) -> bool {
+        self.objects.is_some() && !self.images.keeps_frames()
+    }
+
+    fn prefetch_batch(&self, keys: &[SampleKey]) {
+        if let Some(objects) = self.objects.as_ref().filter(|_| !self.images.keeps_frames()) {
+            let wanted: Vec<_> = keys.iter().filter_map(|k| objects.get(usize::try_from(k.index).ok()?).cloned()).collect();
+            self.pile.prefetch(&wanted);
+        }
+    }
+
     fn read_batch(&self, keys: &[SampleKey], batch: &mut super::BatchRows<'_>) -> Result<(), DatasetError> {
         let Some(objects) = self.objects.as_ref().filter(|_| !self.images.keeps_frames()) else {
             // A local folder; or kept frames, where most images are never read.

@@ -183,7 +183,45 @@ fn collates(
     Ok(())
 }
 
+impl Mix {
+    /// The source and own key of each of `keys`, in order, up to the first
+    /// that cannot be drawn (returned with its error).
+    #[allow(clippy::type_complexity)]
+    fn draw(&self, keys: &[SampleKey]) -> (SmallVec<[(usize, SampleKey); 64]>, Option<(u64, DatasetError)>) {
+        // A batch's positions share one block and each source's pass, and
+        // its keys one job seed: set them up once.
+        let mut drawer = Drawer::new(&self.plan);
+        let job_seed = keys.first().map_or(0, |key| key.seed);
+        let seeds: SmallVec<[u64; 8]> = (0..self.sources.len()).map(|k| source_seed(job_seed, k)).collect();
+        let mut draws: SmallVec<[(usize, SampleKey); 64]> = SmallVec::with_capacity(keys.len());
+        for key in keys {
+            let p = match self.position(*key) {
+                Ok(p) => p,
+                Err(e) => return (draws, Some((key.index, e))),
+            };
+            let d = drawer.at(p);
+            let seed = if key.seed == job_seed { seeds[d.source] } else { source_seed(key.seed, d.source) };
+            draws.push((d.source, own_key(&d, seed)));
+        }
+        (draws, None)
+    }
+}
+
 impl Dataset for Mix {
+    fn fetches_ahead(&self) -> bool {
+        self.sources.iter().any(|s| s.fetches_ahead())
+    }
+
+    fn prefetch_batch(&self, keys: &[SampleKey]) {
+        let (draws, _) = self.draw(keys);
+        for (k, source) in self.sources.iter().enumerate().filter(|(_, s)| s.fetches_ahead()) {
+            let own: Vec<SampleKey> = draws.iter().filter(|(d, _)| *d == k).map(|(_, key)| *key).collect();
+            if !own.is_empty() {
+                source.prefetch_batch(&own);
+            }
+        }
+    }
+
     fn tensors(&self) -> &[SampleTensor] {
         &self.tensors
     }
@@ -210,29 +248,11 @@ impl Dataset for Mix {
         batch: &mut BatchRows<'_>,
     ) -> Result<(), DatasetError> {
         let mut drawn: SmallVec<[u64; 8]> = smallvec::smallvec![0; self.sources.len()];
-        // A batch's positions share one block and each source's pass, and
-        // its keys one job seed: set them up once.
-        let mut drawer = Drawer::new(&self.plan);
-        let job_seed = keys.first().map_or(0, |key| key.seed);
-        let seeds: SmallVec<[u64; 8]> = (0..self.sources.len()).map(|k| source_seed(job_seed, k)).collect();
         // Drawn first, read after: the reads (copies, decodes) run back to
         // back, as a plan's precomputed indices let a single dataset's. A
         // sample that cannot be drawn ends the draws; the samples before it
         // are read, then it settles as the error it is.
-        let mut draws: SmallVec<[(usize, SampleKey); 64]> = SmallVec::with_capacity(keys.len());
-        let mut failed = None;
-        for key in keys {
-            let p = match self.position(*key) {
-                Ok(p) => p,
-                Err(e) => {
-                    failed = Some((key.index, e));
-                    break;
-                }
-            };
-            let d = drawer.at(p);
-            let seed = if key.seed == job_seed { seeds[d.source] } else { source_seed(key.seed, d.source) };
-            draws.push((d.source, own_key(&d, seed)));
-        }
+        let (draws, failed) = self.draw(keys);
         for (i, (key, &(k, own))) in keys.iter().zip(&draws).enumerate() {
             // The next sample's bytes start loading while this one's are
             // copied: a mixture's loop (a virtual call and more bookkeeping

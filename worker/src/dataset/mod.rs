@@ -103,6 +103,22 @@ pub trait Dataset: Send + Sync + std::fmt::Debug {
         let _ = key;
     }
 
+    /// True when the dataset's reads wait on a network (objects in a
+    /// store): the producer then tells it, with
+    /// [`prefetch_batch`](Dataset::prefetch_batch), of the batches it makes
+    /// next, so that their fetches overlap the batches made meanwhile.
+    fn fetches_ahead(&self) -> bool {
+        false
+    }
+
+    /// Hints that the samples `keys` (a batch made soon, after the one at
+    /// hand) are read soon: a dataset that [`fetches_ahead`]
+    /// (Dataset::fetches_ahead) starts fetching their bytes and returns at
+    /// once. The default does nothing.
+    fn prefetch_batch(&self, keys: &[SampleKey]) {
+        let _ = keys;
+    }
+
     /// True when `read_into` writes every byte of every row. A reused
     /// buffer (a shared-memory slot) is then not zeroed first, which saves a
     /// pass over the whole batch.

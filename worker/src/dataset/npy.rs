@@ -105,13 +105,21 @@ impl Dataset for Npy {
         }
     }
 
-    fn read_batch(&self, keys: &[SampleKey], batch: &mut super::BatchRows<'_>) -> Result<(), DatasetError> {
-        if self.columns.iter().any(|c| c.file.is_remote()) {
-            // Every chunk the batch needs is asked for at once.
+    fn fetches_ahead(&self) -> bool {
+        self.columns.iter().any(|c| c.file.is_remote())
+    }
+
+    fn prefetch_batch(&self, keys: &[SampleKey]) {
+        if self.fetches_ahead() {
             for &key in keys {
                 self.prefetch(key);
             }
         }
+    }
+
+    fn read_batch(&self, keys: &[SampleKey], batch: &mut super::BatchRows<'_>) -> Result<(), DatasetError> {
+        // Every chunk the batch needs is asked for at once.
+        self.prefetch_batch(keys);
         super::read_each(self, keys, batch)
     }
 

@@ -106,14 +106,22 @@ impl Dataset for Tokens {
         }
     }
 
-    fn read_batch(&self, keys: &[SampleKey], batch: &mut super::BatchRows<'_>) -> Result<(), DatasetError> {
+    fn fetches_ahead(&self) -> bool {
+        self.file.is_remote()
+    }
+
+    fn prefetch_batch(&self, keys: &[SampleKey]) {
         if self.file.is_remote() {
-            // Every chunk the batch needs is asked for at once: one round
-            // trip's wait for the batch, not one per chunk.
             for &key in keys {
                 self.prefetch(key);
             }
         }
+    }
+
+    fn read_batch(&self, keys: &[SampleKey], batch: &mut super::BatchRows<'_>) -> Result<(), DatasetError> {
+        // Every chunk the batch needs is asked for at once: one round
+        // trip's wait for the batch, not one per chunk.
+        self.prefetch_batch(keys);
         super::read_each(self, keys, batch)
     }
 

@@ -75,6 +75,14 @@ impl Dataset for Transformed {
         Ok(())
     }
 
+    fn fetches_ahead(&self) -> bool {
+        self.inner.fetches_ahead()
+    }
+
+    fn prefetch_batch(&self, keys: &[SampleKey]) {
+        self.inner.prefetch_batch(keys);
+    }
+
     fn writes_whole_rows(&self) -> bool {
         // Steps only rewrite what the inner dataset wrote.
         self.inner.writes_whole_rows()

@@ -122,8 +122,11 @@ impl Dataset for WebDataset {
         self.len
     }
 
-    fn read_batch(&self, keys: &[SampleKey], batch: &mut super::BatchRows<'_>) -> Result<(), DatasetError> {
-        // Shards in a store: every member the batch needs is asked for at once.
+    fn fetches_ahead(&self) -> bool {
+        self.shards.iter().any(|s| s.file.is_remote())
+    }
+
+    fn prefetch_batch(&self, keys: &[SampleKey]) {
         for &key in keys {
             if let Some((shard, sample)) = self.locate(key.index).filter(|(s, _)| s.file.is_remote()) {
                 for m in sample.image.iter().chain(&sample.label) {
@@ -131,6 +134,11 @@ impl Dataset for WebDataset {
                 }
             }
         }
+    }
+
+    fn read_batch(&self, keys: &[SampleKey], batch: &mut super::BatchRows<'_>) -> Result<(), DatasetError> {
+        // Shards in a store: every member the batch needs is asked for at once.
+        self.prefetch_batch(keys);
         super::read_each(self, keys, batch)
     }
 

@@ -1,0 +1,82 @@
+//! Telling a dataset whose reads wait on a network (objects in a store)
+//! which batches this worker makes next.
+//!
+//! A worker's queued tasks say which batches it makes next, and the plan
+//! says which samples each holds. A dataset that reads from a store starts
+//! fetching those samples' bytes while the worker makes the batch at hand,
+//! so that a batch's fetch overlaps the decoding of the ones before it
+//! instead of following it. A local dataset is never asked: it has
+//! nothing to wait on.
+
+use loader_proto::pb::Task;
+use loader_proto::sampler::Plan;
+
+use crate::dataset::{Dataset, SampleKey};
+
+/// Batches after the one being made that a dataset is told of: one to
+/// overlap the batch at hand, one more for a store that answers slowly.
+pub(crate) const BATCHES: usize = 2;
+
+/// The [`BATCHES`] batches this worker makes after batch `seq` of `task`:
+/// the task's next ones, then those of the tasks `queued` behind it for
+/// the same job. Each is (the consumer whose order it follows, its
+/// sequence number).
+pub(crate) fn upcoming<'a>(task: &Task, seq: u64, queued: impl Iterator<Item = &'a Task>) -> Vec<(u32, u64)> {
+    let job_id = |t: &Task| t.job.as_ref().map(|j| j.job_id);
+    let batches = |t: &Task, from: u64| {
+        let rank = t.rank.unwrap_or(t.consumer);
+        (from..t.end_seq).map(move |s| (rank, s))
+    };
+    let same_job = queued.filter(|t| job_id(t) == job_id(task));
+    batches(task, seq.saturating_add(1))
+        .chain(same_job.flat_map(|t| batches(t, t.start_seq)))
+        .take(BATCHES)
+        .collect()
+}
+
+/// Tells `dataset` of the samples of each of `batches` in `plan`, when it
+/// fetches ahead. A batch the plan does not hold is passed over: the task
+/// that names it fails on its own when its turn comes.
+pub(crate) fn hint(dataset: &dyn Dataset, plan: &Plan, batches: &[(u32, u64)]) {
+    for &(rank, seq) in batches.iter().filter(|(_, seq)| (plan.first_seq()..plan.total_batches()).contains(seq)) {
+        let (epoch, _) = plan.locate(seq);
+        let keys: Vec<SampleKey> = plan
+            .batch_indices(rank, seq)
+            .into_iter()
+            .map(|index| SampleKey { seed: plan.seed, epoch: u64::from(epoch), index })
+            .collect();
+        dataset.prefetch_batch(&keys);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use loader_proto::pb::Job;
+
+    use super::*;
+
+    fn task(job_id: u64, consumer: u32, seqs: std::ops::Range<u64>) -> Task {
+        Task {
+            job: Some(Job { job_id, ..Default::default() }),
+            consumer,
+            start_seq: seqs.start,
+            end_seq: seqs.end,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_next_batches_come_from_the_task_then_the_queue_of_its_job() {
+        let at = task(1, 0, 10..12);
+        let queued = [task(2, 0, 0..5), task(1, 1, 4..5), task(1, 0, 12..14)];
+        // Batch 10: the task's batch 11, then the first queued task of job 1.
+        assert_eq!(upcoming(&at, 10, queued.iter()), vec![(0, 11), (1, 4)]);
+        // Its last batch: only queued tasks of job 1, in queue order.
+        assert_eq!(upcoming(&at, 11, queued.iter()), vec![(1, 4), (0, 12)]);
+        // Nothing queued: what is left of the task.
+        assert_eq!(upcoming(&at, 11, [].iter()), vec![]);
+        let mut shared = task(1, 3, 0..1);
+        shared.rank = Some(0);
+        assert_eq!(upcoming(&at, 11, [shared].iter()), vec![(0, 0)], "a shared stream's task follows its rank's order");
+    }
+}
