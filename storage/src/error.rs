@@ -81,6 +81,34 @@ fn causes(e: &(dyn std::error::Error + 'static)) -> String {
     }
 }
 
+/// `s` on one line; without the dangling `:` of a status whose answer had
+/// no body (`503 Service Unavailable:`, as every HEAD's).
 fn one_line(s: &str) -> String {
-    s.split_whitespace().collect::<Vec<_>>().join(" ")
+    s.split_whitespace().collect::<Vec<_>>().join(" ").trim_end_matches([':', ' ']).to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store_error(message: &str) -> Box<dyn std::error::Error + Send + Sync> {
+        Box::new(std::io::Error::other(message.to_owned()))
+    }
+
+    #[test]
+    fn a_store_failure_is_one_line_naming_the_object_and_the_store() {
+        let e = object_store::Error::Generic { store: "S3", source: store_error("after 8 retries - 503 Service Unavailable: ") };
+        let e = StorageError::from_store("s3://b/k", "http://127.0.0.1:9", e);
+        assert_eq!(e.kind, ErrorKind::Unavailable);
+        assert_eq!(e.to_string(), "s3://b/k: the store at http://127.0.0.1:9 failed: Generic S3 error: after 8 retries - 503 Service Unavailable");
+    }
+
+    #[test]
+    fn a_refusal_with_a_multi_line_body_is_one_line() {
+        let body = "403 Forbidden: <?xml version=\"1.0\"?>\n<Error>\n  <Code>AccessDenied</Code>\n</Error>\n";
+        let e = object_store::Error::PermissionDenied { path: "k".into(), source: store_error(body) };
+        let e = StorageError::from_store("s3://b/k", "", e).to_string();
+        assert!(e.starts_with("s3://b/k: access denied: 403 Forbidden: <?xml version=\"1.0\"?> <Error> <Code>AccessDenied</Code> </Error> (credentials"), "{e}");
+        assert!(!e.contains('\n'), "{e}");
+    }
 }

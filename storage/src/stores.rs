@@ -12,7 +12,16 @@
 //!
 //! Requests that fail with a server error or time out are retried with
 //! exponential backoff and jitter, at most [`RETRIES`] times within
-//! [`RETRY_TIMEOUT`]; then the read fails naming the object.
+//! [`RETRY_TIMEOUT`]; then the read fails naming the object. Each backoff
+//! is drawn between 0.1 s and twice the one before, so the retries of a
+//! store that answers 5xx or refuses connections are spent in 1-4 s; the
+//! time limit is what ends the reads of a store that does not answer.
+//! `LOADER_STORAGE_RETRY_TIMEOUT` (seconds, [`RETRY_TIMEOUT_VAR`]) sets
+//! that time instead, for operators whose stores or networks want more
+//! patience or less; it also bounds each request's and connection's own
+//! time, so that a store that stops answering fails a read within it. A
+//! value that is not a number of seconds fails every read in one line
+//! naming the variable, rather than running with a limit nobody chose.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -26,8 +35,14 @@ use crate::{ObjectUrl, StorageError};
 
 /// Retries of one request before its read fails.
 pub const RETRIES: usize = 8;
-/// Longest a request and its retries may take.
+/// Longest a request and its retries may take, unless
+/// [`RETRY_TIMEOUT_VAR`] says otherwise.
 pub const RETRY_TIMEOUT: Duration = Duration::from_secs(60);
+/// The environment variable that replaces [`RETRY_TIMEOUT`], in seconds.
+pub const RETRY_TIMEOUT_VAR: &str = "LOADER_STORAGE_RETRY_TIMEOUT";
+/// The largest [`RETRY_TIMEOUT_VAR`]: past an hour a read that waits is a
+/// job that hangs.
+const MAX_RETRY_TIMEOUT: Duration = Duration::from_secs(3600);
 /// Longest one request may take (a 16 MB range at a slow link included).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -47,26 +62,78 @@ pub fn store(url: &ObjectUrl) -> Result<Store, StorageError> {
     if let Some(s) = stores.get(&url.bucket) {
         return Ok(s.clone());
     }
-    let s = build(url)?;
+    let budget = std::env::var_os(RETRY_TIMEOUT_VAR).map(|v| v.to_string_lossy().into_owned());
+    let s = build(url, budget.as_deref())?;
     stores.insert(url.bucket.clone(), s.clone());
     Ok(s)
 }
 
-fn build(url: &ObjectUrl) -> Result<Store, StorageError> {
+/// The client of `url`'s bucket; `retry_budget` is [`RETRY_TIMEOUT_VAR`]'s
+/// value, if set.
+fn build(url: &ObjectUrl, retry_budget: Option<&str>) -> Result<Store, StorageError> {
     let config = |problem: String| StorageError::new(url.to_string(), ErrorKind::Config, problem);
     let builder = AmazonS3Builder::from_env().with_bucket_name(&url.bucket);
     let endpoint = builder.get_config_value(&AmazonS3ConfigKey::Endpoint).unwrap_or_default();
-    let retry = RetryConfig { max_retries: RETRIES, retry_timeout: RETRY_TIMEOUT, ..RetryConfig::default() };
+    let retry_timeout = retry_timeout(retry_budget).map_err(config)?;
+    let retry = RetryConfig { max_retries: RETRIES, retry_timeout, ..RetryConfig::default() };
     let client = builder
         .with_retry(retry)
         .with_client_options(
             ClientOptions::new()
-                .with_timeout(REQUEST_TIMEOUT)
-                .with_connect_timeout(CONNECT_TIMEOUT)
+                .with_timeout(REQUEST_TIMEOUT.min(retry_timeout))
+                .with_connect_timeout(CONNECT_TIMEOUT.min(retry_timeout))
                 // A store on the local network may speak plain HTTP.
                 .with_allow_http(endpoint.starts_with("http://")),
         )
         .build()
         .map_err(|e| config(e.to_string()))?;
     Ok(Store { client: Arc::new(client), endpoint })
+}
+
+/// The retry budget `value` (of [`RETRY_TIMEOUT_VAR`]) asks for:
+/// [`RETRY_TIMEOUT`] when unset, else seconds (`10`, `2.5`) above 0 and at
+/// most [`MAX_RETRY_TIMEOUT`].
+fn retry_timeout(value: Option<&str>) -> Result<Duration, String> {
+    let Some(value) = value else { return Ok(RETRY_TIMEOUT) };
+    value
+        .trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|s| *s > 0.0 && *s <= MAX_RETRY_TIMEOUT.as_secs_f64())
+        .map(Duration::from_secs_f64)
+        .ok_or_else(|| {
+            format!(
+                "{RETRY_TIMEOUT_VAR}={value:?} is not a number of seconds above 0 and at most {} \
+                 (how long a store's request and its retries may take; unset, {} s)",
+                MAX_RETRY_TIMEOUT.as_secs(),
+                RETRY_TIMEOUT.as_secs()
+            )
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_retry_budget_is_seconds_or_a_one_line_error_naming_the_variable() {
+        assert_eq!(retry_timeout(None), Ok(RETRY_TIMEOUT));
+        assert_eq!(retry_timeout(Some("5")), Ok(Duration::from_secs(5)));
+        assert_eq!(retry_timeout(Some(" 2.5 ")), Ok(Duration::from_millis(2500)));
+        assert_eq!(retry_timeout(Some("3600")), Ok(MAX_RETRY_TIMEOUT));
+        for bad in ["", "abc", "0", "-1", "NaN", "inf", "3601", "5s", "1e9"] {
+            let e = retry_timeout(Some(bad)).expect_err(bad);
+            assert!(e.starts_with(&format!("{RETRY_TIMEOUT_VAR}={bad:?} is not a number of seconds")), "{bad}: {e}");
+            assert!(!e.contains('\n'), "one line: {e}");
+        }
+    }
+
+    #[test]
+    fn a_bad_retry_budget_fails_the_read_in_one_line_naming_the_object_and_the_variable() {
+        let url = ObjectUrl::parse("s3://b/k").expect("url");
+        let e = build(&url, Some("soon")).expect_err("a bad budget");
+        assert_eq!(e.kind, ErrorKind::Config);
+        assert!(e.to_string().starts_with("s3://b/k: LOADER_STORAGE_RETRY_TIMEOUT=\"soon\" is not a number of seconds"), "{e}");
+        assert!(build(&url, Some("2")).is_ok(), "a good one builds");
+    }
 }

@@ -30,6 +30,11 @@
 //! - [`dataset_files`]: images, class folders, tar shards and npy arrays
 //!   written by tests.
 //! - [`scrape`]: a process's Prometheus `/metrics`, fetched and parsed.
+//! - [`moto`]: moto's S3 server and boto3, from `LOADER_PYTHON`'s
+//!   virtualenv, for datasets in object storage.
+//! - [`fault_relay`](FaultRelay): a loopback relay in front of that server
+//!   that answers as a failing store would (503, 403, silence), switched
+//!   at run time.
 //! - [`skipped`]: a test that cannot run here says so (and fails in CI,
 //!   which installs what every test needs).
 
@@ -38,6 +43,8 @@ mod certs;
 mod cluster;
 mod kube_api;
 pub mod dataset_files;
+mod fault_relay;
+pub mod moto;
 mod netns;
 mod otlp;
 mod proc;
@@ -53,6 +60,7 @@ pub use admin::Admin;
 pub use certs::{TestCa, TestCert, write_secret};
 pub use kube_api::{KubeApi, KubeRequest};
 pub use cluster::{Cluster, ClusterBuilder};
+pub use fault_relay::{Fault, FaultRelay};
 pub use netns::{HOST_ADDR, NS_ADDR, RemoteNamespace};
 pub use otlp::{OtlpReceiver, ReceivedSpan, string_attribute};
 pub use proc::{Proc, binary, loaderctl};

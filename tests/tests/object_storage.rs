@@ -15,37 +15,20 @@
 //! variables, set once before any other thread of the test reads them.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use loader_client::spec::{self, transforms};
 use loader_client::{Dtype, JobSpec, Loader};
 use loader_e2e::dataset_files::{jpeg, png, rgb, write_npy, write_parquet, write_shard};
+use loader_e2e::moto::{self, boto3};
 use loader_e2e::scrape::{metrics_addr, scrape, sum};
-use loader_e2e::{Cluster, Proc, run, skipped};
+use loader_e2e::{Cluster, run, skipped};
 
 /// A window is 64 + 1 uint16 ids; 2^22 ids (8 MB, two of the store
 /// reader's 4 MB chunks) make 65,535 windows, some across the boundary.
 const IDS: u32 = 1 << 22;
 const CONTEXT: u64 = 64;
-
-/// The virtualenv's Python (test.sh's `LOADER_PYTHON`), whose `bin` holds
-/// `moto_server` and boto3.
-fn python() -> Option<PathBuf> {
-    let python = PathBuf::from(std::env::var_os("LOADER_PYTHON")?);
-    python.parent()?.join("moto_server").exists().then_some(python)
-}
-
-/// Runs `code` in the virtualenv's Python with boto3 pointed at `endpoint`.
-fn boto3(python: &Path, endpoint: &str, code: &str) {
-    let prelude = format!(
-        "import boto3\ns3 = boto3.client('s3', endpoint_url={endpoint:?}, aws_access_key_id='test', \
-         aws_secret_access_key='test', region_name='us-east-1')\n"
-    );
-    let status = Command::new(python).arg("-c").arg(prelude + code).status().expect("run python");
-    assert!(status.success(), "boto3: {code}");
-}
 
 /// A batch: its indices and every tensor's bytes.
 type Read = (Vec<u64>, Vec<Vec<u8>>);
@@ -77,15 +60,12 @@ fn tokens_job(path: impl AsRef<Path>, epochs: u32) -> JobSpec {
 
 #[test]
 fn a_token_file_in_a_bucket_reads_as_from_local_disk_and_failures_are_one_line() {
-    let Some(python) = python() else {
+    let Some(python) = moto::python() else {
         skipped("moto_server is not in LOADER_PYTHON's virtualenv (test.sh installs moto[server])");
         return;
     };
     run(Duration::from_secs(300), move |scope| {
-        let mut moto = Command::new(python.with_file_name("moto_server"));
-        moto.args(["-H", "127.0.0.1", "-p", "0"]);
-        let moto = Proc::spawn_capturing_stderr(&scope, "moto_server", moto, false);
-        let endpoint = wait_for_endpoint(&moto);
+        let (_moto, endpoint) = moto::start(&scope, &python);
         // SAFETY: set before this test starts any thread that reads the
         // environment (the only test of this binary; moto's output readers
         // read none); the cluster's processes inherit them.
@@ -263,16 +243,4 @@ fn a_token_file_in_a_bucket_reads_as_from_local_disk_and_failures_are_one_line()
         assert!(error.contains("s3://data/tokens.bin") && error.contains("changed since the job opened it"), "{error}");
         assert!(!error.contains('\n'), "one line: {error}");
     });
-}
-
-/// moto's `Running on http://127.0.0.1:PORT` line (on stderr), within 30 s.
-fn wait_for_endpoint(moto: &Proc) -> String {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(url) = moto.stderr().iter().find_map(|l| l.split("Running on ").nth(1).map(|u| u.trim().to_owned())) {
-            return url;
-        }
-        assert!(Instant::now() < deadline, "moto_server did not start within 30 s");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }

@@ -1,0 +1,54 @@
+//! moto's standalone S3 server (`moto_server`, from PyPI), the real S3 API
+//! the object-storage tests read through, and boto3 to fill its buckets.
+//! Both come from the virtualenv whose Python `LOADER_PYTHON` names
+//! (test.sh installs `moto[server]` there).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::proc::Proc;
+use crate::scope::Scope;
+
+/// How long moto may take to print the address it listens on.
+const STARTUP: Duration = Duration::from_secs(30);
+
+/// The virtualenv's Python (test.sh's `LOADER_PYTHON`), whose `bin` holds
+/// `moto_server` and boto3; None when it has none.
+pub fn python() -> Option<PathBuf> {
+    let python = PathBuf::from(std::env::var_os("LOADER_PYTHON")?);
+    python.parent()?.join("moto_server").exists().then_some(python)
+}
+
+/// Starts `moto_server` from `python`'s virtualenv on a loopback port;
+/// the process (killed when dropped) and its endpoint (`http://127.0.0.1:PORT`).
+pub fn start(scope: &Scope, python: &Path) -> (Proc, String) {
+    let mut moto = Command::new(python.with_file_name("moto_server"));
+    moto.args(["-H", "127.0.0.1", "-p", "0"]);
+    let moto = Proc::spawn_capturing_stderr(scope, "moto_server", moto, false);
+    let endpoint = wait_for_endpoint(&moto);
+    (moto, endpoint)
+}
+
+/// Runs `code` in the virtualenv's Python with boto3 pointed at `endpoint`.
+pub fn boto3(python: &Path, endpoint: &str, code: &str) {
+    let prelude = format!(
+        "import boto3\ns3 = boto3.client('s3', endpoint_url={endpoint:?}, aws_access_key_id='test', \
+         aws_secret_access_key='test', region_name='us-east-1')\n"
+    );
+    let status = Command::new(python).arg("-c").arg(prelude + code).status().expect("run python");
+    assert!(status.success(), "boto3: {code}");
+}
+
+/// moto's `Running on http://127.0.0.1:PORT` line (on stderr), within
+/// [`STARTUP`].
+pub fn wait_for_endpoint(moto: &Proc) -> String {
+    let deadline = Instant::now() + STARTUP;
+    loop {
+        if let Some(url) = moto.stderr().iter().find_map(|l| l.split("Running on ").nth(1).map(|u| u.trim().to_owned())) {
+            return url;
+        }
+        assert!(Instant::now() < deadline, "moto_server did not start within {STARTUP:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
