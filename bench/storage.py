@@ -69,7 +69,20 @@ def run(bin: Path, args: list[str], env: dict[str, str]) -> list[float]:
     if out.returncode != 0:
         raise SystemExit(f"loaderctl {' '.join(args)}: {out.stderr.strip().splitlines()[-1:]}")
     record = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")][-1]
-    return record["epochs_samples_per_s"]
+    return record["epochs_samples_per_s"], record["first_batch_s"]
+
+
+def cpu_s(procs: list[subprocess.Popen]) -> float:
+    """CPU seconds (user + system) the processes `procs` have used so far."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for p in procs:
+        try:
+            fields = Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total
 
 
 def main() -> None:
@@ -155,13 +168,22 @@ def main() -> None:
                         s3.upload_file(str(path), "bench", f"{lib}-{kind}/{path.relative_to(out)}")
                 shutil.rmtree(out)
             rates: dict[str, list[list[float]]] = {"local": [], "store": [], **{lib: [] for lib in libs}}
+            # Cores the store and the relay used while Loader read from the
+            # store: CPU the workers could not have on this machine.
+            harness: list[float] = []
+            firsts: dict[str, list[float]] = {"local": [], "store": []}
             for r in range(args.repeats):
                 order = [("local", local), ("store", url)] + [(lib, None) for lib in libs]
                 if r % 2:
                     order.reverse()
                 for source, path in order:
                     if path is not None:
-                        rates[source].append(run(args.bin, [*flags, *common, "--path", path], env))
+                        used, started = cpu_s([store, relay]), time.monotonic()
+                        epochs, first = run(args.bin, [*flags, *common, "--path", path], env)
+                        rates[source].append(epochs)
+                        firsts[source].append(first)
+                        if source == "store":
+                            harness.append((cpu_s([store, relay]) - used) / (time.monotonic() - started))
                         continue
                     cache = tempfile.mkdtemp(dir=work)
                     out = subprocess.run(
@@ -182,6 +204,10 @@ def main() -> None:
                 for lib in libs:
                     row += f"; {lib} {med[lib][e]:,.0f} (Loader {med['store'][e] / med[lib][e]:.2f}x)"
                 print(row, flush=True)
+            print(f"{name}: first batch: local {statistics.median(firsts['local']):.2f} s, "
+                  f"store {statistics.median(firsts['store']):.2f} s", flush=True)
+            print(f"{name}: the store and the relay used {statistics.median(harness):.2f} cores on average while "
+                  f"Loader read from the store (of {os.cpu_count()})", flush=True)
     finally:
         for p in reversed(procs):
             p.kill()

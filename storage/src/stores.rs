@@ -11,11 +11,16 @@
 //! (`~/.aws/credentials` profiles) are not read.
 //!
 //! Requests that fail with a server error or time out are retried with
-//! exponential backoff and jitter, at most [`RETRIES`] times within
-//! [`RETRY_TIMEOUT`]; then the read fails naming the object. Each backoff
-//! is drawn between 0.1 s and twice the one before, so the retries of a
-//! store that answers 5xx or refuses connections are spent in 1-4 s; the
-//! time limit is what ends the reads of a store that does not answer.
+//! exponential backoff and jitter (each backoff drawn between 0.1 s and
+//! twice the one before, at most 15 s), within [`RETRY_TIMEOUT`]; then the
+//! read fails naming the object. How many times depends on who reads:
+//!
+//! - a worker ([`ride_out_outages`]) retries until the time is spent: a
+//!   store that throttles (`503 Slow Down`) or restarts for a few seconds
+//!   delays its batches, it does not fail the job;
+//! - a submitter (the SDKs, `loaderctl`) retries [`RETRIES`] times, spent
+//!   in 1-4 s, so that a wrong endpoint or a store that is down is said at
+//!   once, when the job is submitted.
 //! `LOADER_STORAGE_RETRY_TIMEOUT` (seconds, [`RETRY_TIMEOUT_VAR`]) sets
 //! that time instead, for operators whose stores or networks want more
 //! patience or less; it also bounds each request's and connection's own
@@ -24,6 +29,7 @@
 //! naming the variable, rather than running with a limit nobody chose.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -33,8 +39,21 @@ use object_store::{ClientOptions, ObjectStore, RetryConfig};
 use crate::error::ErrorKind;
 use crate::{ObjectUrl, StorageError};
 
-/// Retries of one request before its read fails.
+/// Retries of one request before a submitter's read fails.
 pub const RETRIES: usize = 8;
+/// A worker's retries: as many as fit in the time ([`RETRY_TIMEOUT`]),
+/// which ends them first.
+const WORKER_RETRIES: usize = 1000;
+
+/// Whether this process retries until [`RETRY_TIMEOUT`] ends it.
+static RIDES_OUT: AtomicBool = AtomicBool::new(false);
+
+/// Makes this process's reads retry a failing store until the retry time
+/// is spent, not [`RETRIES`] times: what a worker does, whose batches can
+/// wait out a throttle or a store's restart. Call before the first read.
+pub fn ride_out_outages() {
+    RIDES_OUT.store(true, Ordering::Relaxed);
+}
 /// Longest a request and its retries may take, unless
 /// [`RETRY_TIMEOUT_VAR`] says otherwise.
 pub const RETRY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -75,7 +94,8 @@ fn build(url: &ObjectUrl, retry_budget: Option<&str>) -> Result<Store, StorageEr
     let builder = AmazonS3Builder::from_env().with_bucket_name(&url.bucket);
     let endpoint = builder.get_config_value(&AmazonS3ConfigKey::Endpoint).unwrap_or_default();
     let retry_timeout = retry_timeout(retry_budget).map_err(config)?;
-    let retry = RetryConfig { max_retries: RETRIES, retry_timeout, ..RetryConfig::default() };
+    let max_retries = if RIDES_OUT.load(Ordering::Relaxed) { WORKER_RETRIES } else { RETRIES };
+    let retry = RetryConfig { max_retries, retry_timeout, ..RetryConfig::default() };
     let client = builder
         .with_retry(retry)
         .with_client_options(
