@@ -14,6 +14,8 @@
 //! - `scale`: sets how many workers a coordinator's worker pool runs.
 //! - `top`: the live view: rates from successive polls, one frame's text,
 //!   the redraw loop.
+//! - `storage`: the workers' reads from object stores, as `status` and
+//!   `top` show them (only when a worker read from one).
 //! - `terminal`: the terminal while `top` runs: alternate screen, keys
 //!   without Enter, restored on every way out.
 //! - `table`: plain aligned text tables.
@@ -29,6 +31,7 @@ mod run;
 mod scale;
 mod signals;
 mod status;
+mod storage;
 mod table;
 mod terminal;
 mod top;
@@ -413,8 +416,14 @@ pub struct StatusArgs {
     /// worker_id, address, node, outstanding (batches assigned, not yet
     /// delivered), delivered (batches), delivered_samples, busy (fraction
     /// 0..1 of the last heartbeat interval its producer spent making
-    /// batches), last_seen_ms, draining. A session has session_id, job_id,
-    /// consumer (the rank, or on a shared stream its subscriber), node,
+    /// batches), last_seen_ms, draining, pid, storage (null unless it read
+    /// from an object store; totals since it started: requests,
+    /// failed_requests, bytes, chunk_reads, chunk_fetches, chunk_hit_ratio,
+    /// object_reads_local, object_reads_store, object_hit_ratio,
+    /// latency_p50_ms and latency_p99_ms (bounds: powers of two),
+    /// latency_buckets (entry i: requests under 2^i ms)). A session has
+    /// session_id, job_id, consumer (the rank, or on a shared stream its
+    /// subscriber), node,
     /// ring, last_seen_ms, stall_ms (total time the trainer waited for
     /// batches). A job has job_id, name, dataset, num_samples, batch_size,
     /// batches_per_epoch, error (null unless the job failed), shared,
@@ -444,8 +453,10 @@ pub struct StatusArgs {
 #[command(after_long_help = "Workers: samples/s and batches/s delivered, BUSY = time the producer spent making \
 batches, QUEUE = batches assigned and not yet delivered. Sessions: STALL = share of the interval the trainer \
 waited for batches, WATERMARK = batches consumed / total. Jobs: batches consumed / total, delivery rate, and \
-the ETA at that rate. Rates are differences between polls of the coordinator's AdminService, taken \
-between the heartbeats the polls saw (`-` until there are two). \
+the ETA at that rate. Storage (only when a worker read from an object store): requests and MB per second \
+from the store, then totals since the worker started: requests, failed, the local copy's hit ratio for chunks \
+and for an image folder's objects, p50 and p99 latency (power-of-two bounds). Rates are differences between \
+polls of the coordinator's AdminService, taken between the heartbeats the polls saw (`-` until there are two). \
 Quit with q, Ctrl-C or SIGTERM; the terminal is restored and the exit code is 0.")]
 pub struct TopArgs {
     /// Coordinator URL.

@@ -127,6 +127,7 @@ fn status_json(status: &Status) -> serde_json::Value {
                 "last_seen_ms": w.last_seen_ms,
                 "draining": w.draining,
                 "pid": w.pid,
+                "storage": super::storage::json(w.storage.as_ref()),
             })
         })
         .collect();
@@ -212,8 +213,9 @@ const SHOWN: usize = 40;
 const RANKS_SHOWN: usize = 8;
 
 /// The tables, each with at most `shown` rows: workers holding the most
-/// undelivered batches first (draining ones before all), sessions that
-/// stalled longest first; a last line says how many were left out.
+/// undelivered batches first (draining ones before all), then their reads
+/// from stores if any, sessions that stalled longest first; a last line
+/// says how many were left out.
 fn render_status(status: &Status, shown: usize) -> String {
     let Status {
         workers,
@@ -228,8 +230,13 @@ fn render_status(status: &Status, shown: usize) -> String {
         (0, 0) => String::new(),
         (w, s) => format!("\n({w} workers and {s} sessions not listed: --all lists every one, --json gives them to scripts)\n"),
     };
+    // Nothing, not an empty table, when no worker read from a store.
+    let storage = match super::storage::status_table(workers, shown) {
+        table if table.is_empty() => table,
+        table => format!("\n{table}"),
+    };
     format!(
-        "WORKERS ({})\n{}\nSESSIONS ({})\n{}\nJOBS ({})\n{}{left_out}",
+        "WORKERS ({})\n{}{storage}\nSESSIONS ({})\n{}\nJOBS ({})\n{}{left_out}",
         workers.len(),
         worker_table(&listed_workers),
         sessions.len(),
@@ -492,11 +499,12 @@ mod tests {
             keys(&v["workers"][0]),
             [
                 "address", "busy", "delivered", "delivered_samples", "draining", "last_seen_ms", "node",
-                "outstanding", "pid", "worker_id"
+                "outstanding", "pid", "storage", "worker_id"
             ]
         );
         assert_eq!(v["workers"][0]["worker_id"], 7);
         assert_eq!(v["workers"][0]["busy"], 0.25);
+        assert_eq!(v["workers"][0]["storage"], serde_json::Value::Null, "read nothing from a store");
         assert_eq!(
             keys(&v["sessions"][0]),
             ["consumer", "job_id", "last_seen_ms", "node", "ring", "session_id", "stall_ms"]
@@ -573,6 +581,33 @@ mod tests {
         assert_eq!(cell(&status), "on", "used, nothing read yet");
     }
 
+    /// A worker that read from a store adds a STORAGE table under the
+    /// workers' and a `storage` object to its JSON; without one, status
+    /// prints what it always did.
+    #[test]
+    fn reads_from_stores_show_under_the_workers() {
+        let mut status = sample();
+        let plain = render_status(&status, SHOWN);
+        assert!(!plain.contains("STORAGE"), "{plain}");
+        assert!(plain.contains("\n\nSESSIONS (1)\n"), "{plain}");
+        status.workers[0].storage = Some(loader_proto::pb::StorageUse {
+            requests: 40,
+            bytes: 12_000_000,
+            chunk_reads: 10,
+            chunk_fetches: 4,
+            latency_buckets: vec![0, 0, 0, 0, 30, 10],
+            ..Default::default()
+        });
+        let out = render_status(&status, SHOWN);
+        let storage = out.find("STORAGE (1 worker read from stores; totals since they started)").expect("a storage table");
+        assert!(out.find("WORKERS (1)").is_some_and(|w| w < storage) && out.find("SESSIONS (1)").is_some_and(|s| s > storage), "{out}");
+        let row: Vec<&str> = out.lines().find(|l| l.starts_with("7 ") && l.contains("12.0")).expect("the worker's row").split_whitespace().collect();
+        assert_eq!(row, ["7", "40", "12.0", "0", "60%", "-", "<16ms", "<32ms"], "{out}");
+        assert!(out.contains("<32ms\n\nSESSIONS (1)\n"), "one blank line before the sessions: {out}");
+        let v = status_json(&status);
+        assert_eq!((v["workers"][0]["storage"]["requests"].clone(), v["workers"][0]["storage"]["bytes"].clone()), (40.into(), 12_000_000.into()));
+    }
+
     #[test]
     fn renders_workers_and_jobs() {
         let workers = vec![WorkerInfo {
@@ -586,6 +621,7 @@ mod tests {
             busy: 0.5,
             delivered_samples: 640,
             pid: 4242,
+            storage: None,
         }];
         let sessions = vec![SessionInfo {
             session_id: 4294967297,

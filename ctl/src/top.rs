@@ -1,6 +1,8 @@
 //! `loaderctl top`: a live view of a deployment, redrawn every interval.
 //! Workers: samples and batches delivered per second, how busy the
-//! producer was, the queue (batches assigned, not yet delivered). Sessions:
+//! producer was, the queue (batches assigned, not yet delivered); when any
+//! read from an object store, their requests and MB per second from the
+//! store, failures, hit ratios and latency (`storage`). Sessions:
 //! the share of time the trainer waited for batches (stall), and its
 //! watermark. Jobs: progress, delivery rate and the ETA at that rate.
 //!
@@ -24,6 +26,7 @@ use loader_proto::pb::{ConsumerProgress, JobInfo};
 use super::TopArgs;
 use super::signals;
 use super::status::{self, Status};
+use super::storage;
 use super::table::render;
 use super::terminal::{Input, Screen};
 
@@ -191,6 +194,8 @@ impl Reports {
 #[derive(Debug, Default)]
 struct View {
     workers: Reports,
+    /// The workers' requests to stores and bytes fetched.
+    storage: Reports,
     sessions: Reports,
     /// Each job's distinct delivered batches at the previous poll, and when.
     jobs: HashMap<u64, (Instant, u64)>,
@@ -247,10 +252,11 @@ impl View {
     fn frame(&mut self, address: &str, now: &Poll) -> String {
         let Status { workers, sessions, jobs } = &now.status;
         let worker_rows = self.worker_rows(now);
+        let storage = self.storage_table(now);
         let session_rows = self.session_rows(now);
         let job_rows = self.job_rows(now);
         format!(
-            "{}\n\nWORKERS ({})\n{}\nSESSIONS ({})\n{}\nJOBS ({})\n{}",
+            "{}\n\nWORKERS ({})\n{}{storage}\nSESSIONS ({})\n{}\nJOBS ({})\n{}",
             title(address),
             workers.len(),
             render(&["ID", "ADDRESS", "SAMPLES/S", "BATCHES/S", "BUSY", "QUEUE", "DRAINING"], &worker_rows),
@@ -281,6 +287,38 @@ impl View {
             .collect();
         self.workers.keep(&workers.iter().map(|w| w.worker_id).collect::<Vec<_>>());
         rows
+    }
+
+    /// The workers' reads from stores, after their table: requests and MB
+    /// per second between heartbeats (the sum's are its workers' added up),
+    /// then their totals; nothing when no worker read from a store.
+    fn storage_table(&mut self, now: &Poll) -> String {
+        let workers = &now.status.workers;
+        let readers = storage::readers(workers);
+        let rates: Vec<Option<[f64; 2]>> =
+            readers.iter().map(|(w, t)| self.storage.rates(w.worker_id, now.at, w.last_seen_ms, [t.requests, t.bytes])).collect();
+        self.storage.keep(&readers.iter().map(|(w, _)| w.worker_id).collect::<Vec<_>>());
+        if readers.is_empty() {
+            return String::new();
+        }
+        let summed = rates.iter().flatten().copied().reduce(|a, b| [a[0] + b[0], a[1] + b[1]]);
+        let row = |id: Option<u64>, rates: Option<[f64; 2]>, t: &loader_storage::StorageTotals| {
+            let mut cells = vec![
+                storage::label(id),
+                per_second(rates.map(|r| r[0])),
+                per_second(rates.map(|r| r[1] / 1e6)),
+                t.requests.to_string(),
+            ];
+            cells.extend(storage::totals_cells(t));
+            cells
+        };
+        let rows: Vec<Vec<String>> = storage::sum(&readers)
+            .map(|all| row(None, summed, &all))
+            .into_iter()
+            .chain(readers.iter().zip(&rates).map(|((w, t), r)| row(Some(w.worker_id), *r, t)))
+            .collect();
+        let headers: Vec<&str> = ["WORKER", "REQUESTS/S", "MB/S", "REQUESTS"].into_iter().chain(storage::TOTALS_HEADERS).collect();
+        format!("\n{}\n{}", storage::title(readers.len()), render(&headers, &rows))
     }
 
     /// The sessions' table: stall as a share of the time since the last
@@ -536,6 +574,35 @@ mod tests {
         cached.cache = Some(loader_proto::pb::CacheUse { hits: 3, misses: 1, stored_bytes: 2_000_000, ..Default::default() });
         let f = View::default().frame("http://c:1", &poll(Instant::now(), 0, 0, 0, cached));
         assert!(f.contains("CACHE") && f.contains("75% hits, 2 MB"), "{f}");
+    }
+
+    /// A worker that read from a store: its requests and MB per second
+    /// between heartbeats, then its totals; nothing when none did.
+    #[test]
+    fn a_workers_reads_from_stores_show_with_rates() {
+        let t0 = Instant::now();
+        let with_storage = |at: Instant, requests: u64, bytes: u64| {
+            let mut p = poll(at, 0, 0, 0, job(0, 0, 0));
+            p.status.workers[0].storage = Some(loader_proto::pb::StorageUse {
+                requests,
+                bytes,
+                chunk_reads: 50,
+                chunk_fetches: 5,
+                latency_buckets: vec![0, 0, 0, 0, 0, requests],
+                ..Default::default()
+            });
+            p
+        };
+        let plain = View::default().frame("http://c:1", &poll(t0, 0, 0, 0, job(0, 0, 0)));
+        assert!(!plain.contains("STORAGE"), "{plain}");
+        let mut view = View::default();
+        let first = view.frame("http://c:1", &with_storage(t0, 100, 10_000_000));
+        assert_eq!(row(&first, "STORAGE", "7"), ["7", "-", "-", "100", "0", "90%", "-", "<32ms", "<32ms"], "{first}");
+        let f = view.frame("http://c:1", &with_storage(t0 + secs(2), 300, 50_000_000));
+        // 200 requests and 40 MB in 2 s.
+        assert_eq!(row(&f, "STORAGE", "7"), ["7", "100", "20.0", "300", "0", "90%", "-", "<32ms", "<32ms"], "{f}");
+        let storage = f.find("STORAGE (1 worker").expect("table");
+        assert!(f.find("WORKERS").is_some_and(|w| w < storage) && f.find("SESSIONS").is_some_and(|s| s > storage), "{f}");
     }
 
     #[test]

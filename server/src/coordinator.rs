@@ -27,6 +27,7 @@ mod cache_use;
 mod departed;
 mod requeue;
 mod share;
+mod storage_use;
 use requeue::{end_consumer, retire};
 
 use crate::kept_ranges::Route;
@@ -157,6 +158,9 @@ pub(crate) struct WorkerReport {
     pub(crate) busy: f64,
     /// Its sample cache use per job since it started (see `cache_use`).
     pub(crate) cache_use: Vec<pb::JobCacheUse>,
+    /// Its reads from object stores since it started, if any (see
+    /// `storage_use`).
+    pub(crate) storage_use: Option<pb::StorageUse>,
 }
 
 impl HeartbeatOutcome {
@@ -534,7 +538,7 @@ impl Coordinator {
     /// worker's own wake-up (see `WorkerState::wake`), None when the worker
     /// is unknown.
     fn apply_report(&self, worker_id: u64, report: WorkerReport) -> Option<Arc<Notify>> {
-        let WorkerReport { delivered, failed, windows, busy, cache_use } = report;
+        let WorkerReport { delivered, failed, windows, busy, cache_use, storage_use } = report;
         let mut guard = self.lock();
         let t = &mut *guard;
         let w = t.workers.workers.get_mut(&worker_id)?;
@@ -544,6 +548,7 @@ impl Coordinator {
             w.busy = busy.clamp(0.0, 1.0);
         }
         w.set_windows(windows.into_iter().map(|jw| (jw.job_id, jw.batches)));
+        storage_use::record(w, storage_use);
         let mut credited = Vec::new();
         for d in delivered {
             let key = (d.job_id, d.consumer);
@@ -915,6 +920,7 @@ impl Coordinator {
                 busy: w.busy,
                 delivered_samples: w.delivered_samples,
                 pid: w.pid,
+                storage: w.storage_use.clone(),
             })
             .collect()
     }

@@ -50,6 +50,10 @@ pub(crate) struct WorkerState {
     /// Its sample cache use per job, as it last reported it (totals since
     /// it started; see `coordinator::cache_use`).
     pub(crate) cache_use: BTreeMap<u64, pb::CacheUse>,
+    /// Its reads from object stores, as it last reported them (totals
+    /// since it started; see `coordinator::storage_use`); None until it
+    /// reads from a store.
+    pub(crate) storage_use: Option<pb::StorageUse>,
     /// Wakes this worker's long poll alone: a range only it may take (it
     /// keeps that range's batches for a subscriber that trails) became due
     /// while another worker was asking.
@@ -122,6 +126,7 @@ impl WorkerTable {
             ended: BTreeSet::new(),
             cut_off: BTreeSet::new(),
             cache_use: BTreeMap::new(),
+            storage_use: None,
             wake: std::sync::Arc::new(tokio::sync::Notify::new()),
         };
         self.workers.insert(self.next_id, state);

@@ -28,7 +28,8 @@
 //!   walks a file from its start (tar indexes, npy headers).
 //! - `slot`: one request's answer, waited for from any thread.
 //! - `meters`: requests, latency, bytes and the local copy's hit ratio,
-//!   for Prometheus.
+//!   for Prometheus, and as this process's [`totals`] (for the worker's
+//!   heartbeats: `loaderctl status` and `top`).
 //! - [`error`]: one line for each way a store can fail.
 
 pub mod error;
@@ -46,6 +47,7 @@ pub mod stores;
 pub use error::{ErrorKind, StorageError};
 pub use listing::{Listed, get, get_many, list};
 pub use location::{ObjectUrl, is_url};
+pub use meters::{LATENCY_BUCKETS, StorageTotals, totals};
 pub use object::RemoteObject;
 pub use pile::Pile;
 pub use reader::ObjectReader;

@@ -18,6 +18,7 @@
 //!   batch's transport.
 //! - `fetch_ahead`: telling a dataset that reads from a store which
 //!   batches the producer makes next, so their fetches overlap.
+//! - `storage_use`: the process's reads from stores, for its heartbeats.
 //! - [`dataset`]: the [`Dataset`](dataset::Dataset) trait, the built-in
 //!   datasets (`synthetic`, `tokens`, `npy`, `image_folder`, `webdataset`)
 //!   and [`Datasets`], which a custom worker binary extends with its own
@@ -83,6 +84,7 @@ mod producer;
 mod ring_tests;
 pub mod sample_cache;
 mod service;
+mod storage_use;
 mod window;
 
 use std::future::Future;

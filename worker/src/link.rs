@@ -407,6 +407,7 @@ impl Link {
             windows: self.windows.announce(),
             busy: self.producer.take_busy(std::time::Instant::now()),
             cache_use: self.producer.cache_use(),
+            storage_use: crate::storage_use::report(),
         };
         crate::meters::busy(request.busy);
         crate::meters::kept_bytes(self.producer.let_go_kept());

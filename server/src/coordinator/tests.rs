@@ -736,6 +736,33 @@ async fn a_jobs_cache_use_sums_its_workers_reports() {
     assert_eq!(used(&c).map(|s| s.hits), Some(35));
 }
 
+/// Reads from object stores: each worker's latest totals, as it reported
+/// them, in ListWorkers; a heartbeat without them keeps the last, a worker
+/// that never read from a store shows none, and an overlong latency list
+/// is cut.
+#[tokio::test]
+async fn workers_list_their_latest_reads_from_stores() {
+    let c = coordinator();
+    let a = c.register_worker("http://a".into(), "n".into(), 4, 0);
+    let b = c.register_worker("http://b".into(), "n".into(), 4, 0);
+    let report = |requests: u64, latency_buckets: Vec<u64>| WorkerReport {
+        storage_use: Some(pb::StorageUse { requests, bytes: requests * 1000, chunk_reads: 10, chunk_fetches: 2, latency_buckets, ..Default::default() }),
+        ..Default::default()
+    };
+    let storage = |c: &Coordinator, id: u64| c.list_workers().into_iter().find(|w| w.worker_id == id).and_then(|w| w.storage);
+    assert_eq!(storage(&c, a), None);
+    c.worker_heartbeat(a, report(5, vec![0, 2, 3]), Duration::ZERO).await;
+    c.worker_heartbeat(a, report(7, vec![0, 3, 4]), Duration::ZERO).await;
+    let used = storage(&c, a).expect("a read from a store");
+    assert_eq!((used.requests, used.bytes, used.chunk_fetches, used.latency_buckets), (7, 7000, 2, vec![0, 3, 4]), "totals, as reported last");
+    c.worker_heartbeat(a, WorkerReport::default(), Duration::ZERO).await;
+    assert_eq!(storage(&c, a).map(|u| u.requests), Some(7), "a report without them keeps them");
+    c.worker_heartbeat(b, WorkerReport::default(), Duration::ZERO).await;
+    assert_eq!(storage(&c, b), None, "b read nothing from a store");
+    c.worker_heartbeat(b, report(1, vec![1; 10_000]), Duration::ZERO).await;
+    assert_eq!(storage(&c, b).map(|u| u.latency_buckets.len()), Some(64));
+}
+
 /// ListWorkers shows what operators turn into rates: delivered samples
 /// (a short last batch counts short) and the busy fraction of the latest
 /// heartbeat, clamped to 0..=1; a report that is not a number is ignored.

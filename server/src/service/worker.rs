@@ -38,7 +38,14 @@ impl WorkerService for WorkerApi {
         // Held open at most one heartbeat interval (a third of the lease),
         // so a waiting worker still renews well in time.
         let wait = Duration::from_millis(r.wait_ms).min(self.0.config.heartbeat_interval);
-        let report = WorkerReport { delivered: r.delivered, failed: r.failed, windows: r.windows, busy: r.busy, cache_use: r.cache_use };
+        let report = WorkerReport {
+            delivered: r.delivered,
+            failed: r.failed,
+            windows: r.windows,
+            busy: r.busy,
+            cache_use: r.cache_use,
+            storage_use: r.storage_use,
+        };
         let response = match self.0.worker_heartbeat(r.worker_id, report, wait).await {
             HeartbeatOutcome::Reregister => pb::WorkerHeartbeatResponse { reregister: true, ..Default::default() },
             HeartbeatOutcome::Tasks { tasks, drain, ended } => pb::WorkerHeartbeatResponse {
