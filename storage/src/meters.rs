@@ -51,7 +51,6 @@ pub(crate) fn chunk_fetch() {
 /// An image folder's object read: from the local copy (`kept`), or
 /// fetched from the store. The share kept is the hit ratio of objects too
 /// small to be read in chunks.
-#[cfg_attr(not(test), expect(dead_code, reason = "the pile's reads call it once it counts them"))]
 pub(crate) fn object_read(kept: bool) {
     let from = if kept { "local" } else { "store" };
     metrics::counter!("loader_storage_object_reads_total", "from" => from).increment(1);

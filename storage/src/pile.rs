@@ -5,7 +5,9 @@
 //! One unlinked file per pile (a dataset's life), appended to as objects
 //! arrive, with an index of where each sits; bytes taken from the local
 //! copy's budget (`crate::local_copy`) and given back when the pile goes.
-//! An object that does not fit the budget is simply not kept.
+//! An object that does not fit the budget is simply not kept. With a
+//! shared local copy, the pile is the node's (`crate::node_pile`): every
+//! worker on it reads what any of them fetched.
 //!
 //! A worker knows the batches it makes next (its queued ranges), so their
 //! objects can be fetched while it decodes the one at hand:
@@ -21,6 +23,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use bytes::Bytes;
 
 use crate::error::ErrorKind;
+use crate::node_pile::NodePile;
 use crate::slot::Slot;
 use crate::{ObjectUrl, StorageError, get_many, io, listing, local_copy};
 
@@ -36,31 +39,49 @@ pub struct Pile {
     /// Made when the first object is kept; None inside when none could be
     /// made: nothing is kept.
     file: OnceLock<Option<File>>,
-    /// Where each kept object sits: (offset, length), by URL.
+    /// Where each kept object sits: (offset, length), by key.
     index: Mutex<HashMap<String, (u64, u64)>>,
     /// The file's end: where the next object goes.
     end: AtomicU64,
-    /// Objects fetched ahead of need, by URL, until asked for.
+    /// Objects fetched ahead of need, by key, until asked for.
     coming: Mutex<Coming>,
+    /// The node's pile, when the local copy is shared: used instead of
+    /// the file above.
+    node: Option<NodePile>,
 }
 
 impl Default for Pile {
     fn default() -> Self {
-        Self { file: OnceLock::new(), index: Mutex::default(), end: AtomicU64::new(0), coming: Mutex::default() }
+        Self::with(None)
     }
 }
 
 impl Pile {
+    /// The pile of the folder `folder` (its URL and the version of its
+    /// listing): the node's when the local copy is shared, else this
+    /// worker's own.
+    pub fn of_folder(folder: &str) -> Self {
+        Self::with(local_copy::shared_dir().and_then(|root| NodePile::open(root, folder)))
+    }
+
+    fn with(node: Option<NodePile>) -> Self {
+        Self { file: OnceLock::new(), index: Mutex::default(), end: AtomicU64::new(0), coming: Mutex::default(), node }
+    }
+
     /// The bytes of every object of `objects` (its URL and the ETag it must
     /// have), in order: kept ones from local disk, those fetched ahead from
     /// memory, the others fetched at once (`crate::get_many`); kept while
     /// the budget allows.
     pub fn get_many(&self, objects: &[(ObjectUrl, Option<String>)]) -> Vec<Result<Bytes, StorageError>> {
         let names: Vec<String> = objects.iter().map(|(u, _)| u.to_string()).collect();
-        let mut out: Vec<Option<Result<Bytes, StorageError>>> = names.iter().map(|n| self.read(n)).collect();
+        let keys: Vec<String> = objects.iter().map(key).collect();
+        let mut out: Vec<Option<Result<Bytes, StorageError>>> = keys.iter().map(|k| self.read(k)).collect();
+        for _kept in out.iter().flatten() {
+            crate::meters::object_read(true);
+        }
         let claimed: Vec<(usize, Arc<Slot<Bytes>>)> = {
             let mut coming = self.coming();
-            (0..objects.len()).filter(|&i| out[i].is_none()).filter_map(|i| Some((i, coming.take(&names[i])?))).collect()
+            (0..objects.len()).filter(|&i| out[i].is_none()).filter_map(|i| Some((i, coming.take(&keys[i])?))).collect()
         };
         let missing: Vec<usize> =
             (0..objects.len()).filter(|&i| out[i].is_none() && !claimed.iter().any(|(c, _)| *c == i)).collect();
@@ -69,8 +90,9 @@ impl Pile {
         let fetched = missing.into_iter().zip(get_many(&wanted));
         let arrived = claimed.into_iter().map(|(i, slot)| (i, slot.wait(&names[i])));
         for (i, got) in fetched.chain(arrived) {
+            crate::meters::object_read(false);
             if let Ok(bytes) = &got {
-                self.keep(&names[i], bytes);
+                self.keep(&keys[i], bytes);
             }
             out[i] = Some(got);
         }
@@ -87,14 +109,18 @@ impl Pile {
         {
             let index = self.index.lock().unwrap_or_else(|p| p.into_inner());
             let mut coming = self.coming();
-            for (url, etag) in objects.iter().take(AHEAD) {
-                let name = url.to_string();
-                if index.contains_key(&name) || coming.slots.contains_key(&name) {
+            for object in objects.iter().take(AHEAD) {
+                let key = key(object);
+                let kept = match &self.node {
+                    Some(node) => node.holds(&key),
+                    None => index.contains_key(&key),
+                };
+                if kept || coming.slots.contains_key(&key) {
                     continue;
                 }
                 let slot = Arc::new(Slot::default());
-                coming.add(name, Arc::clone(&slot));
-                started.push((url.clone(), etag.clone(), slot));
+                coming.add(key, Arc::clone(&slot));
+                started.push((object.0.clone(), object.1.clone(), slot));
             }
         }
         for (url, etag, slot) in started {
@@ -109,8 +135,11 @@ impl Pile {
         self.coming.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The kept bytes of `name`, if kept and readable.
+    /// The kept bytes of the object `key` names, if kept and readable.
     fn read(&self, name: &str) -> Option<Result<Bytes, StorageError>> {
+        if let Some(node) = &self.node {
+            return node.read(name).map(Ok);
+        }
         let (offset, len) = *self.index.lock().unwrap_or_else(|p| p.into_inner()).get(name)?;
         let file = self.file.get()?.as_ref()?;
         let mut bytes = vec![0; usize::try_from(len).ok()?];
@@ -119,8 +148,11 @@ impl Pile {
         Some(Ok(Bytes::from(bytes)))
     }
 
-    /// Appends `bytes` as `name`'s, if the budget allows.
+    /// Keeps `bytes` as the object `name`'s (its key), if the budget allows.
     fn keep(&self, name: &str, bytes: &Bytes) {
+        if let Some(node) = &self.node {
+            return node.keep(name, bytes);
+        }
         let Some(file) = self.file.get_or_init(local_copy::file) else { return };
         let len = bytes.len() as u64;
         if !local_copy::reserve(len) {
@@ -136,7 +168,13 @@ impl Pile {
     }
 }
 
-/// Objects fetched ahead, by URL, with the order they were asked for in.
+/// How a pile names an object: its URL and the ETag it must have, so that
+/// a node's pile, which outlives any one job, never serves another version.
+fn key((url, etag): &(ObjectUrl, Option<String>)) -> String {
+    format!("{url} {}", etag.as_deref().unwrap_or(""))
+}
+
+/// Objects fetched ahead, by key, with the order they were asked for in.
 #[derive(Debug, Default)]
 struct Coming {
     slots: HashMap<String, (u64, Arc<Slot<Bytes>>)>,

@@ -36,6 +36,19 @@ type Read = (Vec<u64>, Vec<Vec<u8>>);
 /// Every batch of `job` from the cluster at `url`, by (epoch, seq). Kills
 /// `kill`'s worker 0 after `kill_after` batches when given.
 fn read_all(url: String, job: JobSpec, mut kill: Option<(&mut Cluster, usize)>) -> BTreeMap<(u32, u64), Read> {
+    read_watching(url, job, |n| {
+        if let Some((cluster, after)) = kill.as_mut()
+            && n == *after
+        {
+            cluster.workers[0].kill();
+            kill = None;
+        }
+    })
+}
+
+/// Every batch of `job` from the cluster at `url`, by (epoch, seq); calls
+/// `watch` with the count read so far after each.
+fn read_watching(url: String, job: JobSpec, mut watch: impl FnMut(usize)) -> BTreeMap<(u32, u64), Read> {
     let loader = Loader::builder(url).job(job).build().expect("loader");
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut batches = BTreeMap::new();
@@ -43,12 +56,7 @@ fn read_all(url: String, job: JobSpec, mut kill: Option<(&mut Cluster, usize)>) 
         let batch = batch.expect("batch");
         let tensors = batch.tensors().map(|t| t.bytes.to_vec()).collect();
         batches.insert((batch.epoch(), batch.seq()), (batch.indices().to_vec(), tensors));
-        if let Some((cluster, after)) = kill.as_mut()
-            && batches.len() == *after
-        {
-            cluster.workers[0].kill();
-            kill = None;
-        }
+        watch(batches.len());
         assert!(Instant::now() < deadline, "the job did not end within 120 s");
     }
     batches
@@ -212,7 +220,72 @@ fn a_token_file_in_a_bucket_reads_as_from_local_disk_and_failures_are_one_line()
         // the local copy.
         let fetched = gets(&cluster) - before;
         assert!(fetched <= 12.0, "{fetched} image GETs for 6 images read 3 times by 2 workers");
-        assert!(from_store == read_all(cluster.url(), folder(images.display().to_string()), None), "image folder");
+        let from_disk = read_all(cluster.url(), folder(images.display().to_string()), None);
+        assert!(from_store == from_disk, "image folder");
+
+        // `loaderctl status --json` shows each worker's reads from the
+        // store: the counts of its /metrics, once its first heartbeat after
+        // the job has reached the coordinator.
+        let status = || -> serde_json::Value {
+            let mut ctl = loader_e2e::loaderctl(&scope, &["status", "--coordinator", &cluster.url(), "--json"]);
+            let exit = ctl.wait_exit(Duration::from_secs(20));
+            assert!(exit.is_some_and(|s| s.success()), "loaderctl status --json: {exit:?}");
+            serde_json::from_str(&ctl.stdout().concat()).expect("status --json is one JSON object")
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let shown = loop {
+            let shown = status()["workers"].as_array().cloned().unwrap_or_default();
+            let agree = cluster.workers.iter().skip(1).all(|w| {
+                let metrics = scrape(metrics_addr(w));
+                let storage = shown.iter().find(|s| s["pid"] == w.pid()).map(|s| s["storage"].clone()).unwrap_or_default();
+                let count = |name: &str, labels: &[(&str, &str)]| Some(sum(&metrics, name, labels));
+                storage["requests"].as_f64() == count("loader_storage_requests_total", &[])
+                    && storage["failed_requests"].as_f64() == count("loader_storage_requests_total", &[("outcome", "error")])
+                    && storage["bytes"].as_f64() == count("loader_storage_bytes_total", &[])
+                    && storage["object_reads_local"].as_f64() == count("loader_storage_object_reads_total", &[("from", "local")])
+                    && storage["object_reads_store"].as_f64() == count("loader_storage_object_reads_total", &[("from", "store")])
+                    && storage["requests"].as_u64().is_some_and(|n| n > 0)
+                    && storage["latency_p99_ms"].as_u64().is_some_and(|p99| p99 >= storage["latency_p50_ms"].as_u64().unwrap_or(u64::MAX))
+            });
+            if agree {
+                break shown;
+            }
+            assert!(Instant::now() < deadline, "status --json never agreed with the workers' /metrics: {shown:?}");
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        // Every image read came from the local copy or the store, and no
+        // more from the store than were fetched.
+        let reads = |from: &str| -> u64 { shown.iter().filter_map(|s| s["storage"][from].as_u64()).sum() };
+        assert!(reads("object_reads_local") + reads("object_reads_store") >= 18, "{shown:?}");
+        assert!(reads("object_reads_store") as f64 <= fetched, "{shown:?}");
+
+        // Kept for the node (`--storage-cache-shared`): one pile in the
+        // directory while the job runs, whichever worker fetched, the same
+        // bytes; the last worker to close the job's dataset removes it.
+        let node_dir = tempfile::tempdir().expect("tempdir");
+        let node = Cluster::builder()
+            .workers(2)
+            .env("LOADER_STORAGE_CACHE_DIR", node_dir.path().display().to_string())
+            .env("LOADER_STORAGE_CACHE_SHARED", "1")
+            .start(&scope);
+        let entries = |dir: &Path| -> Vec<String> {
+            std::fs::read_dir(dir).map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect()).unwrap_or_default()
+        };
+        let mut during = Vec::new();
+        let shared = read_watching(node.url(), folder("s3://data/images".into()), |n| {
+            if n == 1 {
+                during = entries(node_dir.path());
+            }
+        });
+        assert!(shared == from_disk, "image folder kept for the node");
+        let pile = during.iter().find(|e| e.starts_with("loader-objects-") && !e.ends_with(".hold"));
+        let pile = pile.unwrap_or_else(|| panic!("no node pile while the job ran: {during:?}"));
+        assert!(during.contains(&format!("{pile}.hold")) && during.len() == 2, "one pile and its lock: {during:?}");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !entries(node_dir.path()).is_empty() {
+            assert!(Instant::now() < deadline, "the pile outlived its job: {:?}", entries(node_dir.path()));
+            std::thread::sleep(Duration::from_millis(100));
+        }
 
         // Missing objects and buckets: one line each, at submission.
         for (url, words) in [("s3://data/missing.bin", "no such object"), ("s3://nobucket/tokens.bin", "no such object")] {

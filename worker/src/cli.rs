@@ -78,6 +78,12 @@ struct Args {
     /// [default: half the free space of the directory].
     #[arg(long, env = "LOADER_STORAGE_CACHE", value_name = "SIZE", value_parser = parse_size_or_zero)]
     storage_cache: Option<u64>,
+    /// Keep an image folder's objects once for every worker of this node
+    /// given the same --storage-cache-dir, not once per worker: a
+    /// shuffled epoch then reads from local disk the images any of them
+    /// fetched.
+    #[arg(long, env = "LOADER_STORAGE_CACHE_SHARED", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0, default_missing_value = "true")]
+    storage_cache_shared: bool,
     /// Seconds to keep retrying the first registration.
     #[arg(long, default_value_t = 5.0, value_name = "SECS", value_parser = parse_secs, allow_hyphen_values = true)]
     connect_timeout: f64,
@@ -163,7 +169,7 @@ async fn serve(args: Args, datasets: Datasets) -> Result<(), WorkerError> {
             let _ = writeln!(out, "metrics {addr}").and_then(|()| out.flush());
         }
     }
-    loader_storage::local_copy::configure(args.storage_cache_dir.clone(), args.storage_cache);
+    loader_storage::local_copy::configure(args.storage_cache_dir.clone(), args.storage_cache, args.storage_cache_shared);
     // A worker's batches wait out a store's throttling or restart.
     loader_storage::stores::ride_out_outages();
     let config = WorkerConfig {

@@ -72,7 +72,9 @@ impl ImageFolder {
                 .filter_map(|o| Some((ObjectUrl::parse(&format!("{prefix}/{}", o.key)).ok()?, o.etag.clone())))
                 .collect()
         });
-        Ok(Self { root, samples: listing.samples, objects, pile: Pile::default(), images })
+        // A node's workers share the pile of this listing of this folder.
+        let pile = if objects.is_some() { Pile::of_folder(&format!("{} {fingerprint:016x}", spec.path)) } else { Pile::default() };
+        Ok(Self { root, samples: listing.samples, objects, pile, images })
     }
 
     /// Keeps decoded frames in `frames` (a cache made for this job).
