@@ -234,7 +234,10 @@ impl WorkerLauncher for TemplateLauncher {
             return Err(failed("it has exited".into()));
         }
         let index = loader_client::embedded::worker_index(worker);
-        let env = json!({ loader_client::embedded::WORKER_ID_VARIABLE: index.to_string() });
+        let mut env = json!({ loader_client::embedded::WORKER_ID_VARIABLE: index.to_string() });
+        for (name, value) in loader_client::embedded::worker_defaults() {
+            env[name] = json!(value);
+        }
         let mut spawn = json!({"argv": argv, "env_remove": env_remove, "env": env, "threads": self.threads});
         let cache = self.cache.as_ref().map(|c| c.get());
         if let Some(cache) = cache {

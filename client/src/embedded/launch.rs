@@ -60,6 +60,18 @@ pub trait WorkerProcess: Send + Debug {
     fn kill_and_reap(&mut self);
 }
 
+/// The workers' setting that keeps objects read from a store once per
+/// machine (`loader-worker --storage-cache-shared`).
+const STORAGE_CACHE_SHARED: &str = "LOADER_STORAGE_CACHE_SHARED";
+
+/// The environment an embedded worker gets beyond the trainer's, where the
+/// trainer's does not set it: embedded workers share a machine, so an
+/// image folder read from a store is kept once for all of them
+/// (docs/storage.md). Every launcher passes it.
+pub fn worker_defaults() -> impl Iterator<Item = (&'static str, &'static str)> {
+    [(STORAGE_CACHE_SHARED, "true")].into_iter().filter(|(name, _)| std::env::var_os(name).is_none())
+}
+
 /// The default launcher: a new process running `program leading-args...
 /// args...`, its stdout drained into the trace log (a worker prints its
 /// address there), its stderr the trainer's.
@@ -99,6 +111,7 @@ impl WorkerLauncher for CommandLauncher {
             command.env_remove(var);
         }
         command.env(WORKER_ID_VARIABLE, worker_index(worker).to_string());
+        command.envs(worker_defaults());
         command.envs(self.env.iter().map(|(k, v)| (k, v)));
         let mut child = command
             .args(leading)

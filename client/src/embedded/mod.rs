@@ -31,7 +31,7 @@ use crate::event::{Event, EventTx};
 
 pub use self::coordinator::THREAD_NAME as COORDINATOR_THREAD;
 use self::coordinator::InProcessCoordinator;
-pub use self::launch::{CommandLauncher, WORKER_ID_VARIABLE, WorkerLauncher, WorkerProcess, worker_index};
+pub use self::launch::{CommandLauncher, WORKER_ID_VARIABLE, WorkerLauncher, WorkerProcess, worker_defaults, worker_index};
 pub use self::workers::WORKER_BIN_ENV;
 use self::workers::{CommandSources, WorkerProcesses};
 
