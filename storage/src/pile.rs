@@ -75,6 +75,9 @@ impl Pile {
     pub fn get_many(&self, objects: &[(ObjectUrl, Option<String>)]) -> Vec<Result<Bytes, StorageError>> {
         let names: Vec<String> = objects.iter().map(|(u, _)| u.to_string()).collect();
         let keys: Vec<String> = objects.iter().map(key).collect();
+        if let Some(node) = &self.node {
+            node.refresh();
+        }
         let mut out: Vec<Option<Result<Bytes, StorageError>>> = keys.iter().map(|k| self.read(k)).collect();
         for _kept in out.iter().flatten() {
             crate::meters::object_read(true);
@@ -106,6 +109,9 @@ impl Pile {
     /// on their way, while fewer than [`AHEAD`] wait; returns at once.
     pub fn prefetch(&self, objects: &[(ObjectUrl, Option<String>)]) {
         let mut started = Vec::new();
+        if let Some(node) = &self.node {
+            node.refresh();
+        }
         {
             let index = self.index.lock().unwrap_or_else(|p| p.into_inner());
             let mut coming = self.coming();
