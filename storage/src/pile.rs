@@ -19,6 +19,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
@@ -28,10 +29,12 @@ use crate::slot::Slot;
 use crate::{ObjectUrl, StorageError, get_many, io, listing, local_copy};
 
 /// Objects fetched ahead of need and not yet asked for, at most: their
-/// bytes wait in memory (a few batches of images: tens of MB). Beyond it
-/// the oldest go first: a batch fetched ahead and never made here (its
-/// range went to another worker) must not stop the fetches of the next.
+/// bytes wait in memory (a few batches of images: tens of MB).
 pub const AHEAD: usize = 512;
+/// How long an object fetched ahead waits to be asked for before it
+/// counts as stale: a batch fetched ahead and never made here (its range
+/// went to another worker) must not stop the fetches of the next.
+const STALE: Duration = Duration::from_secs(30);
 
 /// Small objects kept on local disk.
 #[derive(Debug)]
@@ -115,7 +118,7 @@ impl Pile {
         {
             let index = self.index.lock().unwrap_or_else(|p| p.into_inner());
             let mut coming = self.coming();
-            for object in objects.iter().take(AHEAD) {
+            for object in objects {
                 let key = key(object);
                 let kept = match &self.node {
                     Some(node) => node.holds(&key),
@@ -125,7 +128,9 @@ impl Pile {
                     continue;
                 }
                 let slot = Arc::new(Slot::default());
-                coming.add(key, Arc::clone(&slot));
+                if !coming.add(key, Arc::clone(&slot)) {
+                    break;
+                }
                 started.push((object.0.clone(), object.1.clone(), slot));
             }
         }
@@ -180,23 +185,26 @@ fn key((url, etag): &(ObjectUrl, Option<String>)) -> String {
     format!("{url} {}", etag.as_deref().unwrap_or(""))
 }
 
-/// Objects fetched ahead, by key, with the order they were asked for in.
+/// Objects fetched ahead, by key, with when they were asked for.
 #[derive(Debug, Default)]
 struct Coming {
-    slots: HashMap<String, (u64, Arc<Slot<Bytes>>)>,
-    asked: u64,
+    slots: HashMap<String, (Instant, Arc<Slot<Bytes>>)>,
 }
 
 impl Coming {
-    /// Adds `name`'s fetch, dropping the oldest beyond [`AHEAD`].
-    fn add(&mut self, name: String, slot: Arc<Slot<Bytes>>) {
-        if self.slots.len() >= AHEAD
-            && let Some(oldest) = self.slots.iter().min_by_key(|(_, (at, _))| *at).map(|(n, _)| n.clone())
-        {
-            self.slots.remove(&oldest);
+    /// Adds `name`'s fetch; false (not added) when [`AHEAD`] are waiting
+    /// and none of them is stale: the batches asked for first are needed
+    /// first, so the last asked for wait their turn.
+    fn add(&mut self, name: String, slot: Arc<Slot<Bytes>>) -> bool {
+        if self.slots.len() >= AHEAD {
+            let now = Instant::now();
+            self.slots.retain(|_, (at, _)| now.duration_since(*at) < STALE);
+            if self.slots.len() >= AHEAD {
+                return false;
+            }
         }
-        self.asked += 1;
-        self.slots.insert(name, (self.asked, slot));
+        self.slots.insert(name, (Instant::now(), slot));
+        true
     }
 
     /// `name`'s fetch, if it was fetched ahead; it is no longer.
@@ -208,5 +216,25 @@ impl Coming {
 impl Drop for Pile {
     fn drop(&mut self) {
         local_copy::release(self.end.load(Ordering::Acquire));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn objects_fetched_ahead_wait_their_turn_past_the_bound() {
+        let mut coming = Coming::default();
+        for i in 0..AHEAD {
+            assert!(coming.add(format!("o{i}"), Arc::default()), "{i}");
+        }
+        assert!(!coming.add("late".into(), Arc::default()), "the next batches' fetches wait");
+        assert!(coming.take("o0").is_some() && coming.take("o0").is_none(), "taken once");
+        assert!(coming.add("late".into(), Arc::default()), "room again");
+        // One not asked for within STALE makes room.
+        coming.slots.get_mut("o1").expect("o1").0 -= STALE;
+        assert!(coming.add("later".into(), Arc::default()));
+        assert!(coming.take("o1").is_none(), "the stale one was dropped");
     }
 }
