@@ -125,8 +125,8 @@ impl DataFile {
     }
 
     /// Whether reads may wait on a network (and are worth asking for all at
-    /// once, a batch at a time).
-    pub(crate) fn is_remote(&self) -> bool {
-        matches!(self, DataFile::Object(_))
+    /// once, a batch at a time): an object not yet here whole.
+    pub(crate) fn may_fetch(&self) -> bool {
+        matches!(self, DataFile::Object(object) if !object.is_here_whole())
     }
 }

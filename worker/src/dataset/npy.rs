@@ -106,7 +106,7 @@ impl Dataset for Npy {
     }
 
     fn fetches_ahead(&self) -> bool {
-        self.columns.iter().any(|c| c.file.is_remote())
+        self.columns.iter().any(|c| c.file.may_fetch())
     }
 
     fn prefetch_batch(&self, keys: &[SampleKey]) {

@@ -107,11 +107,11 @@ impl Dataset for Tokens {
     }
 
     fn fetches_ahead(&self) -> bool {
-        self.file.is_remote()
+        self.file.may_fetch()
     }
 
     fn prefetch_batch(&self, keys: &[SampleKey]) {
-        if self.file.is_remote() {
+        if self.file.may_fetch() {
             for &key in keys {
                 self.prefetch(key);
             }

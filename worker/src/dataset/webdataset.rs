@@ -123,12 +123,12 @@ impl Dataset for WebDataset {
     }
 
     fn fetches_ahead(&self) -> bool {
-        self.shards.iter().any(|s| s.file.is_remote())
+        self.shards.iter().any(|s| s.file.may_fetch())
     }
 
     fn prefetch_batch(&self, keys: &[SampleKey]) {
         for &key in keys {
-            if let Some((shard, sample)) = self.locate(key.index).filter(|(s, _)| s.file.is_remote()) {
+            if let Some((shard, sample)) = self.locate(key.index).filter(|(s, _)| s.file.may_fetch()) {
                 for m in sample.image.iter().chain(&sample.label) {
                     shard.file.prefetch(m.offset, usize::try_from(m.len).unwrap_or(usize::MAX));
                 }
