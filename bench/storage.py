@@ -69,7 +69,12 @@ def run(bin: Path, args: list[str], env: dict[str, str]) -> list[float]:
     if out.returncode != 0:
         raise SystemExit(f"loaderctl {' '.join(args)}: {out.stderr.strip().splitlines()[-1:]}")
     record = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")][-1]
-    return record["epochs_samples_per_s"], record["first_batch_s"]
+    epochs, first = record["epochs_samples_per_s"], record["first_batch_s"]
+    # Epoch 1 from its first batch on: what the job's start-up (the workers
+    # listing and opening the dataset, the first fetches) leaves out.
+    per_epoch = record["samples"] / max(len(epochs), 1)
+    steady = per_epoch / max(per_epoch / epochs[0] - first, 1e-9) if epochs else 0.0
+    return epochs, first, steady
 
 
 def cpu_s(procs: list[subprocess.Popen]) -> float:
@@ -172,6 +177,7 @@ def main() -> None:
             # store: CPU the workers could not have on this machine.
             harness: list[float] = []
             firsts: dict[str, list[float]] = {"local": [], "store": []}
+            steadies: dict[str, list[float]] = {"local": [], "store": []}
             for r in range(args.repeats):
                 order = [("local", local), ("store", url)] + [(lib, None) for lib in libs]
                 if r % 2:
@@ -179,9 +185,10 @@ def main() -> None:
                 for source, path in order:
                     if path is not None:
                         used, started = cpu_s([store, relay]), time.monotonic()
-                        epochs, first = run(args.bin, [*flags, *common, "--path", path], env)
+                        epochs, first, steady = run(args.bin, [*flags, *common, "--path", path], env)
                         rates[source].append(epochs)
                         firsts[source].append(first)
+                        steadies[source].append(steady)
                         if source == "store":
                             harness.append((cpu_s([store, relay]) - used) / (time.monotonic() - started))
                         continue
@@ -205,7 +212,9 @@ def main() -> None:
                     row += f"; {lib} {med[lib][e]:,.0f} (Loader {med['store'][e] / med[lib][e]:.2f}x)"
                 print(row, flush=True)
             print(f"{name}: first batch: local {statistics.median(firsts['local']):.2f} s, "
-                  f"store {statistics.median(firsts['store']):.2f} s", flush=True)
+                  f"store {statistics.median(firsts['store']):.2f} s; epoch 1 from its first batch on: local "
+                  f"{statistics.median(steadies['local']):,.0f}, store {statistics.median(steadies['store']):,.0f} samples/s -> "
+                  f"{statistics.median(st / lo for st, lo in zip(steadies['store'], steadies['local'])):.2f}x", flush=True)
             print(f"{name}: the store and the relay used {statistics.median(harness):.2f} cores on average while "
                   f"Loader read from the store (of {os.cpu_count()})", flush=True)
     finally:
