@@ -21,10 +21,8 @@
 //! The directory lives while a worker uses it. Each holds a shared `flock`
 //! on a file beside it, which the kernel drops when the worker dies; the
 //! last to let go (it alone can take the lock exclusively) removes both.
-//! A directory whose workers were all killed is reused by the next worker
-//! that reads the same folder (its records name whole objects by version),
-//! and removed when a worker opens another folder's pile and finds nobody
-//! holding it.
+//! A directory whose workers were all killed is removed by the next worker
+//! started with a shared local copy in that directory ([`sweep_once`]).
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
@@ -95,8 +93,7 @@ impl NodePile {
     /// in `root`; None when the directory cannot be used (objects are then
     /// kept by this worker alone).
     pub(crate) fn open(root: &Path, folder: &str) -> Option<Self> {
-        static SWEPT: Once = Once::new();
-        SWEPT.call_once(|| sweep(root));
+        sweep_once(root);
         let name = format!("{PREFIX}{:032x}", hash(folder));
         let (dir, hold_path) = (root.join(&name), root.join(format!("{name}.hold")));
         for _ in 0..ATTEMPTS {
@@ -259,8 +256,15 @@ impl Drop for NodePile {
     }
 }
 
-/// Removes the piles in `root` that no worker holds (left by workers that
-/// were killed).
+/// Removes, once per process, the piles in `root` that no worker holds
+/// (left by workers that were all killed): when a worker with a shared
+/// local copy starts, and before its first pile.
+pub(crate) fn sweep_once(root: &Path) {
+    static SWEPT: Once = Once::new();
+    SWEPT.call_once(|| sweep(root));
+}
+
+/// Removes the piles in `root` that no worker holds.
 fn sweep(root: &Path) {
     let Ok(entries) = std::fs::read_dir(root) else { return };
     for entry in entries.flatten() {

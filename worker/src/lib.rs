@@ -112,6 +112,9 @@ use loader_ring::worker::Rings;
 /// How long open connections get to close after the worker stops (their
 /// streams have already ended).
 const GRACE: Duration = Duration::from_secs(2);
+/// How long a stopping worker waits for its producer to close its
+/// datasets (a batch in progress is abandoned at its end).
+const PRODUCER_GRACE: Duration = Duration::from_millis(500);
 
 /// Runs a worker on `listener` until `shutdown` resolves (`Ok`) or a fatal
 /// error: the coordinator cannot be reached within `connect_timeout`, refuses
@@ -246,6 +249,12 @@ pub async fn run_with_datasets(
     };
 
     producer.stop();
+    // Within the trainer's grace before SIGKILL (1 s for embedded workers):
+    // the batch at hand is abandoned, then the datasets close.
+    let stopping = producer.clone();
+    if !tokio::task::spawn_blocking(move || stopping.wait_ended(PRODUCER_GRACE)).await.unwrap_or(false) {
+        tracing::debug!("the producer did not end within {PRODUCER_GRACE:?}");
+    }
     outboxes.close();
     // Fenced or stopping: no more writes into any ring, and every mapping
     // goes with its connection.

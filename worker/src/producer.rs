@@ -56,6 +56,8 @@ const COPY_PATIENCE: Duration = Duration::from_millis(20);
 #[derive(Debug, Clone)]
 pub(crate) struct Producer {
     shared: Arc<Shared>,
+    /// Set when the thread has ended, its datasets closed.
+    ended: Arc<(Mutex<bool>, Condvar)>,
 }
 
 #[derive(Debug)]
@@ -150,10 +152,14 @@ impl Producer {
             slow_batch_ns: AtomicU64::new(0),
         });
         let thread = Arc::clone(&shared);
-        std::thread::Builder::new()
-            .name("loader-producer".into())
-            .spawn(move || thread.run())?;
-        Ok(Self { shared })
+        let ended: Arc<(Mutex<bool>, Condvar)> = Arc::default();
+        let end = Arc::clone(&ended);
+        std::thread::Builder::new().name("loader-producer".into()).spawn(move || {
+            thread.run();
+            *end.0.lock().unwrap_or_else(|p| p.into_inner()) = true;
+            end.1.notify_all();
+        })?;
+        Ok(Self { shared, ended })
     }
 
     /// Keeps at most `bytes` of shared streams' batches for subscribers
@@ -274,6 +280,18 @@ impl Producer {
     }
 
     /// Stops the thread after its current batch and drops every task.
+    /// Waits, at most `within`, for the thread to end after [`stop`]
+    /// (Self::stop): it closes its datasets as it ends, and what they keep
+    /// on disk for the machine (`loader_storage`'s shared piles) goes with
+    /// the last worker to close them, which a process that exits first
+    /// would leave behind. False when it did not end in time.
+    pub(crate) fn wait_ended(&self, within: Duration) -> bool {
+        let (ended, changed) = &*self.ended;
+        let guard = ended.lock().unwrap_or_else(|p| p.into_inner());
+        let (guard, _) = changed.wait_timeout_while(guard, within, |e| !*e).unwrap_or_else(|p| p.into_inner());
+        *guard
+    }
+
     pub(crate) fn stop(&self) {
         let mut q = self.shared.lock();
         q.stopped = true;
