@@ -58,7 +58,14 @@ impl NpyHeader {
 /// Reads the header of the `.npy` file at `path` and checks that the file
 /// holds all the data the header promises.
 pub fn read_header(path: &Path) -> Result<NpyHeader, ListingError> {
-    let (mut file, file_len) = crate::source::open(path)?;
+    let (file, file_len) = crate::source::open(path)?;
+    read_header_of(file, file_len, path)
+}
+
+/// The header of the npy file `path` names, read from `file` of
+/// `file_len` bytes: an object the caller holds open already, so that the
+/// header's chunk is fetched once, for the header and the rows after it.
+pub fn read_header_of(mut file: crate::source::Source, file_len: u64, path: &Path) -> Result<NpyHeader, ListingError> {
     let mut prefix = [0u8; 12];
     let got = read_up_to(&mut file, &mut prefix).map_err(|e| ListingError::io(path, &e))?;
     let (header_len, start) = header_span(&prefix[..got]).map_err(|p| ListingError::new(path, p))?;

@@ -14,6 +14,7 @@
 use std::path::Path;
 
 use crate::ListingError;
+use crate::source::Source;
 
 /// Where one member's bytes lie in the shard.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,6 +54,13 @@ pub fn split_key(path: &str) -> Option<(&str, &str)> {
 /// Indexes the shard at `path`.
 pub fn index(path: &Path) -> Result<ShardIndex, ListingError> {
     let (file, _) = crate::source::open(path)?;
+    index_of(file, path)
+}
+
+/// Indexes the shard `path` names, read from `file`: an object the caller
+/// holds open already, so that the bytes the walk fetches are the ones its
+/// samples are read from later, not fetched twice.
+pub fn index_of(file: Source, path: &Path) -> Result<ShardIndex, ListingError> {
     let bad = |e: std::io::Error| ListingError::new(path, format!("not a readable tar file: {e}"));
     let mut archive = tar::Archive::new(file);
     let mut index = ShardIndex::default();

@@ -24,6 +24,13 @@ pub enum Source {
     Object(ObjectReader),
 }
 
+impl Source {
+    /// An object already open, read from its start.
+    pub fn object(object: Arc<RemoteObject>) -> Self {
+        Source::Object(ObjectReader::new(object))
+    }
+}
+
 /// Opens `path` (a path, or an object's URL) and returns it with its length.
 pub(crate) fn open(path: &Path) -> Result<(Source, u64), ListingError> {
     let name = path.to_string_lossy();

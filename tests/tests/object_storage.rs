@@ -178,8 +178,19 @@ fn a_token_file_in_a_bucket_reads_as_from_local_disk_and_failures_are_one_line()
         let from_store = read_all(cluster.url(), parquet("s3://data/set"), None);
         assert_eq!(from_store.values().map(|(i, _)| i.len()).sum::<usize>(), 2000, "1,000 rows, 2 epochs");
         assert!(from_store == read_all(cluster.url(), parquet(&local_root), None), "parquet");
+        let gets = |cluster: &Cluster| -> f64 {
+            cluster.workers.iter().skip(1).map(|w| sum(&scrape(metrics_addr(w)), "loader_storage_requests_total", &[("op", "get")])).sum()
+        };
+        let worker_gets = |cluster: &Cluster| -> Vec<f64> {
+            cluster.workers.iter().skip(1).map(|w| sum(&scrape(metrics_addr(w)), "loader_storage_requests_total", &[("op", "get")])).collect()
+        };
+        let before = worker_gets(&cluster);
         let from_store = read_all(cluster.url(), shards("s3://data/set"), None);
         assert_eq!(from_store.values().map(|(i, _)| i.len()).sum::<usize>(), 160, "every sample once an epoch");
+        // Each worker fetched each shard (one chunk) at most once: its
+        // index was walked through the chunks its samples are read from.
+        let fetched: Vec<f64> = worker_gets(&cluster).iter().zip(&before).map(|(a, b)| a - b).collect();
+        assert!(fetched.iter().all(|&n| n <= 2.0) && fetched.iter().sum::<f64>() > 0.0, "GETs by worker for 2 one-chunk shards: {fetched:?}");
         assert!(from_store == read_all(cluster.url(), shards(&local_root), None), "webdataset");
 
         // An image folder: one object per image, class folders (one nested),
@@ -210,9 +221,6 @@ fn a_token_file_in_a_bucket_reads_as_from_local_disk_and_failures_are_one_line()
                 .expect("image folder spec")
         };
         // Worker 0 was killed above; its replacement is the last.
-        let gets = |cluster: &Cluster| -> f64 {
-            cluster.workers.iter().skip(1).map(|w| sum(&scrape(metrics_addr(w)), "loader_storage_requests_total", &[("op", "get")])).sum()
-        };
         let before = gets(&cluster);
         let from_store = read_all(cluster.url(), folder("s3://data/images".into()), None);
         assert_eq!(from_store.values().map(|(i, _)| i.len()).sum::<usize>(), 18, "6 images, 3 epochs");

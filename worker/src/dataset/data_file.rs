@@ -124,6 +124,14 @@ impl DataFile {
         }
     }
 
+    /// The object, for a file in a store.
+    pub(crate) fn object(&self) -> Option<&Arc<RemoteObject>> {
+        match self {
+            DataFile::Object(object) => Some(object),
+            DataFile::Mapped { .. } => None,
+        }
+    }
+
     /// Whether reads may wait on a network (and are worth asking for all at
     /// once, a batch at a time): an object not yet here whole.
     pub(crate) fn may_fetch(&self) -> bool {

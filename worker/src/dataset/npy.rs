@@ -6,7 +6,9 @@
 //! `loader_listing::npy`, the code the submitter counted the rows with.
 
 use std::path::Path;
+use std::sync::Arc;
 
+use loader_listing::source::Source;
 use loader_proto::pb::NpySpec;
 
 use super::data_file::DataFile;
@@ -52,9 +54,8 @@ impl Npy {
         let mut columns = Vec::with_capacity(spec.arrays.len());
         let mut tensors = Vec::with_capacity(spec.arrays.len());
         for array in &spec.arrays {
-            let path = Path::new(&array.path);
             let mismatch = |problem: String| DatasetError::Mismatch { kind: KIND, path: array.path.clone(), problem };
-            let header = loader_listing::npy::read_header(path).map_err(|e| DatasetError::listing(KIND, e))?;
+            let (file, header) = with_header(&array.path)?;
             if header.rows() != spec.num_samples {
                 return Err(mismatch(format!(
                     "holds {} rows, the job was planned for {}",
@@ -68,7 +69,6 @@ impl Npy {
             ) else {
                 return Err(mismatch(format!("rows of shape {:?} are too large", header.row_shape())));
             };
-            let file = DataFile::open(KIND, &array.path)?;
             tensors.push(SampleTensor {
                 name: array.name.clone(),
                 dtype: header.dtype,
@@ -138,4 +138,23 @@ impl Dataset for Npy {
         }
         Ok(())
     }
+}
+
+/// The npy file at `path`, opened, and its header. An object is opened
+/// first and its header read through the chunks its rows are read from,
+/// so the first chunk is fetched once; a local file's header is read first,
+/// as the submitter did.
+fn with_header(path: &str) -> Result<(DataFile, loader_listing::npy::NpyHeader), DatasetError> {
+    let listing = |e| DatasetError::listing(KIND, e);
+    if loader_storage::is_url(path) {
+        let file = DataFile::open(KIND, path)?;
+        let object = file.object().map(|o| Source::object(Arc::clone(o)));
+        let header = match object {
+            Some(object) => loader_listing::npy::read_header_of(object, file.len(), Path::new(path)),
+            None => loader_listing::npy::read_header(Path::new(path)),
+        };
+        return Ok((file, header.map_err(listing)?));
+    }
+    let header = loader_listing::npy::read_header(Path::new(path)).map_err(listing)?;
+    Ok((DataFile::open(KIND, path)?, header))
 }

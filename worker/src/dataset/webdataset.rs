@@ -13,8 +13,10 @@
 
 use std::borrow::Cow;
 use std::path::Path;
+use std::sync::Arc;
 
-use loader_listing::shard::{Member, ShardSample, index};
+use loader_listing::shard::{Member, ShardSample, index, index_of};
+use loader_listing::source::Source;
 use loader_proto::pb::{Transform, WebDatasetSpec};
 
 use super::FrameCache;
@@ -63,7 +65,7 @@ impl WebDataset {
         let mut starts = Vec::with_capacity(spec.shards.len());
         let mut len = 0u64;
         for (path, &expected) in spec.shards.iter().zip(&spec.shard_samples) {
-            let samples = index(Path::new(path)).map_err(|e| DatasetError::listing(KIND, e))?.samples;
+            let (file, samples) = Self::indexed(path)?;
             if samples.len() as u64 != expected {
                 return Err(DatasetError::Mismatch {
                     kind: KIND,
@@ -74,12 +76,30 @@ impl WebDataset {
                     ),
                 });
             }
-            let file = DataFile::open(KIND, path)?;
             starts.push(len);
             len += expected;
             shards.push(Shard { path: path.clone(), file, samples });
         }
         Ok(Self { shards, starts, len, images })
+    }
+
+    /// The shard at `path`, opened, and its samples. An object is opened
+    /// first and its index walked through the chunks its samples are read
+    /// from, so the shard is fetched once; a local file is indexed first,
+    /// as the submitter did.
+    fn indexed(path: &str) -> Result<(DataFile, Vec<ShardSample>), DatasetError> {
+        let listing = |e| DatasetError::listing(KIND, e);
+        if loader_storage::is_url(path) {
+            let file = DataFile::open(KIND, path)?;
+            let object = file.object().map(|o| Source::object(Arc::clone(o)));
+            let samples = match object {
+                Some(object) => index_of(object, Path::new(path)),
+                None => index(Path::new(path)),
+            };
+            return Ok((file, samples.map_err(listing)?.samples));
+        }
+        let samples = index(Path::new(path)).map_err(listing)?.samples;
+        Ok((DataFile::open(KIND, path)?, samples))
     }
 
     /// Keeps decoded frames in `frames` (a cache made for this job).
