@@ -17,7 +17,7 @@
 //!   small objects fetched at once.
 //! - [`local_copy`]: where fetched bytes are kept on local disk, and the
 //!   byte budget they share.
-//! - `node_pile`: a folder's small objects kept once for the workers of a
+//! - [`node_pile`]: a folder's small objects kept once for the workers of a
 //!   node, when the local copy is shared.
 //! - [`pile`]: many small objects (an image folder's images) kept in one
 //!   file of the local copy.
@@ -39,7 +39,7 @@ pub mod io;
 pub mod listing;
 pub mod local_copy;
 pub mod location;
-mod node_pile;
+pub mod node_pile;
 mod meters;
 pub mod object;
 pub mod pile;

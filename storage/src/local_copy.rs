@@ -39,14 +39,10 @@ static LOCAL_COPY: OnceLock<LocalCopy> = OnceLock::new();
 /// use) counts; returns false when it came too late.
 pub fn configure(dir: Option<PathBuf>, limit: Option<u64>, shared: bool) -> bool {
     let mut made = false;
-    let copy = LOCAL_COPY.get_or_init(|| {
+    LOCAL_COPY.get_or_init(|| {
         made = true;
         make(dir, limit, shared)
     });
-    if made && copy.shared {
-        // What killed workers left is not kept until a job needs it.
-        crate::node_pile::sweep_once(&copy.dir);
-    }
     made
 }
 

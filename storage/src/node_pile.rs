@@ -22,7 +22,7 @@
 //! on a file beside it, which the kernel drops when the worker dies; the
 //! last to let go (it alone can take the lock exclusively) removes both.
 //! A directory whose workers were all killed is removed by the next worker
-//! started with a shared local copy in that directory ([`sweep_once`]).
+//! started with a shared local copy in that directory ([`sweep_leftovers`]).
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
@@ -256,10 +256,19 @@ impl Drop for NodePile {
     }
 }
 
+/// Removes the piles that no worker holds from the local copy's directory,
+/// when it is shared: a worker calls it as it starts, so that what killed
+/// workers left is not kept until a job needs the directory.
+pub fn sweep_leftovers() {
+    if let Some(root) = local_copy::shared_dir() {
+        sweep_once(root);
+    }
+}
+
 /// Removes, once per process, the piles in `root` that no worker holds
 /// (left by workers that were all killed): when a worker with a shared
 /// local copy starts, and before its first pile.
-pub(crate) fn sweep_once(root: &Path) {
+fn sweep_once(root: &Path) {
     static SWEPT: Once = Once::new();
     SWEPT.call_once(|| sweep(root));
 }

@@ -170,6 +170,7 @@ async fn serve(args: Args, datasets: Datasets) -> Result<(), WorkerError> {
         }
     }
     loader_storage::local_copy::configure(args.storage_cache_dir.clone(), args.storage_cache, args.storage_cache_shared);
+    loader_storage::node_pile::sweep_leftovers();
     // A worker's batches wait out a store's throttling or restart.
     loader_storage::stores::ride_out_outages();
     let config = WorkerConfig {
