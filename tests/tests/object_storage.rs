@@ -294,6 +294,23 @@ fn a_token_file_in_a_bucket_reads_as_from_local_disk_and_failures_are_one_line()
             assert!(Instant::now() < deadline, "the pile outlived its job: {:?}", entries(node_dir.path()));
             std::thread::sleep(Duration::from_millis(100));
         }
+        // Both workers SIGKILLed mid-job leave the pile; the next worker
+        // started on the machine removes it.
+        let mut node = node;
+        let mut loader = Loader::builder(node.url()).job(folder("s3://data/images".into())).build().expect("loader");
+        loader.next().expect("a batch").expect("read");
+        for w in &mut node.workers {
+            w.kill();
+        }
+        drop(loader);
+        let left = entries(node_dir.path());
+        assert_eq!(left.len(), 2, "the killed workers' pile and its lock: {left:?}");
+        node.add_worker();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !entries(node_dir.path()).is_empty() {
+            assert!(Instant::now() < deadline, "a new worker left the killed ones' pile: {:?}", entries(node_dir.path()));
+            std::thread::sleep(Duration::from_millis(100));
+        }
 
         // Missing objects and buckets: one line each, at submission.
         for (url, words) in [("s3://data/missing.bin", "no such object"), ("s3://nobucket/tokens.bin", "no such object")] {
