@@ -227,7 +227,9 @@ impl RemoteObject {
         drop(chunks);
         let (object, filled) = (Arc::clone(self), Arc::clone(&slot));
         let started = io::spawn(async move {
-            let result = object.fetch(index).await.map(|bytes| object.keep(index, bytes));
+            // The write of a chunk (4 MB into the local copy) blocks: the
+            // runtime moves its other requests to another thread meanwhile.
+            let result = object.fetch(index).await.map(|bytes| tokio::task::block_in_place(|| object.keep(index, bytes)));
             if result.is_err() {
                 // Not kept: the next read asks again.
                 object.forget(index, &filled);
