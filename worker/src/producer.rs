@@ -279,7 +279,6 @@ impl Producer {
         Dropped { batches, tasks }
     }
 
-    /// Stops the thread after its current batch and drops every task.
     /// Waits, at most `within`, for the thread to end after [`stop`]
     /// (Self::stop): it closes its datasets as it ends, and what they keep
     /// on disk for the machine (`loader_storage`'s shared piles) goes with
@@ -292,6 +291,7 @@ impl Producer {
         *guard
     }
 
+    /// Stops the thread after its current batch and drops every task.
     pub(crate) fn stop(&self) {
         let mut q = self.shared.lock();
         q.stopped = true;
