@@ -45,6 +45,9 @@ pub struct WebDataset {
     starts: Vec<u64>,
     /// Samples in all shards.
     len: u64,
+    /// Some shard is an object in a store: only then is a batch's
+    /// `fetches_ahead` worth a look at every shard.
+    in_store: bool,
     /// The pipeline and the `image`/`label` tensors.
     images: ImageSamples,
 }
@@ -80,7 +83,8 @@ impl WebDataset {
             len += expected;
             shards.push(Shard { path: path.clone(), file, samples });
         }
-        Ok(Self { shards, starts, len, images })
+        let in_store = shards.iter().any(|s| s.file.object().is_some());
+        Ok(Self { shards, starts, len, in_store, images })
     }
 
     /// The shard at `path`, opened, and its samples. An object is opened
@@ -143,10 +147,13 @@ impl Dataset for WebDataset {
     }
 
     fn fetches_ahead(&self) -> bool {
-        self.shards.iter().any(|s| s.file.may_fetch())
+        self.in_store && self.shards.iter().any(|s| s.file.may_fetch())
     }
 
     fn prefetch_batch(&self, keys: &[SampleKey]) {
+        if !self.in_store {
+            return;
+        }
         for &key in keys {
             if let Some((shard, sample)) = self.locate(key.index).filter(|(s, _)| s.file.may_fetch()) {
                 for m in sample.image.iter().chain(&sample.label) {
