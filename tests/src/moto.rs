@@ -30,6 +30,30 @@ pub fn start(scope: &Scope, python: &Path) -> (Proc, String) {
     (moto, endpoint)
 }
 
+/// Points this process's AWS settings (and so every process it starts
+/// afterwards: cluster, loaderctl) at moto's `endpoint`, with its test
+/// credentials.
+///
+/// # Safety
+/// Called before the test starts any thread that reads the environment
+/// (moto's output readers read none), as `std::env::set_var` requires.
+pub unsafe fn aim_aws_at(endpoint: &str) {
+    // SAFETY: the caller's contract: no other thread reads the environment.
+    unsafe {
+        std::env::set_var("AWS_ENDPOINT_URL", endpoint);
+        std::env::set_var("AWS_ACCESS_KEY_ID", "test");
+        std::env::set_var("AWS_SECRET_ACCESS_KEY", "test");
+        std::env::set_var("AWS_REGION", "us-east-1");
+    }
+}
+
+/// Writes `ids` uint16 token ids to `path`: a token file whose every
+/// window differs.
+pub fn write_tokens(path: &Path, ids: u32) {
+    let bytes: Vec<u8> = (0..ids).flat_map(|i| (i.wrapping_mul(2_654_435_761) as u16).to_le_bytes()).collect();
+    std::fs::write(path, bytes).expect("write tokens");
+}
+
 /// Runs `code` in the virtualenv's Python with boto3 pointed at `endpoint`.
 pub fn boto3(python: &Path, endpoint: &str, code: &str) {
     let prelude = format!(

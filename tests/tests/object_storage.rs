@@ -77,16 +77,10 @@ fn a_token_file_in_a_bucket_reads_as_from_local_disk_and_failures_are_one_line()
         // SAFETY: set before this test starts any thread that reads the
         // environment (the only test of this binary; moto's output readers
         // read none); the cluster's processes inherit them.
-        unsafe {
-            std::env::set_var("AWS_ENDPOINT_URL", &endpoint);
-            std::env::set_var("AWS_ACCESS_KEY_ID", "test");
-            std::env::set_var("AWS_SECRET_ACCESS_KEY", "test");
-            std::env::set_var("AWS_REGION", "us-east-1");
-        }
+        unsafe { moto::aim_aws_at(&endpoint) };
         let dir = tempfile::tempdir().expect("tempdir");
         let local = dir.path().join("tokens.bin");
-        let ids: Vec<u8> = (0..IDS).flat_map(|i| (i.wrapping_mul(2_654_435_761) as u16).to_le_bytes()).collect();
-        std::fs::write(&local, &ids).expect("write tokens");
+        moto::write_tokens(&local, IDS);
         boto3(&python, &endpoint, &format!("s3.create_bucket(Bucket='data')\ns3.upload_file({:?}, 'data', 'tokens.bin')", local.display().to_string()));
 
         let mut cluster = Cluster::builder().workers(2).ttl_ms(2000).metrics().start(&scope);

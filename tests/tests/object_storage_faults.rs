@@ -159,16 +159,10 @@ fn a_failing_store_is_retried_or_fails_the_job_in_one_line_naming_the_object() {
         // environment (the only test of this binary; moto's output readers
         // read none); the cluster's processes inherit them, the workers'
         // endpoint overridden with the relay's.
-        unsafe {
-            std::env::set_var("AWS_ENDPOINT_URL", &endpoint);
-            std::env::set_var("AWS_ACCESS_KEY_ID", "test");
-            std::env::set_var("AWS_SECRET_ACCESS_KEY", "test");
-            std::env::set_var("AWS_REGION", "us-east-1");
-        }
+        unsafe { moto::aim_aws_at(&endpoint) };
         let dir = tempfile::tempdir().expect("tempdir");
         let local = dir.path().join("tokens.bin");
-        let ids: Vec<u8> = (0..IDS).flat_map(|i| (i.wrapping_mul(2_654_435_761) as u16).to_le_bytes()).collect();
-        std::fs::write(&local, &ids).expect("write tokens");
+        moto::write_tokens(&local, IDS);
         // One object per case: a worker keeps what it opened for a job, and
         // each case must meet its fault at the open.
         let keys = ["slow.bin", "down.bin", "denied.bin", "silent.bin", "closed.bin"];
