@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import socket
 
 
 class Link:
@@ -34,8 +35,24 @@ class Link:
         return self.free_at
 
 
-async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float, link: Link) -> None:
-    """Copies `reader` to `writer`, each read arriving `delay` after it left the link."""
+def ack_at_once(sock: socket.socket | None) -> None:
+    """Acknowledges what `sock` received now, not after Linux's 40 ms
+    delayed-ACK timer. The stores this relay fronts (s3s-fs) do not set
+    TCP_NODELAY, so a response body's last small segment waits for the ACK
+    of the ones before it: 40 ms on every GET that a store on another
+    machine (which sets it, as S3 does) would not take. Not sticky in the
+    kernel, so set again after every read."""
+    if sock is not None and hasattr(socket, "TCP_QUICKACK"):
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
+        except OSError:
+            pass
+
+
+async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float, link: Link,
+               from_sock: socket.socket | None = None) -> None:
+    """Copies `reader` to `writer`, each read arriving `delay` after it left
+    the link; `from_sock`, `reader`'s socket, acknowledges each read at once."""
     loop = asyncio.get_running_loop()
     queue: collections.deque = collections.deque()
     arrived = asyncio.Event()
@@ -58,6 +75,7 @@ async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay
     task = asyncio.create_task(deliver())
     try:
         while data := await reader.read(256 << 10):
+            ack_at_once(from_sock)
             queue.append((link.send(loop.time(), len(data)) + delay, data))
             arrived.set()
     except ConnectionError:
@@ -89,7 +107,7 @@ async def main() -> None:
         except OSError:
             client_w.close()
             return
-        await asyncio.gather(pipe(client_r, store_w, delay, up), pipe(store_r, client_w, delay, down))
+        await asyncio.gather(pipe(client_r, store_w, delay, up), pipe(store_r, client_w, delay, down, store_w.get_extra_info("socket")))
         for w in (client_w, store_w):
             w.close()
 

@@ -64,8 +64,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run(bin: Path, args: list[str], env: dict[str, str]) -> list[float]:
-    out = subprocess.run([str(bin / "loaderctl"), "run", "--json", *args], env=env, capture_output=True, text=True)
+def pinned(cpus: set[int] | None):
+    """A `preexec_fn` that keeps a process (and what it starts) on `cpus`."""
+    return (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+
+
+def cpu_set(text: str | None) -> set[int] | None:
+    return {int(c) for c in text.split(",")} if text else None
+
+
+def run(bin: Path, args: list[str], env: dict[str, str], cpus: set[int] | None = None) -> list[float]:
+    out = subprocess.run([str(bin / "loaderctl"), "run", "--json", *args], env=env, capture_output=True, text=True,
+                         preexec_fn=pinned(cpus))
     if out.returncode != 0:
         raise SystemExit(f"loaderctl {' '.join(args)}: {out.stderr.strip().splitlines()[-1:]}")
     record = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")][-1]
@@ -105,7 +115,11 @@ def main() -> None:
     ap.add_argument("--libs", default="litdata,mosaic", help="which anchors run, with --anchors")
     ap.add_argument("--step-ms", type=float, default=0.0,
                     help="a training step of this long per batch (loaderctl run --step-ms): the trainer's pace, not the loader's")
+    ap.add_argument("--store-cpus", help="cores (e.g. 1) the store and the relay run on: with --loader-cpus, a store on "
+                    "another machine, whose CPU the workers do not share")
+    ap.add_argument("--loader-cpus", help="cores (e.g. 0) Loader's runs, local and from the store, and the anchors run on")
     args = ap.parse_args()
+    store_cpus, loader_cpus = cpu_set(args.store_cpus), cpu_set(args.loader_cpus)
 
     import boto3
 
@@ -121,7 +135,7 @@ def main() -> None:
         store = subprocess.Popen(
             [str(s3s_fs()), "--host", "127.0.0.1", "--port", str(port), "--access-key", "bench",
              "--secret-key", "benchbench", str(store_dir)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=pinned(store_cpus),
         )
         procs.append(store)
         endpoint = f"http://127.0.0.1:{port}"
@@ -135,13 +149,18 @@ def main() -> None:
                 time.sleep(0.1)
         s3.upload_file(str(tokens), "bench", "tokens.bin")
         if args.images:
-            for path in sorted(args.images.rglob("*")):
-                if path.is_file():
-                    s3.upload_file(str(path), "bench", "images/" + str(path.relative_to(args.images)))
+            # 16 at once: each of s3s-fs's responses waits 40 ms for a
+            # delayed ACK (see bench/delay_relay.py), 9 minutes for 12,800
+            # images one after another.
+            from concurrent.futures import ThreadPoolExecutor
+
+            files = [p for p in sorted(args.images.rglob("*")) if p.is_file()]
+            with ThreadPoolExecutor(16) as pool:
+                list(pool.map(lambda p: s3.upload_file(str(p), "bench", "images/" + str(p.relative_to(args.images))), files))
         relay = subprocess.Popen(
             [sys.executable, str(ROOT / "bench" / "delay_relay.py"), "--to", f"127.0.0.1:{port}",
              "--rtt-ms", str(args.rtt_ms), "--mbit", str(args.mbit)],
-            stdout=subprocess.PIPE, text=True,
+            stdout=subprocess.PIPE, text=True, preexec_fn=pinned(store_cpus),
         )
         procs.append(relay)
         relayed = "http://" + listening(relay, "listening ")
@@ -159,7 +178,9 @@ def main() -> None:
                               str(args.images), "s3://bench/images"))
         print(f"store: s3s-fs {S3S_VERSION} through a relay of {args.rtt_ms:g} ms RTT and {args.mbit:g} Mbit/s each way; "
               f"{args.workers} workers, {args.epochs} epochs, {args.repeats} repeats taking turns"
-              + (f", a {args.step_ms:g} ms step per batch" if args.step_ms else ""), flush=True)
+              + (f", a {args.step_ms:g} ms step per batch" if args.step_ms else "")
+              + (f"; the store and the relay on cores {args.store_cpus}" if store_cpus else "")
+              + (f"; Loader and the anchors on cores {args.loader_cpus}" if loader_cpus else ""), flush=True)
         anchor = ROOT / "bench" / "storage_anchor.py"
         for name, flags, local, url in workloads:
             kind = "tokens" if "tokens" in flags else "images"
@@ -185,7 +206,7 @@ def main() -> None:
                 for source, path in order:
                     if path is not None:
                         used, started = cpu_s([store, relay]), time.monotonic()
-                        epochs, first, steady = run(args.bin, [*flags, *common, "--path", path], env)
+                        epochs, first, steady = run(args.bin, [*flags, *common, "--path", path], env, loader_cpus)
                         rates[source].append(epochs)
                         firsts[source].append(first)
                         steadies[source].append(steady)
@@ -197,6 +218,7 @@ def main() -> None:
                         [str(args.anchors), str(anchor), "read", source, kind, f"s3://bench/{source}-{kind}", cache,
                          str(args.epochs), str(args.workers)],
                         env=dict(env, S3_ENDPOINT_URL=relayed, AWS_ALLOW_HTTP="true"), capture_output=True, text=True, timeout=3600,
+                        preexec_fn=pinned(loader_cpus),
                     )
                     shutil.rmtree(cache, ignore_errors=True)
                     lines = [json.loads(l) for l in out.stdout.splitlines() if l.startswith("{")]
