@@ -418,7 +418,8 @@ pub struct StatusArgs {
     /// 0..1 of the last heartbeat interval its producer spent making
     /// batches), last_seen_ms, draining, pid, storage (null unless it read
     /// from an object store; totals since it started: requests,
-    /// failed_requests, bytes, chunk_reads, chunk_fetches, chunk_hit_ratio,
+    /// failed_requests, retries (attempts the store's client retried),
+    /// bytes, chunk_reads, chunk_fetches, chunk_hit_ratio,
     /// object_reads_local, object_reads_store, object_hit_ratio,
     /// latency_p50_ms and latency_p99_ms (bounds: powers of two),
     /// latency_buckets (entry i: requests under 2^i ms)). A session has

@@ -602,7 +602,7 @@ mod tests {
         let storage = out.find("STORAGE (1 worker read from stores; totals since they started)").expect("a storage table");
         assert!(out.find("WORKERS (1)").is_some_and(|w| w < storage) && out.find("SESSIONS (1)").is_some_and(|s| s > storage), "{out}");
         let row: Vec<&str> = out.lines().find(|l| l.starts_with("7 ") && l.contains("12.0")).expect("the worker's row").split_whitespace().collect();
-        assert_eq!(row, ["7", "40", "12.0", "0", "60%", "-", "<16ms", "<32ms"], "{out}");
+        assert_eq!(row, ["7", "40", "12.0", "0", "0", "60%", "-", "<16ms", "<32ms"], "{out}");
         assert!(out.contains("<32ms\n\nSESSIONS (1)\n"), "one blank line before the sessions: {out}");
         let v = status_json(&status);
         assert_eq!((v["workers"][0]["storage"]["requests"].clone(), v["workers"][0]["storage"]["bytes"].clone()), (40.into(), 12_000_000.into()));

@@ -20,8 +20,10 @@ use serde_json::json;
 use super::table::render;
 
 /// The columns every STORAGE table ends with: totals since the workers
-/// started.
-pub(crate) const TOTALS_HEADERS: [&str; 5] = ["FAILED", "CHUNK HITS", "OBJECT HITS", "P50", "P99"];
+/// started. RETRIES, next to the requests that FAILED after theirs, are
+/// the attempts the store's client retried: a store throttling or out of
+/// reach shows there before (or without) any request failing.
+pub(crate) const TOTALS_HEADERS: [&str; 6] = ["FAILED", "RETRIES", "CHUNK HITS", "OBJECT HITS", "P50", "P99"];
 
 /// The label of the row that sums every worker's reads.
 const ALL: &str = "all";
@@ -31,6 +33,7 @@ fn totals(used: &StorageUse) -> StorageTotals {
     StorageTotals {
         requests: used.requests,
         failed_requests: used.failed_requests,
+        retries: used.retries,
         bytes: used.bytes,
         chunk_reads: used.chunk_reads,
         chunk_fetches: used.chunk_fetches,
@@ -75,6 +78,7 @@ pub(crate) fn title(readers: usize) -> String {
 pub(crate) fn totals_cells(t: &StorageTotals) -> Vec<String> {
     vec![
         t.failed_requests.to_string(),
+        t.retries.to_string(),
         ratio(t.chunk_hit_ratio()),
         ratio(t.object_hit_ratio()),
         latency(t.latency_quantile(0.5)),
@@ -107,8 +111,8 @@ fn megabytes(bytes: u64) -> String {
 }
 
 /// `status`'s STORAGE table, after the workers': their sum, then at most
-/// `shown` workers (those with failed requests first, then the busiest);
-/// empty when no worker read from a store.
+/// `shown` workers (those with failed requests first, then those with
+/// retries, then the busiest); empty when no worker read from a store.
 pub(crate) fn status_table(workers: &[WorkerInfo], shown: usize) -> String {
     let mut readers = readers(workers);
     if readers.is_empty() {
@@ -117,7 +121,9 @@ pub(crate) fn status_table(workers: &[WorkerInfo], shown: usize) -> String {
     let all = sum(&readers);
     let count = readers.len();
     if count > shown {
-        readers.sort_by_key(|(w, t)| (std::cmp::Reverse(t.failed_requests), std::cmp::Reverse(t.requests), w.worker_id));
+        readers.sort_by_key(|(w, t)| {
+            (std::cmp::Reverse(t.failed_requests), std::cmp::Reverse(t.retries), std::cmp::Reverse(t.requests), w.worker_id)
+        });
         readers.truncate(shown);
     }
     let row = |id: Option<u64>, t: &StorageTotals| {
@@ -141,6 +147,7 @@ pub(crate) fn json(used: Option<&StorageUse>) -> serde_json::Value {
     json!({
         "requests": t.requests,
         "failed_requests": t.failed_requests,
+        "retries": t.retries,
         "bytes": t.bytes,
         "chunk_reads": t.chunk_reads,
         "chunk_fetches": t.chunk_fetches,
@@ -162,7 +169,8 @@ mod tests {
         WorkerInfo { worker_id: id, storage, ..Default::default() }
     }
 
-    /// 100 requests, 90 of them under 4 ms and 9 under 128 ms; 2 failed.
+    /// 100 requests, 90 of them under 4 ms and 9 under 128 ms; 2 failed,
+    /// after 5 attempts retried.
     fn used() -> StorageUse {
         let mut latency_buckets = vec![0; 23];
         latency_buckets[2] = 90;
@@ -171,6 +179,7 @@ mod tests {
         StorageUse {
             requests: 100,
             failed_requests: 2,
+            retries: 5,
             bytes: 48_500_000,
             chunk_reads: 1000,
             chunk_fetches: 130,
@@ -199,25 +208,33 @@ mod tests {
         let out = status_table(&workers, 40);
         let lines: Vec<Vec<&str>> = out.lines().map(|l| l.split_whitespace().collect()).collect();
         assert_eq!(out.lines().next(), Some("STORAGE (2 workers read from stores; totals since they started)"), "{out}");
-        assert_eq!(lines[1], ["WORKER", "REQUESTS", "MB", "FAILED", "CHUNK", "HITS", "OBJECT", "HITS", "P50", "P99"], "{out}");
-        assert_eq!(lines[2], ["all", "106", "50.0", "2", "87%", "67%", "<4ms", "<128ms"], "{out}");
-        assert_eq!(lines[3], ["1", "100", "48.5", "2", "87%", "-", "<4ms", "<128ms"], "{out}");
-        assert_eq!(lines[4], ["3", "6", "1.5", "0", "-", "67%", "<8ms", "<8ms"], "{out}");
+        assert_eq!(lines[1], ["WORKER", "REQUESTS", "MB", "FAILED", "RETRIES", "CHUNK", "HITS", "OBJECT", "HITS", "P50", "P99"], "{out}");
+        assert_eq!(lines[2], ["all", "106", "50.0", "2", "5", "87%", "67%", "<4ms", "<128ms"], "{out}");
+        assert_eq!(lines[3], ["1", "100", "48.5", "2", "5", "87%", "-", "<4ms", "<128ms"], "{out}");
+        assert_eq!(lines[4], ["3", "6", "1.5", "0", "0", "-", "67%", "<8ms", "<8ms"], "{out}");
         let alone = status_table(&workers[..2], 40);
         assert!(alone.starts_with("STORAGE (1 worker read") && !alone.contains("all "), "{alone}");
     }
 
     /// Past `shown` rows, workers with failed requests come first, then
-    /// the busiest; the sum still counts all.
+    /// those with retries, then the busiest; the sum still counts all.
     #[test]
     fn a_long_table_lists_failures_first() {
-        let workers: Vec<WorkerInfo> = (1..=5u64)
-            .map(|id| worker(id, Some(StorageUse { requests: id * 10, failed_requests: u64::from(id == 2), latency_buckets: vec![id * 10], ..Default::default() })))
-            .collect();
-        let out = status_table(&workers, 2);
-        let firsts: Vec<&str> = out.lines().skip(2).filter_map(|l| l.split_whitespace().next()).collect();
-        assert_eq!(firsts, ["all", "2", "5"], "{out}");
+        let workers = |retried: u64| -> Vec<WorkerInfo> {
+            (1..=5u64)
+                .map(|id| {
+                    let failed_requests = u64::from(id == 2);
+                    let retries = if id == retried { 4 } else { 0 };
+                    worker(id, Some(StorageUse { requests: id * 10, failed_requests, retries, latency_buckets: vec![id * 10], ..Default::default() }))
+                })
+                .collect()
+        };
+        let firsts = |out: &str| -> Vec<String> { out.lines().skip(2).filter_map(|l| l.split_whitespace().next()).map(str::to_owned).collect() };
+        let out = status_table(&workers(0), 2);
+        assert_eq!(firsts(&out), ["all", "2", "5"], "{out}");
         assert!(out.contains("all     150"), "{out}");
+        let out = status_table(&workers(3), 2);
+        assert_eq!(firsts(&out), ["all", "2", "3"], "{out}");
     }
 
     /// JSON: every count, both hit ratios (null before a read of their
@@ -232,9 +249,10 @@ mod tests {
             [
                 "bytes", "chunk_fetches", "chunk_hit_ratio", "chunk_reads", "failed_requests", "latency_buckets",
                 "latency_p50_ms", "latency_p99_ms", "object_hit_ratio", "object_reads_local", "object_reads_store",
-                "requests"
+                "requests", "retries"
             ]
         );
+        assert_eq!((v["failed_requests"].clone(), v["retries"].clone()), (2.into(), 5.into()));
         assert_eq!((v["requests"].clone(), v["chunk_hit_ratio"].clone(), v["object_hit_ratio"].clone()), (100.into(), 0.87.into(), serde_json::Value::Null));
         assert_eq!((v["latency_p50_ms"].clone(), v["latency_p99_ms"].clone()), (4.into(), 128.into()));
     }

@@ -2,7 +2,7 @@
 //! Workers: samples and batches delivered per second, how busy the
 //! producer was, the queue (batches assigned, not yet delivered); when any
 //! read from an object store, their requests and MB per second from the
-//! store, failures, hit ratios and latency (`storage`). Sessions:
+//! store, failures, retries, hit ratios and latency (`storage`). Sessions:
 //! the share of time the trainer waited for batches (stall), and its
 //! watermark. Jobs: progress, delivery rate and the ETA at that rate.
 //!
@@ -597,10 +597,10 @@ mod tests {
         assert!(!plain.contains("STORAGE"), "{plain}");
         let mut view = View::default();
         let first = view.frame("http://c:1", &with_storage(t0, 100, 10_000_000));
-        assert_eq!(row(&first, "STORAGE", "7"), ["7", "-", "-", "100", "0", "90%", "-", "<32ms", "<32ms"], "{first}");
+        assert_eq!(row(&first, "STORAGE", "7"), ["7", "-", "-", "100", "0", "0", "90%", "-", "<32ms", "<32ms"], "{first}");
         let f = view.frame("http://c:1", &with_storage(t0 + secs(2), 300, 50_000_000));
         // 200 requests and 40 MB in 2 s.
-        assert_eq!(row(&f, "STORAGE", "7"), ["7", "100", "20.0", "300", "0", "90%", "-", "<32ms", "<32ms"], "{f}");
+        assert_eq!(row(&f, "STORAGE", "7"), ["7", "100", "20.0", "300", "0", "0", "90%", "-", "<32ms", "<32ms"], "{f}");
         let storage = f.find("STORAGE (1 worker").expect("table");
         assert!(f.find("WORKERS").is_some_and(|w| w < storage) && f.find("SESSIONS").is_some_and(|s| s > storage), "{f}");
     }

@@ -29,11 +29,14 @@
 //! - [`reader`]: an object read as a file (`Read + Seek`), for code that
 //!   walks a file from its start (tar indexes, npy headers).
 //! - `slot`: one request's answer, waited for from any thread.
-//! - `meters`: requests, latency, bytes and the local copy's hit ratio,
-//!   for Prometheus, and as this process's [`totals`] (for the worker's
-//!   heartbeats: `loaderctl status` and `top`).
+//! - `attempts`: the HTTP client every request goes through, counting the
+//!   attempts the store's client retries (it retries out of our sight).
+//! - `meters`: requests, retries, latency, bytes and the local copy's hit
+//!   ratio, for Prometheus, and as this process's [`totals`] (for the
+//!   worker's heartbeats: `loaderctl status` and `top`).
 //! - [`error`]: one line for each way a store can fail.
 
+mod attempts;
 pub mod error;
 pub mod io;
 pub mod listing;

@@ -1,8 +1,9 @@
 //! What reading from stores records: for Prometheus (a worker's
 //! `/metrics`, docs/storage.md) requests by kind and outcome, their
-//! latency, the bytes fetched, how many chunk reads found their chunk
-//! already here (the local copy's hit ratio: chunk fetches against chunk
-//! reads) and where an image folder's objects were read from. Without a
+//! latency, the attempts the store's client retried (`attempts`), the
+//! bytes fetched, how many chunk reads found their chunk already here
+//! (the local copy's hit ratio: chunk fetches against chunk reads) and
+//! where an image folder's objects were read from. Without a
 //! recorder installed (the trainer SDK, a test) each Prometheus call is a
 //! no-op.
 //!
@@ -14,6 +15,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+
+use crate::attempts::RetryReason;
 
 /// Entries of [`StorageTotals::latency`]: entry `i` counts requests that
 /// took less than 2^`i` ms, so the last (2^22 ms, 70 min) is above the
@@ -29,6 +32,13 @@ pub(crate) fn request(op: &'static str, ok: bool, took: Duration, bytes: u64) {
         metrics::counter!("loader_storage_bytes_total").increment(bytes);
     }
     TALLY.request(ok, took, bytes);
+}
+
+/// An attempt at a request to a store that failed in a way the store's
+/// client retries (`attempts`), for `reason`.
+pub(crate) fn retry(reason: RetryReason) {
+    metrics::counter!("loader_storage_retries_total", "reason" => reason.label()).increment(1);
+    TALLY.retries.fetch_add(1, Ordering::Relaxed);
 }
 
 /// A read out of one chunk of an object (from the local copy, or waiting
@@ -71,6 +81,14 @@ pub struct StorageTotals {
     pub requests: u64,
     /// Of those, the ones that failed after every retry.
     pub failed_requests: u64,
+    /// Attempts at those that failed in a way the store's client retries
+    /// (a 5xx, 429 or 408 answer; a failed, broken or timed-out
+    /// connection), each one the client then retried, but for the last
+    /// attempt of a request that failed for good when its retry time ran
+    /// out, which counts too. Credential requests' count as well. How
+    /// often a store throttles, restarts or is out of reach, which
+    /// `failed_requests` shows only once the retries give up.
+    pub retries: u64,
     /// Bytes fetched, for the rate of bytes.
     pub bytes: u64,
     /// Reads out of objects' chunks (a sample may span two).
@@ -92,9 +110,14 @@ pub struct StorageTotals {
 }
 
 impl StorageTotals {
-    /// True when nothing was read from a store.
+    /// True when nothing was read from a store, nor retried: a first
+    /// request still retrying through an outage is not nothing.
     pub fn is_empty(&self) -> bool {
-        self.requests == 0 && self.chunk_reads == 0 && self.object_reads_local == 0 && self.object_reads_store == 0
+        self.requests == 0
+            && self.retries == 0
+            && self.chunk_reads == 0
+            && self.object_reads_local == 0
+            && self.object_reads_store == 0
     }
 
     /// Of the reads out of chunks, the share that fetched nothing (the
@@ -134,6 +157,7 @@ impl StorageTotals {
     pub fn add(&mut self, other: &StorageTotals) {
         self.requests = self.requests.saturating_add(other.requests);
         self.failed_requests = self.failed_requests.saturating_add(other.failed_requests);
+        self.retries = self.retries.saturating_add(other.retries);
         self.bytes = self.bytes.saturating_add(other.bytes);
         self.chunk_reads = self.chunk_reads.saturating_add(other.chunk_reads);
         self.chunk_fetches = self.chunk_fetches.saturating_add(other.chunk_fetches);
@@ -171,6 +195,7 @@ static TALLY: Tally = Tally::new();
 struct Tally {
     requests: AtomicU64,
     failed_requests: AtomicU64,
+    retries: AtomicU64,
     bytes: AtomicU64,
     chunk_reads: AtomicU64,
     chunk_fetches: AtomicU64,
@@ -184,6 +209,7 @@ impl Tally {
         Self {
             requests: AtomicU64::new(0),
             failed_requests: AtomicU64::new(0),
+            retries: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
             chunk_reads: AtomicU64::new(0),
             chunk_fetches: AtomicU64::new(0),
@@ -212,6 +238,7 @@ impl Tally {
         StorageTotals {
             requests: read(&self.requests),
             failed_requests: read(&self.failed_requests),
+            retries: read(&self.retries),
             bytes: read(&self.bytes),
             chunk_reads: read(&self.chunk_reads),
             chunk_fetches: read(&self.chunk_fetches),
@@ -252,6 +279,7 @@ mod tests {
         assert!(tally.totals().is_empty());
         tally.request(true, ms(3), 1000);
         tally.request(false, ms(200), 0);
+        tally.retries.fetch_add(3, Ordering::Relaxed);
         tally.chunk_reads.fetch_add(4, Ordering::Relaxed);
         tally.chunk_fetches.fetch_add(1, Ordering::Relaxed);
         tally.object_read(true);
@@ -262,7 +290,7 @@ mod tests {
             (totals.requests, totals.failed_requests, totals.bytes, totals.chunk_reads, totals.chunk_fetches),
             (2, 1, 1000, 4, 1)
         );
-        assert_eq!((totals.object_reads_local, totals.object_reads_store), (2, 1));
+        assert_eq!((totals.object_reads_local, totals.object_reads_store, totals.retries), (2, 1, 3));
         assert_eq!(totals.latency.len(), LATENCY_BUCKETS);
         assert_eq!((totals.latency[2], totals.latency[8], totals.latency.iter().sum::<u64>()), (1, 1, 2));
         assert!(!totals.is_empty());
@@ -320,10 +348,10 @@ mod tests {
     #[test]
     fn totals_add_up() {
         let mut sum = StorageTotals { requests: 1, bytes: 10, latency: vec![1, 0, 2], ..Default::default() };
-        sum.add(&StorageTotals { requests: 2, failed_requests: 1, bytes: 5, chunk_reads: 3, object_reads_local: 1, latency: vec![0, 1, 0, 0, 4], ..Default::default() });
+        sum.add(&StorageTotals { requests: 2, failed_requests: 1, retries: 4, bytes: 5, chunk_reads: 3, object_reads_local: 1, latency: vec![0, 1, 0, 0, 4], ..Default::default() });
         assert_eq!(
             sum,
-            StorageTotals { requests: 3, failed_requests: 1, bytes: 15, chunk_reads: 3, object_reads_local: 1, latency: vec![1, 1, 2, 0, 4], ..Default::default() }
+            StorageTotals { requests: 3, failed_requests: 1, retries: 4, bytes: 15, chunk_reads: 3, object_reads_local: 1, latency: vec![1, 1, 2, 0, 4], ..Default::default() }
         );
     }
 }

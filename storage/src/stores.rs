@@ -21,12 +21,15 @@
 //! - a submitter (the SDKs, `loaderctl`) retries [`RETRIES`] times, spent
 //!   in 1-4 s, so that a wrong endpoint or a store that is down is said at
 //!   once, when the job is submitted.
+//!
 //! `LOADER_STORAGE_RETRY_TIMEOUT` (seconds, [`RETRY_TIMEOUT_VAR`]) sets
 //! that time instead, for operators whose stores or networks want more
 //! patience or less; it also bounds each request's and connection's own
 //! time, so that a store that stops answering fails a read within it. A
 //! value that is not a number of seconds fails every read in one line
 //! naming the variable, rather than running with a limit nobody chose.
+//! The attempts retried are counted, as `loader_storage_retries_total`
+//! (`attempts`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -36,6 +39,7 @@ use std::time::Duration;
 use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::{ClientOptions, ObjectStore, RetryConfig};
 
+use crate::attempts::CountingConnector;
 use crate::error::ErrorKind;
 use crate::{ObjectUrl, StorageError};
 
@@ -98,6 +102,8 @@ fn build(url: &ObjectUrl, retry_budget: Option<&str>) -> Result<Store, StorageEr
     let retry = RetryConfig { max_retries, retry_timeout, ..RetryConfig::default() };
     let client = builder
         .with_retry(retry)
+        // Counts the attempts those retries follow (`attempts`).
+        .with_http_connector(CountingConnector::default())
         .with_client_options(
             ClientOptions::new()
                 .with_timeout(REQUEST_TIMEOUT.min(retry_timeout))

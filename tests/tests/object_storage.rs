@@ -243,6 +243,7 @@ fn a_token_file_in_a_bucket_reads_as_from_local_disk_and_failures_are_one_line()
                 let count = |name: &str, labels: &[(&str, &str)]| Some(sum(&metrics, name, labels));
                 storage["requests"].as_f64() == count("loader_storage_requests_total", &[])
                     && storage["failed_requests"].as_f64() == count("loader_storage_requests_total", &[("outcome", "error")])
+                    && storage["retries"].as_f64() == count("loader_storage_retries_total", &[])
                     && storage["bytes"].as_f64() == count("loader_storage_bytes_total", &[])
                     && storage["object_reads_local"].as_f64() == count("loader_storage_object_reads_total", &[("from", "local")])
                     && storage["object_reads_store"].as_f64() == count("loader_storage_object_reads_total", &[("from", "store")])
@@ -256,8 +257,10 @@ fn a_token_file_in_a_bucket_reads_as_from_local_disk_and_failures_are_one_line()
             std::thread::sleep(Duration::from_millis(200));
         };
         // Every image read came from the local copy or the store, and no
-        // more from the store than were fetched.
+        // more from the store than were fetched; moto, never failing, had
+        // no attempt retried.
         let reads = |from: &str| -> u64 { shown.iter().filter_map(|s| s["storage"][from].as_u64()).sum() };
+        assert_eq!(reads("retries"), 0, "{shown:?}");
         assert!(reads("object_reads_local") + reads("object_reads_store") >= 18, "{shown:?}");
         assert!(reads("object_reads_store") as f64 <= fetched, "{shown:?}");
 

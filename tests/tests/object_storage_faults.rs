@@ -8,7 +8,8 @@
 //! 1. `503 Slow Down` to the workers' first requests, then answers: the
 //!    store's client retries them with backoff, the batches wait, and the
 //!    job completes with every batch once and the local file's bytes; the
-//!    workers' `/metrics` count no failed request.
+//!    workers' `/metrics` count no failed request, and each 503 as an
+//!    attempt retried.
 //! 2. `503` to every request: the job fails, and the trainer's error is one
 //!    line naming the object and the store that failed, within the
 //!    (shortened) retry budget; the workers count failed requests.
@@ -201,6 +202,17 @@ fn a_failing_store_is_retried_or_fails_the_job_in_one_line_naming_the_object() {
         // A request the client retried to success counts once, as ok.
         assert_eq!(requests(&cluster, "head", "error") + requests(&cluster, "get", "error"), 0.0, "no request failed");
         assert!(requests(&cluster, "head", "ok") >= 1.0, "the workers opened the object");
+        // Its attempts that failed count apart: each 503 given a worker
+        // (the submitter reads moto directly), but for one whose connection
+        // the switch back closed before its answer, which counts as a
+        // transport error.
+        let retried = |reason: &str| -> u64 {
+            let counted: f64 = cluster.workers.iter().map(|w| sum(&scrape(metrics_addr(w)), "loader_storage_retries_total", &[("reason", reason)])).sum();
+            counted as u64
+        };
+        let (status, transport, given) = (retried("status"), retried("transport"), relay.given(Fault::SlowDown));
+        eprintln!("503s for {OUTAGE:?}: {given} given, {status} counted as retried for their status, {transport} for transport");
+        assert!(status > 0 && status <= given && status + transport >= given, "retries counted: {status} 503s, {transport} transport errors; {given} 503s given");
 
         // 2. 503 forever: one line naming the object and the failing store.
         let relay_at = relay.endpoint();

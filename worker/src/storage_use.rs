@@ -20,6 +20,7 @@ fn storage_use(totals: StorageTotals) -> Option<pb::StorageUse> {
     let StorageTotals {
         requests,
         failed_requests,
+        retries,
         bytes,
         chunk_reads,
         chunk_fetches,
@@ -30,6 +31,7 @@ fn storage_use(totals: StorageTotals) -> Option<pb::StorageUse> {
     Some(pb::StorageUse {
         requests,
         failed_requests,
+        retries,
         bytes,
         chunk_reads,
         chunk_fetches,
@@ -43,15 +45,18 @@ fn storage_use(totals: StorageTotals) -> Option<pb::StorageUse> {
 mod tests {
     use super::*;
 
-    /// Nothing read from a store, nothing reported; else every count.
+    /// Nothing read from a store, nothing reported; else every count,
+    /// retries of a first request not yet done included.
     #[test]
     fn reads_from_stores_are_reported_once_there_are_any() {
         assert_eq!(storage_use(StorageTotals::default()), None);
-        let totals = StorageTotals { requests: 3, failed_requests: 1, bytes: 4096, chunk_reads: 9, chunk_fetches: 2, object_reads_local: 5, object_reads_store: 6, latency: vec![0, 2, 1] };
+        let retrying = storage_use(StorageTotals { retries: 2, ..Default::default() });
+        assert_eq!(retrying, Some(pb::StorageUse { retries: 2, ..Default::default() }), "a first request still retrying");
+        let totals = StorageTotals { requests: 3, failed_requests: 1, retries: 7, bytes: 4096, chunk_reads: 9, chunk_fetches: 2, object_reads_local: 5, object_reads_store: 6, latency: vec![0, 2, 1] };
         let reported = storage_use(totals).expect("reported");
         assert_eq!(
             reported,
-            pb::StorageUse { requests: 3, failed_requests: 1, bytes: 4096, chunk_reads: 9, chunk_fetches: 2, object_reads_local: 5, object_reads_store: 6, latency_buckets: vec![0, 2, 1] }
+            pb::StorageUse { requests: 3, failed_requests: 1, retries: 7, bytes: 4096, chunk_reads: 9, chunk_fetches: 2, object_reads_local: 5, object_reads_store: 6, latency_buckets: vec![0, 2, 1] }
         );
     }
 }

@@ -746,7 +746,7 @@ async fn workers_list_their_latest_reads_from_stores() {
     let a = c.register_worker("http://a".into(), "n".into(), 4, 0);
     let b = c.register_worker("http://b".into(), "n".into(), 4, 0);
     let report = |requests: u64, latency_buckets: Vec<u64>| WorkerReport {
-        storage_use: Some(pb::StorageUse { requests, bytes: requests * 1000, chunk_reads: 10, chunk_fetches: 2, latency_buckets, ..Default::default() }),
+        storage_use: Some(pb::StorageUse { requests, retries: requests / 2, bytes: requests * 1000, chunk_reads: 10, chunk_fetches: 2, latency_buckets, ..Default::default() }),
         ..Default::default()
     };
     let storage = |c: &Coordinator, id: u64| c.list_workers().into_iter().find(|w| w.worker_id == id).and_then(|w| w.storage);
@@ -754,7 +754,7 @@ async fn workers_list_their_latest_reads_from_stores() {
     c.worker_heartbeat(a, report(5, vec![0, 2, 3]), Duration::ZERO).await;
     c.worker_heartbeat(a, report(7, vec![0, 3, 4]), Duration::ZERO).await;
     let used = storage(&c, a).expect("a read from a store");
-    assert_eq!((used.requests, used.bytes, used.chunk_fetches, used.latency_buckets), (7, 7000, 2, vec![0, 3, 4]), "totals, as reported last");
+    assert_eq!((used.requests, used.retries, used.bytes, used.chunk_fetches, used.latency_buckets), (7, 3, 7000, 2, vec![0, 3, 4]), "totals, as reported last");
     c.worker_heartbeat(a, WorkerReport::default(), Duration::ZERO).await;
     assert_eq!(storage(&c, a).map(|u| u.requests), Some(7), "a report without them keeps them");
     c.worker_heartbeat(b, WorkerReport::default(), Duration::ZERO).await;
