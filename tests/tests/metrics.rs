@@ -1,7 +1,9 @@
 //! Prometheus metrics on every process: a real `loader-server` and two
 //! `loader-worker` processes with `--metrics-listen 127.0.0.1:0`, a trainer
 //! (the Rust SDK, in this process) with `metrics_listen`, every `/metrics`
-//! scraped over plain HTTP and parsed as the Prometheus text format.
+//! scraped over plain HTTP and parsed as the Prometheus text format. Also
+//! the one-line usage errors of a bad command line (`--metrics-listen`,
+//! and a worker's `LOADER_STORAGE_CACHE_SHARED`).
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -228,6 +230,26 @@ fn every_process_serves_metrics_that_add_up() {
     });
 }
 
+/// Runs `command` (binary `name`), which must refuse its command line:
+/// it exits by itself with the status of a usage error (2, as clap's own
+/// are), having started nothing (no `listening` line), and its stderr is
+/// one line, `NAME: error: ...`, returned.
+fn usage_error(scope: &Scope, name: &str, command: Command) -> String {
+    let mut proc = Proc::spawn_capturing_stderr(scope, name, command, false);
+    let status = proc.wait_exit(Duration::from_secs(20)).expect("exits by itself");
+    assert_eq!(status.code(), Some(2), "{name}");
+    // The reader thread may still be collecting the last line.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while proc.stderr().is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let stderr = proc.stderr();
+    assert_eq!(stderr.len(), 1, "{name}: {stderr:?}");
+    assert!(stderr[0].starts_with(&format!("{name}: error: ")), "{stderr:?}");
+    assert!(proc.stdout().iter().all(|l| !l.starts_with("listening")), "{name} started: {:?}", proc.stdout());
+    stderr[0].clone()
+}
+
 /// A bad `--metrics-listen` is one line naming the flag, and the process
 /// exits at once with the status of a usage error.
 #[test]
@@ -238,21 +260,25 @@ fn a_bad_metrics_address_is_a_one_line_error() {
         let mut worker = Command::new(binary("loader-worker"));
         worker.args(["--coordinator", "http://127.0.0.1:1", "--listen", "127.0.0.1:0", "--metrics-listen", "9464"]);
         for (name, command) in [("loader-server", server), ("loader-worker", worker)] {
-            let mut proc = Proc::spawn_capturing_stderr(&scope, name, command, false);
-            let status = proc.wait_exit(Duration::from_secs(20)).expect("exits by itself");
-            // A usage error, as clap's own are.
-            assert_eq!(status.code(), Some(2), "{name}");
-            // The reader thread may still be collecting the last line.
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while proc.stderr().is_empty() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            let stderr = proc.stderr();
-            assert_eq!(stderr.len(), 1, "{name}: {stderr:?}");
-            assert!(stderr[0].starts_with(&format!("{name}: error: ")), "{stderr:?}");
-            assert!(stderr[0].contains("--metrics-listen"), "{stderr:?}");
-            assert!(stderr[0].contains("invalid metrics address"), "{stderr:?}");
+            let line = usage_error(&scope, name, command);
+            assert!(line.contains("--metrics-listen"), "{line}");
+            assert!(line.contains("invalid metrics address"), "{line}");
         }
+    });
+}
+
+/// A worker's `LOADER_STORAGE_CACHE_SHARED` that is not a boolean
+/// (`maybe`) is refused the same way, naming the flag it stands for,
+/// rather than read as off: the worker does not start with a local copy
+/// nobody chose.
+#[test]
+fn a_bad_storage_cache_shared_is_a_one_line_error() {
+    run(Duration::from_secs(60), |scope: Scope| {
+        let mut worker = Command::new(binary("loader-worker"));
+        worker.args(["--coordinator", "http://127.0.0.1:1", "--listen", "127.0.0.1:0"]).env("LOADER_STORAGE_CACHE_SHARED", "maybe");
+        let line = usage_error(&scope, "loader-worker", worker);
+        assert!(line.contains("--storage-cache-shared") || line.contains("LOADER_STORAGE_CACHE_SHARED"), "{line}");
+        assert!(line.contains("'maybe'") && line.contains("value was not a boolean"), "{line}");
     });
 }
 
