@@ -19,10 +19,17 @@ use crate::dataset::{Dataset, SampleKey};
 /// machine, 4 read 1,420-1,560; the store bounds it).
 pub(crate) const BATCHES: usize = 4;
 
-/// The [`BATCHES`] batches this worker makes after batch `seq` of `task`:
-/// the task's next ones, then those of the tasks `queued` behind it for
-/// the same job. Each is (the consumer whose order it follows, its
+/// Batch `seq` of `task`, then the [`BATCHES`] batches this worker makes
+/// after it: the task's next ones, then those of the tasks `queued` behind
+/// it for the same job. Each is (the consumer whose order it follows, its
 /// sequence number).
+///
+/// The batch at hand comes first, so that its fetches, when they have not
+/// started yet (a worker's first batch, a range it did not expect), are
+/// first in line for the requests in flight: behind the next four
+/// batches' they waited for all five (0.49 s to a first batch of 64
+/// images over a 10 ms link, 0.09 s from local disk). Once the worker is
+/// under way they started batches ago and this costs a lookup.
 pub(crate) fn upcoming<'a>(task: &Task, seq: u64, queued: impl Iterator<Item = &'a Task>) -> Vec<(u32, u64)> {
     let job_id = |t: &Task| t.job.as_ref().map(|j| j.job_id);
     let batches = |t: &Task, from: u64| {
@@ -30,9 +37,9 @@ pub(crate) fn upcoming<'a>(task: &Task, seq: u64, queued: impl Iterator<Item = &
         (from..t.end_seq).map(move |s| (rank, s))
     };
     let same_job = queued.filter(|t| job_id(t) == job_id(task));
-    batches(task, seq.saturating_add(1))
+    batches(task, seq)
         .chain(same_job.flat_map(|t| batches(t, t.start_seq)))
-        .take(BATCHES)
+        .take(BATCHES + 1)
         .collect()
 }
 
@@ -71,14 +78,16 @@ mod tests {
     fn the_next_batches_come_from_the_task_then_the_queue_of_its_job() {
         let at = task(1, 0, 10..12);
         let queued = [task(2, 0, 0..5), task(1, 1, 4..5), task(1, 0, 12..14)];
-        // Batch 10: the task's batch 11, then the queued tasks of job 1.
-        assert_eq!(upcoming(&at, 10, queued.iter()), vec![(0, 11), (1, 4), (0, 12), (0, 13)]);
-        // Its last batch: only queued tasks of job 1, in queue order.
-        assert_eq!(upcoming(&at, 11, queued.iter()), vec![(1, 4), (0, 12), (0, 13)]);
-        // Nothing queued: what is left of the task.
-        assert_eq!(upcoming(&at, 11, [].iter()), vec![]);
+        // Batch 10 itself, the task's batch 11, then the queued tasks of job 1.
+        assert_eq!(upcoming(&at, 10, queued.iter()), vec![(0, 10), (0, 11), (1, 4), (0, 12), (0, 13)]);
+        // Its last batch: then only queued tasks of job 1, in queue order.
+        assert_eq!(upcoming(&at, 11, queued.iter()), vec![(0, 11), (1, 4), (0, 12), (0, 13)]);
+        // Nothing queued: the batch at hand.
+        assert_eq!(upcoming(&at, 11, [].iter()), vec![(0, 11)]);
         let mut shared = task(1, 3, 0..1);
         shared.rank = Some(0);
-        assert_eq!(upcoming(&at, 11, [shared].iter()), vec![(0, 0)], "a shared stream's task follows its rank's order");
+        assert_eq!(upcoming(&at, 11, [shared].iter()), vec![(0, 11), (0, 0)], "a shared stream's task follows its rank's order");
+        let many = task(1, 0, 0..100);
+        assert_eq!(upcoming(&many, 0, [].iter()).len(), BATCHES + 1, "the batch at hand and BATCHES more");
     }
 }
