@@ -49,10 +49,25 @@ pub fn list(prefix: &ObjectUrl) -> Result<Vec<Listed>, StorageError> {
         let folders = futures::stream::iter(top.common_prefixes.into_iter().map(|folder| {
             let client = client.clone();
             async move {
-                let started = std::time::Instant::now();
-                let found: Result<Vec<_>, _> = client.list(Some(&folder)).try_collect().await;
-                crate::meters::request("list", found.is_ok(), started.elapsed(), 0);
-                found
+                // A folder and the folders below it, one listing (with a
+                // delimiter) each: a flat class folder is one listing as
+                // without one, and a store that keeps its objects as files
+                // (s3s-fs, MinIO on a plain disk) reads one directory per
+                // listing instead of every file under the bucket, which
+                // s3s-fs does for a listing without a delimiter: 22 ms per
+                // class folder of a bucket of 12,800 images, 2.2 s for its
+                // 100 folders, for the submitter and again for each worker.
+                let mut found = Vec::new();
+                let mut folders = vec![folder];
+                while let Some(folder) = folders.pop() {
+                    let started = std::time::Instant::now();
+                    let page = client.list_with_delimiter(Some(&folder)).await;
+                    crate::meters::request("list", page.is_ok(), started.elapsed(), 0);
+                    let page = page?;
+                    found.extend(page.objects);
+                    folders.extend(page.common_prefixes);
+                }
+                Ok::<_, object_store::Error>(found)
             }
         }))
         .buffer_unordered(FOLDERS_AT_ONCE)
