@@ -12,9 +12,12 @@ use std::sync::OnceLock;
 
 use tokio::runtime::{Builder, Runtime};
 
-/// Threads of the storage runtime: requests are I/O-bound, and a few
-/// threads keep hundreds in flight.
-const THREADS: usize = 2;
+/// Threads of the storage runtime: requests are I/O-bound, and one thread
+/// keeps hundreds in flight. A worker's producer makes its batches on one
+/// thread; a second thread here only handed the same responses back and
+/// forth between threads: one worker core reading 12,800 images from a
+/// store used 5% less CPU with one (9.1-9.4 s against 9.7-9.9 s).
+const THREADS: usize = 1;
 
 fn runtime() -> Result<&'static Runtime, Stopped> {
     static RUNTIME: OnceLock<Result<Runtime, String>> = OnceLock::new();

@@ -55,5 +55,5 @@ pub use listing::{Listed, get, get_many, list};
 pub use location::{ObjectUrl, is_url};
 pub use meters::{LATENCY_BUCKETS, StorageTotals, totals};
 pub use object::RemoteObject;
-pub use pile::Pile;
+pub use pile::{Got, Pile};
 pub use reader::ObjectReader;

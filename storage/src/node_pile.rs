@@ -156,18 +156,19 @@ impl NodePile {
         }
     }
 
-    /// Whether a worker of this node kept the object `name` (as of the
-    /// last [`refresh`](Self::refresh)).
-    pub(crate) fn holds(&self, name: &str) -> bool {
-        self.known().places.contains_key(&hash(name))
+    /// Whether a worker of this node kept the object named `key` (the
+    /// [`hash`] of its URL and ETag), as of the last
+    /// [`refresh`](Self::refresh).
+    pub(crate) fn holds(&self, key: u128) -> bool {
+        self.known().places.contains_key(&key)
     }
 
-    /// The bytes of the object `name` (its URL and ETag), if a worker of
+    /// The bytes of the object named `key`, if a worker of
     /// this node kept them (as of the last [`refresh`](Self::refresh)).
-    pub(crate) fn read(&self, name: &str) -> Option<Bytes> {
+    pub(crate) fn read(&self, key: u128) -> Option<Bytes> {
         let (place, pack) = {
             let mut known = self.known();
-            let place = *known.places.get(&hash(name))?;
+            let place = *known.places.get(&key)?;
             let pack = match known.packs.get(&place.pack) {
                 Some(pack) => Arc::clone(pack),
                 None => {
@@ -184,10 +185,9 @@ impl NodePile {
         Some(Bytes::from(bytes))
     }
 
-    /// Keeps `bytes` as the object `name`'s, if the budget allows and no
+    /// Keeps `bytes` as the object named `key`'s, if the budget allows and no
     /// worker kept them already (as far as this one knows).
-    pub(crate) fn keep(&self, name: &str, bytes: &Bytes) {
-        let key = hash(name);
+    pub(crate) fn keep(&self, key: u128, bytes: &Bytes) {
         let len = bytes.len() as u64;
         if self.known().places.contains_key(&key) || !local_copy::reserve(len) {
             return;
@@ -214,7 +214,7 @@ impl NodePile {
                 self.written.fetch_add(len, Ordering::AcqRel);
                 self.known().places.entry(key).or_insert(place);
             }
-            Err(e) => tracing::debug!("{name} not kept on the node's disk: {e}"),
+            Err(e) => tracing::debug!("object {key:032x} not kept on the node's disk: {e}"),
         }
     }
 
@@ -307,9 +307,42 @@ fn same_file(file: &File, path: &Path) -> bool {
 
 /// A 128-bit name for `text` (two FNV-1a hashes): no two of a folder's
 /// million objects share one.
-fn hash(text: &str) -> u128 {
-    let fnv = |offset: u64| text.bytes().fold(offset, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3));
-    (u128::from(fnv(0xcbf2_9ce4_8422_2325)) << 64) | u128::from(fnv(0x6c62_272e_07bb_0142))
+pub(crate) fn hash(text: &str) -> u128 {
+    let mut h = Hasher::default();
+    h.add(text);
+    h.finish()
+}
+
+/// [`hash`] of text written in pieces (`write!`), so that an object's key
+/// (its URL and ETag) is named without first being made a `String`: a
+/// worker names each object of five batches for every batch it makes.
+pub(crate) struct Hasher(u64, u64);
+
+impl Default for Hasher {
+    fn default() -> Self {
+        Self(0xcbf2_9ce4_8422_2325, 0x6c62_272e_07bb_0142)
+    }
+}
+
+impl Hasher {
+    fn add(&mut self, text: &str) {
+        let step = |h: u64, b: u8| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+        for b in text.bytes() {
+            self.0 = step(self.0, b);
+            self.1 = step(self.1, b);
+        }
+    }
+
+    pub(crate) fn finish(&self) -> u128 {
+        (u128::from(self.0) << 64) | u128::from(self.1)
+    }
+}
+
+impl std::fmt::Write for Hasher {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        self.add(s);
+        Ok(())
+    }
 }
 
 fn pack_name(id: u64) -> String {
@@ -363,22 +396,22 @@ mod tests {
         let root = tempfile::tempdir().expect("tempdir");
         let a = NodePile::open(root.path(), "s3://b/train 1").expect("a");
         let b = NodePile::open(root.path(), "s3://b/train 1").expect("b");
-        a.keep(X1, &Bytes::from_static(b"jpeg"));
-        a.keep("s3://b/train/y.jpg \"e1\"", &Bytes::from_static(b"second"));
-        assert!(!b.holds(X1), "b has not looked yet");
+        a.keep(hash(X1), &Bytes::from_static(b"jpeg"));
+        a.keep(hash("s3://b/train/y.jpg \"e1\""), &Bytes::from_static(b"second"));
+        assert!(!b.holds(hash(X1)), "b has not looked yet");
         b.refresh();
-        assert!(b.holds(X1));
-        assert_eq!(b.read(X1).as_deref(), Some(&b"jpeg"[..]), "b reads what a kept");
-        assert_eq!(b.read("s3://b/train/y.jpg \"e1\"").as_deref(), Some(&b"second"[..]));
-        assert_eq!(b.read("s3://b/train/x.jpg \"e2\""), None, "another version is another object");
+        assert!(b.holds(hash(X1)));
+        assert_eq!(b.read(hash(X1)).as_deref(), Some(&b"jpeg"[..]), "b reads what a kept");
+        assert_eq!(b.read(hash("s3://b/train/y.jpg \"e1\"")).as_deref(), Some(&b"second"[..]));
+        assert_eq!(b.read(hash("s3://b/train/x.jpg \"e2\"")), None, "another version is another object");
         // b keeping the same object again changes nothing.
-        b.keep(X1, &Bytes::from_static(b"JPEG"));
+        b.keep(hash(X1), &Bytes::from_static(b"JPEG"));
         a.refresh();
-        assert_eq!(a.read(X1).as_deref(), Some(&b"jpeg"[..]));
+        assert_eq!(a.read(hash(X1)).as_deref(), Some(&b"jpeg"[..]));
         // What b keeps, a reads.
-        b.keep("s3://b/train/z.jpg \"e1\"", &Bytes::from_static(b"third"));
+        b.keep(hash("s3://b/train/z.jpg \"e1\""), &Bytes::from_static(b"third"));
         a.refresh();
-        assert_eq!(a.read("s3://b/train/z.jpg \"e1\"").as_deref(), Some(&b"third"[..]));
+        assert_eq!(a.read(hash("s3://b/train/z.jpg \"e1\"")).as_deref(), Some(&b"third"[..]));
         let dir = a.dir.clone();
         drop(a);
         assert!(dir.exists(), "b still holds it");
@@ -391,21 +424,21 @@ mod tests {
     fn a_broken_record_ends_the_index_and_a_short_pack_is_a_miss() {
         let root = tempfile::tempdir().expect("tempdir");
         let a = NodePile::open(root.path(), "s3://b/train 1").expect("a");
-        a.keep(X1, &Bytes::from_static(b"jpeg"));
+        a.keep(hash(X1), &Bytes::from_static(b"jpeg"));
         // A record cut short (a full disk), then a whole one after it.
         (&a.index).write_all(&[0xff; 20]).expect("garbage");
         (&a.index).write_all(&record(hash("s3://b/later"), Place { pack: 1, offset: 0, len: 1 })).expect("record");
         let b = NodePile::open(root.path(), "s3://b/train 1").expect("b");
         b.refresh();
-        assert!(b.holds(X1), "records before it are read");
-        assert!(!b.holds("s3://b/later"), "nothing after it");
+        assert!(b.holds(hash(X1)), "records before it are read");
+        assert!(!b.holds(hash("s3://b/later")), "nothing after it");
         // A record whose bytes are not in the pack reads as a miss.
         let c = NodePile::open(root.path(), "s3://b/other 1").expect("c");
         (&c.index).write_all(&record(hash("s3://b/k"), Place { pack: 7, offset: 0, len: 10 })).expect("record");
         std::fs::write(c.dir.join(pack_name(7)), b"short").expect("pack");
         c.refresh();
-        assert!(c.holds("s3://b/k"));
-        assert_eq!(c.read("s3://b/k"), None);
+        assert!(c.holds(hash("s3://b/k")));
+        assert_eq!(c.read(hash("s3://b/k")), None);
     }
 
     #[test]

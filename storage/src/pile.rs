@@ -43,7 +43,7 @@ pub struct Pile {
     /// made: nothing is kept.
     file: OnceLock<Option<File>>,
     /// Where each kept object sits: (offset, length), by key.
-    index: Mutex<HashMap<String, (u64, u64)>>,
+    index: Mutex<HashMap<u128, (u64, u64)>>,
     /// The file's end: where the next object goes.
     end: AtomicU64,
     /// Objects fetched ahead of need, by key, until asked for.
@@ -71,46 +71,55 @@ impl Pile {
         Self { file: OnceLock::new(), index: Mutex::default(), end: AtomicU64::new(0), coming: Mutex::default(), node }
     }
 
-    /// The bytes of every object of `objects` (its URL and the ETag it must
-    /// have), in order: kept ones from local disk, those fetched ahead from
-    /// memory, the others fetched at once (`crate::get_many`); kept while
-    /// the budget allows.
-    pub fn get_many(&self, objects: &[(ObjectUrl, Option<String>)]) -> Vec<Result<Bytes, StorageError>> {
-        let names: Vec<String> = objects.iter().map(|(u, _)| u.to_string()).collect();
-        let keys: Vec<String> = objects.iter().map(key).collect();
+    /// Every object of `objects` (its URL and the ETag it must have), in
+    /// order: kept ones to be read from local disk when asked for
+    /// ([`Got::bytes`]), those fetched ahead from memory, the others fetched
+    /// at once (`crate::get_many`); kept while the budget allows.
+    pub fn get_many<'a>(&'a self, objects: &[&'a Object]) -> Vec<Got<'a>> {
+        let keys: Vec<u128> = objects.iter().map(|o| key(o)).collect();
         if let Some(node) = &self.node {
             node.refresh();
         }
-        let mut out: Vec<Option<Result<Bytes, StorageError>>> = keys.iter().map(|k| self.read(k)).collect();
+        let mut out: Vec<Option<Got<'a>>> =
+            keys.iter().zip(objects).map(|(&k, &object)| self.holds(k).then_some(Got::Kept { pile: self, object })).collect();
         for _kept in out.iter().flatten() {
             crate::meters::object_read(true);
         }
         let claimed: Vec<(usize, Arc<Slot<Bytes>>)> = {
             let mut coming = self.coming();
-            (0..objects.len()).filter(|&i| out[i].is_none()).filter_map(|i| Some((i, coming.take(&keys[i])?))).collect()
+            (0..objects.len()).filter(|&i| out[i].is_none()).filter_map(|i| Some((i, coming.take(keys[i])?))).collect()
         };
         let missing: Vec<usize> =
             (0..objects.len()).filter(|&i| out[i].is_none() && !claimed.iter().any(|(c, _)| *c == i)).collect();
-        let wanted: Vec<_> = missing.iter().map(|&i| objects[i].clone()).collect();
+        let wanted: Vec<Object> = missing.iter().map(|&i| objects[i].clone()).collect();
         // Those fetched ahead arrive meanwhile.
         let fetched = missing.into_iter().zip(get_many(&wanted));
-        let arrived = claimed.into_iter().map(|(i, slot)| (i, slot.wait(&names[i])));
+        let arrived = claimed.into_iter().map(|(i, slot)| (i, slot.wait(&objects[i].0.to_string())));
         for (i, got) in fetched.chain(arrived) {
             crate::meters::object_read(false);
             if let Ok(bytes) = &got {
-                self.keep(&keys[i], bytes);
+                self.keep(keys[i], bytes);
             }
-            out[i] = Some(got);
+            out[i] = Some(Got::Here(got));
         }
         out.into_iter()
-            .zip(&names)
-            .map(|(r, n)| r.unwrap_or_else(|| Err(StorageError::new(n.as_str(), ErrorKind::Unavailable, "not read"))))
+            .zip(objects)
+            .map(|(got, o)| got.unwrap_or_else(|| Got::Here(Err(StorageError::new(o.0.to_string(), ErrorKind::Unavailable, "not read")))))
             .collect()
+    }
+
+    /// Whether the object named `key` is kept (on this machine's shared
+    /// copy, as of its last refresh, or in this worker's own).
+    fn holds(&self, key: u128) -> bool {
+        match &self.node {
+            Some(node) => node.holds(key),
+            None => self.index.lock().unwrap_or_else(|p| p.into_inner()).contains_key(&key),
+        }
     }
 
     /// Starts fetching the objects of `objects` that are neither kept nor
     /// on their way, while fewer than [`AHEAD`] wait; returns at once.
-    pub fn prefetch(&self, objects: &[(ObjectUrl, Option<String>)]) {
+    pub fn prefetch(&self, objects: &[&Object]) {
         let mut started = Vec::new();
         if let Some(node) = &self.node {
             node.refresh();
@@ -118,10 +127,10 @@ impl Pile {
         {
             let index = self.index.lock().unwrap_or_else(|p| p.into_inner());
             let mut coming = self.coming();
-            for object in objects {
+            for &object in objects {
                 let key = key(object);
                 let kept = match &self.node {
-                    Some(node) => node.holds(&key),
+                    Some(node) => node.holds(key),
                     None => index.contains_key(&key),
                 };
                 if kept || coming.slots.contains_key(&key) {
@@ -146,12 +155,12 @@ impl Pile {
         self.coming.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The kept bytes of the object `key` names, if kept and readable.
-    fn read(&self, name: &str) -> Option<Result<Bytes, StorageError>> {
+    /// The kept bytes of the object named `key`, if kept and readable.
+    fn read(&self, key: u128) -> Option<Result<Bytes, StorageError>> {
         if let Some(node) = &self.node {
-            return node.read(name).map(Ok);
+            return node.read(key).map(Ok);
         }
-        let (offset, len) = *self.index.lock().unwrap_or_else(|p| p.into_inner()).get(name)?;
+        let (offset, len) = *self.index.lock().unwrap_or_else(|p| p.into_inner()).get(&key)?;
         let file = self.file.get()?.as_ref()?;
         let mut bytes = vec![0; usize::try_from(len).ok()?];
         // A local read that fails is a fetch, not an error.
@@ -159,10 +168,10 @@ impl Pile {
         Some(Ok(Bytes::from(bytes)))
     }
 
-    /// Keeps `bytes` as the object `name`'s (its key), if the budget allows.
-    fn keep(&self, name: &str, bytes: &Bytes) {
+    /// Keeps `bytes` as the object named `key`'s, if the budget allows.
+    fn keep(&self, key: u128, bytes: &Bytes) {
         if let Some(node) = &self.node {
-            return node.keep(name, bytes);
+            return node.keep(key, bytes);
         }
         let Some(file) = self.file.get_or_init(local_copy::file) else { return };
         let len = bytes.len() as u64;
@@ -172,30 +181,71 @@ impl Pile {
         let offset = self.end.fetch_add(len, Ordering::AcqRel);
         match file.write_all_at(bytes, offset) {
             Ok(()) => {
-                self.index.lock().unwrap_or_else(|p| p.into_inner()).insert(name.to_owned(), (offset, len));
+                self.index.lock().unwrap_or_else(|p| p.into_inner()).insert(key, (offset, len));
             }
-            Err(e) => tracing::debug!("{name} not kept on local disk: {e}"),
+            Err(e) => tracing::debug!("object {key:032x} not kept on local disk: {e}"),
         }
     }
 }
 
-/// How a pile names an object: its URL and the ETag it must have, so that
-/// a node's pile, which outlives any one job, never serves another version.
-fn key((url, etag): &(ObjectUrl, Option<String>)) -> String {
-    format!("{url} {}", etag.as_deref().unwrap_or(""))
+/// One object of a batch asked for with [`Pile::get_many`].
+///
+/// An object kept on local disk is read only when its turn comes
+/// ([`Got::bytes`]): a batch's images then take one buffer at a time, as
+/// when they are read from a local folder, not 64 buffers of ~150 KB each
+/// held together until the batch is made.
+#[derive(Debug)]
+pub enum Got<'a> {
+    /// Kept on local disk: read when asked for.
+    Kept {
+        /// The pile that keeps it.
+        pile: &'a Pile,
+        /// Its URL and the ETag it must have.
+        object: &'a Object,
+    },
+    /// Fetched (or fetched ahead): its bytes, or why there are none.
+    Here(Result<Bytes, StorageError>),
+}
+
+impl Got<'_> {
+    /// The object's bytes: read from local disk when kept there; fetched
+    /// (and not kept again) when the local copy cannot give them after all.
+    pub fn bytes(self) -> Result<Bytes, StorageError> {
+        match self {
+            Got::Here(got) => got,
+            Got::Kept { pile, object } => match pile.read(key(object)) {
+                Some(got) => got,
+                None => crate::get(&object.0, object.1.clone()),
+            },
+        }
+    }
+}
+
+/// An object of a pile: its URL and the ETag it must have.
+pub type Object = (ObjectUrl, Option<String>);
+
+/// How a pile names an object: the hash of its URL and the ETag it must
+/// have, so that a node's pile, which outlives any one job, never serves
+/// another version. Hashed as written, with no string made on the way.
+fn key((url, etag): &Object) -> u128 {
+    use std::fmt::Write;
+    let mut h = crate::node_pile::Hasher::default();
+    // Writing into a hasher cannot fail.
+    let _ = write!(h, "{url} {}", etag.as_deref().unwrap_or(""));
+    h.finish()
 }
 
 /// Objects fetched ahead, by key, with when they were asked for.
 #[derive(Debug, Default)]
 struct Coming {
-    slots: HashMap<String, (Instant, Arc<Slot<Bytes>>)>,
+    slots: HashMap<u128, (Instant, Arc<Slot<Bytes>>)>,
 }
 
 impl Coming {
-    /// Adds `name`'s fetch; false (not added) when [`AHEAD`] are waiting
+    /// Adds the fetch of the object named `key`; false (not added) when [`AHEAD`] are waiting
     /// and none of them is stale: the batches asked for first are needed
     /// first, so the last asked for wait their turn.
-    fn add(&mut self, name: String, slot: Arc<Slot<Bytes>>) -> bool {
+    fn add(&mut self, key: u128, slot: Arc<Slot<Bytes>>) -> bool {
         if self.slots.len() >= AHEAD {
             let now = Instant::now();
             self.slots.retain(|_, (at, _)| now.duration_since(*at) < STALE);
@@ -203,13 +253,14 @@ impl Coming {
                 return false;
             }
         }
-        self.slots.insert(name, (Instant::now(), slot));
+        self.slots.insert(key, (Instant::now(), slot));
         true
     }
 
-    /// `name`'s fetch, if it was fetched ahead; it is no longer.
-    fn take(&mut self, name: &str) -> Option<Arc<Slot<Bytes>>> {
-        self.slots.remove(name).map(|(_, slot)| slot)
+    /// The fetch of the object named `key`, if it was fetched ahead; it is
+    /// no longer.
+    fn take(&mut self, key: u128) -> Option<Arc<Slot<Bytes>>> {
+        self.slots.remove(&key).map(|(_, slot)| slot)
     }
 }
 
@@ -226,15 +277,25 @@ mod tests {
     #[test]
     fn objects_fetched_ahead_wait_their_turn_past_the_bound() {
         let mut coming = Coming::default();
-        for i in 0..AHEAD {
-            assert!(coming.add(format!("o{i}"), Arc::default()), "{i}");
+        let late = AHEAD as u128;
+        for i in 0..late {
+            assert!(coming.add(i, Arc::default()), "{i}");
         }
-        assert!(!coming.add("late".into(), Arc::default()), "the next batches' fetches wait");
-        assert!(coming.take("o0").is_some() && coming.take("o0").is_none(), "taken once");
-        assert!(coming.add("late".into(), Arc::default()), "room again");
+        assert!(!coming.add(late, Arc::default()), "the next batches' fetches wait");
+        assert!(coming.take(0).is_some() && coming.take(0).is_none(), "taken once");
+        assert!(coming.add(late, Arc::default()), "room again");
         // One not asked for within STALE makes room.
-        coming.slots.get_mut("o1").expect("o1").0 -= STALE;
-        assert!(coming.add("later".into(), Arc::default()));
-        assert!(coming.take("o1").is_none(), "the stale one was dropped");
+        coming.slots.get_mut(&1).expect("1").0 -= STALE;
+        assert!(coming.add(late + 1, Arc::default()));
+        assert!(coming.take(1).is_none(), "the stale one was dropped");
+    }
+
+    #[test]
+    fn an_object_is_named_by_its_url_and_etag_as_the_node_pile_names_text() {
+        let url = ObjectUrl::parse("s3://b/train/x.jpg").expect("url");
+        let etag = Some("\"e1\"".to_owned());
+        assert_eq!(key(&(url.clone(), etag.clone())), crate::node_pile::hash("s3://b/train/x.jpg \"e1\""));
+        assert_eq!(key(&(url.clone(), None)), crate::node_pile::hash("s3://b/train/x.jpg "));
+        assert_ne!(key(&(url.clone(), etag)), key(&(url, Some("\"e2\"".into()))), "another version is another object");
     }
 }

@@ -99,7 +99,7 @@ impl Dataset for ImageFolder {
 
     fn prefetch_batch(&self, keys: &[SampleKey]) {
         if let Some(objects) = self.objects.as_ref().filter(|_| !self.images.keeps_frames()) {
-            let wanted: Vec<_> = keys.iter().filter_map(|k| objects.get(usize::try_from(k.index).ok()?).cloned()).collect();
+            let wanted: Vec<_> = keys.iter().filter_map(|k| objects.get(usize::try_from(k.index).ok()?)).collect();
             self.pile.prefetch(&wanted);
         }
     }
@@ -111,13 +111,13 @@ impl Dataset for ImageFolder {
         };
         // A folder in a bucket: the batch's images are fetched at once, one
         // GET each, then decoded in order.
-        let wanted: Vec<_> = keys.iter().filter_map(|k| objects.get(usize::try_from(k.index).ok()?).cloned()).collect();
+        let wanted: Vec<_> = keys.iter().filter_map(|k| objects.get(usize::try_from(k.index).ok()?)).collect();
         if wanted.len() != keys.len() {
             return super::read_each(self, keys, batch);
         }
         let fetched = self.pile.get_many(&wanted);
-        for ((&key, fetched), (url, _)) in keys.iter().zip(fetched).zip(&wanted) {
-            let read = self.decode(key, &mut batch.next_rows(), || fetched.map_err(|e| DatasetError::storage(KIND, e)), || url.to_string());
+        for ((&key, fetched), (url, _)) in keys.iter().zip(fetched).zip(wanted.iter().copied()) {
+            let read = self.decode(key, &mut batch.next_rows(), || fetched.bytes().map_err(|e| DatasetError::storage(KIND, e)), || url.to_string());
             batch.settle(key.index, read)?;
         }
         Ok(())
@@ -130,7 +130,7 @@ impl Dataset for ImageFolder {
                 return Err(DatasetError::IndexOutOfRange { index: key.index, len: self.len() });
             };
             let read = || {
-                let got = self.pile.get_many(std::slice::from_ref(object)).pop();
+                let got = self.pile.get_many(&[object]).pop().map(loader_storage::Got::bytes);
                 got.unwrap_or_else(|| loader_storage::get(&object.0, object.1.clone())).map_err(|e| DatasetError::storage(KIND, e))
             };
             return self.decode(key, rows, read, || object.0.to_string());
