@@ -223,9 +223,18 @@ def main() -> None:
                     shutil.rmtree(cache, ignore_errors=True)
                     lines = [json.loads(l) for l in out.stdout.splitlines() if l.startswith("{")]
                     if not lines:
-                        raise SystemExit(f"{source} {kind}: {out.stderr.strip()[-2000:]}")
+                        # An anchor that fails is a finding, not the end of
+                        # the run: its error's last line is the record.
+                        error = (out.stderr.strip().splitlines() or ["no output"])[-1]
+                        print(f"{source} {kind}, repeat {r + 1}: failed: {error}", flush=True)
+                        rates[source].append([float("nan")] * args.epochs)
+                        continue
                     rates[source].append(lines[-1]["epochs_samples_per_s"])
-            med = {s: [statistics.median(run[e] for run in rates[s]) for e in range(args.epochs)] for s in rates}
+            def median(values):
+                values = [v for v in values if v == v]  # a failed run's NaN is no rate
+                return statistics.median(values) if values else float("nan")
+
+            med = {s: [median(run[e] for run in rates[s]) for e in range(args.epochs)] for s in rates}
             for e in range(args.epochs):
                 ratios = [st[e] / lo[e] for st, lo in zip(rates["store"], rates["local"])]
                 row = (f"{name}: epoch {e + 1}: local {med['local'][e]:,.0f} samples/s, store {med['store'][e]:,.0f} "
