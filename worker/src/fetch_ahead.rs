@@ -26,10 +26,9 @@ pub(crate) const BATCHES: usize = 4;
 ///
 /// The batch at hand comes first, so that its fetches, when they have not
 /// started yet (a worker's first batch, a range it did not expect), are
-/// first in line for the requests in flight: behind the next four
-/// batches' they waited for all five (0.49 s to a first batch of 64
-/// images over a 10 ms link, 0.09 s from local disk). Once the worker is
-/// under way they started batches ago and this costs a lookup.
+/// first in line for the requests in flight (taken in turn), not behind
+/// the next four batches'. Once the worker is under way they started
+/// batches ago and this costs a lookup.
 pub(crate) fn upcoming<'a>(task: &Task, seq: u64, queued: impl Iterator<Item = &'a Task>) -> Vec<(u32, u64)> {
     let job_id = |t: &Task| t.job.as_ref().map(|j| j.job_id);
     let batches = |t: &Task, from: u64| {
