@@ -848,8 +848,7 @@ mod tests {
     fn train() -> Vec<Transform> {
         let crop = RandomResizedCrop {
             size: vec![224],
-            scale: vec![],
-            ratio: vec![],
+            ..Default::default()
         };
         vec![
             Transform {

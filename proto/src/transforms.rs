@@ -3,7 +3,7 @@
 //! the coordinator (rejecting a bad spec) and the worker (running it) read the
 //! same rules, and the output tensor of a job is known before any image is.
 
-use crate::pb::{Dtype, Layout, Transform, transform::Op};
+use crate::pb::{Dtype, Interpolation, Layout, Transform, transform::Op};
 use crate::spec_error::{SpecError, err};
 
 /// Largest height or width a step may ask for: far above any training
@@ -33,6 +33,19 @@ pub enum ResizeTo {
     },
 }
 
+/// The filter a resize resamples with (`Interpolation` in the spec). Both
+/// are Pillow's antialiased convolution: the kernel widens with the shrink
+/// factor, so a downscale averages every input pixel rather than skipping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Filter {
+    /// Pillow's BILINEAR (triangle kernel, support 1): torchvision's
+    /// default, and what an unspecified interpolation means.
+    #[default]
+    Bilinear,
+    /// Pillow's BICUBIC (Keys' cubic with a = -0.5, support 2).
+    Bicubic,
+}
+
 /// One validated step, defaults filled in.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Step {
@@ -48,9 +61,16 @@ pub enum Step {
         scale: [f32; 2],
         /// `[min, max]` aspect ratio (width / height), > 0.
         ratio: [f32; 2],
+        /// The resize's filter.
+        filter: Filter,
     },
-    /// Bilinear antialiased resize.
-    Resize(ResizeTo),
+    /// Antialiased resize.
+    Resize {
+        /// The output size.
+        to: ResizeTo,
+        /// The filter.
+        filter: Filter,
+    },
     /// Centre crop (zero padding where the image is smaller, as torchvision).
     CenterCrop {
         /// Output height.
@@ -131,8 +151,8 @@ pub fn check(transforms: &[Transform]) -> Result<Pipeline, SpecError> {
             Step::RandomResizedCrop { height, width, .. } | Step::CenterCrop { height, width } => {
                 size = Some((height, width));
             }
-            Step::Resize(ResizeTo::Exact { height, width }) => size = Some((height, width)),
-            Step::Resize(ResizeTo::ShorterSide(_)) => size = None,
+            Step::Resize { to: ResizeTo::Exact { height, width }, .. } => size = Some((height, width)),
+            Step::Resize { to: ResizeTo::ShorterSide(_), .. } => size = None,
             Step::Normalize { .. } => dtype = Dtype::F32,
             Step::Cast(d) => dtype = d,
             Step::Layout(l) => layout = l,
@@ -181,15 +201,19 @@ fn step(i: usize, t: &Transform) -> Result<Step, SpecError> {
                 width,
                 scale: range(&r.scale, DEFAULT_SCALE, &field("scale"), |v| v > 0.0 && v <= 1.0, "within (0, 1]")?,
                 ratio: range(&r.ratio, DEFAULT_RATIO, &field("ratio"), |v| v > 0.0 && v.is_finite(), "> 0")?,
+                filter: filter(r.interpolation, &field("interpolation"))?,
             }
         }
-        Some(Op::Resize(r)) => match r.size.as_slice() {
-            [s] => Step::Resize(ResizeTo::ShorterSide(side(*s, &field("size"), &r.size)?)),
-            _ => {
-                let (height, width) = size_pair(&r.size, &field("size"))?;
-                Step::Resize(ResizeTo::Exact { height, width })
-            }
-        },
+        Some(Op::Resize(r)) => {
+            let to = match r.size.as_slice() {
+                [s] => ResizeTo::ShorterSide(side(*s, &field("size"), &r.size)?),
+                _ => {
+                    let (height, width) = size_pair(&r.size, &field("size"))?;
+                    ResizeTo::Exact { height, width }
+                }
+            };
+            Step::Resize { to, filter: filter(r.interpolation, &field("interpolation"))? }
+        }
         Some(Op::CenterCrop(c)) => {
             let (height, width) = size_pair(&c.size, &field("size"))?;
             Step::CenterCrop { height, width }
@@ -219,6 +243,15 @@ fn step(i: usize, t: &Transform) -> Result<Step, SpecError> {
 
 fn dtype_name(v: i32) -> String {
     Dtype::try_from(v).map_or_else(|_| format!("unknown dtype {v}"), |d| d.short_name().to_owned())
+}
+
+/// The filter of an `Interpolation` value; unspecified is bilinear.
+fn filter(v: i32, field: &str) -> Result<Filter, SpecError> {
+    match Interpolation::try_from(v) {
+        Ok(Interpolation::Unspecified | Interpolation::Bilinear) => Ok(Filter::Bilinear),
+        Ok(Interpolation::Bicubic) => Ok(Filter::Bicubic),
+        Err(_) => err(field, format!("must be bilinear or bicubic, got the unknown value {v}")),
+    }
 }
 
 fn side(v: u32, field: &str, all: &[u32]) -> Result<u32, SpecError> {

@@ -18,14 +18,16 @@ pub fn decode() -> Transform {
 }
 
 /// torchvision's `RandomResizedCrop(size)` with the default scale
-/// (0.08, 1.0) and ratio (3/4, 4/3), to a `size` x `size` square.
+/// (0.08, 1.0), ratio (3/4, 4/3) and interpolation (bilinear), to a
+/// `size` x `size` square.
 pub fn random_resized_crop(size: u32) -> Transform {
-    op(Op::RandomResizedCrop(RandomResizedCrop { size: vec![size], scale: Vec::new(), ratio: Vec::new() }))
+    op(Op::RandomResizedCrop(RandomResizedCrop { size: vec![size], ..Default::default() }))
 }
 
-/// Resizes the shorter side to `size`, keeping the aspect ratio.
+/// Resizes the shorter side to `size`, keeping the aspect ratio
+/// (bilinear, torchvision's default interpolation).
 pub fn resize(size: u32) -> Transform {
-    op(Op::Resize(Resize { size: vec![size] }))
+    op(Op::Resize(Resize { size: vec![size], ..Default::default() }))
 }
 
 /// Crops the centre `size` x `size` square.

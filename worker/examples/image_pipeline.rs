@@ -2,14 +2,15 @@
 //! what decode + transforms cost without batching or transport:
 //!
 //! ```text
-//! cargo run --release -p loader-worker --example image_pipeline -- DIR [THREADS] [PASSES] [eval]
+//! cargo run --release -p loader-worker --example image_pipeline -- DIR [THREADS] [PASSES] [eval] [bicubic]
 //! ```
 //!
 //! `DIR` (e.g. `bench/data/imagenet-shaped`, made by `bench/make_images.py`)
 //! is read recursively; every file is held in memory first, so disk reads
 //! are not measured. The default pipeline is the training one
 //! (random_resized_crop 224 + horizontal flip, uint8 CHW); `eval` runs
-//! resize 256 + center_crop 224 instead.
+//! resize 256 + center_crop 224 instead; `bicubic` resizes with bicubic
+//! instead of bilinear.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -32,10 +33,13 @@ fn files(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
-    let dir = args.get(1).ok_or("usage: image_pipeline DIR [THREADS] [PASSES] [eval]")?;
+    let dir = args.get(1).ok_or("usage: image_pipeline DIR [THREADS] [PASSES] [eval] [bicubic]")?;
     let threads: usize = args.get(2).map_or(Ok(2), |s| s.parse())?;
     let passes: u64 = args.get(3).map_or(Ok(1), |s| s.parse())?;
-    let eval = args.get(4).is_some_and(|s| s == "eval");
+    let modes = args.get(4..).unwrap_or_default();
+    let eval = modes.iter().any(|s| s == "eval");
+    let interpolation =
+        if modes.iter().any(|s| s == "bicubic") { pb::Interpolation::Bicubic } else { pb::Interpolation::Bilinear } as i32;
     let mut paths = Vec::new();
     files(Path::new(dir), &mut paths)?;
     paths.sort();
@@ -44,13 +48,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let steps = if eval {
         vec![
             t(Op::Decode(pb::Decode {})),
-            t(Op::Resize(pb::Resize { size: vec![256] })),
+            t(Op::Resize(pb::Resize { size: vec![256], interpolation })),
             t(Op::CenterCrop(pb::CenterCrop { size: vec![224] })),
         ]
     } else {
         vec![
             t(Op::Decode(pb::Decode {})),
-            t(Op::RandomResizedCrop(pb::RandomResizedCrop { size: vec![224], scale: vec![], ratio: vec![] })),
+            t(Op::RandomResizedCrop(pb::RandomResizedCrop { size: vec![224], interpolation, ..Default::default() })),
             t(Op::HorizontalFlip(pb::HorizontalFlip { p: None })),
         ]
     };

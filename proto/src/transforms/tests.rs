@@ -8,10 +8,21 @@ fn decode() -> Transform {
     t(Op::Decode(pb::Decode {}))
 }
 fn rrc(size: &[u32], scale: &[f32], ratio: &[f32]) -> Transform {
-    t(Op::RandomResizedCrop(pb::RandomResizedCrop { size: size.to_vec(), scale: scale.to_vec(), ratio: ratio.to_vec() }))
+    rrc_with(size, scale, ratio, Interpolation::Unspecified as i32)
+}
+fn rrc_with(size: &[u32], scale: &[f32], ratio: &[f32], interpolation: i32) -> Transform {
+    t(Op::RandomResizedCrop(pb::RandomResizedCrop {
+        size: size.to_vec(),
+        scale: scale.to_vec(),
+        ratio: ratio.to_vec(),
+        interpolation,
+    }))
 }
 fn resize(size: &[u32]) -> Transform {
-    t(Op::Resize(pb::Resize { size: size.to_vec() }))
+    resize_with(size, Interpolation::Unspecified as i32)
+}
+fn resize_with(size: &[u32], interpolation: i32) -> Transform {
+    t(Op::Resize(pb::Resize { size: size.to_vec(), interpolation }))
 }
 fn center_crop(size: &[u32]) -> Transform {
     t(Op::CenterCrop(pb::CenterCrop { size: size.to_vec() }))
@@ -42,7 +53,10 @@ fn training_pipeline_defaults_to_uint8_chw() {
     let p = check(&[decode(), rrc(&[224], &[], &[]), flip(None)]).expect("valid");
     assert_eq!(p.dtype, Dtype::U8);
     assert_eq!(p.shape(), vec![3, 224, 224]);
-    assert_eq!(p.steps[1], Step::RandomResizedCrop { height: 224, width: 224, scale: DEFAULT_SCALE, ratio: DEFAULT_RATIO });
+    assert_eq!(
+        p.steps[1],
+        Step::RandomResizedCrop { height: 224, width: 224, scale: DEFAULT_SCALE, ratio: DEFAULT_RATIO, filter: Filter::Bilinear }
+    );
     assert_eq!(p.steps[2], Step::HorizontalFlip { p: 0.5 });
 }
 
@@ -93,6 +107,32 @@ fn ratio_is_positive_and_ordered() {
         fails(&[decode(), rrc(&[224], &[], bad)], "transforms[1].random_resized_crop.ratio");
     }
     assert!(output(&[decode(), rrc(&[224], &[], &[1.0, 1.0])]).is_ok());
+}
+
+#[test]
+fn interpolation_is_bilinear_unless_bicubic_is_asked_for() {
+    let p = check(&[
+        decode(),
+        resize(&[256]),
+        resize_with(&[300], Interpolation::Bilinear as i32),
+        resize_with(&[100, 120], Interpolation::Bicubic as i32),
+        rrc_with(&[64], &[], &[], Interpolation::Bicubic as i32),
+    ])
+    .expect("valid");
+    let filters: Vec<Filter> = p
+        .steps
+        .iter()
+        .filter_map(|s| match *s {
+            Step::Resize { filter, .. } | Step::RandomResizedCrop { filter, .. } => Some(filter),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(filters, [Filter::Bilinear, Filter::Bilinear, Filter::Bicubic, Filter::Bicubic]);
+    assert_eq!(p.steps[3], Step::Resize { to: ResizeTo::Exact { height: 100, width: 120 }, filter: Filter::Bicubic });
+    // A value from a newer peer (or garbage) is refused, naming the field.
+    let e = fails(&[decode(), resize_with(&[4, 4], 3)], "transforms[1].resize.interpolation");
+    assert!(e.problem.contains("bilinear or bicubic") && e.problem.contains('3'), "{e}");
+    fails(&[decode(), rrc_with(&[4], &[], &[], -1)], "transforms[1].random_resized_crop.interpolation");
 }
 
 #[test]

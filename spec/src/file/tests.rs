@@ -1,6 +1,6 @@
 use std::path::Path;
 
-use loader_proto::pb::{CorruptPolicy, Dtype, HorizontalFlip, dataset_spec::Kind, transform::Op};
+use loader_proto::pb::{CorruptPolicy, Dtype, HorizontalFlip, Interpolation, dataset_spec::Kind, transform::Op};
 
 use super::values::expand_braces;
 use super::*;
@@ -78,6 +78,38 @@ fn json_says_the_same_as_yaml() {
             .spec(),
         &spec_of(YAML)
     );
+}
+
+#[test]
+fn resizes_take_an_interpolation_and_leave_it_unspecified_without_one() {
+    // As the Python SDK hands over a dict spec: `json.dumps(job)`.
+    let json = r#"{"dataset": {"image_folder": {"path": "x"}}, "batch_size": 4,
+        "transforms": ["decode", {"resize": {"size": [256], "interpolation": "bicubic"}}, {"center_crop": {"size": 224}},
+                       {"random_resized_crop": {"size": 128, "interpolation": "bilinear"}},
+                       {"random_resized_crop": {"size": 96, "scale": [0.5, 1.0], "interpolation": "BICUBIC"}},
+                       {"resize": {"size": [64, 64]}}]}"#;
+    let filters = |spec: JobSpec| -> Vec<(Vec<u32>, i32)> {
+        spec.transforms
+            .into_iter()
+            .filter_map(|t| match t.op {
+                Some(Op::Resize(r)) => Some((r.size, r.interpolation)),
+                Some(Op::RandomResizedCrop(c)) => Some((c.size, c.interpolation)),
+                _ => None,
+            })
+            .collect()
+    };
+    let want = vec![
+        (vec![256], Interpolation::Bicubic as i32),
+        (vec![128], Interpolation::Bilinear as i32),
+        (vec![96], Interpolation::Bicubic as i32),
+        (vec![64, 64], Interpolation::Unspecified as i32),
+    ];
+    assert_eq!(filters(spec_of(json)), want);
+    let yaml = "dataset: {image_folder: {path: x}}\nbatch_size: 4\ntransforms: [decode, \
+        {resize: {size: 256, interpolation: bicubic}}, {center_crop: {size: 224}}, \
+        {random_resized_crop: {size: 128, interpolation: bilinear}}, \
+        {random_resized_crop: {size: 96, scale: [0.5, 1.0], interpolation: bicubic}}, {resize: {size: [64, 64]}}]\n";
+    assert_eq!(filters(spec_of(yaml)), want);
 }
 
 #[test]
@@ -207,7 +239,10 @@ fn bad_specs_fail_on_one_line_naming_the_field() {
     let cases: Vec<(String, &str)> = vec![
         (image("[decode, rotate]"), "spec: transforms[1]: unknown transform `rotate`; expected one of: decode, random_resized_crop, resize, center_crop, horizontal_flip, normalize, cast, layout"),
         (image("[decode, {random_resized_crop: {size: -5}}]"), "spec: transforms[1].random_resized_crop.size: must be a positive number of pixels, got -5"),
-        (image("[decode, {resize: {size: 256, mode: nearest}}]"), "spec: transforms[1].resize: unknown field `mode`, expected `size`"),
+        (image("[decode, {resize: {size: 256, mode: nearest}}]"), "spec: transforms[1].resize: unknown field `mode`, expected `size` or `interpolation`"),
+        (image("[decode, {resize: {size: 256, interpolation: nearest}}, {center_crop: {size: 224}}]"), "spec: transforms[1].resize.interpolation: unknown interpolation `nearest`; expected bilinear or bicubic"),
+        (image("[decode, {random_resized_crop: {size: 224, interpolation: 2}}]"), "spec: transforms[1].random_resized_crop.interpolation: unknown interpolation `2`; expected bilinear or bicubic"),
+        (image("[decode, {center_crop: {size: 224, interpolation: bicubic}}]"), "spec: transforms[1].center_crop: unknown field `interpolation`, expected `size`"),
         (image("[decode, resize]"), "spec: transforms[1]: transform `resize` needs a size, e.g. `{resize: {size: 224}}`"),
         (image("[decode, {cast: {dtype: float128}}]"), "spec: transforms[1].cast.dtype: unknown dtype `float128`"),
         (image("[]"), "spec: transforms: an image dataset needs a pipeline"),

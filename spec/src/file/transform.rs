@@ -5,12 +5,12 @@
 use std::fmt;
 
 use loader_proto::pb::{
-    CenterCrop, HorizontalFlip, Normalize, RandomResizedCrop, Resize, Transform, transform::Op,
+    CenterCrop, HorizontalFlip, Interpolation, Normalize, RandomResizedCrop, Resize, Transform, transform::Op,
 };
 use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 
-use super::values::{DtypeName, LayoutName, Size};
+use super::values::{DtypeName, InterpolationName, LayoutName, Size};
 use crate::transforms;
 
 /// Names of the transforms, for messages.
@@ -73,9 +73,13 @@ impl<'de> Visitor<'de> for TransformVisitor {
                     size: c.size.0,
                     scale: c.scale.map(Vec::from).unwrap_or_default(),
                     ratio: c.ratio.map(Vec::from).unwrap_or_default(),
+                    interpolation: interpolation(c.interpolation),
                 }))
             }
-            "resize" => op(Op::Resize(Resize { size: map.next_value::<SizeFile>()?.size.0 })),
+            "resize" => {
+                let r: ResizeFile = map.next_value()?;
+                op(Op::Resize(Resize { size: r.size.0, interpolation: interpolation(r.interpolation) }))
+            }
             "center_crop" => op(Op::CenterCrop(CenterCrop { size: map.next_value::<SizeFile>()?.size.0 })),
             "horizontal_flip" => {
                 let p = map.next_value::<Option<FlipFile>>()?.and_then(|f| f.p);
@@ -98,6 +102,12 @@ impl<'de> Visitor<'de> for TransformVisitor {
     }
 }
 
+/// The wire value of an optional `interpolation:`; left out stays
+/// unspecified (bilinear), so a spec without it encodes as before.
+fn interpolation(name: Option<InterpolationName>) -> i32 {
+    name.map_or(Interpolation::Unspecified, |n| n.0) as i32
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct CropFile {
@@ -106,6 +116,16 @@ struct CropFile {
     scale: Option<[f32; 2]>,
     #[serde(default)]
     ratio: Option<[f32; 2]>,
+    #[serde(default)]
+    interpolation: Option<InterpolationName>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResizeFile {
+    size: Size,
+    #[serde(default)]
+    interpolation: Option<InterpolationName>,
 }
 
 #[derive(Debug, Deserialize)]

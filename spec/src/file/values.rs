@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use loader_proto::pb::{Dtype, Layout};
+use loader_proto::pb::{Dtype, Interpolation, Layout};
 use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 
@@ -124,6 +124,21 @@ impl<'de> Deserialize<'de> for LayoutName {
             "chw" => Ok(LayoutName(Layout::Chw)),
             "hwc" => Ok(LayoutName(Layout::Hwc)),
             _ => Err(format!("unknown layout `{name}`; expected chw or hwc")),
+        }))
+    }
+}
+
+/// A resize's filter: `bilinear` or `bicubic` (torchvision's
+/// `InterpolationMode` values).
+#[derive(Debug)]
+pub(super) struct InterpolationName(pub(super) Interpolation);
+
+impl<'de> Deserialize<'de> for InterpolationName {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_str(NameVisitor("bilinear or bicubic", |name| match name.to_ascii_lowercase().as_str() {
+            "bilinear" => Ok(InterpolationName(Interpolation::Bilinear)),
+            "bicubic" => Ok(InterpolationName(Interpolation::Bicubic)),
+            _ => Err(format!("unknown interpolation `{name}`; expected bilinear or bicubic")),
         }))
     }
 }

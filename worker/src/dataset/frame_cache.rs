@@ -377,7 +377,7 @@ mod tests {
         // The whole image cannot decode; a region above the cut can: kept
         // frames must not turn that sample into an error (nor the reverse).
         let whole = jpeg(240, 320, 9, false);
-        let rrc = t(Op::RandomResizedCrop(pb::RandomResizedCrop { size: vec![32], scale: vec![0.05, 0.2], ratio: vec![0.75, 1.33] }));
+        let rrc = t(Op::RandomResizedCrop(pb::RandomResizedCrop { size: vec![32], scale: vec![0.05, 0.2], ratio: vec![0.75, 1.33], ..Default::default() }));
         let pipeline = Pipeline::new(&[t(Op::Decode(pb::Decode {})), rrc]).expect("pipeline");
         let (mut same_ok, mut same_err) = (0, 0);
         for cut_at in [whole.len() / 3, whole.len() / 2, whole.len() * 3 / 4] {
@@ -465,7 +465,7 @@ mod tests {
             [jpeg(203, 157, 1, false), jpeg(360, 376, 2, false), jpeg(501, 333, 3, false), jpeg(199, 230, 4, true), png(150, 120, 5)];
         let decode = t(Op::Decode(pb::Decode {}));
         let rrc = |size: u32| {
-            t(Op::RandomResizedCrop(pb::RandomResizedCrop { size: vec![size], scale: vec![0.08, 1.0], ratio: vec![0.75, 4.0 / 3.0] }))
+            t(Op::RandomResizedCrop(pb::RandomResizedCrop { size: vec![size], scale: vec![0.08, 1.0], ratio: vec![0.75, 4.0 / 3.0], ..Default::default() }))
         };
         let flip = t(Op::HorizontalFlip(pb::HorizontalFlip { p: Some(0.5) }));
         let hwc = t(Op::Layout(Layout::Hwc as i32));
@@ -474,7 +474,7 @@ mod tests {
             vec![decode.clone(), rrc(64), flip.clone()],
             vec![decode.clone(), rrc(24), flip.clone(), hwc.clone()],
             // A resize, then a crop of it.
-            vec![decode.clone(), t(Op::Resize(pb::Resize { size: vec![80] })), t(Op::CenterCrop(pb::CenterCrop { size: vec![64] }))],
+            vec![decode.clone(), t(Op::Resize(pb::Resize { size: vec![80], ..Default::default() })), t(Op::CenterCrop(pb::CenterCrop { size: vec![64] }))],
             // A first pass that only crops (reads the region's edges).
             vec![decode, t(Op::CenterCrop(pb::CenterCrop { size: vec![48, 64] })), flip],
         ];

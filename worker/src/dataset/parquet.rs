@@ -612,7 +612,7 @@ mod tests {
 
         let transforms = vec![
             Transform { op: Some(Op::Decode(Decode {})) },
-            Transform { op: Some(Op::Resize(Resize { size: vec![4, 4] })) },
+            Transform { op: Some(Op::Resize(Resize { size: vec![4, 4], ..Default::default() })) },
         ];
         // The columns named, then the image.
         let planned = ParquetSpec { image_column: "jpg".into(), ..spec(std::slice::from_ref(&path), &["label"]) };

@@ -54,7 +54,7 @@ fn npy_rows_are_copied_from_each_array() {
 fn pipeline() -> Vec<Transform> {
     vec![
         Transform { op: Some(Op::Decode(Decode {})) },
-        Transform { op: Some(Op::Resize(Resize { size: vec![4, 4] })) },
+        Transform { op: Some(Op::Resize(Resize { size: vec![4, 4], ..Default::default() })) },
     ]
 }
 

@@ -15,9 +15,10 @@
 //!   and crops planned meanwhile are mirrored instead.
 //!
 //! Only a resize of an image that is already resized (or zero-padded) starts
-//! a second pass.
+//! a second pass, so each pass holds at most one resize and resamples with
+//! that resize's filter; crops folded in before or after it keep it.
 
-use loader_proto::transforms::{ResizeTo, Step};
+use loader_proto::transforms::{Filter, ResizeTo, Step};
 
 use super::rng::StepRng;
 use crate::dataset::SampleKey;
@@ -62,6 +63,10 @@ pub(crate) struct Pass {
     /// Where the resampled box lands in the canvas; the rest is zero
     /// (center_crop's padding). Empty when the canvas is all padding.
     pub(crate) dst: Rect,
+    /// The filter of the resize this pass runs (the step's own, as a
+    /// bilinear and a bicubic resize give different pixels); unused by a
+    /// pass that only copies.
+    pub(crate) filter: Filter,
 }
 
 impl Pass {
@@ -73,6 +78,7 @@ impl Pass {
             src: Area { x: 0.0, y: 0.0, w: f64::from(w), h: f64::from(h) },
             canvas: (w, h),
             dst: full,
+            filter: Filter::default(),
         }
     }
 
@@ -106,15 +112,15 @@ impl Plan {
         let mut plan = Plan { passes: vec![Pass::identity(width, height)], flip: false };
         for (i, step) in steps.iter().enumerate() {
             match *step {
-                Step::RandomResizedCrop { height, width, scale, ratio } => {
+                Step::RandomResizedCrop { height, width, scale, ratio, filter } => {
                     let (w, h) = plan.size();
                     let (x, y, cw, ch) = random_crop(w, h, scale, ratio, &mut StepRng::new(key, i));
                     plan.window(i64::from(x), i64::from(y), cw, ch);
-                    plan.resize(width, height);
+                    plan.resize(width, height, filter);
                 }
-                Step::Resize(to) => {
+                Step::Resize { to, filter } => {
                     let (w, h) = resized(plan.size(), to);
-                    plan.resize(w, h);
+                    plan.resize(w, h, filter);
                 }
                 Step::CenterCrop { height, width } => {
                     let (w, h) = plan.size();
@@ -175,8 +181,8 @@ impl Plan {
         p.canvas = (w, h);
     }
 
-    /// Resizes the image as the next step sees it to `w` x `h`.
-    fn resize(&mut self, w: u32, h: u32) {
+    /// Resizes the image as the next step sees it to `w` x `h` with `filter`.
+    fn resize(&mut self, w: u32, h: u32, filter: Filter) {
         if self.size() == (w, h) {
             // Pillow returns a copy for a same-size resize.
             return;
@@ -188,6 +194,7 @@ impl Plan {
         let p = self.last();
         p.canvas = (w, h);
         p.dst = Rect { x: 0, y: 0, w, h };
+        p.filter = filter;
     }
 }
 

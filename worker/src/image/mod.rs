@@ -8,7 +8,8 @@
 //! - `geometry`: the crops, resizes and flips planned from sizes alone.
 //! - `region`: the DCT scale and the part of the file the first pass needs.
 //! - `jpeg` (+ `jpeg_turbo.c`) and `png`: the decoders.
-//! - `resample`: one pass over pixels (copy or Pillow-style bilinear).
+//! - `resample`: one pass over pixels (copy, or Pillow-style bilinear or
+//!   bicubic).
 //! - `emit`: the final write (flip, layout, normalize/cast table).
 //! - [`frames`]: decoded frames kept across epochs ([`Pipeline::run_kept`]).
 //!
@@ -30,7 +31,6 @@ mod tests;
 
 use std::cell::RefCell;
 
-use fast_image_resize::Resizer;
 use loader_proto::pb::{Dtype, Layout, Transform};
 use loader_proto::spec::SpecError;
 use loader_proto::transforms::{self, Step};
@@ -96,8 +96,8 @@ struct Scratch {
     frame: Vec<u8>,
     /// Pass outputs, used in turn.
     canvases: [Vec<u8>; 2],
-    /// fast_image_resize's coefficient and row buffers.
-    resizer: Resizer,
+    /// The resampler's buffers.
+    resampler: resample::Resampler,
 }
 
 impl std::fmt::Debug for Scratch {
@@ -279,7 +279,8 @@ impl Pipeline {
                 let held = scratch.decoded.capacity()
                     + scratch.raw.capacity()
                     + scratch.frame.capacity()
-                    + scratch.canvases.iter().map(Vec::capacity).sum::<usize>();
+                    + scratch.canvases.iter().map(Vec::capacity).sum::<usize>()
+                    + scratch.resampler.held();
                 if held > KEEP_SCRATCH_BYTES {
                     *scratch = Scratch::default();
                 }
@@ -311,7 +312,8 @@ impl Pipeline {
                 let held = scratch.decoded.capacity()
                     + scratch.raw.capacity()
                     + scratch.frame.capacity()
-                    + scratch.canvases.iter().map(Vec::capacity).sum::<usize>();
+                    + scratch.canvases.iter().map(Vec::capacity).sum::<usize>()
+                    + scratch.resampler.held();
                 if held > KEEP_SCRATCH_BYTES {
                     *scratch = Scratch::default();
                 }
@@ -413,7 +415,7 @@ impl Pipeline {
     /// Runs the plan's passes from the first pass's input in `s.decoded`
     /// and writes the output.
     fn finish(&self, plan: &Plan, out: &mut [u8], s: &mut Scratch) -> Result<(), ImageError> {
-        let Scratch { decoded, canvases, resizer, .. } = s;
+        let Scratch { decoded, canvases, resampler, .. } = s;
         let [a, b] = canvases;
         let (mut input, mut output): (&mut Vec<u8>, &mut Vec<u8>) = (decoded, a);
         let mut spare: &mut Vec<u8> = b;
@@ -423,7 +425,7 @@ impl Pipeline {
                 output.resize(len, 0);
             }
             let in_len = pass.input.0 as usize * pass.input.1 as usize * PIXEL;
-            resample::run(resizer, pass, &input[..in_len], &mut output[..len])?;
+            resampler.run(pass, &input[..in_len], &mut output[..len])?;
             // The output becomes the next input; the old input is free.
             std::mem::swap(&mut input, &mut output);
             std::mem::swap(&mut output, &mut spare);

@@ -12,10 +12,13 @@ fn decode() -> Transform {
     t(Op::Decode(pb::Decode {}))
 }
 fn rrc(size: u32, scale: [f32; 2], ratio: [f32; 2]) -> Transform {
-    t(Op::RandomResizedCrop(pb::RandomResizedCrop { size: vec![size], scale: scale.to_vec(), ratio: ratio.to_vec() }))
+    t(Op::RandomResizedCrop(pb::RandomResizedCrop { size: vec![size], scale: scale.to_vec(), ratio: ratio.to_vec(), ..Default::default() }))
 }
 fn resize(size: &[u32]) -> Transform {
-    t(Op::Resize(pb::Resize { size: size.to_vec() }))
+    t(Op::Resize(pb::Resize { size: size.to_vec(), ..Default::default() }))
+}
+fn bicubic(size: &[u32]) -> Transform {
+    t(Op::Resize(pb::Resize { size: size.to_vec(), interpolation: pb::Interpolation::Bicubic as i32 }))
 }
 fn center_crop(size: &[u32]) -> Transform {
     t(Op::CenterCrop(pb::CenterCrop { size: size.to_vec() }))
@@ -376,6 +379,54 @@ fn plans_fold_a_crop_after_a_resize_into_one_pass() {
     // A resize after a resize needs a second pass.
     let steps = Pipeline::new(&[decode(), resize(&[256]), resize(&[100, 100])]).expect("valid");
     assert_eq!(Plan::new(steps.steps(), 500, 375, key(0)).passes.len(), 2);
+}
+
+#[test]
+fn each_pass_resamples_with_the_filter_of_its_resize() {
+    use loader_proto::transforms::Filter::{self, Bicubic, Bilinear};
+    let filters = |steps: &[Transform]| -> Vec<Filter> {
+        let p = Pipeline::new(steps).expect("valid");
+        Plan::new(p.steps(), 500, 375, key(0)).passes.iter().map(|p| p.filter).collect()
+    };
+    // A crop after the resize, or before it, folds in and keeps its filter.
+    assert_eq!(filters(&[decode(), bicubic(&[256]), center_crop(&[224])]), [Bicubic]);
+    assert_eq!(filters(&[decode(), center_crop(&[300]), bicubic(&[100, 100])]), [Bicubic]);
+    assert_eq!(filters(&[decode(), resize(&[256]), center_crop(&[224])]), [Bilinear]);
+    let crop = t(Op::RandomResizedCrop(pb::RandomResizedCrop {
+        size: vec![64],
+        interpolation: pb::Interpolation::Bicubic as i32,
+        ..Default::default()
+    }));
+    assert_eq!(filters(&[decode(), crop, flip(0.5)]), [Bicubic]);
+    // A second resize is a second pass, with its own filter.
+    assert_eq!(filters(&[decode(), bicubic(&[256]), resize(&[100, 100])]), [Bicubic, Bilinear]);
+    assert_eq!(filters(&[decode(), resize(&[256]), bicubic(&[100, 100])]), [Bilinear, Bicubic]);
+}
+
+#[test]
+fn a_region_decode_reads_as_far_as_either_filter_reaches() {
+    // The JPEG's region decode against its whole decode at the same DCT
+    // scale (as a PNG, which is always decoded whole): the same bytes only
+    // if the region holds every pixel the filter gives a weight. Bicubic
+    // reaches twice as far as bilinear; the region's margin hides the
+    // difference until the pass after the DCT scaling still shrinks a lot,
+    // as a 64x shrink does (1/8, then 8x).
+    let (w, h) = (1600u32, 1280u32);
+    let rgb: Vec<u8> = picture(w, h).iter().zip(noise(w, h, 9)).map(|(p, n)| p / 2 + n / 2).collect();
+    let jpg = jpeg_of(&rgb, w, h);
+    let mut whole = Vec::new();
+    let (sw, sh) = jpeg::scaled((w, h), 1);
+    jpeg::decode(&jpg, (w, h), 1, geometry::Rect { x: 0, y: 0, w: sw, h: sh }, &mut whole).expect("decode");
+    let decoded: Vec<u8> = whole.chunks_exact(PIXEL).flat_map(|p| [p[0], p[1], p[2]]).collect();
+    let png = png_of(&decoded, sw, sh);
+    for steps in [
+        [decode(), bicubic(&[20]), center_crop(&[8, 10]), hwc()],
+        [decode(), resize(&[20]), center_crop(&[8, 10]), hwc()],
+    ] {
+        let plan = Plan::new(Pipeline::new(&steps).expect("valid").steps(), w, h, key(0));
+        assert_eq!(region::dct_scale(&plan.passes[0]), 1);
+        assert_eq!(run(&steps, &jpg, key(0)), run(&steps, &png, key(0)));
+    }
 }
 
 proptest! {
