@@ -42,7 +42,7 @@ import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Optional, Union
 
-from . import _cache, _dataset, _keywords, _native, _passes, _stream, _template
+from . import _cache, _dataset, _keywords, _native, _native_transforms, _passes, _stream, _template
 from ._mix import Mix
 from ._native import Batch, LoaderError, TensorView
 
@@ -162,6 +162,36 @@ def _unbounded(job: Any) -> Any:
     if isinstance(job, Mapping) and "epochs" not in job:
         return {**job, "epochs": UNBOUNDED_EPOCHS}
     return job
+
+
+def _compile(
+    dataset: Any, native: bool, *, collate_fn: Any, worker_init_fn: Any, sampler: Any, shuffle_buffer: Any
+) -> Optional["_native_transforms.Compiled"]:
+    """``native_transforms=True``: the dataset's native job, or a one-line
+    ``ValueError`` saying what keeps it in Python. Off: None, and once per
+    process a log line when the dataset would qualify."""
+    if not native:
+        if not _hinted and _native_transforms.is_image_folder(dataset) and _native_transforms.describe(dataset) is None:
+            _hinted.append(True)
+            _log.warning(
+                "this ImageFolder's transforms can run in Loader's native image pipeline: "
+                "Loader.local(..., native_transforms=True) for about %s the samples/s "
+                "(pixels differ slightly from PIL's: docs/images.md)",
+                _native_transforms.EXPECTED_SPEEDUP,
+            )
+        return None
+    for name, value in (("collate_fn", collate_fn), ("worker_init_fn", worker_init_fn), ("sampler", sampler),
+                        ("shuffle_buffer", shuffle_buffer)):
+        if value is not None:
+            raise ValueError(f"native_transforms: {name} runs on Python samples; leave it out or native_transforms off")
+    try:
+        return _native_transforms.compile_dataset(dataset)
+    except _native_transforms.NotNative as e:
+        raise ValueError(f"native_transforms: {e}") from None
+
+
+#: Set once the native-transforms hint was logged in this process.
+_hinted: list[bool] = []
 
 
 def _python_job(job: Any) -> bool:
@@ -407,6 +437,7 @@ class Loader:
         cache: Any = None,
         cache_dir: Optional[str] = None,
         shuffle_buffer: Optional[int] = None,
+        native_transforms: bool = False,
         **options: Unpack[LoaderOptions],
     ) -> "Loader":
         """A loader over local worker processes and a coordinator in this
@@ -502,6 +533,20 @@ class Loader:
         turns itself off when reading a sample back costs more than half
         of loading it, and for a job of one epoch. ``cache_stats()``
         counts hits and misses (``loader._cache``).
+
+        ``native_transforms`` (default False): for torchvision's
+        ``ImageFolder``/``DatasetFolder`` with the default loader and a
+        ``Compose`` (v1 or v2) of Resize, CenterCrop, RandomResizedCrop,
+        RandomHorizontalFlip, ToTensor/PILToTensor/ToImage, ToDtype,
+        ConvertImageDtype and Normalize, run each sample in Loader's image
+        pipeline instead of PIL (several times the samples/s; pixels within
+        about one level of PIL's, docs/images.md): the dataset's ``samples``
+        and labels, the same ``[images, labels]`` batches, its random
+        augmentations drawn as torchvision defines them, seeded per sample.
+        A dataset that cannot run natively raises ``ValueError`` naming the
+        transform and argument that keeps it in Python; a dataset that could
+        but is not asked to is said once in the log
+        (``loader._native_transforms``).
         """
         job = dataset
         translated = _keywords.translate(
@@ -535,6 +580,13 @@ class Loader:
             "on_corrupt": on_corrupt or "fail",
             "seed_rngs": seed_rngs is not False,
         }
+        compiled = _compile(job, native_transforms, collate_fn=collate_fn, worker_init_fn=worker_init_fn,
+                            sampler=translated.sampler, shuffle_buffer=shuffle_buffer)
+        if compiled is not None:
+            # From here on the job is the spec of the same samples.
+            compiled.write_manifest()
+            job = _dataset.job_around(compiled.dataset_entry(), **{k: v for k, v in settings.items() if k != "seed_rngs"})
+            job["transforms"] = compiled.transforms
         cache_bytes = _cache.budget(cache)
         if cache_bytes is None and cache_dir is not None:
             raise TypeError("cache_dir: give cache= too (the budget)")
@@ -590,7 +642,7 @@ class Loader:
             job["sampler"]["lanes"] = int(workers)
             job["sampler"]["shuffle_buffer"] = view.window
             _size_ring(options, view, job["batch_size"], workers, collate_fn)
-        else:
+        elif compiled is None:
             given = [k for k, v in dataset_args.items() if v is not None]
             if collate_fn is not None:
                 given.append("collate_fn")
@@ -629,6 +681,10 @@ class Loader:
         # The pickled dataset's files in the host's blob directory: removed
         # when the loader closes (a worker that needs one later fetches it).
         self._pickles = _dataset.written_pickles(job)
+        if compiled is not None:
+            self._pairs = True
+            self._manifest = compiled.manifest
+            self._pickles.append(compiled.manifest)
         self._sample_cache = sample_cache
         self._spawned_frames = spawned_frames
         return self
@@ -643,6 +699,11 @@ class Loader:
         self._world_size = world_size
         # Yield default_collate's structure (a Python dataset's job).
         self._collate = False
+        # Yield [images, labels] (torchvision's ImageFolder run natively).
+        self._pairs = False
+        # The manifest file of such a job (in the blob directory, released
+        # at close with the pickles).
+        self._manifest: Optional[str] = None
         self._native: Optional[_native.NativeLoader] = None
         self._lock = threading.Lock()
         # Where the next start resumes from (JSON), and where the stream is.
@@ -748,6 +809,8 @@ class Loader:
             self._yielded += 1
             if self._collate:
                 return _dataset.collated(batch)
+            if self._pairs:
+                return _native_transforms.as_pair(batch)
         return batch
 
     # -- What frameworks look for on a DataLoader ---------------------------

@@ -125,6 +125,25 @@ def write_pickle(obj: Any, what: str = "the dataset") -> str:
     return _publish(temp, os.path.join(directory, sha), size)
 
 
+def write_blob(data: bytes) -> str:
+    """``data`` in the host's blob directory under its SHA-256, with a
+    reference, as ``write_pickle``'s files are (``release_pickle`` drops
+    it): a file a spec names by path (an image job's manifest) gets the
+    same path from the same bytes, so a saved state that names it finds it
+    again in a later loader or process."""
+    from . import _native
+
+    directory = _native.blob_dir()
+    fd, temp = tempfile.mkstemp(prefix=".tmp-blob-", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+    except BaseException:
+        _unlink(temp)
+        raise
+    return _publish(temp, os.path.join(directory, hashlib.sha256(data).hexdigest()), len(data))
+
+
 def release_pickle(path: str) -> None:
     """Drops a reference ``write_pickle`` took on ``path``; the last one
     removes the file if this process wrote it (a worker that needs it later

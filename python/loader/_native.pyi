@@ -178,3 +178,10 @@ class SampleCache:
 def flush_telemetry() -> None: ...
 def sample_seed(seed: int, epoch: int, index: int) -> int: ...
 def window_batches(batch_bytes: int, prefetch: int) -> int: ...
+def random_resized_crop_box(
+    width: int, height: int, scale: list[float], ratio: list[float], seed: int, epoch: int, index: int, step: int
+) -> tuple[int, int, int, int]:
+    """(left, top, width, height) of the crop that native step ``step`` (a
+    random_resized_crop) cuts for a sample: the parity tests' hook."""
+def flip_drawn(p: float, seed: int, epoch: int, index: int, step: int) -> bool:
+    """Whether native step ``step`` (a horizontal_flip) mirrors a sample."""

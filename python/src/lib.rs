@@ -28,6 +28,8 @@
 //! - `dataset`: `PythonDataset`, a user's Python dataset served by that
 //!   worker (`__getitem__` for a batch's indices in one call, each sample
 //!   copied into the batch buffer).
+//! - `image_draws`: the image pipeline's random draws for one sample (crop
+//!   box, flip), for the parity tests against torchvision.
 //! - `sample_cache`: `SampleCache`, the sample cache of `Loader.local(cache=)`
 //!   (`loader_worker::sample_cache`) for the trainer and `loader._cache`.
 //! - `sample_plan`: `SamplePlan`, the shape of a dataset's samples, which
@@ -39,6 +41,7 @@ mod blobs;
 mod dataset;
 mod dlpack;
 mod errors;
+mod image_draws;
 mod options;
 mod sample_cache;
 mod sample_plan;
@@ -79,6 +82,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(telemetry::flush_telemetry, m)?)?;
     m.add_function(wrap_pyfunction!(dataset::py_sample_seed, m)?)?;
     m.add_function(wrap_pyfunction!(dataset::window_batches, m)?)?;
+    m.add_function(wrap_pyfunction!(image_draws::random_resized_crop_box, m)?)?;
+    m.add_function(wrap_pyfunction!(image_draws::flip_drawn, m)?)?;
     m.add("STATE_FORMAT", loader_client::STATE_FORMAT)?;
     Ok(())
 }

@@ -20,7 +20,7 @@
 
 use loader_proto::transforms::{Filter, ResizeTo, Step};
 
-use super::rng::StepRng;
+use super::draws;
 use crate::dataset::SampleKey;
 
 /// A rectangle of whole pixels.
@@ -114,7 +114,7 @@ impl Plan {
             match *step {
                 Step::RandomResizedCrop { height, width, scale, ratio, filter } => {
                     let (w, h) = plan.size();
-                    let (x, y, cw, ch) = random_crop(w, h, scale, ratio, &mut StepRng::new(key, i));
+                    let (x, y, cw, ch) = draws::random_resized_crop_box(w, h, scale, ratio, key, i);
                     plan.window(i64::from(x), i64::from(y), cw, ch);
                     plan.resize(width, height, filter);
                 }
@@ -127,7 +127,7 @@ impl Plan {
                     plan.window(centre(w, width), centre(h, height), width, height);
                 }
                 Step::HorizontalFlip { p } => {
-                    if StepRng::new(key, i).unit() < f64::from(p) {
+                    if draws::flip_drawn(p, key, i) {
                         plan.flip = !plan.flip;
                     }
                 }
@@ -231,35 +231,4 @@ pub(crate) fn resized((w, h): (u32, u32), to: ResizeTo) -> (u32, u32) {
             if w <= h { (s, long(h, w)) } else { (long(w, h), s) }
         }
     }
-}
-
-/// torchvision's `RandomResizedCrop.get_params`: ten tries at a box with a
-/// uniform area fraction in `scale` and a log-uniform aspect ratio in
-/// `ratio`, then the centre crop with the ratio clamped. Returns
-/// (left, top, width, height).
-pub(crate) fn random_crop(width: u32, height: u32, scale: [f32; 2], ratio: [f32; 2], rng: &mut StepRng) -> (u32, u32, u32, u32) {
-    let area = f64::from(width) * f64::from(height);
-    let (log_lo, log_hi) = (f64::from(ratio[0]).ln(), f64::from(ratio[1]).ln());
-    for _ in 0..10 {
-        let target = area * rng.uniform(f64::from(scale[0]), f64::from(scale[1]));
-        let aspect = rng.uniform(log_lo, log_hi).exp();
-        let w = (target * aspect).sqrt().round_ties_even();
-        let h = (target / aspect).sqrt().round_ties_even();
-        if w > 0.0 && w <= f64::from(width) && h > 0.0 && h <= f64::from(height) {
-            let (w, h) = (w as u32, h as u32);
-            let top = rng.up_to(height - h);
-            let left = rng.up_to(width - w);
-            return (left, top, w, h);
-        }
-    }
-    let in_ratio = f64::from(width) / f64::from(height);
-    let (lo, hi) = (f64::from(ratio[0]), f64::from(ratio[1]));
-    let (w, h) = if in_ratio < lo {
-        (width, ((f64::from(width) / lo).round_ties_even() as u32).clamp(1, height))
-    } else if in_ratio > hi {
-        (((f64::from(height) * hi).round_ties_even() as u32).clamp(1, width), height)
-    } else {
-        (width, height)
-    };
-    ((width - w) / 2, (height - h) / 2, w, h)
 }

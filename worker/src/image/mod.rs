@@ -20,6 +20,7 @@
 
 mod emit;
 pub mod frames;
+pub mod draws;
 mod geometry;
 mod jpeg;
 mod png;

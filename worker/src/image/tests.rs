@@ -1,7 +1,8 @@
 use loader_proto::pb::{self, transform::Op};
 use proptest::prelude::*;
 
-use super::geometry::{Pass, Plan, random_crop};
+use super::draws::random_crop;
+use super::geometry::{Pass, Plan};
 use super::rng::StepRng;
 use super::*;
 
