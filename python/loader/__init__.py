@@ -222,6 +222,21 @@ def _size_ring(options: dict, dataset: Any, batch_size: int, workers: int, colla
         options.setdefault("prefetch", window)
 
 
+def _size_spec_ring(options: dict, spec: bytes, workers: int) -> None:
+    """Sizes the ring of a built-in dataset's job whose batches outgrow
+    the default slot (a batch of 64 float32 224x224 images is 38.5 MB), as
+    for a Python dataset's, where the SDK alone would stream every batch
+    over gRPC."""
+    if "ring" in options or not options.get("shared_memory", True):
+        return
+    batch = _native.batch_bytes(spec)
+    if batch is None or batch <= _native.DEFAULT_SLOT_SIZE:
+        return
+    window, slots, slot_bytes = _dataset.ring_for_batch(batch, options.get("prefetch", DEFAULT_PREFETCH), workers)
+    options["ring"] = (slots, slot_bytes)
+    options.setdefault("prefetch", window)
+
+
 def _stream_view(
     dataset: Any, workers: int, settings: dict, shuffle_buffer: Optional[int], context: Any, threads: int, ready_timeout: float
 ) -> "_stream.StreamView":
@@ -654,6 +669,8 @@ class Loader:
                 )
             job = _unbounded(_dataset.fill_num_samples(job))
         spec = _spec_bytes(job)
+        if not _python_job(job):
+            _size_spec_ring(options, spec, workers)
         spawned_frames = None
         if keeps_frames and template is not None:
             sample_cache = _frame_cache(spec, cache_bytes, cache_dir)

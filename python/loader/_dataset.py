@@ -378,7 +378,15 @@ def ring_for(
         restore_states(saved)
     payload = sum(a.nbytes for _, a, _ in leaves) * (batch_size if collate_fn is None else 1)
     # Payloads, their 64-byte alignment, the header and its index list.
-    batch = payload + 64 * (len(leaves) + 1) + 8 * batch_size + (64 << 10)
+    return ring_for_batch(payload + 64 * (len(leaves) + 1) + 8 * batch_size + (64 << 10), prefetch, workers)
+
+
+def ring_for_batch(batch: int, prefetch: int, workers: int) -> tuple[int, int, int]:
+    """``(prefetch, slots, slot_bytes)`` for batches of ``batch`` bytes:
+    the SDK's window for them, slots that hold a whole batch, and enough of
+    them for every worker's window twice over, within the ring's budget."""
+    from . import _native
+
     window = _native.window_batches(batch, prefetch)
     slot = -(-batch // 4096) * 4096
     slots = max(4, min(2 * window * workers, _RING_BUDGET // slot, 1 << 16))

@@ -178,6 +178,11 @@ class SampleCache:
 def flush_telemetry() -> None: ...
 def sample_seed(seed: int, epoch: int, index: int) -> int: ...
 def window_batches(batch_bytes: int, prefetch: int) -> int: ...
+def batch_bytes(spec: bytes) -> Optional[int]:
+    """Bytes of one batch of a built-in dataset's job (None: a Python dataset's)."""
+
+#: Bytes of a ring slot unless the options say otherwise.
+DEFAULT_SLOT_SIZE: int
 def random_resized_crop_box(
     width: int, height: int, scale: list[float], ratio: list[float], seed: int, epoch: int, index: int, step: int
 ) -> tuple[int, int, int, int]:

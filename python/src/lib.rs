@@ -74,6 +74,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(blobs::blob_dir, m)?)?;
     m.add_function(wrap_pyfunction!(spec::parse_spec_file, m)?)?;
     m.add_function(wrap_pyfunction!(spec::plan, m)?)?;
+    m.add_function(wrap_pyfunction!(spec::batch_bytes, m)?)?;
+    m.add("DEFAULT_SLOT_SIZE", loader_client::DEFAULT_SLOT_SIZE)?;
     m.add_function(wrap_pyfunction!(spec::frame_cache_entries, m)?)?;
     m.add_function(wrap_pyfunction!(spec::resume_state, m)?)?;
     m.add_function(wrap_pyfunction!(spec::merge_states, m)?)?;

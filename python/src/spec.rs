@@ -78,6 +78,14 @@ pub(crate) fn plan(spec: &[u8], rank: u32, world_size: Option<u32>) -> PyResult<
     Ok((plan.batches_per_epoch(), plan.epochs, plan.batch_size, plan.drop_last, plan.num_samples))
 }
 
+/// Bytes of one batch of `spec` in the batch format, when the spec tells
+/// (built-in datasets; None for a Python dataset, whose samples tell): for
+/// sizing the ring of a job whose batches outgrow the default slot.
+#[pyfunction]
+pub(crate) fn batch_bytes(spec: &[u8]) -> PyResult<Option<u64>> {
+    Ok(loader_proto::footprint::batch_bytes(&decode(spec)?))
+}
+
 /// A loader that resumes from a saved state (the JSON of `state_dict()`)
 /// as rank `rank` of `world_size` with `batch_size` samples per batch: the
 /// state it resumes from, re-planned when the world size or batch size
