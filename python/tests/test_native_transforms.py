@@ -331,3 +331,21 @@ def test_the_manifest_goes_with_the_loader(photos):
     next(iter(dl))
     dl.close()
     assert not os.path.exists(manifest)
+
+
+def test_a_corrupt_image_follows_on_corrupt(tmp_path):
+    """A file that is not an image fails the job naming it (``"fail"``, the
+    default), or is left out and the rest delivered (``"skip"``)."""
+    rng = np.random.default_rng(1)
+    for c in range(2):
+        (tmp_path / f"c{c}").mkdir()
+        for k in range(6):
+            photo(rng, 96, 80).save(tmp_path / f"c{c}" / f"{k}.jpg", quality=90)
+    (tmp_path / "c1" / "3.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a JPEG")
+    ds = datasets.ImageFolder(str(tmp_path), transform=T.Compose([T.Resize((32, 32)), T.PILToTensor()]))
+    with loader.Loader.local(ds, 4, num_workers=1, native_transforms=True) as dl:
+        with pytest.raises(loader.LoaderError, match="3.jpg"):
+            list(dl)
+    with loader.Loader.local(ds, 4, num_workers=1, native_transforms=True, on_corrupt="skip") as dl:
+        labels = [int(v) for _, y in dl for v in y]
+    assert sorted(labels) == [0] * 6 + [1] * 5
