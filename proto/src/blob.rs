@@ -3,7 +3,8 @@
 //!
 //! A pickled Python dataset is the case in point: an ImageFolder over
 //! ImageNet pickles to ~100 MB, which no spec (sent with every task) should
-//! carry. The trainer uploads each blob to the coordinator in chunks
+//! carry. An image folder's manifest is another ([`IMAGE_FOLDER_MANIFEST`]):
+//! a file of the submitter's host that a remote worker cannot read. The trainer uploads each blob to the coordinator in chunks
 //! (`TrainerService.PutBlob`), the coordinator holds it in memory within a
 //! budget, and each worker host fetches it once (`WorkerService.GetBlob`)
 //! into its blob directory. Chunks stay under [`MAX_CHUNK`], far below the
@@ -25,6 +26,14 @@ pub const MAX_BLOBS: usize = 16;
 
 /// Hex digits of a SHA-256.
 pub const SHA256_HEX_LEN: usize = 64;
+
+/// The blob an `image_folder` dataset's `manifest` travels as (under
+/// `s/manifest` for a mixture's source `s`): the submitter lists the folder
+/// from the manifest, so it always reads the file, and carries it so that a
+/// worker on another host lists the same samples from its own copy. A
+/// worker given this blob reads the manifest from it, not from the spec's
+/// path; one given none (a spec from before) reads the path.
+pub const IMAGE_FOLDER_MANIFEST: &str = "manifest";
 
 /// True for a SHA-256 written as 64 lowercase hex digits, the one spelling
 /// blobs are named by (in specs, RPCs and file names alike).

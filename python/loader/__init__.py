@@ -333,6 +333,13 @@ class Loader:
     Args:
         coordinator: the coordinator's URL (``host:port`` works too).
         job: the job spec: a dict, a path to a .json/.yaml file, or its text.
+            A dict whose own ``python`` entry says ``native_transforms:
+            true`` runs its factory's torchvision ``ImageFolder`` in the
+            native image pipeline, as ``Loader.local(...,
+            native_transforms=True)`` does (built here once to compile it;
+            batches are ``[images, labels]``; the workers need the images
+            at the same path, the manifest of its samples travels with the
+            job).
         rank: this trainer's data-parallel rank (default 0; after
             ``load_state_dict``, the state's unless given).
         world_size: number of ranks (default: the spec's ``consumers``, 1;
@@ -387,9 +394,17 @@ class Loader:
         world_size: Optional[int] = None,
         **options: Unpack[LoaderOptions],
     ) -> None:
-        job = _unbounded(_dataset.fill_num_samples(job, world_size))
-        spec = _spec_bytes(job)
-        checked = _options_json(options)
+        # A python entry's native_transforms: the job becomes the compiled
+        # image_folder one, its manifest a blob the workers fetch.
+        job, compiled = _native_transforms.compile_job(job)
+        try:
+            job = _unbounded(_dataset.fill_num_samples(job, world_size))
+            spec = _spec_bytes(job)
+            checked = _options_json(options)
+        except BaseException:
+            if compiled is not None:
+                _dataset.release_pickle(compiled.manifest)
+            raise
 
         def start(
             spec: bytes, resume: Optional[str], start_at: Optional[int]
@@ -406,6 +421,8 @@ class Loader:
 
         self._init(spec, rank, world_size, start)
         self._collate = _python_job(job)
+        if compiled is not None:
+            self._adopt(compiled)
 
     @staticmethod
     def merge_states(states: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
@@ -561,7 +578,9 @@ class Loader:
         A dataset that cannot run natively raises ``ValueError`` naming the
         transform and argument that keeps it in Python; a dataset that could
         but is not asked to is said once in the log
-        (``loader._native_transforms``).
+        (``loader._native_transforms``). A dict job spec asks for the same
+        with ``native_transforms: true`` in its own ``python`` entry, whose
+        factory makes the dataset (as for ``Loader``).
         """
         job = dataset
         translated = _keywords.translate(
@@ -615,7 +634,7 @@ class Loader:
         )
         if keeps_frames and isinstance(job, Mapping):
             # Said before the spec is read: a dict spec names its dataset.
-            keeps_frames = _IMAGE_KINDS.intersection(job.get("dataset") or {}) != set()
+            keeps_frames = _IMAGE_KINDS.intersection(job.get("dataset") or {}) != set() or _native_transforms.asks(job)
         if cache_bytes is not None and not keeps_frames and not _dataset.is_dataset(job):
             raise TypeError(_NOTHING_TO_KEEP)
         if _dataset.is_dataset(job):
@@ -667,6 +686,7 @@ class Loader:
                 raise TypeError(
                     f"{', '.join(given)}: only for a dataset; a job spec sets them itself"
                 )
+            job, compiled = _native_transforms.compile_job(job)
             job = _unbounded(_dataset.fill_num_samples(job))
         spec = _spec_bytes(job)
         if not _python_job(job):
@@ -699,12 +719,17 @@ class Loader:
         # when the loader closes (a worker that needs one later fetches it).
         self._pickles = _dataset.written_pickles(job)
         if compiled is not None:
-            self._pairs = True
-            self._manifest = compiled.manifest
-            self._pickles.append(compiled.manifest)
+            self._adopt(compiled)
         self._sample_cache = sample_cache
         self._spawned_frames = spawned_frames
         return self
+
+    def _adopt(self, compiled: "_native_transforms.Compiled") -> None:
+        """A compiled torchvision job's: ``[images, labels]`` batches, and
+        its manifest released at close with the pickles."""
+        self._pairs = True
+        self._manifest = compiled.manifest
+        self._pickles = [*getattr(self, "_pickles", []), compiled.manifest]
 
     def _init(self, spec: bytes, rank: Optional[int], world_size: Optional[int], start) -> None:
         self._start = start

@@ -22,6 +22,13 @@ transform and the argument; ``Loader.local`` raises it as the error of
 ``native_transforms=True`` and says once in the log when a dataset would
 qualify but the keyword is off.
 
+A deployment's job asks for the same with ``native_transforms: true`` in
+its own ``python`` entry (``compile_job``): the trainer builds the
+factory's dataset once, and the job it submits is the compiled
+``image_folder`` one. Its manifest travels with the job as a blob
+(``loader_proto::blob::IMAGE_FOLDER_MANIFEST``), so a worker on another host
+needs only the images, at the same path.
+
 Only the parts torchvision defines are read: the transform objects'
 attributes as their constructors store them (``size``, ``scale``,
 ``ratio``, ``interpolation``, ``p``, ``mean``, ``std``, ``dtype``,
@@ -33,6 +40,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
@@ -107,6 +115,78 @@ def compile_dataset(dataset: Any) -> Compiled:
     transforms = _steps(getattr(dataset, "transform", None))
     root = os.path.abspath(os.fspath(dataset.root))
     return Compiled(root=root, lines=_manifest_lines(dataset.samples, root), transforms=transforms)
+
+
+#: Keys of a ``python`` entry besides ``factory``, ``args`` and
+#: ``num_samples``: each a way of running Python on samples or of giving
+#: the dataset pickled, which a compiled job has no place for.
+_PYTHON_ONLY_KEYS = ("pickle", "pickle_file", "collate", "collate_pickle", "collate_pickle_file",
+                     "worker_init_pickle_file", "shard_samples")
+
+
+def asks(job: Any) -> bool:
+    """True for a dict job spec whose own ``python`` entry says
+    ``native_transforms: true``."""
+    python = _python_entry(job)
+    return python is not None and python.get("native_transforms") is True
+
+
+def compile_job(job: Any) -> tuple[Any, Optional[Compiled]]:
+    """A dict job spec as it is submitted, and what was compiled for it.
+
+    Its own ``python`` entry with ``native_transforms: true``: the
+    factory's dataset, built here once (called with ``args``), compiled;
+    its manifest written (``Compiled.write_manifest``: the caller releases
+    it); the entry replaced by the ``image_folder`` one and the job's
+    ``transforms`` by the dataset's, every other key of the job kept. A
+    dataset that does not qualify raises ``ValueError`` in one line,
+    ``native_transforms: <why>``. With ``native_transforms: false`` the key
+    is dropped and the entry runs in Python. Anything else comes back as
+    it was (the Rust parser refuses ``native_transforms`` where this does
+    not look: a spec file, a mixture's source)."""
+    python = _python_entry(job)
+    if python is None or "native_transforms" not in python:
+        return job, None
+    python = dict(python)
+    native = python.pop("native_transforms")
+    if not isinstance(native, bool):
+        raise ValueError(f"dataset.python.native_transforms: must be true or false, not {native!r}")
+    if not native:
+        return {**job, "dataset": {"python": python}}, None
+    if "factory" not in python:
+        raise ValueError(
+            "native_transforms: needs the entry's factory (package.module:function making the ImageFolder); "
+            "a pickled dataset goes through Loader.local(dataset, native_transforms=True)"
+        )
+    for key in _PYTHON_ONLY_KEYS:
+        if key in python:
+            raise ValueError(f"native_transforms: dataset.python.{key} runs in Python; leave it out or native_transforms off")
+    if "transforms" in job:
+        raise ValueError("native_transforms: the job's transforms are the dataset's own; leave \"transforms\" out")
+    from ._source import make_from_factory
+
+    dataset = make_from_factory(python["factory"], python.get("args") or {})
+    try:
+        compiled = compile_dataset(dataset)
+    except NotNative as e:
+        raise ValueError(f"native_transforms: {e}") from None
+    given = python.get("num_samples")
+    if given is not None and given != len(compiled.lines):
+        raise ValueError(
+            f"native_transforms: dataset.python.num_samples is {given}, the factory's dataset holds "
+            f"{len(compiled.lines)} samples; leave num_samples out"
+        )
+    compiled.write_manifest()
+    native_job = {k: v for k, v in job.items() if k != "dataset"}
+    native_job["dataset"] = compiled.dataset_entry()
+    native_job["transforms"] = compiled.transforms
+    return native_job, compiled
+
+
+def _python_entry(job: Any) -> Optional[Mapping]:
+    dataset = job.get("dataset") if isinstance(job, Mapping) else None
+    python = dataset.get("python") if isinstance(dataset, Mapping) else None
+    return python if isinstance(python, Mapping) else None
 
 
 def describe(dataset: Any) -> Optional[str]:

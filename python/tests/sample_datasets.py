@@ -386,3 +386,22 @@ class Indexed:
 
     def __getitem__(self, i: int):
         return {"i": i, "x": np.full(2, i, dtype=np.float32)}
+
+
+#: Normalize's mean and std of torchvision_folder's pipeline.
+FOLDER_MEAN, FOLDER_STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+
+
+def torchvision_folder(root: str, size: int = 32, jitter: bool = False):
+    """torchvision's ImageFolder over ``root`` with eval transforms (Resize,
+    CenterCrop, ToTensor, Normalize), the factory of a deployment's
+    ``python: {factory: ..., native_transforms: true}`` entry
+    (test_native_deployment.py); ``jitter`` adds a ColorJitter, which keeps
+    it in Python."""
+    from torchvision import datasets, transforms as T
+
+    steps = [T.Resize(size + size // 4), T.CenterCrop(size)]
+    if jitter:
+        steps.append(T.ColorJitter(brightness=0.2))
+    steps += [T.ToTensor(), T.Normalize(FOLDER_MEAN, FOLDER_STD)]
+    return datasets.ImageFolder(root, transform=T.Compose(steps))

@@ -1,15 +1,47 @@
 //! The spec's side of a job's blobs (`JobSpec.blobs`: the pickled dataset
-//! of a spec's `python: {pickle_file: PATH}`; see `loader_proto::blob`):
-//! when the spec is built, each blob's file is hashed (SHA-256, the digest
-//! the workers check it by) and measured, so the spec names the bytes, not
-//! the path. Sending those bytes to the coordinator is the trainer SDK's
-//! (`loader_client`'s `blobs` module), after the spec is built.
+//! of a spec's `python: {pickle_file: PATH}`, an image folder's manifest;
+//! see `loader_proto::blob`): when the spec is built, each blob's file is
+//! hashed (SHA-256, the digest the workers check it by) and measured, so
+//! the spec names the bytes, not the path. Sending those bytes to the
+//! coordinator is the trainer SDK's (`loader_client`'s `blobs` module),
+//! after the spec is built.
 
 use std::path::Path;
 
-use loader_proto::pb::JobSpec;
+use loader_proto::blob::IMAGE_FOLDER_MANIFEST;
+use loader_proto::pb::{BlobRef, DatasetSpec, JobSpec, dataset_spec::Kind};
 
 use crate::Error;
+
+/// Adds the blob of every image folder's manifest (its own, or a mixture
+/// source's under `source/manifest`), as a `pickle_file` is one: always,
+/// since building the spec lists the folder from the manifest, so the
+/// submitter reads the file anyway; a worker on the submitter's host finds
+/// it in the host's blob directory when the SDK wrote it there
+/// (`Loader.local`'s, `native_transforms`) and fetches it once otherwise.
+/// A spec whose manifest lies on a filesystem the workers share works as
+/// before, from the same bytes. A blob of that name already there (a spec
+/// built twice) is kept.
+pub(crate) fn carry_manifests(spec: &mut JobSpec) {
+    let mut manifests = Vec::new();
+    match spec.dataset.as_ref().and_then(|d| d.kind.as_ref()) {
+        Some(Kind::ImageFolder(f)) => manifests.push((IMAGE_FOLDER_MANIFEST.to_owned(), f.manifest.clone())),
+        Some(Kind::Mix(m)) => {
+            for source in &m.sources {
+                if let Some(DatasetSpec { kind: Some(Kind::ImageFolder(f)) }) = &source.dataset {
+                    manifests.push((format!("{}/{IMAGE_FOLDER_MANIFEST}", source.name), f.manifest.clone()));
+                }
+            }
+        }
+        _ => {}
+    }
+    for (name, source) in manifests {
+        if source.is_empty() || spec.blobs.iter().any(|b| b.name == name) {
+            continue;
+        }
+        spec.blobs.push(BlobRef { name, source, ..Default::default() });
+    }
+}
 
 /// Fills in the hash and size of every blob of `spec` that names a file
 /// and has no hash yet.

@@ -29,7 +29,8 @@
 //! next to its data works from any working directory. A `python` entry's
 //! `pickle_file` (any size) becomes one of the job's blobs: hashed when the
 //! spec is built and uploaded by the trainer SDK when it is submitted, never
-//! carried in the spec.
+//! carried in the spec; so does an `image_folder`'s `manifest` (the builder
+//! adds it, `loader_proto::blob::IMAGE_FOLDER_MANIFEST`).
 //!
 //! Parsing checks every field that needs no dataset file (the same
 //! [`loader_proto::spec::check`] the coordinator runs); the counts are read
@@ -367,7 +368,8 @@ struct CustomFile {
 /// `collate` (`package.module:function`), `collate_pickle_file` or
 /// `collate_pickle` (the same two ways as the dataset); optionally a
 /// `worker_init_fn` each worker calls with its id before its first sample
-/// (`worker_init_pickle_file`).
+/// (`worker_init_pickle_file`). `native_transforms` is the Python SDK's:
+/// see [`PythonFile::native_transforms`].
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PythonFile {
@@ -392,6 +394,16 @@ struct PythonFile {
     /// shard (see `CustomSpec.shard_samples`).
     #[serde(default)]
     shard_samples: Vec<u64>,
+    /// True asks the Python SDK to run the factory's torchvision
+    /// `ImageFolder` in the native image pipeline: `loader.Loader` (and
+    /// `Loader.local`) given a dict spec compile it and replace this entry
+    /// with an `image_folder` one (and drop a `false`) before the spec is
+    /// parsed here. `false` here is the Python path, as without the key.
+    /// Nothing in Rust compiles a torchvision dataset, so `true` here (a
+    /// spec file, `loaderctl`, a mixture's source) is refused rather than
+    /// run in Python unasked.
+    #[serde(default)]
+    native_transforms: bool,
 }
 
 /// The blob a `python` entry's `pickle_file` becomes; the worker hands the
@@ -423,8 +435,15 @@ impl PythonFile {
         .collect()
     }
 
-    /// Refuses a dataset or collate_fn given two ways.
+    /// Refuses a dataset or collate_fn given two ways, and a
+    /// `native_transforms` the SDK did not compile.
     fn check(&self) -> Result<(), String> {
+        if self.native_transforms {
+            return Err("dataset.python: native_transforms is compiled by the Python SDK from a dict job spec's own \
+                 python entry (loader.Loader(coordinator, {...})), not from a spec file or a mixture's source; \
+                 give the job as a dict there, or leave native_transforms out"
+                .into());
+        }
         if self.pickle.is_some() && self.pickle_file.is_some() {
             return Err("dataset.python: give pickle or pickle_file, not both".into());
         }

@@ -31,8 +31,9 @@
 //!   `spec`: `loader_spec::file::parse`.
 //! - `counts`: what [`JobSpecBuilder::build`] reads from the dataset's files
 //!   (token count, image listing and fingerprint, shard sizes, npy rows).
-//! - `blobs`: the files a job needs beside its spec, hashed by
-//!   [`JobSpecBuilder::build`] so the spec names their bytes.
+//! - `blobs`: the files a job needs beside its spec (an image folder's
+//!   manifest among them), hashed by [`JobSpecBuilder::build`] so the spec
+//!   names their bytes.
 //! - [`error`](Error): [`Error`], one line per failure.
 
 mod blobs;
@@ -339,6 +340,9 @@ impl JobSpecBuilder {
 
     /// Lists an image folder from a manifest of `relative/path<TAB>label`
     /// lines (paths relative to the folder) instead of its class folders.
+    /// The manifest travels with the job as the blob `manifest`
+    /// (`loader_proto::blob::IMAGE_FOLDER_MANIFEST`), so workers on other
+    /// hosts need only the folder.
     pub fn manifest(mut self, manifest: impl AsRef<Path>) -> Self {
         if let Some(DatasetSpec {
             kind: Some(Kind::ImageFolder(f)),
@@ -413,13 +417,14 @@ impl JobSpecBuilder {
 
     /// Checks the spec's fields, reads the counts from the dataset's files
     /// (token count; image listing and its fingerprint; samples per shard;
-    /// npy rows), hashes the files of its blobs, and validates the whole
-    /// spec.
+    /// npy rows), makes an image folder's manifest one of its blobs, hashes
+    /// the files of its blobs, and validates the whole spec.
     pub fn build(mut self) -> Result<JobSpec, Error> {
         loader_proto::spec::check(&self.spec)?;
         if let Some(DatasetSpec { kind: Some(kind) }) = &mut self.spec.dataset {
             counts::fill(kind)?;
         }
+        blobs::carry_manifests(&mut self.spec);
         blobs::hash_sources(&mut self.spec)?;
         validate(&self.spec)?;
         Ok(self.spec)
@@ -502,6 +507,50 @@ mod tests {
             e.starts_with("invalid job spec: transforms: an image dataset needs a pipeline"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_manifest_travels_as_a_blob_named_by_its_bytes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for rel in ["a/0.jpg", "b/1.jpg"] {
+            let p = dir.path().join(rel);
+            std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+            std::fs::write(p, b"x").expect("write");
+        }
+        let manifest = dir.path().join("list.tsv");
+        std::fs::write(&manifest, b"b/1.jpg\t0\na/0.jpg\t1\n").expect("write");
+        let (sha, size) = loader_process::blobs::hash_file(&manifest).expect("hash");
+        let blobs = |spec: &JobSpec| -> Vec<(String, String, u64)> {
+            spec.blobs.iter().map(|b| (b.name.clone(), b.sha256.clone(), b.size)).collect()
+        };
+        let pipeline = || transforms::standard_train(8);
+
+        let built = image_folder(dir.path()).manifest(&manifest).transforms(pipeline()).build().expect("valid");
+        assert_eq!(blobs(&built), vec![("manifest".to_owned(), sha.clone(), size)]);
+        assert_eq!(built.blobs[0].source, manifest.to_string_lossy(), "the SDK uploads it from here");
+        let Some(Kind::ImageFolder(f)) = &built.dataset.as_ref().and_then(|d| d.kind.clone()) else {
+            panic!("not an image folder");
+        };
+        assert_eq!(f.manifest, manifest.to_string_lossy(), "a worker given no blob (an older one) reads the path");
+
+        // The spec-file form, and a mixture's source under its name.
+        let text = format!(
+            "dataset: {{image_folder: {{path: {root}, manifest: list.tsv}}}}\ntransforms: [decode, {{center_crop: {{size: 8}}}}]\nbatch_size: 2\n",
+            root = dir.path().display()
+        );
+        let parsed = file::parse(&text, dir.path()).expect("parse").build().expect("valid");
+        assert_eq!(blobs(&parsed), vec![("manifest".to_owned(), sha.clone(), size)]);
+        let mixed = mix([
+            ("listed", 1.0, image_folder(dir.path()).manifest(&manifest).transforms(pipeline())),
+            ("folders", 1.0, image_folder(dir.path()).transforms(pipeline())),
+        ])
+        .batch_size(2)
+        .build()
+        .expect("valid");
+        assert_eq!(blobs(&mixed), vec![("listed/manifest".to_owned(), sha, size)]);
+
+        let folders = image_folder(dir.path()).transforms(pipeline()).build().expect("valid");
+        assert!(folders.blobs.is_empty(), "class folders need no blob");
     }
 
     #[test]

@@ -2,13 +2,17 @@
 //! `loader_proto::blob`): a trainer uploads them through the SDK, a real
 //! `loader-server` holds them within its budget and refuses jobs naming
 //! blobs it does not hold, and real `loader-worker`s fetch each once per
-//! host directory before they open the job.
+//! host directory before they open the job; an image folder's manifest is
+//! one, which a worker lists the folder from.
 
 use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
+use loader_client::spec::transforms;
 use loader_client::{Dtype, Loader, spec};
+use loader_e2e::dataset_files::ImageFolder;
 use loader_e2e::{Cluster, run};
+use loader_proto::pb::dataset_spec::Kind;
 use loader_process::grpc::endpoint;
 use loader_process::security::ClientSecurity;
 use loader_proto::pb::{self, trainer_service_client::TrainerServiceClient};
@@ -60,6 +64,62 @@ fn workers_fetch_a_jobs_blob_once_per_host_directory_and_run_the_job() {
         let temporaries = std::fs::read_dir(host).expect("list").flatten().filter(|e| e.file_name().to_string_lossy().starts_with(".tmp-")).count();
         assert_eq!(temporaries, 0, "no temporary file left in {}", host.display());
     }
+}
+
+#[test]
+fn an_image_folders_manifest_travels_as_a_blob_and_a_worker_elsewhere_lists_the_folder_from_its_copy() {
+    let folder = ImageFolder::write();
+    // Every image but the corrupt one, in reverse order, labelled by
+    // position: nothing the class folders would give.
+    let mut images: Vec<String> = Vec::new();
+    for class in loader_e2e::dataset_files::CLASSES {
+        for entry in std::fs::read_dir(folder.path().join(class)).expect("class folder").flatten() {
+            images.push(format!("{class}/{}", entry.file_name().to_string_lossy()));
+        }
+    }
+    images.retain(|p| !p.ends_with("broken.jpg"));
+    images.sort_unstable();
+    images.reverse();
+    let labels: Vec<i64> = (0..images.len() as i64).map(|i| i % 4).collect();
+    let text: String = images.iter().zip(&labels).map(|(p, l)| format!("{p}\t{l}\n")).collect();
+    let trainer = tempfile::tempdir().expect("tempdir");
+    let manifest = trainer.path().join("manifest.tsv");
+    std::fs::write(&manifest, &text).expect("write the manifest");
+    let mut job = spec::image_folder(folder.path())
+        .manifest(&manifest)
+        .transforms(transforms::standard_train(32))
+        .batch_size(5)
+        .shuffle(3)
+        .build()
+        .expect("spec");
+    let sha = sha256(text.as_bytes());
+    let carried: Vec<(&str, &str)> = job.blobs.iter().map(|b| (b.name.as_str(), b.sha256.as_str())).collect();
+    assert_eq!(carried, vec![("manifest", sha.as_str())]);
+    // As on a worker host that does not mount the trainer's directory: the
+    // path the spec names is not there, only the bytes the SDK uploads.
+    if let Some(Kind::ImageFolder(f)) = job.dataset.as_mut().and_then(|d| d.kind.as_mut()) {
+        f.manifest = "/nonexistent/trainer-host/manifest.tsv".into();
+    }
+    let host = trainer.path().join("worker-host");
+    let worker_dir = host.clone();
+    let got = run(Duration::from_secs(120), move |scope| {
+        let mut cluster = Cluster::start(&scope, 0);
+        cluster.add_worker_with(&["--blob-dir", &worker_dir.to_string_lossy()]);
+        cluster.wait_for_workers(1);
+        let loader = Loader::builder(cluster.url()).job(job).build().expect("loader");
+        let mut got = Vec::new();
+        for batch in loader {
+            let batch = batch.expect("batch");
+            let label: Vec<i64> = batch.tensor("label").expect("label").to_vec().expect("int64 labels");
+            got.extend(batch.indices().iter().copied().zip(label));
+        }
+        got
+    });
+    let mut got = got;
+    got.sort_unstable();
+    let want: Vec<(u64, i64)> = labels.iter().enumerate().map(|(i, &l)| (i as u64, l)).collect();
+    assert_eq!(got, want, "every sample of the manifest once, with its label");
+    assert!(std::fs::read(host.join(&sha)).expect("fetched") == text.as_bytes(), "the worker fetched the manifest");
 }
 
 #[test]

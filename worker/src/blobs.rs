@@ -14,9 +14,11 @@
 //! A `custom` dataset finds each blob in its params, under the blob's name,
 //! as `/proc/self/fd/N`: a descriptor this module holds open while the
 //! dataset opens, so the bytes stay readable even if the trainer removes
-//! the file in between (it does when its loader closes). After the open,
-//! nothing of the blob is held here: what the dataset kept (an unpickled
-//! Python dataset) is the dataset's.
+//! the file in between (it does when its loader closes). An `image_folder`
+//! finds its manifest's blob (`loader_proto::blob::IMAGE_FOLDER_MANIFEST`)
+//! the same way, as its `manifest`, in place of the submitter's path. After
+//! the open, nothing of the blob is held here: what the dataset kept (an
+//! unpickled Python dataset, the listing) is the dataset's.
 
 use std::fs::File;
 use std::io::Write;
@@ -28,7 +30,7 @@ use loader_process::blobs::{BlobDir, ObtainError};
 use loader_process::grpc::Channel;
 use loader_process::retry::Backoff;
 use loader_proto::PROTOCOL_VERSION;
-use loader_proto::blob::MAX_CHUNK;
+use loader_proto::blob::{IMAGE_FOLDER_MANIFEST, MAX_CHUNK};
 use loader_proto::pb::worker_service_client::WorkerServiceClient;
 use loader_proto::pb::{BlobRef, GetBlobRequest, JobSpec, dataset_spec::Kind};
 use tokio::runtime::Handle;
@@ -183,33 +185,39 @@ impl BlobFetcher {
 
 impl LocalBlobs {
     /// `spec` as its dataset opens it: a `custom` dataset's params name
-    /// each blob's local path under the blob's name; a mixture's `custom`
-    /// source `s` finds blob `s/x` under `x`.
+    /// each blob's local path under the blob's name, an `image_folder`'s
+    /// manifest is its blob `manifest`; a mixture's source `s` finds blob
+    /// `s/x` as `x`.
     pub(crate) fn apply(&self, spec: &JobSpec) -> JobSpec {
         let mut spec = spec.clone();
-        let path = |file: &File| format!("/proc/self/fd/{}", file.as_raw_fd());
         match spec.dataset.as_mut().and_then(|d| d.kind.as_mut()) {
-            Some(Kind::Custom(custom)) => {
-                for (name, file) in &self.0 {
-                    custom.params.insert(name.clone(), path(file));
-                }
-            }
             Some(Kind::Mix(mix)) => {
                 for source in &mut mix.sources {
-                    let Some(Kind::Custom(custom)) = source.dataset.as_mut().and_then(|d| d.kind.as_mut()) else {
-                        continue;
-                    };
-                    let prefix = format!("{}/", source.name);
-                    for (name, file) in &self.0 {
-                        if let Some(param) = name.strip_prefix(&prefix) {
-                            custom.params.insert(param.to_owned(), path(file));
-                        }
+                    if let Some(kind) = source.dataset.as_mut().and_then(|d| d.kind.as_mut()) {
+                        let prefix = format!("{}/", source.name);
+                        self.give(kind, |name| name.strip_prefix(&prefix));
                     }
                 }
             }
-            _ => {}
+            Some(kind) => self.give(kind, Some),
+            None => {}
         }
         spec
+    }
+
+    /// Gives `kind` the local path of each blob that `own` names as one of
+    /// its own (the name it has there; None for another source's).
+    fn give<'a>(&'a self, kind: &mut Kind, own: impl Fn(&'a str) -> Option<&'a str>) {
+        let path = |file: &File| format!("/proc/self/fd/{}", file.as_raw_fd());
+        for (name, file) in &self.0 {
+            match (&mut *kind, own(name)) {
+                (Kind::Custom(custom), Some(param)) => {
+                    custom.params.insert(param.to_owned(), path(file));
+                }
+                (Kind::ImageFolder(folder), Some(IMAGE_FOLDER_MANIFEST)) => folder.manifest = path(file),
+                _ => {}
+            }
+        }
     }
 }
 
@@ -250,5 +258,96 @@ mod tests {
         let mut bytes = Vec::new();
         File::open(&c.params["pickle_file"]).expect("open by path").read_to_end(&mut bytes).expect("read");
         assert_eq!(bytes, b"pickled");
+    }
+
+    /// A blob stored in `dir` as a fetch from the coordinator stores it.
+    fn stored(dir: &BlobDir, bytes: &[u8]) -> File {
+        let mut sha = Sha256::default();
+        sha.update(bytes);
+        dir.obtain(&sha.finish(), bytes.len() as u64, Duration::ZERO, |w| w.write_all(bytes)).expect("stored")
+    }
+
+    #[test]
+    fn an_image_folder_lists_the_samples_of_its_manifest_blob_where_the_submitters_path_is_unreadable() {
+        use crate::dataset::{Dataset, ImageFolder, SampleKey};
+        use loader_proto::pb::{Decode, ImageFolderSpec, MixSource, MixSpec, Resize, Transform, transform::Op};
+
+        let root = tempfile::tempdir().expect("tempdir");
+        let mut jpeg = Vec::new();
+        jpeg_encoder::Encoder::new(&mut jpeg, 90)
+            .encode(&[90u8; 8 * 6 * 3], 8, 6, jpeg_encoder::ColorType::Rgb)
+            .expect("encode");
+        for rel in ["a/x.jpg", "b/y.jpg", "b/z.jpg"] {
+            let p = root.path().join(rel);
+            std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+            std::fs::write(p, &jpeg).expect("write");
+        }
+        // Labels and an order the class folders would not give.
+        let text = b"b/y.jpg\t7\na/x.jpg\t3\n";
+        let submitter = root.path().join("trainer-host/manifest.tsv");
+        std::fs::create_dir_all(submitter.parent().expect("parent")).expect("mkdir");
+        std::fs::write(&submitter, text).expect("write");
+        let listing = loader_listing::image_folder::list(root.path(), Some(&submitter)).expect("the submitter lists");
+        // Another host: the blob fetched into its directory, the
+        // submitter's file out of reach.
+        let dir = BlobDir::open(root.path().join("worker-host")).expect("dir");
+        let file = stored(&dir, text);
+        std::fs::remove_file(&submitter).expect("not on this host");
+        let folder = ImageFolderSpec {
+            path: root.path().display().to_string(),
+            manifest: submitter.display().to_string(),
+            num_samples: listing.samples.len() as u64,
+            fingerprint: listing.fingerprint(),
+        };
+        let spec = JobSpec {
+            dataset: Some(DatasetSpec { kind: Some(Kind::ImageFolder(folder.clone())) }),
+            ..Default::default()
+        };
+        let local = LocalBlobs(vec![(IMAGE_FOLDER_MANIFEST.into(), file)]);
+        let Some(Kind::ImageFolder(opened)) = local.apply(&spec).dataset.and_then(|d| d.kind) else {
+            panic!("image folder")
+        };
+        let pipeline = [
+            Transform { op: Some(Op::Decode(Decode {})) },
+            Transform { op: Some(Op::Resize(Resize { size: vec![4, 4], ..Default::default() })) },
+        ];
+        let ds = ImageFolder::open(&opened, &pipeline).expect("the same listing as the submitter's");
+        assert_eq!(ds.len(), 2);
+        let mut image = vec![0u8; ds.tensors()[0].shape.iter().product::<u64>() as usize];
+        let labels: Vec<i64> = (0..2)
+            .map(|index| {
+                let mut label = [0u8; 8];
+                ds.read_into(SampleKey { seed: 1, epoch: 0, index }, &mut [&mut image[..], &mut label[..]]).expect("read");
+                i64::from_le_bytes(label)
+            })
+            .collect();
+        assert_eq!(labels, vec![7, 3], "the manifest's labels, in its order");
+        let e = ImageFolder::open(&folder, &pipeline).expect_err("the path alone is out of reach").to_string();
+        assert!(e.contains("manifest.tsv"), "{e}");
+
+        // A mixture's source `s` takes the blob `s/manifest`, and only it.
+        let source = |name: &str| MixSource {
+            name: name.into(),
+            weight: 1.0,
+            dataset: Some(DatasetSpec { kind: Some(Kind::ImageFolder(folder.clone())) }),
+        };
+        let mixed = JobSpec {
+            dataset: Some(DatasetSpec {
+                kind: Some(Kind::Mix(MixSpec { sources: vec![source("s"), source("t")], ..Default::default() })),
+            }),
+            ..Default::default()
+        };
+        let local = LocalBlobs(vec![("s/manifest".into(), stored(&dir, text))]);
+        let Some(Kind::Mix(mix)) = local.apply(&mixed).dataset.and_then(|d| d.kind) else { panic!("mix") };
+        let manifests: Vec<String> = mix
+            .sources
+            .into_iter()
+            .map(|s| match s.dataset.and_then(|d| d.kind) {
+                Some(Kind::ImageFolder(f)) => f.manifest,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert!(manifests[0].starts_with("/proc/self/fd/"), "{manifests:?}");
+        assert_eq!(manifests[1], folder.manifest, "another source's blob is not t's");
     }
 }

@@ -232,6 +232,24 @@ fn a_pickle_file_becomes_a_blob_named_by_its_field() {
 }
 
 #[test]
+fn native_transforms_is_the_python_sdks_and_refused_here_when_asked_for() {
+    let entry = |on: bool| {
+        format!("dataset: {{python: {{factory: \"m:f\", native_transforms: {on}, num_samples: 3}}}}\nbatch_size: 2\n")
+    };
+    parse(&entry(false), Path::new("/data")).expect("off is the Python path, accepted");
+    let e = error_of(&entry(true));
+    assert!(
+        e.starts_with("spec: dataset.python: native_transforms is compiled by the Python SDK from a dict job spec's own python entry"),
+        "{e}"
+    );
+    assert!(!e.contains('\n'), "{e}");
+    let e = error_of(
+        "dataset: {mix: {sources: [{name: a, weight: 1, dataset: {python: {factory: \"m:f\", native_transforms: true, num_samples: 3}}}]}}\nbatch_size: 2\n",
+    );
+    assert!(e.starts_with("spec: dataset.mix.sources[0].dataset.python: native_transforms"), "{e}");
+}
+
+#[test]
 fn bad_specs_fail_on_one_line_naming_the_field() {
     let image = |transforms: &str| {
         format!("dataset: {{image_folder: {{path: x}}}}\ntransforms: {transforms}\nbatch_size: 4\n")
