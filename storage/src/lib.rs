@@ -19,6 +19,8 @@
 //!   byte budget they share.
 //! - [`node_pile`]: a folder's small objects kept once for the workers of a
 //!   node, when the local copy is shared.
+//! - `node_chunks`: a large object's chunks kept, and fetched, once for the
+//!   workers of a node, when the local copy is shared.
 //! - [`pile`]: many small objects (an image folder's images) kept in one
 //!   file of the local copy.
 //! - [`object`]: one object, read in chunks of a few MB (a sample is a
@@ -42,6 +44,7 @@ pub mod io;
 pub mod listing;
 pub mod local_copy;
 pub mod location;
+mod node_chunks;
 pub mod node_pile;
 mod meters;
 pub mod object;

@@ -130,6 +130,11 @@ impl NodePile {
         unusable(&hold_path, "other workers kept removing it")
     }
 
+    /// The directory this worker holds.
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// Reads the records other workers appended since the last look: once
     /// per batch, before its objects are looked up.
     pub(crate) fn refresh(&self) {

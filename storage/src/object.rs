@@ -18,6 +18,12 @@
 //! a chunk (full), the chunk stays in memory instead, at most [`IN_MEMORY`]
 //! of them, the least recently used dropped first.
 //!
+//! When the node's workers share the local copy (`crate::node_chunks`),
+//! the chunks are kept in the node's file of the object instead, and a
+//! chunk another worker fetched (or is fetching) is read from there, not
+//! fetched again: N workers on one machine fetch an object once, not N
+//! times.
+//!
 //! Every request names the ETag the object had at open (`If-Match`): an
 //! object rewritten mid-job fails its next read with a
 //! [`crate::ErrorKind::Changed`] error instead of mixing two versions.
@@ -28,6 +34,7 @@ use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
 use bytes::Bytes;
 use memmap2::Mmap;
@@ -36,6 +43,7 @@ use object_store::{GetOptions, GetRange, ObjectStoreExt};
 use tokio::sync::Semaphore;
 
 use crate::error::ErrorKind;
+use crate::node_chunks::NodeChunks;
 use crate::stores::{Store, store};
 use crate::{ObjectUrl, StorageError, io, local_copy};
 
@@ -47,6 +55,7 @@ pub const CHUNK: u64 = 4 << 20;
 pub const IN_FLIGHT: usize = 64;
 /// Chunks kept in memory per object when the disk refuses them.
 pub const IN_MEMORY: usize = 32;
+
 
 /// Where a fetched chunk's bytes are.
 #[derive(Debug, Clone)]
@@ -84,6 +93,9 @@ pub struct RemoteObject {
     /// The cache file mapped whole, so that a read of a chunk that is here
     /// is a copy, as from a local file's mapping (no system call).
     map: Option<Mmap>,
+    /// The node's file of the object, when the node's workers share it
+    /// (then `cache` and `map` are None).
+    node: Option<NodeChunks>,
     /// Bytes of the cache file taken from the local copy's budget.
     kept: AtomicU64,
     /// Chunks in the cache file: when all are, the object is here whole
@@ -119,7 +131,11 @@ impl RemoteObject {
         })
             .map_err(|e| StorageError::new(&name, ErrorKind::Unavailable, e.to_string()))?
             .map_err(|e| StorageError::from_store(&name, &endpoint, e))?;
-        let cache = local_copy::file();
+        let node = local_copy::shared_dir().and_then(|root| {
+            let key = format!("{name} {} {}", meta.e_tag.as_deref().unwrap_or(""), meta.size);
+            NodeChunks::open(root, &key, meta.size, chunks_of(0..meta.size).end)
+        });
+        let cache = if node.is_some() { None } else { local_copy::file() };
         let map = cache.as_ref().and_then(|file| map_whole(file, meta.size));
         Ok(Arc::new(Self {
             url: name,
@@ -129,6 +145,7 @@ impl RemoteObject {
             etag: meta.e_tag,
             cache,
             map,
+            node,
             kept: AtomicU64::new(0),
             on_disk: AtomicU64::new(0),
             chunks: Mutex::default(),
@@ -158,7 +175,7 @@ impl RemoteObject {
             let end = offset.saturating_add(dst.len() as u64);
             return Err(StorageError::changed(&self.url, &format!("bytes {offset}..{end} are past its end ({} bytes)", self.size)));
         };
-        if let Some(map) = self.map.as_ref().filter(|_| self.is_here_whole()) {
+        if let Some(map) = self.mapping().filter(|_| self.is_here_whole()) {
             // Every chunk's write completed (`on_disk` counts it after):
             // a copy out of the mapping, as from a local file's.
             let src = usize::try_from(offset).ok().and_then(|a| map.get(a..a.checked_add(dst.len())?));
@@ -172,7 +189,7 @@ impl RemoteObject {
             let into = &mut dst[(at - offset) as usize..(chunk_end - offset) as usize];
             crate::meters::chunk_read();
             match self.slot(index).wait(&self.url)? {
-                Held::OnDisk => match &self.map {
+                Held::OnDisk => match self.mapping() {
                     Some(map) => {
                         let src = usize::try_from(at).ok().and_then(|a| map.get(a..a.checked_add(into.len())?));
                         into.copy_from_slice(src.ok_or_else(|| self.lost("the mapping is short"))?);
@@ -205,6 +222,12 @@ impl RemoteObject {
         }
     }
 
+    /// The mapping chunks on disk are read through: the node's file's or
+    /// this worker's own.
+    fn mapping(&self) -> Option<&Mmap> {
+        self.node.as_ref().map(NodeChunks::map).or(self.map.as_ref())
+    }
+
     /// A read of the cache that failed: the bytes were here and are not.
     fn lost(&self, why: &str) -> StorageError {
         StorageError::new(&self.url, ErrorKind::Unavailable, format!("its local copy cannot be read: {why}"))
@@ -221,7 +244,6 @@ impl RemoteObject {
         if let Some(slot) = chunks.slots.get(&index) {
             return Arc::clone(slot);
         }
-        crate::meters::chunk_fetch();
         let slot = Arc::new(Slot::default());
         chunks.slots.insert(index, Arc::clone(&slot));
         drop(chunks);
@@ -229,7 +251,11 @@ impl RemoteObject {
         let started = io::spawn(async move {
             // The write of a chunk (4 MB into the local copy) blocks: the
             // runtime moves its other requests to another thread meanwhile.
-            let result = object.fetch(index).await.map(|bytes| tokio::task::block_in_place(|| object.keep(index, bytes)));
+            let result = if object.node.is_some() {
+                object.fetch_for_node(index).await
+            } else {
+                object.fetch(index).await.map(|bytes| tokio::task::block_in_place(|| object.keep(index, bytes)))
+            };
             if result.is_err() {
                 // Not kept: the next read asks again.
                 object.forget(index, &filled);
@@ -272,6 +298,12 @@ impl RemoteObject {
                 }
             }
         }
+        self.keep_in_memory(index, bytes)
+    }
+
+    /// Holds chunk `index`'s bytes in memory, evicting the least recently
+    /// used beyond [`IN_MEMORY`].
+    fn keep_in_memory(&self, index: u64, bytes: Bytes) -> Held {
         let mut chunks = self.chunks.lock().unwrap_or_else(|p| p.into_inner());
         chunks.clock += 1;
         let now = chunks.clock;
@@ -286,8 +318,62 @@ impl RemoteObject {
         Held::InMemory(bytes)
     }
 
+    /// Chunk `index` in the node's file: there already, fetched by the
+    /// worker that claimed it while this one waited, or fetched here and
+    /// put there for the others.
+    async fn fetch_for_node(self: &Arc<Self>, index: u64) -> Result<Held, StorageError> {
+        let node = self.node.as_ref().ok_or_else(|| self.lost("no node file"))?;
+        let here = |object: &Self| {
+            object.on_disk.fetch_add(1, Ordering::AcqRel);
+            Ok(Held::OnDisk)
+        };
+        if node.is_here(index) {
+            return here(self);
+        }
+        // While another worker fetches it, wait for it to be here; a lock
+        // that cannot be had, or is held longer than a fetch with all its
+        // retries can take (a worker stopped, not dead), leaves it to this
+        // worker alone.
+        let started = std::time::Instant::now();
+        let mut pause = Duration::from_millis(1);
+        let claim = loop {
+            match node.try_claim(index) {
+                Ok(Some(claim)) => break Some(claim),
+                Ok(None) if started.elapsed() < self.store.longest => {}
+                Ok(None) | Err(_) => break None,
+            }
+            if node.is_here(index) {
+                return here(self);
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(20));
+        };
+        let Some(claim) = claim else {
+            return self.fetch(index).await.map(|bytes| tokio::task::block_in_place(|| self.keep(index, bytes)));
+        };
+        if node.is_here(index) {
+            return here(self);
+        }
+        let bytes = self.fetch(index).await?;
+        let len = bytes.len() as u64;
+        if local_copy::reserve(len) {
+            match tokio::task::block_in_place(|| node.put(claim, index * CHUNK, &bytes)) {
+                Ok(()) => {
+                    self.kept.fetch_add(len, Ordering::AcqRel);
+                    return here(self);
+                }
+                Err(e) => {
+                    local_copy::release(len);
+                    tracing::debug!(url = %self.url, "chunk {index} kept in memory: the node's file refused it: {e}");
+                }
+            }
+        }
+        Ok(self.keep_in_memory(index, bytes))
+    }
+
     /// One ranged GET of chunk `index`, pinned to the ETag of the open.
     async fn fetch(&self, index: u64) -> Result<Bytes, StorageError> {
+        crate::meters::chunk_fetch();
         let start = index * CHUNK;
         let end = (start + CHUNK).min(self.size);
         let _permit = in_flight().acquire().await.map_err(|e| StorageError::new(&self.url, ErrorKind::Unavailable, e.to_string()))?;

@@ -75,6 +75,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct Store {
     pub(crate) client: Arc<dyn ObjectStore>,
     pub(crate) endpoint: String,
+    /// The longest one request may take with all its retries.
+    pub(crate) longest: Duration,
 }
 
 /// The client of `url`'s bucket, built once per process and bucket.
@@ -113,7 +115,7 @@ fn build(url: &ObjectUrl, retry_budget: Option<&str>) -> Result<Store, StorageEr
         )
         .build()
         .map_err(|e| config(e.to_string()))?;
-    Ok(Store { client: Arc::new(client), endpoint })
+    Ok(Store { client: Arc::new(client), endpoint, longest: retry_timeout + REQUEST_TIMEOUT })
 }
 
 /// The retry budget `value` (of [`RETRY_TIMEOUT_VAR`]) asks for:

@@ -86,6 +86,7 @@ fn a_token_file_in_a_bucket_reads_as_from_local_disk_and_failures_are_one_line()
         let mut cluster = Cluster::builder().workers(2).ttl_ms(2000).metrics().start(&scope);
         // Byte-identical to the local file, batch for batch, every window once an epoch.
         let from_disk = read_all(cluster.url(), tokens_job(&local, 2), None);
+        let tokens_from_disk = from_disk.clone();
         let from_store = read_all(cluster.url(), tokens_job("s3://data/tokens.bin", 2), None);
         assert_eq!(from_store.len(), from_disk.len());
         assert!(from_store == from_disk, "the store's batches differ from the local file's");
@@ -270,12 +271,26 @@ fn a_token_file_in_a_bucket_reads_as_from_local_disk_and_failures_are_one_line()
         let node_dir = tempfile::tempdir().expect("tempdir");
         let node = Cluster::builder()
             .workers(2)
+            .metrics()
             .env("LOADER_STORAGE_CACHE_DIR", node_dir.path().display().to_string())
             .env("LOADER_STORAGE_CACHE_SHARED", "1")
             .start(&scope);
         let entries = |dir: &Path| -> Vec<String> {
             std::fs::read_dir(dir).map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect()).unwrap_or_default()
         };
+        // A token file's chunks are fetched once for the node's workers, not
+        // once each, the same bytes; the object's directory goes with the job.
+        let tokens_shared = read_all(node.url(), tokens_job("s3://data/tokens.bin", 2), None);
+        assert!(tokens_shared == tokens_from_disk, "token file read through the node's chunks");
+        let node_fetches: f64 =
+            node.workers.iter().map(|w| sum(&scrape(metrics_addr(w)), "loader_storage_chunk_fetches_total", &[])).sum();
+        let chunks = (2 * u64::from(IDS)).div_ceil(4 << 20) as f64; // chunks of 4 MB (`loader_storage::object::CHUNK`)
+        assert!(node_fetches <= chunks, "{node_fetches} chunk fetches of {chunks} chunks by the node's 2 workers");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !entries(node_dir.path()).is_empty() {
+            assert!(Instant::now() < deadline, "the object's chunks outlived their job: {:?}", entries(node_dir.path()));
+            std::thread::sleep(Duration::from_millis(100));
+        }
         let mut during = Vec::new();
         let shared = read_watching(node.url(), folder("s3://data/images".into()), |n| {
             if n == 1 {
