@@ -392,6 +392,15 @@ class Indexed:
 FOLDER_MEAN, FOLDER_STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
 
+def torchvision_train_folder(root: str, size: int = 32):
+    """torchvision's ImageFolder over ``root`` with train transforms
+    (RandomResizedCrop, RandomHorizontalFlip, PILToTensor): random draws
+    per sample, for the shared-stream test of test_native_deployment.py."""
+    from torchvision import datasets, transforms as T
+
+    return datasets.ImageFolder(root, transform=T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.PILToTensor()]))
+
+
 def torchvision_folder(root: str, size: int = 32, jitter: bool = False):
     """torchvision's ImageFolder over ``root`` with eval transforms (Resize,
     CenterCrop, ToTensor, Normalize), the factory of a deployment's

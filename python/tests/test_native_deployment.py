@@ -130,6 +130,37 @@ def test_a_saved_state_resumes_the_native_job_in_a_new_loader(folder, deployment
     assert labels == [target for _, target in torchvision_folder(folder).samples]
 
 
+@needs_binaries
+def test_two_trainers_share_one_stream_of_the_native_job(folder, deployment):
+    """A shared stream (docs/sharing.md) of the compiled job: two trainers
+    subscribed by name each get every batch, the same random crops, made
+    once; a solo run of the same job yields the same batches."""
+    url, _ = deployment
+    spec = {
+        "name": "native-sweep",
+        "shared": True,
+        "dataset": {"python": {"factory": "sample_datasets:torchvision_train_folder", "args": {"root": folder},
+                               "native_transforms": True}},
+        "batch_size": 4,
+        "epochs": 1,
+        "sampler": {"shuffle": True, "seed": 9},
+    }
+    with loader.Loader(url, spec, coordinator_timeout=60.0) as a, loader.Loader(url, spec, coordinator_timeout=60.0) as b:
+        it_a, it_b = iter(a), iter(b)
+        got_a, got_b = [], []
+        for _ in range(len(a)):
+            (xa, ya), (xb, yb) = next(it_a), next(it_b)
+            got_a.append((xa.clone(), ya.clone()))
+            got_b.append((xb.clone(), yb.clone()))
+    assert len(got_a) == 4
+    assert all(torch.equal(x1, x2) and torch.equal(y1, y2) for (x1, y1), (x2, y2) in zip(got_a, got_b))
+    assert sorted(torch.cat([y for _, y in got_a]).tolist()) == sorted(t for _, t in torchvision_folder(folder).samples)
+    solo = {k: v for k, v in spec.items() if k != "shared"} | {"name": "native-solo"}
+    with loader.Loader(url, solo, coordinator_timeout=60.0) as dl:
+        again = [(x.clone(), y.clone()) for x, y in dl]
+    assert all(torch.equal(x1, x2) and torch.equal(y1, y2) for (x1, y1), (x2, y2) in zip(got_a, again))
+
+
 def test_loader_local_compiles_a_dict_specs_entry_the_same_way(folder):
     with loader.Loader.local(job(folder, native_transforms=True), workers=1) as dl:
         assert dl._pairs
