@@ -101,20 +101,10 @@ def is_image_folder(dataset: Any) -> bool:
 def compile_dataset(dataset: Any) -> Compiled:
     """The native job of ``dataset``, or ``NotNative`` saying in one line
     what keeps it in Python."""
-    folder = _folder_module()
-    if folder is None or not isinstance(dataset, folder.DatasetFolder):
-        raise NotNative(f"the dataset is a {type(dataset).__name__}, not torchvision's ImageFolder or DatasetFolder")
-    loader = getattr(dataset, "loader", None)
-    if loader not in (folder.default_loader, folder.pil_loader):
-        raise NotNative(
-            f"the dataset's loader is {getattr(loader, '__name__', type(loader).__name__)}, "
-            "not torchvision's default_loader (PIL, converted to RGB)"
-        )
-    if getattr(dataset, "target_transform", None) is not None:
-        raise NotNative("target_transform is set: it runs in Python (leave it out, map labels after loading)")
-    transforms = _steps(getattr(dataset, "transform", None))
-    root = os.path.abspath(os.fspath(dataset.root))
-    return Compiled(root=root, lines=_manifest_lines(dataset.samples, root), transforms=transforms)
+    transforms = _checked(dataset)
+    given = os.fspath(dataset.root)
+    root = os.path.abspath(given)
+    return Compiled(root=root, lines=_manifest_lines(dataset.samples, (root, given)), transforms=transforms)
 
 
 #: Keys of a ``python`` entry besides ``factory``, ``args`` and
@@ -190,17 +180,39 @@ def _python_entry(job: Any) -> Optional[Mapping]:
 
 
 def describe(dataset: Any) -> Optional[str]:
-    """None when ``dataset`` qualifies, else the one-line reason."""
+    """None when ``dataset`` qualifies, else the one-line reason: the
+    checks of ``compile_dataset`` without writing the manifest's lines
+    (a tenth of a second for ImageNet's 1.28 M samples, not one)."""
     try:
-        compile_dataset(dataset)
+        _checked(dataset)
+        _manifest_lines(dataset.samples, None)
     except NotNative as e:
         return str(e)
     return None
 
 
-def _manifest_lines(samples: Sequence[Any], root: str) -> list[str]:
-    lines = []
-    prefix = root.rstrip(os.sep) + os.sep
+def _checked(dataset: Any) -> list[Any]:
+    """The native steps of ``dataset``'s transform, after the checks of the
+    dataset itself (its class, loader, target_transform)."""
+    folder = _folder_module()
+    if folder is None or not isinstance(dataset, folder.DatasetFolder):
+        raise NotNative(f"the dataset is a {type(dataset).__name__}, not torchvision's ImageFolder or DatasetFolder")
+    loader = getattr(dataset, "loader", None)
+    if loader not in (folder.default_loader, folder.pil_loader):
+        raise NotNative(
+            f"the dataset's loader is {getattr(loader, '__name__', type(loader).__name__)}, "
+            "not torchvision's default_loader (PIL, converted to RGB)"
+        )
+    if getattr(dataset, "target_transform", None) is not None:
+        raise NotNative("target_transform is set: it runs in Python (leave it out, map labels after loading)")
+    return _steps(getattr(dataset, "transform", None))
+
+
+def _manifest_lines(samples: Sequence[Any], roots: Optional[tuple[str, str]]) -> list[str]:
+    """The manifest's lines of ``samples`` (paths relative to the root when
+    under it, as given or absolute); with ``roots`` None, only the checks."""
+    lines: list[str] = []
+    prefixes = () if roots is None else tuple({r.rstrip(os.sep) + os.sep for r in roots})
     for i, sample in enumerate(samples):
         try:
             path, label = sample
@@ -215,9 +227,14 @@ def _manifest_lines(samples: Sequence[Any], root: str) -> list[str]:
             )
         if "\n" in path or "\r" in path:
             raise NotNative(f"samples[{i}]: a file name with a line break cannot go in a manifest")
-        path = os.path.abspath(path)
-        lines.append(f"{path[len(prefix):] if path.startswith(prefix) else path}\t{label}")
-    if not lines:
+        if roots is None:
+            continue
+        under = next((p for p in prefixes if path.startswith(p)), None)
+        if under is None:
+            path = os.path.abspath(path)
+            under = next((p for p in prefixes if path.startswith(p)), "")
+        lines.append(f"{path[len(under):]}\t{label}")
+    if not samples:
         raise NotNative("the dataset has no samples")
     return lines
 
