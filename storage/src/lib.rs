@@ -56,7 +56,7 @@ pub mod stores;
 pub use error::{ErrorKind, StorageError};
 pub use listing::{Listed, get, get_many, list};
 pub use location::{ObjectUrl, is_url};
-pub use meters::{LATENCY_BUCKETS, StorageTotals, totals};
+pub use meters::{LATENCY_BUCKETS, StorageTotals, flush_reads, totals};
 pub use object::RemoteObject;
 pub use pile::{Got, Pile};
 pub use reader::ObjectReader;

@@ -160,6 +160,8 @@ pub(crate) fn read_each<D: Dataset + ?Sized>(dataset: &D, keys: &[SampleKey], ba
         let read = dataset.read_into(key, &mut batch.next_rows());
         batch.settle(key.index, read)?;
     }
+    // The batch's reads out of objects' chunks, counted in this thread.
+    loader_storage::flush_reads();
     Ok(())
 }
 
