@@ -15,6 +15,7 @@
 //! local disk for the job's later epochs (`loader_storage::Pile`).
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use loader_listing::image_folder::{ImageSample, list};
 use loader_storage::{ObjectUrl, Pile};
@@ -35,7 +36,7 @@ pub struct ImageFolder {
     samples: Vec<ImageSample>,
     /// For a folder in a bucket, each sample's object and the ETag its read
     /// must find; None for a local folder.
-    objects: Option<Vec<(ObjectUrl, Option<String>)>>,
+    objects: Option<Arc<[(ObjectUrl, Option<String>)]>>,
     /// A bucket's images kept on local disk for the job's later epochs.
     pile: Pile,
     /// The pipeline and the `image`/`label` tensors.
@@ -99,8 +100,7 @@ impl Dataset for ImageFolder {
 
     fn prefetch_batch(&self, keys: &[SampleKey]) {
         if let Some(objects) = self.objects.as_ref().filter(|_| !self.images.keeps_frames()) {
-            let wanted: Vec<_> = keys.iter().filter_map(|k| objects.get(usize::try_from(k.index).ok()?)).collect();
-            self.pile.prefetch(&wanted);
+            self.pile.prefetch(objects, keys.iter().filter_map(|k| usize::try_from(k.index).ok()));
         }
     }
 
