@@ -242,6 +242,18 @@ def main() -> None:
                 for lib in libs:
                     row += f"; {lib} {med[lib][e]:,.0f} (Loader {med['store'][e] / med[lib][e]:.2f}x)"
                 print(row, flush=True)
+            if args.epochs > 2:
+                # Later epochs read the local copy: each repeat's median
+                # epoch from the second on, against the local file's. Short
+                # epochs (a token file's last 50-100 ms) move with whatever
+                # else the machine does, and two workers sharing a core take
+                # a few epochs to settle, from a store's slow first epoch
+                # more than from a local file's.
+                later = [statistics.median(st[1:]) / statistics.median(lo[1:])
+                         for st, lo in zip(rates["store"], rates["local"])]
+                print(f"{name}: epochs 2-{args.epochs}: local {median(statistics.median(r[1:]) for r in rates['local']):,.0f}, "
+                      f"store {median(statistics.median(r[1:]) for r in rates['store']):,.0f} samples/s (median epoch) -> "
+                      f"{statistics.median(later):.2f}x (repeats {min(later):.2f}-{max(later):.2f})", flush=True)
             print(f"{name}: first batch: local {statistics.median(firsts['local']):.2f} s, "
                   f"store {statistics.median(firsts['store']):.2f} s; epoch 1 from its first batch on: local "
                   f"{statistics.median(steadies['local']):,.0f}, store {statistics.median(steadies['store']):,.0f} samples/s -> "
