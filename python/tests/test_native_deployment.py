@@ -176,6 +176,12 @@ def test_a_python_entry_that_cannot_run_natively_is_refused_in_one_line(folder):
     assert "\n" not in message
     with pytest.raises(ValueError, match=r"^native_transforms: dataset.python.collate runs in Python"):
         loader.Loader("http://127.0.0.1:1", job(folder, native_transforms=True, collate="m:f"))
+    # A value that is not a bool (a YAML "yes" read as text, a 1) is
+    # refused, not read as true or false.
+    for value in ("yes", 1):
+        with pytest.raises(ValueError) as e:
+            loader.Loader("http://127.0.0.1:1", job(folder, native_transforms=value))
+        assert str(e.value) == f"dataset.python.native_transforms: must be true or false, not {value!r}"
 
 
 def test_native_transforms_false_keeps_the_python_path(folder):
