@@ -41,15 +41,15 @@ const SMALL_BELOW: usize = 64 << 10;
 /// another thread (a fetched image's buffer). glibc keeps 7 free blocks
 /// of a size per thread; the rest go through its bins, and once other
 /// threads' frees and large blocks have scattered its arena those bins
-/// hand out blocks that are cold in the cache: reading an image folder's
-/// local copy from a store's earlier epoch spent 8% of the producer in
-/// `_int_malloc`, at 0.87-0.89x of the same folder on local disk; with
+/// hand out blocks that are cold in the cache: in a store's later epochs,
+/// reading the local copy of an image folder's images spent 8% of the
+/// producer in `_int_malloc`, at 0.88-0.89x of the folder on local disk; with
 /// `GLIBC_TUNABLES=glibc.malloc.tcache_count=1000`, 1.02x. mimalloc keeps
 /// small blocks in per-thread pages, reused most recent first. Large
 /// blocks stay with glibc, whose thresholds [`keep_batch_buffers`] sets:
 /// mimalloc alone gave batch buffers back to the kernel and faulted them
-/// in again (gRPC batches of 64 224x224 images at 0.70x), and zeroed
-/// fresh pages for a store's response bodies (first batch +0.2 s).
+/// in again (gRPC batches of 64 224x224 images at 0.70x), and its v3
+/// zeroed fresh pages for a store's response bodies (first batch +0.2 s).
 ///
 /// Which allocator owns a block follows from its layout's size alone,
 /// which Rust passes to every call: a block never reaches the other.
