@@ -1,10 +1,11 @@
 //! What `run` and `consume` share: the job built from flags, the consuming
 //! loop with its measurements (throughput, first batch, client CPU time),
-//! and the report printed at the end.
+//! and the report printed at the end. `batch_files`: what a run writes
+//! batch by batch (`--checksum`, `--dump`).
 
 use std::fs::File;
 use std::io::{BufWriter, IsTerminal, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -17,6 +18,9 @@ use super::kept::CacheReport;
 use super::{DatasetArgs, MeasureArgs, OnCorruptArg, TransportArg, cpu, signals};
 use loader_worker::sample_cache::SampleCache;
 use loader_client::{Batch, Device, Loader, LoaderBuilder, Transport};
+
+mod batch_files;
+use batch_files::BatchFiles;
 
 /// Windows per epoch in a generated token file (with the chosen batch size).
 const GENERATED_TOKEN_BATCHES: u64 = 64;
@@ -166,119 +170,193 @@ pub(super) fn consume_and_report(
     if let Some(addr) = loader.metrics_addr() {
         eprintln!("metrics {addr}");
     }
-    let mut dump = args.dump.as_deref().map(Dump::create).transpose()?;
-    let mut checksum = args.checksum.as_deref().map(Dump::create).transpose()?;
+    let mut files = BatchFiles::create(args)?;
     let device = loader.device();
     announce_device(&loader);
     // A resumed loader starts part-way; the bar shows the whole job.
     let bar = progress_bar(loader.total_batches(), args.json);
     bar.set_position(loader.yielded());
-    let (mut samples, mut batches, mut bytes, mut shm_batches) = (0u64, 0u64, 0u64, 0u64);
-    let mut first_batch = None;
-    // Client CPU is counted from the first batch on: the steady-state cost
-    // of a batch, without connecting and mapping the ring.
-    let mut cpu_from_first = None;
     let started = Instant::now();
-    if let Some(save) = save.as_ref().filter(|s| s.after == 0) {
-        loader.state().save(&save.path)?;
-    }
-    // One entry per batch: a few MB for a million batches.
-    let mut waits: Vec<Duration> = Vec::new();
-    let mut epochs = EpochClock::new(loader.batches_per_epoch(), loader.yielded(), started);
+    save_state(&loader, save.as_ref(), 0)?;
+    let mut tally = Tally::new(&loader, started);
     let step = Duration::from_secs_f64(args.step_ms / 1e3);
-    loop {
-        // A signal stops the loop here or in a wait (checked every tick);
-        // returning drops the loader, which stops what it started.
-        signals::check()?;
-        let asked = Instant::now();
-        let Some(batch) = loader.next_interruptible(SIGNAL_TICK, signals::check)? else { break };
-        let batch = batch?;
-        if first_batch.is_some() {
-            waits.push(asked.elapsed());
-        }
-        if first_batch.is_none() {
-            first_batch = Some(started.elapsed());
-            cpu_from_first = Some((cpu::process()?, coordinator_cpu()));
-        }
-        samples += batch.len() as u64;
-        epochs.batch(batch.len() as u64);
-        match batch.on_device() {
-            // The rate of the device path is that of completed copies.
-            Some(copy) => {
-                copy.wait()?;
-                bytes += copy.len() as u64;
-            }
-            None => bytes += batch.bytes().len() as u64,
-        }
-        if let Some(checksum) = &mut checksum {
-            checksum.checksum(&batch)?;
-        }
-        batches += 1;
-        if batch.transport() == Transport::SharedMemory {
-            shm_batches += 1;
-        }
-        if let Some(dump) = &mut dump {
-            dump.line(&batch)?;
-        }
-        if !step.is_zero() {
-            // The training step, the batch held meanwhile (as a trainer
-            // holds its ring slot until the step is done with it); the
-            // loader keeps producing into its prefetch window.
-            std::thread::sleep(step);
-        }
-        drop(batch);
-        if let Some(save) = save.as_ref().filter(|s| s.after == batches) {
-            // The dump already holds every batch the state counts as yielded.
-            loader.state().save(&save.path)?;
-            tracing::info!(path = %save.path.display(), batches, "loader state saved");
-        }
+    while let Some((batch, asked)) = next_batch(&mut loader)? {
+        tally.count(&batch, asked)?;
+        files.write(&batch)?;
+        train(batch, step);
+        save_state(&loader, save.as_ref(), tally.batches)?;
         if !bar.is_hidden() {
             // A hidden bar still keeps its estimate: not free, per batch.
             bar.inc(1);
         }
     }
-    let elapsed = started.elapsed();
-    let (cpu, coordinator) = match cpu_from_first {
-        Some((process, coordinator)) => (
-            cpu::process()?.saturating_sub(process),
-            coordinator.zip(coordinator_cpu()).map(|(from, to)| to.saturating_sub(from)),
-        ),
-        None => (Duration::ZERO, Some(Duration::ZERO)),
-    };
+    let spent = Spent::since_first(&tally)?;
     bar.finish_and_clear();
     // Stops the workers and the coordinator (embedded); not measured.
     drop(loader);
-
-    let seconds = elapsed.as_secs_f64().max(1e-9);
-    // From the first batch on: one batch fewer than were yielded.
-    let per_batch = |t: Duration| t.as_secs_f64() * 1e6 / batches.saturating_sub(1).max(1) as f64;
-    let report = Report {
-        samples,
-        batches,
-        bytes,
-        seconds,
-        samples_per_s: samples as f64 / seconds,
-        mb_per_s: bytes as f64 / 1e6 / seconds,
-        first_batch_s: first_batch.unwrap_or(Duration::ZERO).as_secs_f64(),
-        workers,
-        dataset: dataset.to_owned(),
-        device: device.to_string(),
-        transport: args.transport.name(),
-        shm_batches,
-        client_cpu_us_per_batch: per_batch(cpu),
-        trainer_cpu_us_per_batch: coordinator.map(|c| per_batch(cpu.saturating_sub(c))),
-        coordinator_cpu_us_per_batch: coordinator.filter(|_| workers.is_some()).map(per_batch),
-        wait_p50_us: quantile_us(&mut waits, 0.5),
-        wait_p99_us: quantile_us(&mut waits, 0.99),
-        epochs_samples_per_s: epochs.rates(),
-        cache: cache.map(CacheReport::of),
-    };
+    let report = tally.report(spent, args, dataset, workers, device, cache);
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
         print_report(&report, device);
     }
     Ok(())
+}
+
+/// The next batch and when it was asked for; None after the last. A
+/// signal stops the loop here or in a wait (checked every tick);
+/// returning drops the loader, which stops what it started.
+fn next_batch(loader: &mut Loader) -> anyhow::Result<Option<(Batch, Instant)>> {
+    signals::check()?;
+    let asked = Instant::now();
+    let Some(batch) = loader.next_interruptible(SIGNAL_TICK, signals::check)? else { return Ok(None) };
+    Ok(Some((batch?, asked)))
+}
+
+/// The training step, the batch held meanwhile (as a trainer holds its
+/// ring slot until the step is done with it); the loader keeps producing
+/// into its prefetch window.
+fn train(batch: Batch, step: Duration) {
+    if !step.is_zero() {
+        std::thread::sleep(step);
+    }
+    drop(batch);
+}
+
+/// Writes the loader's state once `batches` of this run were yielded, if
+/// `save` asks for it then. The files already hold every batch the state
+/// counts as yielded.
+fn save_state(loader: &Loader, save: Option<&SaveState>, batches: u64) -> anyhow::Result<()> {
+    let Some(save) = save.filter(|s| s.after == batches) else { return Ok(()) };
+    loader.state().save(&save.path)?;
+    // Before the first batch it is the state the run started from.
+    if batches > 0 {
+        tracing::info!(path = %save.path.display(), batches, "loader state saved");
+    }
+    Ok(())
+}
+
+/// What the consuming loop counts, batch by batch, from `started` (just
+/// before the first `next()`).
+struct Tally {
+    started: Instant,
+    samples: u64,
+    batches: u64,
+    bytes: u64,
+    shm_batches: u64,
+    /// When the first batch came, after `started`.
+    first_batch: Option<Duration>,
+    /// CPU of the process and of the embedded coordinator when the first
+    /// batch came: client CPU is counted from there on, the steady-state
+    /// cost of a batch without connecting and mapping the ring.
+    cpu_from_first: Option<(Duration, Option<Duration>)>,
+    /// Each wait in `next()` from the second batch on. One entry per batch:
+    /// a few MB for a million batches.
+    waits: Vec<Duration>,
+    epochs: EpochClock,
+}
+
+impl Tally {
+    fn new(loader: &Loader, started: Instant) -> Self {
+        Self {
+            started,
+            samples: 0,
+            batches: 0,
+            bytes: 0,
+            shm_batches: 0,
+            first_batch: None,
+            cpu_from_first: None,
+            waits: Vec::new(),
+            epochs: EpochClock::new(loader.batches_per_epoch(), loader.yielded(), started),
+        }
+    }
+
+    /// Counts `batch`, asked for at `asked`; on a device, once its copy
+    /// completed (the rate of the device path is that of completed copies).
+    fn count(&mut self, batch: &Batch, asked: Instant) -> anyhow::Result<()> {
+        if self.first_batch.is_some() {
+            self.waits.push(asked.elapsed());
+        }
+        if self.first_batch.is_none() {
+            self.first_batch = Some(self.started.elapsed());
+            self.cpu_from_first = Some((cpu::process()?, coordinator_cpu()));
+        }
+        self.samples += batch.len() as u64;
+        self.epochs.batch(batch.len() as u64);
+        match batch.on_device() {
+            Some(copy) => {
+                copy.wait()?;
+                self.bytes += copy.len() as u64;
+            }
+            None => self.bytes += batch.bytes().len() as u64,
+        }
+        self.batches += 1;
+        if batch.transport() == Transport::SharedMemory {
+            self.shm_batches += 1;
+        }
+        Ok(())
+    }
+
+    /// The report of the run, with what it `spent`.
+    fn report(
+        mut self,
+        spent: Spent,
+        args: &MeasureArgs,
+        dataset: &str,
+        workers: Option<u64>,
+        device: Device,
+        cache: Option<&SampleCache>,
+    ) -> Report {
+        let Spent { elapsed, cpu, coordinator } = spent;
+        let seconds = elapsed.as_secs_f64().max(1e-9);
+        // From the first batch on: one batch fewer than were yielded.
+        let batches = self.batches;
+        let per_batch = |t: Duration| t.as_secs_f64() * 1e6 / batches.saturating_sub(1).max(1) as f64;
+        Report {
+            samples: self.samples,
+            batches,
+            bytes: self.bytes,
+            seconds,
+            samples_per_s: self.samples as f64 / seconds,
+            mb_per_s: self.bytes as f64 / 1e6 / seconds,
+            first_batch_s: self.first_batch.unwrap_or(Duration::ZERO).as_secs_f64(),
+            workers,
+            dataset: dataset.to_owned(),
+            device: device.to_string(),
+            transport: args.transport.name(),
+            shm_batches: self.shm_batches,
+            client_cpu_us_per_batch: per_batch(cpu),
+            trainer_cpu_us_per_batch: coordinator.map(|c| per_batch(cpu.saturating_sub(c))),
+            coordinator_cpu_us_per_batch: coordinator.filter(|_| workers.is_some()).map(per_batch),
+            wait_p50_us: quantile_us(&mut self.waits, 0.5),
+            wait_p99_us: quantile_us(&mut self.waits, 0.99),
+            epochs_samples_per_s: self.epochs.rates(),
+            cache: cache.map(CacheReport::of),
+        }
+    }
+}
+
+/// The loop's wall time, and the CPU the process and the embedded
+/// coordinator's threads spent from the first batch on.
+struct Spent {
+    elapsed: Duration,
+    cpu: Duration,
+    coordinator: Option<Duration>,
+}
+
+impl Spent {
+    /// Read right after the last batch.
+    fn since_first(tally: &Tally) -> anyhow::Result<Self> {
+        let elapsed = tally.started.elapsed();
+        let (cpu, coordinator) = match tally.cpu_from_first {
+            Some((process, coordinator)) => (
+                cpu::process()?.saturating_sub(process),
+                coordinator.zip(coordinator_cpu()).map(|(from, to)| to.saturating_sub(from)),
+            ),
+            None => (Duration::ZERO, Some(Duration::ZERO)),
+        };
+        Ok(Self { elapsed, cpu, coordinator })
+    }
 }
 
 /// On a GPU, says how batches get there: DMA'd from their ring slots (the
@@ -328,58 +406,6 @@ fn print_report(report: &Report, device: Device) {
     }
 }
 
-/// `--dump`: one line per batch, flushed as it is written so the file is
-/// complete up to the last yielded batch even if the process is killed.
-struct Dump {
-    /// The file, with a buffer for assembling one line.
-    out: BufWriter<File>,
-    /// Where it is, for error messages.
-    path: PathBuf,
-}
-
-impl Dump {
-    fn create(path: &Path) -> anyhow::Result<Self> {
-        let file = File::create(path)
-            .with_context(|| format!("cannot create --dump file {}", path.display()))?;
-        Ok(Self {
-            out: BufWriter::new(file),
-            path: path.to_owned(),
-        })
-    }
-
-    /// `<seq> <fnv1a-64 of the batch's bytes, from the device if on one>`
-    fn checksum(&mut self, batch: &Batch) -> anyhow::Result<()> {
-        let sum = match batch.on_device() {
-            Some(copy) => fnv1a(&copy.read_back()?),
-            None => fnv1a(batch.bytes()),
-        };
-        writeln!(self.out, "{} {sum:016x}", batch.seq())
-            .and_then(|()| self.out.flush())
-            .with_context(|| format!("cannot write --checksum file {}", self.path.display()))
-    }
-
-    /// `<seq> <epoch> <idx0>,<idx1>,...`
-    fn line(&mut self, batch: &Batch) -> anyhow::Result<()> {
-        let mut write = || -> std::io::Result<()> {
-            write!(self.out, "{} {} ", batch.seq(), batch.epoch())?;
-            for (i, idx) in batch.indices().iter().enumerate() {
-                if i > 0 {
-                    self.out.write_all(b",")?;
-                }
-                write!(self.out, "{idx}")?;
-            }
-            self.out.write_all(b"\n")?;
-            self.out.flush()
-        };
-        write().with_context(|| format!("cannot write --dump file {}", self.path.display()))
-    }
-}
-
-/// FNV-1a, 64 bits: enough to tell two byte strings apart in a check.
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
-}
-
 /// CPU time the embedded coordinator's threads used so far; zero without
 /// one (`consume`); None when the kernel cannot say.
 fn coordinator_cpu() -> Option<Duration> {
@@ -426,7 +452,7 @@ pub(super) fn job_spec(
     name: Option<&str>,
 ) -> anyhow::Result<(JobSpec, Option<NamedTempFile>)> {
     if let Some(path) = &args.spec {
-        let mut builder = loader_spec::file::parse_file(path)?;
+        let mut builder = loader_job::authoring::file::parse_file(path)?;
         if let Some(name) = name {
             builder = builder.name(name);
         }
@@ -444,7 +470,7 @@ pub(super) fn job_spec(
     };
     let (builder, file) = match args.dataset.as_str() {
         "synthetic" => (
-            loader_spec::synthetic(args.samples, &parse_shape(&args.shape)?, dtype(Dtype::U8)?),
+            loader_job::authoring::synthetic(args.samples, &parse_shape(&args.shape)?, dtype(Dtype::U8)?),
             None,
         ),
         "tokens" => {
@@ -456,13 +482,13 @@ pub(super) fn job_spec(
                     (file.path().to_path_buf(), Some(file))
                 }
             };
-            (loader_spec::tokens(path, dtype, args.context_length), file)
+            (loader_job::authoring::tokens(path, dtype, args.context_length), file)
         }
         "imagefolder" | "image_folder" => {
             let Some(root) = &args.path else {
                 anyhow::bail!("--dataset imagefolder needs --path DIR (a folder of class folders of .jpg/.png images)");
             };
-            let builder = loader_spec::image_folder(root).transforms(loader_spec::transforms::standard_train(STANDARD_IMAGE_SIZE));
+            let builder = loader_job::authoring::image_folder(root).transforms(loader_job::authoring::transforms::standard_train(STANDARD_IMAGE_SIZE));
             (builder, None)
         }
         other => anyhow::bail!(
