@@ -27,8 +27,8 @@ use std::time::{Duration, Instant};
 use loader_proto::ConsumerKey;
 use loader_proto::batch::{BatchError, BatchMeta};
 use loader_proto::pb::{Failed, JobSpec, Task};
-use loader_proto::sampler::Plan;
-use loader_proto::spec::SpecError;
+use loader_job::sampler::Plan;
+use loader_job::spec::SpecError;
 use loader_ring::worker::{Rings, Route};
 use tokio::sync::Notify;
 
@@ -528,11 +528,11 @@ impl Shared {
     ) -> Result<(), TaskError> {
         let job = task.job.as_ref().ok_or(TaskError::NoJob)?;
         let spec = job.spec.as_ref().ok_or(TaskError::NoSpec)?;
-        let plan = loader_proto::spec::plan(spec)?;
+        let plan = loader_job::spec::plan(spec)?;
         check_range(task, &plan)?;
         let dataset = cache.open(job.job_id, spec, &self.datasets, self.blobs.as_ref())?;
         cache.serves(job.job_id, deliveries(task).map(|(key, _)| key.1));
-        let rules = BatchRules { seed: plan.seed, on_corrupt: loader_proto::spec::corrupt_policy(spec) };
+        let rules = BatchRules { seed: plan.seed, on_corrupt: loader_job::spec::corrupt_policy(spec) };
         if dataset.len() != plan.num_samples {
             return Err(TaskError::SampleCount { held: dataset.len(), planned: plan.num_samples });
         }
@@ -575,9 +575,11 @@ impl Shared {
             // A shared stream's batch this worker made before, for the
             // subscribers ahead of this one: the same bytes, made no more.
             let kept_key = (job.job_id, rank, seq);
-            if task.rank.is_some()
-                && let Some(kept) = self.kept().get(kept_key, Instant::now())
-            {
+            // The kept lock goes before the batch is handed over: a wait for
+            // a ring slot under it would hold up the link's heartbeat
+            // (`Producer::let_go_kept`).
+            let kept = task.rank.and_then(|_| self.kept().get(kept_key, Instant::now()));
+            if let Some(kept) = kept {
                 crate::meters::kept_served(job.job_id);
                 if !self.fan_out(task, &kept.bytes, seq, kept.samples, &spans, submitted, generation, &abandoned) {
                     return Ok(());
@@ -945,7 +947,7 @@ pub(crate) mod tests {
         assert_eq!((failed[0].job_id, failed[0].consumer, failed[0].start_seq, failed[0].end_seq), (2, 0, 0, 1));
 
         let attachment = outboxes.attach((1, 1), 1, 100);
-        let plan = loader_proto::spec::plan(synthetic(1).spec.as_ref().expect("spec")).expect("plan");
+        let plan = loader_job::spec::plan(synthetic(1).spec.as_ref().expect("spec")).expect("plan");
         for seq in 0..4 {
             let batch = attachment.next().await.expect("batch").data;
             let view = BatchView::parse(&batch).expect("parse");
@@ -1064,7 +1066,7 @@ pub(crate) mod tests {
         p.submit(shared(0, 2, vec![copy(3), copy(4)]));
         settle(&p);
         assert_eq!(outboxes.len(), 6);
-        let plan = loader_proto::spec::plan(synthetic(1).spec.as_ref().expect("spec")).expect("plan");
+        let plan = loader_job::spec::plan(synthetic(1).spec.as_ref().expect("spec")).expect("plan");
         let mut made = Vec::new();
         for subscriber in [2, 3, 4] {
             let attachment = outboxes.attach((1, subscriber), 1, 100);
