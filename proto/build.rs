@@ -18,7 +18,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let out = PathBuf::from(std::env::var("OUT_DIR")?);
     let descriptor_path = out.join("loader_descriptor.bin");
     std::fs::write(&descriptor_path, prost::Message::encode_to_vec(&fds))?;
+    // Without the `grpc` feature only the messages are generated: no
+    // clients or servers, so nothing in them names tonic.
+    let grpc = std::env::var_os("CARGO_FEATURE_GRPC").is_some();
     tonic_prost_build::configure()
+        .build_client(grpc)
+        .build_server(grpc)
         // Batch payloads stay `bytes::Bytes` end to end: no copy on decode.
         .bytes(".loader.v1.BatchFrame.data")
         // Blob chunks: sliced from the coordinator's copy without a copy.

@@ -2,7 +2,7 @@
 //! a spec's `python: {pickle_file: PATH}`; see `loader_proto::blob`), from
 //! the file on the trainer's host to the coordinator.
 //!
-//! - When the spec is built (`loader_spec`), each blob's file is hashed
+//! - When the spec is built (`loader_job::authoring`), each blob's file is hashed
 //!   (SHA-256) and measured: the spec names the bytes, not the path.
 //! - When the job is submitted ([`upload`]), each blob the coordinator does
 //!   not hold yet goes up in chunks of `loader_proto::blob::MAX_CHUNK`

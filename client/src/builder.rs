@@ -171,7 +171,7 @@ impl LoaderBuilder {
 
     /// Batches each worker may send ahead of consumption, at least (default
     /// 8). Small batches get more: the window is sized by bytes (32 MiB of
-    /// batches, 256 at most; see [`loader_proto::window`]), so a token
+    /// batches, 256 at most; see [`loader_job::window`]), so a token
     /// window of 4 KB does not pay a hand-off per batch.
     pub fn prefetch(mut self, prefetch: u32) -> Self {
         self.options.prefetch = prefetch;

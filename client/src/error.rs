@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use loader_proto::spec::SpecError;
+use loader_job::spec::SpecError;
 use tonic::{Code, Status};
 
 /// Everything that can go wrong between a trainer and its batches. Each
@@ -163,17 +163,17 @@ pub enum LoaderError {
     Runtime(String),
 }
 
-/// The one place a spec authoring error ([`loader_spec::Error`]) becomes a
+/// The one place a spec authoring error ([`loader_job::Error`]) becomes a
 /// [`LoaderError`]: variant for variant, with the same message, so `?` on a
 /// spec builder or parser keeps the SDK's error type and its words.
-impl From<loader_spec::Error> for LoaderError {
-    fn from(e: loader_spec::Error) -> Self {
+impl From<loader_job::Error> for LoaderError {
+    fn from(e: loader_job::Error) -> Self {
         match e {
-            loader_spec::Error::Spec(e) => LoaderError::Spec(e),
-            loader_spec::Error::Listing(e) => LoaderError::Listing(e),
-            loader_spec::Error::TokenFile { path, cause } => LoaderError::TokenFile { path, cause },
-            loader_spec::Error::BlobFile { name, path, cause } => LoaderError::BlobFile { name, path, cause },
-            loader_spec::Error::SpecFile { origin, message } => LoaderError::SpecFile { origin, message },
+            loader_job::Error::Spec(e) => LoaderError::Spec(e),
+            loader_job::Error::Listing(e) => LoaderError::Listing(e),
+            loader_job::Error::TokenFile { path, cause } => LoaderError::TokenFile { path, cause },
+            loader_job::Error::BlobFile { name, path, cause } => LoaderError::BlobFile { name, path, cause },
+            loader_job::Error::SpecFile { origin, message } => LoaderError::SpecFile { origin, message },
         }
     }
 }

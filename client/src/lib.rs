@@ -26,7 +26,7 @@
 //! - [`loader`](Loader): the public [`Loader`]; opens a session on a
 //!   coordinator's address, owns the runtime and the background tasks.
 //! - `blobs`: the files a job needs beside its spec (a pickled dataset),
-//!   hashed when the spec is built (`loader_spec`), uploaded here to the
+//!   hashed when the spec is built (`loader_job::authoring`), uploaded here to the
 //!   coordinator before the job is submitted.
 //! - `session`: CreateOrAttachJob, OpenSession and the heartbeat that renews
 //!   the session's lease with the consumed watermark and stall time; reopens
@@ -52,7 +52,7 @@
 //! - `reorder`: the reorder buffer keyed by sequence number.
 //! - [`batch`](Batch): [`Batch`], [`Tensor`] and [`Transport`]: views over a
 //!   validated frame or ring slot.
-//! - [`spec`] and [`spec_file`]: the `loader_spec` crate and its `file`
+//! - [`spec`] and [`spec_file`]: the `loader_job::authoring` crate and its `file`
 //!   module, re-exported: [`JobSpec`] builders validated locally, the image
 //!   pipeline's steps, a job written as YAML or JSON ([`spec_file::parse`]).
 //! - `footprint`: the bytes of a job's batch, told from its spec, by which
@@ -87,15 +87,15 @@ mod state;
 pub mod connect;
 #[cfg(feature = "embedded")]
 pub mod embedded;
-/// Spec authoring lives in its own crate, `loader_spec`, so `loaderctl`
+/// Spec authoring lives in its own crate, `loader_job::authoring`, so `loaderctl`
 /// and the Python SDK write specs without the trainer SDK; re-exported
 /// here so a trainer needs one dependency and code written against
 /// `loader_client::spec` keeps working. Its errors become [`LoaderError`]s
 /// with `?`.
-pub use loader_spec as spec;
-/// Spec files (YAML or JSON): `loader_spec::file`, under the name it had
+pub use loader_job::authoring as spec;
+/// Spec files (YAML or JSON): `loader_job::authoring::file`, under the name it had
 /// when it lived in this crate.
-pub use loader_spec::file as spec_file;
+pub use loader_job::authoring::file as spec_file;
 
 pub use batch::{Batch, Tensor, Transport};
 pub use pin::{DEFAULT_DEVICE_PREFETCH, Device, DeviceCopy, DeviceTensor};

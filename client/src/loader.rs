@@ -201,12 +201,12 @@ pub(crate) async fn open(
 /// The shared-memory ring for `spec`'s batches and the window (batches in
 /// flight) they travel in; no ring with shared memory off, or when one
 /// cannot be made (every batch then streams over gRPC). Batches in flight
-/// are counted in bytes (`loader_proto::window`): small batches get a long
+/// are counted in bytes (`loader_job::window`): small batches get a long
 /// window, a ring of many small slots and as many stream credits, so
 /// hand-offs are paid per window.
 fn bind_ring(spec: &JobSpec, options: &LoaderOptions) -> Result<(Option<Ring>, u32), LoaderError> {
     let batch_bytes = crate::footprint::batch_bytes(spec);
-    let window = batch_bytes.map_or(options.prefetch, |b| loader_proto::window::batches(b, options.prefetch));
+    let window = batch_bytes.map_or(options.prefetch, |b| loader_job::window::batches(b, options.prefetch));
     if !options.shared_memory {
         return Ok((None, window));
     }

@@ -36,7 +36,7 @@ use crate::event::{Event, EventTx};
 use crate::options::DEFAULT_COORDINATOR_TIMEOUT;
 // Until the coordinator says how long leases last and how often to
 // heartbeat: its own defaults.
-use loader_proto::lease::{DEFAULT_LEASE_TTL, heartbeat_interval};
+use loader_job::lease::{DEFAULT_LEASE_TTL, heartbeat_interval};
 
 /// Floor on the heartbeat period, however short the coordinator timeout.
 const MIN_TICK: Duration = Duration::from_millis(10);

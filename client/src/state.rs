@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::io::Write;
 use std::path::Path;
 
-use loader_proto::elastic::{self, Progress};
+use loader_job::elastic::{self, Progress};
 use loader_proto::pb::JobSpec;
 use prost::Message;
 use serde::{Deserialize, Serialize};
@@ -212,7 +212,7 @@ impl LoaderState {
     /// rank's state) the step this one is at. Otherwise the rest of the job
     /// is re-planned for the new ranks, and each starts at its first batch
     /// (mid-way through the epoch the saved run had reached, as its
-    /// sequence numbers tell: see `loader_proto::sampler`).
+    /// sequence numbers tell: see `loader_job::sampler`).
     pub fn resume_as(
         &self,
         rank: u32,
@@ -239,7 +239,7 @@ impl LoaderState {
     /// (one per source, as in its spec): each source's walk continues
     /// where it stands, and the new proportions hold from the first global
     /// batch past everything this state delivered (see
-    /// `loader_proto::elastic::reweight`).
+    /// `loader_job::elastic::reweight`).
     pub fn resume_reweighted(
         &self,
         rank: u32,

@@ -149,7 +149,7 @@ fn run(case: &Case, name: &str) {
         got.sort_unstable();
         let total = got.len();
         got.dedup();
-        let padding = |p: &loader_proto::sampler::Plan, ranks: u32, seqs: &dyn Fn(u32, u64) -> bool| -> usize {
+        let padding = |p: &loader_job::sampler::Plan, ranks: u32, seqs: &dyn Fn(u32, u64) -> bool| -> usize {
             let mut n = 0;
             for rank in 0..ranks {
                 for seq in p.first_seq()..p.total_batches() {

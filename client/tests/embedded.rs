@@ -170,7 +170,7 @@ fn a_sigkilled_only_worker_is_replaced_and_the_run_completes() {
                 .cost_ns(1_250_000)
                 .build()
                 .expect("spec");
-            let total = loader_proto::spec::plan(&job).expect("plan").total_batches();
+            let total = loader_job::spec::plan(&job).expect("plan").total_batches();
             let server = loader_server::ServerConfig {
                 lease_ttl: Duration::from_millis(1000),
                 heartbeat_interval: Duration::from_millis(300),

@@ -13,7 +13,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use loader_client::{DEFAULT_SLOT_SIZE, Dtype, JobSpec, Loader, LoaderBuilder, LoaderState, spec};
-use loader_proto::mixture::MixPlan;
+use loader_job::mixture::MixPlan;
 use loader_server::ServerConfig;
 
 use common::{WorkerProcesses, bounded};
@@ -106,7 +106,7 @@ fn take(loader: &mut Loader, n: u64, samples: &mut Samples) -> Vec<(u64, Vec<u64
 
 /// The stream the spec names: what every position must have drawn.
 fn expected(spec: &JobSpec) -> MixPlan {
-    loader_proto::spec::mix_plan(spec)
+    loader_job::spec::mix_plan(spec)
         .expect("plan")
         .expect("a mixture")
 }

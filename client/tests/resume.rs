@@ -122,7 +122,7 @@ fn a_loader_survives_a_coordinator_restart_with_the_exact_sequence() {
             let mut coordinator = RestartableCoordinator::start(config);
             let _workers = WorkerProcesses::start(&coordinator.url, 2);
             let spec = job("survives-restarts", 1);
-            let plan = loader_proto::spec::plan(&spec).expect("plan");
+            let plan = loader_job::spec::plan(&spec).expect("plan");
             let mut loader = build(
                 Loader::builder(&coordinator.url)
                     .job(spec)

@@ -669,7 +669,7 @@ fn merge_states_joins_every_rank_or_says_which_is_missing() {
     let limit = Duration::from_secs(20);
     let dir = tempfile::tempdir().expect("tempdir");
     let path = |name: &str| dir.path().join(name).display().to_string();
-    let mut spec = loader_spec::synthetic(100, &[4], Dtype::U8)
+    let mut spec = loader_job::authoring::synthetic(100, &[4], Dtype::U8)
         .batch_size(10)
         .build()
         .expect("spec");

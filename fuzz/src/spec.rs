@@ -50,22 +50,22 @@ fn fill_counts(kind: &mut Kind) {
 /// parses, plans and submits it.
 pub fn run(text: &str, json: bool) {
     let parsed = if json {
-        loader_spec::file::parse_json(text, base_dir())
+        loader_job::authoring::file::parse_json(text, base_dir())
     } else {
-        loader_spec::file::parse(text, base_dir())
+        loader_job::authoring::file::parse(text, base_dir())
     };
     let Ok(builder) = parsed else { return };
     let mut spec = builder.spec().clone();
     // Parsing runs the coordinator's own check: what parses, checks.
-    if let Err(e) = loader_proto::spec::check(&spec) {
+    if let Err(e) = loader_job::spec::check(&spec) {
         panic!("a parsed spec fails the coordinator's check: {e}");
     }
     if let Some(pb::DatasetSpec { kind: Some(kind) }) = &mut spec.dataset {
         fill_counts(kind);
     }
-    let Ok(plan) = loader_spec::validate(&spec) else { return };
-    let _ = loader_proto::footprint::batch_bytes(&spec);
-    let _ = loader_proto::transforms::check(&spec.transforms);
+    let Ok(plan) = loader_job::authoring::validate(&spec) else { return };
+    let _ = loader_job::footprint::batch_bytes(&spec);
+    let _ = loader_job::transforms::check(&spec.transforms);
     // The first and last batch of the first and last consumer: the sampler's
     // arithmetic at both ends of the job.
     let total = plan.total_batches();

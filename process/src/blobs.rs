@@ -23,10 +23,14 @@
 
 use std::ffi::OsString;
 use std::fs::{File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
+
+/// The hash blobs are named by, the protocol's (`loader_proto::blob`):
+/// re-exported here, where blob files are written and checked.
+pub use loader_proto::blob::{Sha256, hash_file};
 
 /// Environment variable naming the blob directory outright.
 pub const BLOB_DIR_ENV: &str = "LOADER_BLOB_DIR";
@@ -322,74 +326,6 @@ impl Drop for BlobWriter {
             let _ = std::fs::remove_file(temp);
         }
     }
-}
-
-/// An incremental SHA-256, finished as the 64 lowercase hex digits blobs
-/// are named by.
-#[derive(Clone)]
-pub struct Sha256 {
-    context: ring::digest::Context,
-    /// Bytes hashed so far.
-    len: u64,
-}
-
-impl std::fmt::Debug for Sha256 {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Sha256").field("len", &self.len).finish_non_exhaustive()
-    }
-}
-
-impl Default for Sha256 {
-    fn default() -> Self {
-        Self { context: ring::digest::Context::new(&ring::digest::SHA256), len: 0 }
-    }
-}
-
-impl Sha256 {
-    /// Adds `bytes`.
-    pub fn update(&mut self, bytes: &[u8]) {
-        self.context.update(bytes);
-        self.len += bytes.len() as u64;
-    }
-
-    /// Bytes hashed so far.
-    pub fn len(&self) -> u64 {
-        self.len
-    }
-
-    /// True before anything was hashed.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// The digest as 64 lowercase hex digits.
-    pub fn finish(self) -> String {
-        hex(self.context.finish().as_ref())
-    }
-}
-
-/// SHA-256 and length of the file at `path`, read in 1 MiB pieces.
-pub fn hash_file(path: &Path) -> io::Result<(String, u64)> {
-    let mut file = File::open(path)?;
-    let mut sha = Sha256::default();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = file.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        sha.update(&buf[..n]);
-    }
-    let len = sha.len();
-    Ok((sha.finish(), len))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write as _;
-    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
 }
 
 #[cfg(test)]

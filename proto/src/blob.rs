@@ -10,13 +10,13 @@
 //! into its blob directory. Chunks stay under [`MAX_CHUNK`], far below the
 //! request-size limit every server enforces, so no limit moves for blobs.
 //!
-//! The checks here are those of a spec's blob list; they run inside
-//! [`crate::spec::check`] (names, and hashes when given) and
-//! [`crate::spec::plan`] (every hash filled in).
+//! Here: the names (a SHA-256 as 64 lowercase hex digits, [`Sha256`],
+//! [`hash_file`]) and the limits. The checks of a spec's blob list are the
+//! job model's (`loader_job::spec`).
 
-use crate::batch::MAX_NAME_LEN;
-use crate::pb::{JobSpec, dataset_spec::Kind};
-use crate::spec_error::{SpecError, err};
+use std::fs::File;
+use std::io::{self, Read};
+use std::path::Path;
 
 /// Most bytes one `PutBlob` or `GetBlob` chunk carries: 1 MiB.
 pub const MAX_CHUNK: usize = 1 << 20;
@@ -41,71 +41,77 @@ pub fn is_sha256_hex(s: &str) -> bool {
     s.len() == SHA256_HEX_LEN && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
-/// Checks the blob list of `spec` as far as it can be checked before the
-/// submitter hashed the files: names, their uniqueness, and any hash given.
-pub(crate) fn check_refs(spec: &JobSpec) -> Result<(), SpecError> {
-    if spec.blobs.len() > MAX_BLOBS {
-        return err("blobs", format!("{} blobs exceed the limit of {MAX_BLOBS} a job", spec.blobs.len()));
-    }
-    let params = match spec.dataset.as_ref().and_then(|d| d.kind.as_ref()) {
-        Some(Kind::Custom(c)) => Some(&c.params),
-        _ => None,
-    };
-    for (i, b) in spec.blobs.iter().enumerate() {
-        if b.name.is_empty() || b.name.len() > MAX_NAME_LEN {
-            return err(format!("blobs[{i}].name"), format!("must be 1 to {MAX_NAME_LEN} bytes"));
-        }
-        if spec.blobs[..i].iter().any(|o| o.name == b.name) {
-            return err(format!("blobs[{i}].name"), format!("`{}` names two blobs", b.name));
-        }
-        if params.is_some_and(|p| p.contains_key(&b.name)) {
-            return err(
-                format!("blobs[{i}].name"),
-                format!("`{}` is also a dataset param; the worker sets that param to the blob's local path", b.name),
-            );
-        }
-        if !b.sha256.is_empty() && !is_sha256_hex(&b.sha256) {
-            return err(format!("blobs[{i}].sha256"), "must be 64 lowercase hex digits");
-        }
-    }
-    Ok(())
+/// An incremental SHA-256, finished as the 64 lowercase hex digits blobs
+/// are named by.
+#[derive(Clone)]
+pub struct Sha256 {
+    context: ring::digest::Context,
+    /// Bytes hashed so far.
+    len: u64,
 }
 
-/// Checks that every blob of `spec` is named by its hash: what the
-/// coordinator and the workers look blobs up by.
-pub(crate) fn check_filled(spec: &JobSpec) -> Result<(), SpecError> {
-    match spec.blobs.iter().position(|b| b.sha256.is_empty()) {
-        Some(i) => err(
-            format!("blobs[{i}].sha256"),
-            "is empty; the submitter fills it in by hashing the blob's file (the SDK's spec builders do)",
-        ),
-        None => Ok(()),
+impl std::fmt::Debug for Sha256 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sha256").field("len", &self.len).finish_non_exhaustive()
     }
+}
+
+impl Default for Sha256 {
+    fn default() -> Self {
+        Self { context: ring::digest::Context::new(&ring::digest::SHA256), len: 0 }
+    }
+}
+
+impl Sha256 {
+    /// Adds `bytes`.
+    pub fn update(&mut self, bytes: &[u8]) {
+        self.context.update(bytes);
+        self.len += bytes.len() as u64;
+    }
+
+    /// Bytes hashed so far.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// True before anything was hashed.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The digest as 64 lowercase hex digits.
+    pub fn finish(self) -> String {
+        hex(self.context.finish().as_ref())
+    }
+}
+
+/// SHA-256 and length of the file at `path`, read in 1 MiB pieces.
+pub fn hash_file(path: &Path) -> io::Result<(String, u64)> {
+    let mut file = File::open(path)?;
+    let mut sha = Sha256::default();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = file.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        sha.update(&buf[..n]);
+    }
+    let len = sha.len();
+    Ok((sha.finish(), len))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pb::{BlobRef, CustomSpec, DatasetSpec};
-
-    fn spec(blobs: Vec<BlobRef>, params: &[&str]) -> JobSpec {
-        JobSpec {
-            dataset: Some(DatasetSpec {
-                kind: Some(Kind::Custom(CustomSpec {
-                    name: "python".into(),
-                    num_samples: 4,
-                    params: params.iter().map(|p| ((*p).to_owned(), String::new())).collect(),
-                    ..Default::default()
-                })),
-            }),
-            blobs,
-            ..Default::default()
-        }
-    }
-
-    fn blob(name: &str, sha256: &str) -> BlobRef {
-        BlobRef { name: name.into(), sha256: sha256.into(), size: 3, source: String::new() }
-    }
 
     #[test]
     fn hashes_have_one_spelling() {
@@ -114,25 +120,5 @@ mod tests {
         assert!(!is_sha256_hex(&good.to_uppercase()));
         assert!(!is_sha256_hex(&good[1..]));
         assert!(!is_sha256_hex(&format!("{}g", &good[1..])));
-    }
-
-    #[test]
-    fn names_are_unique_and_free_and_hashes_well_formed() {
-        let sha = "0".repeat(64);
-        assert_eq!(check_refs(&spec(vec![blob("pickle_file", &sha)], &["args"])), Ok(()));
-        assert_eq!(check_refs(&spec(vec![blob("pickle_file", "")], &[])), Ok(()), "not hashed yet");
-        let field = |s: JobSpec| check_refs(&s).expect_err("bad").field;
-        assert_eq!(field(spec(vec![blob("", &sha)], &[])), "blobs[0].name");
-        assert_eq!(field(spec(vec![blob("a", &sha), blob("a", &sha)], &[])), "blobs[1].name");
-        assert_eq!(field(spec(vec![blob("args", &sha)], &["args"])), "blobs[0].name");
-        assert_eq!(field(spec(vec![blob("a", "ABC")], &[])), "blobs[0].sha256");
-        assert_eq!(field(spec((0..=MAX_BLOBS).map(|i| blob(&i.to_string(), &sha)).collect(), &[])), "blobs");
-    }
-
-    #[test]
-    fn a_plan_needs_every_hash() {
-        assert_eq!(check_filled(&spec(vec![blob("a", &"1".repeat(64))], &[])), Ok(()));
-        let e = check_filled(&spec(vec![blob("a", "")], &[])).expect_err("unhashed");
-        assert_eq!(e.field, "blobs[0].sha256");
     }
 }

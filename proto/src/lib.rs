@@ -1,47 +1,31 @@
-//! Loader's protocol, defined once.
+//! Loader's protocol, defined once: the messages and services, the batch
+//! wire format and blob names. What a job is (its spec's checks, the
+//! sampler, mixtures, windows, footprints, leases) is `loader-job`'s, which
+//! builds on this crate without its gRPC services (the `grpc` feature).
 //!
 //! # Layout
-//! - [`pb`]: the generated gRPC services and messages of `loader/v1/*.proto`.
+//! - [`pb`]: the generated messages of `loader/v1/*.proto`, and with the
+//!   `grpc` feature (on by default) their gRPC clients and servers.
 //! - [`batch`]: the batch wire format — the same bytes in a shared-memory slot
 //!   and in a gRPC frame — with a writer that collates in place and a parser
 //!   that validates every offset before anything is read.
-//! - [`sampler`]: the seeded per-epoch permutation and the `DistributedSampler`
-//!   split of batches between data-parallel consumers.
+//! - [`dtype`]: sizes and names of element types.
+//! - [`blob`]: files a job needs beside its spec (a pickled dataset), named
+//!   by their SHA-256: the hash, the chunk size and the limits.
 //!
 //! The shared-memory ring's messages are in `pb` (`loader/v1/ring.proto`);
 //! their framing, the slot geometry and both halves of the ring live in the
 //! `loader-ring` crate.
-//! - [`spec`]: validation of job specs, one error message per bad field.
-//! - [`spec_error`]: [`SpecError`](spec_error::SpecError), the error of
-//!   every spec check, below both `spec` and `transforms`.
-//! - [`transforms`]: validation of an image pipeline and the tensor it
-//!   produces, as typed steps the worker runs.
-//! - [`footprint`]: the bytes of a job's batch, told from its spec.
-//! - [`window`]: how many batches of a job may be in flight per consumer,
-//!   sized by bytes so that small batches travel in large windows.
-//! - [`lease`]: lease length, heartbeat and reaping intervals, one rule for
-//!   the coordinator and the processes holding leases.
-//! - [`dtype`]: sizes and names of element types.
-//! - [`blob`]: files a job needs beside its spec (a pickled dataset), named
-//!   by their SHA-256: the chunk size and the checks of a spec's blob list.
 
 pub mod batch;
 pub mod blob;
-pub mod elastic;
 pub mod dtype;
-pub mod footprint;
-pub mod lease;
-pub mod mixture;
-pub mod sampler;
-pub mod spec;
-pub mod spec_error;
-pub mod transforms;
-pub mod window;
 
-/// Generated protobuf and gRPC code for `loader.v1`.
+/// Generated protobuf code for `loader.v1`, and its gRPC clients and
+/// servers with the `grpc` feature.
 #[allow(missing_docs, unreachable_pub, clippy::all, missing_debug_implementations)]
 pub mod pb {
-    tonic::include_proto!("loader.v1");
+    include!(concat!(env!("OUT_DIR"), "/loader.v1.rs"));
 
     /// Encoded file descriptor set, for gRPC reflection.
     pub const FILE_DESCRIPTOR_SET: &[u8] =
@@ -52,13 +36,20 @@ pub mod pb {
 /// which the coordinator serves so KEDA can scale workers on the stall.
 #[allow(missing_docs, unreachable_pub, clippy::all, missing_debug_implementations)]
 pub mod keda {
-    tonic::include_proto!("externalscaler");
+    include!(concat!(env!("OUT_DIR"), "/externalscaler.rs"));
 }
 
 /// One consumer of one job: (job id, consumer index), the consumer index
 /// being the trainer's data-parallel rank. The coordinator keys the batches
 /// it handed out by it, the worker its outboxes and ring leases.
 pub type ConsumerKey = (u64, u32);
+
+/// Largest request message a server decodes: requests are small (the
+/// largest are a job spec and a blob chunk, at most 1 MiB:
+/// [`blob::MAX_CHUNK`]); batches only flow from workers to trainers.
+/// Here, not with the servers' limits, because a spec file is refused by the
+/// same bound before anything is sent (`loader_job::authoring::file`).
+pub const MAX_REQUEST_MESSAGE: u32 = 4 << 20;
 
 /// Version of the coordinator/worker/trainer protocol. A peer speaking another
 /// version is rejected with `FailedPrecondition`. 2: job specs carry

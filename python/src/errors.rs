@@ -16,7 +16,7 @@ create_exception!(
 );
 
 /// The Python exception for `e`: a [`ClientError`], or an error that
-/// becomes one (a `loader_spec::Error`, through the SDK's one mapping), so
+/// becomes one (a `loader_job::Error`, through the SDK's one mapping), so
 /// spec errors are classified here like every other.
 pub(crate) fn to_py(e: impl Into<ClientError>) -> PyErr {
     let e = e.into();

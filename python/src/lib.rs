@@ -67,7 +67,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("LoaderError", py.get_type::<errors::LoaderError>())?;
     // Batches of each rank per lane's turn (`loader._stream` keeps that many
     // ranks' samples read ahead).
-    m.add("LANE_TURN", loader_proto::sampler::LANE_TURN)?;
+    m.add("LANE_TURN", loader_job::sampler::LANE_TURN)?;
     m.add_function(wrap_pyfunction!(options::default_options, m)?)?;
     m.add_function(wrap_pyfunction!(options::check_options, m)?)?;
     m.add_function(wrap_pyfunction!(spec::parse_spec, m)?)?;

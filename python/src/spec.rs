@@ -1,6 +1,6 @@
 //! Job specs for Python: the text a user wrote (a dict as JSON, or a JSON or
 //! YAML file) becomes a `JobSpec` through the SDK's one spec-file parser
-//! (`loader_spec::file`), handed to Python as opaque protobuf bytes so
+//! (`loader_job::authoring::file`), handed to Python as opaque protobuf bytes so
 //! the Python side never re-implements the schema; and what a spec or a
 //! saved state plans, for `len()` and `set_epoch()` before anything starts.
 
@@ -25,7 +25,7 @@ pub(crate) fn parse_spec<'py>(
     base_dir: &str,
 ) -> PyResult<Bound<'py, PyBytes>> {
     let spec = py
-        .detach(|| loader_spec::file::parse(text, Path::new(base_dir))?.build())
+        .detach(|| loader_job::authoring::file::parse(text, Path::new(base_dir))?.build())
         .map_err(to_py)?;
     Ok(PyBytes::new(py, &spec.encode_to_vec()))
 }
@@ -36,7 +36,7 @@ pub(crate) fn parse_spec<'py>(
 #[pyfunction]
 pub(crate) fn parse_spec_file<'py>(py: Python<'py>, path: &str) -> PyResult<Bound<'py, PyBytes>> {
     let spec = py
-        .detach(|| loader_spec::file::parse_file(Path::new(path))?.build())
+        .detach(|| loader_job::authoring::file::parse_file(Path::new(path))?.build())
         .map_err(to_py)?;
     Ok(PyBytes::new(py, &spec.encode_to_vec()))
 }
@@ -68,7 +68,7 @@ pub(crate) fn plan(spec: &[u8], rank: u32, world_size: Option<u32>) -> PyResult<
     if let Some(w) = world_size {
         spec.consumers = w;
     }
-    let plan = loader_spec::validate(&spec).map_err(to_py)?;
+    let plan = loader_job::authoring::validate(&spec).map_err(to_py)?;
     if rank >= plan.consumers {
         return Err(PyValueError::new_err(format!(
             "rank {rank} is outside world size {}",
@@ -83,7 +83,7 @@ pub(crate) fn plan(spec: &[u8], rank: u32, world_size: Option<u32>) -> PyResult<
 /// sizing the ring of a job whose batches outgrow the default slot.
 #[pyfunction]
 pub(crate) fn batch_bytes(spec: &[u8]) -> PyResult<Option<u64>> {
-    Ok(loader_proto::footprint::batch_bytes(&decode(spec)?))
+    Ok(loader_job::footprint::batch_bytes(&decode(spec)?))
 }
 
 /// A loader that resumes from a saved state (the JSON of `state_dict()`)
@@ -116,7 +116,7 @@ pub(crate) fn resume_state(
     let rank = rank.unwrap_or(state.rank());
     let world_size = world_size.unwrap_or(state.world_size());
     let resumed = state.resume_as(rank, world_size, batch_size).map_err(to_py)?;
-    let plan = loader_spec::validate(&resumed.spec).map_err(to_py)?;
+    let plan = loader_job::authoring::validate(&resumed.spec).map_err(to_py)?;
     let yielded = resumed.next_seq.max(plan.first_seq()) + resumed.yielded_above.len() as u64;
     let json = if resumed.replanned { resumed.into_state(rank).to_json() } else { state.to_json() };
     Ok((json, plan.batches_per_epoch(), plan.epochs, yielded))

@@ -6,7 +6,7 @@
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use loader_spec::file::PYTHON_DATASET;
+use loader_job::authoring::file::PYTHON_DATASET;
 use loader_proto::pb::CustomSpec;
 use loader_worker::{Dataset, Datasets};
 

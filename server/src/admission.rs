@@ -4,14 +4,14 @@
 //!
 //! Workers announce their memory budget when they register (see
 //! `loader_worker::budget`); a job's batch size comes from its spec
-//! ([`loader_proto::footprint`]). When no worker has announced a budget yet,
+//! ([`loader_job::footprint`]). When no worker has announced a budget yet,
 //! or the spec does not tell its batch size (npy, custom datasets), the job
 //! is admitted and the workers refuse it themselves, failing its tasks with
 //! the same sizes.
 
-use loader_proto::footprint::{batch_bytes, human_bytes};
+use loader_job::footprint::{batch_bytes, human_bytes};
 use loader_proto::pb::JobSpec;
-use loader_proto::spec::SpecError;
+use loader_job::spec::SpecError;
 
 use crate::workers::WorkerTable;
 

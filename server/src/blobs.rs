@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use loader_process::blobs::Sha256;
 use loader_proto::blob::{MAX_CHUNK, is_sha256_hex};
-use loader_proto::footprint::human_bytes;
+use loader_job::footprint::human_bytes;
 use prost::bytes::Bytes;
 
 use crate::error::CoordinatorError;

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub use loader_proto::lease::{DEFAULT_LEASE_TTL, HEARTBEATS_PER_LEASE, heartbeat_interval};
+pub use loader_job::lease::{DEFAULT_LEASE_TTL, HEARTBEATS_PER_LEASE, heartbeat_interval};
 
 /// How the coordinator hands out work and how long leases last.
 #[derive(Debug, Clone)]

@@ -151,7 +151,7 @@ pub(crate) struct WorkerReport {
     pub(crate) delivered: Vec<pb::Delivered>,
     /// Tasks it could not complete.
     pub(crate) failed: Vec<pb::Failed>,
-    /// Its window per job (see `loader_proto::window`).
+    /// Its window per job (see `loader_job::window`).
     pub(crate) windows: Vec<pb::JobWindow>,
     /// Fraction of wall time its producer was busy since its previous
     /// heartbeat (shown to operators only).
@@ -235,7 +235,7 @@ impl Coordinator {
         }
         if let Some(missing) = spec.blobs.iter().find(|b| !self.blobs.holds(&b.sha256, b.size)) {
             // A malformed or unhashed ref gets the spec's own message.
-            loader_proto::spec::plan(&spec)?;
+            loader_job::spec::plan(&spec)?;
             return Err(CoordinatorError::MissingBlob {
                 name: missing.name.clone(),
                 sha256: missing.sha256.clone(),
@@ -639,7 +639,7 @@ impl Coordinator {
                 // Windows and ranges sized by the job's batch bytes, as the
                 // worker measured them: small batches go out in long ranges.
                 let window = w.window_for(job_id);
-                let range_len = loader_proto::window::range_len(window, self.config.range_len);
+                let range_len = loader_job::window::range_len(window, self.config.range_len);
                 for c in 0..job.consumers.len() {
                     let consumer = &mut job.consumers[c];
                     // Most consumers of a large job have nothing to hand out
@@ -893,7 +893,7 @@ impl Coordinator {
     /// Expires leases every `reap_interval` (a quarter TTL) until `stop` is
     /// cancelled.
     pub(crate) async fn reap_leases(self, stop: tokio_util::sync::CancellationToken) {
-        let mut tick = tokio::time::interval(loader_proto::lease::reap_interval(self.config.lease_ttl));
+        let mut tick = tokio::time::interval(loader_job::lease::reap_interval(self.config.lease_ttl));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {

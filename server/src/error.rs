@@ -1,7 +1,7 @@
 //! The coordinator's errors and their one mapping to gRPC status codes, so a
 //! client can tell what to retry from what to fix.
 
-use loader_proto::spec::SpecError;
+use loader_job::spec::SpecError;
 use tonic::{Code, Status};
 
 /// Why the coordinator refused a request.

@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use loader_proto::pb;
-use loader_proto::sampler::Plan;
+use loader_job::sampler::Plan;
 
 use crate::error::CoordinatorError;
 use crate::journal::{JournalError, JournaledJob};
@@ -161,7 +161,7 @@ impl JobState {
     /// batches; None for any other job.
     pub(crate) fn shared_max_lag(&self) -> Option<u64> {
         let shared = self.job.spec.as_ref()?.shared.as_ref()?;
-        let lag = if shared.max_lag == 0 { loader_proto::spec::DEFAULT_SHARED_MAX_LAG } else { shared.max_lag };
+        let lag = if shared.max_lag == 0 { loader_job::spec::DEFAULT_SHARED_MAX_LAG } else { shared.max_lag };
         Some(u64::from(lag))
     }
 
@@ -259,7 +259,7 @@ impl JobTable {
         in_use: impl Fn(u64) -> bool,
         persist: impl FnOnce(&pb::Job) -> Result<(), JournalError>,
     ) -> Result<(pb::Job, bool), CoordinatorError> {
-        let plan = loader_proto::spec::plan(&spec)?;
+        let plan = loader_job::spec::plan(&spec)?;
         if !spec.name.is_empty()
             && let Some(&id) = self.names.get(&spec.name)
         {
@@ -296,7 +296,7 @@ impl JobTable {
     /// Brings back a journaled job: each consumer resumes at its watermark.
     pub(crate) fn restore(&mut self, journaled: JournaledJob) -> Result<(), CoordinatorError> {
         let spec = journaled.job.spec.clone().ok_or(CoordinatorError::Missing("spec of a journaled job"))?;
-        let plan = loader_proto::spec::plan(&spec)?;
+        let plan = loader_job::spec::plan(&spec)?;
         self.next_id = self.next_id.max(journaled.job.job_id);
         self.insert(journaled.job, plan, &journaled.watermarks);
         Ok(())

@@ -18,10 +18,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 /// How long a range routes its subscribers to the worker that made it.
-/// Workers keep batches as long ([`loader_proto::window::KEPT_FOR`]), and
+/// Workers keep batches as long ([`loader_job::window::KEPT_FOR`]), and
 /// trainers started together or seconds apart trail each other by far
 /// less.
-pub(crate) const KEPT_FOR: Duration = loader_proto::window::KEPT_FOR;
+pub(crate) const KEPT_FOR: Duration = loader_job::window::KEPT_FOR;
 
 /// Most ranges recorded per job; the oldest go first.
 const MAX_RANGES: usize = 1 << 16;

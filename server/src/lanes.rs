@@ -1,6 +1,6 @@
 //! Keeping workers to lanes. A job whose sampler reads its epochs as lanes
 //! (`sampler.lanes`: sequential streams over shards that take turns of a
-//! few batches, see `loader_proto::sampler::Lanes`) is cheap to produce
+//! few batches, see `loader_job::sampler::Lanes`) is cheap to produce
 //! only if each lane is read front to back by one worker: a stream has no
 //! random access, so a worker handed another lane's batches reads that
 //! lane's shard up to them first. So a worker holds a lane of the job, and
@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::ops::Range;
 
-use loader_proto::sampler::{EpochOrder, LANE_TURN, Plan};
+use loader_job::sampler::{EpochOrder, LANE_TURN, Plan};
 
 use crate::range_queue::RangeQueue;
 

@@ -18,7 +18,7 @@ pub(crate) struct WorkerState {
     /// sized a window for yet.
     pub(crate) max_outstanding: u64,
     /// Batches it holds undelivered per consumer of each job it sized a
-    /// window for (by the job's batch bytes; see `loader_proto::window`).
+    /// window for (by the job's batch bytes; see `loader_job::window`).
     pub(crate) windows: BTreeMap<u64, u64>,
     /// Bytes the batches it holds may take, as it announced (0: not said).
     pub(crate) memory_budget: u64,
@@ -74,7 +74,7 @@ impl WorkerState {
     /// the registered `max_outstanding` nor above what the protocol allows,
     /// whatever the worker says.
     pub(crate) fn set_windows(&mut self, windows: impl IntoIterator<Item = (u64, u32)>) {
-        let cap = u64::from(loader_proto::window::MAX_WINDOW).max(self.max_outstanding);
+        let cap = u64::from(loader_job::window::MAX_WINDOW).max(self.max_outstanding);
         for (job_id, batches) in windows {
             self.windows.insert(job_id, u64::from(batches).clamp(self.max_outstanding, cap));
         }

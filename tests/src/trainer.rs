@@ -7,7 +7,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use loader_client::{JobSpec, LoaderBuilder, Transport};
-use loader_proto::sampler::Plan;
+use loader_job::sampler::Plan;
 
 /// One batch as the trainer received it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -49,7 +49,7 @@ fn killing_workers_repeatedly_loses_and_duplicates_nothing() {
             .cost_ns(400_000)
             .build()
             .expect("spec");
-        let plan = loader_proto::spec::plan(&job).expect("plan");
+        let plan = loader_job::spec::plan(&job).expect("plan");
         let total = plan.total_batches();
 
         let mut cluster = Cluster::builder().workers(3).ttl_ms(TTL_MS).start(&scope);
@@ -76,7 +76,7 @@ fn survivors_finish_the_job_after_a_worker_dies_for_good() {
         for shared_memory in [false, true] {
             let mut cluster = Cluster::builder().workers(2).ttl_ms(TTL_MS).start(&scope);
             let job = slow_job(400, 1000);
-            let plan = loader_proto::spec::plan(&job).expect("plan");
+            let plan = loader_job::spec::plan(&job).expect("plan");
             let total = plan.total_batches();
             let trainer = Trainer::spawn(Loader::builder(cluster.url()).shared_memory(shared_memory), job);
             trainer.wait_for(total / 5, Duration::from_secs(60));
@@ -213,7 +213,7 @@ fn coordinator_sigkill_and_restart_mid_epoch_is_exactly_once() {
         let state = tempfile::tempdir().expect("state dir");
         let mut cluster = Cluster::builder().workers(2).ttl_ms(TTL_MS).state_dir(state.path()).start(&scope);
         let job = slow_job(400, 1000);
-        let plan = loader_proto::spec::plan(&job).expect("plan");
+        let plan = loader_job::spec::plan(&job).expect("plan");
         let total = plan.total_batches();
         let trainer = Trainer::spawn(Loader::builder(cluster.url()), job);
         trainer.wait_for(total / 3, Duration::from_secs(60));
@@ -290,7 +290,7 @@ fn partitioned_remote_worker_is_fenced_and_its_batches_reassigned() {
         let admin = cluster.admin();
 
         let job = slow_job(400, 1000);
-        let plan = loader_proto::spec::plan(&job).expect("plan");
+        let plan = loader_job::spec::plan(&job).expect("plan");
         let total = plan.total_batches();
         let trainer = Trainer::spawn(Loader::builder(cluster.url()), job);
         trainer.wait_for(total / 5, Duration::from_secs(60));
@@ -351,7 +351,7 @@ fn local_and_remote_workers(scope: &Scope, ns: &RemoteNamespace) -> Cluster {
 fn a_job_finishes_past_a_cut(cluster: &Cluster, address: &str, cut: impl FnOnce()) -> Instant {
     let admin = cluster.admin();
     let job = slow_job(600, 1000);
-    let plan = loader_proto::spec::plan(&job).expect("plan");
+    let plan = loader_job::spec::plan(&job).expect("plan");
     let total = plan.total_batches();
     let began = Instant::now();
     let trainer = Trainer::spawn(Loader::builder(cluster.url()), job);
@@ -413,7 +413,7 @@ fn a_worker_the_trainer_cannot_reach_loses_its_batches_to_others_until_the_path_
         // 2. A second job, cut until it moves on without the worker, then
         // healed: the worker carries its batches again.
         let job = slow_job(1500, 1000);
-        let plan = loader_proto::spec::plan(&job).expect("plan");
+        let plan = loader_job::spec::plan(&job).expect("plan");
         let total = plan.total_batches();
         relay.thaw();
         let trainer = Trainer::spawn(Loader::builder(cluster.url()), job);
@@ -470,7 +470,7 @@ fn a_stopped_worker_stalls_the_trainer_no_longer_than_the_lateness_threshold() {
         };
 
         let quiet = slow_job(300, 200);
-        let plan = loader_proto::spec::plan(&quiet).expect("plan");
+        let plan = loader_job::spec::plan(&quiet).expect("plan");
         let loader = Loader::builder(cluster.url()).job(quiet.clone()).build().expect("loader");
         let job_id = loader.job().job_id;
         let seen: Vec<loader_e2e::Received> = loader
@@ -481,7 +481,7 @@ fn a_stopped_worker_stalls_the_trainer_no_longer_than_the_lateness_threshold() {
         assert_eq!(backups(job_id), (0, 0, 0), "no straggler, no backup");
 
         let job = slow_job(1500, 500);
-        let plan = loader_proto::spec::plan(&job).expect("plan");
+        let plan = loader_job::spec::plan(&job).expect("plan");
         let total = plan.total_batches();
         let loader = Loader::builder(cluster.url());
         let trainer = Trainer::spawn(loader, job);
@@ -526,7 +526,7 @@ fn a_slow_worker_stalls_the_trainer_no_longer_than_the_lateness_threshold() {
         // slow one delivers its first batch, 2 s in (1,200 batches of 8 ms
         // each: about 10 s on one worker).
         let job = slow_job(1200, 500);
-        let plan = loader_proto::spec::plan(&job).expect("plan");
+        let plan = loader_job::spec::plan(&job).expect("plan");
         let total = plan.total_batches();
         let trainer = Trainer::spawn(Loader::builder(cluster.url()), job);
         admin.wait_for("the slow worker delivered its first batch", Duration::from_secs(30), |_| {
@@ -598,7 +598,7 @@ fn a_blackholed_serving_port_stalls_nothing_and_carries_batches_again_after_the_
         // its batches again.
         let rest = block.saturating_sub(cut.elapsed());
         let job = slow_job(((rest.as_secs_f64() + 20.0) * 31.0) as u64, 2000);
-        let plan = loader_proto::spec::plan(&job).expect("plan");
+        let plan = loader_job::spec::plan(&job).expect("plan");
         let total = plan.total_batches();
         let trainer = Trainer::spawn(Loader::builder(cluster.url()), job);
         let before = delivered_by(&cluster, &remote_url);

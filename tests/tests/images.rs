@@ -79,7 +79,7 @@ fn image_job(folder: &ImageFolder, policy: CorruptPolicy) -> JobSpec {
 fn an_image_folder_gives_uint8_chw_images_and_folder_labels_skipping_the_corrupt_file_identically_everywhere() {
     let folder = ImageFolder::write();
     let job = image_job(&folder, CorruptPolicy::Skip);
-    let plan = loader_proto::spec::plan(&job).expect("plan");
+    let plan = loader_job::spec::plan(&job).expect("plan");
     let n = folder.labels.len() as u64;
     assert_eq!(plan.num_samples, n, "the corrupt file is listed like any other");
     let j1 = job.clone();

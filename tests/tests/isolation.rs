@@ -42,7 +42,7 @@ fn a_poison_job_fails_its_trainer_and_hurts_no_worker_and_no_other_job() {
             .cost_ns(300_000)
             .build()
             .expect("spec");
-        let plan = loader_proto::spec::plan(&healthy).expect("plan");
+        let plan = loader_job::spec::plan(&healthy).expect("plan");
         let total = plan.total_batches();
         let trainer = Trainer::spawn(Loader::builder(&url).shared_memory(false), healthy);
         trainer.wait_for(4, Duration::from_secs(30));
@@ -243,7 +243,7 @@ fn a_finished_trainers_session_leaves_status_within_one_heartbeat() {
         let cluster = Cluster::builder().workers(1).start(&scope);
         let admin = cluster.admin();
         let job = spec::synthetic(400, &[16], Dtype::U8).batch_size(8).build().expect("spec");
-        let plan = loader_proto::spec::plan(&job).expect("plan");
+        let plan = loader_job::spec::plan(&job).expect("plan");
         let total = plan.total_batches();
         let trainer = Trainer::spawn(Loader::builder(cluster.url()), job);
         let seen = trainer.join(Duration::from_secs(30));

@@ -29,7 +29,7 @@ fn drained_worker_exits_zero_and_the_sequence_stays_exact() {
         let mut cluster = Cluster::builder().workers(3).ttl_ms(TTL_MS).start(&scope);
         let admin = cluster.admin();
         let job = slow_job(600, 1000);
-        let plan = loader_proto::spec::plan(&job).expect("plan");
+        let plan = loader_job::spec::plan(&job).expect("plan");
         let total = plan.total_batches();
         let trainer = Trainer::spawn(Loader::builder(cluster.url()), job);
         trainer.wait_for(total / 4, Duration::from_secs(60));
@@ -78,7 +78,7 @@ fn drain_hands_back_batches_nobody_fetches_and_another_worker_produces_them() {
             .shuffle(3)
             .build()
             .expect("spec");
-        let plan = loader_proto::spec::plan(&job).expect("plan");
+        let plan = loader_job::spec::plan(&job).expect("plan");
         let total = plan.total_batches();
 
         // The worker's only session never fetches: its batches wait in the
@@ -157,7 +157,7 @@ fn resumed_trainer_gets_the_batches_after_its_saved_state_exactly() {
             .epochs(epochs)
             .build()
             .expect("spec");
-        let plan = loader_proto::spec::plan(&job).expect("plan");
+        let plan = loader_job::spec::plan(&job).expect("plan");
         let total = plan.total_batches();
         let dir = tempfile::tempdir().expect("tempdir");
         let (state, before, after) =
@@ -255,7 +255,7 @@ fn killed_ranks_resume_on_another_world_size_from_their_merged_states() {
             first.kill();
         }
         let old = loader_client::LoaderState::load(file("state0.json".into())).expect("state");
-        let old_plan = loader_proto::spec::plan(&old.spec().expect("spec")).expect("plan");
+        let old_plan = loader_job::spec::plan(&old.spec().expect("spec")).expect("plan");
         let mut delivered: Vec<(u32, Vec<u64>)> = Vec::new();
         for (rank, &after) in saved_after.iter().enumerate() {
             // The dump holds what the rank yielded, past its state too: the
@@ -284,7 +284,7 @@ fn killed_ranks_resume_on_another_world_size_from_their_merged_states() {
         }
         let state = loader_client::LoaderState::load(&merged).expect("merged state");
         let resumption = state.resume_as(0, 3, None).expect("re-planned");
-        let plan = loader_proto::spec::plan(&resumption.spec).expect("plan");
+        let plan = loader_job::spec::plan(&resumption.spec).expect("plan");
         let mut padding = 0;
         for rank in 0..3u32 {
             let dump = read_dump(Path::new(&file(format!("after{rank}"))));

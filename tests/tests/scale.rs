@@ -56,7 +56,7 @@ fn scale_one_to_three_to_one_during_a_job_loses_and_duplicates_nothing_and_leave
             .cost_ns(1_000_000)
             .build()
             .expect("spec");
-        let plan = loader_proto::spec::plan(&job).expect("plan");
+        let plan = loader_job::spec::plan(&job).expect("plan");
         let total = plan.total_batches();
         let trainer = Trainer::spawn(Loader::builder(url.clone()), job);
 
@@ -173,7 +173,7 @@ fn autoscale_follows_a_load_that_rises_then_falls() {
             .wait_ns_by_epoch(waits)
             .build()
             .expect("spec");
-        let plan = loader_proto::spec::plan(&job).expect("plan");
+        let plan = loader_job::spec::plan(&job).expect("plan");
         let total = plan.total_batches();
         let start = std::time::Instant::now();
         let trainer = Trainer::spawn_paced(Loader::builder(url.clone()), job, Duration::from_millis(10));

@@ -166,7 +166,7 @@ fn one_consumer_fed_by_a_local_and_a_remote_worker_gets_the_exact_sequence() {
         .cost_ns(50_000)
         .build()
         .expect("spec");
-    let plan = loader_proto::spec::plan(&job).expect("plan");
+    let plan = loader_job::spec::plan(&job).expect("plan");
     let (seen, transports) = run(Duration::from_secs(120), move |scope| {
         let mut cluster = Cluster::start(&scope, 1);
         // Another node identity: the coordinator routes this worker's

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use loader_client::{Dtype, JobSpec, Loader, Transport, spec};
 use loader_e2e::{Cluster, Received, Trainer, assert_received, loaderctl, run, wait_until};
 use loader_proto::pb::{ConsumerProgress, JobInfo};
-use loader_proto::sampler::Plan;
+use loader_job::sampler::Plan;
 
 /// Lease TTL: the configured wait for a subscriber that dies.
 const TTL_MS: u64 = 1000;
@@ -29,7 +29,7 @@ fn shared_job(name: &str, batches: u64, cost_us: u64) -> JobSpec {
 }
 
 fn plan(job: &JobSpec) -> Plan {
-    loader_proto::spec::plan(job).expect("plan")
+    loader_job::spec::plan(job).expect("plan")
 }
 
 /// The subscribers of the job named `name`, as the coordinator counts them.
@@ -253,7 +253,7 @@ fn a_subscriber_that_trails_a_finished_one_reads_at_its_own_pace() {
         // default lease); a floor of a quarter of it under the solo gap
         // keeps scheduling noise on CI's 2 cores (120 ms seen) from
         // reading as one.
-        let beat = loader_proto::lease::heartbeat_interval(loader_proto::lease::DEFAULT_LEASE_TTL);
+        let beat = loader_job::lease::heartbeat_interval(loader_job::lease::DEFAULT_LEASE_TTL);
         assert!(late_gap <= (2 * solo_gap).max(beat / 4), "{said}");
         assert!(late_time.as_secs_f64() <= 1.3 * solo_time.as_secs_f64() + 0.2, "{said}");
     });
@@ -327,7 +327,7 @@ fn a_subscriber_paused_past_its_lease_rejoins_within_a_heartbeat_and_reads_on() 
             .collect();
         assert_eq!(seqs, (0..total).collect::<Vec<_>>(), "every batch once, in order");
         let gap = arrivals.windows(2).skip(1).map(|w| w[1].0 - w[0].0).max().unwrap_or_default();
-        let beat = Duration::from_millis(ttl_ms) / loader_proto::lease::HEARTBEATS_PER_LEASE;
+        let beat = Duration::from_millis(ttl_ms) / loader_job::lease::HEARTBEATS_PER_LEASE;
         let said = format!("first batch {rejoined:?} after SIGCONT (a heartbeat: {beat:?}); longest gap after that {gap:?}");
         eprintln!("{said}");
         assert!(rejoined <= beat + SLACK, "{said}");

@@ -63,7 +63,7 @@ fn one_run(
     }
     // Four leases and the undisturbed run time, with room to spare.
     let seen = trainer.finish(Duration::from_millis(4 * ttl_ms) + Duration::from_secs(30))?;
-    let plan = loader_proto::spec::plan(&job()).expect("plan");
+    let plan = loader_job::spec::plan(&job()).expect("plan");
     assert_received(&seen, &plan, 0, 0..BATCHES);
     if shared_memory {
         assert!(seen.iter().any(|r| r.transport == Transport::SharedMemory), "the ring was used");

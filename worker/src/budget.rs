@@ -70,7 +70,7 @@ pub fn parse_budget(text: &str) -> Result<u64, String> {
 
 /// `budget`, unless it exceeds `limit` (what this process may use).
 fn check_budget(budget: u64, limit: Option<u64>) -> Result<u64, String> {
-    use loader_proto::footprint::human_bytes;
+    use loader_job::footprint::human_bytes;
     match limit {
         Some(limit) if budget > limit => Err(format!(
             "{} is more than the {} of memory this worker may use (its container's limit, or the machine's RAM); \
@@ -86,7 +86,7 @@ fn check_budget(budget: u64, limit: Option<u64>) -> Result<u64, String> {
 pub(crate) fn refuse(job_id: u64, batch_bytes: u64, in_flight: u32, budget: u64) -> Option<String> {
     let need = batch_bytes.saturating_mul(u64::from(in_flight.max(1)));
     (need > budget).then(|| {
-        use loader_proto::footprint::human_bytes;
+        use loader_job::footprint::human_bytes;
         format!(
             "job {job_id}: batches of {} do not fit this worker's memory budget of {} with {in_flight} in flight \
              (--memory-budget, --max-outstanding); use a smaller batch_size or sample shape",

@@ -9,7 +9,7 @@
 //! nothing to wait on.
 
 use loader_proto::pb::Task;
-use loader_proto::sampler::Plan;
+use loader_job::sampler::Plan;
 
 use crate::dataset::{Dataset, SampleKey};
 

@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::time::Instant;
 
 use bytes::Bytes;
-use loader_proto::window::KEPT_FOR;
+use loader_job::window::KEPT_FOR;
 
 /// Which batch: job, rank, sequence number.
 type Key = (u64, u32, u64);

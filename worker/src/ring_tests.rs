@@ -248,7 +248,7 @@ fn check_slot(ring: &File, slot_size: u64, f: &SlotFilled) {
     let h = view.header();
     assert_eq!((h.meta.job_id, h.meta.consumer, h.meta.seq), (1, 0, f.seq));
     assert_eq!(h.total_len as u64, f.len);
-    let plan = loader_proto::spec::plan(job(1).spec.as_ref().expect("spec")).expect("plan");
+    let plan = loader_job::spec::plan(job(1).spec.as_ref().expect("spec")).expect("plan");
     assert_eq!(h.indices, plan.batch_indices(0, f.seq));
     let data = view.payload_by_name("data").expect("data");
     for (k, &i) in h.indices.iter().enumerate() {

@@ -1,6 +1,6 @@
 //! The window this worker holds per consumer of each job: how many batches
 //! it may have undelivered, sized by the job's batch bytes (see
-//! [`loader_proto::window`]).
+//! [`loader_job::window`]).
 //!
 //! The producer learns a job's batch bytes when it opens the job's dataset
 //! and how long a batch takes to make as it makes them (a job's window
@@ -80,7 +80,7 @@ impl Windows {
     fn window(&self, job: Option<&Job>) -> u32 {
         match job {
             Some(Job { bytes: Some(bytes), time: Some(time) }) => {
-                loader_proto::window::held(*bytes, *time, self.at_least)
+                loader_job::window::held(*bytes, *time, self.at_least)
             }
             _ => self.at_least,
         }
@@ -118,13 +118,13 @@ mod tests {
         w.learn_time(2, us(100));
         w.learn_bytes(3, 4_200);
         w.learn_time(3, us(20_000));
-        assert_eq!(w.of(1), loader_proto::window::MAX_WINDOW);
+        assert_eq!(w.of(1), loader_job::window::MAX_WINDOW);
         assert_eq!(w.of(2), 8, "large batches");
         assert_eq!(w.of(3), 8, "slow batches");
         assert_eq!(
             w.announce(),
             vec![
-                JobWindow { job_id: 1, batches: loader_proto::window::MAX_WINDOW },
+                JobWindow { job_id: 1, batches: loader_job::window::MAX_WINDOW },
                 JobWindow { job_id: 2, batches: 8 },
                 JobWindow { job_id: 3, batches: 8 },
             ]
@@ -132,7 +132,7 @@ mod tests {
         // The time is smoothed: one slow batch does not collapse a window,
         // a run of them does.
         w.learn_time(1, us(1_000));
-        assert_eq!(w.of(1), loader_proto::window::MAX_WINDOW);
+        assert_eq!(w.of(1), loader_job::window::MAX_WINDOW);
         for _ in 0..40 {
             w.learn_time(1, us(1_000));
         }

@@ -28,11 +28,9 @@ use crate::security::Role;
 /// the stream is open). The longest legitimate one, a worker's long-polled
 /// heartbeat, waits at most a lease interval.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
-/// Largest request message a server decodes: requests are small (the
-/// largest are a job spec and a blob chunk, at most 1 MiB:
-/// `loader_proto::blob::MAX_CHUNK`); batches only flow from workers to
-/// trainers.
-pub const MAX_REQUEST_MESSAGE: u32 = 4 << 20;
+/// Largest request message a server decodes: the protocol's
+/// (`loader_proto::MAX_REQUEST_MESSAGE`), which a spec file is also held to.
+pub use loader_proto::MAX_REQUEST_MESSAGE;
 /// Admin calls per second a server answers (with bursts of as many):
 /// enough for `loaderctl top` and scripts polling status, not for a
 /// runaway loop to crowd out the workers' and trainers' calls.

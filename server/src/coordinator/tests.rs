@@ -75,7 +75,7 @@ async fn announced_windows_size_the_ranges_of_their_job_only() {
                 .filter(|t| t.job.as_ref().map(|j| j.job_id) == Some(other.job_id))
                 .map(|t| t.end_seq - t.start_seq)
                 .sum();
-            assert_eq!(held, u64::from(loader_proto::window::MAX_WINDOW));
+            assert_eq!(held, u64::from(loader_job::window::MAX_WINDOW));
         }
         HeartbeatOutcome::Reregister => panic!("worker unknown"),
     }

@@ -13,9 +13,9 @@
 
 use std::sync::Arc;
 
-use loader_proto::mixture::{Draw, Drawer, MixPlan};
+use loader_job::mixture::{Draw, Drawer, MixPlan};
 use loader_proto::pb::{DatasetSpec, Dtype, JobSpec, MixSpec};
-use loader_proto::sampler::mix_seed;
+use loader_job::sampler::mix_seed;
 use metrics::Counter;
 use smallvec::SmallVec;
 
@@ -41,7 +41,7 @@ pub struct Mix {
 impl Mix {
     /// Opens every source of the mixture `m` of `spec` with `datasets`.
     pub fn open(datasets: &Datasets, spec: &JobSpec, m: &MixSpec) -> Result<Self, DatasetError> {
-        let plan = loader_proto::spec::mix_plan(spec)
+        let plan = loader_job::spec::mix_plan(spec)
             .map_err(|e| DatasetError::Spec(format!("{}: {}", e.field, e.problem)))?
             .ok_or_else(|| DatasetError::Spec("dataset.mix: missing".into()))?;
         let mut sources: Vec<Arc<dyn Dataset>> = Vec::with_capacity(m.sources.len());

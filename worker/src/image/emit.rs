@@ -9,7 +9,7 @@
 //! between two normalizes) exactly, at the cost of one lookup.
 
 use loader_proto::pb::{Dtype, Layout};
-use loader_proto::transforms::Step;
+use loader_job::transforms::Step;
 
 use super::PIXEL;
 

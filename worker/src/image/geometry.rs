@@ -18,7 +18,7 @@
 //! a second pass, so each pass holds at most one resize and resamples with
 //! that resize's filter; crops folded in before or after it keep it.
 
-use loader_proto::transforms::{Filter, ResizeTo, Step};
+use loader_job::transforms::{Filter, ResizeTo, Step};
 
 use super::draws;
 use crate::dataset::SampleKey;

@@ -3,7 +3,7 @@
 //!
 //! # Layout
 //! - [`Pipeline`]: built once per job from the validated steps
-//!   (`loader_proto::transforms`), run once per sample.
+//!   (`loader_job::transforms`), run once per sample.
 //! - `rng`: the per-(seed, epoch, index, step) random streams.
 //! - `geometry`: the crops, resizes and flips planned from sizes alone.
 //! - `region`: the DCT scale and the part of the file the first pass needs.
@@ -33,8 +33,8 @@ mod tests;
 use std::cell::RefCell;
 
 use loader_proto::pb::{Dtype, Layout, Transform};
-use loader_proto::spec::SpecError;
-use loader_proto::transforms::{self, Step};
+use loader_job::spec::SpecError;
+use loader_job::transforms::{self, Step};
 
 use crate::dataset::SampleKey;
 use emit::Values;

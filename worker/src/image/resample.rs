@@ -15,7 +15,7 @@
 
 use fast_image_resize::images::{CroppedImage, CroppedImageMut, Image, ImageRef};
 use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
-use loader_proto::transforms::Filter;
+use loader_job::transforms::Filter;
 
 use super::{ImageError, PIXEL};
 use super::geometry::Pass;

@@ -193,7 +193,7 @@ fn resize_keeps_flat_colour_and_sets_the_shorter_side() {
     // A one-value resize truncates the longer side: 80 -> 33 makes 120 -> 49.
     let plan = Plan::new(Pipeline::new(&[decode(), resize(&[33]), center_crop(&[1])]).expect("valid").steps(), 120, 80, key(0));
     assert_eq!(plan.passes[0].canvas, (1, 1));
-    assert_eq!(geometry::resized((120, 80), loader_proto::transforms::ResizeTo::ShorterSide(33)), (49, 33));
+    assert_eq!(geometry::resized((120, 80), loader_job::transforms::ResizeTo::ShorterSide(33)), (49, 33));
 }
 
 #[test]
@@ -384,7 +384,7 @@ fn plans_fold_a_crop_after_a_resize_into_one_pass() {
 
 #[test]
 fn each_pass_resamples_with_the_filter_of_its_resize() {
-    use loader_proto::transforms::Filter::{self, Bicubic, Bilinear};
+    use loader_job::transforms::Filter::{self, Bicubic, Bilinear};
     let filters = |steps: &[Transform]| -> Vec<Filter> {
         let p = Pipeline::new(steps).expect("valid");
         Plan::new(p.steps(), 500, 375, key(0)).passes.iter().map(|p| p.filter).collect()

@@ -21,7 +21,7 @@
 
 use std::collections::BTreeSet;
 
-use crate::pb::{EpochResume, JobSpec};
+use loader_proto::pb::{EpochResume, JobSpec};
 use crate::sampler::{MAX_DELIVERED, Plan, Resumed};
 use crate::spec::SpecError;
 
@@ -245,7 +245,7 @@ pub fn replan(
 /// the run already delivered is drawn again under other weights and nothing
 /// of a source repeats before its pass ends.
 pub fn reweight(spec: &JobSpec, weights: &[f64]) -> Result<JobSpec, ResumeError> {
-    use crate::pb::{MixStage, dataset_spec::Kind};
+    use loader_proto::pb::{MixStage, dataset_spec::Kind};
     let mut next = spec.clone();
     let block = u64::from(spec.batch_size) * u64::from(spec.consumers.max(1));
     let Some(Kind::Mix(m)) = next.dataset.as_mut().and_then(|d| d.kind.as_mut()) else {
@@ -569,7 +569,7 @@ mod tests {
     /// A mixture of two synthetic sources at 1:3, 1000 positions an epoch
     /// in blocks of 64, over 3 epochs, resumed at `resume`.
     fn mix_job(resume: Option<EpochResume>) -> JobSpec {
-        use crate::pb::{
+        use loader_proto::pb::{
             DatasetSpec, Dtype, MixSource, MixSpec, SyntheticSpec, dataset_spec::Kind,
         };
         let source = |name: &str, weight, num_samples| MixSource {
@@ -601,14 +601,14 @@ mod tests {
         }
     }
 
-    fn mix_of(spec: &JobSpec) -> &crate::pb::MixSpec {
+    fn mix_of(spec: &JobSpec) -> &loader_proto::pb::MixSpec {
         match spec.dataset.as_ref().and_then(|d| d.kind.as_ref()) {
-            Some(crate::pb::dataset_spec::Kind::Mix(m)) => m,
+            Some(loader_proto::pb::dataset_spec::Kind::Mix(m)) => m,
             other => panic!("not a mixture: {other:?}"),
         }
     }
 
-    fn weights(m: &crate::pb::MixSpec) -> Vec<f64> {
+    fn weights(m: &loader_proto::pb::MixSpec) -> Vec<f64> {
         m.sources.iter().map(|s| s.weight).collect()
     }
 
@@ -691,12 +691,12 @@ mod tests {
             delivered: vec![130],
         });
         let mut not_mix = mix_job(resumed.clone());
-        not_mix.dataset = Some(crate::pb::DatasetSpec {
-            kind: Some(crate::pb::dataset_spec::Kind::Synthetic(
-                crate::pb::SyntheticSpec {
+        not_mix.dataset = Some(loader_proto::pb::DatasetSpec {
+            kind: Some(loader_proto::pb::dataset_spec::Kind::Synthetic(
+                loader_proto::pb::SyntheticSpec {
                     num_samples: 1000,
                     shape: vec![2],
-                    dtype: crate::pb::Dtype::U8 as i32,
+                    dtype: loader_proto::pb::Dtype::U8 as i32,
                     ..Default::default()
                 },
             )),

@@ -1,25 +1,25 @@
 //! Job specs as a user writes them: [`JobSpec`]s built in code, one builder
 //! per dataset kind, or read from a spec file (YAML or JSON, [`file`](mod@file)),
-//! validated locally with [`loader_proto::spec::plan`] so a bad spec fails
+//! validated locally with [`crate::spec::plan`] so a bad spec fails
 //! before any network call, with the same one-line message the coordinator
 //! would give.
 //!
 //! ```
 //! use loader_proto::pb::Dtype;
 //!
-//! # fn main() -> Result<(), loader_spec::Error> {
-//! let job = loader_spec::synthetic(10_000, &[3, 224, 224], Dtype::U8).batch_size(64).shuffle(0).build()?;
-//! assert_eq!(loader_spec::validate(&job)?.batches_per_epoch(), 157);
+//! # fn main() -> Result<(), loader_job::Error> {
+//! let job = loader_job::authoring::synthetic(10_000, &[3, 224, 224], Dtype::U8).batch_size(64).shuffle(0).build()?;
+//! assert_eq!(loader_job::authoring::validate(&job)?.batches_per_epoch(), 157);
 //! # Ok(())
 //! # }
 //! ```
 //!
-//! A crate of its own because three programs author specs and only one of
-//! them loads batches: `loaderctl run --spec`, the Python SDK (which parses
-//! the dict a user wrote) and the trainer SDK (`loader_client`, which
-//! re-exports this crate as `loader_client::spec` and this crate's [`file`](mod@file)
-//! as `loader_client::spec_file`). Nothing here opens a connection: the
-//! trainer SDK sizes its ring by a spec, uploads its blobs and submits it.
+//! Three programs author specs and only one of them loads batches:
+//! `loaderctl run --spec`, the Python SDK (which parses the dict a user
+//! wrote) and the trainer SDK (`loader_client`, which re-exports this module
+//! as `loader_client::spec` and its [`file`](mod@file) as
+//! `loader_client::spec_file`). Nothing here opens a connection: the trainer
+//! SDK sizes its ring by a spec, uploads its blobs and submits it.
 //!
 //! # Layout
 //! - this module: the builders, one per dataset kind, and the settings every
@@ -27,18 +27,18 @@
 //! - [`transforms`]: constructors of the image pipeline's steps, and the
 //!   standard training pipeline.
 //! - [`file`](mod@file): a spec file becomes a builder ([`file::parse`]). Named `file`,
-//!   not `spec_file` as in the trainer SDK, because the crate already says
-//!   `spec`: `loader_spec::file::parse`.
+//!   not `spec_file` as in the trainer SDK, because the module already says
+//!   what it authors: `loader_job::authoring::file::parse`.
 //! - `counts`: what [`JobSpecBuilder::build`] reads from the dataset's files
 //!   (token count, image listing and fingerprint, shard sizes, npy rows).
 //! - `blobs`: the files a job needs beside its spec (an image folder's
 //!   manifest among them), hashed by [`JobSpecBuilder::build`] so the spec
 //!   names their bytes.
-//! - [`error`](Error): [`Error`], one line per failure.
+//! - [`Error`]: the crate's one error, re-exported here so that
+//!   `loader_client::spec::Error` keeps its name.
 
 mod blobs;
 mod counts;
-mod error;
 pub mod file;
 pub mod transforms;
 
@@ -49,13 +49,13 @@ use loader_proto::pb::{
     MixSpec, NpyArray, NpySpec, ParquetSpec, SamplerSpec, SyntheticSpec, TokensSpec, Transform, WebDatasetSpec,
     dataset_spec::Kind,
 };
-use loader_proto::sampler::Plan;
+use crate::sampler::Plan;
 
-pub use error::Error;
+pub use crate::Error;
 
 /// Validates `spec` exactly as the coordinator will.
 pub fn validate(spec: &JobSpec) -> Result<Plan, Error> {
-    Ok(loader_proto::spec::plan(spec)?)
+    Ok(crate::spec::plan(spec)?)
 }
 
 /// A job spec under construction. Start from a dataset: [`synthetic`],
@@ -420,7 +420,7 @@ impl JobSpecBuilder {
     /// npy rows), makes an image folder's manifest one of its blobs, hashes
     /// the files of its blobs, and validates the whole spec.
     pub fn build(mut self) -> Result<JobSpec, Error> {
-        loader_proto::spec::check(&self.spec)?;
+        crate::spec::check(&self.spec)?;
         if let Some(DatasetSpec { kind: Some(kind) }) = &mut self.spec.dataset {
             counts::fill(kind)?;
         }
@@ -519,7 +519,7 @@ mod tests {
         }
         let manifest = dir.path().join("list.tsv");
         std::fs::write(&manifest, b"b/1.jpg\t0\na/0.jpg\t1\n").expect("write");
-        let (sha, size) = loader_process::blobs::hash_file(&manifest).expect("hash");
+        let (sha, size) = loader_proto::blob::hash_file(&manifest).expect("hash");
         let blobs = |spec: &JobSpec| -> Vec<(String, String, u64)> {
             spec.blobs.iter().map(|b| (b.name.clone(), b.sha256.clone(), b.size)).collect()
         };

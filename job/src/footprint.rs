@@ -9,8 +9,8 @@
 //! row shapes live in its files, so its callers say how to read them; a
 //! dataset only a custom worker knows has no estimate.
 
-use crate::batch::{FIXED_HEADER_LEN, MAX_NAME_LEN, MAX_NDIM, tensor_bytes};
-use crate::pb::{Dtype, JobSpec, NpyArray, dataset_spec::Kind};
+use loader_proto::batch::{FIXED_HEADER_LEN, MAX_NAME_LEN, MAX_NDIM, tensor_bytes};
+use loader_proto::pb::{Dtype, JobSpec, NpyArray, dataset_spec::Kind};
 
 /// Bytes of the int64 label the image and synthetic datasets add per sample.
 const LABEL: u64 = 8;
@@ -37,7 +37,7 @@ pub fn batch_bytes_with(spec: &JobSpec, npy_row: impl Fn(&NpyArray) -> Option<u6
 /// Bytes of one sample and the number of tensors it has.
 fn sample_bytes(
     kind: &Kind,
-    transforms: &[crate::pb::Transform],
+    transforms: &[loader_proto::pb::Transform],
     npy_row: &impl Fn(&NpyArray) -> Option<u64>,
 ) -> Option<(u64, u64)> {
     match kind {
@@ -102,8 +102,8 @@ pub fn human_bytes(n: u64) -> String {
 
 #[cfg(test)]
 mod tests {
-    use crate::batch::{BatchLayout, TensorDesc};
-    use crate::pb::{DatasetSpec, SyntheticSpec, TokensSpec};
+    use loader_proto::batch::{BatchLayout, TensorDesc};
+    use loader_proto::pb::{DatasetSpec, SyntheticSpec, TokensSpec};
 
     use super::*;
 

@@ -1,12 +1,12 @@
 //! Validation of job specs, shared by every process that accepts one, so the
 //! same bad spec gets the same one-line error everywhere.
 
-use crate::batch::MAX_NAME_LEN;
+use loader_proto::batch::MAX_NAME_LEN;
 use crate::mixture::{MixPlan, weight_units};
-use crate::pb::{CorruptPolicy, DatasetSpec, Dtype, JobSpec, MixSpec, dataset_spec::Kind};
+use loader_proto::pb::{CorruptPolicy, DatasetSpec, Dtype, JobSpec, MixSpec, dataset_spec::Kind};
 use crate::sampler::{MAX_DELIVERED, Plan, Resumed};
-pub use crate::spec_error::SpecError;
-use crate::spec_error::err;
+pub use crate::error::SpecError;
+use crate::error::err;
 
 /// How many consumed batches a subscriber of a shared stream may trail the
 /// one furthest ahead and still share its batches, when the spec's
@@ -68,17 +68,17 @@ pub fn check(spec: &JobSpec) -> Result<(), SpecError> {
         return err("dataset", format!("missing; expected one of: {KINDS}"));
     };
     dataset_fields(kind)?;
-    crate::blob::check_refs(spec)?;
+    crate::blob_refs::check_refs(spec)?;
     if spec.batch_size == 0 {
         return err("batch_size", "must be > 0");
     }
-    if spec.batch_size as usize > crate::batch::MAX_SAMPLES {
+    if spec.batch_size as usize > loader_proto::batch::MAX_SAMPLES {
         return err(
             "batch_size",
             format!(
                 "{} exceeds the limit of {} samples per batch",
                 spec.batch_size,
-                crate::batch::MAX_SAMPLES
+                loader_proto::batch::MAX_SAMPLES
             ),
         );
     }
@@ -130,7 +130,7 @@ pub fn check(spec: &JobSpec) -> Result<(), SpecError> {
 }
 
 /// Checks a Parquet dataset's files and columns.
-fn parquet_fields(p: &crate::pb::ParquetSpec) -> Result<(), SpecError> {
+fn parquet_fields(p: &loader_proto::pb::ParquetSpec) -> Result<(), SpecError> {
     if p.files.is_empty() {
         return err("dataset.parquet.files", "must list at least one Parquet file");
     }
@@ -152,7 +152,7 @@ fn parquet_fields(p: &crate::pb::ParquetSpec) -> Result<(), SpecError> {
 }
 
 /// The rows of a Parquet dataset, checked against its row groups.
-fn parquet_rows(p: &crate::pb::ParquetSpec) -> Result<u64, SpecError> {
+fn parquet_rows(p: &loader_proto::pb::ParquetSpec) -> Result<u64, SpecError> {
     let filled = "the submitter fills it in by reading the files' footers (the SDK's spec builders do)";
     if p.file_rows.len() != p.files.len() {
         return err(
@@ -619,7 +619,7 @@ pub const MAX_SHUFFLE_BUFFER: u32 = 1 << 20;
 /// Validates a job spec and returns its plan.
 pub fn plan(spec: &JobSpec) -> Result<Plan, SpecError> {
     check(spec)?;
-    crate::blob::check_filled(spec)?;
+    crate::blob_refs::check_filled(spec)?;
     let Some(dataset) = &spec.dataset else {
         return err("dataset", format!("missing; expected one of: {KINDS}"));
     };
@@ -693,7 +693,7 @@ pub fn plan(spec: &JobSpec) -> Result<Plan, SpecError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pb::{
+    use loader_proto::pb::{
         CustomSpec, Decode, ImageFolderSpec, MixSource, MixStage, NpyArray, NpySpec,
         RandomResizedCrop, SamplerSpec, SyntheticSpec, TokensSpec, Transform, WebDatasetSpec,
         transform::Op,
@@ -801,7 +801,7 @@ mod tests {
 
     #[test]
     fn a_resume_that_cannot_be_true_names_its_field() {
-        use crate::pb::EpochResume;
+        use loader_proto::pb::EpochResume;
         let resumed = |epoch, offset, delivered: Vec<u64>| JobSpec {
             epochs: 2,
             resume: Some(EpochResume {
@@ -910,7 +910,7 @@ mod tests {
 
     #[test]
     fn a_custom_stream_plans_from_its_shard_counts_and_reads_lanes() {
-        use crate::pb::SamplerSpec;
+        use loader_proto::pb::SamplerSpec;
         let stream = |shard_samples: Vec<u64>, num_samples: u64| {
             Kind::Custom(CustomSpec { name: "python".into(), num_samples, shard_samples, ..Default::default() })
         };
@@ -942,7 +942,7 @@ mod tests {
 
     #[test]
     fn a_parquet_job_plans_from_its_filled_counts_and_block_shuffles_by_row_group() {
-        use crate::pb::{ParquetFileRows, ParquetSpec, SamplerSpec};
+        use loader_proto::pb::{ParquetFileRows, ParquetSpec, SamplerSpec};
         let filled = ParquetSpec {
             files: vec!["a.parquet".into(), "b.parquet".into()],
             columns: vec!["x".into()],

@@ -33,7 +33,7 @@
 //! adds it, `loader_proto::blob::IMAGE_FOLDER_MANIFEST`).
 //!
 //! Parsing checks every field that needs no dataset file (the same
-//! [`loader_proto::spec::check`] the coordinator runs); the counts are read
+//! [`crate::spec::check`] the coordinator runs); the counts are read
 //! from the files by [`JobSpecBuilder::build`].
 //!
 //! A text is bounded before it is parsed ([`MAX_SPEC_BYTES`], nesting
@@ -57,7 +57,8 @@ use loader_proto::pb::{
 use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 
-use crate::{Error, JobSpecBuilder};
+use super::JobSpecBuilder;
+use crate::Error;
 
 mod bounds;
 mod transform;
@@ -151,7 +152,7 @@ fn parse_as(
     };
     file.dataset.check().map_err(fail)?;
     let spec = file.into_spec(base_dir);
-    loader_proto::spec::check(&spec).map_err(|e| fail(format!("{}: {}", e.field, e.problem)))?;
+    crate::spec::check(&spec).map_err(|e| fail(format!("{}: {}", e.field, e.problem)))?;
     Ok(JobSpecBuilder::from_spec(spec))
 }
 

@@ -1,5 +1,5 @@
 use super::*;
-use crate::pb::{self, transform::Op};
+use loader_proto::pb::{self, transform::Op};
 
 fn t(op: Op) -> Transform {
     Transform { op: Some(op) }

@@ -54,7 +54,7 @@ pub(super) fn fill(kind: &mut Kind) -> Result<(), Error> {
                 }
             }
             if m.samples_per_epoch == 0 {
-                m.samples_per_epoch = loader_proto::spec::mix_default_epoch(m)?;
+                m.samples_per_epoch = crate::spec::mix_default_epoch(m)?;
             }
         }
     }

@@ -11,7 +11,7 @@ use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 
 use super::values::{DtypeName, InterpolationName, LayoutName, Size};
-use crate::transforms;
+use crate::authoring::transforms;
 
 /// Names of the transforms, for messages.
 const TRANSFORMS: &str = "decode, random_resized_crop, resize, center_crop, horizontal_flip, normalize, cast, layout";

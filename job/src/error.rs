@@ -1,13 +1,31 @@
-//! Why a spec could not be written down: a field the protocol refuses, a
-//! dataset file that cannot be read or counted, a spec file that does not
-//! parse. Each message is one line that says what was wrong; the trainer
-//! SDK maps these into its own `LoaderError` (in `client/src/error.rs`)
-//! with the same words.
+//! The job model's one error, [`Error`]: why a spec could not be written
+//! down or was refused — a field the protocol refuses ([`SpecError`], the
+//! payload of [`Error::Spec`] and what every check of a spec returns, the
+//! coordinator's own message), a dataset file that cannot be read or
+//! counted, a spec file that does not parse. Each message is one line that
+//! says what was wrong; the trainer SDK wraps these in its `LoaderError`
+//! (in `client/src/error.rs`) with the same words.
 
 use std::path::PathBuf;
 
 use loader_listing::ListingError;
-use loader_proto::spec::SpecError;
+
+/// A job spec field that holds an impossible value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid job spec: {field}: {problem}")]
+pub struct SpecError {
+    /// Dotted path of the field, e.g. `batch_size`, `dataset.tokens.path` or
+    /// `transforms[1].random_resized_crop.size`.
+    pub field: String,
+    /// What was wrong and what was expected.
+    pub problem: String,
+}
+
+/// Fails with a [`SpecError`] naming `field` and what was wrong with it.
+pub(crate) fn err<T>(field: impl Into<String>, problem: impl Into<String>) -> Result<T, SpecError> {
+    Err(SpecError { field: field.into(), problem: problem.into() })
+}
+
 
 /// Everything that can go wrong while a spec is authored: parsed, counted,
 /// hashed or validated.

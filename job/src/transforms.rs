@@ -3,8 +3,8 @@
 //! the coordinator (rejecting a bad spec) and the worker (running it) read the
 //! same rules, and the output tensor of a job is known before any image is.
 
-use crate::pb::{Dtype, Interpolation, Layout, Transform, transform::Op};
-use crate::spec_error::{SpecError, err};
+use loader_proto::pb::{Dtype, Interpolation, Layout, Transform, transform::Op};
+use crate::error::{SpecError, err};
 
 /// Largest height or width a step may ask for: far above any training
 /// resolution, low enough that a typo cannot make a worker allocate

@@ -52,7 +52,7 @@ pub(crate) fn hash_sources(spec: &mut JobSpec) -> Result<(), Error> {
         .filter(|b| !b.source.is_empty() && b.sha256.is_empty())
     {
         let (sha256, size) =
-            loader_process::blobs::hash_file(Path::new(&blob.source)).map_err(|e| {
+            loader_proto::blob::hash_file(Path::new(&blob.source)).map_err(|e| {
                 Error::BlobFile {
                     name: blob.name.clone(),
                     path: blob.source.clone().into(),

@@ -23,9 +23,9 @@
 pub const MAX_DEPTH: usize = 64;
 
 /// Largest spec text: the coordinator's limit on a request message
-/// (`loader_process::grpc::limits::MAX_REQUEST_MESSAGE`), since a spec
+/// ([`loader_proto::MAX_REQUEST_MESSAGE`]), since a spec
 /// larger than that could never be submitted.
-pub const MAX_SPEC_BYTES: usize = loader_process::grpc::limits::MAX_REQUEST_MESSAGE as usize;
+pub const MAX_SPEC_BYTES: usize = loader_proto::MAX_REQUEST_MESSAGE as usize;
 
 /// What the scanner expects next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
