@@ -19,26 +19,7 @@
 use object_store::ClientOptions;
 use object_store::client::{HttpClient, HttpConnector, HttpError, HttpErrorKind, HttpRequest, HttpResponse, HttpService, ReqwestConnector};
 
-/// Why the store's client retries an attempt: the label `reason` of
-/// `loader_storage_retries_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum RetryReason {
-    /// The store answered with a status the client retries (5xx, 429,
-    /// 408): a store throttling (`503 Slow Down`) or restarting.
-    Status,
-    /// No answer: the connection failed, broke, or timed out.
-    Transport,
-}
-
-impl RetryReason {
-    /// The value of the metric's `reason` label.
-    pub(crate) fn label(self) -> &'static str {
-        match self {
-            RetryReason::Status => "status",
-            RetryReason::Transport => "transport",
-        }
-    }
-}
+use crate::meters::RetryReason;
 
 /// Why object_store (=0.14.2) retries an attempt at a `method` request
 /// that ended in `outcome` (the status answered, or the kind of transport

@@ -16,7 +16,6 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::attempts::RetryReason;
 
 /// Entries of [`StorageTotals::latency`]: entry `i` counts requests that
 /// took less than 2^`i` ms, so the last (2^22 ms, 70 min) is above the
@@ -32,6 +31,27 @@ pub(crate) fn request(op: &'static str, ok: bool, took: Duration, bytes: u64) {
         metrics::counter!("loader_storage_bytes_total").increment(bytes);
     }
     TALLY.request(ok, took, bytes);
+}
+
+/// Why the store's client retries an attempt: the label `reason` of
+/// `loader_storage_retries_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RetryReason {
+    /// The store answered with a status the client retries (5xx, 429,
+    /// 408): a store throttling (`503 Slow Down`) or restarting.
+    Status,
+    /// No answer: the connection failed, broke, or timed out.
+    Transport,
+}
+
+impl RetryReason {
+    /// The value of the metric's `reason` label.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            RetryReason::Status => "status",
+            RetryReason::Transport => "transport",
+        }
+    }
 }
 
 /// An attempt at a request to a store that failed in a way the store's
