@@ -2,7 +2,7 @@
 //! wait a poll with a deadline.
 
 use std::future::Future;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use loader_proto::pb::admin_service_client::AdminServiceClient;
 use loader_proto::pb::{
@@ -13,8 +13,6 @@ use loader_process::security::ClientSecurity;
 
 /// Longest one admin call may take.
 const CALL: Duration = Duration::from_secs(5);
-/// Pause between polls.
-const POLL: Duration = Duration::from_millis(20);
 
 /// The operator's view of a coordinator.
 #[derive(Debug)]
@@ -96,15 +94,6 @@ impl Admin {
         limit: Duration,
         mut check: impl FnMut(&Admin) -> Result<Option<T>, String>,
     ) -> T {
-        let deadline = Instant::now() + limit;
-        loop {
-            let last = match check(self) {
-                Ok(Some(value)) => return value,
-                Ok(None) => "not yet".to_owned(),
-                Err(e) => e,
-            };
-            assert!(Instant::now() < deadline, "{what}: not within {limit:?} ({last})");
-            std::thread::sleep(POLL);
-        }
+        crate::wait::wait_for(what, limit, || check(self)?.ok_or_else(|| "not yet".to_owned()))
     }
 }

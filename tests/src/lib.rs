@@ -18,7 +18,9 @@
 //!   time of every batch, and the exact-sequence check against the plan.
 //! - [`silent`](SilentTrainer): a session kept alive that never fetches (a
 //!   trainer stuck before its first step), over the real `TrainerService`.
-//! - [`wait`](wait_until): bounded polling.
+//! - [`wait`](wait_until): bounded polling, the one wait loop
+//!   ([`wait_until`], [`wait_for`], [`poll`]); every other helper waits
+//!   through it.
 //! - [`netns`](RemoteNamespace): a network namespace on a veth pair, for a
 //!   remote worker whose link can be cut.
 //! - [`relay`](Relay): a loopback TCP relay a worker advertises, whose path
@@ -35,13 +37,15 @@
 //! - [`fault_relay`](FaultRelay): a loopback relay in front of that server
 //!   that answers as a failing store would (503, 403, silence), switched
 //!   at run time.
-//! - [`skipped`]: a test that cannot run here says so (and fails in CI,
-//!   which installs what every test needs).
+//! - [`needs`]: what a test needs from the machine (root, `ip`, `nft`,
+//!   Prometheus, moto), or a one-line failure naming what installs it;
+//!   no test passes without running.
 
 mod admin;
 mod certs;
 mod cluster;
 mod kube_api;
+mod needs;
 pub mod dataset_files;
 mod fault_relay;
 pub mod moto;
@@ -52,13 +56,13 @@ mod relay;
 mod scope;
 pub mod scrape;
 mod silent;
-mod skip;
 mod trainer;
 mod wait;
 
 pub use admin::Admin;
 pub use certs::{TestCa, TestCert, write_secret};
 pub use kube_api::{KubeApi, KubeRequest};
+pub use needs::needs;
 pub use cluster::{Cluster, ClusterBuilder};
 pub use fault_relay::{Fault, FaultRelay};
 pub use netns::{HOST_ADDR, NS_ADDR, RemoteNamespace};
@@ -67,6 +71,5 @@ pub use proc::{Proc, binary, loaderctl};
 pub use relay::Relay;
 pub use scope::{Scope, run};
 pub use silent::SilentTrainer;
-pub use skip::{NO_SKIP, skipped};
 pub use trainer::{Received, Trainer, assert_exact, assert_received};
-pub use wait::wait_until;
+pub use wait::{poll, wait_for, wait_until};

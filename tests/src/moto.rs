@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::proc::Proc;
 use crate::scope::Scope;
@@ -14,10 +14,17 @@ use crate::scope::Scope;
 const STARTUP: Duration = Duration::from_secs(30);
 
 /// The virtualenv's Python (test.sh's `LOADER_PYTHON`), whose `bin` holds
-/// `moto_server` and boto3; None when it has none.
-pub fn python() -> Option<PathBuf> {
-    let python = PathBuf::from(std::env::var_os("LOADER_PYTHON")?);
-    python.parent()?.join("moto_server").exists().then_some(python)
+/// `moto_server` and boto3; `Err` says what is missing (pass it to
+/// [`needs`](crate::needs)).
+pub fn python() -> Result<PathBuf, String> {
+    const INSTALL: &str = "test.sh makes one: target/test-venv with moto[server]";
+    let python = std::env::var_os("LOADER_PYTHON").map(PathBuf::from);
+    let python = python.ok_or_else(|| format!("LOADER_PYTHON is not set ({INSTALL}, and sets it)"))?;
+    let server = python.with_file_name("moto_server");
+    if !server.exists() {
+        return Err(format!("no {} beside LOADER_PYTHON ({INSTALL})", server.display()));
+    }
+    Ok(python)
 }
 
 /// Starts `moto_server` from `python`'s virtualenv on a loopback port;
@@ -67,12 +74,9 @@ pub fn boto3(python: &Path, endpoint: &str, code: &str) {
 /// moto's `Running on http://127.0.0.1:PORT` line (on stderr), within
 /// [`STARTUP`].
 pub fn wait_for_endpoint(moto: &Proc) -> String {
-    let deadline = Instant::now() + STARTUP;
-    loop {
-        if let Some(url) = moto.stderr().iter().find_map(|l| l.split("Running on ").nth(1).map(|u| u.trim().to_owned())) {
-            return url;
-        }
-        assert!(Instant::now() < deadline, "moto_server did not start within {STARTUP:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    crate::wait::wait_for("moto_server printing its address", STARTUP, || {
+        let stderr = moto.stderr();
+        let url = stderr.iter().find_map(|l| l.split("Running on ").nth(1).map(|u| u.trim().to_owned()));
+        url.ok_or_else(|| format!("its stderr: {stderr:?}"))
+    })
 }

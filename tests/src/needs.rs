@@ -1,16 +1,10 @@
-//! A test that cannot run here (no network namespaces, no `nft`, no
-//! Prometheus) says so and passes; in CI, where `.ci/run` installs what
-//! every test needs and sets `LOADER_TESTS_NO_SKIP=1`, it fails instead, so
-//! a test that silently stopped running is seen.
+//! What a test needs from the machine (root, `ip`, `nft`, a Prometheus
+//! server, moto's S3 server): `.ci/run` and test.sh install all of it, so
+//! a test that lacks it fails in one line naming what is missing and what
+//! installs it, rather than printing "skipped" and passing.
 
-/// The variable `.ci/run` sets.
-pub const NO_SKIP: &str = "LOADER_TESTS_NO_SKIP";
-
-/// Reports that (part of) a test did not run, for `reason`: prints
-/// "skipped: {reason}", or panics when [`NO_SKIP`] is set.
-pub fn skipped(reason: &str) {
-    if std::env::var_os(NO_SKIP).is_some_and(|v| !v.is_empty() && v != "0") {
-        panic!("cannot run here: {reason} ({NO_SKIP} is set: every test must run; .ci/run installs what they need)");
-    }
-    eprintln!("skipped: {reason}");
+/// The value a test needs, or a one-line failure saying what this machine
+/// lacks (`Err`, from e.g. [`RemoteNamespace::available`](crate::RemoteNamespace::available)).
+pub fn needs<T>(found: Result<T, String>) -> T {
+    found.unwrap_or_else(|missing| panic!("cannot run here: {missing} (.ci/run and test.sh install what every test needs)"))
 }

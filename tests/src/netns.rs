@@ -31,16 +31,16 @@ pub struct RemoteNamespace {
 }
 
 impl RemoteNamespace {
-    /// Why namespaces cannot be made here, if they cannot: not root, or no
-    /// `ip` with netns support. The test then skips with this reason.
-    pub fn unavailable() -> Option<String> {
+    /// Whether namespaces can be made here; `Err` says why not (not root,
+    /// or no `ip` with netns support; pass it to [`needs`](crate::needs)).
+    pub fn available() -> Result<(), String> {
         if !nix::unistd::geteuid().is_root() {
-            return Some("not running as root (network namespaces need CAP_NET_ADMIN)".into());
+            return Err("not running as root (network namespaces need CAP_NET_ADMIN)".into());
         }
         match Command::new("ip").args(["netns", "list"]).output() {
-            Ok(out) if out.status.success() => None,
-            Ok(out) => Some(format!("`ip netns list` failed: {}", String::from_utf8_lossy(&out.stderr).trim())),
-            Err(e) => Some(format!("no `ip` command (install iproute2): {e}")),
+            Ok(out) if out.status.success() => Ok(()),
+            Ok(out) => Err(format!("`ip netns list` failed: {}", String::from_utf8_lossy(&out.stderr).trim())),
+            Err(e) => Err(format!("no `ip` command (install iproute2): {e}")),
         }
     }
 
@@ -75,13 +75,13 @@ impl RemoteNamespace {
         command
     }
 
-    /// Why a port cannot be blackholed inside the namespace, if it cannot:
-    /// no `nft` (Debian: nftables). The test then skips with this reason.
-    pub fn no_nftables() -> Option<String> {
+    /// Whether a port can be blackholed inside the namespace; `Err` says
+    /// why not (no `nft`; Debian: nftables).
+    pub fn nftables() -> Result<(), String> {
         match Command::new("nft").arg("--version").output() {
-            Ok(out) if out.status.success() => None,
-            Ok(out) => Some(format!("`nft --version` failed: {}", String::from_utf8_lossy(&out.stderr).trim())),
-            Err(e) => Some(format!("no `nft` command (install nftables): {e}")),
+            Ok(out) if out.status.success() => Ok(()),
+            Ok(out) => Err(format!("`nft --version` failed: {}", String::from_utf8_lossy(&out.stderr).trim())),
+            Err(e) => Err(format!("no `nft` command (install nftables): {e}")),
         }
     }
 

@@ -147,14 +147,10 @@ impl Proc {
     /// (e.g. `metrics ` for the metrics address); panics if no such line
     /// comes within `limit`.
     pub fn announced(&self, prefix: &str, limit: Duration) -> String {
-        let deadline = Instant::now() + limit;
-        loop {
-            if let Some(rest) = self.stdout().iter().find_map(|l| l.strip_prefix(prefix)) {
-                return rest.to_owned();
-            }
-            assert!(Instant::now() < deadline, "{} printed no {prefix:?} line within {limit:?}", self.name);
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        crate::wait::wait_for(&format!("{} printing a {prefix:?} line", self.name), limit, || {
+            let rest = self.stdout().iter().find_map(|l| l.strip_prefix(prefix).map(str::to_owned));
+            rest.ok_or_else(|| "no such line yet".to_owned())
+        })
     }
 
     /// Every line printed on stderr so far (empty unless started with
@@ -177,21 +173,16 @@ impl Proc {
     /// to [`DRAIN`]) until everything it printed is collected: the exit can
     /// be seen before the reader threads have read the pipes' last lines.
     pub fn wait_exit(&mut self, limit: Duration) -> Option<ExitStatus> {
-        let deadline = Instant::now() + limit;
-        loop {
-            if let Some(status) = self.status {
-                return Some(status);
-            }
-            if let Ok(Some(status)) = self.child.try_wait() {
-                self.status = Some(status);
-                self.drain();
-                return Some(status);
-            }
-            if Instant::now() >= deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(5));
+        if self.status.is_none() {
+            let child = &mut self.child;
+            let exited = crate::wait::poll(limit, || match child.try_wait() {
+                Ok(Some(status)) => Ok(status),
+                _ => Err("running".to_owned()),
+            });
+            self.status = Some(exited.ok()?);
+            self.drain();
         }
+        self.status
     }
 
     /// Waits, up to [`DRAIN`] in all, for the output readers to reach
@@ -225,10 +216,10 @@ impl Drop for Proc {
         // SIGKILL is delivered, not done: a loaded machine may take a few
         // milliseconds to end the group's other members, which the scope's
         // sweep would then report as left alive.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
-        while !crate::scope::live_members(pgid).is_empty() && std::time::Instant::now() < deadline {
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
+        let _ = crate::wait::poll(Duration::from_secs(1), || {
+            let alive = crate::scope::live_members(pgid);
+            if alive.is_empty() { Ok(()) } else { Err(format!("{alive:?}")) }
+        });
     }
 }
 

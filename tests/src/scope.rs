@@ -14,7 +14,7 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::{Arc, Mutex, Once, PoisonError, mpsc};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nix::sys::signal::{Signal, killpg};
 use nix::sys::wait::{WaitPidFlag, waitpid};
@@ -77,21 +77,16 @@ impl Scope {
             }
         }
         self.kill_all();
-        let deadline = Instant::now() + DEATH_GRACE;
-        loop {
+        let dead = crate::wait::poll(DEATH_GRACE, || {
             let mut alive = Vec::new();
             for (_, pgid) in &groups {
                 reap_orphans(*pgid);
                 alive.extend(live_members(*pgid));
             }
-            if alive.is_empty() {
-                break;
-            }
-            if Instant::now() >= deadline {
-                left.push(format!("still alive {DEATH_GRACE:?} after SIGKILL: {alive:?}"));
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
+            if alive.is_empty() { Ok(()) } else { Err(format!("{alive:?}")) }
+        });
+        if let Err(alive) = dead {
+            left.push(format!("still alive {DEATH_GRACE:?} after SIGKILL: {alive}"));
         }
         left
     }

@@ -78,15 +78,10 @@ impl Trainer {
 
     /// Waits until at least `n` batches were yielded; panics after `limit`.
     pub fn wait_for(&self, n: u64, limit: Duration) {
-        let deadline = Instant::now() + limit;
-        while self.yielded() < n {
-            assert!(
-                Instant::now() < deadline,
-                "the trainer yielded {} of {n} batches within {limit:?}",
-                self.yielded()
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        crate::wait::wait_for(&format!("the trainer yielding {n} batches"), limit, || {
+            let yielded = self.yielded();
+            if yielded >= n { Ok(()) } else { Err(format!("{yielded} yielded")) }
+        });
     }
 
     /// Waits for the end of the job; panics after `limit` or when the

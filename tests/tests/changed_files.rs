@@ -114,19 +114,22 @@ fn a_tar_shard_truncated_mid_job_skips_its_lost_samples_naming_it_and_no_worker_
     assert!(outcome.batches >= BEFORE);
 }
 
-/// A tmpfs of `size` mounted on `dir` for the life of the value; None
-/// where this process may not mount (not root).
+/// A tmpfs of `size` mounted on `dir` for the life of the value; `Err`
+/// says why this process may not mount (not root: it needs CAP_SYS_ADMIN).
 struct Tmpfs(PathBuf);
 
 impl Tmpfs {
-    fn mount(dir: &Path, size: &str) -> Option<Tmpfs> {
-        let status = std::process::Command::new("mount")
+    fn mount(dir: &Path, size: &str) -> Result<Tmpfs, String> {
+        let out = std::process::Command::new("mount")
             .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0700"), "tmpfs"])
             .arg(dir)
-            .stderr(std::process::Stdio::null())
-            .status()
-            .ok()?;
-        status.success().then(|| Tmpfs(dir.to_owned()))
+            .output()
+            .map_err(|e| format!("no `mount` command: {e}"))?;
+        if !out.status.success() {
+            let said = String::from_utf8_lossy(&out.stderr);
+            return Err(format!("mounting a tmpfs needs root (CAP_SYS_ADMIN): {}", said.trim()));
+        }
+        Ok(Tmpfs(dir.to_owned()))
     }
 }
 
@@ -140,10 +143,7 @@ impl Drop for Tmpfs {
 fn a_cache_dir_on_a_full_tmpfs_stops_caching_naming_it_and_the_job_completes() {
     let mount_point = tempfile::tempdir().expect("tempdir");
     // Room for the cache's index and a frame or two: the rest is full.
-    let Some(tmpfs) = Tmpfs::mount(mount_point.path(), "16k") else {
-        loader_e2e::skipped("mounting a tmpfs needs root (CAP_SYS_ADMIN)");
-        return;
-    };
+    let tmpfs = loader_e2e::needs(Tmpfs::mount(mount_point.path(), "16k"));
     let folder = loader_e2e::dataset_files::ImageFolder::write();
     let good = folder.labels.len() - 1; // one file is corrupt, and skipped
     let job = spec::image_folder(folder.path())

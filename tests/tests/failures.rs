@@ -278,10 +278,7 @@ fn workers_fence_and_exit_nonzero_when_the_coordinator_is_gone() {
 
 #[test]
 fn partitioned_remote_worker_is_fenced_and_its_batches_reassigned() {
-    if let Some(reason) = RemoteNamespace::unavailable() {
-        loader_e2e::skipped(&reason);
-        return;
-    }
+    loader_e2e::needs(RemoteNamespace::available());
     run(Duration::from_secs(120), |scope| {
         let ttl = Duration::from_millis(TTL_MS);
         // Dropped last: the workers inside it die first.
@@ -576,10 +573,7 @@ fn a_slow_worker_stalls_the_trainer_no_longer_than_the_lateness_threshold() {
 /// port is open again the worker carries its batches within 5 s.
 #[test]
 fn a_blackholed_serving_port_stalls_nothing_and_carries_batches_again_after_the_heal() {
-    if let Some(reason) = RemoteNamespace::unavailable().or_else(RemoteNamespace::no_nftables) {
-        loader_e2e::skipped(&reason);
-        return;
-    }
+    loader_e2e::needs(RemoteNamespace::available().and_then(|()| RemoteNamespace::nftables()));
     run(Duration::from_secs(200), |scope| {
         let block = Duration::from_secs(60);
         // Dropped last: the workers inside it die first.
@@ -627,10 +621,7 @@ fn a_blackholed_serving_port_stalls_nothing_and_carries_batches_again_after_the_
 /// the heal: at worst once its pending attempt runs out, plus a pause.
 #[test]
 fn a_worker_started_during_a_partition_registers_soon_after_the_heal() {
-    if let Some(reason) = RemoteNamespace::unavailable().or_else(RemoteNamespace::no_nftables) {
-        loader_e2e::skipped(&reason);
-        return;
-    }
+    loader_e2e::needs(RemoteNamespace::available().and_then(|()| RemoteNamespace::nftables()));
     run(Duration::from_secs(60), |scope| {
         // Dropped last: the worker inside it dies first.
         let ns = RemoteNamespace::create();

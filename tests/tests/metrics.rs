@@ -8,11 +8,11 @@
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use loader_client::{Batch, Dtype, JobSpec, Loader, LoaderError, spec};
 use loader_e2e::scrape::{metrics_addr, scrape, sum};
-use loader_e2e::{Cluster, Proc, Scope, binary, run};
+use loader_e2e::{Cluster, Proc, Scope, binary, needs, run, wait_for};
 
 /// Bound on every wait for a metric to move.
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -23,17 +23,13 @@ fn sum_over(addrs: &[SocketAddr], name: &str, labels: &[(&str, &str)]) -> f64 {
     addrs.iter().map(|&a| sum(&scrape(a), name, labels)).sum()
 }
 
-/// Polls `value` until `done` holds for it; panics after [`PATIENCE`].
-fn wait_for(what: &str, mut value: impl FnMut() -> f64, done: impl Fn(f64) -> bool) -> f64 {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
+/// Polls `value` (a metric) until `done` holds for it; panics after
+/// [`PATIENCE`], saying the last value.
+fn wait_for_metric(what: &str, mut value: impl FnMut() -> f64, done: impl Fn(f64) -> bool) -> f64 {
+    wait_for(what, PATIENCE, || {
         let v = value();
-        if done(v) {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "{what}: still {v} after {PATIENCE:?}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+        if done(v) { Ok(v) } else { Err(format!("still {v}")) }
+    })
 }
 
 /// A real Prometheus server (Debian's `prometheus`) scraping `targets`
@@ -48,7 +44,7 @@ struct Prometheus {
 }
 
 impl Prometheus {
-    /// Starts it, or says why it cannot run here.
+    /// Starts it; `Err` says what this machine lacks (pass it to `needs`).
     fn start(scope: &Scope, targets: &[SocketAddr]) -> Result<Prometheus, String> {
         let version = Command::new("prometheus").arg("--version").output();
         if !version.is_ok_and(|out| out.status.success()) {
@@ -167,28 +163,24 @@ fn every_process_serves_metrics_that_add_up() {
             assert!(stages.contains(&stage), "stage {stage} in {stages:?}");
         }
         assert!(worker_scrape.samples.iter().any(|s| s.metric == "loader_worker_busy_ratio"));
-        wait_for(
+        wait_for_metric(
             "the coordinator's worker gauge",
             || sum(&scrape(server), "loader_coordinator_workers", &[]),
             |v| v == 2.0,
         );
         let mut targets = workers.clone();
         targets.extend([server, trainer]);
-        match Prometheus::start(&scope, &targets) {
-            Ok(prometheus) => {
-                let delivered = format!("sum(loader_worker_batches_delivered_total{{job_id=\"{whole}\"}})");
-                let consumed = format!("sum(loader_trainer_batches_consumed_total{{job_id=\"{whole}\"}})");
-                wait_for("targets up in Prometheus", || prometheus.query("sum(up)"), |v| v == targets.len() as f64);
-                wait_for("delivered batches in Prometheus", || prometheus.query(&delivered), |v| v == total as f64);
-                wait_for("consumed batches in Prometheus", || prometheus.query(&consumed), |v| v == total as f64);
-                // Every query of the Grafana dashboard parses and runs.
-                for expr in dashboard_queries() {
-                    let expr = expr.replace("$job_id", ".*");
-                    let answer = prometheus.answer(&expr).expect("Prometheus answers");
-                    assert_eq!(answer["status"], "success", "dashboard query {expr}: {answer}");
-                }
-            }
-            Err(reason) => loader_e2e::skipped(&format!("the Prometheus server part: {reason}")),
+        let prometheus = needs(Prometheus::start(&scope, &targets));
+        let delivered = format!("sum(loader_worker_batches_delivered_total{{job_id=\"{whole}\"}})");
+        let consumed = format!("sum(loader_trainer_batches_consumed_total{{job_id=\"{whole}\"}})");
+        wait_for_metric("targets up in Prometheus", || prometheus.query("sum(up)"), |v| v == targets.len() as f64);
+        wait_for_metric("delivered batches in Prometheus", || prometheus.query(&delivered), |v| v == total as f64);
+        wait_for_metric("consumed batches in Prometheus", || prometheus.query(&consumed), |v| v == total as f64);
+        // Every query of the Grafana dashboard parses and runs.
+        for expr in dashboard_queries() {
+            let expr = expr.replace("$job_id", ".*");
+            let answer = prometheus.answer(&expr).expect("Prometheus answers");
+            assert_eq!(answer["status"], "success", "dashboard query {expr}: {answer}");
         }
 
         // A trainer that stops reading: its batches wait at the workers (for
@@ -207,8 +199,8 @@ fn every_process_serves_metrics_that_add_up() {
             }
             let labels = [("job_id", id.as_str()), ("transport", transport)];
             let blocked = || sum_over(&workers, "loader_worker_blocked_seconds_total", &labels);
-            let first = wait_for(&format!("{name}: the workers' blocked time"), blocked, |v| v > 0.0);
-            wait_for(&format!("{name}: the workers' blocked time, later"), blocked, |v| v > first);
+            let first = wait_for_metric(&format!("{name}: the workers' blocked time"), blocked, |v| v > 0.0);
+            wait_for_metric(&format!("{name}: the workers' blocked time, later"), blocked, |v| v > first);
             let rest = consume(batches);
             assert_eq!(3 + rest, total, "{name}");
         }
@@ -222,7 +214,7 @@ fn every_process_serves_metrics_that_add_up() {
         let labels = [("job_id", slow.as_str())];
         let stall = sum(&scrape(trainer), "loader_trainer_stall_seconds_total", &labels);
         assert!(stall > 0.0, "the trainer's stall: {stall}");
-        wait_for(
+        wait_for_metric(
             "the coordinator's stall",
             || sum(&scrape(server), "loader_coordinator_trainer_stall_seconds_total", &labels),
             |v| v > 0.0,
@@ -238,11 +230,7 @@ fn usage_error(scope: &Scope, name: &str, command: Command) -> String {
     let mut proc = Proc::spawn_capturing_stderr(scope, name, command, false);
     let status = proc.wait_exit(Duration::from_secs(20)).expect("exits by itself");
     assert_eq!(status.code(), Some(2), "{name}");
-    // The reader thread may still be collecting the last line.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while proc.stderr().is_empty() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    // `wait_exit` returned once the readers had every line.
     let stderr = proc.stderr();
     assert_eq!(stderr.len(), 1, "{name}: {stderr:?}");
     assert!(stderr[0].starts_with(&format!("{name}: error: ")), "{stderr:?}");

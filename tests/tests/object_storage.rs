@@ -23,7 +23,7 @@ use loader_client::{Dtype, JobSpec, Loader};
 use loader_e2e::dataset_files::{jpeg, png, rgb, write_npy, write_parquet, write_shard};
 use loader_e2e::moto::{self, boto3};
 use loader_e2e::scrape::{metrics_addr, scrape, sum};
-use loader_e2e::{Cluster, run, skipped};
+use loader_e2e::{Cluster, needs, run, wait_for};
 
 /// A window is 64 + 1 uint16 ids; 2^22 ids (8 MB, two of the store
 /// reader's 4 MB chunks) make 65,535 windows, some across the boundary.
@@ -68,10 +68,7 @@ fn tokens_job(path: impl AsRef<Path>, epochs: u32) -> JobSpec {
 
 #[test]
 fn a_token_file_in_a_bucket_reads_as_from_local_disk_and_failures_are_one_line() {
-    let Some(python) = moto::python() else {
-        skipped("moto_server is not in LOADER_PYTHON's virtualenv (test.sh installs moto[server])");
-        return;
-    };
+    let python = needs(moto::python());
     run(Duration::from_secs(300), move |scope| {
         let (_moto, endpoint) = moto::start(&scope, &python);
         // SAFETY: set before this test starts any thread that reads the
@@ -235,8 +232,7 @@ fn a_token_file_in_a_bucket_reads_as_from_local_disk_and_failures_are_one_line()
             assert!(exit.is_some_and(|s| s.success()), "loaderctl status --json: {exit:?}");
             serde_json::from_str(&ctl.stdout().concat()).expect("status --json is one JSON object")
         };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let shown = loop {
+        let shown = wait_for("status --json agreeing with the workers' /metrics", Duration::from_secs(20), || {
             let shown = status()["workers"].as_array().cloned().unwrap_or_default();
             let agree = cluster.workers.iter().skip(1).all(|w| {
                 let metrics = scrape(metrics_addr(w));
@@ -251,12 +247,8 @@ fn a_token_file_in_a_bucket_reads_as_from_local_disk_and_failures_are_one_line()
                     && storage["requests"].as_u64().is_some_and(|n| n > 0)
                     && storage["latency_p99_ms"].as_u64().is_some_and(|p99| p99 >= storage["latency_p50_ms"].as_u64().unwrap_or(u64::MAX))
             });
-            if agree {
-                break shown;
-            }
-            assert!(Instant::now() < deadline, "status --json never agreed with the workers' /metrics: {shown:?}");
-            std::thread::sleep(Duration::from_millis(200));
-        };
+            if agree { Ok(shown) } else { Err(format!("shown: {shown:?}")) }
+        });
         // Every image read came from the local copy or the store, and no
         // more from the store than were fetched; moto, never failing, had
         // no attempt retried.
@@ -278,6 +270,13 @@ fn a_token_file_in_a_bucket_reads_as_from_local_disk_and_failures_are_one_line()
         let entries = |dir: &Path| -> Vec<String> {
             std::fs::read_dir(dir).map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect()).unwrap_or_default()
         };
+        // Waits (bounded) until the node's directory is empty again.
+        let emptied = |what: &str| {
+            wait_for(what, Duration::from_secs(30), || {
+                let left = entries(node_dir.path());
+                if left.is_empty() { Ok(()) } else { Err(format!("left: {left:?}")) }
+            })
+        };
         // A token file's chunks are fetched once for the node's workers, not
         // once each, the same bytes; the object's directory goes with the job.
         let tokens_shared = read_all(node.url(), tokens_job("s3://data/tokens.bin", 2), None);
@@ -286,11 +285,7 @@ fn a_token_file_in_a_bucket_reads_as_from_local_disk_and_failures_are_one_line()
             node.workers.iter().map(|w| sum(&scrape(metrics_addr(w)), "loader_storage_chunk_fetches_total", &[])).sum();
         let chunks = (2 * u64::from(IDS)).div_ceil(4 << 20) as f64; // chunks of 4 MB (`loader_storage::object::CHUNK`)
         assert!(node_fetches <= chunks, "{node_fetches} chunk fetches of {chunks} chunks by the node's 2 workers");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !entries(node_dir.path()).is_empty() {
-            assert!(Instant::now() < deadline, "the object's chunks outlived their job: {:?}", entries(node_dir.path()));
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        emptied("the object's chunks going with their job");
         let mut during = Vec::new();
         let shared = read_watching(node.url(), folder("s3://data/images".into()), |n| {
             if n == 1 {
@@ -301,11 +296,7 @@ fn a_token_file_in_a_bucket_reads_as_from_local_disk_and_failures_are_one_line()
         let pile = during.iter().find(|e| e.starts_with("loader-objects-") && !e.ends_with(".hold"));
         let pile = pile.unwrap_or_else(|| panic!("no node pile while the job ran: {during:?}"));
         assert!(during.contains(&format!("{pile}.hold")) && during.len() == 2, "one pile and its lock: {during:?}");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !entries(node_dir.path()).is_empty() {
-            assert!(Instant::now() < deadline, "the pile outlived its job: {:?}", entries(node_dir.path()));
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        emptied("the pile going with its job");
         // Both workers SIGKILLed mid-job leave the pile; the next worker
         // started on the machine removes it.
         let mut node = node;
@@ -318,11 +309,7 @@ fn a_token_file_in_a_bucket_reads_as_from_local_disk_and_failures_are_one_line()
         let left = entries(node_dir.path());
         assert_eq!(left.len(), 2, "the killed workers' pile and its lock: {left:?}");
         node.add_worker();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !entries(node_dir.path()).is_empty() {
-            assert!(Instant::now() < deadline, "a new worker left the killed ones' pile: {:?}", entries(node_dir.path()));
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        emptied("a new worker removing the killed ones' pile");
 
         // Missing objects and buckets: one line each, at submission.
         for (url, words) in [("s3://data/missing.bin", "no such object"), ("s3://nobucket/tokens.bin", "no such object")] {

@@ -38,7 +38,7 @@ use loader_client::spec;
 use loader_client::{Dtype, JobSpec, Loader};
 use loader_e2e::moto::{self, boto3};
 use loader_e2e::scrape::{metrics_addr, scrape, sum};
-use loader_e2e::{Cluster, Fault, FaultRelay, Proc, binary, run, skipped};
+use loader_e2e::{Cluster, Fault, FaultRelay, Proc, binary, needs, run};
 
 /// 2^20 uint16 ids (2 MB, one chunk of the store's reader): 16,383
 /// windows of 64 + 1 ids.
@@ -150,10 +150,7 @@ fn requests(cluster: &Cluster, op: &str, outcome: &str) -> f64 {
 
 #[test]
 fn a_failing_store_is_retried_or_fails_the_job_in_one_line_naming_the_object() {
-    let Some(python) = moto::python() else {
-        skipped("moto_server is not in LOADER_PYTHON's virtualenv (test.sh installs moto[server])");
-        return;
-    };
+    let python = needs(moto::python());
     run(Duration::from_secs(180), move |scope| {
         let (_moto, endpoint) = moto::start(&scope, &python);
         // SAFETY: set before this test starts any thread that reads the

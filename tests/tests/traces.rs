@@ -8,9 +8,9 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use loader_e2e::{Cluster, OtlpReceiver, Proc, ReceivedSpan as Received, Scope, run, string_attribute};
+use loader_e2e::{Cluster, OtlpReceiver, Proc, ReceivedSpan as Received, Scope, run, string_attribute, wait_for};
 
 /// Bound on the wait for every span to arrive.
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -105,21 +105,15 @@ fn check_chain(seq: &str, trace: &BatchTrace, transport: &str) {
 
 /// Waits (bounded) until every batch of job `job_id` has its whole chain.
 fn wait_for_batches(receiver: &OtlpReceiver, job_id: &str) -> HashMap<String, BatchTrace> {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
+    wait_for(&format!("every batch of job {job_id} with all four spans"), PATIENCE, || {
         let received = receiver.spans();
         let batches = batches_of(&received, job_id);
         let whole = batches.values().filter(|b| b.spans.len() == CHAIN.len()).count();
         if whole == BATCHES {
-            return batches;
+            return Ok(batches);
         }
-        assert!(
-            Instant::now() < deadline,
-            "after {PATIENCE:?}, {whole} of {BATCHES} batches of job {job_id} have all four spans ({} spans received)",
-            received.len()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+        Err(format!("{whole} of {BATCHES} batches whole, {} spans received", received.len()))
+    })
 }
 
 #[test]
@@ -146,20 +140,15 @@ fn one_batch_is_one_trace_across_coordinator_worker_and_trainer() {
         }
 
         // The job's own span, from creation to its last batch consumed.
-        let deadline = Instant::now() + PATIENCE;
-        loop {
+        wait_for("a job span for both jobs", PATIENCE, || {
             let received = receiver.spans();
             let jobs: Vec<String> = received
                 .iter()
                 .filter(|r| r.span.name == "job" && r.service == "loader-server")
                 .filter_map(|r| string_attribute(&r.span.attributes, "job_id"))
                 .collect();
-            if jobs.contains(&"1".to_owned()) && jobs.contains(&"2".to_owned()) {
-                break;
-            }
-            assert!(Instant::now() < deadline, "no job span for both jobs after {PATIENCE:?}: {jobs:?}");
-            std::thread::sleep(Duration::from_millis(100));
-        }
+            if jobs.contains(&"1".to_owned()) && jobs.contains(&"2".to_owned()) { Ok(()) } else { Err(format!("job spans of {jobs:?}")) }
+        });
     });
 }
 
@@ -179,21 +168,15 @@ fn the_coordinator_samples_batches_and_the_others_follow() {
 
         // The trainer flushed its spans when it exited; wait (bounded) for
         // the coordinator's and the worker's of the same batches.
-        let deadline = Instant::now() + PATIENCE;
-        let batches = loop {
+        let batches = wait_for("the coordinator's and the worker's spans of every consumed batch", PATIENCE, || {
             let batches = batches_of(&receiver.spans(), "1");
             let consumed = batches.values().filter(|b| b.spans.contains_key("batch.consume")).count();
             let whole = batches.values().filter(|b| b.spans.len() == CHAIN.len()).count();
             if consumed > 0 && whole == consumed && whole == batches.len() {
-                break batches;
+                return Ok(batches);
             }
-            assert!(
-                Instant::now() < deadline,
-                "after {PATIENCE:?}: {} batches with spans, {consumed} consumed, {whole} with all four",
-                batches.len()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        };
+            Err(format!("{} batches with spans, {consumed} consumed, {whole} with all four", batches.len()))
+        });
         assert!(batches.len() < 64, "every batch was traced at a ratio of 0.5");
         // No orphans: a batch the coordinator did not sample has no span
         // anywhere (a worker or trainer span of one would have no root and
