@@ -9,14 +9,15 @@
 //! row shapes live in its files, so its callers say how to read them; a
 //! dataset only a custom worker knows has no estimate.
 
-use loader_proto::batch::{FIXED_HEADER_LEN, MAX_NAME_LEN, MAX_NDIM, tensor_bytes};
+use loader_proto::batch::{ALIGN, FIXED_HEADER_LEN, MAX_ENTRY_LEN, tensor_bytes};
 use loader_proto::pb::{Dtype, JobSpec, NpyArray, dataset_spec::Kind};
 
 /// Bytes of the int64 label the image and synthetic datasets add per sample.
 const LABEL: u64 = 8;
 
-/// Upper bound on one tensor's table entry and its payload's alignment.
-const PER_TENSOR: u64 = (24 + 8 * MAX_NDIM + MAX_NAME_LEN + 8 + 64) as u64;
+/// Upper bound on what one tensor adds beside its payload: its table entry
+/// and the padding (under [`ALIGN`] bytes) that aligns its payload.
+const PER_TENSOR: u64 = (MAX_ENTRY_LEN + ALIGN) as u64;
 
 /// Upper bound on the bytes of one full batch of `spec`, for the kinds a
 /// spec describes alone (not npy, whose shapes are in its files, nor custom).

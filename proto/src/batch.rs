@@ -49,6 +49,9 @@ pub const MAX_NAME_LEN: usize = 255;
 pub const MAX_SAMPLES: usize = 1 << 24;
 
 const ENTRY_FIXED_LEN: usize = 24;
+/// Largest table entry of one tensor: [`MAX_NDIM`] dimensions and a name
+/// of [`MAX_NAME_LEN`] bytes.
+pub const MAX_ENTRY_LEN: usize = entry_len(MAX_NDIM, MAX_NAME_LEN);
 
 /// What is wrong with a batch buffer or a batch layout.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -128,7 +131,7 @@ fn align_up(x: usize, to: usize) -> Option<usize> {
     x.checked_add(to - 1).map(|v| v / to * to)
 }
 
-fn entry_len(ndim: usize, name_len: usize) -> usize {
+const fn entry_len(ndim: usize, name_len: usize) -> usize {
     ENTRY_FIXED_LEN + 8 * ndim + name_len.div_ceil(8) * 8
 }
 
