@@ -3,8 +3,13 @@
 //! One mutex guards all tables: every operation is a few map updates, far
 //! cheaper than the RPC around it, and one lock keeps the bookkeeping of a
 //! batch (queue -> worker -> delivered) consistent without ordering rules.
+//!
+//! This module holds the tables and the trainers' side; `assign` hands a
+//! worker its tasks, `report` applies its heartbeat's report, `expiry`
+//! ends what outlived its lease, `listing` is what operators are shown;
+//! `requeue`, `backup`, `share`, `departed`, `cache_use` and `storage_use`
+//! are the rules those share.
 
-use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -22,15 +27,18 @@ use crate::sessions::SessionTable;
 use crate::traces::BatchTraces;
 use crate::workers::WorkerTable;
 
+mod assign;
 mod backup;
 mod cache_use;
 mod departed;
+mod expiry;
+mod listing;
+mod report;
 mod requeue;
 mod share;
 mod storage_use;
 use requeue::{end_consumer, retire};
-
-use crate::kept_ranges::Route;
+pub(crate) use report::WorkerReport;
 
 #[derive(Debug, Default)]
 struct Tables {
@@ -114,53 +122,6 @@ pub(crate) enum HeartbeatOutcome {
         /// for them has been taken back. Applied before `tasks`.
         ended: Vec<ConsumerKey>,
     },
-}
-
-/// Workers that may die holding batches of a job none of whose batches was
-/// ever delivered, before the job is failed.
-const POISON_DEATHS: u32 = 3;
-
-/// Counts one more worker that died holding batches of `job_id`; fails the
-/// job once `POISON_DEATHS` died before any batch of it was delivered. A
-/// job that delivered once is never failed this way: workers killed while
-/// it runs (an in-order trainer may legitimately stop all deliveries while
-/// it waits for a dead worker's batch) are not its fault.
-fn poisoned(t: &mut Tables, job_id: u64, address: &str) {
-    let Some(job) = t.jobs.get_mut(job_id) else { return };
-    if job.delivered_any {
-        return;
-    }
-    job.deaths_before_delivery += 1;
-    if job.deaths_before_delivery >= POISON_DEATHS && job.error.is_none() {
-        let error = format!(
-            "{} workers died while producing batches of job {job_id} and none was ever delivered (the last was {address}); \
-             the job is failed so that it takes down no more: check its batch size, sample shape and dataset",
-            job.deaths_before_delivery
-        );
-        tracing::warn!(job_id, "job failed: {error}");
-        job.error = Some(error);
-        job.end_life();
-        t.traces.forget(job_id, None);
-    }
-}
-
-/// What a worker's heartbeat reports.
-#[derive(Debug, Default)]
-pub(crate) struct WorkerReport {
-    /// Batches handed to their consumers since the last report.
-    pub(crate) delivered: Vec<pb::Delivered>,
-    /// Tasks it could not complete.
-    pub(crate) failed: Vec<pb::Failed>,
-    /// Its window per job (see `loader_job::window`).
-    pub(crate) windows: Vec<pb::JobWindow>,
-    /// Fraction of wall time its producer was busy since its previous
-    /// heartbeat (shown to operators only).
-    pub(crate) busy: f64,
-    /// Its sample cache use per job since it started (see `cache_use`).
-    pub(crate) cache_use: Vec<pb::JobCacheUse>,
-    /// Its reads from object stores since it started, if any (see
-    /// `storage_use`).
-    pub(crate) storage_use: Option<pb::StorageUse>,
 }
 
 impl HeartbeatOutcome {
@@ -534,312 +495,6 @@ impl Coordinator {
         }
     }
 
-    /// Records delivered and failed batches and the worker's windows; the
-    /// worker's own wake-up (see `WorkerState::wake`), None when the worker
-    /// is unknown.
-    fn apply_report(&self, worker_id: u64, report: WorkerReport) -> Option<Arc<Notify>> {
-        let WorkerReport { delivered, failed, windows, busy, cache_use, storage_use } = report;
-        let mut guard = self.lock();
-        let t = &mut *guard;
-        let w = t.workers.workers.get_mut(&worker_id)?;
-        let own = Arc::clone(&w.wake);
-        w.last_seen = Instant::now();
-        if busy.is_finite() {
-            w.busy = busy.clamp(0.0, 1.0);
-        }
-        w.set_windows(windows.into_iter().map(|jw| (jw.job_id, jw.batches)));
-        storage_use::record(w, storage_use);
-        let mut credited = Vec::new();
-        for d in delivered {
-            let key = (d.job_id, d.consumer);
-            let Some(held) = w.outstanding.get_mut(&key) else { continue };
-            // Only batches this worker was holding count: a report can
-            // never deliver a batch twice.
-            let moved: Vec<u64> = d.seqs.iter().copied().filter(|s| held.remove(s)).collect();
-            t.traces.delivered(key, &moved);
-            credited.push((key, moved.clone()));
-            let n = moved.len() as u64;
-            w.delivered += n;
-            crate::meters::delivered(d.job_id, n);
-            if n > 0
-                && let Some(job) = t.jobs.get_mut(d.job_id)
-            {
-                job.delivered_any = true;
-                w.delivered_samples += moved.iter().map(|&seq| job.plan.batch_len(seq)).sum::<u64>();
-            }
-            if let Some(c) = t.jobs.get_mut(d.job_id).and_then(|j| j.consumers.get_mut(d.consumer as usize)) {
-                c.delivered += n;
-                // Second copies of batches taken back after delivery: re-sent
-                // (counted once here; a backup's own re-send of one is not
-                // counted again).
-                for s in &moved {
-                    if c.redeliver.remove(s) {
-                        c.resent += 1;
-                        if let Some(b) = c.backup.as_mut() {
-                            b.resend.remove(s);
-                        }
-                    }
-                }
-                let consumed = c.consumed;
-                let unacked: Vec<u64> = moved.into_iter().filter(|&s| s >= consumed).collect();
-                if !unacked.is_empty() {
-                    w.unacked.entry(key).or_default().extend(unacked);
-                    t.workers.unacked_by.entry(key).or_default().insert(worker_id);
-                }
-            }
-        }
-        for (key, seqs) in credited {
-            backup::delivered(t, key, worker_id, &seqs);
-        }
-        cache_use::record(t, worker_id, cache_use);
-        let Some(w) = t.workers.workers.get_mut(&worker_id) else {
-            return Some(own);
-        };
-        for f in failed {
-            if let Some(held) = w.outstanding.get_mut(&(f.job_id, f.consumer)) {
-                held.retain(|s| !(f.start_seq..f.end_seq).contains(s));
-            }
-            if let Some(job) = t.jobs.get_mut(f.job_id)
-                && job.error.is_none()
-            {
-                tracing::warn!(job_id = f.job_id, error = %f.error, "job failed");
-                job.error = Some(f.error);
-                job.end_life();
-                t.traces.forget(f.job_id, None);
-            }
-        }
-        Some(own)
-    }
-
-    /// Hands the worker ranges of every consumer it has room for, lowest
-    /// sequence numbers first, one range per consumer per round so that all
-    /// consumers progress together, with the consumers it must drop (taken
-    /// in the same critical section as the tasks, so a task for a consumer
-    /// that came back is never older than the notice that it ended). None
-    /// when the worker is unknown; a draining worker gets no tasks.
-    fn assign(&self, worker_id: u64) -> Option<HeartbeatOutcome> {
-        let mut guard = self.lock();
-        let t = &mut *guard;
-        let w = t.workers.workers.get_mut(&worker_id)?;
-        let ended: Vec<ConsumerKey> = std::mem::take(&mut w.ended).into_iter().collect();
-        if w.draining {
-            return Some(HeartbeatOutcome::Tasks { tasks: Vec::new(), drain: true, ended });
-        }
-        let mut tasks = Vec::new();
-        let now = Instant::now();
-        // Workers keeping a range that is due (a trailing subscriber's next
-        // one): woken below, or their long polls would end only at their
-        // deadline (a heartbeat interval, 1.6 s by default: a subscriber
-        // that trailed a finished one waited that long for each range).
-        let mut wake: BTreeSet<u64> = BTreeSet::new();
-        loop {
-            let mut progressed = false;
-            for job in t.jobs.iter_mut().filter(|j| j.error.is_none()) {
-                let job_id = job.job.job_id;
-                // Windows and ranges sized by the job's batch bytes, as the
-                // worker measured them: small batches go out in long ranges.
-                let window = w.window_for(job_id);
-                let range_len = loader_job::window::range_len(window, self.config.range_len);
-                for c in 0..job.consumers.len() {
-                    let consumer = &mut job.consumers[c];
-                    // Most consumers of a large job have nothing to hand out
-                    // at any moment: skip them before any lookup.
-                    if consumer.queue.is_empty() && consumer.backup.is_none() {
-                        continue;
-                    }
-                    let key = (job_id, c as u32);
-                    // Only for a trainer that is there: its session says
-                    // where batches go (its ring or gRPC), and nothing is
-                    // produced for a consumer whose trainer died.
-                    if !t.sessions.has_consumer(job_id, c as u32) || w.cut_off.contains(&key) {
-                        continue;
-                    }
-                    // A subscriber that trails the others: its next range
-                    // goes to the worker that made it for them and keeps
-                    // it, so it is not made again (see `kept_ranges`).
-                    let kept = match (consumer.subscribes_to, job.lanes.is_none(), consumer.queue.peek(1)) {
-                        (Some(rank), true, Some(next)) => match job.kept.route(rank, next.start, worker_id, now) {
-                            Route::Elsewhere { worker_id: owner } => {
-                                wake.insert(owner);
-                                continue;
-                            }
-                            Route::Here { until } => Some(until - next.start),
-                            Route::Anywhere => None,
-                        },
-                        _ => None,
-                    };
-                    let consumer = &mut job.consumers[c];
-                    // A backup of batches the trainer waits on goes first.
-                    let ranges = backup::take(consumer, worker_id).unwrap_or_default();
-                    let backed_up: u64 = ranges.iter().map(|r| r.end - r.start).sum();
-                    if backed_up > 0 {
-                        tracing::info!(worker_id, job_id, consumer = c, batches = backed_up, "backup task for late batches");
-                    }
-                    let held = w.outstanding_for(key) + backed_up;
-                    let room = window.saturating_sub(held);
-                    // Batches taken back from a dead worker are the ones the
-                    // trainer waits for, while this worker's held batches
-                    // may be blocked behind them for want of the trainer's
-                    // credits: they may exceed the limit, by at most the
-                    // limit again, so memory stays bounded.
-                    let extra = (2 * window).saturating_sub(held);
-                    // A shared stream's subscriber holds the copies of the
-                    // others' ranges too: its own (the part it missed, or
-                    // a range the others are past) may go up to twice the
-                    // window, as given-back batches may, so that it is
-                    // never starved by them (see `share`).
-                    let subscriber = share::is_subscriber(job, c);
-                    let room = if subscriber { extra } else { room };
-                    // And its range lines up with the others' (lanes keep
-                    // to their own runs).
-                    let max = match subscriber && job.lanes.is_none() {
-                        true => share::aligned_len(job, c, extra.min(range_len).min(kept.unwrap_or(u64::MAX)), window, |k| {
-                            let key = (job_id, k);
-                            t.sessions.has_consumer(job_id, k)
-                                && !w.cut_off.contains(&key)
-                                && w.outstanding_for(key) < 4 * window
-                        }),
-                        false => range_len,
-                    };
-                    let consumer = &mut job.consumers[c];
-                    let queue = &mut consumer.queue;
-                    let taken = queue.take_returned(extra.min(max)).or_else(|| match job.lanes.as_mut() {
-                        Some(lanes) => lanes.take(&job.plan, queue, worker_id, room.min(range_len)),
-                        None => queue.take(room.min(max)),
-                    });
-                    if ranges.is_empty() && taken.is_none() {
-                        continue;
-                    }
-                    // On a shared stream, other subscribers take the range
-                    // too: made once, delivered to each, up to four windows
-                    // held. A copy that waits a little for a ring slot, or
-                    // goes to the gRPC outbox, costs far less than making
-                    // the range again for one alone, and a subscriber left
-                    // out falls out of step with the others (with delivery
-                    // reports lagging, two windows left them out all the
-                    // time: docs/benchmarks.md, "Shared streams").
-                    let sessions = &t.sessions;
-                    let worker = &*w;
-                    let copies = taken.as_ref().map_or_else(Vec::new, |range| {
-                        share::copies(job, c, range, window, |k| {
-                            let key = (job_id, k);
-                            sessions.has_consumer(job_id, k)
-                                && !worker.cut_off.contains(&key)
-                                && worker.outstanding_for(key) + (range.end - range.start) <= 4 * window
-                        })
-                    });
-                    let rank = job.consumers[c].subscribes_to;
-                    // A subscriber too far behind to take the range now
-                    // reads it later: the worker keeps it, and the trailing
-                    // one is sent there.
-                    let keep = taken.as_ref().is_some_and(|range| share::needed_later(job, c, range, &copies));
-                    if let (Some(rank), Some(range)) = (rank, &taken) {
-                        let len = range.end - range.start;
-                        if keep && kept.is_none() {
-                            job.kept.made(rank, range, worker_id, now);
-                        }
-                        if kept.is_some() {
-                            // Sent to the worker that keeps it: served from
-                            // its memory unless it let the range go.
-                            crate::meters::shared_batches(job_id, "kept", len * (1 + copies.len() as u64));
-                        } else if copies.is_empty() && !keep {
-                            job.consumers[c].assigned_alone += len;
-                            crate::meters::shared_batches(job_id, "alone", len);
-                        } else {
-                            crate::meters::shared_batches(job_id, "once", len * (1 + copies.len() as u64));
-                        }
-                    }
-                    let ring_socket = t.sessions.ring_for(job_id, c as u32, &w.node).unwrap_or_default().to_owned();
-                    let copies: Vec<pb::Copy> = copies
-                        .into_iter()
-                        .map(|k| pb::Copy {
-                            consumer: k,
-                            ring_socket: t.sessions.ring_for(job_id, k, &w.node).unwrap_or_default().to_owned(),
-                        })
-                        .collect();
-                    // A backup copies batches of this consumer only (a
-                    // shared stream launches none).
-                    let backups = ranges.into_iter().map(|r| (r, Vec::new(), false));
-                    for (range, copies, keep) in backups.chain(taken.map(|r| (r, copies, keep))) {
-                        w.outstanding.entry(key).or_default().extend(range.clone());
-                        for copy in &copies {
-                            let key = (job_id, copy.consumer);
-                            w.outstanding.entry(key).or_default().extend(range.clone());
-                            // Their spans are the primary's.
-                            t.traces.assign(key, range.clone(), worker_id);
-                        }
-                        let traceparents = t.traces.assign(key, range.clone(), worker_id);
-                        tasks.push(pb::Task {
-                            job: Some(job.job.clone()),
-                            consumer: c as u32,
-                            start_seq: range.start,
-                            end_seq: range.end,
-                            ring_socket: ring_socket.clone(),
-                            traceparents,
-                            rank,
-                            copies,
-                            keep,
-                        });
-                    }
-                    progressed = true;
-                }
-            }
-            if !progressed {
-                wake.remove(&worker_id);
-                for owner in wake {
-                    if let Some(o) = t.workers.workers.get(&owner) {
-                        o.wake.notify_one();
-                    }
-                }
-                return Some(HeartbeatOutcome::Tasks { tasks, drain: false, ended });
-            }
-        }
-    }
-
-    /// Expires every worker and session whose lease ran out by `now`. A dead
-    /// worker's undelivered and unacknowledged batches go back to their
-    /// consumers' queues, to be produced by another worker; a dead session
-    /// is forgotten, so its ring is no longer routed to, and when it was the
-    /// last session of its consumer, the consumer ends: what workers hold
-    /// for it goes back to its queue and they are told to drop it. Returns
-    /// the number of workers and sessions expired.
-    pub(crate) fn expire(&self, now: Instant) -> (usize, usize) {
-        let ttl = self.config.lease_ttl;
-        let mut guard = self.lock();
-        let t = &mut *guard;
-        let dead: Vec<u64> = t
-            .workers
-            .workers
-            .iter()
-            .filter(|(_, w)| now.saturating_duration_since(w.last_seen) > ttl)
-            .map(|(&id, _)| id)
-            .collect();
-        for &id in &dead {
-            // Jobs it was making batches of: a job whose workers keep dying
-            // before any of its batches is delivered is failed, so that it
-            // takes down no more of them.
-            let held: std::collections::BTreeSet<u64> = t.workers.workers.get(&id).map_or_else(Default::default, |w| {
-                w.outstanding.iter().filter(|(_, s)| !s.is_empty()).map(|(&(job_id, _), _)| job_id).collect()
-            });
-            if let Some((address, requeued)) = retire(t, id) {
-                tracing::warn!(worker_id = id, %address, requeued, "worker lease expired");
-                for job_id in held {
-                    poisoned(t, job_id, &address);
-                }
-            }
-        }
-        let (sessions, told) = end_sessions(t, "session lease expired", |_, s| now.saturating_duration_since(s.last_seen) > ttl);
-        crate::meters::lease_expired("worker", dead.len());
-        crate::meters::lease_expired("session", sessions);
-        crate::meters::tables(t.workers.workers.len(), t.sessions.sessions.len(), t.jobs.iter().count());
-        drop(guard);
-        // Wake long polls: requeued batches, and workers to tell.
-        if !dead.is_empty() || told > 0 {
-            self.work_available.notify_waiters();
-        }
-        (dead.len(), sessions)
-    }
-
     /// Ends a session at once, after recording its watermark: the trainer
     /// finished or stopped. When it was its consumer's last session, what
     /// workers hold for the consumer is taken back, as when a lease expires.
@@ -888,93 +543,6 @@ impl Coordinator {
             self.work_available.notify_waiters();
         }
         Ok(())
-    }
-
-    /// Expires leases every `reap_interval` (a quarter TTL) until `stop` is
-    /// cancelled.
-    pub(crate) async fn reap_leases(self, stop: tokio_util::sync::CancellationToken) {
-        let mut tick = tokio::time::interval(loader_job::lease::reap_interval(self.config.lease_ttl));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                _ = tick.tick() => { self.expire(Instant::now()); }
-            }
-        }
-    }
-
-    pub(crate) fn list_workers(&self) -> Vec<pb::WorkerInfo> {
-        let t = self.lock();
-        let now = Instant::now();
-        t.workers
-            .workers
-            .iter()
-            .map(|(&id, w)| pb::WorkerInfo {
-                worker_id: id,
-                address: w.address.clone(),
-                node: w.node.clone(),
-                outstanding: w.outstanding_total(),
-                delivered: w.delivered,
-                last_seen_ms: now.duration_since(w.last_seen).as_millis() as u64,
-                draining: w.draining,
-                busy: w.busy,
-                delivered_samples: w.delivered_samples,
-                pid: w.pid,
-                storage: w.storage_use.clone(),
-            })
-            .collect()
-    }
-
-    pub(crate) fn list_sessions(&self) -> Vec<pb::SessionInfo> {
-        let t = self.lock();
-        let now = Instant::now();
-        let mut out: Vec<pb::SessionInfo> = t
-            .sessions
-            .sessions
-            .iter()
-            .map(|(&id, s)| pb::SessionInfo {
-                session_id: id,
-                job_id: s.job_id,
-                consumer: s.consumer,
-                node: s.node.clone(),
-                ring: !s.ring_socket.is_empty(),
-                last_seen_ms: now.duration_since(s.last_seen).as_millis() as u64,
-                stall_ms: s.stall_ms,
-            })
-            .collect();
-        out.sort_by_key(|s| s.session_id);
-        out
-    }
-
-    pub(crate) fn list_jobs(&self) -> Vec<pb::JobInfo> {
-        let t = self.lock();
-        t.jobs
-            .iter()
-            .map(|j| pb::JobInfo {
-                job: Some(j.job.clone()),
-                consumers: j
-                    .consumers
-                    .iter()
-                    .enumerate()
-                    .map(|(i, c)| pb::ConsumerProgress {
-                        consumer: i as u32,
-                        assigned: c.queue.handed_out(),
-                        delivered: c.delivered,
-                        resent: c.resent,
-                        consumed: c.consumed,
-                        total: j.plan.total_batches(),
-                        backup_launched: c.backups.launched,
-                        backup_won: c.backups.won,
-                        backup_wasted: c.backups.wasted,
-                        subscribes_to: c.subscribes_to,
-                        left: c.left,
-                        assigned_alone: c.assigned_alone,
-                    })
-                    .collect(),
-                error: j.error.clone().unwrap_or_default(),
-                cache: j.cache.clone(),
-            })
-            .collect()
     }
 }
 
