@@ -30,132 +30,45 @@
 //!
 //! Each worker also counts its own hits, misses, stored bytes and refusals
 //! for Prometheus (`loader_worker_sample_cache_*_total`) and per thread
-//! in [`own_use`], which its producer attributes to the job it was making
+//! in [`own_use()`], which its producer attributes to the job it was making
 //! a batch of and its heartbeats report to the coordinator (`loaderctl
 //! status`); the file's header holds the sums over every worker, which the
 //! trainer reads.
+//!
+//! This module holds the entries' path, the one every sample takes: the
+//! mapped [`SampleCache`], reading an entry back, claiming, filling and
+//! publishing one, and counting hits, misses and stores (kept beside the
+//! slots and header words they touch, so that path reads in one place).
+//! The rest is in submodules: `layout`, the file's layout in named
+//! constants and the header's words; `file`, making, opening and
+//! inheriting the file, and why that can fail ([`CacheError`]); `off`, why
+//! a cache was turned off ([`Off`]); `own_use`, one thread's own counts
+//! ([`OwnUse`]); `stats`, the counters summed over every worker as the
+//! trainer reads them ([`Stats`]); `on_node`, a cache the workers of one
+//! node share by name.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
-use std::path::Path;
+use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use memmap2::{MmapOptions, MmapRaw};
-use nix::fcntl::OFlag;
-use nix::sys::memfd::{MFdFlags, memfd_create};
+use memmap2::MmapRaw;
 
-/// The variable a loader's trainer sets in each worker it forks, naming
-/// the cache they share: `{"fd": N, "entries": M}`
-/// (`python/loader/_template.py`).
-pub const INHERITED: &str = "LOADER_SAMPLE_CACHE";
+mod file;
+mod layout;
+mod off;
+mod own_use;
+mod stats;
 
-/// "LDRCACH1": the file is a sample cache of this layout.
-const MAGIC: u64 = u64::from_le_bytes(*b"LDRCACH1");
-/// Bytes before the slots: the header's words, padded to a page.
-const HEADER: usize = 4096;
-/// Bytes per slot: the state word and the entry's length.
-const SLOT: usize = 16;
-/// Entries start at multiples of this (a cache line).
-const ALIGN: u64 = 64;
-/// The most entries a cache holds (16 GiB of slots would be absurd):
-/// a billion samples.
-pub const MAX_ENTRIES: u64 = 1 << 30;
+pub use file::{CacheError, INHERITED};
+pub use layout::MAX_ENTRIES;
+pub use off::Off;
+pub use own_use::{OwnUse, own_use, take_off_seen};
+pub use stats::Stats;
 
-/// Slot states; a published slot holds `READY | offset`.
-const EMPTY: u64 = 0;
-const CLAIMED: u64 = 1;
-const NEVER: u64 = 2;
-const READY: u64 = 1 << 63;
-
-/// The header's words, by index.
-#[derive(Clone, Copy)]
-#[repr(usize)]
-enum Word {
-    Magic = 0,
-    Entries,
-    /// The allocation cursor: bytes of the data area taken.
-    Next,
-    /// 0 while on; otherwise why it was turned off ([`Off`]).
-    Off,
-    Hits,
-    Misses,
-    Stored,
-    StoredBytes,
-    /// Entries refused because the space ran out.
-    Refused,
-    /// Nanoseconds spent loading samples that missed, and how many.
-    LoadNanos,
-    Loads,
-    /// Nanoseconds spent reading samples back from the cache, and how many.
-    HitNanos,
-    HitsTimed,
-    /// Nanoseconds spent storing entries (encoding and writing), and how
-    /// many.
-    StoreNanos,
-    StoresTimed,
-}
-
-/// Why a cache was turned off.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Off {
-    /// Reading a sample back cost about as much as loading it.
-    DoesNotPay,
-    /// A sample could not be stored or read back (its codec failed).
-    Failed,
-    /// The job reads each sample once: nothing would be read back.
-    OneEpoch,
-    /// The cache's file system ran out of space (a full `--cache-dir`).
-    NoSpace,
-}
-
-impl Off {
-    fn code(self) -> u64 {
-        match self {
-            Off::DoesNotPay => 1,
-            Off::Failed => 2,
-            Off::OneEpoch => 3,
-            Off::NoSpace => 4,
-        }
-    }
-
-    fn of(code: u64) -> Option<Off> {
-        match code {
-            0 => None,
-            1 => Some(Off::DoesNotPay),
-            3 => Some(Off::OneEpoch),
-            4 => Some(Off::NoSpace),
-            _ => Some(Off::Failed),
-        }
-    }
-
-    /// Its name in the protocol (`CacheUse.off`) and in the Python half
-    /// (`SampleCache.turn_off`).
-    pub fn name(self) -> &'static str {
-        match self {
-            Off::DoesNotPay => "does-not-pay",
-            Off::Failed => "failed",
-            Off::OneEpoch => "one-epoch",
-            Off::NoSpace => "no-space",
-        }
-    }
-
-    /// The reason named `name` (see [`name`](Self::name)).
-    pub fn named(name: &str) -> Option<Off> {
-        [Off::DoesNotPay, Off::Failed, Off::OneEpoch, Off::NoSpace].into_iter().find(|off| off.name() == name)
-    }
-
-    /// How the worker log and `cache_stats` say it.
-    pub fn describe(self) -> &'static str {
-        match self {
-            Off::DoesNotPay => "storing and reading samples back cost about as much as loading them",
-            Off::Failed => "a sample could not be stored in or read from the cache",
-            Off::OneEpoch => "the job has one epoch: no sample is read twice",
-            Off::NoSpace => "its directory ran out of space: nothing more is stored, samples load as without a cache",
-        }
-    }
-}
+use file::location;
+use layout::{ALIGN, CLAIMED, EMPTY, HEADER, NEVER, READY, SLOT, Word};
+use own_use::{OFF_SEEN, own};
 
 /// What became of a [`SampleCache::put`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -170,111 +83,6 @@ pub enum Put {
     Refused,
 }
 
-/// The counters of a cache, summed over every worker using it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Stats {
-    /// Indexes the cache has a slot for.
-    pub entries: u64,
-    /// Bytes of entries it may hold.
-    pub capacity: u64,
-    /// Reads that found their entry.
-    pub hits: u64,
-    /// Reads that loaded their sample.
-    pub misses: u64,
-    /// Entries stored.
-    pub stored: u64,
-    /// Bytes of the entries stored.
-    pub stored_bytes: u64,
-    /// Entries refused because the space ran out.
-    pub refused: u64,
-    /// Nanoseconds spent loading the samples of misses.
-    pub load_nanos: u64,
-    /// Misses whose load was timed.
-    pub loads: u64,
-    /// Nanoseconds spent reading entries back.
-    pub hit_nanos: u64,
-    /// Reads back that were timed.
-    pub hits_timed: u64,
-    /// Nanoseconds spent storing entries.
-    pub store_nanos: u64,
-    /// Stores that were timed.
-    pub stores_timed: u64,
-    /// Why it was turned off, if it was.
-    pub off: Option<Off>,
-}
-
-/// One thread's own use of sample caches (see [`own_use`]): the header's
-/// counters sum over every co-located worker, these over one thread of
-/// one.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct OwnUse {
-    /// Reads that found their entry.
-    pub hits: u64,
-    /// Reads that loaded their sample.
-    pub misses: u64,
-    /// Bytes of the entries this thread stored.
-    pub stored_bytes: u64,
-    /// Entries refused because the space ran out.
-    pub refused: u64,
-}
-
-impl OwnUse {
-    /// What was counted between `earlier` and `self`.
-    pub fn since(&self, earlier: &OwnUse) -> OwnUse {
-        OwnUse {
-            hits: self.hits.saturating_sub(earlier.hits),
-            misses: self.misses.saturating_sub(earlier.misses),
-            stored_bytes: self.stored_bytes.saturating_sub(earlier.stored_bytes),
-            refused: self.refused.saturating_sub(earlier.refused),
-        }
-    }
-
-    /// Adds `more` to these counts.
-    pub fn add(&mut self, more: &OwnUse) {
-        self.hits += more.hits;
-        self.misses += more.misses;
-        self.stored_bytes += more.stored_bytes;
-        self.refused += more.refused;
-    }
-
-    /// Nothing was counted.
-    pub fn is_empty(&self) -> bool {
-        *self == OwnUse::default()
-    }
-}
-
-thread_local! {
-    /// This thread's [`OwnUse`].
-    static OWN: std::cell::Cell<OwnUse> = const { std::cell::Cell::new(OwnUse { hits: 0, misses: 0, stored_bytes: 0, refused: 0 }) };
-    /// The [`Off`] code a cache this thread used was last found off with
-    /// (0: none since [`take_off_seen`]).
-    static OFF_SEEN: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
-}
-
-/// This thread's own use of sample caches since it started: a worker's
-/// producer thread reads every sample it makes on itself (a Python
-/// dataset's `__getitem__` too), so the counts that move while it makes a
-/// job's batch are that job's.
-pub fn own_use() -> OwnUse {
-    OWN.with(std::cell::Cell::get)
-}
-
-/// Why a cache this thread read or stored through was off, if one was
-/// since the last call (and forgets it): a cache turned off records no
-/// use, so its job learns of it this way.
-pub fn take_off_seen() -> Option<Off> {
-    Off::of(OFF_SEEN.with(|off| off.replace(0)))
-}
-
-/// Adds to this thread's [`OwnUse`].
-fn own(count: impl FnOnce(&mut OwnUse)) {
-    OWN.with(|own| {
-        let mut used = own.get();
-        count(&mut used);
-        own.set(used);
-    });
-}
-
 /// A sample cache mapped in this process (see the module docs).
 #[derive(Debug)]
 pub struct SampleCache {
@@ -287,138 +95,7 @@ pub struct SampleCache {
     capacity: u64,
 }
 
-/// Why a cache file could not be opened.
-#[derive(Debug, thiserror::Error)]
-pub enum CacheError {
-    /// Creating, sizing or mapping the file failed.
-    #[error("sample cache: {0}")]
-    Io(#[from] io::Error),
-    /// The file is not a cache of the expected layout.
-    #[error("sample cache: the file is not a sample cache of {entries} entries ({why})")]
-    NotACache {
-        /// Entries the caller expected.
-        entries: u64,
-        /// What did not match.
-        why: &'static str,
-    },
-    /// More entries than a cache holds.
-    #[error("sample cache: {0} entries is more than the {MAX_ENTRIES} a cache holds")]
-    TooManyEntries(u64),
-    /// The directory has no room for the cache's index.
-    #[error("sample cache: {where_} has no room for the cache's index of {bytes} bytes ({source}); free space there or give another --cache-dir")]
-    NoSpace {
-        /// The directory (or "memory").
-        where_: String,
-        /// Bytes the index needs.
-        bytes: u64,
-        /// The file system's answer.
-        source: io::Error,
-    },
-}
-
 impl SampleCache {
-    /// A new cache of `entries` indexes and `capacity` bytes of entries: a
-    /// memfd, or an unnamed file in `dir`. The file is sparse: memory (or
-    /// disk) is taken as entries are written.
-    pub fn create(entries: u64, capacity: u64, dir: Option<&Path>) -> Result<Self, CacheError> {
-        let data_at = data_at(entries)?;
-        let file = match dir {
-            None => File::from(memfd_create("loader-sample-cache", MFdFlags::MFD_CLOEXEC).map_err(io::Error::from)?),
-            Some(dir) => OpenOptions::new()
-                .read(true)
-                .write(true)
-                .mode(0o600)
-                .custom_flags(OFlag::O_TMPFILE.bits() | OFlag::O_CLOEXEC.bits())
-                .open(dir)
-                .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", dir.display())))?,
-        };
-        let size = (data_at as u64).checked_add(capacity).ok_or(CacheError::NotACache { entries, why: "too large" })?;
-        file.set_len(size)?;
-        // The header and slots are written through the mapping: their
-        // space is taken now, so a full directory is this one-line error
-        // rather than a SIGBUS at the first store.
-        if let Err(source) = allocate(&file, 0, data_at as u64) {
-            if source.raw_os_error() == Some(nix::libc::ENOSPC) {
-                return Err(CacheError::NoSpace { where_: location(&file), bytes: data_at as u64, source });
-            }
-        }
-        let cache = Self::map(file, entries, data_at)?;
-        cache.word(Word::Entries).store(entries, Ordering::Relaxed);
-        cache.word(Word::Magic).store(MAGIC, Ordering::Release);
-        Ok(cache)
-    }
-
-    /// Lets processes this one starts with `exec` inherit the cache's
-    /// descriptor (it is made close-on-exec): `loaderctl run --cache`
-    /// starts its workers so, naming the descriptor in [`INHERITED`]
-    /// ([`variable`](Self::variable)).
-    pub fn inherit_across_exec(&self) -> io::Result<()> {
-        use nix::fcntl::{FcntlArg, FdFlag, fcntl};
-        fcntl(self.file.as_fd(), FcntlArg::F_SETFD(FdFlag::empty())).map(drop).map_err(io::Error::from)
-    }
-
-    /// The value of [`INHERITED`] that names this cache to a worker that
-    /// inherits its descriptor.
-    pub fn variable(&self) -> String {
-        serde_json::json!({ "fd": self.file.as_raw_fd(), "entries": self.entries }).to_string()
-    }
-
-    /// The cache another process created, of `entries` indexes, from its
-    /// descriptor.
-    pub fn open(file: File, entries: u64) -> Result<Self, CacheError> {
-        let data_at = data_at(entries)?;
-        let size = file.metadata()?.len();
-        if size < data_at as u64 {
-            return Err(CacheError::NotACache { entries, why: "too short" });
-        }
-        let cache = Self::map(file, entries, data_at)?;
-        if cache.word(Word::Magic).load(Ordering::Acquire) != MAGIC {
-            return Err(CacheError::NotACache { entries, why: "no magic" });
-        }
-        if cache.word(Word::Entries).load(Ordering::Relaxed) != entries {
-            return Err(CacheError::NotACache { entries, why: "made for another number of samples" });
-        }
-        Ok(cache)
-    }
-
-    /// The cache this process inherited from its trainer ([`INHERITED`]),
-    /// made for `entries` indexes; None when it inherited none. The
-    /// descriptor is reopened, so it stays where it was.
-    pub fn inherited(entries: u64) -> Result<Option<Self>, CacheError> {
-        let Ok(named) = std::env::var(INHERITED) else {
-            return Ok(None);
-        };
-        let given: serde_json::Value =
-            serde_json::from_str(&named).map_err(|_| CacheError::NotACache { entries, why: "the variable is not its JSON" })?;
-        let field = |name: &str| given.get(name).and_then(serde_json::Value::as_u64);
-        let (Some(fd), Some(made_for)) = (field("fd"), field("entries")) else {
-            return Err(CacheError::NotACache { entries, why: "the variable names no descriptor" });
-        };
-        if made_for != entries {
-            return Err(CacheError::NotACache { entries, why: "made for another number of samples" });
-        }
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(format!("/proc/self/fd/{fd}"))
-            .map_err(|e| io::Error::new(e.kind(), format!("descriptor {fd}: {e}")))?;
-        Self::open(file, entries).map(Some)
-    }
-
-    fn map(file: File, entries: u64, data_at: usize) -> Result<Self, CacheError> {
-        let size = file.metadata()?.len();
-        let map = MmapOptions::new().map_raw(&file)?;
-        if (map.len() as u64) != size {
-            return Err(CacheError::NotACache { entries, why: "mapped short" });
-        }
-        Ok(Self { capacity: size - data_at as u64, file, map, entries, data_at })
-    }
-
-    /// The file's descriptor, to hand to a worker.
-    pub fn fd(&self) -> BorrowedFd<'_> {
-        self.file.as_fd()
-    }
-
     /// Indexes the cache has a slot for.
     pub fn entries(&self) -> u64 {
         self.entries
@@ -631,26 +308,6 @@ impl SampleCache {
         self.count(Word::StoresTimed, 1);
     }
 
-    /// Every worker's counters.
-    pub fn stats(&self) -> Stats {
-        let w = |word| self.word(word).load(Ordering::Relaxed);
-        Stats {
-            entries: self.entries,
-            capacity: self.capacity,
-            hits: w(Word::Hits),
-            misses: w(Word::Misses),
-            stored: w(Word::Stored),
-            stored_bytes: w(Word::StoredBytes),
-            refused: w(Word::Refused),
-            load_nanos: w(Word::LoadNanos),
-            loads: w(Word::Loads),
-            hit_nanos: w(Word::HitNanos),
-            hits_timed: w(Word::HitsTimed),
-            store_nanos: w(Word::StoreNanos),
-            stores_timed: w(Word::StoresTimed),
-            off: Off::of(w(Word::Off)),
-        }
-    }
 
     fn count(&self, word: Word, n: u64) {
         self.word(word).fetch_add(n, Ordering::Relaxed);
@@ -694,25 +351,6 @@ fn allocate(file: &File, offset: u64, len: u64) -> io::Result<()> {
         return Err(io::Error::from_raw_os_error(nix::libc::EFBIG));
     };
     nix::fcntl::fallocate(file, nix::fcntl::FallocateFlags::empty(), offset, len).map_err(io::Error::from)
-}
-
-/// Where `file` lives, for messages: its directory, or "memory" for a memfd.
-fn location(file: &File) -> String {
-    match std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd())) {
-        Ok(path) if path.to_string_lossy().starts_with("/memfd:") => "memory (a memfd)".to_owned(),
-        Ok(path) => path.parent().map_or_else(|| path.display().to_string(), |dir| dir.display().to_string()),
-        Err(_) => "the cache's file system".to_owned(),
-    }
-}
-
-/// Where the data area of a cache of `entries` starts: after the header and
-/// the slots, at a page boundary.
-fn data_at(entries: u64) -> Result<usize, CacheError> {
-    if entries > MAX_ENTRIES {
-        return Err(CacheError::TooManyEntries(entries));
-    }
-    let end = HEADER + entries as usize * SLOT;
-    Ok(end.div_ceil(4096) * 4096)
 }
 
 pub mod on_node;

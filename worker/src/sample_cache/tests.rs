@@ -1,6 +1,8 @@
 use std::os::fd::AsFd;
 use std::sync::Arc;
 
+use nix::sys::memfd::{MFdFlags, memfd_create};
+
 use super::*;
 
 fn reopen(cache: &SampleCache) -> SampleCache {
