@@ -107,7 +107,7 @@ fn read_chunk(file: &mut File, offset: u64, size: u64) -> std::io::Result<Vec<u8
 }
 
 fn file_error(blob: &BlobRef, cause: String) -> LoaderError {
-    LoaderError::BlobFile { name: blob.name.clone(), path: blob.source.clone().into(), cause }
+    LoaderError::Job(loader_job::Error::BlobFile { name: blob.name.clone(), path: blob.source.clone().into(), cause })
 }
 
 #[cfg(test)]

@@ -2,8 +2,6 @@
 //! a [`LoaderError`], so retryable and fatal failures are told apart the same
 //! way everywhere.
 
-use std::path::PathBuf;
-
 use loader_job::spec::SpecError;
 use tonic::{Code, Status};
 
@@ -60,37 +58,17 @@ pub enum LoaderError {
     /// A TLS or token setting (flag or `LOADER_*` variable) cannot be used.
     #[error(transparent)]
     Security(#[from] loader_process::security::SecurityError),
-    /// The token file of a `tokens` dataset cannot be used.
-    #[error("token file {}: {cause}", path.display())]
-    TokenFile {
-        /// Path of the file.
-        path: PathBuf,
-        /// What is wrong with it.
-        cause: String,
-    },
-    /// The file of a job's blob (a spec's `pickle_file`) cannot be read, or
-    /// changed since the spec was built.
-    #[error("blob `{name}` {}: {cause}", path.display())]
-    BlobFile {
-        /// The blob's name in the spec.
-        name: String,
-        /// Its file.
-        path: PathBuf,
-        /// What is wrong with it.
-        cause: String,
-    },
+    /// A spec could not be written down: a token file, a blob's file (or
+    /// one that changed since the spec was built), or a spec file (YAML or
+    /// JSON) that cannot be used. The job model's own error, with its words
+    /// (`loader_job::Error`); a bad field and a dataset's listing keep their
+    /// variants ([`LoaderError::Spec`], [`LoaderError::Listing`]).
+    #[error(transparent)]
+    Job(loader_job::Error),
     /// A dataset's files cannot be listed (missing folder, a file that is
     /// no tar shard or npy array, arrays of different lengths).
     #[error(transparent)]
     Listing(#[from] loader_listing::ListingError),
-    /// A spec file (YAML or JSON) does not parse or names a bad value.
-    #[error("{origin}: {message}")]
-    SpecFile {
-        /// The file, or `spec` for text handed in directly.
-        origin: String,
-        /// The field at fault and what was expected, on one line.
-        message: String,
-    },
     /// A worker sent a frame that is not a valid batch of this session.
     #[error("worker {address}: {problem}")]
     BadBatch {
@@ -164,16 +142,14 @@ pub enum LoaderError {
 }
 
 /// The one place a spec authoring error ([`loader_job::Error`]) becomes a
-/// [`LoaderError`]: variant for variant, with the same message, so `?` on a
-/// spec builder or parser keeps the SDK's error type and its words.
+/// [`LoaderError`], with the same message: a bad field and a listing keep
+/// the variants every other path gives them, the rest is wrapped whole.
 impl From<loader_job::Error> for LoaderError {
     fn from(e: loader_job::Error) -> Self {
         match e {
             loader_job::Error::Spec(e) => LoaderError::Spec(e),
             loader_job::Error::Listing(e) => LoaderError::Listing(e),
-            loader_job::Error::TokenFile { path, cause } => LoaderError::TokenFile { path, cause },
-            loader_job::Error::BlobFile { name, path, cause } => LoaderError::BlobFile { name, path, cause },
-            loader_job::Error::SpecFile { origin, message } => LoaderError::SpecFile { origin, message },
+            e => LoaderError::Job(e),
         }
     }
 }

@@ -24,10 +24,8 @@ pub(crate) fn to_py(e: impl Into<ClientError>) -> PyErr {
         ClientError::InvalidArgument(_)
         | ClientError::InvalidAddress { .. }
         | ClientError::Spec(_)
-        | ClientError::TokenFile { .. }
-        | ClientError::BlobFile { .. }
+        | ClientError::Job(_)
         | ClientError::Listing(_)
-        | ClientError::SpecFile { .. }
         | ClientError::State(_) => PyValueError::new_err(e.to_string()),
         other => LoaderError::new_err(other.to_string()),
     }
