@@ -18,10 +18,20 @@
 //! sleep and a wake-up is the largest CPU cost of a batch on a virtual
 //! machine), and it never sleeps past the hold deadline the pace sets. A
 //! hang-up on a worker's socket wakes it at once.
+//!
+//! This module holds the consumer's state, its two fronts and what a
+//! batch that is handed out does (its credit goes back, the watermark
+//! moves, the job ends after its last one). The rest is in submodules:
+//! `wait`, one turn of the loop (`prepare`, the plan of a wait, what ended
+//! it, `after_wait`); `ring`, the ring's part in a wait (arming its
+//! doorbell at the pace, reading its sockets, its readiness on the
+//! caller's runtime); `stuck`, what the consumer does when the batch it
+//! waits on does not come (reports it late, gives credits back early,
+//! nudges the routes task, ends with the error of a worker that left the
+//! ring).
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::BTreeSet;
 use std::convert::Infallible;
-use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,10 +39,9 @@ use loader_ring::trainer::{Inbox, Pace};
 use loader_ring::wake::{Ready, WaitFd, WaitSet};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::Notify;
-use tokio::sync::mpsc::error::TryRecvError;
 use tokio::time::Instant;
 
-use crate::batch::{Batch, Expected, Transport};
+use crate::batch::{Batch, Expected};
 use crate::error::LoaderError;
 use crate::event::{Credit, Event, EventRx};
 use crate::gap::GapWatch;
@@ -41,19 +50,15 @@ use crate::meters::TrainerMeters;
 use crate::reorder::Reorder;
 use crate::session::Session;
 
-/// How long the consumer waits on a gap, holding batches, before it suspects
-/// a worker is out of credits with the missing batch queued (see
-/// `Routes::unstick`).
-pub(crate) const STALL_GRACE: Duration = Duration::from_secs(1);
-/// While the consumer waits on a late batch (a backup task copies it), how
-/// often a wait that brings nothing gives each source a credit early: the
-/// copy comes from a worker whose credits the batches held here took, and
-/// which first finishes the batches it was making when it took the copy
-/// (each needing a credit), then sends its lowest batch first.
-const LATE_TICK: Duration = Duration::from_millis(25);
-/// Bytes of batches whose credits go back early while one batch is late:
-/// memory grows by at most this much for a copy that does not come.
-const LATE_SPREAD_BYTES: u64 = 64 << 20;
+mod ring;
+mod stuck;
+mod wait;
+
+pub(crate) use stuck::STALL_GRACE;
+
+use ring::ring_ready;
+use wait::{Call, Step, Woke};
+
 /// Bound on the best-effort final heartbeat after the last batch.
 const FINAL_HEARTBEAT: Duration = Duration::from_secs(1);
 
@@ -105,71 +110,6 @@ pub(crate) struct Consumer {
     meters: TrainerMeters,
     /// When the batch waited on (in order) is late: a backup task's trigger.
     late: LateWatch,
-}
-
-/// The ring's part in a wait.
-enum RingWait {
-    /// No ring.
-    Off,
-    /// Reports are in that were not read: read instead of sleeping.
-    Unread,
-    /// The workers ring after enough reports; read by the deadline, if any,
-    /// whatever came.
-    Armed(Option<Instant>),
-}
-
-/// What `prepare` found.
-enum Step {
-    /// A batch, the end, or the error that ends the iterator: hand it out.
-    Yield(Option<Result<Batch, LoaderError>>),
-    /// Nothing yet: sleep as planned, then `after_wait`.
-    Wait(WaitPlan),
-}
-
-/// One wait, as `prepare` planned it.
-struct WaitPlan {
-    /// When the wait began: stall time counts from here.
-    waiting: Instant,
-    /// When a wait that brings nothing finds the consumer stuck (see
-    /// `Consumer::stuck`).
-    tick_at: Instant,
-    /// Wake by then whatever comes: the tick, an armed ring's hold deadline
-    /// or the caller's next check, whichever is first.
-    deadline: Instant,
-}
-
-/// What ended a wait, told the same way by both fronts.
-enum Woke {
-    /// An event, or `None`: the channel closed. Only the async front takes
-    /// events while it sleeps; the blocking one is woken by their doorbell.
-    Event(Option<Event>),
-    /// The wait set has something: the doorbell rang (the ring's reports
-    /// asked for are in, or, for a blocking wait, an event was sent) or a
-    /// ring socket hung up or can take grants. Or waiting failed.
-    WaitSet(io::Result<()>),
-    /// The plan's deadline passed first.
-    Timer,
-}
-
-/// What the waits of one `next` call share.
-struct Call {
-    /// When the call began: time the user spends on a batch is no gap, so a
-    /// worker that left the ring is judged lost from here at the earliest
-    /// (see `GapWatch::lost`).
-    called: Instant,
-    /// When nothing has arrived for a tick (see `Consumer::stuck`): kept
-    /// across wake-ups that bring nothing, restarted by anything that
-    /// arrives.
-    tick_at: Option<Instant>,
-}
-
-impl Call {
-    fn new() -> Self {
-        Self {
-            called: Instant::now(),
-            tick_at: None,
-        }
-    }
 }
 
 impl Consumer {
@@ -345,134 +285,6 @@ impl Consumer {
         }
     }
 
-    /// The steps before a wait, the same for both fronts: hands out a ready
-    /// batch, the end or an error; takes in queued events and reports that
-    /// are in without blocking; otherwise arms the ring and plans a wait
-    /// that ends by `check_at` too, if given.
-    fn prepare(&mut self, call: &mut Call, check_at: Option<Instant>) -> Step {
-        if self.done {
-            return Step::Yield(None);
-        }
-        loop {
-            if let Some(item) = self.take_ready() {
-                return Step::Yield(item);
-            }
-            let queued = match self.events.try_recv() {
-                Ok(event) => Some(Some(event)),
-                Err(TryRecvError::Disconnected) => Some(None),
-                Err(TryRecvError::Empty) => None,
-            };
-            if let Some(event) = queued {
-                call.tick_at = None;
-                if let Some(e) = self.on_event(event) {
-                    return Step::Yield(self.fail(e));
-                }
-                continue;
-            }
-            let waiting = Instant::now();
-            let hold_at = match self.arm_ring(waiting) {
-                RingWait::Off => None,
-                RingWait::Armed(hold_at) => hold_at,
-                RingWait::Unread => match self.read_ring() {
-                    Ok(_) => {
-                        call.tick_at = None;
-                        continue;
-                    }
-                    Err(e) => return Step::Yield(self.fail(e)),
-                },
-            };
-            let mut tick = self.gap.as_ref().map_or(STALL_GRACE, GapWatch::tick);
-            if self.spreading_late() {
-                tick = tick.min(LATE_TICK);
-            }
-            let tick_at = *call.tick_at.get_or_insert(waiting + tick);
-            let late_at = self.watch_late(waiting);
-            let deadline = [hold_at, check_at, late_at]
-                .into_iter()
-                .flatten()
-                .fold(tick_at, Instant::min);
-            return Step::Wait(WaitPlan {
-                waiting,
-                tick_at,
-                deadline,
-            });
-        }
-    }
-
-    /// The steps after a wait, the same for both fronts, whatever ended it:
-    /// disarms the ring, counts the wait as stall, takes in what came (the
-    /// event, or whatever the ring's sockets have), and when a whole tick
-    /// brought nothing, looks into why (`stuck`). Returns the error that
-    /// ends the iterator, if any.
-    fn after_wait(&mut self, woke: Woke, plan: &WaitPlan, call: &mut Call) -> Option<LoaderError> {
-        self.disarm_ring();
-        let now = Instant::now();
-        if let Some(seq) = self.late.due(now) {
-            self.report_late(seq);
-        }
-        self.session.progress().add_stall(now - plan.waiting);
-        self.meters.stalled(now - plan.waiting);
-        let arrived = match woke {
-            Woke::Event(event) => match self.on_event(event) {
-                Some(e) => Err(e),
-                None => Ok(true),
-            },
-            Woke::WaitSet(Err(e)) => Err(wait_failed(e)),
-            // Woken (a report count, an event, a hang-up) or timed out:
-            // either way, what the ring has is read.
-            Woke::WaitSet(Ok(())) => self.read_ring().map(|_| true),
-            Woke::Timer => self.read_ring().map(|filled| filled > 0),
-        };
-        match arrived {
-            Err(e) => Some(e),
-            Ok(true) => {
-                call.tick_at = None;
-                None
-            }
-            Ok(false) if now >= plan.tick_at => {
-                call.tick_at = None;
-                self.stuck(call.called)
-            }
-            Ok(false) => None,
-        }
-    }
-
-    /// Before a wait for the next batch in order: when it will be late (and
-    /// reports it if it is already).
-    fn watch_late(&mut self, now: Instant) -> Option<Instant> {
-        if !self.reorder.in_order() {
-            return None;
-        }
-        let late_at = self.late.waiting_on(self.reorder.watermark(), now)?;
-        if let Some(seq) = self.late.due(now) {
-            self.report_late(seq);
-        }
-        // Past it (reported): nothing more to wake for.
-        (late_at > now).then_some(late_at)
-    }
-
-    /// Batch `seq` is late: the coordinator is told (it launches a backup),
-    /// and each source gets a credit at once for the copy to come through.
-    fn report_late(&mut self, seq: u64) {
-        self.session.report_late(seq);
-        self.late_spread = Some(self.spread_credits());
-    }
-
-    /// Whether the batch waited on is late and batches held here may still
-    /// give their credits back early.
-    fn spreading_late(&self) -> bool {
-        self.reorder.len() > 0 && self.late_spread.is_some_and(|bytes| bytes < LATE_SPREAD_BYTES)
-    }
-
-    /// Registers the wait set with the caller's runtime, the first time an
-    /// async `next` waits on a ring.
-    fn register_async_wait(&mut self) -> io::Result<()> {
-        if self.inbox.is_some() && self.async_wait.is_none() {
-            self.async_wait = Some(WaitFd::register(Arc::clone(&self.wait))?);
-        }
-        Ok(())
-    }
-
     /// The next batch if it arrived, or the end: `None` means wait.
     fn take_ready(&mut self) -> Option<Option<Result<Batch, LoaderError>>> {
         if let Some((seq, (mut batch, credit))) = self.reorder.pop() {
@@ -527,103 +339,6 @@ impl Consumer {
         }
     }
 
-    /// Before a wait: asks the ring's workers to ring after the reports the
-    /// pace plans for (see `ring::pace`), unless some are in already.
-    fn arm_ring(&mut self, now: Instant) -> RingWait {
-        let Some(inbox) = &self.inbox else {
-            return RingWait::Off;
-        };
-        if inbox.unread() {
-            return RingWait::Unread;
-        }
-        let received = self.yielded + self.reorder.len() as u64;
-        let plan = self
-            .pace
-            .plan(inbox.in_flight(), self.total.saturating_sub(received));
-        if !inbox.arm(plan.reports) {
-            return RingWait::Unread;
-        }
-        self.pace.waiting(now, plan);
-        RingWait::Armed(plan.hold.map(|hold| now + hold))
-    }
-
-    /// After a wait, whatever ended it.
-    fn disarm_ring(&self) {
-        if let Some(inbox) = &self.inbox {
-            inbox.disarm();
-        }
-    }
-
-    /// Reads every ring socket: reports become batches, writable sockets
-    /// take the grants that waited for them. Returns the batches read.
-    fn read_ring(&mut self) -> Result<u64, LoaderError> {
-        let Some(inbox) = self.inbox.as_ref() else {
-            return Ok(0);
-        };
-        if !self.ready.writable.is_empty() {
-            inbox.flush(&self.ready.writable);
-            self.ready.writable.clear();
-        }
-        let reorder = &mut self.reorder;
-        let Some(expected) = self.expected.as_ref() else {
-            return Ok(0);
-        };
-        let filled = inbox.read_all(|filled| Batch::from_filled(filled, expected), |batch, credit| accept(reorder, batch, credit))?;
-        self.pace.read(Instant::now(), filled);
-        Ok(filled)
-    }
-
-    /// Nothing arrived for a tick: nudges the workers that may hold the
-    /// gap, or ends with the error of a worker that left the ring.
-    fn stuck(&mut self, called: Instant) -> Option<LoaderError> {
-        if self.reorder.len() > 0 {
-            if self.spreading_late() {
-                let bytes = self.spread_credits();
-                self.late_spread = self.late_spread.map(|b| b + bytes);
-            } else if self.last_stall_notice.elapsed() >= STALL_GRACE {
-                self.last_stall_notice = Instant::now();
-                self.stalled.notify_one();
-                self.spread_credits();
-            }
-            if let Some(gap) = &mut self.gap {
-                gap.stuck(self.reorder.pending_mut(), Credit::give_back_early);
-            }
-        }
-        self.gap.as_ref()?.lost(called)
-    }
-
-    /// Stuck on a gap: each stream and ring connection gets back the credit
-    /// of its newest waiting batch (copied out of its ring slot first), once
-    /// per stall grace. The missing batch may sit behind those credits at a
-    /// worker that took it over from a dead one: workers hand out their
-    /// lowest sequence number first, so one credit lets it through. Memory
-    /// grows by at most one batch per source per grace while the gap lasts.
-    /// Returns the bytes of the batches whose credits went back.
-    fn spread_credits(&mut self) -> u64 {
-        let mut seen = HashSet::new();
-        let mut bytes = 0;
-        for (batch, credit) in self.reorder.pending_mut().rev() {
-            let Some(source) = credit.source() else {
-                continue;
-            };
-            if !seen.insert(source) {
-                continue;
-            }
-            if batch.transport() == Transport::SharedMemory {
-                batch.copy_out();
-            }
-            bytes += batch.len() as u64;
-            credit.give_back_early();
-        }
-        if !seen.is_empty() {
-            tracing::debug!(
-                sources = seen.len(),
-                "stuck on a gap: gave each source one credit early"
-            );
-        }
-        bytes
-    }
-
     /// Tells the coordinator at once that everything was consumed, so the job
     /// shows as complete without waiting for the next heartbeat tick.
     pub(crate) async fn finish(&mut self) {
@@ -644,31 +359,6 @@ fn accept(reorder: &mut Reorder<(Batch, Credit)>, batch: Batch, credit: Credit) 
         tracing::debug!(seq = batch.seq(), ?why, "dropping a copy of a batch");
         credit.give_back();
     }
-}
-
-/// Waits until the ring's doorbell rings (the reports asked for are in) or
-/// one of its sockets hangs up, for an async consumer. Readiness is cleared
-/// only once the wait set was seen empty.
-async fn ring_ready(
-    fd: Option<&AsyncFd<WaitFd>>,
-    wait: &WaitSet,
-    ready: &mut Ready,
-) -> io::Result<()> {
-    let Some(fd) = fd else {
-        return std::future::pending().await;
-    };
-    loop {
-        let mut guard = fd.readable().await?;
-        wait.wait(Duration::ZERO, false, || false, ready)?;
-        if !ready.timed_out {
-            return Ok(());
-        }
-        guard.clear_ready();
-    }
-}
-
-fn wait_failed(e: io::Error) -> LoaderError {
-    LoaderError::Runtime(format!("cannot wait for batches: {e}"))
 }
 
 #[cfg(test)]
