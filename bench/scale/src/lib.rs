@@ -25,6 +25,12 @@
 //! coordinator re-sent knowingly (a worker that left or died had delivered
 //! it, unacknowledged: the trainer keeps one copy) and counted as such, rank
 //! by rank, with its count of deliveries equal to the workers'.
+//!
+//! # Layout
+//! - this module: the run, its simulated workers and trainers, the ledger.
+//! - `report`: what a run found ([`Report`]); [`table`]: its row.
+//! - `journal`: a journal filled for a restart, and the wait for its replay.
+//! - [`proc`]: the coordinator's CPU and peak memory, from `/proc`.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -40,6 +46,14 @@ use loader_proto::pb::{
     RegisterWorkerRequest, SessionHeartbeatRequest, WorkerHeartbeatRequest,
 };
 use tonic::transport::{Channel, Endpoint};
+
+mod journal;
+pub mod proc;
+mod report;
+pub mod table;
+
+pub use journal::{fill_journal, wait_for_jobs};
+pub use report::Report;
 
 /// What to simulate.
 #[derive(Debug, Clone)]
@@ -66,61 +80,6 @@ pub struct Config {
 
 /// Unexplained ranks a report names.
 const UNEXPLAINED_SHOWN: usize = 6;
-
-/// What a run measured and found.
-#[derive(Debug, Clone, Default)]
-pub struct Report {
-    /// From the first registration to the last batch consumed (or the limit).
-    pub elapsed: Duration,
-    /// Workers registered at the peak.
-    pub registered: u64,
-    /// Heartbeats answered (workers' and trainers', long polls included).
-    pub calls: u64,
-    /// Worker heartbeats timed (those that did not wait for work).
-    pub heartbeats: u64,
-    /// Median worker heartbeat latency.
-    pub heartbeat_p50: Duration,
-    /// 99th percentile.
-    pub heartbeat_p99: Duration,
-    /// Worst.
-    pub heartbeat_max: Duration,
-    /// Heartbeats that failed (an error status or a transport error).
-    pub heartbeat_errors: u64,
-    /// Batches handed out in tasks (a range reassigned counts again).
-    pub assigned: u64,
-    /// Batches reported delivered.
-    pub delivered: u64,
-    /// Batches of the job (ranks x batches each).
-    pub total: u64,
-    /// Batches reported delivered more than once (each copy beyond the
-    /// first counts).
-    pub duplicates: u64,
-    /// Of those, copies the coordinator re-sent knowingly and counted
-    /// (`resent`: the worker that delivered the first left or died before
-    /// the trainer acknowledged it; the trainer keeps one copy).
-    pub resent: u64,
-    /// Ranks whose copies beyond the first differ from the coordinator's
-    /// `resent`, or whose reports differ from its `delivered`: bookkeeping
-    /// that lost or invented a delivery.
-    pub unexplained: u64,
-    /// The first few unexplained ranks, as `rank: (reports, copies) here
-    /// vs (delivered, resent) at the coordinator`, to tell which count
-    /// drifted.
-    pub unexplained_ranks: Vec<String>,
-    /// Batches never reported delivered.
-    pub missing: u64,
-    /// Every rank consumed all of its batches within the limit.
-    pub finished: bool,
-}
-
-impl Report {
-    /// Every batch of every rank was delivered, every copy beyond the first
-    /// is one the coordinator re-sent knowingly (and counted), its count of
-    /// deliveries is the workers' own, and the job ended within the limit.
-    pub fn exactly_once(&self) -> bool {
-        self.finished && self.missing == 0 && self.unexplained == 0 && self.duplicates == self.resent
-    }
-}
 
 /// Every delivery the workers reported, per rank and sequence number.
 #[derive(Debug)]
@@ -587,158 +546,4 @@ async fn drain_some(run: Arc<Run>, channel: Channel) -> Role {
         let _ = admin.drain_worker(DrainWorkerRequest { worker_id }).await;
     }
     Role::Admin
-}
-
-/// The coordinator's process, read from `/proc`.
-pub mod proc {
-    /// CPU seconds (user + system) process `pid` has used.
-    pub fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-        // Fields after the parenthesised name: state is the 1st, utime the
-        // 12th, stime the 13th.
-        let rest = stat.rsplit(')').next().unwrap_or_default();
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
-        Ok((ticks(11) + ticks(12)) as f64 / USER_HZ)
-    }
-
-    /// The peak resident memory of process `pid` (VmHWM), in MB.
-    pub fn peak_rss_mb(pid: u32) -> anyhow::Result<f64> {
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-        let kb = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmHWM:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-            .ok_or_else(|| anyhow::anyhow!("no VmHWM in /proc/{pid}/status"))?;
-        Ok(kb / 1000.0)
-    }
-
-    /// Clock ticks per second of `/proc/PID/stat`: USER_HZ, 100 on every
-    /// Linux architecture Loader builds for.
-    const USER_HZ: f64 = 100.0;
-}
-
-/// The table `bench/scale/run.sh` prints.
-pub mod table {
-    use super::Report;
-
-    /// Columns: see docs/benchmarks.md ("The coordinator at scale").
-    pub const HEADER: &str = "| workers | trainer ranks | batches | heartbeats (timed) | p50 ms | p99 ms | max ms | coordinator CPU s | CPU us / heartbeat | assignments / s / core | peak RSS MB | run s | exactly once |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |";
-
-    /// One row for a run of `workers` workers and `trainers` ranks.
-    pub fn row(workers: &u32, trainers: u32, r: &Report, cpu: Option<f64>, peak_mb: Option<f64>) -> String {
-        // No timed heartbeat (every call waited for work): no latency to show.
-        let ms = |d: std::time::Duration| if r.heartbeats == 0 { "-".to_owned() } else { format!("{:.1}", d.as_secs_f64() * 1000.0) };
-        let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
-        let per_beat = cpu.map(|c| format!("{:.0}", c * 1e6 / r.calls.max(1) as f64));
-        let per_core = cpu.map(|c| format!("{:.0}", r.assigned as f64 / c.max(1e-9)));
-        let once = if r.exactly_once() {
-            format!("yes ({} re-sent)", r.resent)
-        } else {
-            format!("NO: {} copies ({} re-sent), {} ranks unexplained, {} missing, finished {}", r.duplicates, r.resent, r.unexplained, r.missing, r.finished)
-        };
-        format!(
-            "| {workers} | {trainers} | {} | {} ({}) | {} | {} | {} | {} | {} | {} | {} | {:.1} | {once} |",
-            r.total,
-            r.calls,
-            r.heartbeats,
-            ms(r.heartbeat_p50),
-            ms(r.heartbeat_p99),
-            ms(r.heartbeat_max),
-            opt(cpu.map(|c| format!("{c:.1}"))),
-            opt(per_beat),
-            opt(per_core),
-            opt(peak_mb.map(|m| format!("{m:.0}"))),
-            r.elapsed.as_secs_f64(),
-        )
-    }
-}
-
-/// Fills a coordinator's journal as a busy deployment would: `jobs` shuffled
-/// jobs of `samples` samples (batch 64) with `ranks` ranks each, every rank
-/// halfway through its epoch (a session opened, half its batches
-/// acknowledged, the session closed). For measuring a restart from that
-/// journal (`run.sh --journal`). Returns the watermarks written.
-pub async fn fill_journal(url: &str, jobs: u32, ranks: u32, samples: u64) -> anyhow::Result<u64> {
-    /// Jobs filled at once.
-    const AT_ONCE: u32 = 32;
-    let channel = Endpoint::from_shared(url.to_owned())?.connect().await?;
-    let mut written = 0;
-    for first in (0..jobs).step_by(AT_ONCE as usize) {
-        let mut fills = tokio::task::JoinSet::new();
-        for j in first..(first + AT_ONCE).min(jobs) {
-            let mut client = TrainerServiceClient::new(channel.clone());
-            let spec = spec::synthetic(samples, &[1], Dtype::U8)
-                .batch_size(64)
-                .shuffle(u64::from(j))
-                .consumers(ranks)
-                .name(format!("journal-fill-{j}"))
-                .build()?;
-            fills.spawn(async move {
-                let job = client
-                    .create_or_attach_job(CreateOrAttachJobRequest { protocol_version: PROTOCOL_VERSION, spec: Some(spec) })
-                    .await?
-                    .into_inner()
-                    .job
-                    .ok_or_else(|| anyhow::anyhow!("no job in the answer"))?;
-                let half = job.batches_per_epoch / u64::from(ranks) / 2;
-                for rank in 0..ranks {
-                    let opened = client
-                        .open_session(OpenSessionRequest {
-                            protocol_version: PROTOCOL_VERSION,
-                            job_id: job.job_id,
-                            consumer: rank,
-                            node: "harness-trainers".into(),
-                            ..Default::default()
-                        })
-                        .await?
-                        .into_inner();
-                    let session = |session_id| SessionHeartbeatRequest {
-                        protocol_version: PROTOCOL_VERSION,
-                        session_id,
-                        consumed: half,
-                        ..Default::default()
-                    };
-                    client.heartbeat(session(opened.session_id)).await?;
-                    client
-                        .close_session(CloseSessionRequest {
-                            protocol_version: PROTOCOL_VERSION,
-                            session_id: opened.session_id,
-                            consumed: half,
-                            ..Default::default()
-                        })
-                        .await?;
-                }
-                anyhow::Ok(u64::from(ranks))
-            });
-        }
-        while let Some(filled) = fills.join_next().await {
-            written += filled??;
-        }
-    }
-    Ok(written)
-}
-
-/// Waits until the coordinator at `url` serves at least `jobs` jobs (after
-/// a restart: until its journal is replayed), for at most `limit`.
-/// Returns how many it serves.
-pub async fn wait_for_jobs(url: &str, jobs: usize, limit: Duration) -> anyhow::Result<usize> {
-    let deadline = Instant::now() + limit;
-    let endpoint = Endpoint::from_shared(url.to_owned())?;
-    loop {
-        let served = match endpoint.connect().await {
-            Ok(channel) => match AdminServiceClient::new(channel).list_jobs(ListJobsRequest {}).await {
-                Ok(r) => r.into_inner().jobs.len(),
-                Err(_) => 0,
-            },
-            Err(_) => 0,
-        };
-        if served >= jobs {
-            return Ok(served);
-        }
-        if Instant::now() >= deadline {
-            anyhow::bail!("{served} jobs served after {limit:?}, not {jobs}");
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
