@@ -179,25 +179,28 @@ class Rngs:
 
 
 def save_states() -> tuple:
-    """The trainer's global RNG states, which reading a sample (or running
-    a sampler) in the trainer must leave as they were: they seed the
-    user's model, not Loader's. ``restore_states`` puts them back."""
+    """The global generators' states, for ``restore_states``: the
+    trainer's, which reading a sample (or running a sampler) in the
+    trainer must leave as they were (they seed the user's model, not
+    Loader's), and a stream's shard iterator's, which it draws from again
+    when its shard is read next (``loader._stream``)."""
     numpy, torch = sys.modules.get("numpy"), sys.modules.get("torch")
     return (
         random.getstate(),
         numpy.random.get_state() if numpy is not None else None,
-        torch.get_rng_state() if torch is not None else None,
+        torch.default_generator.get_state() if torch is not None else None,
     )
 
 
 def restore_states(saved: tuple) -> None:
+    """Puts back what ``save_states`` saved. A library imported since
+    (by the sample or the iterator that ran meanwhile) had no state then:
+    its generator is left as it is, as whoever imported it left it, so a
+    read that repeats repeats its draws too."""
     py, np_state, torch_state = saved
     random.setstate(py)
     numpy, torch = sys.modules.get("numpy"), sys.modules.get("torch")
-    if numpy is not None:
-        if np_state is None:
-            numpy.random.seed()  # numpy was imported by the sample: fresh entropy
-        else:
-            numpy.random.set_state(np_state)
+    if numpy is not None and np_state is not None:
+        numpy.random.set_state(np_state)
     if torch is not None and torch_state is not None:
-        torch.set_rng_state(torch_state)
+        torch.default_generator.set_state(torch_state)

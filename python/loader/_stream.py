@@ -46,14 +46,13 @@ from __future__ import annotations
 
 import bisect
 import inspect
-import random
 import sys
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from typing import Any, Callable, Optional
 
 from . import _native
-from ._rngs import seed_all
+from ._rngs import restore_states, save_states, seed_all
 from ._source import Raised, _last_line, make_from_factory
 
 #: Samples a shuffled stream is shuffled within by default (as Hugging
@@ -336,32 +335,11 @@ class StreamView:
             return
         current = self._cursors.get(self._current) if self._current is not None else None
         if current is not None:
-            current.rngs = _save_rngs()
+            current.rngs = save_states()
         if cursor is not None and cursor.rngs is not None:
-            _restore_rngs(cursor.rngs)
+            restore_states(cursor.rngs)
             cursor.rngs = None
         self._current = shard
-
-
-def _save_rngs() -> tuple:
-    np = sys.modules.get("numpy")
-    torch = sys.modules.get("torch")
-    return (
-        random.getstate(),
-        np.random.get_state() if np is not None else None,
-        torch.default_generator.get_state() if torch is not None else None,
-    )
-
-
-def _restore_rngs(state: tuple) -> None:
-    py, np_state, torch_state = state
-    random.setstate(py)
-    np = sys.modules.get("numpy")
-    if np is not None and np_state is not None:
-        np.random.set_state(np_state)
-    torch = sys.modules.get("torch")
-    if torch is not None and torch_state is not None:
-        torch.default_generator.set_state(torch_state)
 
 
 def _close(it: Any) -> None:
