@@ -33,8 +33,9 @@ sample, every store and every read back (the first few entries a worker
 stores are read back at once to time it) is timed, and once enough are
 counted (over all workers) a cache turns itself off for the job unless a
 read back costs under half a load and the later epochs save at least twice
-what storing cost (``pays``; ``Loader.cache_stats()`` says so, and the
-worker logs it). A job of one epoch never caches.
+what storing cost (the worker's rule for both caches,
+``loader_worker::dataset::CachePayoff``; ``Loader.cache_stats()`` says so,
+and the worker logs it). A job of one epoch never caches.
 
 How a loaded sample is stored: a PIL image as its mode, size, ``info`` and
 pixels (RGB as RGBX, PIL's own layout; ``Image.frombytes`` rebuilds it
@@ -57,15 +58,6 @@ from typing import Any, Callable, Optional
 #: ``{"fd": N, "entries": N}`` (``loader._template`` sets it).
 CACHE_VARIABLE = "LOADER_SAMPLE_CACHE"
 
-#: Entries a worker reads back right after storing them, timed: what a hit
-#: costs, known before the first hit of a later epoch.
-_TRIAL_READS = 4
-#: Timed loads and timed reads back (over all workers) before deciding.
-_DECIDE_AFTER = 8
-#: A read back must cost less than this share of a load for the cache to
-#: stay on: below it a hit saves at least half a load, above it the copies
-#: and the memory buy little.
-_PAYS_BELOW = 0.5
 #: Reads between two looks at the counters.
 _DECIDE_EVERY = 16
 
@@ -256,7 +248,12 @@ class CachedReads:
             self._cache = _native.SampleCache.open(int(given["fd"]), num_samples)
         else:
             self._cache = _native.SampleCache.create(num_samples, int(settings["bytes"]), settings.get("dir"))
-        self._trials = 0
+        #: Entries this worker reads back right after storing them, timed:
+        #: what a hit costs, known before the first hit of a later epoch. As
+        #: many as the rule needs timed before it decides, so that one
+        #: worker alone decides in the first epoch (the worker's frame cache
+        #: times a read back with every frame it keeps).
+        self._trials_left = _native.CACHE_DECIDE_AFTER
         self._reads = 0
         self._decided = False
         #: Epochs the job reads each sample in: what a stored entry saves.
@@ -297,8 +294,8 @@ class CachedReads:
             return
         if stored:
             cache.time_store(time.perf_counter_ns() - began)
-        if stored and self._trials < _TRIAL_READS:
-            self._trials += 1
+        if stored and self._trials_left > 0:
+            self._trials_left -= 1
             began = time.perf_counter_ns()
             entry = cache.get(index)
             try:
@@ -313,27 +310,17 @@ class CachedReads:
         self._reads += 1
         if self._decided or self._reads % _DECIDE_EVERY:
             return
-        stats = self._cache.stats()
-        if stats["loads_timed"] < _DECIDE_AFTER or stats["hits_timed"] < _DECIDE_AFTER:
+        payoff = self._cache.payoff(self._epochs)
+        if payoff is None:
             return
         self._decided = True
-        hit = stats["hit_ns"] / stats["hits_timed"]
-        load = stats["load_ns"] / stats["loads_timed"]
-        store = stats["store_ns"] / max(1, stats["stores_timed"])
+        pays, load, store, hit = payoff
         costs = f"loading a sample takes {load / 1000:.1f} us, storing it {store / 1000:.1f} us, reading it back {hit / 1000:.1f} us"
-        if pays(load, store, hit, self._epochs):
+        if pays:
             _log(f"sample cache on: {costs}")
         else:
             self._cache.turn_off("does-not-pay")
             _log(f"sample cache off for this job: {costs}")
-
-
-def pays(load: float, store: float, hit: float, epochs: int) -> bool:
-    """Whether caching pays for a job of ``epochs`` epochs whose samples
-    take ``load`` to load, ``store`` to store and ``hit`` to read back:
-    a hit must cost under half a load, and what the later epochs save must
-    be at least twice what storing costs in the first."""
-    return hit < _PAYS_BELOW * load and (epochs - 1) * (load - hit) >= 2 * store
 
 
 def _log(message: str) -> None:

@@ -84,6 +84,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(telemetry::flush_telemetry, m)?)?;
     m.add_function(wrap_pyfunction!(dataset::py_sample_seed, m)?)?;
     m.add_function(wrap_pyfunction!(dataset::window_batches, m)?)?;
+    // Timed loads and reads back before a sample cache decides whether it
+    // pays (`loader._cache` reads this many entries back as it stores).
+    m.add("CACHE_DECIDE_AFTER", loader_worker::dataset::CACHE_DECIDE_AFTER)?;
     m.add_function(wrap_pyfunction!(image_draws::random_resized_crop_box, m)?)?;
     m.add_function(wrap_pyfunction!(image_draws::flip_drawn, m)?)?;
     m.add("STATE_FORMAT", loader_client::STATE_FORMAT)?;

@@ -8,6 +8,7 @@ use std::fs::{File, OpenOptions};
 use std::os::fd::{AsRawFd, RawFd};
 use std::path::PathBuf;
 
+use loader_worker::dataset::CachePayoff;
 use loader_worker::sample_cache::{Off, Put, SampleCache};
 use std::ffi::{c_int, c_void};
 
@@ -116,6 +117,14 @@ impl PySampleCache {
         let off = Off::named(why).ok_or_else(|| PyValueError::new_err(format!("turn_off: unknown reason {why:?}")))?;
         self.cache.turn_off(off);
         Ok(())
+    }
+
+    /// Whether the cache pays for a job of `epochs` epochs
+    /// (`loader_worker::dataset::CachePayoff`, the worker's frame cache's
+    /// rule too): `(pays, load_ns, store_ns, hit_ns)`, the costs averaged
+    /// over every worker; None until enough is timed to say.
+    fn payoff(&self, epochs: u32) -> Option<(bool, f64, f64, f64)> {
+        CachePayoff::of(&self.cache.stats(), epochs).map(|p| (p.pays, p.load, p.store, p.hit))
     }
 
     /// The counters, summed over every worker.

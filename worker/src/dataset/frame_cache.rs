@@ -1,7 +1,8 @@
 //! [`FrameCache`]: the built-in image datasets' kept frames
 //! ([`crate::image::frames`]) in a [`SampleCache`], the file a
 //! `Loader.local(spec, cache=...)` trainer creates and its forked workers
-//! share, and its decision whether keeping them pays.
+//! share, and [`CachePayoff`]: whether keeping them pays, the one rule
+//! that `loader._cache` (a Python dataset's sample cache) decides by too.
 //!
 //! Keys: a frame of sample `i` at DCT scale `8 >> k` is entry `i * 4 + k`,
 //! so a cache for `n` samples has `n * SCALES` entries (most stay empty: a
@@ -16,7 +17,7 @@ use nix::sys::mman::{MmapAdvise, madvise};
 use crate::image::ImageError;
 use crate::image::frames::{Frame, Frames, Source, thread_cpu};
 use crate::sample_cache::on_node::{self, NodeHold};
-use crate::sample_cache::{Off, Put, SampleCache};
+use crate::sample_cache::{Off, Put, SampleCache, Stats};
 
 /// Entries per sample: one per DCT scale (8, 4, 2, 1 eighths). A trainer
 /// makes the cache for `samples * FRAMES_PER_SAMPLE` entries.
@@ -42,12 +43,8 @@ const HEADER: usize = 16;
 const JPEG: u8 = 1;
 const PNG: u8 = 2;
 
-/// Decide once this many decodes and cuts are timed (over all workers).
-const DECIDE_AFTER: u64 = 32;
 /// Look at the counters every this many samples.
 const DECIDE_EVERY: u64 = 16;
-/// A hit must cost under this share of a load (as `loader._cache`).
-const PAYS_BELOW: f64 = 0.5;
 
 /// How long a read waits for a frame another worker is keeping at that
 /// moment (co-located workers in different epochs meet on one image): a
@@ -170,21 +167,19 @@ impl FrameCache {
             return;
         }
         let s = self.cache.stats();
-        if s.loads < DECIDE_AFTER || s.hits_timed < DECIDE_AFTER {
+        let Some(payoff) = CachePayoff::of(&s, self.epochs) else {
             return;
-        }
-        let avg = |total: u64, n: u64| total as f64 / n.max(1) as f64;
-        let (load, hit, store) = (avg(s.load_nanos, s.loads), avg(s.hit_nanos, s.hits_timed), avg(s.store_nanos, s.stores_timed));
+        };
         let costs = || {
             format!(
                 "reading and decoding an image takes {:.1} us, keeping its frame {:.1} us, cutting a sample out of a kept frame {:.1} us (CPU, over {} frames)",
-                load / 1e3,
-                store / 1e3,
-                hit / 1e3,
+                payoff.load / 1e3,
+                payoff.store / 1e3,
+                payoff.hit / 1e3,
                 s.loads
             )
         };
-        if !pays(load, store, hit, self.epochs) {
+        if !payoff.pays {
             self.cache.turn_off(Off::DoesNotPay);
             tracing::info!(target: "loader_worker::sample_cache", "sample cache off for this job of {} epochs: {}", self.epochs, costs());
         } else if !self.decided.swap(true, Ordering::Relaxed) {
@@ -193,9 +188,50 @@ impl FrameCache {
     }
 }
 
-/// Whether keeping frames pays for a job of `epochs` epochs: a hit must
-/// cost under half a load, and what the later epochs save must be at
-/// least twice what keeping costs in the first (`loader._cache.pays`).
+/// Timed loads and timed reads back, over every worker sharing a cache,
+/// before it decides whether it pays. 32: a decode's time varies with the
+/// image's size and a Python load's with what the first samples import
+/// and warm, so fewer (8) let one odd sample turn a paying cache off for
+/// good; more would keep a cache that does not pay storing for longer.
+/// Both caches time a read back as soon as they store (a cut out of the
+/// kept frame; `loader._cache` reads this many entries back), so they
+/// decide in the first epoch with one worker as with many.
+pub const DECIDE_AFTER: u64 = 32;
+
+/// A hit must cost under this share of a load: below it a hit saves at
+/// least half a load, above it the copies and the memory buy little.
+const PAYS_BELOW: f64 = 0.5;
+
+/// Whether keeping the loaded half of samples (an image's decoded frame,
+/// a Python dataset's `loader_load`) pays for a job: the one rule of the
+/// worker's [`FrameCache`] and of `loader._cache` (through
+/// `SampleCache.payoff` in the Python module), from what the cache timed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CachePayoff {
+    /// Nanoseconds a sample takes to load (read and decode), on average.
+    pub load: f64,
+    /// Nanoseconds storing its loaded half takes, on average.
+    pub store: f64,
+    /// Nanoseconds reading that back takes, on average.
+    pub hit: f64,
+    /// A hit costs under half a load, and what the later epochs save is
+    /// at least twice what storing costs in the first.
+    pub pays: bool,
+}
+
+impl CachePayoff {
+    /// The payoff of a job of `epochs` epochs from a cache's counters;
+    /// None until [`DECIDE_AFTER`] loads and reads back are timed.
+    pub fn of(stats: &Stats, epochs: u32) -> Option<Self> {
+        if stats.loads < DECIDE_AFTER || stats.hits_timed < DECIDE_AFTER {
+            return None;
+        }
+        let avg = |total: u64, n: u64| total as f64 / n.max(1) as f64;
+        let (load, store, hit) = (avg(stats.load_nanos, stats.loads), avg(stats.store_nanos, stats.stores_timed), avg(stats.hit_nanos, stats.hits_timed));
+        Some(Self { load, store, hit, pays: pays(load, store, hit, epochs) })
+    }
+}
+
 fn pays(load: f64, store: f64, hit: f64, epochs: u32) -> bool {
     hit < PAYS_BELOW * load && f64::from(epochs.saturating_sub(1)) * (load - hit) >= 2.0 * store
 }
@@ -338,12 +374,30 @@ mod tests {
     use super::*;
 
     #[test]
-    fn pays_like_the_python_cache() {
+    fn pays_when_hits_are_cheap_and_later_epochs_repay_the_stores() {
         // Decoding 4 ms, keeping 0.3 ms, cutting 0.1 ms: pays from 2 epochs.
         assert!(pays(4e6, 3e5, 1e5, 2));
         assert!(!pays(4e6, 3e5, 1e5, 1));
         // A hit as dear as a decode never pays.
         assert!(!pays(1e5, 1e4, 9e4, 10));
+    }
+
+    #[test]
+    fn a_payoff_waits_for_enough_timings_then_averages_them() {
+        let timed = |loads: u64, hits: u64| Stats {
+            load_nanos: loads * 4_000_000,
+            loads,
+            hit_nanos: hits * 100_000,
+            hits_timed: hits,
+            store_nanos: loads * 300_000,
+            stores_timed: loads,
+            ..Stats::default()
+        };
+        assert_eq!(CachePayoff::of(&timed(DECIDE_AFTER - 1, DECIDE_AFTER), 2), None);
+        assert_eq!(CachePayoff::of(&timed(DECIDE_AFTER, DECIDE_AFTER - 1), 2), None);
+        let payoff = CachePayoff::of(&timed(DECIDE_AFTER, DECIDE_AFTER), 2).expect("decided");
+        assert_eq!((payoff.load, payoff.store, payoff.hit, payoff.pays), (4e6, 3e5, 1e5, true));
+        assert!(!CachePayoff::of(&timed(DECIDE_AFTER, DECIDE_AFTER), 1).expect("decided").pays);
     }
 
     #[test]

@@ -31,7 +31,7 @@ mod webdataset;
 
 use loader_proto::pb::{CorruptPolicy, Dtype};
 
-pub use frame_cache::{FRAMES_PER_SAMPLE, FrameCache, cache_entries as frame_cache_entries};
+pub use frame_cache::{CachePayoff, DECIDE_AFTER as CACHE_DECIDE_AFTER, FRAMES_PER_SAMPLE, FrameCache, cache_entries as frame_cache_entries};
 pub use image_folder::ImageFolder;
 pub use mix::Mix;
 pub use npy::Npy;
