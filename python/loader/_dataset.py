@@ -1,9 +1,9 @@
 """Python map-style datasets, the trainer's half: the job spec of
 ``Loader.local(dataset)`` (the dataset pickled with this process's
 ``sys.path`` into a file of the host's blob directory, which travels as a
-blob: see ``write_pickle``), the ring and window a Python job's batches need
-(from sample 0), and ``default_collate``'s structure rebuilt from a batch's
-tensor names. The worker's half is ``loader._source``.
+blob: see ``write_pickle``) and ``default_collate``'s structure rebuilt
+from a batch's tensor names. The worker's half is ``loader._source``; the
+ring a Python job's batches need is ``loader._ring``'s.
 
 A sample (numpy arrays, torch tensors, Python numbers, and dicts, tuples and
 lists of them) is flattened into leaves; each leaf becomes one tensor of the
@@ -22,7 +22,6 @@ import json
 import mmap
 import os
 import pickle
-import random
 import sys
 import tempfile
 import threading
@@ -30,9 +29,9 @@ from collections.abc import Mapping
 from typing import Any, Callable, Optional
 
 from . import _pickled
-from ._rngs import restore_states, save_states, seed_all
+from ._rngs import seed_all
 from ._sampled import check as check_sampler
-from ._source import BUNDLE, SYS_PATH_HEADER, _flatten, _last_line, make_from_factory
+from ._source import BUNDLE, SYS_PATH_HEADER, _last_line, make_from_factory
 from ._stream import is_hf_iterable
 
 #: The ``custom`` dataset name a Python dataset job carries (the spec-file
@@ -344,59 +343,6 @@ def written_pickles(spec: Any) -> list[str]:
             files += [python.get("pickle_file"), python.get("collate_pickle_file"), python.get("worker_init_pickle_file")]
     with _written_lock:
         return [f for f in files if isinstance(f, str) and f in _written]
-
-
-#: Memory the ring of one loader over a Python dataset may take by default.
-_RING_BUDGET = 1 << 30
-
-
-def ring_for(
-    dataset: Any, batch_size: int, prefetch: int, workers: int, collate_fn: Any = None
-) -> Optional[tuple[int, int, int]]:
-    """``(prefetch, slots, slot_bytes)`` for a Python dataset's job, which
-    the trainer cannot size from its spec as the Rust SDK does for the
-    built-in datasets: the SDK's window for the batch's bytes (small
-    batches get a long one, as the workers' own window does), slots that
-    hold a whole batch (a larger one would stream over gRPC), and enough of
-    them for every worker's window twice over. Reads sample 0 here, with
-    the seeds a worker would use; None when that fails (the workers then
-    report it)."""
-    from . import _native
-
-    leaves: list = []
-    saved = save_states()
-    try:
-        sample = seeded_sample(dataset, 0)
-        if collate_fn is None:
-            _flatten(sample, [], leaves, _numpy())
-        else:
-            # A batch of copies of sample 0 as collate_fn makes it.
-            _flatten(collate_fn([sample] * batch_size), [], leaves, _numpy())
-    except Exception:
-        return None
-    finally:
-        restore_states(saved)
-    payload = sum(a.nbytes for _, a, _ in leaves) * (batch_size if collate_fn is None else 1)
-    # Payloads, their 64-byte alignment, the header and its index list.
-    return ring_for_batch(payload + 64 * (len(leaves) + 1) + 8 * batch_size + (64 << 10), prefetch, workers)
-
-
-def ring_for_batch(batch: int, prefetch: int, workers: int) -> tuple[int, int, int]:
-    """``(prefetch, slots, slot_bytes)`` for batches of ``batch`` bytes:
-    the SDK's window for them, slots that hold a whole batch, and enough of
-    them for every worker's window twice over, within the ring's budget."""
-    from . import _native
-
-    window = _native.window_batches(batch, prefetch)
-    slot = -(-batch // 4096) * 4096
-    slots = max(4, min(2 * window * workers, _RING_BUDGET // slot, 1 << 16))
-    return window, slots, slot
-
-
-def _numpy() -> Any:
-    import numpy
-
-    return numpy
 
 
 def fill_num_samples(job: Any, consumers: Optional[int] = None) -> Any:

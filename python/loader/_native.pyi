@@ -183,7 +183,11 @@ class SampleCache:
 CACHE_DECIDE_AFTER: int
 def flush_telemetry() -> None: ...
 def sample_seed(seed: int, epoch: int, index: int) -> int: ...
-def window_batches(batch_bytes: int, prefetch: int) -> int: ...
+def batch_len(batch_size: int, tensors: list[tuple[str, str, list[int]]]) -> Optional[int]:
+    """Bytes of a batch of these ``(name, dtype, shape)`` tensors in the batch
+    format (None: no worker could lay it out)."""
+def ring_for_batch(batch_bytes: int, prefetch: int, workers: int, page: int) -> tuple[int, int, int]:
+    """``(window, slots, slot_bytes)`` of a ring for batches of ``batch_bytes``."""
 def batch_bytes(spec: bytes) -> Optional[int]:
     """Bytes of one batch of a built-in dataset's job (None: a Python dataset's)."""
 

@@ -6,7 +6,8 @@
 A Loader has no sampler to run: it plans each pass from (seed, epoch,
 position). These objects stand where a DataLoader's sampler stands and
 forward ``set_epoch`` to the loader, so a framework that reshuffles by
-calling it gets the pass it asked for.
+calling it gets the pass it asked for. ``Pass`` is the iterator
+``iter(loader)`` returns: one pass's batches.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 if TYPE_CHECKING:
-    from . import Loader
+    from ._loader import Loader
 
 
 class EpochSampler:
@@ -93,3 +94,33 @@ class SpecDataset:
 
     def __repr__(self) -> str:
         return f"<dataset of a Loader job: {self._n} samples>"
+
+
+class Pass:
+    """The iterator of one pass. A class, not a generator: an exception
+    raised while waiting (KeyboardInterrupt, a ``timeout``) leaves it
+    usable, and the next ``next()`` yields the batch that was being waited
+    for. Once a newer ``iter()`` began another pass it is exhausted, as a
+    DataLoader's old iterator is of no use then."""
+
+    __slots__ = ("_loader", "_end", "_pass")
+
+    def __init__(self, loader: "Loader", end: int, pass_: int) -> None:
+        self._loader = loader
+        self._end = end
+        self._pass = pass_
+
+    def __iter__(self) -> "Pass":
+        return self
+
+    def __len__(self) -> int:
+        return max(0, self._end - self._loader._yielded) if self._pass == self._loader._pass else 0
+
+    def __next__(self) -> Any:
+        loader = self._loader
+        if loader._yielded >= self._end or loader._pass != self._pass:
+            raise StopIteration
+        batch = loader._next()
+        if batch is None:
+            raise StopIteration
+        return batch

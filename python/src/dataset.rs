@@ -337,15 +337,6 @@ pub(crate) fn py_sample_seed(seed: u64, epoch: u64, index: u64) -> u64 {
     sample_seed(SampleKey { seed, epoch, index })
 }
 
-/// Batches in flight per worker for batches of `batch_bytes` when the
-/// configured prefetch is `prefetch`: the SDK's own window rule
-/// (`loader_job::window::batches`), for a Python job whose batch size
-/// only a sample tells (`loader._dataset.ring_for`).
-#[pyfunction]
-pub(crate) fn window_batches(batch_bytes: u64, prefetch: u32) -> u32 {
-    loader_job::window::batches(batch_bytes, prefetch)
-}
-
 /// The seed of one draw of a sample: SplitMix64 over (seed, epoch, index),
 /// so it depends on nothing but the sample's key.
 fn sample_seed(key: SampleKey) -> u64 {

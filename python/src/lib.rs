@@ -32,6 +32,9 @@
 //!   box, flip), for the parity tests against torchvision.
 //! - `sample_cache`: `SampleCache`, the sample cache of `Loader.local(cache=)`
 //!   (`loader_worker::sample_cache`) for the trainer and `loader._cache`.
+//! - `ring`: the shared-memory ring of a job only a sample sizes (a Python
+//!   dataset's): its batch's bytes from the batch layout, and the window
+//!   and slots for them (`loader._ring`).
 //! - `sample_plan`: `SamplePlan`, the shape of a dataset's samples, which
 //!   writes a plain sample (containers, arrays, numbers) into its rows
 //!   without a Python call per leaf.
@@ -43,6 +46,7 @@ mod dlpack;
 mod errors;
 mod image_draws;
 mod options;
+mod ring;
 mod sample_cache;
 mod sample_plan;
 mod session;
@@ -83,7 +87,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(worker::worker_log, m)?)?;
     m.add_function(wrap_pyfunction!(telemetry::flush_telemetry, m)?)?;
     m.add_function(wrap_pyfunction!(dataset::py_sample_seed, m)?)?;
-    m.add_function(wrap_pyfunction!(dataset::window_batches, m)?)?;
+    m.add_function(wrap_pyfunction!(ring::batch_len, m)?)?;
+    m.add_function(wrap_pyfunction!(ring::ring_for_batch, m)?)?;
     // Timed loads and reads back before a sample cache decides whether it
     // pays (`loader._cache` reads this many entries back as it stores).
     m.add("CACHE_DECIDE_AFTER", loader_worker::dataset::CACHE_DECIDE_AFTER)?;
