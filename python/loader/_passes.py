@@ -12,10 +12,10 @@ calling it gets the pass it asked for. ``Pass`` is the iterator
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterator, Optional
+from typing import Any, Iterator, Optional
 
-if TYPE_CHECKING:
-    from ._loader import Loader
+# `loader: Any` below is the Loader these stand for: the Loader module
+# imports this one, so naming its class here would tie the two in a circle.
 
 
 class EpochSampler:
@@ -25,7 +25,7 @@ class EpochSampler:
 
     __slots__ = ("_loader",)
 
-    def __init__(self, loader: "Loader") -> None:
+    def __init__(self, loader: Any) -> None:
         self._loader = loader
 
     def set_epoch(self, epoch: int) -> None:
@@ -55,7 +55,7 @@ class EpochBatchSampler:
 
     __slots__ = ("_loader", "sampler")
 
-    def __init__(self, loader: "Loader") -> None:
+    def __init__(self, loader: Any) -> None:
         self._loader = loader
         self.sampler = EpochSampler(loader)
 
@@ -105,7 +105,7 @@ class Pass:
 
     __slots__ = ("_loader", "_end", "_pass")
 
-    def __init__(self, loader: "Loader", end: int, pass_: int) -> None:
+    def __init__(self, loader: Any, end: int, pass_: int) -> None:
         self._loader = loader
         self._end = end
         self._pass = pass_

@@ -18,6 +18,11 @@ from ._options import DEFAULT_PREFETCH
 from ._rngs import restore_states, save_states
 from ._source import _flatten
 
+#: Room a slot keeps beyond the batch of sample 0: a batch may be larger
+#: than one made of sample 0 (a collate_fn that pads to the batch's longest
+#: sample), and one that outgrows its slot travels over gRPC instead.
+_LARGER_THAN_SAMPLE_0 = 64 << 10
+
 
 def size_for_dataset(
     options: dict, dataset: Any, batch_size: int, workers: int, collate_fn: Any, source_field: Optional[str] = None
@@ -71,7 +76,8 @@ def ring_for(
     if source_field:
         tensors.append((source_field, "int64", [batch_size]))
     batch = _native.batch_len(batch_size, tensors)
-    return None if batch is None else ring_for_batch(batch, prefetch, workers)
+    return None if batch is None else ring_for_batch(batch + _LARGER_THAN_SAMPLE_0, prefetch, workers)
+
 
 
 def ring_for_batch(batch: int, prefetch: int, workers: int) -> tuple[int, int, int]:

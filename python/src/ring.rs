@@ -16,10 +16,7 @@ const RING_BUDGET: u64 = 1 << 30;
 /// its default geometry.
 const MIN_SLOTS: u32 = 4;
 
-/// Most slots a ring may have: the ring's own limit,
-/// `loader_ring::frame::MAX_SLOTS` (this crate reaches the ring only
-/// through `loader_client`, which does not export it).
-const MAX_SLOTS: u32 = 1 << 16;
+use loader_ring::frame::MAX_SLOTS;
 
 /// Bytes of one batch of `batch_size` samples holding `tensors`
 /// (`(name, dtype, shape)`, the batch dimension first) in the batch
