@@ -67,25 +67,10 @@ class Request:
 def read(
     dataset: Any,
     *,
-    batch_size: Optional[int],
-    shuffle: Optional[bool],
-    sampler: Any,
-    batch_sampler: Any,
-    num_workers: Optional[int],
-    workers: Optional[int],
     collate_fn: Any,
-    pin_memory: bool,
-    pin_memory_device: str,
-    drop_last: Optional[bool],
-    timeout: float,
     worker_init_fn: Any,
     multiprocessing_context: Any,
-    generator: Any,
-    prefetch_factor: Optional[int],
-    persistent_workers: bool,
-    in_order: Optional[bool],
     ready_timeout: float,
-    seed: Optional[int],
     epochs: Optional[int],
     on_corrupt: Optional[str],
     seed_rngs: Optional[bool],
@@ -94,17 +79,14 @@ def read(
     cache_dir: Any,
     shuffle_buffer: Optional[int],
     native_transforms: bool,
-    options: dict,
+    **dataloader_keywords: Any,
 ) -> Request:
     """``Loader.local``'s arguments as a ``Request``; a bad one raises in
     one line naming it. Forks the worker template unless the workers are
     spawned."""
-    translated = _keywords.translate(
-        dataset=dataset, batch_size=batch_size, shuffle=shuffle, sampler=sampler, batch_sampler=batch_sampler,
-        num_workers=num_workers, workers=workers, pin_memory=pin_memory, pin_memory_device=pin_memory_device,
-        drop_last=drop_last, timeout=timeout, generator=generator, seed=seed, prefetch_factor=prefetch_factor,
-        persistent_workers=persistent_workers, in_order=in_order, options=options,
-    )
+    # DataLoader's keywords (and their Loader equivalents, the options among
+    # them) are `_keywords.translate`'s, which names each.
+    translated = _keywords.translate(dataset=dataset, **dataloader_keywords)
     if translated.workers < 1:
         raise ValueError("Loader.local needs at least one worker")
     threads = int(worker_threads)
