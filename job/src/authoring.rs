@@ -417,14 +417,17 @@ impl JobSpecBuilder {
 
     /// Checks the spec's fields, reads the counts from the dataset's files
     /// (token count; image listing and its fingerprint; samples per shard;
-    /// npy rows), makes an image folder's manifest one of its blobs, hashes
-    /// the files of its blobs, and validates the whole spec.
+    /// npy rows), makes an image folder's manifest (or, in a bucket, its
+    /// listing) one of its blobs, hashes the files of its blobs, and
+    /// validates the whole spec.
     pub fn build(mut self) -> Result<JobSpec, Error> {
         crate::spec::check(&self.spec)?;
+        let mut listings = Vec::new();
         if let Some(DatasetSpec { kind: Some(kind) }) = &mut self.spec.dataset {
-            counts::fill(kind)?;
+            counts::fill(kind, &mut listings)?;
         }
         blobs::carry_manifests(&mut self.spec);
+        blobs::carry_listings(&mut self.spec, listings)?;
         blobs::hash_sources(&mut self.spec)?;
         validate(&self.spec)?;
         Ok(self.spec)

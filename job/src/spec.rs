@@ -72,6 +72,7 @@ pub fn check(spec: &JobSpec) -> Result<(), SpecError> {
         return err("dataset", format!("missing; expected one of: {KINDS}"));
     };
     dataset_fields(kind)?;
+    dataset::no_worker_fields(kind)?;
     crate::blob_refs::check_refs(spec)?;
     if spec.batch_size == 0 {
         return err("batch_size", "must be > 0");
@@ -451,6 +452,21 @@ mod tests {
             arrays,
             num_samples: 10,
         })
+    }
+
+    #[test]
+    fn a_submitted_listing_path_is_refused_its_own_or_a_sources() {
+        let listed = Kind::ImageFolder(ImageFolderSpec {
+            path: "s3://b/train".into(),
+            num_samples: 100,
+            listing: "/tmp/listing".into(),
+            ..Default::default()
+        });
+        let e = check(&with(listed.clone(), train())).expect_err("a worker's field");
+        assert_eq!(e.field, "dataset.image_folder.listing");
+        let e = check(&mixed(mix(vec![("a", 1.0, Some(synth(100))), ("b", 1.0, Some(listed))]))).expect_err("a source's");
+        assert_eq!(e.field, "dataset.mix.sources[1].dataset.image_folder.listing");
+        assert!(e.problem.contains("leave it empty"), "{e}");
     }
 
     #[test]

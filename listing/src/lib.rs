@@ -11,6 +11,8 @@
 //! # Layout
 //! - [`image_folder`]: class folders (torchvision's `ImageFolder` order) or
 //!   a manifest of `path<TAB>label` lines, and the fingerprint of a listing.
+//! - [`bucket_listing`]: a folder in a bucket, listed by the submitter, as
+//!   the blob its workers read instead of listing the store again.
 //! - [`shard`]: the index of one WebDataset tar shard: members grouped into
 //!   samples by key, with the byte range of each member.
 //! - [`npy`]: the header of a `.npy` file (versions 1-3): dtype, shape and
@@ -20,6 +22,7 @@
 //! - [`source`]: a file or an object in a store (`s3://`), read alike
 //!   (and as Parquet readers take them).
 
+pub mod bucket_listing;
 pub mod image_folder;
 pub mod npy;
 pub mod parquet;

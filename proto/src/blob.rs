@@ -35,6 +35,15 @@ pub const SHA256_HEX_LEN: usize = 64;
 /// path; one given none (a spec from before) reads the path.
 pub const IMAGE_FOLDER_MANIFEST: &str = "manifest";
 
+/// The blob an `image_folder` dataset in a bucket (`s3://bucket/train/`)
+/// travels with (under `s/listing` for a mixture's source `s`): the
+/// submitter's listing of it, a `BucketListing`. Its workers read it
+/// instead of listing the store again: a LIST is a round trip a thousand
+/// keys at a time, and every worker's listing delayed its first batch; and
+/// every worker then reads the very objects (and ETags) the job was
+/// submitted with. A worker given none lists the bucket itself.
+pub const IMAGE_FOLDER_LISTING: &str = "listing";
+
 /// True for a SHA-256 written as 64 lowercase hex digits, the one spelling
 /// blobs are named by (in specs, RPCs and file names alike).
 pub fn is_sha256_hex(s: &str) -> bool {

@@ -220,6 +220,11 @@ fn a_token_file_in_a_bucket_reads_as_from_local_disk_and_failures_are_one_line()
         // the local copy.
         let fetched = gets(&cluster) - before;
         assert!(fetched <= 12.0, "{fetched} image GETs for 6 images read 3 times by 2 workers");
+        // The workers read the submitter's listing (the job's blob
+        // `listing`), not the bucket: not one LIST between them.
+        let lists: f64 =
+            cluster.workers.iter().skip(1).map(|w| sum(&scrape(metrics_addr(w)), "loader_storage_requests_total", &[("op", "list")])).sum();
+        assert_eq!(lists, 0.0, "LISTs by the workers of a folder the submitter listed");
         let from_disk = read_all(cluster.url(), folder(images.display().to_string()), None);
         assert!(from_store == from_disk, "image folder");
 

@@ -30,7 +30,7 @@ use loader_process::blobs::{BlobDir, ObtainError};
 use loader_process::grpc::Channel;
 use loader_process::retry::Backoff;
 use loader_proto::PROTOCOL_VERSION;
-use loader_proto::blob::{IMAGE_FOLDER_MANIFEST, MAX_CHUNK};
+use loader_proto::blob::{IMAGE_FOLDER_LISTING, IMAGE_FOLDER_MANIFEST, MAX_CHUNK};
 use loader_proto::pb::worker_service_client::WorkerServiceClient;
 use loader_proto::pb::{BlobRef, GetBlobRequest, JobSpec, dataset_spec::Kind};
 use tokio::runtime::Handle;
@@ -186,7 +186,8 @@ impl BlobFetcher {
 impl LocalBlobs {
     /// `spec` as its dataset opens it: a `custom` dataset's params name
     /// each blob's local path under the blob's name, an `image_folder`'s
-    /// manifest is its blob `manifest`; a mixture's source `s` finds blob
+    /// manifest is its blob `manifest` and its listing from a bucket its
+    /// blob `listing`; a mixture's source `s` finds blob
     /// `s/x` as `x`.
     pub(crate) fn apply(&self, spec: &JobSpec) -> JobSpec {
         let mut spec = spec.clone();
@@ -215,6 +216,7 @@ impl LocalBlobs {
                     custom.params.insert(param.to_owned(), path(file));
                 }
                 (Kind::ImageFolder(folder), Some(IMAGE_FOLDER_MANIFEST)) => folder.manifest = path(file),
+                (Kind::ImageFolder(folder), Some(IMAGE_FOLDER_LISTING)) => folder.listing = path(file),
                 _ => {}
             }
         }
@@ -298,6 +300,7 @@ mod tests {
             manifest: submitter.display().to_string(),
             num_samples: listing.samples.len() as u64,
             fingerprint: listing.fingerprint(),
+            listing: String::new(),
         };
         let spec = JobSpec {
             dataset: Some(DatasetSpec { kind: Some(Kind::ImageFolder(folder.clone())) }),

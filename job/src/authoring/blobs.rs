@@ -8,7 +8,7 @@
 
 use std::path::Path;
 
-use loader_proto::blob::IMAGE_FOLDER_MANIFEST;
+use loader_proto::blob::{IMAGE_FOLDER_MANIFEST, MAX_BLOBS};
 use loader_proto::pb::{BlobRef, DatasetSpec, JobSpec, dataset_spec::Kind};
 
 use crate::Error;
@@ -41,6 +41,58 @@ pub(crate) fn carry_manifests(spec: &mut JobSpec) {
         }
         spec.blobs.push(BlobRef { name, source, ..Default::default() });
     }
+}
+
+/// Adds each image folder's listing from a bucket (`listings`: the blob's
+/// name and its bytes, `loader_listing::bucket_listing`) as a blob, so its
+/// workers read the submitter's listing instead of listing the store again.
+/// A blob of that name already there (a spec built twice) is replaced: the
+/// folder was listed again. Past the limit of blobs a job may carry, a
+/// folder travels without its listing, and its workers list it themselves.
+pub(crate) fn carry_listings(spec: &mut JobSpec, listings: Vec<(String, Vec<u8>)>) -> Result<(), Error> {
+    for (name, bytes) in listings {
+        spec.blobs.retain(|b| b.name != name);
+        if spec.blobs.len() >= MAX_BLOBS {
+            continue;
+        }
+        let (sha256, size, source) = listing_file(&bytes).map_err(|cause| Error::BlobFile {
+            name: name.clone(),
+            path: std::env::temp_dir(),
+            cause: cause.to_string(),
+        })?;
+        spec.blobs.push(BlobRef { name, sha256, size, source });
+    }
+    Ok(())
+}
+
+/// The files listings are kept in, open for the rest of the process, by
+/// their bytes' SHA-256: a blob names a file, which the SDK reads when it
+/// submits the job (maybe long after the spec was built, maybe again for a
+/// resumed one). Each is an unlinked temporary file named by
+/// `/proc/self/fd/N`, so nothing is left behind however the process ends;
+/// the same listing built again reuses its file.
+static LISTING_FILES: std::sync::Mutex<Vec<(String, std::fs::File)>> = std::sync::Mutex::new(Vec::new());
+
+/// `bytes` in a listing file: its SHA-256, size and path.
+fn listing_file(bytes: &[u8]) -> std::io::Result<(String, u64, String)> {
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+
+    let mut hash = loader_proto::blob::Sha256::default();
+    hash.update(bytes);
+    let sha256 = hash.finish();
+    let mut files = LISTING_FILES.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let fd = match files.iter().find(|(held, _)| *held == sha256) {
+        Some((_, file)) => file.as_raw_fd(),
+        None => {
+            let mut file = tempfile::tempfile()?;
+            file.write_all(bytes)?;
+            let fd = file.as_raw_fd();
+            files.push((sha256.clone(), file));
+            fd
+        }
+    };
+    Ok((sha256, bytes.len() as u64, format!("/proc/self/fd/{fd}")))
 }
 
 /// Fills in the hash and size of every blob of `spec` that names a file

@@ -6,12 +6,19 @@
 use std::path::Path;
 
 use loader_listing::ListingError;
+use loader_proto::blob::IMAGE_FOLDER_LISTING;
 use loader_proto::pb::{Dtype, dataset_spec::Kind};
 
 use crate::Error;
 
-/// Fills in the counts of `kind` from its files.
-pub(super) fn fill(kind: &mut Kind) -> Result<(), Error> {
+/// Fills in the counts of `kind` from its files. The listing of an image
+/// folder in a bucket goes into `listings` under the name of the blob it
+/// travels as (`listing`, or `s/listing` for a mixture's source `s`).
+pub(super) fn fill(kind: &mut Kind, listings: &mut Vec<(String, Vec<u8>)>) -> Result<(), Error> {
+    fill_source(kind, "", listings)
+}
+
+fn fill_source(kind: &mut Kind, blob_prefix: &str, listings: &mut Vec<(String, Vec<u8>)>) -> Result<(), Error> {
     match kind {
         Kind::Synthetic(_) | Kind::Custom(_) => {}
         Kind::Tokens(t) => t.num_tokens = count_tokens(Path::new(&t.path), t.dtype)?,
@@ -20,6 +27,9 @@ pub(super) fn fill(kind: &mut Kind) -> Result<(), Error> {
             let listing = loader_listing::image_folder::list(Path::new(&f.path), manifest)?;
             f.num_samples = listing.samples.len() as u64;
             f.fingerprint = listing.fingerprint();
+            if let Some(bytes) = loader_listing::bucket_listing::encode(&listing) {
+                listings.push((format!("{blob_prefix}{IMAGE_FOLDER_LISTING}"), bytes));
+            }
         }
         Kind::Webdataset(w) => {
             w.shard_samples = w
@@ -50,7 +60,7 @@ pub(super) fn fill(kind: &mut Kind) -> Result<(), Error> {
         Kind::Mix(m) => {
             for source in &mut m.sources {
                 if let Some(kind) = source.dataset.as_mut().and_then(|d| d.kind.as_mut()) {
-                    fill(kind)?;
+                    fill_source(kind, &format!("{}/", source.name), listings)?;
                 }
             }
             if m.samples_per_epoch == 0 {

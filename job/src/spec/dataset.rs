@@ -76,6 +76,26 @@ pub(super) fn kind_name(kind: &Kind) -> &'static str {
     }
 }
 
+/// Checks that a submitted spec leaves empty the fields a worker sets from
+/// the job's blobs (an image folder's `listing`), its own or a mixture
+/// source's. Not part of [`dataset_fields`]: a worker's spec, with them
+/// set, is read with that.
+pub(super) fn no_worker_fields(kind: &Kind) -> Result<(), SpecError> {
+    let set = |kind: Option<&Kind>| matches!(kind, Some(Kind::ImageFolder(f)) if !f.listing.is_empty());
+    let at = match kind {
+        Kind::Mix(m) => m
+            .sources
+            .iter()
+            .position(|s| set(s.dataset.as_ref().and_then(|d| d.kind.as_ref())))
+            .map(|i| format!("dataset.mix.sources[{i}].dataset.image_folder.listing")),
+        kind => set(Some(kind)).then(|| "dataset.image_folder.listing".to_owned()),
+    };
+    match at {
+        Some(field) => err(field, "is set by workers, from the listing the submitter carries as the blob `listing`; leave it empty"),
+        None => Ok(()),
+    }
+}
+
 /// Checks a dataset's fields other than its counts.
 pub(super) fn dataset_fields(kind: &Kind) -> Result<(), SpecError> {
     match kind {

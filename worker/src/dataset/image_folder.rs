@@ -8,8 +8,10 @@
 //! rather than train on the wrong samples or labels. Each sample is one
 //! file read and one run of the job's image pipeline into the batch row.
 //!
-//! A folder in a bucket (`s3://bucket/train/`) is listed from the store
-//! the same way (`loader_listing`), and a batch's images are fetched at
+//! A folder in a bucket (`s3://bucket/train/`) is listed by the submitter,
+//! whose listing the worker reads from the job's blob `listing`
+//! (`loader_listing::bucket_listing`; a spec without one is listed from
+//! the store the same way, `loader_listing`), and a batch's images are fetched at
 //! once, one GET per image (many in flight), each pinned to the ETag the
 //! listing saw, before they are decoded in order; the images are kept on
 //! local disk for the job's later epochs (`loader_storage::Pile`).
@@ -50,7 +52,13 @@ impl ImageFolder {
         let images = ImageSamples::new(KIND, transforms)?;
         let root = PathBuf::from(&spec.path);
         let manifest = Some(Path::new(&spec.manifest)).filter(|m| !m.as_os_str().is_empty());
-        let listing = list(&root, manifest).map_err(|e| DatasetError::listing(KIND, e))?;
+        // A folder in a bucket comes with the submitter's listing (the
+        // blob `listing`), not listed from the store again.
+        let listing = match Some(Path::new(&spec.listing)).filter(|l| !l.as_os_str().is_empty()) {
+            Some(submitted) => loader_listing::bucket_listing::read(submitted),
+            None => list(&root, manifest),
+        }
+        .map_err(|e| DatasetError::listing(KIND, e))?;
         let fingerprint = listing.fingerprint();
         if listing.samples.len() as u64 != spec.num_samples || fingerprint != spec.fingerprint {
             return Err(DatasetError::Mismatch {

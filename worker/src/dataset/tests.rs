@@ -79,6 +79,7 @@ fn an_image_folder_that_changed_since_submission_is_refused() {
         manifest: String::new(),
         num_samples: 2,
         fingerprint: listing.fingerprint(),
+        listing: String::new(),
     };
     let ds = ImageFolder::open(&spec, &pipeline()).expect("open");
     let (mut image, mut label) = (vec![0u8; ds.tensors()[0].shape.iter().product::<u64>() as usize], [0u8; 8]);
