@@ -82,9 +82,6 @@ impl Pile {
         }
         let mut out: Vec<Option<Got<'a>>> =
             keys.iter().zip(objects).map(|(&k, &object)| self.holds(k).then_some(Got::Kept { pile: self, object })).collect();
-        for _kept in out.iter().flatten() {
-            crate::meters::object_read(true);
-        }
         let claimed: Vec<(usize, Arc<Slot<Bytes>>)> = {
             let mut coming = self.coming();
             (0..objects.len()).filter(|&i| out[i].is_none()).filter_map(|i| Some((i, coming.take(keys[i])?))).collect()
@@ -229,13 +226,16 @@ pub enum Got<'a> {
 impl Got<'_> {
     /// The object's bytes: read from local disk when kept there; fetched
     /// (and not kept again) when the local copy cannot give them after all.
+    /// A kept object is counted as read where it was read from (the local
+    /// copy, or the store when the copy failed it), when it is read.
     pub fn bytes(self) -> Result<Bytes, StorageError> {
         match self {
             Got::Here(got) => got,
-            Got::Kept { pile, object } => match pile.read(key(object)) {
-                Some(got) => got,
-                None => crate::get(&object.0, object.1.clone()),
-            },
+            Got::Kept { pile, object } => {
+                let read = pile.read(key(object));
+                crate::meters::object_read(read.is_some());
+                read.unwrap_or_else(|| crate::get(&object.0, object.1.clone()))
+            }
         }
     }
 }
