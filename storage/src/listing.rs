@@ -155,4 +155,65 @@ mod tests {
         keys.sort();
         assert_eq!(keys, ["train/cat/a.jpg", "train/cat/b.jpg", "train/cat/kittens/c.jpg", "train/cat/kittens/tiny/d.jpg"]);
     }
+
+    /// A store whose every listing names, as folders below the one listed,
+    /// that folder itself and one a level deeper: a walk that followed its
+    /// answers would never end. Everything else is an in-memory store's.
+    #[derive(Debug, Default)]
+    struct Endless(InMemory, std::sync::atomic::AtomicUsize);
+
+    impl std::fmt::Display for Endless {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "Endless")
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl ObjectStore for Endless {
+        async fn put_opts(&self, at: &Path, payload: PutPayload, opts: object_store::PutOptions) -> object_store::Result<object_store::PutResult> {
+            self.0.put_opts(at, payload, opts).await
+        }
+        async fn put_multipart_opts(
+            &self,
+            at: &Path,
+            opts: object_store::PutMultipartOptions,
+        ) -> object_store::Result<Box<dyn object_store::MultipartUpload>> {
+            self.0.put_multipart_opts(at, opts).await
+        }
+        async fn get_opts(&self, at: &Path, options: GetOptions) -> object_store::Result<object_store::GetResult> {
+            self.0.get_opts(at, options).await
+        }
+        fn delete_stream(
+            &self,
+            at: futures::stream::BoxStream<'static, object_store::Result<Path>>,
+        ) -> futures::stream::BoxStream<'static, object_store::Result<Path>> {
+            self.0.delete_stream(at)
+        }
+        fn list(&self, prefix: Option<&Path>) -> futures::stream::BoxStream<'static, object_store::Result<ObjectMeta>> {
+            self.0.list(prefix)
+        }
+        async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<object_store::ListResult> {
+            self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let mut page = self.0.list_with_delimiter(prefix).await?;
+            let folder = prefix.cloned().unwrap_or_default();
+            page.common_prefixes.push(folder.clone());
+            page.common_prefixes.push(folder.clone().join("again"));
+            Ok(page)
+        }
+        async fn copy_opts(&self, from: &Path, to: &Path, options: object_store::CopyOptions) -> object_store::Result<()> {
+            self.0.copy_opts(from, to, options).await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_store_that_answers_a_folder_with_itself_or_deeper_ones_cannot_keep_the_walk_going() {
+        let listed = Arc::new(Endless::default());
+        listed.0.put(&Path::from("train/cat/a.jpg"), PutPayload::from_static(b"x")).await.expect("put");
+        let found = walk(listed.clone(), Path::from("train/cat")).await.expect("walk");
+        assert_eq!(found.iter().map(|m| m.location.to_string()).collect::<Vec<_>>(), ["train/cat/a.jpg"]);
+        // The folder itself is not walked again, and the deeper ones end
+        // at S3's longest key: one listing a level, none twice.
+        let levels = (MAX_KEY - "train/cat".len()) / "/again".len();
+        assert_eq!(listed.1.load(std::sync::atomic::Ordering::Relaxed), levels + 1);
+    }
 }
