@@ -427,7 +427,7 @@ impl JobSpecBuilder {
             counts::fill(kind, &mut listings)?;
         }
         blobs::carry_manifests(&mut self.spec);
-        blobs::carry_listings(&mut self.spec, listings)?;
+        blobs::carry_listings(&mut self.spec, listings);
         blobs::hash_sources(&mut self.spec)?;
         validate(&self.spec)?;
         Ok(self.spec)

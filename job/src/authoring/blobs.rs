@@ -48,21 +48,23 @@ pub(crate) fn carry_manifests(spec: &mut JobSpec) {
 /// workers read the submitter's listing instead of listing the store again.
 /// A blob of that name already there (a spec built twice) is replaced: the
 /// folder was listed again. Past the limit of blobs a job may carry, a
-/// folder travels without its listing, and its workers list it themselves.
-pub(crate) fn carry_listings(spec: &mut JobSpec, listings: Vec<(String, Vec<u8>)>) -> Result<(), Error> {
+/// folder travels without its listing, and its workers list it themselves;
+/// so does one whose listing cannot be written to a temporary file (the
+/// listing saves requests, the job does not need it).
+pub(crate) fn carry_listings(spec: &mut JobSpec, listings: Vec<(String, Vec<u8>)>) {
     for (name, bytes) in listings {
         spec.blobs.retain(|b| b.name != name);
         if spec.blobs.len() >= MAX_BLOBS {
             continue;
         }
-        let (sha256, size, source) = listing_file(&bytes).map_err(|cause| Error::BlobFile {
-            name: name.clone(),
-            path: std::env::temp_dir(),
-            cause: cause.to_string(),
-        })?;
-        spec.blobs.push(BlobRef { name, sha256, size, source });
+        match listing_file(&bytes) {
+            Ok((sha256, size, source)) => spec.blobs.push(BlobRef { name, sha256, size, source }),
+            Err(e) => tracing::warn!(
+                "the workers will list the bucket themselves: cannot keep its listing in {}: {e}",
+                std::env::temp_dir().display()
+            ),
+        }
     }
-    Ok(())
 }
 
 /// The files listings are kept in, open for the rest of the process, by
@@ -154,5 +156,30 @@ mod tests {
             e.starts_with("blob `pickle_file` /nonexistent/data.pkl: No such file"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_listing_is_a_blob_of_its_bytes_replaced_when_listed_again_and_within_the_limit() {
+        let mut spec = spec_of("/data.pkl");
+        carry_listings(&mut spec, vec![("listing".into(), b"first".to_vec())]);
+        carry_listings(&mut spec, vec![("listing".into(), b"second".to_vec())]);
+        let [pickle, listing] = &spec.blobs[..] else { panic!("two blobs: {:?}", spec.blobs) };
+        assert_eq!(pickle.name, "pickle_file");
+        assert_eq!(listing.name, "listing");
+        assert_eq!(std::fs::read(&listing.source).expect("the listing's file"), b"second");
+        // Named as every blob is, by the hash of its bytes: what the SDK
+        // uploads and the workers check.
+        let mut hashed = listing.clone();
+        hashed.sha256.clear();
+        let mut again = JobSpec { blobs: vec![hashed], ..Default::default() };
+        hash_sources(&mut again).expect("hashed");
+        assert_eq!((&again.blobs[0].sha256, again.blobs[0].size), (&listing.sha256, 6));
+
+        let mut full = JobSpec {
+            blobs: (0..MAX_BLOBS).map(|i| BlobRef { name: format!("b{i}"), ..Default::default() }).collect(),
+            ..Default::default()
+        };
+        carry_listings(&mut full, vec![("s/listing".into(), b"x".to_vec())]);
+        assert_eq!(full.blobs.len(), MAX_BLOBS, "past the limit, the workers list the folder");
     }
 }
