@@ -8,7 +8,9 @@ each way, shared by every connection. Each repeat runs, taking turns, the
 job on the local files and the same job on `s3://bench/...`, each with fresh
 `loaderctl run` workers (so a fresh local copy: epoch 1 reads the store,
 later epochs the local copy), and prints samples/s per epoch and their
-ratio.
+ratio. With --local-cold, a third job in the same rotation reads the local
+files after their pages were dropped from the page cache: the disk read a
+dataset larger than the machine's memory gets in every epoch.
 
     python bench/storage.py --bin target/release --images /work/imagenet-shaped \\
         --tokens-mb 512 --rtt-ms 10 --mbit 1000 --epochs 3 --repeats 3
@@ -87,6 +89,20 @@ def run(bin: Path, args: list[str], env: dict[str, str], cpus: set[int] | None =
     return epochs, first, steady
 
 
+def evict(path: Path) -> None:
+    """Drops the page cache's copy of every file under `path` (clean pages
+    only: `posix_fadvise(DONTNEED)`, no privilege needed), so that the next
+    run reads them from the disk, as a dataset larger than the machine's
+    memory is read."""
+    for f in [path] if path.is_file() else sorted(path.rglob("*")):
+        if f.is_file():
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
 def cpu_s(procs: list[subprocess.Popen]) -> float:
     """CPU seconds (user + system) the processes `procs` have used so far."""
     tick = os.sysconf("SC_CLK_TCK")
@@ -118,6 +134,9 @@ def main() -> None:
     ap.add_argument("--store-cpus", help="cores (e.g. 1) the store and the relay run on: with --loader-cpus, a store on "
                     "another machine, whose CPU the workers do not share")
     ap.add_argument("--loader-cpus", help="cores (e.g. 0) Loader's runs, local and from the store, and the anchors run on")
+    ap.add_argument("--local-cold", action="store_true",
+                    help="also run the local job with its files out of the page cache before each run (read from the "
+                         "disk, as a dataset larger than memory is), in the same rotation")
     args = ap.parse_args()
     store_cpus, loader_cpus = cpu_set(args.store_cpus), cpu_set(args.loader_cpus)
 
@@ -193,18 +212,21 @@ def main() -> None:
                     if path.is_file():
                         s3.upload_file(str(path), "bench", f"{lib}-{kind}/{path.relative_to(out)}")
                 shutil.rmtree(out)
-            rates: dict[str, list[list[float]]] = {"local": [], "store": [], **{lib: [] for lib in libs}}
+            cold = ["cold"] if args.local_cold else []
+            rates: dict[str, list[list[float]]] = {"local": [], "store": [], **{c: [] for c in cold}, **{lib: [] for lib in libs}}
             # Cores the store and the relay used while Loader read from the
             # store: CPU the workers could not have on this machine.
             harness: list[float] = []
-            firsts: dict[str, list[float]] = {"local": [], "store": []}
-            steadies: dict[str, list[float]] = {"local": [], "store": []}
+            firsts: dict[str, list[float]] = {"local": [], "store": [], "cold": []}
+            steadies: dict[str, list[float]] = {"local": [], "store": [], "cold": []}
             for r in range(args.repeats):
-                order = [("local", local), ("store", url)] + [(lib, None) for lib in libs]
+                order = [("local", local), ("store", url)] + [(c, local) for c in cold] + [(lib, None) for lib in libs]
                 if r % 2:
                     order.reverse()
                 for source, path in order:
                     if path is not None:
+                        if source == "cold":
+                            evict(Path(path))
                         used, started = cpu_s([store, relay]), time.monotonic()
                         epochs, first, steady = run(args.bin, [*flags, *common, "--path", path], env, loader_cpus)
                         rates[source].append(epochs)
@@ -258,6 +280,11 @@ def main() -> None:
                   f"store {statistics.median(firsts['store']):.2f} s; epoch 1 from its first batch on: local "
                   f"{statistics.median(steadies['local']):,.0f}, store {statistics.median(steadies['store']):,.0f} samples/s -> "
                   f"{statistics.median(st / lo for st, lo in zip(steadies['store'], steadies['local'])):.2f}x", flush=True)
+            if cold:
+                ratios = [st[0] / co[0] for st, co in zip(rates["store"], rates["cold"])]
+                print(f"{name}: epoch 1 from local disk out of the page cache: {med['cold'][0]:,.0f} samples/s, first batch "
+                      f"{statistics.median(firsts['cold']):.2f} s; store / that {statistics.median(ratios):.2f}x "
+                      f"(repeats {min(ratios):.2f}-{max(ratios):.2f})", flush=True)
             print(f"{name}: the store and the relay used {statistics.median(harness):.2f} cores on average while "
                   f"Loader read from the store (of {os.cpu_count()})", flush=True)
     finally:

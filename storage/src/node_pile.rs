@@ -36,7 +36,7 @@ use bytes::Bytes;
 use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg};
 
-use crate::local_copy;
+use crate::local_copy::{self, Room};
 
 /// The names of such directories (and their lock files) start with this.
 pub(crate) const PREFIX: &str = "loader-objects-";
@@ -79,9 +79,9 @@ pub(crate) struct NodePile {
     /// The index, opened to append.
     index: File,
     known: Mutex<Known>,
-    /// This worker's pack (made at its first object) and its id; None
-    /// inside when it cannot be made.
-    pack: OnceLock<Option<(u64, Arc<File>)>>,
+    /// This worker's pack (made at its first object), its id and disk
+    /// space; None inside when it cannot be made.
+    pack: OnceLock<Option<(u64, Arc<File>, Room)>>,
     /// Its end: where the next object goes.
     end: AtomicU64,
     /// Bytes this worker wrote, taken from its budget.
@@ -197,11 +197,12 @@ impl NodePile {
         if self.known().places.contains_key(&key) || !local_copy::reserve(len) {
             return;
         }
-        let Some((id, pack)) = self.pack.get_or_init(|| self.make_pack()) else {
+        let Some((id, pack, room)) = self.pack.get_or_init(|| self.make_pack()) else {
             local_copy::release(len);
             return;
         };
         let offset = self.end.fetch_add(len, Ordering::AcqRel);
+        room.make(pack, offset + len);
         let place = Place { pack: *id, offset, len };
         // The bytes first, then their record: a record names bytes that
         // are there.
@@ -224,11 +225,14 @@ impl NodePile {
     }
 
     /// This worker's pack: a new file of a name no other worker has.
-    fn make_pack(&self) -> Option<(u64, Arc<File>)> {
+    fn make_pack(&self) -> Option<(u64, Arc<File>, Room)> {
         for _ in 0..ATTEMPTS {
             let id = (u64::from(std::process::id()) << 32) | u64::from(rand_u32());
             match OpenOptions::new().read(true).write(true).create_new(true).open(self.dir.join(pack_name(id))) {
-                Ok(file) => return Some((id, Arc::new(file))),
+                Ok(file) => {
+                    let room = Room::of(&file);
+                    return Some((id, Arc::new(file), room));
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
                 Err(e) => {
                     tracing::debug!("objects are not kept on the node's disk: cannot make a pack in {}: {e}", self.dir.display());

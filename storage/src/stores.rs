@@ -102,6 +102,13 @@ fn build(url: &ObjectUrl, retry_budget: Option<&str>) -> Result<Store, StorageEr
     let retry_timeout = retry_timeout(retry_budget).map_err(config)?;
     let max_retries = if RIDES_OUT.load(Ordering::Relaxed) { WORKER_RETRIES } else { RETRIES };
     let retry = RetryConfig { max_retries, retry_timeout, ..RetryConfig::default() };
+    // A plain-HTTP store with keys given talks TLS to nobody: the
+    // system's root certificates (~150 files parsed, in every worker
+    // process before its first request) are not loaded. Without keys,
+    // credentials may come from an HTTPS service (STS for web identity),
+    // which needs them.
+    let plain_http = endpoint.starts_with("http://");
+    let keys_given = builder.get_config_value(&AmazonS3ConfigKey::AccessKeyId).is_some();
     let client = builder
         .with_retry(retry)
         // Counts the attempts those retries follow (`attempts`).
@@ -111,7 +118,8 @@ fn build(url: &ObjectUrl, retry_budget: Option<&str>) -> Result<Store, StorageEr
                 .with_timeout(REQUEST_TIMEOUT.min(retry_timeout))
                 .with_connect_timeout(CONNECT_TIMEOUT.min(retry_timeout))
                 // A store on the local network may speak plain HTTP.
-                .with_allow_http(endpoint.starts_with("http://")),
+                .with_allow_http(plain_http)
+                .with_no_system_certificates(plain_http && keys_given),
         )
         .build()
         .map_err(|e| config(e.to_string()))?;
