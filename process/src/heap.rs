@@ -207,9 +207,10 @@ mod tests {
 
     use super::*;
 
-    /// The option set is mimalloc's purge delay: the only option whose
-    /// default is 10, between two whose defaults are 1 (eager commit
-    /// delay) and 0 (NUMA nodes), and it takes the value set.
+    /// The option set is mimalloc's purge delay: it sits between the
+    /// eager commit delay and the NUMA nodes, the two options the bindings
+    /// export on either side of it, has the purge delay's default (10 ms),
+    /// and takes the value set.
     #[test]
     fn the_purge_delay_is_the_option_set() {
         // SAFETY: reading and setting mimalloc options has no other effect.
