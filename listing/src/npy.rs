@@ -53,18 +53,52 @@ impl NpyHeader {
     pub fn data_bytes(&self) -> Option<u64> {
         loader_proto::batch::tensor_bytes(self.dtype, &self.shape)
     }
+
+    /// Where the data ends in the file, or None on overflow.
+    pub fn data_end(&self) -> Option<u64> {
+        self.data_bytes()?.checked_add(self.data_offset)
+    }
 }
 
 /// Reads the header of the `.npy` file at `path` and checks that the file
 /// holds all the data the header promises.
 pub fn read_header(path: &Path) -> Result<NpyHeader, ListingError> {
     let (file, file_len) = crate::source::open(path)?;
+    let header = read_header_of(file, file_len, path)?;
+    check_data_fits(&header, file_len, path)?;
+    Ok(header)
+}
+
+/// Reads the header of the `.npy` file at `path` without checking the
+/// data's length: for a reader that checks it against its own view of the
+/// file (a worker's mapping, whose length is what it will read).
+pub fn read_header_only(path: &Path) -> Result<NpyHeader, ListingError> {
+    let (file, file_len) = crate::source::open(path)?;
     read_header_of(file, file_len, path)
+}
+
+/// Checks that a file of `file_len` bytes holds all the data `header`
+/// promises.
+pub fn check_data_fits(header: &NpyHeader, file_len: u64, path: &Path) -> Result<(), ListingError> {
+    if header.data_end().is_none_or(|n| n > file_len) {
+        return Err(ListingError::new(
+            path,
+            format!(
+                "shape {:?} of {} needs {} bytes after the header, the file has {}",
+                header.shape,
+                header.dtype.short_name(),
+                header.data_bytes().map_or_else(|| "too many".into(), |d| d.to_string()),
+                file_len.saturating_sub(header.data_offset)
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// The header of the npy file `path` names, read from `file` of
 /// `file_len` bytes: an object the caller holds open already, so that the
 /// header's chunk is fetched once, for the header and the rows after it.
+/// The data's length is not checked ([`check_data_fits`]).
 pub fn read_header_of(mut file: crate::source::Source, file_len: u64, path: &Path) -> Result<NpyHeader, ListingError> {
     let mut prefix = [0u8; 12];
     let got = read_up_to(&mut file, &mut prefix).map_err(|e| ListingError::io(path, &e))?;
@@ -77,21 +111,7 @@ pub fn read_header_of(mut file: crate::source::Source, file_len: u64, path: &Pat
     let taken = got.saturating_sub(start as usize);
     text[..taken].copy_from_slice(&prefix[start as usize..got]);
     file.read_exact(&mut text[taken..]).map_err(|e| ListingError::io(path, &e))?;
-    let header = parse_dict(&text, start + header_len).map_err(|p| ListingError::new(path, p))?;
-    let need = header.data_bytes().and_then(|d| d.checked_add(header.data_offset));
-    if need.is_none_or(|n| n > file_len) {
-        return Err(ListingError::new(
-            path,
-            format!(
-                "shape {:?} of {} needs {} bytes after the header, the file has {}",
-                header.shape,
-                header.dtype.short_name(),
-                header.data_bytes().map_or_else(|| "too many".into(), |d| d.to_string()),
-                file_len.saturating_sub(header.data_offset)
-            ),
-        ));
-    }
-    Ok(header)
+    parse_dict(&text, start + header_len).map_err(|p| ListingError::new(path, p))
 }
 
 fn read_up_to(file: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {

@@ -400,7 +400,10 @@ mod tests {
         let e = Tokens::open(&tokens_spec(path, Dtype::U16, 4, 2048)).expect_err("wrong size");
         assert_eq!(
             e.to_string(),
-            format!("tokens dataset {path}: file holds 1000 bytes, spec says 2048 tokens of uint16 (4096 bytes)")
+            format!(
+                "tokens dataset {path}: file holds 1000 bytes, spec says 2048 tokens of uint16 (4096 bytes): \
+                 the file changed since the job was planned, or this host's copy differs; start a new job on the file as it is now"
+            )
         );
     }
 }

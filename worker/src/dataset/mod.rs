@@ -240,6 +240,20 @@ impl DatasetError {
         }
     }
 
+    /// A file whose size at a worker's open is not the size the job was
+    /// planned for: the trainer measured it when it made the spec, so the
+    /// file changed since, or this host holds another copy.
+    pub(crate) fn resized(kind: &'static str, path: &str, holds: String) -> Self {
+        DatasetError::Mismatch {
+            kind,
+            path: path.to_owned(),
+            problem: format!(
+                "{holds}: the file changed since the job was planned, or this host's copy differs; \
+                 start a new job on the file as it is now"
+            ),
+        }
+    }
+
     /// A failed read of an object of a `kind` dataset: an object that
     /// changed since the open is a corrupt sample (the job's policy
     /// decides), anything else the store's error.

@@ -56,6 +56,16 @@ impl Npy {
         for array in &spec.arrays {
             let mismatch = |problem: String| DatasetError::Mismatch { kind: KIND, path: array.path.clone(), problem };
             let (file, header) = with_header(&array.path)?;
+            if header.data_end().is_none_or(|end| end > file.len()) {
+                let holds = format!(
+                    "file holds {} bytes, its header's shape {:?} of {} needs {}",
+                    file.len(),
+                    header.shape,
+                    header.dtype.short_name(),
+                    header.data_end().map_or_else(|| "too many".to_owned(), |e| e.to_string()),
+                );
+                return Err(DatasetError::resized(KIND, &array.path, holds));
+            }
             if header.rows() != spec.num_samples {
                 return Err(mismatch(format!(
                     "holds {} rows, the job was planned for {}",
@@ -140,21 +150,16 @@ impl Dataset for Npy {
     }
 }
 
-/// The npy file at `path`, opened, and its header. An object is opened
-/// first and its header read through the chunks its rows are read from,
-/// so the first chunk is fetched once; a local file's header is read first,
-/// as the submitter did.
+/// The npy file at `path`, opened, and its header. The file is opened
+/// first: its length is what `Npy::open` checks the header's data against
+/// (the length every read will see), and an object's header is read
+/// through the chunks its rows are read from, so the first chunk is
+/// fetched once.
 fn with_header(path: &str) -> Result<(DataFile, loader_listing::npy::NpyHeader), DatasetError> {
-    let listing = |e| DatasetError::listing(KIND, e);
-    if loader_storage::is_url(path) {
-        let file = DataFile::open(KIND, path)?;
-        let object = file.object().map(|o| Source::object(Arc::clone(o)));
-        let header = match object {
-            Some(object) => loader_listing::npy::read_header_of(object, file.len(), Path::new(path)),
-            None => loader_listing::npy::read_header(Path::new(path)),
-        };
-        return Ok((file, header.map_err(listing)?));
-    }
-    let header = loader_listing::npy::read_header(Path::new(path)).map_err(listing)?;
-    Ok((DataFile::open(KIND, path)?, header))
+    let file = DataFile::open(KIND, path)?;
+    let header = match file.object() {
+        Some(object) => loader_listing::npy::read_header_of(Source::object(Arc::clone(object)), file.len(), Path::new(path)),
+        None => loader_listing::npy::read_header_only(Path::new(path)),
+    };
+    Ok((file, header.map_err(|e| DatasetError::listing(KIND, e))?))
 }

@@ -49,6 +49,22 @@ fn npy_rows_are_copied_from_each_array() {
     let e = Npy::open(&npy_spec(dir.path(), 12)).expect_err("planned for more rows");
     let a_path = dir.path().join("a.npy").display().to_string();
     assert_eq!(e.to_string(), format!("npy dataset {a_path}: holds 10 rows, the job was planned for 12"));
+
+    // Truncated after the job was planned (the header still says 10 rows):
+    // the open says the file changed, naming it.
+    let b_path = dir.path().join("b.npy");
+    let len = std::fs::metadata(&b_path).expect("stat").len();
+    std::fs::OpenOptions::new().write(true).open(&b_path).expect("open").set_len(len - 4).expect("truncate");
+    let e = Npy::open(&npy_spec(dir.path(), 10)).expect_err("truncated");
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "npy dataset {}: file holds {} bytes, its header's shape [10] of uint8 needs {len}: the file changed since the job \
+             was planned, or this host's copy differs; start a new job on the file as it is now",
+            b_path.display(),
+            len - 4
+        )
+    );
 }
 
 fn pipeline() -> Vec<Transform> {

@@ -55,12 +55,13 @@ impl Tokens {
         let actual = file.len();
         let expected = spec.num_tokens.checked_mul(size);
         if expected != Some(actual) {
-            return Err(mismatch(format!(
+            let holds = format!(
                 "file holds {actual} bytes, spec says {} tokens of {} ({} bytes)",
                 spec.num_tokens,
                 dtype.short_name(),
                 expected.map_or_else(|| "too many".to_owned(), |e| e.to_string()),
-            )));
+            );
+            return Err(DatasetError::resized(KIND, &spec.path, holds));
         }
         let (Ok(stride), Some(window)) = (
             usize::try_from(ctx * size),
