@@ -138,6 +138,17 @@ def read(lib: str, kind: str, url: str, cache: str, epochs: int, workers: int) -
                 return torch.from_numpy(np.frombuffer(d["tokens"], dtype=np.uint16).astype(np.int32))
 
         ds = Mds(remote=url, local=cache, shuffle=True, batch_size=BATCH)
+        # Mosaic made its S3 client here, to fetch index.json, and keeps it
+        # with its open connection. DataLoader's workers are forked, so both
+        # would inherit that one socket and send their requests down it,
+        # each reading the other's responses: a run here wrote shard 4's
+        # first 8 MB into shard 3's file (then `IndexError` decoding a
+        # sample, or "Relative sample index ... is not present"). Under the
+        # spawn start method Mosaic drops the client as the dataset is
+        # pickled (`S3Downloader.__getstate__`); drop it the same way here,
+        # so that each worker makes its own.
+        for stream in ds.streams:
+            stream._downloader.clean_up()
         loader = torch.utils.data.DataLoader(ds, batch_size=BATCH, num_workers=workers)
     rates = []
     for _ in range(epochs):
