@@ -10,7 +10,9 @@ job on the local files and the same job on `s3://bench/...`, each with fresh
 later epochs the local copy), and prints samples/s per epoch and their
 ratio. With --local-cold, a third job in the same rotation reads the local
 files after their pages were dropped from the page cache: the disk read a
-dataset larger than the machine's memory gets in every epoch.
+dataset larger than the machine's memory gets in every epoch. Loader's
+jobs shuffle (`--shuffle 0`), as the anchors do; `--shuffle -1` reads in
+dataset order.
 
     python bench/storage.py --bin target/release --images /work/imagenet-shaped \\
         --tokens-mb 512 --rtt-ms 10 --mbit 1000 --epochs 3 --repeats 3
@@ -128,6 +130,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--anchors", type=Path, help="a Python with litdata and mosaicml-streaming: LitData and Mosaic "
                     "Streaming read the same bytes from the same store (bench/storage_anchor.py)")
+    ap.add_argument("--shuffle", type=int, default=0, metavar="SEED",
+                    help="Loader's jobs shuffle with this seed, as the anchors do (shuffle=True); -1: dataset order")
     ap.add_argument("--libs", default="litdata,mosaic", help="which anchors run, with --anchors")
     ap.add_argument("--step-ms", type=float, default=0.0,
                     help="a training step of this long per batch (loaderctl run --step-ms): the trainer's pace, not the loader's")
@@ -139,6 +143,8 @@ def main() -> None:
                          "disk, as a dataset larger than memory is), in the same rotation")
     args = ap.parse_args()
     store_cpus, loader_cpus = cpu_set(args.store_cpus), cpu_set(args.loader_cpus)
+    if args.shuffle < 0:
+        args.shuffle = None
 
     import boto3
 
@@ -186,6 +192,9 @@ def main() -> None:
         env = dict(os.environ, AWS_ENDPOINT_URL=relayed, AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="benchbench",
                    AWS_REGION="us-east-1", LOADER_STORAGE_CACHE_DIR=str(work))
         common = ["--workers", str(args.workers), "--epochs", str(args.epochs)]
+        if args.shuffle is not None:
+            # As the anchors read (shuffle=True): a new order each epoch.
+            common += ["--shuffle", str(args.shuffle)]
         if args.step_ms:
             common += ["--step-ms", f"{args.step_ms:g}"]
         workloads = []

@@ -197,7 +197,7 @@ pub struct DatasetArgs {
         value_name = "FILE",
         conflicts_with_all = [
             "epochs", "batch_size", "dataset", "path", "samples", "shape", "dtype",
-            "context_length", "on_corrupt",
+            "context_length", "on_corrupt", "shuffle",
         ]
     )]
     pub spec: Option<PathBuf>,
@@ -232,6 +232,11 @@ pub struct DatasetArgs {
     /// Tokens per context for --dataset tokens.
     #[arg(long, default_value_t = 2048)]
     pub context_length: u64,
+    /// Shuffles the samples with this seed, in a new order each epoch
+    /// (`DataLoader(shuffle=True)`); without it, every epoch reads them in
+    /// dataset order, as DataLoader's default does.
+    #[arg(long, value_name = "SEED")]
+    pub shuffle: Option<u64>,
 }
 
 /// `--on-corrupt`.

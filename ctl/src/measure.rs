@@ -500,6 +500,9 @@ pub(super) fn job_spec(
         OnCorruptArg::Skip => CorruptPolicy::Skip,
     };
     let mut builder = builder.batch_size(args.batch_size).epochs(args.epochs);
+    if let Some(seed) = args.shuffle {
+        builder = builder.shuffle(seed);
+    }
     if policy == CorruptPolicy::Skip {
         builder = builder.on_corrupt(policy);
     }
