@@ -350,6 +350,54 @@ fn drain_tells_a_worker_to_finish_and_exit() {
 }
 
 /// The `--dump` lines of a run: `seq epoch indices`.
+/// `run --dump FILE`'s sample indices of each epoch, in delivery order
+/// (lines `seq epoch idx0,idx1,...`).
+fn dumped_epochs(path: &std::path::Path) -> Vec<Vec<u64>> {
+    let mut lines: Vec<(u64, usize, Vec<u64>)> = dump_lines(path)
+        .iter()
+        .map(|line| {
+            let mut fields = line.split(' ');
+            let mut number = || fields.next().and_then(|f| f.parse().ok()).unwrap_or_else(|| panic!("dump line {line:?}"));
+            let (seq, epoch) = (number(), number() as usize);
+            let indices = line.rsplit(' ').next().unwrap_or_default().split(',').map(|i| i.parse().expect("index")).collect();
+            (seq, epoch, indices)
+        })
+        .collect();
+    lines.sort_by_key(|(seq, _, _)| *seq);
+    let mut epochs: Vec<Vec<u64>> = Vec::new();
+    for (_, epoch, indices) in lines {
+        epochs.resize_with(epochs.len().max(epoch + 1), Vec::new);
+        epochs[epoch].extend(indices);
+    }
+    epochs
+}
+
+#[test]
+fn run_shuffle_reads_every_sample_once_an_epoch_in_a_new_order_each_epoch() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let dump = |name: &str| dir.path().join(name);
+    let common = ["run", "--workers", "2", "--samples", "256", "--shape", "4", "--batch-size", "16", "--epochs", "2"];
+    for (file, shuffle) in [("shuffled", Some("5")), ("in-order", None)] {
+        let path = dump(file).display().to_string();
+        let mut args = common.to_vec();
+        args.extend(["--dump", &path]);
+        args.extend(shuffle.iter().flat_map(|seed| ["--shuffle", seed]));
+        let run = loaderctl(&args, Duration::from_secs(60));
+        assert_eq!(run.code, Some(0), "{}", run.stderr);
+    }
+    let in_order: Vec<u64> = (0..256).collect();
+    let shuffled = dumped_epochs(&dump("shuffled"));
+    assert_eq!(shuffled.len(), 2);
+    for epoch in &shuffled {
+        let mut sorted = epoch.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, in_order, "every sample once an epoch");
+        assert_ne!(epoch, &in_order, "shuffled");
+    }
+    assert_ne!(shuffled[0], shuffled[1], "a new order each epoch");
+    assert_eq!(dumped_epochs(&dump("in-order")), vec![in_order.clone(), in_order], "without --shuffle: dataset order");
+}
+
 fn dump_lines(path: &std::path::Path) -> Vec<String> {
     std::fs::read_to_string(path)
         .expect("dump file")
