@@ -323,16 +323,22 @@ fn a_token_file_in_a_bucket_reads_as_from_local_disk_and_failures_are_one_line()
         }
 
         // Rewritten mid-job: the next chunk fetched fails the job, naming
-        // the object. In order, the second 4 MB chunk is first read about
-        // 1,000 batches in, well after the rewrite; what was fetched before
-        // is the version the job opened.
-        let job = spec::tokens("s3://data/tokens.bin", Dtype::U16, CONTEXT).batch_size(32).build().expect("spec");
+        // the object; what was fetched before is the version the job
+        // opened. An object of 24 chunks of 4 MB read in order, batches of
+        // 256 windows (32 KB): the workers run at most 256 batches each
+        // (16 MB, 4 chunks, for two) ahead of the trainer and fetch 8
+        // chunks ahead of their reads (`loader_storage::object::READ_AHEAD`),
+        // so at the rewrite, after the trainer's third batch, chunks 13 and
+        // on were not asked for; the first read of one (1,664 batches in at
+        // most) fails the job.
+        boto3(&python, &endpoint, "s3.put_object(Bucket='data', Key='big.bin', Body=bytes(24 * 4194304))");
+        let job = spec::tokens("s3://data/big.bin", Dtype::U16, CONTEXT).batch_size(256).build().expect("spec");
         let loader = Loader::builder(cluster.url()).job(job).build().expect("loader");
         let mut error = None;
         let deadline = Instant::now() + Duration::from_secs(120);
         for (n, batch) in loader.enumerate() {
             match batch {
-                Ok(_) if n == 2 => boto3(&python, &endpoint, "s3.put_object(Bucket='data', Key='tokens.bin', Body=b'x' * 8388608)"),
+                Ok(_) if n == 2 => boto3(&python, &endpoint, "s3.put_object(Bucket='data', Key='big.bin', Body=b'x' * 8388608)"),
                 Ok(_) => {}
                 Err(e) => {
                     error = Some(e.to_string());
@@ -342,7 +348,7 @@ fn a_token_file_in_a_bucket_reads_as_from_local_disk_and_failures_are_one_line()
             assert!(Instant::now() < deadline, "the rewritten object went unnoticed for 120 s");
         }
         let error = error.expect("the job ended without noticing the rewrite");
-        assert!(error.contains("s3://data/tokens.bin") && error.contains("changed since the job opened it"), "{error}");
+        assert!(error.contains("s3://data/big.bin") && error.contains("changed since the job opened it"), "{error}");
         assert!(!error.contains('\n'), "one line: {error}");
     });
 }
