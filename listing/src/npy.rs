@@ -79,7 +79,7 @@ pub fn read_header_only(path: &Path) -> Result<NpyHeader, ListingError> {
 
 /// Checks that a file of `file_len` bytes holds all the data `header`
 /// promises.
-pub fn check_data_fits(header: &NpyHeader, file_len: u64, path: &Path) -> Result<(), ListingError> {
+fn check_data_fits(header: &NpyHeader, file_len: u64, path: &Path) -> Result<(), ListingError> {
     if header.data_end().is_none_or(|n| n > file_len) {
         return Err(ListingError::new(
             path,
@@ -98,7 +98,7 @@ pub fn check_data_fits(header: &NpyHeader, file_len: u64, path: &Path) -> Result
 /// The header of the npy file `path` names, read from `file` of
 /// `file_len` bytes: an object the caller holds open already, so that the
 /// header's chunk is fetched once, for the header and the rows after it.
-/// The data's length is not checked ([`check_data_fits`]).
+/// The data's length is not checked (`read_header` checks it).
 pub fn read_header_of(mut file: crate::source::Source, file_len: u64, path: &Path) -> Result<NpyHeader, ListingError> {
     let mut prefix = [0u8; 12];
     let got = read_up_to(&mut file, &mut prefix).map_err(|e| ListingError::io(path, &e))?;
