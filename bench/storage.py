@@ -4,7 +4,8 @@ same run, same machine (issue 53, docs/storage.md).
 The store is s3s-fs (an S3 server over a directory, from crates.io; built
 into target/s3s-fs once), filled through its S3 API with boto3, and reached
 through bench/delay_relay.py: a round trip of --rtt-ms and a link of --mbit
-each way, shared by every connection. Each repeat runs, taking turns, the
+each way, shared by every connection, each of which has at most
+--window-kb bytes waiting for the link (a flow's window). Each repeat runs, taking turns, the
 job on the local files and the same job on `s3://bench/...`, each with fresh
 `loaderctl run` workers (so a fresh local copy: epoch 1 reads the store,
 later epochs the local copy), and prints samples/s per epoch and their
@@ -125,6 +126,8 @@ def main() -> None:
     ap.add_argument("--tokens-mb", type=int, default=512, help="size of the token file (0: no token rows)")
     ap.add_argument("--rtt-ms", type=float, default=10.0)
     ap.add_argument("--mbit", type=float, default=1000.0)
+    ap.add_argument("--window-kb", type=int, default=64,
+                    help="bytes of one connection that may wait for the relay's link (bench/delay_relay.py; 0: whole responses)")
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
@@ -184,7 +187,7 @@ def main() -> None:
                 list(pool.map(lambda p: s3.upload_file(str(p), "bench", "images/" + str(p.relative_to(args.images))), files))
         relay = subprocess.Popen(
             [sys.executable, str(ROOT / "bench" / "delay_relay.py"), "--to", f"127.0.0.1:{port}",
-             "--rtt-ms", str(args.rtt_ms), "--mbit", str(args.mbit)],
+             "--rtt-ms", str(args.rtt_ms), "--mbit", str(args.mbit), "--window-kb", str(args.window_kb)],
             stdout=subprocess.PIPE, text=True, preexec_fn=pinned(store_cpus),
         )
         procs.append(relay)
@@ -204,7 +207,8 @@ def main() -> None:
         if args.images:
             workloads.append(("images b64 (RandomResizedCrop 224)", ["--dataset", "imagefolder", "--batch-size", "64"],
                               str(args.images), "s3://bench/images"))
-        print(f"store: s3s-fs {S3S_VERSION} through a relay of {args.rtt_ms:g} ms RTT and {args.mbit:g} Mbit/s each way; "
+        print(f"store: s3s-fs {S3S_VERSION} through a relay of {args.rtt_ms:g} ms RTT and {args.mbit:g} Mbit/s each way "
+              f"({args.window_kb} KB a connection may queue); "
               f"{args.workers} workers, {args.epochs} epochs, {args.repeats} repeats taking turns"
               + (f", a {args.step_ms:g} ms step per batch" if args.step_ms else "")
               + (f"; the store and the relay on cores {args.store_cpus}" if store_cpus else "")

@@ -40,6 +40,11 @@ impl<T: Clone> Slot<T> {
         self.ready.notify_all();
     }
 
+    /// Whether the answer is there.
+    pub(crate) fn is_filled(&self) -> bool {
+        self.state().is_some()
+    }
+
     /// The answer, once there; `url` names the object if none comes.
     pub(crate) fn wait(&self, url: &str) -> Result<T, StorageError> {
         let guard = self.state();

@@ -4,12 +4,15 @@
 //! senders' windows fill), as through a port blackholed both ways; thawed,
 //! bytes flow again. A worker advertises the relay's address, so its
 //! trainers' streams pass the relay while its own heartbeats to the
-//! coordinator do not. The kernel here has no netem and tests need no
-//! iptables; every loop checks the stop flag the relay's drop sets.
+//! coordinator do not. It can also be slow ([`Relay::slow`]): each
+//! connection passes at most so many bytes a second each way, so that a
+//! large response takes seconds while a small one passes at once. The
+//! kernel here has no netem and tests need no iptables; every loop checks
+//! the stop flag the relay's drop sets.
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -24,6 +27,8 @@ struct Shared {
     target: Mutex<Option<SocketAddr>>,
     /// No byte moves while set.
     frozen: AtomicBool,
+    /// Bytes a second each connection passes each way, at most (0: no cap).
+    rate: AtomicU64,
     /// Every thread ends when set.
     stop: AtomicBool,
 }
@@ -82,6 +87,12 @@ impl Relay {
     pub fn thaw(&self) {
         self.shared.frozen.store(false, Ordering::Relaxed);
     }
+
+    /// Passes at most `bytes_per_s` bytes a second on each connection,
+    /// each way, from now on.
+    pub fn slow(&self, bytes_per_s: u64) {
+        self.shared.rate.store(bytes_per_s, Ordering::Relaxed);
+    }
 }
 
 impl Drop for Relay {
@@ -126,11 +137,20 @@ fn pump(mut from: TcpStream, mut to: TcpStream, shared: &Shared) {
             std::thread::sleep(TICK);
             continue;
         }
-        match from.read(&mut buf) {
+        // Slow: a tick's worth of bytes at a time, then the rest of the tick.
+        let rate = shared.rate.load(Ordering::Relaxed);
+        let most = match rate {
+            0 => buf.len(),
+            rate => usize::try_from(rate / 200).unwrap_or(usize::MAX).clamp(1, buf.len()),
+        };
+        match from.read(&mut buf[..most]) {
             Ok(0) => break,
             Ok(n) => {
                 if to.write_all(&buf[..n]).is_err() {
                     break;
+                }
+                if rate > 0 {
+                    std::thread::sleep(Duration::from_secs_f64(n as f64 / rate as f64));
                 }
             }
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {}

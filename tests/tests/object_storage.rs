@@ -6,7 +6,8 @@
 //! worker is SIGKILLed mid-job or the trainer resumes mid-epoch from a
 //! saved state; so do npy arrays, WebDataset shards,
 //! Parquet files and an image folder (one object per image, listed from the
-//! bucket); an object rewritten mid-job fails the job
+//! bucket); a shuffled token file's first batch comes before a whole
+//! chunk of it is fetched; an object rewritten mid-job fails the job
 //! naming it; a missing object and a missing bucket are one-line errors at
 //! submission.
 //!
@@ -23,7 +24,7 @@ use loader_client::{Dtype, JobSpec, Loader};
 use loader_e2e::dataset_files::{jpeg, png, rgb, write_npy, write_parquet, write_shard};
 use loader_e2e::moto::{self, boto3};
 use loader_e2e::scrape::{metrics_addr, scrape, sum};
-use loader_e2e::{Cluster, needs, run, wait_for};
+use loader_e2e::{Cluster, Relay, needs, run, wait_for};
 
 /// A window is 64 + 1 uint16 ids; 2^22 ids (8 MB, two of the store
 /// reader's 4 MB chunks) make 65,535 windows, some across the boundary.
@@ -99,8 +100,11 @@ fn a_token_file_in_a_bucket_reads_as_from_local_disk_and_failures_are_one_line()
         let fetched: f64 = scrapes.iter().map(|s| sum(s, "loader_storage_bytes_total", &[])).sum();
         let reads: f64 = scrapes.iter().map(|s| sum(s, "loader_storage_chunk_reads_total", &[])).sum();
         let fetches: f64 = scrapes.iter().map(|s| sum(s, "loader_storage_chunk_fetches_total", &[])).sum();
+        // Each worker's first windows also come as pieces of their own
+        // (at most `loader_storage::object::PIECES`, 64, of 130 bytes).
         let object = 2.0 * f64::from(IDS);
-        assert!(fetched >= object && fetched <= 2.0 * object, "fetched {fetched} bytes of an {object}-byte object");
+        let pieces = 2.0 * 64.0 * 2.0 * (CONTEXT + 1) as f64;
+        assert!(fetched >= object && fetched <= 2.0 * object + pieces, "fetched {fetched} bytes of an {object}-byte object");
         assert!(fetches <= 4.0 && reads > 100.0 * fetches, "{reads} chunk reads, {fetches} fetches");
         // A worker SIGKILLed mid-job: its batches are made again by the other, the same bytes.
         let killed = read_all(cluster.url(), tokens_job("s3://data/tokens.bin", 1), Some((&mut cluster, 5)));
@@ -315,6 +319,29 @@ fn a_token_file_in_a_bucket_reads_as_from_local_disk_and_failures_are_one_line()
         assert_eq!(left.len(), 2, "the killed workers' pile and its lock: {left:?}");
         node.add_worker();
         emptied("a new worker removing the killed ones' pile");
+
+        // A shuffled token file's first batch does not wait for the chunks
+        // its windows lie in: each window of a worker's first batches is
+        // also fetched on its own (`loader_storage::object::PIECES`).
+        // Through a relay that passes 64 KB/s a connection, a 4 MB chunk
+        // takes a minute and a window's GET a few milliseconds: the first
+        // batch comes, the bytes of the local file's, before the worker has
+        // fetched a whole chunk.
+        let slow = Relay::start();
+        slow.to(endpoint.trim_start_matches("http://"));
+        slow.slow(64 << 10);
+        let far = Cluster::builder().workers(1).metrics().env("AWS_ENDPOINT_URL", format!("http://{}", slow.addr())).start(&scope);
+        let mut loader = Loader::builder(far.url()).job(tokens_job("s3://data/tokens.bin", 1)).build().expect("loader");
+        let batch = loader.next().expect("a batch").expect("the first batch");
+        let first: Read = (batch.indices().to_vec(), batch.tensors().map(|t| t.bytes.to_vec()).collect());
+        assert!(tokens_from_disk.get(&(batch.epoch(), batch.seq())) == Some(&first), "the first batch differs from the local file's");
+        let metrics = scrape(metrics_addr(&far.workers[0]));
+        let fetched = sum(&metrics, "loader_storage_bytes_total", &[]);
+        assert!(fetched < f64::from(4u32 << 20), "{fetched} bytes fetched before the first batch: a whole chunk");
+        assert!(sum(&metrics, "loader_storage_requests_total", &[("op", "get")]) >= 32.0, "a GET a window of the first batch");
+        drop(loader);
+        drop(far);
+        drop(slow);
 
         // Missing objects and buckets: one line each, at submission.
         for (url, words) in [("s3://data/missing.bin", "no such object"), ("s3://nobucket/tokens.bin", "no such object")] {
