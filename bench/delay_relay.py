@@ -84,7 +84,10 @@ async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay
 
     task = asyncio.create_task(deliver())
     try:
-        while data := await reader.read(min(256 << 10, window) if window else 256 << 10):
+        # Until the far end goes (`deliver` fails): what is still coming
+        # for a client that is gone (a killed job's responses) is not read,
+        # so it does not take the link from the runs after it.
+        while not task.done() and (data := await reader.read(min(256 << 10, window) if window else 256 << 10)):
             ack_at_once(from_sock)
             sent = link.send(loop.time(), len(data))
             queue.append((sent + delay, data))

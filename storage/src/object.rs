@@ -31,8 +31,8 @@
 //! *piece* of at most [`PIECE`] bytes, and the read takes it if its chunk
 //! is still on its way: the first batch waits for 64 small requests, not
 //! for most of the object (0.58-0.96 s). Only an object's first
-//! [`PIECES`] are made. Read in order, a sample's chunk is fetched ahead
-//! and no piece is made.
+//! [`PIECES`] (or a batch's samples, when larger) are made. Read in order,
+//! a sample's chunk is fetched ahead and no piece is made.
 //!
 //! Every request names the ETag the object had at open (`If-Match`): an
 //! object rewritten mid-job fails its next read with a
@@ -77,14 +77,20 @@ pub const READ_AHEAD: u64 = 8;
 /// Largest sample fetched on its own while its chunk is on its way (a
 /// token window is 4-16 KB, an npy row a few KB).
 pub const PIECE: u64 = 64 << 10;
-/// Pieces made per object, at most, over its life: enough for a worker's
+/// Pieces made per object, at least, over its life: enough for a worker's
 /// first few batches, which would wait for most of a shuffled object's
 /// chunks. Past them a piece costs a request per sample, which the chunks
 /// save: with 64 pieces in flight per worker and no end to them, a
 /// shuffled epoch 1 of a token file made 12% fewer windows a second
 /// (19,700 against 23,000, 6 pairs), the store answering a request for
-/// every few KB.
+/// every few KB. A dataset read in larger batches says so
+/// ([`RemoteObject::read_in_batches_of`]): its first batch is made of
+/// pieces whole, up to [`MOST_PIECES`].
 pub const PIECES: usize = 64;
+/// Pieces made per object, at most, whatever the batch: 1,024 token
+/// windows of 8 KB are 8 MB, two chunks' worth, where a batch that large
+/// spans every chunk of most objects.
+pub const MOST_PIECES: usize = 1024;
 /// Piece requests in flight at once, per process, beside [`IN_FLIGHT`]
 /// chunk requests: a piece is wanted now, so it does not wait for a
 /// chunk's request to end.
@@ -160,8 +166,14 @@ pub struct RemoteObject {
     /// Samples fetched on their own while their chunks are on their way,
     /// by (offset, length), until read or their chunks are here.
     pieces: Mutex<HashMap<(u64, u64), Piece>>,
-    /// Pieces made so far (at most [`PIECES`]).
+    /// Pieces in `pieces`, read without its lock: a read finds none there
+    /// (every read, once the first batches are made) without locking.
+    pieces_held: AtomicUsize,
+    /// Pieces made so far.
     pieces_made: AtomicUsize,
+    /// Pieces that may be made: [`PIECES`], or a batch's samples
+    /// ([`RemoteObject::read_in_batches_of`]).
+    pieces_allowed: AtomicUsize,
 }
 
 impl Drop for RemoteObject {
@@ -219,7 +231,9 @@ impl RemoteObject {
             hint_end: AtomicU64::new(u64::MAX),
             chunks: Mutex::default(),
             pieces: Mutex::default(),
+            pieces_held: AtomicUsize::new(0),
             pieces_made: AtomicUsize::new(0),
+            pieces_allowed: AtomicUsize::new(PIECES),
         }))
     }
 
@@ -231,6 +245,15 @@ impl RemoteObject {
     /// Its size in bytes, as opened.
     pub fn size(&self) -> u64 {
         self.size
+    }
+
+    /// Tells the object that its samples are read `samples` at a time: a
+    /// worker's first batch of a shuffled read is then fetched sample by
+    /// sample whole, however large (up to [`MOST_PIECES`] samples), rather
+    /// than its first [`PIECES`] samples only, the rest waiting for their
+    /// chunks.
+    pub fn read_in_batches_of(&self, samples: usize) {
+        self.pieces_allowed.fetch_max(samples.min(MOST_PIECES), Ordering::AcqRel);
     }
 
     /// Whether every chunk is in the cache file: nothing is left to fetch
@@ -257,8 +280,9 @@ impl RemoteObject {
         if let Some(piece) = self.take_piece(offset, dst.len() as u64) {
             match piece.bytes.wait(&self.url) {
                 Ok(bytes) if bytes.len() == dst.len() => {
+                    // Not a read out of a chunk: not counted in the local
+                    // copy's hit ratio (a read that came from the store).
                     dst.copy_from_slice(&bytes);
-                    crate::meters::chunk_read();
                     return Ok(());
                 }
                 // Changed since the open: as a chunk's read would fail.
@@ -335,9 +359,11 @@ impl RemoteObject {
 
     /// Starts fetching the bytes of `range` on their own, unless it is
     /// longer than [`PIECE`], its chunks are all here already, it is on
-    /// its way, or [`PIECES`] were made for this object already.
+    /// its way, or as many pieces as allowed ([`PIECES`], or a batch's
+    /// samples) were made for this object already.
     fn fetch_piece(self: &Arc<Self>, range: Range<u64>) {
-        if range.is_empty() || range.end - range.start > PIECE || self.pieces_made.load(Ordering::Acquire) >= PIECES {
+        let allowed = self.pieces_allowed.load(Ordering::Acquire);
+        if range.is_empty() || range.end - range.start > PIECE || self.pieces_made.load(Ordering::Acquire) >= allowed {
             return;
         }
         let chunks: Arc<[Arc<Slot>]> = chunks_of(range.clone()).map(|i| self.slot(i)).collect();
@@ -347,11 +373,12 @@ impl RemoteObject {
         let key = (range.start, range.end - range.start);
         let bytes = {
             let mut pieces = self.pieces.lock().unwrap_or_else(|p| p.into_inner());
-            if pieces.contains_key(&key) || self.pieces_made.fetch_add(1, Ordering::AcqRel) >= PIECES {
+            if pieces.contains_key(&key) || self.pieces_made.fetch_add(1, Ordering::AcqRel) >= allowed {
                 return;
             }
             let bytes = Arc::new(crate::slot::Slot::default());
             pieces.insert(key, Piece { bytes: Arc::clone(&bytes), chunks: Arc::clone(&chunks) });
+            self.pieces_held.store(pieces.len(), Ordering::Release);
             bytes
         };
         let (object, filled) = (Arc::clone(self), Arc::clone(&bytes));
@@ -373,17 +400,17 @@ impl RemoteObject {
     /// and its chunks are not all here yet; it is no longer kept either
     /// way, nor is any other whose chunks are all here.
     fn take_piece(&self, offset: u64, len: u64) -> Option<Piece> {
-        if self.pieces_made.load(Ordering::Acquire) == 0 {
+        // Set under the lock: a piece being added now is for a sample
+        // hinted now, not the one read here (its hint came before).
+        if self.pieces_held.load(Ordering::Acquire) == 0 {
             return None;
         }
         let mut pieces = self.pieces.lock().unwrap_or_else(|p| p.into_inner());
-        if pieces.is_empty() {
-            return None;
-        }
         let piece = pieces.remove(&(offset, len));
         // Pieces never read (their samples went to another worker) go
         // once their chunks are here.
         pieces.retain(|_, piece| !all_here(&piece.chunks));
+        self.pieces_held.store(pieces.len(), Ordering::Release);
         piece.filter(|piece| !all_here(&piece.chunks))
     }
 

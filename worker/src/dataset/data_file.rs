@@ -124,6 +124,15 @@ impl DataFile {
         }
     }
 
+    /// Tells an object that its samples are read `samples` at a time (a
+    /// shuffled read's first batch is then fetched sample by sample whole,
+    /// `loader_storage::object`); a mapping needs nothing.
+    pub(crate) fn read_in_batches_of(&self, samples: usize) {
+        if let DataFile::Object(object) = self {
+            object.read_in_batches_of(samples);
+        }
+    }
+
     /// The object, for a file in a store.
     pub(crate) fn object(&self) -> Option<&Arc<RemoteObject>> {
         match self {

@@ -121,6 +121,9 @@ impl Dataset for Npy {
 
     fn prefetch_batch(&self, keys: &[SampleKey]) {
         if self.fetches_ahead() {
+            for column in &self.columns {
+                column.file.read_in_batches_of(keys.len());
+            }
             for &key in keys {
                 self.prefetch(key);
             }

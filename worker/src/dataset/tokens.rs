@@ -113,6 +113,7 @@ impl Dataset for Tokens {
 
     fn prefetch_batch(&self, keys: &[SampleKey]) {
         if self.file.may_fetch() {
+            self.file.read_in_batches_of(keys.len());
             for &key in keys {
                 self.prefetch(key);
             }
