@@ -11,7 +11,10 @@ job on the local files and the same job on `s3://bench/...`, each with fresh
 later epochs the local copy), and prints samples/s per epoch and their
 ratio. With --local-cold, a third job in the same rotation reads the local
 files after their pages were dropped from the page cache: the disk read a
-dataset larger than the machine's memory gets in every epoch. Loader's
+dataset larger than the machine's memory gets in every epoch. With --python,
+the image job also runs as a PyTorch user writes it (the Python SDK's
+`Loader.local`, from the local folder and from the store, and torchvision's
+`ImageFolder` with `DataLoader` from the local folder; bench/storage_python.py). Loader's
 jobs shuffle (`--shuffle 0`), as the anchors do; `--shuffle -1` reads in
 dataset order.
 
@@ -141,6 +144,10 @@ def main() -> None:
     ap.add_argument("--store-cpus", help="cores (e.g. 1) the store and the relay run on: with --loader-cpus, a store on "
                     "another machine, whose CPU the workers do not share")
     ap.add_argument("--loader-cpus", help="cores (e.g. 0) Loader's runs, local and from the store, and the anchors run on")
+    ap.add_argument("--python", type=Path,
+                    help="a Python with Loader's SDK (pip install ./python) and torchvision: the image job also runs "
+                         "through loader.Loader.local from the local folder and from the store, and torchvision's "
+                         "ImageFolder through DataLoader from the local folder, in the same rotation (bench/storage_python.py)")
     ap.add_argument("--local-cold", action="store_true",
                     help="also run the local job with its files out of the page cache before each run (read from the "
                          "disk, as a dataset larger than memory is), in the same rotation")
@@ -226,17 +233,37 @@ def main() -> None:
                         s3.upload_file(str(path), "bench", f"{lib}-{kind}/{path.relative_to(out)}")
                 shutil.rmtree(out)
             cold = ["cold"] if args.local_cold else []
-            rates: dict[str, list[list[float]]] = {"local": [], "store": [], **{c: [] for c in cold}, **{lib: [] for lib in libs}}
+            # The image job as a PyTorch user runs it: Python SDK, local
+            # and store, and DataLoader over the local folder.
+            python = {"py-local": ("loader", local), "py-store": ("loader", url), "dataloader": ("dataloader", local)}
+            python = python if args.python and kind == "images" else {}
+            rates: dict[str, list[list[float]]] = {"local": [], "store": [], **{c: [] for c in cold}, **{lib: [] for lib in libs},
+                                                   **{p: [] for p in python}}
             # Cores the store and the relay used while Loader read from the
             # store: CPU the workers could not have on this machine.
             harness: list[float] = []
-            firsts: dict[str, list[float]] = {"local": [], "store": [], "cold": []}
+            firsts: dict[str, list[float]] = {"local": [], "store": [], "cold": [], **{p: [] for p in python}}
             steadies: dict[str, list[float]] = {"local": [], "store": [], "cold": []}
             for r in range(args.repeats):
-                order = [("local", local), ("store", url)] + [(c, local) for c in cold] + [(lib, None) for lib in libs]
+                order = ([("local", local), ("store", url)] + [(c, local) for c in cold] + [(p, None) for p in python]
+                         + [(lib, None) for lib in libs])
                 if r % 2:
                     order.reverse()
                 for source, path in order:
+                    if source in python:
+                        which, target = python[source]
+                        out = subprocess.run(
+                            [str(args.python), str(ROOT / "bench" / "storage_python.py"), which, target, str(args.epochs),
+                             str(args.workers), str(-1 if args.shuffle is None else args.shuffle)],
+                            env=env, capture_output=True, text=True, timeout=3600, preexec_fn=pinned(loader_cpus),
+                        )
+                        lines = [json.loads(l) for l in out.stdout.splitlines() if l.startswith("{")]
+                        if not lines:
+                            error = (out.stderr.strip().splitlines() or ["no output"])[-1]
+                            raise SystemExit(f"bench/storage_python.py {which} {target}: {error}")
+                        rates[source].append(lines[-1]["epochs_samples_per_s"])
+                        firsts[source].append(lines[-1]["first_batch_s"])
+                        continue
                     if path is not None:
                         if source == "cold":
                             evict(Path(path))
@@ -298,6 +325,17 @@ def main() -> None:
                 print(f"{name}: epoch 1 from local disk out of the page cache: {med['cold'][0]:,.0f} samples/s, first batch "
                       f"{statistics.median(firsts['cold']):.2f} s; store / that {statistics.median(ratios):.2f}x "
                       f"(repeats {min(ratios):.2f}-{max(ratios):.2f})", flush=True)
+            for e in range(args.epochs if python else 0):
+                ratios = [st[e] / lo[e] for st, lo in zip(rates["py-store"], rates["py-local"])]
+                anchor = [st[e] / dl[e] for st, dl in zip(rates["py-store"], rates["dataloader"])]
+                print(f"{name}: Python Loader.local, epoch {e + 1}: local {med['py-local'][e]:,.0f} samples/s, store "
+                      f"{med['py-store'][e]:,.0f} -> {statistics.median(ratios):.2f}x (repeats {min(ratios):.2f}-{max(ratios):.2f}); "
+                      f"DataLoader (torchvision ImageFolder, local folder) {med['dataloader'][e]:,.0f} "
+                      f"(Loader from the store {statistics.median(anchor):.2f}x)", flush=True)
+            if python:
+                print(f"{name}: Python first batch: Loader.local local {statistics.median(firsts['py-local']):.2f} s, "
+                      f"store {statistics.median(firsts['py-store']):.2f} s; DataLoader {statistics.median(firsts['dataloader']):.2f} s",
+                      flush=True)
             print(f"{name}: the store and the relay used {statistics.median(harness):.2f} cores on average while "
                   f"Loader read from the store (of {os.cpu_count()})", flush=True)
     finally:
