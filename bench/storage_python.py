@@ -20,6 +20,24 @@ import json
 import os
 import sys
 import time
+from typing import Callable, Iterable
+
+
+def timed(epochs: int, started: float, sizes: Callable[[int], Iterable[int]]) -> tuple[list[float], float]:
+    """Samples/s of each epoch, `sizes(epoch)` giving its batches' sample
+    counts as they arrive (the first epoch counted from `started`), and
+    the seconds from `started` to the first batch."""
+    rates, first = [], None
+    for epoch in range(epochs):
+        n = 0
+        for size in sizes(epoch):
+            n += size
+            if first is None:
+                first = time.perf_counter() - started
+        now = time.perf_counter()
+        rates.append(n / (now - started))
+        started = now
+    return rates, first or 0.0
 
 
 def loader_run(path: str, epochs: int, workers: int, seed: int) -> tuple[list[float], float]:
@@ -36,20 +54,14 @@ def loader_run(path: str, epochs: int, workers: int, seed: int) -> tuple[list[fl
     }
     if seed >= 0:
         spec["sampler"] = {"shuffle": True, "seed": seed}
-    rates, first = [], None
     started = time.perf_counter()
     with loader.Loader.local(spec, num_workers=workers) as dl:
-        for epoch in range(epochs):
+
+        def sizes(epoch: int) -> Iterable[int]:
             dl.set_epoch(epoch)
-            n = 0
-            for batch in dl:
-                n += np.asarray(batch["image"]).shape[0]
-                if first is None:
-                    first = time.perf_counter() - started
-            now = time.perf_counter()
-            rates.append(n / (now - started))
-            started = now
-    return rates, first or 0.0
+            return (np.asarray(batch["image"]).shape[0] for batch in dl)
+
+        return timed(epochs, started, sizes)
 
 
 def dataloader_run(path: str, epochs: int, workers: int, seed: int) -> tuple[list[float], float]:
@@ -58,22 +70,12 @@ def dataloader_run(path: str, epochs: int, workers: int, seed: int) -> tuple[lis
     from torchvision import datasets, transforms as T
 
     torch.manual_seed(max(seed, 0))
-    rates, first = [], None
     started = time.perf_counter()
     folder = datasets.ImageFolder(
         os.path.abspath(path), transform=T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.PILToTensor()])
     )
     dl = DataLoader(folder, batch_size=64, shuffle=seed >= 0, num_workers=workers, persistent_workers=True)
-    for _ in range(epochs):
-        n = 0
-        for images, _labels in dl:
-            n += images.shape[0]
-            if first is None:
-                first = time.perf_counter() - started
-        now = time.perf_counter()
-        rates.append(n / (now - started))
-        started = now
-    return rates, first or 0.0
+    return timed(epochs, started, lambda _epoch: (images.shape[0] for images, _labels in dl))
 
 
 def main() -> int:
