@@ -84,7 +84,7 @@ pub(crate) struct NodePile {
     pack: OnceLock<Option<(u64, Arc<File>, Room)>>,
     /// Its end: where the next object goes.
     end: AtomicU64,
-    /// Bytes this worker wrote, taken from its budget.
+    /// Bytes this worker's pack took (its end), taken from its budget.
     written: AtomicU64,
 }
 
@@ -202,6 +202,9 @@ impl NodePile {
             return;
         };
         let offset = self.end.fetch_add(len, Ordering::AcqRel);
+        // Paid for whether or not the write succeeds: the pack's end moved
+        // past its bytes (a write cut short by a full disk took some).
+        self.written.fetch_add(len, Ordering::AcqRel);
         room.make(pack, offset + len);
         let place = Place { pack: *id, offset, len };
         // The bytes first, then their record: a record names bytes that
@@ -217,7 +220,6 @@ impl NodePile {
         });
         match written {
             Ok(()) => {
-                self.written.fetch_add(len, Ordering::AcqRel);
                 self.known().places.entry(key).or_insert(place);
             }
             Err(e) => tracing::debug!("object {key:032x} not kept on the node's disk: {e}"),
