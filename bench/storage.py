@@ -21,7 +21,8 @@ dataset order.
     python bench/storage.py --bin target/release --images /work/imagenet-shaped \\
         --tokens-mb 512 --rtt-ms 10 --mbit 1000 --epochs 3 --repeats 3
 
-Needs `cargo build --release -p loader-ctl -p loader-worker --bins` and boto3.
+Needs `cargo build --release -p loader-ctl -p loader-worker --bins` and boto3; --bare needs curl
+7.75 or later (`--aws-sigv4`).
 """
 
 from __future__ import annotations
@@ -81,18 +82,65 @@ def cpu_set(text: str | None) -> set[int] | None:
     return {int(c) for c in text.split(",")} if text else None
 
 
-def run(bin: Path, args: list[str], env: dict[str, str], cpus: set[int] | None = None) -> list[float]:
+def children_cpu_s() -> float:
+    """CPU seconds (user + system) of this process's children waited for so
+    far, and of theirs: `loaderctl run` waits for its workers."""
+    import resource
+
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
+def run(bin: Path, args: list[str], env: dict[str, str], cpus: set[int] | None = None):
+    """One `loaderctl run`: samples/s per epoch, the first batch's seconds,
+    epoch 1's rate from its first batch on, and the CPU seconds the run took
+    (loaderctl, its coordinator and workers)."""
+    cpu = children_cpu_s()
     out = subprocess.run([str(bin / "loaderctl"), "run", "--json", *args], env=env, capture_output=True, text=True,
                          preexec_fn=pinned(cpus))
     if out.returncode != 0:
         raise SystemExit(f"loaderctl {' '.join(args)}: {out.stderr.strip().splitlines()[-1:]}")
     record = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")][-1]
-    epochs, first = record["epochs_samples_per_s"], record["first_batch_s"]
+    # One epoch: its rate alone.
+    epochs, first = record.get("epochs_samples_per_s", [record["samples_per_s"]]), record["first_batch_s"]
     # Epoch 1 from its first batch on: what the job's start-up (the workers
     # listing and opening the dataset, the first fetches) leaves out.
     per_epoch = record["samples"] / max(len(epochs), 1)
     steady = per_epoch / max(per_epoch / epochs[0] - first, 1e-9) if epochs else 0.0
-    return epochs, first, steady
+    return epochs, first, steady, children_cpu_s() - cpu
+
+
+def bare(config: Path, cpus: set[int] | None) -> tuple[float, float, int]:
+    """A bare client's read of the objects in curl's `config`: `curl
+    --parallel` (64 transfers at once, connections reused), every response
+    thrown away. Its wall and CPU seconds, and the bytes read; an error
+    unless every transfer answered 200 or 206. What the store and the relay
+    give a client that does nothing else, and what fetching costs a client
+    that is not Loader, on the cores Loader runs on."""
+    cpu, started = children_cpu_s(), time.monotonic()
+    out = subprocess.run(["curl", "--parallel", "--parallel-max", "64", "-K", str(config)], capture_output=True,
+                         text=True, preexec_fn=pinned(cpus))
+    wall = time.monotonic() - started
+    answers = [line.split() for line in out.stdout.splitlines() if line.strip()]
+    failed = [a for a in answers if a[0] not in ("200", "206")]
+    if out.returncode != 0 or failed or not answers:
+        raise SystemExit(f"curl -K {config}: exit {out.returncode}, answers {failed[:3] or answers[:3]}: {out.stderr.strip()[-200:]}")
+    return wall, children_cpu_s() - cpu, sum(int(a[1]) for a in answers)
+
+
+def curl_config(path: Path, endpoint: str, objects: list[tuple[str, tuple[int, int] | None]]) -> Path:
+    """A curl config reading `objects` (a key, and a byte range or None for
+    the whole object) from bucket `bench` at `endpoint`, signed as S3 wants."""
+    blocks = []
+    for key, span in objects:
+        block = (f'url = "{endpoint}/bench/{key}"\noutput = "/dev/null"\nsilent\naws-sigv4 = "aws:amz:us-east-1:s3"\n'
+                 f'user = "bench:benchbench"\nheader = "x-amz-content-sha256: UNSIGNED-PAYLOAD"\n'
+                 'write-out = "%{http_code} %{size_download}\\n"\n')
+        if span:
+            block += f'header = "Range: bytes={span[0]}-{span[1] - 1}"\n'
+        blocks.append(block)
+    path.write_text("next\n".join(blocks))
+    return path
 
 
 def evict(path: Path) -> None:
@@ -148,6 +196,10 @@ def main() -> None:
                     help="a Python with Loader's SDK (pip install ./python) and torchvision: the image job also runs "
                          "through loader.Loader.local from the local folder and from the store, and torchvision's "
                          "ImageFolder through DataLoader from the local folder, in the same rotation (bench/storage_python.py)")
+    ap.add_argument("--bare", action="store_true",
+                    help="also read the same objects through the same relay with a bare client (curl --parallel, "
+                         "responses thrown away) on Loader's cores, in the same rotation: what the store and the link "
+                         "give, and what a GET costs a client that is not Loader")
     ap.add_argument("--local-cold", action="store_true",
                     help="also run the local job with its files out of the page cache before each run (read from the "
                          "disk, as a dataset larger than memory is), in the same rotation")
@@ -239,6 +291,17 @@ def main() -> None:
             python = python if args.python and kind == "images" else {}
             rates: dict[str, list[list[float]]] = {"local": [], "store": [], **{c: [] for c in cold}, **{lib: [] for lib in libs},
                                                    **{p: [] for p in python}}
+            # The bare client's objects: each image, or the token file in
+            # 16 ranges of equal size.
+            bares: list[tuple[float, float, int]] = []
+            if args.bare:
+                if kind == "images":
+                    objects = [("images/" + str(p.relative_to(local)), None) for p in sorted(Path(local).rglob("*")) if p.is_file()]
+                else:
+                    size = Path(local).stat().st_size
+                    objects = [("tokens.bin", (size * i // 16, size * (i + 1) // 16)) for i in range(16)]
+                bare_config = curl_config(work / f"curl-{kind}.cfg", relayed, objects)
+            cpus: dict[str, list[float]] = {"local": [], "store": []}
             # Cores the store and the relay used while Loader read from the
             # store: CPU the workers could not have on this machine.
             harness: list[float] = []
@@ -246,10 +309,13 @@ def main() -> None:
             steadies: dict[str, list[float]] = {"local": [], "store": [], "cold": []}
             for r in range(args.repeats):
                 order = ([("local", local), ("store", url)] + [(c, local) for c in cold] + [(p, None) for p in python]
-                         + [(lib, None) for lib in libs])
+                         + [(lib, None) for lib in libs] + [("bare", None)] * args.bare)
                 if r % 2:
                     order.reverse()
                 for source, path in order:
+                    if source == "bare":
+                        bares.append(bare(bare_config, loader_cpus))
+                        continue
                     if source in python:
                         which, target = python[source]
                         out = subprocess.run(
@@ -268,8 +334,10 @@ def main() -> None:
                         if source == "cold":
                             evict(Path(path))
                         used, started = cpu_s([store, relay]), time.monotonic()
-                        epochs, first, steady = run(args.bin, [*flags, *common, "--path", path], env, loader_cpus)
+                        epochs, first, steady, cpu = run(args.bin, [*flags, *common, "--path", path], env, loader_cpus)
                         rates[source].append(epochs)
+                        if source in cpus:
+                            cpus[source].append(cpu)
                         firsts[source].append(first)
                         steadies[source].append(steady)
                         if source == "store":
@@ -335,6 +403,19 @@ def main() -> None:
             if python:
                 print(f"{name}: Python first batch: Loader.local local {statistics.median(firsts['py-local']):.2f} s, "
                       f"store {statistics.median(firsts['py-store']):.2f} s; DataLoader {statistics.median(firsts['dataloader']):.2f} s",
+                      flush=True)
+            if bares:
+                wall, cpu, read = (statistics.median(b[i] for b in bares) for i in range(3))
+                # Later epochs read the local copy either way: the
+                # difference is epoch 1's fetching, about.
+                extra = statistics.median(st - lo for st, lo in zip(cpus["store"], cpus["local"]))
+                each = (f"{len(objects):,} GETs, {1e3 * cpu / len(objects):.2f} CPU-ms a GET" if kind == "images"
+                        else f"{len(objects)} ranges, {cpu:.2f} CPU-s")
+                per = f", {1e3 * extra / len(objects):.2f} ms a GET" if kind == "images" else ""
+                print(f"{name}: a bare client (curl --parallel, 64 at once, responses thrown away) through the same relay "
+                      f"on Loader's cores: {read / 1e6 / wall:,.0f} MB/s, {each}; Loader's runs took "
+                      f"{statistics.median(cpus['local']):.1f} CPU-s from the local files and "
+                      f"{statistics.median(cpus['store']):.1f} from the store ({args.epochs} epochs; {extra:.1f} s more{per})",
                       flush=True)
             print(f"{name}: the store and the relay used {statistics.median(harness):.2f} cores on average while "
                   f"Loader read from the store (of {os.cpu_count()})", flush=True)
